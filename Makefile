@@ -1,0 +1,76 @@
+# corellm — one-command set-up, build and tests.
+#   make test        create .venv, install torch (pinned CPU build) first, build, run C++ + Python tests
+#   make serve       the same set-up, then serve the default model
+#   make bench-core  the C++ benchmark of the native core
+#   make test SANITIZE=1   C++ tests under AddressSanitizer + UndefinedBehaviorSanitizer
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_VERSION := 2.13.0
+JOBS ?= $(shell nproc)
+SANITIZE ?= 0
+ifeq ($(SANITIZE),1)
+CPP_BUILD := build/cpp-sanitize
+CPP_FLAGS := -DCMAKE_BUILD_TYPE=Debug -DCORELLM_SANITIZE=ON
+else
+CPP_BUILD := build/cpp
+CPP_FLAGS := -DCMAKE_BUILD_TYPE=Release
+endif
+
+.PHONY: all venv deps build cpp-build test test-cpp test-py serve bench-core clean
+
+all: build
+
+$(VENV)/.created:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	touch $@
+
+# torch first and pinned: anything installed later that depends on torch finds it satisfied.
+$(VENV)/.deps: $(VENV)/.created pyproject.toml
+	$(PIP) install -q "torch==$(TORCH_VERSION)"
+	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja numpy "pytest>=7" "hypothesis>=6"
+	touch $@
+
+# System packages the C++ side needs (GoogleTest, OpenSSL headers); installed only when missing.
+build/.sysdeps:
+	@mkdir -p build
+	@if [ ! -f /usr/include/gtest/gtest.h ] || [ ! -f /usr/include/openssl/evp.h ]; then \
+	  echo "installing libgtest-dev and libssl-dev (apt-get)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev libssl-dev cmake >/dev/null; \
+	fi
+	touch $@
+
+venv: $(VENV)/.deps
+
+# Editable install: Python sources are used in place; the extension is rebuilt incrementally in
+# build/<wheel tag> each time this runs.
+build: $(VENV)/.deps build/.sysdeps
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+
+cpp-build: build/.sysdeps
+	cmake -S . -B $(CPP_BUILD) -G Ninja $(CPP_FLAGS) -DCORELLM_BUILD_TESTS=ON -DCORELLM_BUILD_BENCH=ON \
+	  -DCORELLM_CUDA=OFF -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) >/dev/null
+	cmake --build $(CPP_BUILD) -j $(JOBS)
+
+test-cpp: $(VENV)/.deps cpp-build
+	cd $(CPP_BUILD) && ctest --output-on-failure -j $(JOBS)
+
+test-py: build
+	$(PY) -m pytest -q tests
+
+test: test-cpp test-py
+
+serve: build
+	$(VENV)/bin/corellm serve
+
+bench-core: $(VENV)/.deps build/.sysdeps
+	cmake -S . -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Release -DCORELLM_BUILD_BENCH=ON -DCORELLM_CUDA=OFF \
+	  -DCMAKE_MAKE_PROGRAM=$(abspath $(VENV)/bin/ninja) >/dev/null
+	cmake --build build/cpp -j $(JOBS) --target corellm_core_bench
+	build/cpp/bench/cpp/corellm_core_bench
+
+clean:
+	rm -rf build

@@ -1,0 +1,95 @@
+// Request: the scheduler's state of one generation request (tokens, progress, KV blocks, limits).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "corellm/prefix_hash.h"
+
+namespace corellm {
+
+enum class RequestStatus : uint8_t {
+  WAITING,
+  RUNNING,
+  PREEMPTED,  // KV freed, back in the waiting queue; recomputed when scheduled again
+  FINISHED_STOPPED,
+  FINISHED_LENGTH_CAPPED,
+  FINISHED_ABORTED,
+  FINISHED_ERROR,
+};
+
+inline bool is_finished(RequestStatus s) { return s >= RequestStatus::FINISHED_STOPPED; }
+
+// Why a request finished, as reported to the caller (OpenAI's finish_reason).
+enum class FinishReason : uint8_t { NONE, STOP, LENGTH, ABORT, ERROR };
+
+FinishReason finish_reason_of(RequestStatus status);
+const char* to_string(RequestStatus status);
+const char* to_string(FinishReason reason);
+
+// Data the core carries for its caller without looking at it (the Python binding stores the
+// request's sampling parameters here, so that the model runner receives them with the request).
+struct RequestPayload {
+  virtual ~RequestPayload() = default;
+};
+
+enum class SchedulingPolicy : uint8_t { FCFS, PRIORITY };
+
+// What a caller submits. The scheduler validates it in add_request().
+struct RequestSpec {
+  std::string request_id;
+  std::vector<int32_t> prompt_token_ids;
+  int32_t max_tokens = 16;
+  int32_t min_tokens = 0;
+  bool ignore_eos = false;
+  int32_t eos_token_id = -1;  // -1: the model has none
+  std::vector<int32_t> stop_token_ids;
+  int32_t priority = 0;  // lower runs first (PRIORITY policy)
+  double arrival_time = 0.0;
+  std::string cache_salt;  // isolates prefix-cache sharing between tenants
+  std::shared_ptr<RequestPayload> payload;
+};
+
+// Request ids travel in every step's outputs: shared immutable strings, so that a step with
+// thousands of requests copies pointers, not strings.
+using RequestId = std::shared_ptr<const std::string>;
+
+struct Request {
+  // Token range of a request, as the scheduler sees it:
+  //   | prompt tokens ............ | output tokens .... |
+  //   | num_computed_tokens (KV written) | to compute  |
+  // num_tokens() = prompt + output; a new token is sampled when num_computed_tokens reaches it.
+  RequestId request_id;
+  std::vector<int32_t> token_ids;  // prompt then outputs
+  int32_t num_prompt_tokens = 0;
+  int32_t num_computed_tokens = 0;
+  int32_t num_cached_tokens = -1;  // prefix-cache hit at first scheduling (-1: not yet scheduled)
+  RequestStatus status = RequestStatus::WAITING;
+  int32_t stop_reason = -1;  // the stop token id that finished it, or -1
+
+  int32_t max_tokens = 16;
+  int32_t min_tokens = 0;
+  bool ignore_eos = false;
+  int32_t eos_token_id = -1;
+  std::vector<int32_t> stop_token_ids;
+  int32_t priority = 0;
+  double arrival_time = 0.0;
+  uint64_t arrival_seq = 0;  // tie-breaker: order of add_request calls
+  std::string cache_salt;
+  std::shared_ptr<RequestPayload> payload;
+
+  // KV state, owned by the KVCacheManager.
+  std::vector<int32_t> block_ids;          // block table: logical block i -> physical block
+  std::vector<BlockHash> block_hashes;     // hashes of the full blocks of token_ids
+  int32_t num_cached_blocks = 0;           // leading blocks already registered in the cache
+
+  int32_t batch_row = -1;  // row in the persistent input batch while RUNNING, else -1
+  int32_t num_preemptions = 0;
+
+  int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
+  int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
+};
+
+}  // namespace corellm

@@ -1,0 +1,443 @@
+// Scheduler: unified token-budget scheduling with chunked prefill and recompute preemption.
+#include "corellm/scheduler.h"
+
+#include <algorithm>
+#include <unordered_set>
+
+#include "corellm/check.h"
+
+namespace corellm {
+
+void SchedulerConfig::validate() const {
+  CORELLM_CHECK_ARG(max_num_seqs > 0, "max_num_seqs must be > 0, got ", max_num_seqs);
+  CORELLM_CHECK_ARG(max_num_batched_tokens > 0, "max_num_batched_tokens must be > 0, got ",
+                    max_num_batched_tokens);
+  CORELLM_CHECK_ARG(max_model_len > 1, "max_model_len must be > 1, got ", max_model_len);
+  CORELLM_CHECK_ARG(block_size > 0, "block_size must be > 0, got ", block_size);
+  CORELLM_CHECK_ARG(num_blocks > 0, "num_blocks must be > 0, got ", num_blocks);
+  CORELLM_CHECK_ARG(long_prefill_token_threshold >= 0,
+                    "long_prefill_token_threshold must be >= 0, got ", long_prefill_token_threshold);
+  const int64_t capacity = static_cast<int64_t>(num_blocks) * block_size;
+  CORELLM_CHECK_ARG(max_model_len <= capacity, "max_model_len (", max_model_len,
+                    ") exceeds the KV cache capacity of ", capacity, " tokens (", num_blocks,
+                    " blocks x ", block_size, "): one request could never fit");
+  CORELLM_CHECK_ARG(enable_chunked_prefill || max_num_batched_tokens >= max_model_len,
+                    "without chunked prefill max_num_batched_tokens (", max_num_batched_tokens,
+                    ") must be >= max_model_len (", max_model_len, ")");
+}
+
+static const SchedulerConfig& validated(const SchedulerConfig& config) {
+  config.validate();
+  return config;
+}
+
+Scheduler::Scheduler(const SchedulerConfig& config, std::shared_ptr<const PrefixHasher> hasher)
+    : config_(validated(config)),
+      kv_(config.num_blocks, config.block_size, config.enable_prefix_caching, std::move(hasher)),
+      waiting_(config.policy) {
+  free_batch_rows_.reserve(static_cast<size_t>(config_.max_num_seqs));
+  for (int32_t row = config_.max_num_seqs - 1; row >= 0; --row) free_batch_rows_.push_back(row);
+  running_.reserve(static_cast<size_t>(config_.max_num_seqs));
+}
+
+void Scheduler::add_request(RequestSpec spec) {
+  const auto num_prompt = static_cast<int64_t>(spec.prompt_token_ids.size());
+  CORELLM_CHECK_ARG(!spec.request_id.empty(), "request_id must not be empty");
+  CORELLM_CHECK_ARG(requests_.count(spec.request_id) == 0, "request_id '", spec.request_id,
+                    "' is already in use");
+  CORELLM_CHECK_ARG(num_prompt > 0, "request '", spec.request_id, "': the prompt is empty");
+  CORELLM_CHECK_ARG(num_prompt < config_.max_model_len, "request '", spec.request_id,
+                    "': the prompt has ", num_prompt,
+                    " tokens, but the model's context length (max_model_len) is ",
+                    config_.max_model_len, " tokens and at least one token must be generated");
+  for (int32_t t : spec.prompt_token_ids) {
+    CORELLM_CHECK_ARG(t >= 0, "request '", spec.request_id, "': negative prompt token id ", t);
+  }
+  CORELLM_CHECK_ARG(spec.max_tokens >= 1, "request '", spec.request_id,
+                    "': max_tokens must be >= 1, got ", spec.max_tokens);
+  CORELLM_CHECK_ARG(spec.min_tokens >= 0 && spec.min_tokens <= spec.max_tokens, "request '",
+                    spec.request_id, "': min_tokens must be in [0, max_tokens=", spec.max_tokens,
+                    "], got ", spec.min_tokens);
+
+  auto request = std::make_unique<Request>();
+  request->request_id = std::make_shared<const std::string>(std::move(spec.request_id));
+  request->token_ids = std::move(spec.prompt_token_ids);
+  request->num_prompt_tokens = static_cast<int32_t>(num_prompt);
+  request->max_tokens = spec.max_tokens;
+  request->min_tokens = spec.min_tokens;
+  request->ignore_eos = spec.ignore_eos;
+  request->eos_token_id = spec.eos_token_id;
+  request->stop_token_ids = std::move(spec.stop_token_ids);
+  request->priority = spec.priority;
+  request->arrival_time = spec.arrival_time;
+  request->arrival_seq = next_arrival_seq_++;
+  request->cache_salt = std::move(spec.cache_salt);
+  request->payload = std::move(spec.payload);
+  request->token_ids.reserve(static_cast<size_t>(
+      std::min<int64_t>(config_.max_model_len, num_prompt + request->max_tokens)));
+  Request* raw = request.get();
+  requests_.emplace(*raw->request_id, std::move(request));
+  waiting_.add(raw);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The scheduling algorithm.
+//
+// There is no prefill phase and no decode phase. Each request has num_computed_tokens (tokens
+// whose KV is in the cache) and num_tokens (prompt + outputs so far); a step computes some of
+// the difference. A prompt is "prefilled" by steps that compute many tokens (a chunk when the
+// budget is short); a running request "decodes" by computing its one newest token. Each step:
+//
+//   token_budget = max_num_batched_tokens
+//   1. RUNNING requests, in order: want = num_tokens - num_computed_tokens, capped by
+//      long_prefill_token_threshold and the budget. Allocate KV slots for them; when the pool
+//      is short, preempt the lowest-priority running request (FCFS: the most recently
+//      started; PRIORITY: the largest (priority, arrival)): free its blocks, reset its progress
+//      to 0 and put it at the front of WAITING, then retry. If the victim is the request
+//      itself, stop scheduling running requests.
+//   2. WAITING requests, in queue order, only if nothing was preempted this step and while
+//      budget remains and fewer than max_num_seqs run: look up the longest cached prefix, want
+//      = num_tokens - cached (capped as above; without chunked prefill a prompt that does not
+//      fit the remaining budget waits), allocate; stop at the first request the pool cannot
+//      serve (strict queue order: no overtaking).
+//   3. Advance num_computed_tokens by what was scheduled, so that the next schedule() sees the
+//      step as done, and record which requests reach their last token (they sample).
+//
+// update_from_output() then appends each sampling request's token and checks its stop
+// conditions; finished requests release their blocks and batch rows.
+// ---------------------------------------------------------------------------------------------
+
+std::shared_ptr<SchedulerOutput> Scheduler::schedule() {
+  CORELLM_CHECK_ARG(pending_step_id_ == 0, "schedule() called again before update_from_output() for step ",
+                    pending_step_id_);
+  retired_.clear();  // requests finished during the previous step are no longer referenced
+
+  auto out = std::make_shared<SchedulerOutput>();
+  out->step_id = next_step_id_++;
+  out->reserve(running_.size() + std::min(waiting_.size(), static_cast<size_t>(config_.max_num_seqs)));
+  pending_requests_.reserve(running_.size() + waiting_.size());
+  out->finished_req_ids.swap(finished_since_last_step_);
+
+  int32_t token_budget = config_.max_num_batched_tokens;
+  bool preempted_any = false;
+  schedule_running(*out, token_budget, preempted_any);
+  if (!preempted_any) schedule_waiting(*out, token_budget);
+
+  // 3. The step is planned: advance progress and note which requests sample.
+  const size_t n = out->req_ids.size();
+  out->samples_token.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    Request* request = pending_requests_[i];
+    request->num_computed_tokens += out->num_scheduled_tokens[i];
+    CORELLM_DCHECK(request->num_computed_tokens <= request->num_tokens(), "over-scheduled ",
+                   *request->request_id);
+    out->samples_token[i] = request->num_computed_tokens == request->num_tokens() ? 1 : 0;
+  }
+  CORELLM_CHECK(out->total_num_scheduled_tokens <= config_.max_num_batched_tokens,
+                "scheduled ", out->total_num_scheduled_tokens, " tokens over the budget");
+  CORELLM_CHECK(running_.size() <= static_cast<size_t>(config_.max_num_seqs), "running ",
+                running_.size(), " requests over max_num_seqs");
+  pending_step_id_ = n > 0 ? out->step_id : 0;
+  if (n == 0) pending_requests_.clear();
+  return out;
+}
+
+int32_t Scheduler::cap_new_tokens(const Request& request, int32_t num_new_tokens,
+                                  int32_t token_budget) const {
+  if (config_.long_prefill_token_threshold > 0 &&
+      num_new_tokens > config_.long_prefill_token_threshold) {
+    num_new_tokens = config_.long_prefill_token_threshold;
+  }
+  num_new_tokens = std::min(num_new_tokens, token_budget);
+  // Positions stay below max_model_len: the token at position max_model_len - 1 is never input.
+  return std::min(num_new_tokens, config_.max_model_len - 1 - request.num_computed_tokens);
+}
+
+static void append_scheduled(SchedulerOutput& out, std::vector<Request*>& pending,
+                             Request* request, int32_t num_tokens) {
+  out.req_ids.push_back(request->request_id);
+  out.num_scheduled_tokens.push_back(num_tokens);
+  out.num_computed_tokens.push_back(request->num_computed_tokens);
+  out.batch_rows.push_back(request->batch_row);
+  out.total_num_scheduled_tokens += num_tokens;
+  pending.push_back(request);
+}
+
+void Scheduler::schedule_running(SchedulerOutput& out, int32_t& token_budget, bool& preempted_any) {
+  pending_requests_.clear();
+  std::vector<int32_t> new_blocks;
+  size_t index = 0;
+  while (index < running_.size() && token_budget > 0) {
+    Request* request = running_[index];
+    const int32_t num_new_tokens =
+        cap_new_tokens(*request, request->num_tokens() - request->num_computed_tokens, token_budget);
+    if (num_new_tokens <= 0) {
+      ++index;
+      continue;
+    }
+    bool scheduled = false;
+    while (true) {
+      new_blocks.clear();
+      if (kv_.allocate_slots(*request, num_new_tokens, nullptr, 0, &new_blocks)) {
+        scheduled = true;
+        break;
+      }
+      Request* victim = choose_preemption_victim();
+      const auto victim_pos = std::find(running_.begin(), running_.end(), victim) - running_.begin();
+      if (static_cast<size_t>(victim_pos) < index) {
+        // Already scheduled in this step (priority policy): take its tokens back.
+        auto pos = std::find(pending_requests_.begin(), pending_requests_.end(), victim) -
+                   pending_requests_.begin();
+        const auto p = static_cast<size_t>(pos);
+        token_budget += out.num_scheduled_tokens[p];
+        out.total_num_scheduled_tokens -= out.num_scheduled_tokens[p];
+        out.req_ids.erase(out.req_ids.begin() + pos);
+        out.num_scheduled_tokens.erase(out.num_scheduled_tokens.begin() + pos);
+        out.num_computed_tokens.erase(out.num_computed_tokens.begin() + pos);
+        out.batch_rows.erase(out.batch_rows.begin() + pos);
+        pending_requests_.erase(pending_requests_.begin() + pos);
+        auto& cached = out.scheduled_cached_reqs;
+        auto cpos = std::find(cached.req_ids.begin(), cached.req_ids.end(), victim->request_id) -
+                    cached.req_ids.begin();
+        cached.req_ids.erase(cached.req_ids.begin() + cpos);
+        cached.new_block_ids.erase(cached.new_block_ids.begin() + cpos);
+        cached.num_computed_tokens.erase(cached.num_computed_tokens.begin() + cpos);
+        cached.batch_rows.erase(cached.batch_rows.begin() + cpos);
+        --index;
+      }
+      preempt(victim, out);
+      preempted_any = true;
+      if (victim == request) break;
+    }
+    if (!scheduled) break;
+    append_scheduled(out, pending_requests_, request, num_new_tokens);
+    auto& cached = out.scheduled_cached_reqs;
+    cached.req_ids.push_back(request->request_id);
+    cached.new_block_ids.emplace_back(new_blocks.begin(), new_blocks.end());
+    cached.num_computed_tokens.push_back(request->num_computed_tokens);
+    cached.batch_rows.push_back(request->batch_row);
+    token_budget -= num_new_tokens;
+    ++index;
+  }
+}
+
+void Scheduler::schedule_waiting(SchedulerOutput& out, int32_t& token_budget) {
+  while (!waiting_.empty() && token_budget > 0 &&
+         running_.size() < static_cast<size_t>(config_.max_num_seqs)) {
+    Request* request = waiting_.peek();
+    CORELLM_DCHECK(request->num_computed_tokens == 0 && request->block_ids.empty(),
+                   "waiting request ", *request->request_id, " holds KV");
+    ComputedBlocks computed = kv_.get_computed_blocks(*request);
+    const int32_t num_new_tokens_wanted = request->num_tokens() - computed.num_computed_tokens;
+    if (!config_.enable_chunked_prefill && num_new_tokens_wanted > token_budget) break;
+    request->num_computed_tokens = computed.num_computed_tokens;  // for the cap below
+    const int32_t num_new_tokens = cap_new_tokens(*request, num_new_tokens_wanted, token_budget);
+    request->num_computed_tokens = 0;
+    CORELLM_CHECK(num_new_tokens > 0, "nothing to compute for waiting request ", *request->request_id);
+    if (!kv_.allocate_slots(*request, num_new_tokens, &computed)) break;
+
+    waiting_.pop();
+    request->status = RequestStatus::RUNNING;
+    request->num_computed_tokens = computed.num_computed_tokens;
+    if (request->num_cached_tokens < 0) request->num_cached_tokens = computed.num_computed_tokens;
+    request->batch_row = take_batch_row();
+    running_.push_back(request);
+
+    NewRequestData data;
+    data.req_id = *request->request_id;
+    data.token_ids = request->token_ids;
+    data.num_prompt_tokens = request->num_prompt_tokens;
+    data.block_ids = request->block_ids;
+    data.num_computed_tokens = request->num_computed_tokens;
+    data.batch_row = request->batch_row;
+    data.payload = request->payload;
+    out.scheduled_new_reqs.push_back(std::move(data));
+    append_scheduled(out, pending_requests_, request, num_new_tokens);
+    token_budget -= num_new_tokens;
+  }
+}
+
+Request* Scheduler::choose_preemption_victim() const {
+  CORELLM_CHECK(!running_.empty(), "preemption with nothing running");
+  if (config_.policy == SchedulingPolicy::FCFS) return running_.back();
+  // PRIORITY: the request that would be scheduled last.
+  return *std::max_element(running_.begin(), running_.end(), PriorityOrder());
+}
+
+void Scheduler::preempt(Request* request, SchedulerOutput& out) {
+  kv_.free(*request);
+  release_batch_row(*request);
+  running_.erase(std::find(running_.begin(), running_.end(), request));
+  request->status = RequestStatus::PREEMPTED;
+  request->num_computed_tokens = 0;
+  request->num_preemptions += 1;
+  ++num_preemptions_;
+  waiting_.add_preempted(request);
+  out.preempted_req_ids.push_back(*request->request_id);
+}
+
+int32_t Scheduler::take_batch_row() {
+  CORELLM_CHECK(!free_batch_rows_.empty(), "no free batch row with ", running_.size(), " running");
+  const int32_t row = free_batch_rows_.back();
+  free_batch_rows_.pop_back();
+  return row;
+}
+
+void Scheduler::release_batch_row(Request& request) {
+  if (request.batch_row < 0) return;
+  free_batch_rows_.push_back(request.batch_row);
+  request.batch_row = -1;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+bool Scheduler::check_stop(Request& request) const {
+  const int32_t token = request.token_ids.back();
+  // EOS and stop tokens count only once min_tokens outputs exist (the sampler suppresses them
+  // before that; this is the scheduler's half of the rule).
+  if (request.num_output_tokens() >= request.min_tokens) {
+    if (!request.ignore_eos && request.eos_token_id >= 0 && token == request.eos_token_id) {
+      request.status = RequestStatus::FINISHED_STOPPED;
+      return true;
+    }
+    if (std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(), token) !=
+        request.stop_token_ids.end()) {
+      request.status = RequestStatus::FINISHED_STOPPED;
+      request.stop_reason = token;
+      return true;
+    }
+  }
+  if (request.num_output_tokens() >= request.max_tokens ||
+      request.num_tokens() >= config_.max_model_len) {
+    request.status = RequestStatus::FINISHED_LENGTH_CAPPED;
+    return true;
+  }
+  return false;
+}
+
+EngineCoreOutputs Scheduler::update_from_output(const SchedulerOutput& output,
+                                                const int32_t* sampled_token_ids,
+                                                size_t num_sampled) {
+  CORELLM_CHECK_ARG(pending_step_id_ != 0 && output.step_id == pending_step_id_,
+                    "update_from_output() for step ", output.step_id,
+                    " but the step awaiting its results is ", pending_step_id_);
+  CORELLM_CHECK_ARG(num_sampled == output.req_ids.size(), "got ", num_sampled,
+                    " sampled tokens for ", output.req_ids.size(), " scheduled requests");
+  EngineCoreOutputs result;
+  result.step_id = output.step_id;
+  result.reserve(pending_requests_.size());
+  bool any_finished = false;
+  for (size_t i = 0; i < pending_requests_.size(); ++i) {
+    Request* request = pending_requests_[i];
+    if (is_finished(request->status) || !output.samples_token[i]) continue;
+    CORELLM_CHECK(request->status == RequestStatus::RUNNING, "request ", *request->request_id,
+                  " is ", to_string(request->status), " at update_from_output");
+    const int32_t token = sampled_token_ids[i];
+    CORELLM_CHECK_ARG(token >= 0, "request '", *request->request_id,
+                      "': invalid sampled token id ", token);
+    request->token_ids.push_back(token);
+    const bool stopped = check_stop(*request);
+    result.req_ids.push_back(request->request_id);
+    result.new_token_ids.push_back(token);
+    result.finish_reasons.push_back(static_cast<uint8_t>(finish_reason_of(request->status)));
+    result.stop_reasons.push_back(request->stop_reason);
+    result.num_cached_tokens.push_back(std::max(request->num_cached_tokens, 0));
+    if (stopped) {
+      retire(request, request->status);
+      any_finished = true;
+    }
+  }
+  if (any_finished) {
+    running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                  [](const Request* r) { return is_finished(r->status); }),
+                   running_.end());
+  }
+  pending_step_id_ = 0;
+  pending_requests_.clear();
+  result.scheduler_stats = stats();
+  return result;
+}
+
+void Scheduler::retire(Request* request, RequestStatus status) {
+  request->status = status;
+  kv_.free(*request);
+  release_batch_row(*request);
+  finished_since_last_step_.push_back(*request->request_id);
+  auto it = requests_.find(*request->request_id);
+  CORELLM_CHECK(it != requests_.end(), "retiring unknown request ", *request->request_id);
+  retired_.push_back(std::move(it->second));
+  requests_.erase(it);
+}
+
+size_t Scheduler::finish_requests(const std::vector<std::string>& request_ids, RequestStatus status) {
+  CORELLM_CHECK_ARG(is_finished(status), "finish_requests() needs a FINISHED_* status, got ",
+                    to_string(status));
+  size_t count = 0;
+  bool any_running = false;
+  for (const std::string& id : request_ids) {
+    auto it = requests_.find(id);
+    if (it == requests_.end()) continue;
+    Request* request = it->second.get();
+    if (request->status == RequestStatus::RUNNING) {
+      any_running = true;
+    } else {
+      CORELLM_CHECK(waiting_.remove(request), "request ", id, " is neither running nor waiting");
+    }
+    retire(request, status);
+    ++count;
+  }
+  if (any_running) {
+    running_.erase(std::remove_if(running_.begin(), running_.end(),
+                                  [](const Request* r) { return is_finished(r->status); }),
+                   running_.end());
+  }
+  return count;
+}
+
+SchedulerStats Scheduler::stats() const {
+  SchedulerStats s;
+  s.num_running = num_running();
+  s.num_waiting = num_waiting();
+  s.kv_cache_usage = kv_.usage();
+  s.prefix_cache_queries = kv_.prefix_cache_stats().queries;
+  s.prefix_cache_hits = kv_.prefix_cache_stats().hits;
+  s.num_preemptions = num_preemptions_;
+  s.num_free_blocks = kv_.num_free_blocks();
+  return s;
+}
+
+const Request* Scheduler::find_request(const std::string& request_id) const {
+  auto it = requests_.find(request_id);
+  return it == requests_.end() ? nullptr : it->second.get();
+}
+
+void Scheduler::check_integrity() const {
+  std::unordered_set<const Request*> seen;
+  std::unordered_set<int32_t> rows;
+  std::vector<const Request*> owners;
+  for (const Request* r : running_) {
+    CORELLM_CHECK(r->status == RequestStatus::RUNNING, "running request ", *r->request_id, " is ",
+                  to_string(r->status));
+    CORELLM_CHECK(seen.insert(r).second, "request ", *r->request_id, " is running twice");
+    CORELLM_CHECK(r->batch_row >= 0 && r->batch_row < config_.max_num_seqs, "request ",
+                  *r->request_id, " has batch row ", r->batch_row);
+    CORELLM_CHECK(rows.insert(r->batch_row).second, "batch row ", r->batch_row, " used twice");
+    CORELLM_CHECK(r->num_computed_tokens <= r->num_tokens(), "request ", *r->request_id,
+                  " computed past its tokens");
+    owners.push_back(r);
+  }
+  for (const Request* r : waiting_.requests()) {
+    CORELLM_CHECK(r->status == RequestStatus::WAITING || r->status == RequestStatus::PREEMPTED,
+                  "waiting request ", *r->request_id, " is ", to_string(r->status));
+    CORELLM_CHECK(seen.insert(r).second, "request ", *r->request_id, " is queued twice or also running");
+    CORELLM_CHECK(r->block_ids.empty() && r->num_computed_tokens == 0 && r->batch_row < 0,
+                  "waiting request ", *r->request_id, " holds KV or a row");
+  }
+  CORELLM_CHECK(seen.size() == requests_.size(), requests_.size(), " unfinished requests but ",
+                seen.size(), " are running or waiting");
+  CORELLM_CHECK(rows.size() + free_batch_rows_.size() == static_cast<size_t>(config_.max_num_seqs),
+                "batch rows leaked: ", rows.size(), " used + ", free_batch_rows_.size(), " free");
+  kv_.check_integrity(owners);
+}
+
+}  // namespace corellm

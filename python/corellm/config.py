@@ -1,0 +1,69 @@
+"""Engine configuration dataclasses, validated on construction (ValueError, never assert)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from corellm import _core
+
+_POLICIES = {"fcfs": _core.SchedulingPolicy.FCFS, "priority": _core.SchedulingPolicy.PRIORITY}
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    # bool is an int subclass; True as a block size is a mistake, not a 1.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if value > 2**31 - 1:
+        raise ValueError(f"{name} must be < 2**31, got {value}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """What the scheduler may do in one step, and the KV capacity it schedules into."""
+
+    num_blocks: int  # KV cache capacity, in blocks
+    max_num_seqs: int = 256  # running requests at most
+    max_num_batched_tokens: int = 2048  # token budget of one step
+    max_model_len: int = 2048  # prompt + output tokens of one request at most
+    block_size: int = 16  # tokens per KV block
+    long_prefill_token_threshold: int = 0  # >0: cap on one request's prompt tokens per step
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    policy: str = "fcfs"  # "fcfs" or "priority"
+
+    def __post_init__(self) -> None:
+        minimums = {"long_prefill_token_threshold": 0, "max_model_len": 2}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int":
+                _check_int(f.name, value, minimums.get(f.name, 1))
+            elif f.type == "bool" and not isinstance(value, bool):
+                raise ValueError(f"{f.name} must be True or False, got {value!r}")
+        if self.policy not in _POLICIES:
+            raise ValueError(f"policy must be one of {sorted(_POLICIES)}, got {self.policy!r}")
+        capacity = self.num_blocks * self.block_size
+        if self.max_model_len > capacity:
+            raise ValueError(
+                f"max_model_len ({self.max_model_len}) exceeds the KV cache capacity of {capacity} "
+                f"tokens ({self.num_blocks} blocks x {self.block_size}): one request could never fit"
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) "
+                f"must be >= max_model_len ({self.max_model_len})"
+            )
+
+    def to_native(self) -> _core.SchedulerConfig:
+        return _core.SchedulerConfig(
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            block_size=self.block_size,
+            num_blocks=self.num_blocks,
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            enable_prefix_caching=self.enable_prefix_caching,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            policy=_POLICIES[self.policy],
+        )

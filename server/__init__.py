@@ -1,0 +1,1 @@
+"""corellm.server: the OpenAI-compatible aiohttp server (arrives with the server issue)."""
