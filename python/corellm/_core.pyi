@@ -1,0 +1,201 @@
+"""Type stubs of corellm._core, the native core (cpp/bindings/core_module.cpp)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+_Ids = Sequence[int] | npt.NDArray[np.integer]
+
+class RequestStatus(enum.Enum):
+    WAITING = ...
+    RUNNING = ...
+    PREEMPTED = ...
+    FINISHED_STOPPED = ...
+    FINISHED_LENGTH_CAPPED = ...
+    FINISHED_ABORTED = ...
+    FINISHED_ERROR = ...
+
+class FinishReason(enum.Enum):
+    NONE = ...
+    STOP = ...
+    LENGTH = ...
+    ABORT = ...
+    ERROR = ...
+    def __init__(self, value: int) -> None: ...
+
+class SchedulingPolicy(enum.Enum):
+    FCFS = ...
+    PRIORITY = ...
+
+class PrefixHasher:
+    def __init__(self, root: bytes = ...) -> None: ...
+    @property
+    def root(self) -> bytes: ...
+    def hash_block(self, parent: bytes, token_ids: _Ids, extra_keys: str = "") -> bytes: ...
+
+class BlockPool:
+    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def num_free_blocks(self) -> int: ...
+    @property
+    def usage(self) -> float: ...
+    def get_new_blocks(self, n: int) -> list[int] | None: ...
+    def touch(self, block_ids: _Ids) -> None: ...
+    def free_blocks(self, block_ids: _Ids) -> None: ...
+    def cache_block(self, block_id: int, hash: bytes) -> None: ...
+    def get_cached_block(self, hash: bytes) -> int | None: ...
+    def ref_cnt(self, block_id: int) -> int: ...
+    def reset_prefix_cache(self) -> bool: ...
+    def check_integrity(self) -> None: ...
+
+class SchedulerConfig:
+    def __init__(
+        self,
+        *,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 2048,
+        max_model_len: int = 2048,
+        block_size: int = 16,
+        num_blocks: int,
+        long_prefill_token_threshold: int = 0,
+        enable_prefix_caching: bool = True,
+        enable_chunked_prefill: bool = True,
+        policy: SchedulingPolicy = ...,
+    ) -> None: ...
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    block_size: int
+    num_blocks: int
+    long_prefill_token_threshold: int
+    enable_prefix_caching: bool
+    enable_chunked_prefill: bool
+    policy: SchedulingPolicy
+
+class NewRequestData:
+    req_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    block_ids: list[int]
+    num_computed_tokens: int
+    batch_row: int
+    payload: Any
+
+class CachedRequestData:
+    req_ids: list[str]
+    new_block_ids: list[list[int]]
+    num_computed_tokens: list[int]
+    batch_rows: list[int]
+
+class SchedulerOutput:
+    step_id: int
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    req_ids: list[str]
+    num_scheduled_tokens: npt.NDArray[np.int32]
+    num_computed_tokens: npt.NDArray[np.int32]
+    batch_rows: npt.NDArray[np.int32]
+    samples_token: npt.NDArray[np.bool_]
+    total_num_scheduled_tokens: int
+    finished_req_ids: list[str]
+    preempted_req_ids: list[str]
+    num_reqs: int
+    def __len__(self) -> int: ...
+
+class EngineCoreOutput:
+    req_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason
+    stop_reason: int | None
+    num_cached_tokens: int
+    finished: bool
+
+class SchedulerStats:
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_preemptions: int
+    num_free_blocks: int
+
+class EngineCoreOutputs:
+    step_id: int
+    req_ids: list[str]
+    new_token_ids: npt.NDArray[np.int32]
+    finish_reasons: npt.NDArray[np.uint8]
+    stop_reasons: npt.NDArray[np.int32]
+    num_cached_tokens: npt.NDArray[np.int32]
+    scheduler_stats: SchedulerStats
+    outputs: list[EngineCoreOutput]
+    def __len__(self) -> int: ...
+    def __getitem__(self, i: int) -> EngineCoreOutput: ...
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, hasher: PrefixHasher | None = None) -> None: ...
+    @property
+    def config(self) -> SchedulerConfig: ...
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: _Ids,
+        *,
+        max_tokens: int,
+        min_tokens: int = 0,
+        ignore_eos: bool = False,
+        eos_token_id: int = -1,
+        stop_token_ids: _Ids = (),
+        priority: int = 0,
+        arrival_time: float = 0.0,
+        cache_salt: str = "",
+        payload: Any = None,
+    ) -> None: ...
+    def schedule(self) -> SchedulerOutput: ...
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, sampled_token_ids: _Ids
+    ) -> EngineCoreOutputs: ...
+    def finish_requests(self, request_ids: list[str], status: RequestStatus) -> int: ...
+    def has_unfinished_requests(self) -> bool: ...
+    @property
+    def num_unfinished_requests(self) -> int: ...
+    @property
+    def num_waiting(self) -> int: ...
+    @property
+    def num_running(self) -> int: ...
+    @property
+    def num_free_blocks(self) -> int: ...
+    @property
+    def num_blocks(self) -> int: ...
+    def stats(self) -> SchedulerStats: ...
+    def get_request(self, request_id: str) -> dict[str, Any] | None: ...
+    def reset_prefix_cache(self) -> bool: ...
+    def check_integrity(self) -> None: ...
+
+class BatchBuilder:
+    def __init__(
+        self, *, max_num_reqs: int, max_model_len: int, block_size: int, max_num_batched_tokens: int
+    ) -> None: ...
+    @property
+    def max_num_blocks_per_req(self) -> int: ...
+    def update_states(self, scheduler_output: SchedulerOutput) -> None: ...
+    def prepare_inputs(self, scheduler_output: SchedulerOutput) -> None: ...
+    def record_sampled(self, scheduler_output: SchedulerOutput, sampled_token_ids: _Ids) -> None: ...
+    num_tokens: int
+    num_reqs: int
+    max_query_len: int
+    max_seq_len: int
+    input_ids: npt.NDArray[np.int32]
+    positions: npt.NDArray[np.int32]
+    slot_mapping: npt.NDArray[np.int32]
+    query_start_loc: npt.NDArray[np.int32]
+    seq_lens: npt.NDArray[np.int32]
+    logits_indices: npt.NDArray[np.int32]
+    block_table: npt.NDArray[np.int32]
+    def row_token_ids(self, row: int) -> list[int]: ...
+    def row_block_ids(self, row: int) -> list[int]: ...
