@@ -19,6 +19,8 @@
 namespace py = pybind11;
 using namespace corellm;
 
+void bind_kernels(py::module_& m);  // kernel_bindings.cpp
+
 namespace {
 
 // The Python object a request carries through the core (its sampling parameters). The core may
@@ -104,7 +106,8 @@ py::dict request_info(const Request& r) {
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "corellm native core: scheduler, KV block pool, prefix-cache hashing, batch builder";
+  m.doc() = "corellm native core: scheduler, KV block pool, prefix-cache hashing, batch builder, CPU kernels";
+  bind_kernels(m);
 
   py::enum_<RequestStatus>(m, "RequestStatus")
       .value("WAITING", RequestStatus::WAITING)

@@ -1,0 +1,128 @@
+// Glue: binds the CPU kernels into corellm._core. Kernels take raw addresses (torch's
+// tensor.data_ptr()), sizes, strides and a dtype tag; python/corellm/ops checks the tensors first.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+
+#include "corellm/check.h"
+#include "corellm/kernels/elementwise.h"
+#include "corellm/kernels/paged_attention.h"
+#include "corellm/kernels/sampler.h"
+
+namespace py = pybind11;
+using namespace corellm;
+
+namespace {
+
+template <class T>
+T* ptr(uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+
+DType dtype_of(int32_t tag) {
+  if (tag != static_cast<int32_t>(DType::F32) && tag != static_cast<int32_t>(DType::BF16)) {
+    throw InvalidArgument(concat("unknown dtype tag ", tag));
+  }
+  return static_cast<DType>(tag);
+}
+
+}  // namespace
+
+void bind_kernels(py::module_& m) {
+  using py::arg;
+  auto k = m.def_submodule("kernels", "CPU kernels on raw tensor addresses (use corellm.ops instead)");
+  k.attr("DTYPE_F32") = static_cast<int32_t>(DType::F32);
+  k.attr("DTYPE_BF16") = static_cast<int32_t>(DType::BF16);
+
+  k.def("rms_norm",
+        [](uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, uintptr_t w, int64_t n,
+           int64_t hidden, float eps, int32_t dtype) {
+          rms_norm(ptr<void>(out), out_stride, ptr<const void>(x), x_stride, ptr<const void>(w), n, hidden,
+                   eps, dtype_of(dtype));
+        },
+        py::call_guard<py::gil_scoped_release>());
+  k.def("fused_add_rms_norm",
+        [](uintptr_t x, int64_t x_stride, uintptr_t res, int64_t res_stride, uintptr_t w, int64_t n,
+           int64_t hidden, float eps, int32_t dtype) {
+          fused_add_rms_norm(ptr<void>(x), x_stride, ptr<void>(res), res_stride, ptr<const void>(w), n,
+                             hidden, eps, dtype_of(dtype));
+        },
+        py::call_guard<py::gil_scoped_release>());
+  k.def("silu_and_mul",
+        [](uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, int64_t n, int64_t d,
+           int32_t dtype) {
+          silu_and_mul(ptr<void>(out), out_stride, ptr<const void>(x), x_stride, n, d, dtype_of(dtype));
+        },
+        py::call_guard<py::gil_scoped_release>());
+  k.def("rotary_embedding",
+        [](uintptr_t positions, uintptr_t q, int64_t q_stride, uintptr_t kk, int64_t k_stride,
+           uintptr_t cache, int64_t max_position, int64_t n, int64_t num_heads, int64_t num_kv_heads,
+           int64_t head_size, int64_t rot_dim, bool is_neox, int32_t dtype) {
+          rotary_embedding(ptr<const int32_t>(positions), ptr<void>(q), q_stride, ptr<void>(kk), k_stride,
+                           ptr<const float>(cache), max_position, n, num_heads, num_kv_heads, head_size,
+                           rot_dim, is_neox, dtype_of(dtype));
+        },
+        py::call_guard<py::gil_scoped_release>());
+  k.def("reshape_and_cache",
+        [](uintptr_t key, int64_t key_stride, uintptr_t value, int64_t value_stride, uintptr_t key_cache,
+           uintptr_t value_cache, uintptr_t slot_mapping, int64_t n, int64_t num_blocks, int64_t num_kv_heads,
+           int64_t head_size, int64_t block_size, int32_t dtype) {
+          reshape_and_cache(ptr<const void>(key), key_stride, ptr<const void>(value), value_stride,
+                            ptr<void>(key_cache), ptr<void>(value_cache), ptr<const int32_t>(slot_mapping), n,
+                            {num_blocks, num_kv_heads, head_size, block_size}, dtype_of(dtype));
+        },
+        py::call_guard<py::gil_scoped_release>());
+  k.def("paged_attention",
+        [](uintptr_t out, uintptr_t q, int64_t q_stride, uintptr_t key_cache, uintptr_t value_cache,
+           int64_t num_blocks, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
+           uintptr_t block_table, int64_t block_table_stride, uintptr_t seq_lens, uintptr_t query_start_loc,
+           int64_t num_seqs, int64_t num_heads, float scale, int64_t sliding_window, int32_t dtype) {
+          PagedAttentionArgs a{ptr<void>(out), ptr<const void>(q), q_stride, ptr<const void>(key_cache),
+                               ptr<const void>(value_cache), {num_blocks, num_kv_heads, head_size, block_size},
+                               ptr<const int32_t>(block_table), block_table_stride, ptr<const int32_t>(seq_lens),
+                               ptr<const int32_t>(query_start_loc), num_seqs, num_heads, scale, sliding_window,
+                               dtype_of(dtype)};
+          paged_attention(a);
+        },
+        py::call_guard<py::gil_scoped_release>());
+  k.def("sample",
+        [](int64_t num_reqs, int64_t vocab_size, uintptr_t logits, uintptr_t temperature, uintptr_t top_k,
+           uintptr_t top_p, uintptr_t min_p, uintptr_t seeds, uintptr_t steps, uintptr_t presence_penalty,
+           uintptr_t frequency_penalty, uintptr_t repetition_penalty, uintptr_t output_offsets,
+           uintptr_t output_ids, uintptr_t prompt_offsets, uintptr_t prompt_ids, uintptr_t bias_offsets,
+           uintptr_t bias_ids, uintptr_t bias_values, uintptr_t banned_offsets, uintptr_t banned_ids,
+           int64_t num_logprobs, uintptr_t sampled, uintptr_t sampled_logprob, uintptr_t sampled_rank,
+           uintptr_t top_ids, uintptr_t top_logprobs) {
+          SamplingBatch b;
+          b.num_reqs = num_reqs;
+          b.vocab_size = vocab_size;
+          b.logits = ptr<float>(logits);
+          b.temperature = ptr<const float>(temperature);
+          b.top_k = ptr<const int32_t>(top_k);
+          b.top_p = ptr<const float>(top_p);
+          b.min_p = ptr<const float>(min_p);
+          b.seeds = ptr<const uint64_t>(seeds);
+          b.steps = ptr<const int64_t>(steps);
+          b.presence_penalty = ptr<const float>(presence_penalty);
+          b.frequency_penalty = ptr<const float>(frequency_penalty);
+          b.repetition_penalty = ptr<const float>(repetition_penalty);
+          b.output_offsets = ptr<const int32_t>(output_offsets);
+          b.output_ids = ptr<const int32_t>(output_ids);
+          b.prompt_offsets = ptr<const int32_t>(prompt_offsets);
+          b.prompt_ids = ptr<const int32_t>(prompt_ids);
+          b.bias_offsets = ptr<const int32_t>(bias_offsets);
+          b.bias_ids = ptr<const int32_t>(bias_ids);
+          b.bias_values = ptr<const float>(bias_values);
+          b.banned_offsets = ptr<const int32_t>(banned_offsets);
+          b.banned_ids = ptr<const int32_t>(banned_ids);
+          b.num_logprobs = num_logprobs;
+          b.sampled = ptr<int32_t>(sampled);
+          b.sampled_logprob = ptr<float>(sampled_logprob);
+          b.sampled_rank = ptr<int32_t>(sampled_rank);
+          b.top_ids = ptr<int32_t>(top_ids);
+          b.top_logprobs = ptr<float>(top_logprobs);
+          sample(b);
+        },
+        py::call_guard<py::gil_scoped_release>());
+  k.def("philox_uniform", &philox_uniform, arg("seed"), arg("counter"));
+}

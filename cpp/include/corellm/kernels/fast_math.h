@@ -1,0 +1,34 @@
+// Branch-free math the compiler can vectorize (no libm calls in hot loops).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace corellm {
+
+// e^x with relative error below 2e-7 over the float range; exp(-inf) is handled by callers
+// (masked entries are skipped, never exponentiated). NaN propagates.
+inline float fast_exp(float x) {
+  x = std::min(std::max(x, -87.3f), 88.7f);
+  const float y = x * 1.44269504088896341f;  // x * log2(e)
+  const float n = std::floor(y + 0.5f);
+  const float f = y - n;  // in [-0.5, 0.5]
+  // 2^f by a degree-6 polynomial (Taylor coefficients of 2^f, error < 2e-7 on [-0.5, 0.5]).
+  float p = 1.5403530393381606e-4f;
+  p = p * f + 1.3333558146428443e-3f;
+  p = p * f + 9.6181291076284772e-3f;
+  p = p * f + 5.5504108664821580e-2f;
+  p = p * f + 2.4022650695910072e-1f;
+  p = p * f + 6.9314718055994531e-1f;
+  p = p * f + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+inline float silu(float x) { return x / (1.0f + fast_exp(-x)); }
+
+}  // namespace corellm

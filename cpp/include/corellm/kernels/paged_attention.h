@@ -1,0 +1,56 @@
+// The paged KV cache kernels on the CPU: writing a step's K/V into their slots, and varlen
+// causal attention of the step's query tokens over each sequence's cached K/V.
+#pragma once
+
+#include <cstdint>
+
+#include "corellm/kernels/dtype.h"
+
+namespace corellm {
+
+// KV cache layout (one layer), chosen so that attention reads contiguous runs:
+//   key_cache   [num_blocks, num_kv_heads, head_size, block_size]   (keys transposed per block)
+//   value_cache [num_blocks, num_kv_heads, block_size, head_size]
+// Slot s is token (s % block_size) of block (s / block_size).
+struct KVCacheShape {
+  int64_t num_blocks;
+  int64_t num_kv_heads;
+  int64_t head_size;
+  int64_t block_size;
+};
+
+// key/value [num_tokens, num_kv_heads, head_size] (token strides given) go to their slots;
+// a negative slot (padding) is skipped.
+void reshape_and_cache(const void* key, int64_t key_stride, const void* value, int64_t value_stride,
+                       void* key_cache, void* value_cache, const int32_t* slot_mapping,
+                       int64_t num_tokens, const KVCacheShape& shape, DType dtype);
+
+// Sequence i owns query tokens [query_start_loc[i], query_start_loc[i+1]) of q, which are its
+// last tokens: with L = seq_lens[i] and n its query length, query token j sits at position
+// L - n + j and attends to the keys at positions [max(0, pos - sliding_window + 1), pos]
+// (sliding_window <= 0: no window). This covers a whole prefill (n = L), a chunk after a prefix
+// hit or an earlier chunk (n < L) and decode (n = 1). GQA: query head h reads KV head
+// h / (num_heads / num_kv_heads); each KV block is read once per KV head and query chunk.
+// q [num_tokens, num_heads, head_size] (token stride given), out [num_tokens, num_heads,
+// head_size] contiguous, block_table [num_seqs, block_table_stride].
+struct PagedAttentionArgs {
+  void* out;
+  const void* q;
+  int64_t q_stride;
+  const void* key_cache;
+  const void* value_cache;
+  KVCacheShape cache;
+  const int32_t* block_table;
+  int64_t block_table_stride;
+  const int32_t* seq_lens;
+  const int32_t* query_start_loc;
+  int64_t num_seqs;
+  int64_t num_heads;
+  float scale;
+  int64_t sliding_window;
+  DType dtype;
+};
+
+void paged_attention(const PagedAttentionArgs& args);
+
+}  // namespace corellm

@@ -1,0 +1,269 @@
+// Token sampling on the CPU, one request per row, rows in parallel.
+//
+// Per row:
+//   1. raw logprobs (if asked): log-sum-exp of the raw logits, the top-n tokens;
+//   2. processing: banned tokens -> -inf, logit bias, repetition / frequency / presence penalties;
+//   3. temperature 0: argmax. Otherwise logits / T, then the kept set: tokens whose probability
+//      is >= min_p x the largest, among the top_k largest; then the smallest prefix of those, by
+//      descending probability, whose mass reaches top_p of the kept mass; then one draw u from
+//      the request's Philox stream (seed, step) picks the token by inverse CDF over the kept set.
+// Top-p sorts only as many candidates as it needs (256, 4096, then all), not the vocabulary.
+#include "corellm/kernels/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "corellm/check.h"
+#include "corellm/kernels/fast_math.h"
+
+namespace corellm {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3").
+void philox4x32(uint32_t ctr[4], uint32_t key0, uint32_t key1) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+  for (int round = 0; round < 10; ++round) {
+    const uint64_t p0 = static_cast<uint64_t>(kM0) * ctr[0];
+    const uint64_t p1 = static_cast<uint64_t>(kM1) * ctr[2];
+    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ ctr[1] ^ key0;
+    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ ctr[3] ^ key1;
+    ctr[1] = static_cast<uint32_t>(p1);
+    ctr[3] = static_cast<uint32_t>(p0);
+    ctr[0] = n0;
+    ctr[2] = n2;
+    key0 += kW0;
+    key1 += kW1;
+  }
+}
+
+void raw_logprobs(const SamplingBatch& b, int64_t i, const float* x, float& log_z) {
+  const int64_t v = b.vocab_size;
+  float mx = kNegInf;
+  for (int64_t t = 0; t < v; ++t) mx = std::max(mx, x[t]);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t t = 0; t < v; ++t) sum += fast_exp(x[t] - mx);
+  log_z = mx + std::log(sum);
+  const int64_t n = b.num_logprobs;
+  if (n <= 0) return;
+  // Top n by logit, descending, ties to the lower id: a partial sort of (logit, id) pairs.
+  std::vector<std::pair<float, int32_t>> best;
+  best.reserve(static_cast<size_t>(n) + 1);
+  auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& c) {
+    return a.first > c.first || (a.first == c.first && a.second < c.second);
+  };
+  for (int64_t t = 0; t < v; ++t) {
+    if (static_cast<int64_t>(best.size()) == n && !(x[t] > best.front().first)) continue;
+    best.emplace_back(x[t], static_cast<int32_t>(t));
+    std::push_heap(best.begin(), best.end(), better);  // heap top = the worst kept
+    if (static_cast<int64_t>(best.size()) > n) {
+      std::pop_heap(best.begin(), best.end(), better);
+      best.pop_back();
+    }
+  }
+  std::sort(best.begin(), best.end(), better);
+  for (int64_t k = 0; k < n; ++k) {
+    b.top_ids[i * n + k] = best[static_cast<size_t>(k)].second;
+    b.top_logprobs[i * n + k] = best[static_cast<size_t>(k)].first - log_z;
+  }
+}
+
+void apply_processors(const SamplingBatch& b, int64_t i, float* x, std::vector<int32_t>& scratch) {
+  if (b.banned_offsets) {
+    for (int32_t k = b.banned_offsets[i]; k < b.banned_offsets[i + 1]; ++k) x[b.banned_ids[k]] = kNegInf;
+  }
+  if (b.bias_offsets) {
+    for (int32_t k = b.bias_offsets[i]; k < b.bias_offsets[i + 1]; ++k) x[b.bias_ids[k]] += b.bias_values[k];
+  }
+  const float rep = b.repetition_penalty ? b.repetition_penalty[i] : 1.0f;
+  if (rep != 1.0f) {
+    scratch.assign(b.prompt_ids + b.prompt_offsets[i], b.prompt_ids + b.prompt_offsets[i + 1]);
+    scratch.insert(scratch.end(), b.output_ids + b.output_offsets[i], b.output_ids + b.output_offsets[i + 1]);
+    std::sort(scratch.begin(), scratch.end());
+    scratch.erase(std::unique(scratch.begin(), scratch.end()), scratch.end());
+    for (int32_t t : scratch) x[t] = x[t] > 0.0f ? x[t] / rep : x[t] * rep;
+  }
+  const float pres = b.presence_penalty ? b.presence_penalty[i] : 0.0f;
+  const float freq = b.frequency_penalty ? b.frequency_penalty[i] : 0.0f;
+  if (pres != 0.0f || freq != 0.0f) {
+    scratch.assign(b.output_ids + b.output_offsets[i], b.output_ids + b.output_offsets[i + 1]);
+    std::sort(scratch.begin(), scratch.end());
+    for (size_t k = 0; k < scratch.size();) {
+      size_t end = k;
+      while (end < scratch.size() && scratch[end] == scratch[k]) ++end;
+      x[scratch[k]] -= pres + freq * static_cast<float>(end - k);
+      k = end;
+    }
+  }
+}
+
+int32_t argmax(const float* x, int64_t v) {
+  int64_t best = 0;
+  for (int64_t t = 1; t < v; ++t) {
+    if (x[t] > x[best]) best = t;
+  }
+  return static_cast<int32_t>(best);
+}
+
+// Samples from logits x (already divided by the temperature) under top-k / top-p / min-p.
+int32_t sample_row(const SamplingBatch& b, int64_t i, float* x, std::vector<std::pair<float, int32_t>>& cand) {
+  const int64_t v = b.vocab_size;
+  float mx = kNegInf;
+  for (int64_t t = 0; t < v; ++t) mx = std::max(mx, x[t]);
+  // Kept set, step 1: min_p (prob >= min_p * max prob <=> logit >= mx + log(min_p)).
+  float threshold = kNegInf;
+  const float min_p = b.min_p ? b.min_p[i] : 0.0f;
+  if (min_p > 0.0f) threshold = mx + std::log(min_p);
+  // Step 2: top_k: the k-th largest logit (ties at the boundary are all kept).
+  const int64_t k = b.top_k ? b.top_k[i] : 0;
+  if (k > 0 && k < v) {
+    cand.clear();
+    for (int64_t t = 0; t < v; ++t) cand.emplace_back(x[t], static_cast<int32_t>(t));
+    std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end(),
+                     [](const auto& a, const auto& c) { return a.first > c.first; });
+    threshold = std::max(threshold, cand[static_cast<size_t>(k - 1)].first);
+  }
+  // Weights of the kept tokens.
+  float total = 0.0f;
+  for (int64_t t = 0; t < v; ++t) {
+    if (x[t] >= threshold && x[t] != kNegInf) {
+      x[t] = fast_exp(x[t] - mx);
+      total += x[t];
+    } else {
+      x[t] = 0.0f;
+    }
+  }
+  const float u = philox_uniform(b.seeds[i], static_cast<uint64_t>(b.steps[i]));
+  const float top_p = b.top_p ? b.top_p[i] : 1.0f;
+  if (top_p < 1.0f) {
+    // Smallest descending-probability prefix with mass >= top_p * total.
+    const float target = top_p * total;
+    for (int64_t want = 256;; want *= 16) {
+      cand.clear();
+      for (int64_t t = 0; t < v; ++t) {
+        if (x[t] > 0.0f) cand.emplace_back(x[t], static_cast<int32_t>(t));
+      }
+      const auto by_prob = [](const auto& a, const auto& c) { return a.first > c.first || (a.first == c.first && a.second < c.second); };
+      const bool all = want >= static_cast<int64_t>(cand.size());
+      const auto end = all ? cand.end() : cand.begin() + want;
+      std::partial_sort(cand.begin(), end, cand.end(), by_prob);
+      float mass = 0.0f;
+      auto it = cand.begin();
+      for (; it != end; ++it) {
+        mass += it->first;
+        if (mass >= target) break;
+      }
+      if (it == end && !all) continue;  // not enough candidates sorted yet
+      if (it == end) it = end - 1;
+      const float pick = u * mass;
+      float acc = 0.0f;
+      for (auto c = cand.begin(); c != it; ++c) {
+        acc += c->first;
+        if (pick < acc) return c->second;
+      }
+      return it->second;
+    }
+  }
+  const float pick = u * total;
+  float acc = 0.0f;
+  int32_t last = -1;
+  for (int64_t t = 0; t < v; ++t) {
+    if (x[t] <= 0.0f) continue;
+    acc += x[t];
+    last = static_cast<int32_t>(t);
+    if (pick < acc) return last;
+  }
+  return last;  // rounding: u * total reached the end
+}
+
+}  // namespace
+
+float philox_uniform(uint64_t seed, uint64_t counter) {
+  uint32_t ctr[4] = {static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), 0u, 0u};
+  philox4x32(ctr, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  return static_cast<float>(ctr[0] >> 8) * (1.0f / 16777216.0f);
+}
+
+void sample(const SamplingBatch& b) {
+  CORELLM_CHECK_ARG(b.num_reqs >= 0 && b.vocab_size > 0, "bad sampling batch shape [", b.num_reqs,
+                    ", ", b.vocab_size, "]");
+  CORELLM_CHECK_ARG(b.num_logprobs <= b.vocab_size, "num_logprobs ", b.num_logprobs, " exceeds the vocabulary");
+  for (int64_t i = 0; i < b.num_reqs; ++i) {
+    CORELLM_CHECK_ARG(b.temperature[i] >= 0.0f && std::isfinite(b.temperature[i]),
+                      "request ", i, ": temperature must be finite and >= 0, got ", b.temperature[i]);
+    if (b.top_p) CORELLM_CHECK_ARG(b.top_p[i] > 0.0f && b.top_p[i] <= 1.0f, "request ", i,
+                                   ": top_p must be in (0, 1], got ", b.top_p[i]);
+    if (b.min_p) CORELLM_CHECK_ARG(b.min_p[i] >= 0.0f && b.min_p[i] <= 1.0f, "request ", i,
+                                   ": min_p must be in [0, 1], got ", b.min_p[i]);
+    if (b.repetition_penalty) CORELLM_CHECK_ARG(b.repetition_penalty[i] > 0.0f, "request ", i,
+                                                ": repetition_penalty must be > 0, got ", b.repetition_penalty[i]);
+    auto check_ids = [&](const int32_t* offsets, const int32_t* ids, const char* what) {
+      if (!offsets) return;
+      CORELLM_CHECK_ARG(offsets[i] <= offsets[i + 1], what, " offsets decrease at request ", i);
+      for (int32_t k = offsets[i]; k < offsets[i + 1]; ++k) {
+        CORELLM_CHECK_ARG(ids[k] >= 0 && ids[k] < b.vocab_size, "request ", i, ": ", what, " token id ",
+                          ids[k], " is outside the vocabulary [0, ", b.vocab_size, ")");
+      }
+    };
+    check_ids(b.output_offsets, b.output_ids, "output");
+    check_ids(b.prompt_offsets, b.prompt_ids, "prompt");
+    check_ids(b.bias_offsets, b.bias_ids, "logit_bias");
+    check_ids(b.banned_offsets, b.banned_ids, "banned");
+  }
+#pragma omp parallel if (b.num_reqs > 1)
+  {
+    std::vector<int32_t> scratch;
+    std::vector<std::pair<float, int32_t>> cand;
+    std::vector<float> raw;  // the raw row, kept for the sampled token's logprob and rank
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < b.num_reqs; ++i) {
+      float* x = b.logits + i * b.vocab_size;
+      bool has_nan = false;
+      for (int64_t t = 0; t < b.vocab_size; ++t) has_nan |= std::isnan(x[t]);
+      if (has_nan) {  // reported per request; the caller fails that request only
+        b.sampled[i] = -1;
+        if (b.num_logprobs >= 0) {
+          b.sampled_logprob[i] = std::numeric_limits<float>::quiet_NaN();
+          b.sampled_rank[i] = 0;
+          for (int64_t k = 0; k < b.num_logprobs; ++k) {
+            b.top_ids[i * b.num_logprobs + k] = -1;
+            b.top_logprobs[i * b.num_logprobs + k] = std::numeric_limits<float>::quiet_NaN();
+          }
+        }
+        continue;
+      }
+      float log_z = 0.0f;
+      if (b.num_logprobs >= 0) {
+        raw_logprobs(b, i, x, log_z);
+        raw.assign(x, x + b.vocab_size);
+      }
+      apply_processors(b, i, x, scratch);
+      int32_t token;
+      const float temp = b.temperature[i];
+      if (temp == 0.0f) {
+        token = argmax(x, b.vocab_size);
+      } else {
+        const float inv_t = 1.0f / temp;
+#pragma omp simd
+        for (int64_t t = 0; t < b.vocab_size; ++t) x[t] *= inv_t;
+        token = sample_row(b, i, x, cand);
+      }
+      b.sampled[i] = token;
+      if (b.num_logprobs >= 0) {
+        const float logit = raw[static_cast<size_t>(token)];
+        int32_t rank = 1;
+        for (int64_t t = 0; t < b.vocab_size; ++t) rank += raw[static_cast<size_t>(t)] > logit ? 1 : 0;
+        b.sampled_logprob[i] = logit - log_z;
+        b.sampled_rank[i] = rank;
+      }
+    }
+  }
+}
+
+}  // namespace corellm

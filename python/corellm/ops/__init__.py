@@ -1,0 +1,22 @@
+"""corellm's ops: one Python function per kernel, checking device, dtype, shape and layout,
+then dispatching on the tensors' device (CPU: corellm._core's C++ kernels)."""
+
+from corellm.ops.activation import silu_and_mul
+from corellm.ops.attention import kv_cache_shapes, paged_attention, reshape_and_cache
+from corellm.ops.norm import fused_add_rms_norm, rms_norm
+from corellm.ops.rotary import rotary_embedding
+from corellm.ops.sampler import SamplerOutput, SamplingMetadata, TokenLists, sample
+
+__all__ = [
+    "SamplerOutput",
+    "SamplingMetadata",
+    "TokenLists",
+    "fused_add_rms_norm",
+    "kv_cache_shapes",
+    "paged_attention",
+    "reshape_and_cache",
+    "rms_norm",
+    "rotary_embedding",
+    "sample",
+    "silu_and_mul",
+]

@@ -1,0 +1,74 @@
+"""Argument checks shared by the ops: device, dtype, shape and layout, with clear errors."""
+
+from __future__ import annotations
+
+import torch
+
+from corellm import _core
+
+_DTYPE_TAGS = {torch.float32: _core.kernels.DTYPE_F32, torch.bfloat16: _core.kernels.DTYPE_BF16}
+
+
+def dtype_tag(op: str, t: torch.Tensor) -> int:
+    tag = _DTYPE_TAGS.get(t.dtype)
+    if tag is None:
+        raise ValueError(f"{op}: dtype {t.dtype} is not supported on the CPU (float32 or bfloat16)")
+    return tag
+
+
+def check(
+    op: str,
+    name: str,
+    t: object,
+    *,
+    ndim: int | None = None,
+    dtype: torch.dtype | tuple[torch.dtype, ...] | None = None,
+    device: torch.device | None = None,
+    contiguous: bool = False,
+    inner_contiguous: bool = True,
+) -> torch.Tensor:
+    """Raises ValueError naming the op and the argument unless `t` fits."""
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{op}: {name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if dtype is not None:
+        allowed = dtype if isinstance(dtype, tuple) else (dtype,)
+        if t.dtype not in allowed:
+            names = " or ".join(str(d) for d in allowed)
+            raise ValueError(f"{op}: {name} must be {names}, got {t.dtype}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{op}: {name} is on {t.device}, expected {device}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{op}: {name} must be contiguous (strides {t.stride()}, shape {tuple(t.shape)})")
+    if inner_contiguous and t.dim() > 0 and t.numel() > 0:
+        # Every dimension but the first must be densely packed: rows may be strided views.
+        expected = 1
+        for size, stride in reversed(list(zip(t.shape[1:], t.stride()[1:]))):
+            if size != 1 and stride != expected:
+                raise ValueError(
+                    f"{op}: {name} must be contiguous within a row (shape {tuple(t.shape)}, "
+                    f"strides {t.stride()})"
+                )
+            expected *= size
+    return t
+
+
+def check_shape(op: str, name: str, t: torch.Tensor, shape: tuple) -> None:
+    """`shape` may hold None for a free dimension."""
+    if len(t.shape) != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
+        want = tuple("*" if s is None else s for s in shape)
+        raise ValueError(f"{op}: {name} must have shape {want}, got {tuple(t.shape)}")
+
+
+def row_stride(t: torch.Tensor) -> int:
+    return t.stride(0) if t.dim() > 0 else 0
+
+
+def require_cpu(op: str, t: torch.Tensor) -> None:
+    if t.device.type == "cuda":
+        raise NotImplementedError(
+            f"{op}: CUDA tensors need corellm._cuda, which is not built in this installation"
+        )
+    if t.device.type != "cpu":
+        raise ValueError(f"{op}: tensors on {t.device} are not supported")

@@ -1,0 +1,92 @@
+"""The paged KV cache: writing K/V into slots, and varlen causal paged attention.
+
+KV cache layout of one layer (see cpp/include/corellm/kernels/paged_attention.h):
+    key_cache   [num_blocks, num_kv_heads, head_size, block_size]   (keys transposed per block)
+    value_cache [num_blocks, num_kv_heads, block_size, head_size]
+"""
+
+from __future__ import annotations
+
+import torch
+
+from corellm import _core
+from corellm.ops._checks import check, check_shape, dtype_tag, require_cpu, row_stride
+
+
+def kv_cache_shapes(num_blocks: int, num_kv_heads: int, head_size: int, block_size: int):
+    """(key_cache shape, value_cache shape) of one layer."""
+    return (num_blocks, num_kv_heads, head_size, block_size), (num_blocks, num_kv_heads, block_size, head_size)
+
+
+def _check_caches(op: str, key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[int, int, int, int]:
+    check(op, "key_cache", key_cache, ndim=4, contiguous=True)
+    require_cpu(op, key_cache)
+    check(op, "value_cache", value_cache, ndim=4, dtype=key_cache.dtype, device=key_cache.device, contiguous=True)
+    num_blocks, num_kv_heads, head_size, block_size = key_cache.shape
+    check_shape(op, "value_cache", value_cache, (num_blocks, num_kv_heads, block_size, head_size))
+    return num_blocks, num_kv_heads, head_size, block_size
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """key/value [num_tokens, num_kv_heads * head_size] -> their slots (negative slot: skipped)."""
+    op = "reshape_and_cache"
+    num_blocks, num_kv_heads, head_size, block_size = _check_caches(op, key_cache, value_cache)
+    tag = dtype_tag(op, key_cache)
+    n = slot_mapping.shape[0] if isinstance(slot_mapping, torch.Tensor) else 0
+    check(op, "slot_mapping", slot_mapping, ndim=1, dtype=torch.int32, device=key_cache.device, contiguous=True)
+    for name, t in (("key", key), ("value", value)):
+        check(op, name, t, ndim=2, dtype=key_cache.dtype, device=key_cache.device)
+        check_shape(op, name, t, (n, num_kv_heads * head_size))
+    _core.kernels.reshape_and_cache(key.data_ptr(), row_stride(key), value.data_ptr(), row_stride(value),
+                                    key_cache.data_ptr(), value_cache.data_ptr(), slot_mapping.data_ptr(), n,
+                                    num_blocks, num_kv_heads, head_size, block_size, tag)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+    sliding_window: int = 0,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of each sequence's query tokens (its last ones) over its cached K/V.
+    q [num_tokens, num_heads * head_size]; block_table [num_seqs, max_blocks] int32;
+    seq_lens [num_seqs] int32; query_start_loc [num_seqs + 1] int32. Returns [num_tokens,
+    num_heads * head_size]."""
+    op = "paged_attention"
+    num_blocks, num_kv_heads, head_size, block_size = _check_caches(op, key_cache, value_cache)
+    tag = dtype_tag(op, key_cache)
+    check(op, "q", q, ndim=2, dtype=key_cache.dtype, device=key_cache.device)
+    if q.shape[1] % head_size or (q.shape[1] // head_size) % num_kv_heads:
+        raise ValueError(f"{op}: q width {q.shape[1]} is not a multiple of num_kv_heads ({num_kv_heads}) "
+                         f"x head_size ({head_size})")
+    num_heads = q.shape[1] // head_size
+    check(op, "block_table", block_table, ndim=2, dtype=torch.int32, device=key_cache.device)
+    num_seqs = block_table.shape[0]
+    check(op, "seq_lens", seq_lens, ndim=1, dtype=torch.int32, device=key_cache.device, contiguous=True)
+    check(op, "query_start_loc", query_start_loc, ndim=1, dtype=torch.int32, device=key_cache.device,
+          contiguous=True)
+    check_shape(op, "seq_lens", seq_lens, (num_seqs,))
+    check_shape(op, "query_start_loc", query_start_loc, (num_seqs + 1,))
+    if num_seqs and int(query_start_loc[-1]) != q.shape[0]:
+        raise ValueError(f"{op}: query_start_loc[-1] = {int(query_start_loc[-1])} but q has {q.shape[0]} tokens")
+    if out is None:
+        out = torch.empty((q.shape[0], q.shape[1]), dtype=q.dtype, device=q.device)
+    check(op, "out", out, ndim=2, dtype=q.dtype, device=q.device, contiguous=True)
+    check_shape(op, "out", out, (q.shape[0], q.shape[1]))
+    _core.kernels.paged_attention(out.data_ptr(), q.data_ptr(), row_stride(q), key_cache.data_ptr(),
+                                  value_cache.data_ptr(), num_blocks, num_kv_heads, head_size, block_size,
+                                  block_table.data_ptr(), row_stride(block_table), seq_lens.data_ptr(),
+                                  query_start_loc.data_ptr(), num_seqs, num_heads, float(scale),
+                                  int(sliding_window), tag)
+    return out

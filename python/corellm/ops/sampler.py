@@ -1,0 +1,146 @@
+"""The sampler op: logits processing and sampling of one token per request, plus logprobs.
+
+Per request, in order: banned tokens (e.g. EOS before min_tokens) -> -inf; logit_bias added;
+repetition, frequency and presence penalties; temperature 0 -> argmax; otherwise logits / T,
+kept set = min_p and top_k filters, then top_p over the kept mass, and one draw from the
+request's Philox stream (seed, step) — so a seeded request samples the same tokens whatever
+batch it is in. Logprobs (when asked) describe the raw logits, before any processing, as vLLM's
+default does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from corellm import _core
+from corellm.ops._checks import check, check_shape, require_cpu
+
+
+@dataclass
+class TokenLists:
+    """Variable-length per-request token lists in CSR form (values optional: logit_bias)."""
+
+    offsets: torch.Tensor  # int32 [num_reqs + 1]
+    ids: torch.Tensor  # int32 [total]
+    values: torch.Tensor | None = None  # float32 [total]
+
+    @classmethod
+    def from_lists(cls, lists: list[list[int]], values: list[list[float]] | None = None) -> "TokenLists":
+        offsets = [0]
+        for lst in lists:
+            offsets.append(offsets[-1] + len(lst))
+        flat = [t for lst in lists for t in lst]
+        vals = None
+        if values is not None:
+            vals = torch.tensor([v for lst in values for v in lst], dtype=torch.float32)
+        return cls(torch.tensor(offsets, dtype=torch.int32), torch.tensor(flat, dtype=torch.int32), vals)
+
+
+@dataclass
+class SamplingMetadata:
+    """One step's sampling parameters, one entry per request (row of the logits)."""
+
+    temperature: torch.Tensor  # float32 [n]; 0 = greedy
+    seeds: torch.Tensor  # int64 [n] (the stream key, read as uint64)
+    steps: torch.Tensor  # int64 [n] (the counter: the request's output position)
+    top_k: torch.Tensor | None = None  # int32 [n]; <= 0 = off
+    top_p: torch.Tensor | None = None  # float32 [n]; 1 = off
+    min_p: torch.Tensor | None = None  # float32 [n]; 0 = off
+    presence_penalty: torch.Tensor | None = None  # float32 [n]
+    frequency_penalty: torch.Tensor | None = None  # float32 [n]
+    repetition_penalty: torch.Tensor | None = None  # float32 [n]
+    output_token_ids: TokenLists | None = None  # needed by any penalty
+    prompt_token_ids: TokenLists | None = None  # needed by repetition_penalty
+    logit_bias: TokenLists | None = None  # with values
+    banned_token_ids: TokenLists | None = None
+    num_logprobs: int = -1  # -1: no logprobs; 0: the sampled token's only; k: also the top k
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor  # int32 [n]; -1 where the row's logits held a NaN
+    logprobs: torch.Tensor | None = None  # float32 [n]: the sampled token's raw logprob
+    ranks: torch.Tensor | None = None  # int32 [n]: its rank in the raw distribution (1 = top)
+    top_token_ids: torch.Tensor | None = None  # int32 [n, num_logprobs]
+    top_logprobs: torch.Tensor | None = None  # float32 [n, num_logprobs]
+    extra: dict = field(default_factory=dict)
+
+
+def _ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+    """logits: float32 [num_reqs, vocab_size], contiguous; overwritten with processed values."""
+    op = "sample"
+    check(op, "logits", logits, ndim=2, dtype=torch.float32, contiguous=True)
+    require_cpu(op, logits)
+    n, vocab = logits.shape
+    dev = logits.device
+
+    def vec(name: str, t: torch.Tensor | None, dtype: torch.dtype, required: bool = False) -> None:
+        if t is None:
+            if required:
+                raise ValueError(f"{op}: {name} is required")
+            return
+        check(op, name, t, ndim=1, dtype=dtype, device=dev, contiguous=True)
+        check_shape(op, name, t, (n,))
+
+    vec("temperature", md.temperature, torch.float32, required=True)
+    vec("seeds", md.seeds, torch.int64, required=True)
+    vec("steps", md.steps, torch.int64, required=True)
+    vec("top_k", md.top_k, torch.int32)
+    vec("top_p", md.top_p, torch.float32)
+    vec("min_p", md.min_p, torch.float32)
+    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty"):
+        vec(name, getattr(md, name), torch.float32)
+
+    def lists(name: str, tl: TokenLists | None, needed: bool) -> TokenLists | None:
+        if tl is None:
+            if needed:
+                raise ValueError(f"{op}: {name} is required by the penalties in this batch")
+            return None
+        check(op, f"{name}.offsets", tl.offsets, ndim=1, dtype=torch.int32, device=dev, contiguous=True)
+        check_shape(op, f"{name}.offsets", tl.offsets, (n + 1,))
+        check(op, f"{name}.ids", tl.ids, ndim=1, dtype=torch.int32, device=dev, contiguous=True)
+        if n and (int(tl.offsets[0]) != 0 or int(tl.offsets[-1]) != tl.ids.shape[0]):
+            raise ValueError(f"{op}: {name}.offsets must start at 0 and end at len(ids) = {tl.ids.shape[0]}")
+        if tl.values is not None:
+            check(op, f"{name}.values", tl.values, ndim=1, dtype=torch.float32, device=dev, contiguous=True)
+            check_shape(op, f"{name}.values", tl.values, (tl.ids.shape[0],))
+        return tl
+
+    any_penalty = any(getattr(md, p) is not None for p in ("presence_penalty", "frequency_penalty",
+                                                            "repetition_penalty"))
+    outputs = lists("output_token_ids", md.output_token_ids, any_penalty)
+    prompts = lists("prompt_token_ids", md.prompt_token_ids, md.repetition_penalty is not None)
+    bias = lists("logit_bias", md.logit_bias, False)
+    if bias is not None and bias.values is None:
+        raise ValueError(f"{op}: logit_bias needs values")
+    banned = lists("banned_token_ids", md.banned_token_ids, False)
+
+    sampled = torch.empty(n, dtype=torch.int32)
+    out = SamplerOutput(sampled)
+    k = md.num_logprobs
+    if k >= 0:
+        if k > vocab:
+            raise ValueError(f"{op}: num_logprobs {k} exceeds the vocabulary size {vocab}")
+        out.logprobs = torch.empty(n, dtype=torch.float32)
+        out.ranks = torch.empty(n, dtype=torch.int32)
+        out.top_token_ids = torch.empty((n, k), dtype=torch.int32)
+        out.top_logprobs = torch.empty((n, k), dtype=torch.float32)
+    _core.kernels.sample(
+        n, vocab, logits.data_ptr(), _ptr(md.temperature), _ptr(md.top_k), _ptr(md.top_p), _ptr(md.min_p),
+        _ptr(md.seeds), _ptr(md.steps), _ptr(md.presence_penalty), _ptr(md.frequency_penalty),
+        _ptr(md.repetition_penalty),
+        _ptr(outputs.offsets if outputs else None), _ptr(outputs.ids if outputs else None),
+        _ptr(prompts.offsets if prompts else None), _ptr(prompts.ids if prompts else None),
+        _ptr(bias.offsets if bias else None), _ptr(bias.ids if bias else None),
+        _ptr(bias.values if bias else None),
+        _ptr(banned.offsets if banned else None), _ptr(banned.ids if banned else None),
+        k, sampled.data_ptr(), _ptr(out.logprobs), _ptr(out.ranks), _ptr(out.top_token_ids),
+        _ptr(out.top_logprobs),
+    )
+    return out

@@ -1,0 +1,154 @@
+"""reshape_and_cache and paged_attention against the float64 torch reference, over block sizes,
+GQA ratios, head sizes, prefix (context) lengths, dtypes, sliding windows and batch mixes."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from corellm import ops
+from tests.ops import reference as ref
+
+TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.bfloat16: dict(atol=1.5e-2, rtol=2e-2)}
+
+
+def make_batch(seqs, num_kv_heads, head_size, block_size, dtype, seed):
+    """seqs: list of (seq_len, query_len). Random caches, shuffled block tables."""
+    g = torch.Generator().manual_seed(seed)
+    blocks_per_seq = [math.ceil(L / block_size) for L, _ in seqs]
+    num_blocks = sum(blocks_per_seq) + 3
+    perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
+    max_blocks = max(blocks_per_seq) + 2
+    table = torch.full((len(seqs), max_blocks), -1, dtype=torch.int32)
+    used = 0
+    for i, nb in enumerate(blocks_per_seq):
+        table[i, :nb] = perm[used : used + nb]
+        used += nb
+    k_shape, v_shape = ops.kv_cache_shapes(num_blocks, num_kv_heads, head_size, block_size)
+    key_cache = torch.randn(k_shape, generator=g).to(dtype)
+    value_cache = torch.randn(v_shape, generator=g).to(dtype)
+    seq_lens = torch.tensor([L for L, _ in seqs], dtype=torch.int32)
+    qsl = torch.tensor([0] + list(torch.cumsum(torch.tensor([n for _, n in seqs]), 0)), dtype=torch.int32)
+    return key_cache, value_cache, table, seq_lens, qsl
+
+
+CASES = [
+    # (seqs [(seq_len, query_len)], num_heads, num_kv_heads, head_size, block_size)
+    ([(37, 37)], 4, 4, 64, 16),  # whole prefill, MHA
+    ([(100, 100), (5, 5)], 9, 3, 64, 16),  # SmolLM2 GQA
+    ([(64, 16)], 9, 3, 64, 16),  # chunk after a block-aligned prefix hit
+    ([(70, 9)], 8, 2, 128, 32),  # chunk after an unaligned prefix
+    ([(1, 1), (300, 1), (17, 1)], 9, 3, 64, 16),  # decode
+    ([(2048, 1)], 9, 3, 64, 16),  # one long decode: the KV range is split across threads
+    ([(513, 1), (44, 20), (90, 90), (1, 1)], 16, 4, 64, 8),  # mixed batch, GQA 4
+    ([(33, 33), (65, 2)], 6, 2, 32, 16),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_paged_attention_matches_reference(dtype, case):
+    seqs, heads, kv_heads, head_size, block_size = CASES[case]
+    kc, vc, table, seq_lens, qsl = make_batch(seqs, kv_heads, head_size, block_size, dtype, seed=case)
+    q = torch.randn(int(qsl[-1]), heads * head_size).to(dtype)
+    scale = head_size**-0.5
+    got = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, scale)
+    want = ref.paged_attention(q, kc, vc, table, seq_lens, qsl, scale)
+    torch.testing.assert_close(got.double(), want, **TOL[dtype])
+
+
+@pytest.mark.parametrize("window", [1, 7, 16, 50])
+def test_paged_attention_sliding_window(window):
+    seqs = [(80, 80), (200, 1), (120, 30)]
+    kc, vc, table, seq_lens, qsl = make_batch(seqs, 2, 64, 16, torch.float32, seed=window)
+    q = torch.randn(int(qsl[-1]), 4 * 64)
+    got = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, sliding_window=window)
+    want = ref.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, sliding_window=window)
+    torch.testing.assert_close(got.double(), want, **TOL[torch.float32])
+
+
+def test_paged_attention_random_batches():
+    rng = random.Random(0)
+    for trial in range(25):
+        kv_heads = rng.choice([1, 2, 3])
+        heads = kv_heads * rng.choice([1, 2, 3, 4])
+        head_size = rng.choice([32, 64, 80])
+        block_size = rng.choice([4, 8, 16, 32])
+        seqs = []
+        for _ in range(rng.randrange(1, 6)):
+            L = rng.randrange(1, 300)
+            seqs.append((L, rng.choice([1, L, rng.randrange(1, L + 1)])))
+        kc, vc, table, seq_lens, qsl = make_batch(seqs, kv_heads, head_size, block_size, torch.float32, trial)
+        q = torch.randn(int(qsl[-1]), heads * head_size)
+        got = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.1)
+        want = ref.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.1)
+        torch.testing.assert_close(got.double(), want, **TOL[torch.float32], msg=f"trial {trial}: {seqs}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [1, 16, 32])
+def test_reshape_and_cache_writes_each_slot(dtype, block_size):
+    num_blocks, kv_heads, head_size, n = 40, 3, 64, 20
+    k_shape, v_shape = ops.kv_cache_shapes(num_blocks, kv_heads, head_size, block_size)
+    kc, vc = torch.zeros(k_shape, dtype=dtype), torch.zeros(v_shape, dtype=dtype)
+    slots = torch.randperm(num_blocks * block_size)[:n].to(torch.int32)
+    slots[3] = -1  # padding: skipped
+    kv = torch.randn(n, 2 * kv_heads * head_size).to(dtype)
+    key, value = kv[:, : kv_heads * head_size], kv[:, kv_heads * head_size :]  # strided views
+    ops.reshape_and_cache(key, value, kc, vc, slots)
+    for t in range(n):
+        s = int(slots[t])
+        if s < 0:
+            continue
+        b, o = divmod(s, block_size)
+        assert torch.equal(kc[b, :, :, o], key[t].view(kv_heads, head_size))
+        assert torch.equal(vc[b, :, o, :], value[t].view(kv_heads, head_size))
+    written = (kc != 0).any(dim=2).sum().item()
+    assert written == (n - 1) * kv_heads
+
+
+def test_prefill_then_decode_through_the_cache_equals_dense_attention():
+    """Write K/V with reshape_and_cache step by step, attend, compare with dense causal attention."""
+    torch.manual_seed(0)
+    heads, kv_heads, hd, bs, L = 6, 2, 64, 16, 45
+    k_shape, v_shape = ops.kv_cache_shapes(8, kv_heads, hd, bs)
+    kc, vc = torch.zeros(k_shape), torch.zeros(v_shape)
+    table = torch.tensor([[5, 2, 7, 0]], dtype=torch.int32)
+    K, V, Q = torch.randn(L, kv_heads * hd), torch.randn(L, kv_heads * hd), torch.randn(L, heads * hd)
+    slot = lambda p: int(table[0, p // bs]) * bs + p % bs  # noqa: E731
+    outs = []
+    for lo, hi in [(0, 30), (30, 31), (31, 40), (40, 45)]:  # prefill, decode, chunk, chunk
+        ops.reshape_and_cache(K[lo:hi], V[lo:hi], kc, vc, torch.tensor([slot(p) for p in range(lo, hi)], dtype=torch.int32))
+        outs.append(ops.paged_attention(Q[lo:hi], kc, vc, table, torch.tensor([hi], dtype=torch.int32),
+                                        torch.tensor([0, hi - lo], dtype=torch.int32), hd**-0.5))
+    got = torch.cat(outs)
+    q = Q.view(L, heads, hd).transpose(0, 1)
+    k = K.view(L, kv_heads, hd).repeat_interleave(3, 1).transpose(0, 1)
+    v = V.view(L, kv_heads, hd).repeat_interleave(3, 1).transpose(0, 1)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(0, 1).reshape(L, -1)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def test_attention_rejects_bad_metadata():
+    kc, vc, table, seq_lens, qsl = make_batch([(20, 20)], 2, 64, 16, torch.float32, 0)
+    q = torch.randn(20, 4 * 64)
+    with pytest.raises(ValueError, match="block_table\\[1\\] = 99 is outside the cache"):
+        bad = table.clone()
+        bad[0, 1] = 99
+        ops.paged_attention(q, kc, vc, bad, seq_lens, qsl, 0.1)
+    with pytest.raises(ValueError, match="query_start_loc\\[-1\\] = 20 but q has 19 tokens"):
+        ops.paged_attention(q[:19], kc, vc, table, seq_lens, qsl, 0.1)
+    with pytest.raises(ValueError, match="21 query tokens but seq_len 20"):
+        ops.paged_attention(torch.randn(21, 256), kc, vc, table, seq_lens, torch.tensor([0, 21], dtype=torch.int32), 0.1)
+    with pytest.raises(ValueError, match="q must be torch.float32"):
+        ops.paged_attention(q.bfloat16(), kc, vc, table, seq_lens, qsl, 0.1)
+    with pytest.raises(ValueError, match="not a multiple of num_kv_heads"):
+        ops.paged_attention(torch.randn(20, 3 * 64), kc, vc, table, seq_lens, qsl, 0.1)
+    with pytest.raises(ValueError, match="key_cache must be contiguous"):
+        ops.paged_attention(q, kc.transpose(2, 3), vc, table, seq_lens, qsl, 0.1)
+    with pytest.raises(ValueError, match="is outside the cache's"):
+        ops.reshape_and_cache(torch.randn(1, 128), torch.randn(1, 128), kc, vc,
+                              torch.tensor([10**6], dtype=torch.int32))
