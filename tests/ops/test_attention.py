@@ -27,7 +27,7 @@ def make_batch(seqs, num_kv_heads, head_size, block_size, dtype, seed):
     for i, nb in enumerate(blocks_per_seq):
         table[i, :nb] = perm[used : used + nb]
         used += nb
-    k_shape, v_shape = ops.kv_cache_shapes(num_blocks, num_kv_heads, head_size, block_size)
+    k_shape, v_shape = ops.kv_cache_shapes(num_blocks, num_kv_heads, head_size, block_size, dtype)
     key_cache = torch.randn(k_shape, generator=g).to(dtype)
     value_cache = torch.randn(v_shape, generator=g).to(dtype)
     seq_lens = torch.tensor([L for L, _ in seqs], dtype=torch.int32)
@@ -89,24 +89,25 @@ def test_paged_attention_random_batches():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("block_size", [1, 16, 32])
+@pytest.mark.parametrize("block_size", [2, 16, 32])
 def test_reshape_and_cache_writes_each_slot(dtype, block_size):
     num_blocks, kv_heads, head_size, n = 40, 3, 64, 20
-    k_shape, v_shape = ops.kv_cache_shapes(num_blocks, kv_heads, head_size, block_size)
+    k_shape, v_shape = ops.kv_cache_shapes(num_blocks, kv_heads, head_size, block_size, dtype)
     kc, vc = torch.zeros(k_shape, dtype=dtype), torch.zeros(v_shape, dtype=dtype)
     slots = torch.randperm(num_blocks * block_size)[:n].to(torch.int32)
     slots[3] = -1  # padding: skipped
     kv = torch.randn(n, 2 * kv_heads * head_size).to(dtype)
     key, value = kv[:, : kv_heads * head_size], kv[:, kv_heads * head_size :]  # strided views
     ops.reshape_and_cache(key, value, kc, vc, slots)
+    k_all, v_all = ops.unpack_kv_cache(kc, vc)  # [blocks, block_size, kv_heads, head_size]
     for t in range(n):
         s = int(slots[t])
         if s < 0:
             continue
         b, o = divmod(s, block_size)
-        assert torch.equal(kc[b, :, :, o], key[t].view(kv_heads, head_size))
-        assert torch.equal(vc[b, :, o, :], value[t].view(kv_heads, head_size))
-    written = (kc != 0).any(dim=2).sum().item()
+        assert torch.equal(k_all[b, o], key[t].view(kv_heads, head_size))
+        assert torch.equal(v_all[b, o], value[t].view(kv_heads, head_size))
+    written = (k_all != 0).any(dim=-1).sum().item()
     assert written == (n - 1) * kv_heads
 
 
@@ -114,7 +115,7 @@ def test_prefill_then_decode_through_the_cache_equals_dense_attention():
     """Write K/V with reshape_and_cache step by step, attend, compare with dense causal attention."""
     torch.manual_seed(0)
     heads, kv_heads, hd, bs, L = 6, 2, 64, 16, 45
-    k_shape, v_shape = ops.kv_cache_shapes(8, kv_heads, hd, bs)
+    k_shape, v_shape = ops.kv_cache_shapes(8, kv_heads, hd, bs, torch.float32)
     kc, vc = torch.zeros(k_shape), torch.zeros(v_shape)
     table = torch.tensor([[5, 2, 7, 0]], dtype=torch.int32)
     K, V, Q = torch.randn(L, kv_heads * hd), torch.randn(L, kv_heads * hd), torch.randn(L, heads * hd)
@@ -149,6 +150,10 @@ def test_attention_rejects_bad_metadata():
         ops.paged_attention(torch.randn(20, 3 * 64), kc, vc, table, seq_lens, qsl, 0.1)
     with pytest.raises(ValueError, match="key_cache must be contiguous"):
         ops.paged_attention(q, kc.transpose(2, 3), vc, table, seq_lens, qsl, 0.1)
+    with pytest.raises(ValueError, match="last dimension must be 2"):
+        bf_k, bf_v = ops.kv_cache_shapes(8, 2, 64, 16, torch.float32)
+        ops.paged_attention(q.bfloat16(), torch.zeros(bf_k, dtype=torch.bfloat16),
+                            torch.zeros(bf_v, dtype=torch.bfloat16), table, seq_lens, qsl, 0.1)
     with pytest.raises(ValueError, match="is outside the cache's"):
         ops.reshape_and_cache(torch.randn(1, 128), torch.randn(1, 128), kc, vc,
                               torch.tensor([10**6], dtype=torch.int32))

@@ -3,49 +3,57 @@
 // Attention algorithm. The work is cut into items: (sequence, KV head, chunk of up to
 // kQueryChunk query tokens[, range of KV blocks]). One item gathers the chunk's queries of every
 // query head sharing the KV head (rows = tokens x group size), then walks the sequence's blocks
-// once: each block's K (stored transposed, [head_size, block_size]) and V ([block_size,
-// head_size]) are converted to fp32 scratch once and used by all rows. Per row it keeps the
-// online-softmax state (running max m, running sum l, accumulator acc[head_size]):
+// once, so each block is read once per KV head and chunk. Per row it keeps the online-softmax
+// state (running max m, running sum l, accumulator acc[head_size]):
 //   s = q . K^T (masked to the row's causal / sliding-window range)
 //   m' = max(m, max s);  acc = acc * e^(m - m') + sum_t e^(s_t - m') V_t;  l likewise
-// and writes acc / l. When there are fewer items than threads can share (a few long decodes),
-// the KV range is split and the partial (m, l, acc) of the splits are combined at the end.
+// and writes acc / l (attention_block.h has the per-block fold). When there are fewer items than
+// the threads can share (a few long decodes), the KV range is split and the partial (m, l, acc)
+// of the splits are combined at the end.
 #include "corellm/kernels/paged_attention.h"
 
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
+#include "attention_block.h"
 #include "corellm/check.h"
-#include "corellm/kernels/fast_math.h"
 
 namespace corellm {
 
 namespace {
 
+using attention::RowState;
+
 constexpr int64_t kQueryChunk = 16;
 constexpr int64_t kMinBlocksPerSplit = 8;
+
+// Elements per 32-bit lane of the cache layout: 1 for fp32, 2 for bf16.
+template <class T>
+constexpr int64_t kPack = static_cast<int64_t>(4 / sizeof(T));
 
 template <class T>
 void reshape_and_cache_impl(const T* key, int64_t key_stride, const T* value, int64_t value_stride,
                             T* key_cache, T* value_cache, const int32_t* slot_mapping, int64_t num_tokens,
                             const KVCacheShape& s) {
+  constexpr int64_t x = kPack<T>;
   const int64_t hd = s.head_size, bs = s.block_size, nkv = s.num_kv_heads;
 #pragma omp parallel for schedule(static) if (num_tokens * nkv * hd >= (1 << 15))
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t slot = slot_mapping[t];
     if (slot < 0) continue;
-    const int64_t block = slot / bs, offset = slot % bs;
+    const int64_t block = slot / bs, o = slot % bs;
     for (int64_t h = 0; h < nkv; ++h) {
       const T* k = key + t * key_stride + h * hd;
       const T* v = value + t * value_stride + h * hd;
-      T* kc = key_cache + ((block * nkv + h) * hd) * bs + offset;  // [head_size, block_size]
-      T* vc = value_cache + ((block * nkv + h) * bs + offset) * hd;  // [block_size, head_size]
-      for (int64_t d = 0; d < hd; ++d) kc[d * bs] = k[d];
-      std::copy(v, v + hd, vc);
+      T* kc = key_cache + (block * nkv + h) * hd * bs;    // [hd / x, bs, x]
+      T* vc = value_cache + (block * nkv + h) * bs * hd;  // [bs / x, hd, x]
+      for (int64_t d = 0; d < hd; ++d) kc[((d / x) * bs + o) * x + d % x] = k[d];
+      for (int64_t d = 0; d < hd; ++d) vc[((o / x) * hd + d) * x + o % x] = v[d];
     }
   }
 }
@@ -61,10 +69,13 @@ struct WorkItem {
 // Per-thread scratch, reused across items.
 struct Scratch {
   std::vector<float> q, k, v, s, m, l, acc;
+  std::vector<uint32_t> qb;
 };
 
 template <class T>
 void run_item(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, float* partials) {
+  constexpr bool is_bf16 = sizeof(T) == 2;
+  constexpr int64_t x = kPack<T>;
   const KVCacheShape& c = a.cache;
   const int64_t hd = c.head_size, bs = c.block_size, nkv = c.num_kv_heads;
   const int64_t group = a.num_heads / nkv;
@@ -76,76 +87,73 @@ void run_item(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, float
   const T* key_cache = static_cast<const T*>(a.key_cache);
   const T* value_cache = static_cast<const T*>(a.value_cache);
   const int32_t* table = a.block_table + w.seq * a.block_table_stride;
+  const attention::FoldFn<T> fold = attention::select_fold<T>(hd, bs);  // null: generic
+  const bool bf16_path = is_bf16 && fold != nullptr;
 
   sc.q.resize(static_cast<size_t>(rows * hd));
+  sc.qb.resize(static_cast<size_t>(rows * hd / 2));
   sc.k.resize(static_cast<size_t>(hd * bs));
   sc.v.resize(static_cast<size_t>(bs * hd));
   sc.s.resize(static_cast<size_t>(bs));
-  sc.m.assign(static_cast<size_t>(rows), -std::numeric_limits<float>::infinity());
+  sc.m.assign(static_cast<size_t>(rows), attention::kNegInf);
   sc.l.assign(static_cast<size_t>(rows), 0.0f);
   sc.acc.assign(static_cast<size_t>(rows * hd), 0.0f);
 
-  // Gather the rows: row r = (token i, head g of the group), query pre-multiplied by the scale.
+  // Gather the rows: row r = (token i, head g of the group).
   for (int64_t i = w.q_begin; i < w.q_end; ++i) {
     for (int64_t g = 0; g < group; ++g) {
+      const int64_t r = (i - w.q_begin) * group + g;
       const T* src = q + (q0 + i) * a.q_stride + (w.kv_head * group + g) * hd;
-      float* dst = &sc.q[static_cast<size_t>(((i - w.q_begin) * group + g) * hd)];
-      for (int64_t d = 0; d < hd; ++d) dst[d] = load_f32(src + d) * a.scale;
+      if (bf16_path) {
+        std::memcpy(&sc.qb[static_cast<size_t>(r * hd / 2)], src, static_cast<size_t>(hd) * sizeof(T));
+      } else {
+        float* dst = &sc.q[static_cast<size_t>(r * hd)];
+        for (int64_t d = 0; d < hd; ++d) dst[d] = load_f32(src + d) * a.scale;
+      }
     }
   }
 
   for (int64_t blk = w.block_begin; blk < w.block_end; ++blk) {
-    const int64_t phys = table[blk];
     const int64_t t0 = blk * bs;
-    const T* kb = key_cache + (phys * nkv + w.kv_head) * hd * bs;
-    const T* vb = value_cache + (phys * nkv + w.kv_head) * bs * hd;
-    float* kf = sc.k.data();
-    float* vf = sc.v.data();
-#pragma omp simd
-    for (int64_t e = 0; e < hd * bs; ++e) kf[e] = load_f32(kb + e);
-#pragma omp simd
-    for (int64_t e = 0; e < bs * hd; ++e) vf[e] = load_f32(vb + e);
-
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t pos = context + w.q_begin + r / group;
+    const T* kb = key_cache + (table[blk] * nkv + w.kv_head) * hd * bs;
+    const T* vb = value_cache + (table[blk] * nkv + w.kv_head) * bs * hd;
+    if (blk + 1 < w.block_end) {
+      // Blocks are scattered in memory: fetch the next one while this one is computed.
+      const char* nk = reinterpret_cast<const char*>(key_cache + (table[blk + 1] * nkv + w.kv_head) * hd * bs);
+      const char* nv = reinterpret_cast<const char*>(value_cache + (table[blk + 1] * nkv + w.kv_head) * bs * hd);
+      for (int64_t off = 0; off < hd * bs * static_cast<int64_t>(sizeof(T)); off += 64) {
+        __builtin_prefetch(nk + off);
+        __builtin_prefetch(nv + off);
+      }
+    }
+    if (fold == nullptr) {  // unpack to fp32 [hd, bs] keys and [bs, hd] values
+      for (int64_t d = 0; d < hd; ++d)
+        for (int64_t t = 0; t < bs; ++t) sc.k[static_cast<size_t>(d * bs + t)] = load_f32(kb + ((d / x) * bs + t) * x + d % x);
+      for (int64_t t = 0; t < bs; ++t)
+        for (int64_t d = 0; d < hd; ++d) sc.v[static_cast<size_t>(t * hd + d)] = load_f32(vb + ((t / x) * hd + d) * x + t % x);
+    }
+    for (int64_t i = w.q_begin; i < w.q_end; ++i) {  // the rows of token i share their visible keys
+      const int64_t pos = context + i;
       const int64_t lo_pos = a.sliding_window > 0 ? std::max<int64_t>(0, pos - a.sliding_window + 1) : 0;
       const int64_t lo = std::max<int64_t>(lo_pos - t0, 0);
       const int64_t hi = std::min<int64_t>(pos + 1 - t0, bs);  // keys [t0 + lo, t0 + hi)
       if (hi <= lo) continue;
-      float* s = sc.s.data();
-      const float* qr = &sc.q[static_cast<size_t>(r * hd)];
-      std::fill(s, s + bs, 0.0f);
-      for (int64_t d = 0; d < hd; ++d) {
-        const float qd = qr[d];
-        const float* kd = kf + d * bs;
-#pragma omp simd
-        for (int64_t t = 0; t < bs; ++t) s[t] += qd * kd[t];
+      for (int64_t g0 = 0; g0 < group; g0 += attention::kMaxRows) {
+        const int num_rows = static_cast<int>(std::min<int64_t>(attention::kMaxRows, group - g0));
+        RowState states[attention::kMaxRows];
+        for (int k = 0; k < num_rows; ++k) {
+          const auto r = static_cast<size_t>((i - w.q_begin) * group + g0 + k);
+          states[k] = {&sc.q[r * static_cast<size_t>(hd)], &sc.qb[r * static_cast<size_t>(hd / 2)], &sc.m[r],
+                       &sc.l[r], &sc.acc[r * static_cast<size_t>(hd)]};
+        }
+        if (fold != nullptr) {
+          fold(states, num_rows, kb, vb, lo, hi, a.scale);
+        } else {
+          for (int k = 0; k < num_rows; ++k) {
+            attention::fold_block_generic(states[k], sc.k.data(), sc.v.data(), hd, bs, lo, hi, sc.s.data());
+          }
+        }
       }
-      float block_max = -std::numeric_limits<float>::infinity();
-      for (int64_t t = lo; t < hi; ++t) block_max = std::max(block_max, s[t]);
-      const float m_old = sc.m[static_cast<size_t>(r)];
-      const float m_new = std::max(m_old, block_max);
-      const float correction = fast_exp(m_old - m_new);  // 0 on the first block (m_old = -inf clamps)
-      float* acc = &sc.acc[static_cast<size_t>(r * hd)];
-      float sum = 0.0f;
-      for (int64_t t = lo; t < hi; ++t) {
-        s[t] = fast_exp(s[t] - m_new);
-        sum += s[t];
-      }
-      if (m_old == -std::numeric_limits<float>::infinity()) {
-        sc.l[static_cast<size_t>(r)] = sum;
-      } else {
-        sc.l[static_cast<size_t>(r)] = sc.l[static_cast<size_t>(r)] * correction + sum;
-#pragma omp simd
-        for (int64_t d = 0; d < hd; ++d) acc[d] *= correction;
-      }
-      for (int64_t t = lo; t < hi; ++t) {
-        const float p = s[t];
-        const float* vt = vf + t * hd;
-#pragma omp simd
-        for (int64_t d = 0; d < hd; ++d) acc[d] += p * vt[d];
-      }
-      sc.m[static_cast<size_t>(r)] = m_new;
     }
   }
 
@@ -160,7 +168,8 @@ void run_item(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, float
       std::copy(acc, acc + hd, p + 2);
       continue;
     }
-    const float inv = sc.l[static_cast<size_t>(r)] > 0.0f ? 1.0f / sc.l[static_cast<size_t>(r)] : 0.0f;
+    const float l = sc.l[static_cast<size_t>(r)];
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
     T* o = static_cast<T*>(a.out) + ((q0 + i) * a.num_heads + w.kv_head * group + g) * hd;
     for (int64_t d = 0; d < hd; ++d) store_f32(o + d, acc[d] * inv);
   }
@@ -172,20 +181,20 @@ void combine(const PagedAttentionArgs& a, const WorkItem& first, int64_t num_spl
   const int64_t hd = a.cache.head_size;
   const int64_t group = a.num_heads / a.cache.num_kv_heads;
   const int64_t rows = (first.q_end - first.q_begin) * group;
+  const int64_t stride = kQueryChunk * group;  // rows per partial slot
   const int64_t q0 = a.query_start_loc[first.seq];
   std::vector<float> acc(static_cast<size_t>(hd));
   for (int64_t r = 0; r < rows; ++r) {
-    float m = -std::numeric_limits<float>::infinity();
-    const int64_t stride = kQueryChunk * group;  // rows per partial slot
+    float m = attention::kNegInf;
     for (int64_t sp = 0; sp < num_splits; ++sp) m = std::max(m, partials[((first.partial + sp) * stride + r) * (hd + 2)]);
     std::fill(acc.begin(), acc.end(), 0.0f);
     float l = 0.0f;
     for (int64_t sp = 0; sp < num_splits; ++sp) {
       const float* p = partials + ((first.partial + sp) * stride + r) * (hd + 2);
       if (p[1] == 0.0f) continue;  // a split with no visible key
-      const float w = fast_exp(p[0] - m);
-      l += p[1] * w;
-      for (int64_t d = 0; d < hd; ++d) acc[static_cast<size_t>(d)] += p[2 + d] * w;
+      const float weight = fast_exp(p[0] - m);
+      l += p[1] * weight;
+      for (int64_t d = 0; d < hd; ++d) acc[static_cast<size_t>(d)] += p[2 + d] * weight;
     }
     const int64_t i = first.q_begin + r / group, g = r % group;
     T* o = static_cast<T*>(a.out) + ((q0 + i) * a.num_heads + first.kv_head * group + g) * hd;
@@ -197,7 +206,6 @@ void combine(const PagedAttentionArgs& a, const WorkItem& first, int64_t num_spl
 template <class T>
 void paged_attention_impl(const PagedAttentionArgs& a) {
   const int64_t bs = a.cache.block_size;
-  // Plan the items.
   std::vector<WorkItem> items;
   for (int64_t s = 0; s < a.num_seqs; ++s) {
     const int64_t q_len = a.query_start_loc[s + 1] - a.query_start_loc[s];
@@ -215,7 +223,7 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
   const int64_t threads = omp_get_max_threads();
   int64_t num_partials = 0;
   std::vector<std::pair<size_t, int64_t>> split_groups;  // (first item index, number of splits)
-  if (threads > 1 && static_cast<int64_t>(items.size()) < 2 * threads) {
+  if (threads > 1 && !items.empty() && static_cast<int64_t>(items.size()) < 2 * threads) {
     std::vector<WorkItem> split_items;
     const int64_t want = (4 * threads + static_cast<int64_t>(items.size()) - 1) / static_cast<int64_t>(items.size());
     for (const WorkItem& w : items) {
@@ -263,6 +271,7 @@ void reshape_and_cache(const void* key, int64_t key_stride, const void* value, i
                            value_stride, static_cast<float*>(key_cache), static_cast<float*>(value_cache),
                            slot_mapping, num_tokens, shape);
   } else {
+    CORELLM_CHECK_ARG(shape.block_size % 2 == 0, "bf16 KV caches need an even block_size, got ", shape.block_size);
     reshape_and_cache_impl(static_cast<const uint16_t*>(key), key_stride, static_cast<const uint16_t*>(value),
                            value_stride, static_cast<uint16_t*>(key_cache), static_cast<uint16_t*>(value_cache),
                            slot_mapping, num_tokens, shape);
@@ -273,8 +282,10 @@ void paged_attention(const PagedAttentionArgs& a) {
   const KVCacheShape& c = a.cache;
   CORELLM_CHECK_ARG(a.num_heads > 0 && c.num_kv_heads > 0 && a.num_heads % c.num_kv_heads == 0,
                     "num_heads (", a.num_heads, ") must be a multiple of num_kv_heads (", c.num_kv_heads, ")");
+  CORELLM_CHECK_ARG(a.dtype == DType::F32 || c.block_size % 2 == 0,
+                    "bf16 KV caches need an even block_size, got ", c.block_size);
   // Validate the metadata before any thread reads the cache through it.
-  CORELLM_CHECK_ARG(a.query_start_loc[0] == 0, "query_start_loc[0] must be 0");
+  CORELLM_CHECK_ARG(a.num_seqs == 0 || a.query_start_loc[0] == 0, "query_start_loc[0] must be 0");
   for (int64_t s = 0; s < a.num_seqs; ++s) {
     const int64_t q_len = a.query_start_loc[s + 1] - a.query_start_loc[s];
     const int64_t seq_len = a.seq_lens[s];

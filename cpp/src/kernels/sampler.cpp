@@ -42,10 +42,33 @@ void philox4x32(uint32_t ctr[4], uint32_t key0, uint32_t key1) {
   }
 }
 
+// Largest logit of a row (vectorized); NaN-free rows only.
+float row_max(const float* x, int64_t v) {
+  float mx = kNegInf;
+#pragma omp simd reduction(max : mx)
+  for (int64_t t = 0; t < v; ++t) mx = std::max(mx, x[t]);
+  return mx;
+}
+
+bool row_has_nan(const float* x, int64_t v) {
+  int nan = 0;
+#pragma omp simd reduction(| : nan)
+  for (int64_t t = 0; t < v; ++t) nan |= x[t] != x[t];
+  return nan != 0;
+}
+
+// The lowest id holding the largest logit.
+int32_t argmax(const float* x, int64_t v) {
+  const float mx = row_max(x, v);
+  for (int64_t t = 0; t < v; ++t) {
+    if (x[t] == mx) return static_cast<int32_t>(t);
+  }
+  return 0;
+}
+
 void raw_logprobs(const SamplingBatch& b, int64_t i, const float* x, float& log_z) {
   const int64_t v = b.vocab_size;
-  float mx = kNegInf;
-  for (int64_t t = 0; t < v; ++t) mx = std::max(mx, x[t]);
+  const float mx = row_max(x, v);
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t t = 0; t < v; ++t) sum += fast_exp(x[t] - mx);
@@ -103,19 +126,10 @@ void apply_processors(const SamplingBatch& b, int64_t i, float* x, std::vector<i
   }
 }
 
-int32_t argmax(const float* x, int64_t v) {
-  int64_t best = 0;
-  for (int64_t t = 1; t < v; ++t) {
-    if (x[t] > x[best]) best = t;
-  }
-  return static_cast<int32_t>(best);
-}
-
 // Samples from logits x (already divided by the temperature) under top-k / top-p / min-p.
 int32_t sample_row(const SamplingBatch& b, int64_t i, float* x, std::vector<std::pair<float, int32_t>>& cand) {
   const int64_t v = b.vocab_size;
-  float mx = kNegInf;
-  for (int64_t t = 0; t < v; ++t) mx = std::max(mx, x[t]);
+  const float mx = row_max(x, v);
   // Kept set, step 1: min_p (prob >= min_p * max prob <=> logit >= mx + log(min_p)).
   float threshold = kNegInf;
   const float min_p = b.min_p ? b.min_p[i] : 0.0f;
@@ -152,7 +166,8 @@ int32_t sample_row(const SamplingBatch& b, int64_t i, float* x, std::vector<std:
       const auto by_prob = [](const auto& a, const auto& c) { return a.first > c.first || (a.first == c.first && a.second < c.second); };
       const bool all = want >= static_cast<int64_t>(cand.size());
       const auto end = all ? cand.end() : cand.begin() + want;
-      std::partial_sort(cand.begin(), end, cand.end(), by_prob);
+      if (!all) std::nth_element(cand.begin(), end, cand.end(), by_prob);  // the `want` most likely first
+      std::sort(cand.begin(), end, by_prob);
       float mass = 0.0f;
       auto it = cand.begin();
       for (; it != end; ++it) {
@@ -224,9 +239,7 @@ void sample(const SamplingBatch& b) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < b.num_reqs; ++i) {
       float* x = b.logits + i * b.vocab_size;
-      bool has_nan = false;
-      for (int64_t t = 0; t < b.vocab_size; ++t) has_nan |= std::isnan(x[t]);
-      if (has_nan) {  // reported per request; the caller fails that request only
+      if (row_has_nan(x, b.vocab_size)) {  // reported per request; the caller fails that request only
         b.sampled[i] = -1;
         if (b.num_logprobs >= 0) {
           b.sampled_logprob[i] = std::numeric_limits<float>::quiet_NaN();

@@ -1,8 +1,9 @@
 """The paged KV cache: writing K/V into slots, and varlen causal paged attention.
 
-KV cache layout of one layer (see cpp/include/corellm/kernels/paged_attention.h):
-    key_cache   [num_blocks, num_kv_heads, head_size, block_size]   (keys transposed per block)
-    value_cache [num_blocks, num_kv_heads, block_size, head_size]
+KV cache layout of one layer (see cpp/include/corellm/kernels/paged_attention.h), with x the
+elements per 32-bit lane (1 for float32, 2 for bfloat16, whose dot-product instructions take pairs):
+    key_cache   [num_blocks, num_kv_heads, head_size / x, block_size, x]   (keys transposed per block)
+    value_cache [num_blocks, num_kv_heads, block_size / x, head_size, x]
 """
 
 from __future__ import annotations
@@ -13,17 +14,40 @@ from corellm import _core
 from corellm.ops._checks import check, check_shape, dtype_tag, require_cpu, row_stride
 
 
-def kv_cache_shapes(num_blocks: int, num_kv_heads: int, head_size: int, block_size: int):
+def kv_pack(dtype: torch.dtype) -> int:
+    """Elements per 32-bit lane of the cache layout."""
+    return 4 // torch.empty((), dtype=dtype).element_size()
+
+
+def kv_cache_shapes(num_blocks: int, num_kv_heads: int, head_size: int, block_size: int,
+                    dtype: torch.dtype) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(key_cache shape, value_cache shape) of one layer."""
-    return (num_blocks, num_kv_heads, head_size, block_size), (num_blocks, num_kv_heads, block_size, head_size)
+    x = kv_pack(dtype)
+    if head_size % x or block_size % x:
+        raise ValueError(f"{dtype} KV caches need head_size ({head_size}) and block_size ({block_size}) "
+                         f"divisible by {x}")
+    return ((num_blocks, num_kv_heads, head_size // x, block_size, x),
+            (num_blocks, num_kv_heads, block_size // x, head_size, x))
+
+
+def unpack_kv_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both caches as [num_blocks, block_size, num_kv_heads, head_size] (copies; for tests and tools)."""
+    nb, nkv, hdx, bs, x = key_cache.shape
+    k = key_cache.permute(0, 3, 1, 2, 4).reshape(nb, bs, nkv, hdx * x)
+    v = value_cache.permute(0, 2, 4, 1, 3).reshape(nb, bs, nkv, hdx * x)
+    return k, v
 
 
 def _check_caches(op: str, key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[int, int, int, int]:
-    check(op, "key_cache", key_cache, ndim=4, contiguous=True)
+    check(op, "key_cache", key_cache, ndim=5, contiguous=True)
     require_cpu(op, key_cache)
-    check(op, "value_cache", value_cache, ndim=4, dtype=key_cache.dtype, device=key_cache.device, contiguous=True)
-    num_blocks, num_kv_heads, head_size, block_size = key_cache.shape
-    check_shape(op, "value_cache", value_cache, (num_blocks, num_kv_heads, block_size, head_size))
+    check(op, "value_cache", value_cache, ndim=5, dtype=key_cache.dtype, device=key_cache.device, contiguous=True)
+    num_blocks, num_kv_heads, hdx, block_size, x = key_cache.shape
+    if x != kv_pack(key_cache.dtype):
+        raise ValueError(f"{op}: key_cache's last dimension must be {kv_pack(key_cache.dtype)} for "
+                         f"{key_cache.dtype}, got {x} (use kv_cache_shapes)")
+    head_size = hdx * x
+    check_shape(op, "value_cache", value_cache, (num_blocks, num_kv_heads, block_size // x, head_size, x))
     return num_blocks, num_kv_heads, head_size, block_size
 
 

@@ -13,7 +13,8 @@ namespace corellm {
 inline float fast_exp(float x) {
   x = std::min(std::max(x, -87.3f), 88.7f);
   const float y = x * 1.44269504088896341f;  // x * log2(e)
-  const float n = std::floor(y + 0.5f);
+  // Round to nearest by the 1.5 * 2^23 trick (floor() would block vectorization).
+  const float n = (y + 12582912.0f) - 12582912.0f;
   const float f = y - n;  // in [-0.5, 0.5]
   // 2^f by a degree-6 polynomial (Taylor coefficients of 2^f, error < 2e-7 on [-0.5, 0.5]).
   float p = 1.5403530393381606e-4f;

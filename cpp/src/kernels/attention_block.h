@@ -1,0 +1,236 @@
+// The inner step of paged attention: fold one KV block into one query row's online-softmax
+// state. Three implementations of the same arithmetic: portable C++ on fp32 copies of the block,
+// AVX-512 on fp32 caches (read in place), and AVX512-BF16 dot products on bf16 caches (read in
+// place; the probabilities are rounded to bf16 for the P.V product, as FlashAttention does).
+// Internal to paged_attention.cpp.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "corellm/kernels/fast_math.h"
+
+namespace corellm::attention {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// One query row's state. Keys [lo, hi) of the block are visible to it.
+struct RowState {
+  const float* q;      // [head_size] fp32, pre-scaled (fp32 and generic paths)
+  const uint32_t* qb;  // [head_size / 2] bf16 pairs, unscaled (bf16 path)
+  float* m;            // running max of the scores
+  float* l;            // running sum of e^(score - m)
+  float* acc;          // [head_size] running sum of e^(score - m) * v
+};
+
+// Rescale factor of the old state when the max grows (0 before the first visible key).
+inline float rescale(float m_old, float m_new) { return m_old == kNegInf ? 0.0f : fast_exp(m_old - m_new); }
+
+// Portable fold. kf: [head_size, block_size] keys transposed, vf: [block_size, head_size], fp32;
+// s: scratch of block_size floats.
+inline void fold_block_generic(const RowState& row, const float* kf, const float* vf, int64_t hd, int64_t bs,
+                               int64_t lo, int64_t hi, float* s) {
+  std::fill(s, s + bs, 0.0f);
+  for (int64_t d = 0; d < hd; ++d) {
+    const float qd = row.q[d];
+    const float* kd = kf + d * bs;
+    for (int64_t t = 0; t < bs; ++t) s[t] += qd * kd[t];
+  }
+  float block_max = kNegInf;
+  for (int64_t t = lo; t < hi; ++t) block_max = std::max(block_max, s[t]);
+  const float m_new = std::max(*row.m, block_max);
+  const float correction = rescale(*row.m, m_new);
+  float sum = 0.0f;
+  for (int64_t t = lo; t < hi; ++t) {
+    s[t] = fast_exp(s[t] - m_new);
+    sum += s[t];
+  }
+  *row.l = *row.l * correction + sum;
+  *row.m = m_new;
+  for (int64_t d = 0; d < hd; ++d) row.acc[d] *= correction;
+  for (int64_t t = lo; t < hi; ++t) {
+    const float* vt = vf + t * hd;
+    for (int64_t d = 0; d < hd; ++d) row.acc[d] += s[t] * vt[d];
+  }
+}
+
+#if defined(__AVX512F__)
+
+// e^x on 16 lanes, the polynomial of fast_exp.
+inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
+  const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+  const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(y, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910072e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+// Visible lanes of the 16 keys starting at t0, for keys [lo, hi).
+inline __mmask16 visible_lanes(int64_t t0, int64_t lo, int64_t hi, int64_t& first, int64_t& last) {
+  first = std::max<int64_t>(lo - t0, 0);
+  last = std::min<int64_t>(hi - t0, 16);
+  return static_cast<__mmask16>(((1u << last) - 1u) & ~((1u << first) - 1u));
+}
+
+// Masked online-softmax update for 16 scores; returns the probabilities (0 on hidden lanes)
+// and the factor the accumulator must be multiplied by.
+inline __m512 softmax_step(const RowState& row, __m512 s, __mmask16 visible, float& correction) {
+  s = _mm512_mask_blend_ps(visible, _mm512_set1_ps(kNegInf), s);
+  const float m_new = std::max(*row.m, _mm512_reduce_max_ps(s));
+  correction = rescale(*row.m, m_new);
+  const __m512 p = _mm512_maskz_mov_ps(visible, exp16(_mm512_sub_ps(s, _mm512_set1_ps(m_new))));
+  *row.l = *row.l * correction + _mm512_reduce_add_ps(p);
+  *row.m = m_new;
+  return p;
+}
+
+// fp32 cache read in place: kf [HD, BS] (keys transposed), vf [BS, HD]. Sizes are template
+// parameters so that the scores and the accumulator live in registers.
+template <int HD, int BS>
+void fold_block_fp32(const RowState& row, const float* kf, const float* vf, int64_t lo, int64_t hi, float) {
+  constexpr int kChunks = HD / 16;
+  for (int64_t t0 = lo - lo % 16; t0 < hi; t0 += 16) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;  // four chains over the dims
+#pragma GCC unroll 4
+    for (int d = 0; d < HD; d += 4) {
+      s0 = _mm512_fmadd_ps(_mm512_set1_ps(row.q[d]), _mm512_loadu_ps(kf + d * BS + t0), s0);
+      s1 = _mm512_fmadd_ps(_mm512_set1_ps(row.q[d + 1]), _mm512_loadu_ps(kf + (d + 1) * BS + t0), s1);
+      s2 = _mm512_fmadd_ps(_mm512_set1_ps(row.q[d + 2]), _mm512_loadu_ps(kf + (d + 2) * BS + t0), s2);
+      s3 = _mm512_fmadd_ps(_mm512_set1_ps(row.q[d + 3]), _mm512_loadu_ps(kf + (d + 3) * BS + t0), s3);
+    }
+    int64_t first, last;
+    const __mmask16 visible = visible_lanes(t0, lo, hi, first, last);
+    float correction;
+    const __m512 p = softmax_step(row, _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)), visible,
+                                  correction);
+    alignas(64) float pv[16];
+    _mm512_store_ps(pv, p);
+    const __m512 corr = _mm512_set1_ps(correction);
+    __m512 acc[kChunks];
+    for (int c = 0; c < kChunks; ++c) acc[c] = _mm512_mul_ps(_mm512_loadu_ps(row.acc + 16 * c), corr);
+    for (int64_t t = first; t < last; ++t) {
+      const __m512 pt = _mm512_set1_ps(pv[t]);
+      const float* vt = vf + (t0 + t) * HD;
+      for (int c = 0; c < kChunks; ++c) acc[c] = _mm512_fmadd_ps(pt, _mm512_loadu_ps(vt + 16 * c), acc[c]);
+    }
+    for (int c = 0; c < kChunks; ++c) _mm512_storeu_ps(row.acc + 16 * c, acc[c]);
+  }
+}
+
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
+
+// bf16 cache read in place, pairs packed in 32-bit lanes:
+//   kb [HD / 2, BS, 2]: for a dim pair, BS keys x (dim 2i, dim 2i+1)
+//   vb [BS / 2, HD, 2]: for a key pair, HD dims x (key 2j, key 2j+1)
+// R rows of the same query token (heads sharing the KV head: same visible keys) are folded
+// together, so each K and V load serves all of them and their dependency chains interleave.
+// Scores come from dpbf16 (bf16 x bf16 summed in fp32) and are scaled in fp32.
+template <int HD, int BS, int R>
+void fold_rows_bf16(const RowState* rows, const uint16_t* kb, const uint16_t* vb, int64_t lo, int64_t hi,
+                    float scale) {
+  constexpr int kChunks = HD / 16;
+  for (int64_t t0 = lo - lo % 16; t0 < hi; t0 += 16) {
+    __m512 s[R];
+    for (int r = 0; r < R; ++r) s[r] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int dp = 0; dp < HD / 2; ++dp) {
+      const __m512bh k = (__m512bh)_mm512_loadu_si512(kb + (dp * BS + t0) * 2);
+      for (int r = 0; r < R; ++r) {
+        s[r] = _mm512_dpbf16_ps(s[r], (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(rows[r].qb[dp])), k);
+      }
+    }
+    int64_t first, last;
+    const __mmask16 visible = visible_lanes(t0, lo, hi, first, last);
+    alignas(64) uint32_t pairs[R][8];  // probabilities as bf16 pairs (key 2j low, key 2j+1 high)
+    __m512 corr[R];
+    for (int r = 0; r < R; ++r) {
+      float correction;
+      const __m512 p = softmax_step(rows[r], _mm512_mul_ps(s[r], _mm512_set1_ps(scale)), visible, correction);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[r]), (__m256i)_mm512_cvtneps_pbh(p));
+      corr[r] = _mm512_set1_ps(correction);
+    }
+    const int64_t pair_begin = first / 2, pair_end = (last + 1) / 2;
+    for (int c = 0; c < kChunks; ++c) {
+      __m512 acc[R];
+      for (int r = 0; r < R; ++r) acc[r] = _mm512_mul_ps(_mm512_loadu_ps(rows[r].acc + 16 * c), corr[r]);
+      for (int64_t kp = pair_begin; kp < pair_end; ++kp) {
+        // A pair half outside [first, last) may hold stale or unwritten values: load it as zero
+        // so that its zero probability cannot meet a NaN.
+        __mmask32 keep = 0xFFFFFFFFu;
+        if (2 * kp < first) keep &= 0xAAAAAAAAu;
+        if (2 * kp + 1 >= last) keep &= 0x55555555u;
+        const __m512bh v = (__m512bh)_mm512_maskz_loadu_epi16(keep, vb + ((t0 / 2 + kp) * HD + 16 * c) * 2);
+        for (int r = 0; r < R; ++r) {
+          acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(pairs[r][kp])), v);
+        }
+      }
+      for (int r = 0; r < R; ++r) _mm512_storeu_ps(rows[r].acc + 16 * c, acc[r]);
+    }
+  }
+}
+
+#endif
+
+// A fold of up to kMaxRows rows of one query token (same visible keys); null: the generic path.
+constexpr int kMaxRows = 4;
+template <class T>
+using FoldFn = void (*)(const RowState* rows, int num_rows, const T* kb, const T* vb, int64_t lo, int64_t hi,
+                        float scale);
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
+template <int HD, int BS>
+void fold_bf16(const RowState* rows, int num_rows, const uint16_t* kb, const uint16_t* vb, int64_t lo, int64_t hi,
+               float scale) {
+  switch (num_rows) {
+    case 1: return fold_rows_bf16<HD, BS, 1>(rows, kb, vb, lo, hi, scale);
+    case 2: return fold_rows_bf16<HD, BS, 2>(rows, kb, vb, lo, hi, scale);
+    case 3: return fold_rows_bf16<HD, BS, 3>(rows, kb, vb, lo, hi, scale);
+    default: return fold_rows_bf16<HD, BS, 4>(rows, kb, vb, lo, hi, scale);
+  }
+}
+
+template <int HD, int BS>
+void fold_fp32(const RowState* rows, int num_rows, const float* kf, const float* vf, int64_t lo, int64_t hi,
+               float scale) {
+  for (int r = 0; r < num_rows; ++r) fold_block_fp32<HD, BS>(rows[r], kf, vf, lo, hi, scale);
+}
+#endif
+
+template <class T>
+FoldFn<T> select_fold(int64_t hd, int64_t bs) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define CORELLM_FOLD(HD, BS)                                        \
+  if (hd == HD && bs == BS) {                                       \
+    if constexpr (sizeof(T) == 2) return &fold_bf16<HD, BS>;        \
+    else return &fold_fp32<HD, BS>;                                 \
+  }
+  CORELLM_FOLD(64, 16)
+  CORELLM_FOLD(64, 32)
+  CORELLM_FOLD(128, 16)
+  CORELLM_FOLD(128, 32)
+  CORELLM_FOLD(32, 16)
+  CORELLM_FOLD(32, 32)
+#undef CORELLM_FOLD
+#else
+  (void)hd;
+  (void)bs;
+#endif
+  return nullptr;
+}
+
+}  // namespace corellm::attention

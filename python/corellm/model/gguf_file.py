@@ -1,0 +1,174 @@
+"""A GGUF model file: its hyper-parameters, its tokenizer and its tensors (dequantized with the
+`gguf` package, Q/K un-permuted back to the HF layout), under HF tensor names."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from corellm.model.model_config import GGUF_ARCHITECTURES, ModelConfig, UnsupportedModelError
+from corellm.tokenizer import Tokenizer, byte_level_bpe, sentencepiece_bpe
+
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
+ROPE_FACTORS = "rope_freqs.weight"  # llama3-style scaling precomputed by the converter
+
+
+def hf_name(gguf_name: str) -> str | None:
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _BLOCK.match(gguf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    return None
+
+
+def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's converter interleaves the two rotary halves of each head; undo it."""
+    d = w.shape[0]
+    return w.reshape(n_heads, d // n_heads // 2, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+
+
+class GGUFModelFile:
+    def __init__(self, path: str | Path):
+        import gguf
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"{self.path}: no such GGUF file")
+        try:
+            self.reader = gguf.GGUFReader(str(self.path))
+        except Exception as e:  # noqa: BLE001 - the gguf package raises many kinds
+            raise ValueError(f"{self.path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+        self.arch = self.field("general.architecture")
+        if self.arch not in GGUF_ARCHITECTURES:
+            raise UnsupportedModelError(
+                f"{self.path}: GGUF architecture {self.arch!r} is not supported; corellm runs "
+                f"{sorted(GGUF_ARCHITECTURES)}")
+
+    def field(self, key: str, default: Any = None) -> Any:
+        f = self.reader.fields.get(key)
+        return default if f is None else f.contents()
+
+    def _arch_field(self, key: str, default: Any = None) -> Any:
+        return self.field(f"{self.arch}.{key}", default)
+
+    @property
+    def tensor_names(self) -> list[str]:
+        return [t.name for t in self.reader.tensors]
+
+    def config(self) -> ModelConfig:
+        names = set(self.tensor_names)
+        heads = int(self._arch_field("attention.head_count"))
+        hidden = int(self._arch_field("embedding_length"))
+        vocab = self._arch_field("vocab_size")
+        if vocab is None:
+            vocab = len(self.reader.fields["tokenizer.ggml.tokens"].data)
+        scaling = None
+        kind = self._arch_field("rope.scaling.type")
+        if kind == "linear":
+            scaling = {"rope_type": "linear", "factor": float(self._arch_field("rope.scaling.factor"))}
+        elif kind not in (None, "none"):
+            raise UnsupportedModelError(f"{self.path}: rope scaling type {kind!r} is not supported")
+        eos = self.field("tokenizer.ggml.eos_token_id")
+        return ModelConfig(
+            architecture=GGUF_ARCHITECTURES[self.arch],
+            vocab_size=int(vocab),
+            hidden_size=hidden,
+            intermediate_size=int(self._arch_field("feed_forward_length")),
+            num_hidden_layers=int(self._arch_field("block_count")),
+            num_attention_heads=heads,
+            num_key_value_heads=int(self._arch_field("attention.head_count_kv", heads)),
+            head_dim=int(self._arch_field("attention.key_length", hidden // heads)),
+            rms_norm_eps=float(self._arch_field("attention.layer_norm_rms_epsilon", 1e-6)),
+            rope_theta=float(self._arch_field("rope.freq_base", 10000.0)),
+            max_position_embeddings=int(self._arch_field("context_length", 2048)),
+            tie_word_embeddings="output.weight" not in names,
+            attention_bias="blk.0.attn_q.bias" in names,
+            qk_norm="blk.0.attn_q_norm.weight" in names,
+            rope_scaling=scaling,
+            sliding_window=int(self._arch_field("attention.sliding_window", 0) or 0),
+            bos_token_id=self.field("tokenizer.ggml.bos_token_id"),
+            eos_token_id=[] if eos is None else [int(eos)],
+            source=str(self.path),
+        )
+
+    def rope_factors(self) -> torch.Tensor | None:
+        for t in self.reader.tensors:
+            if t.name == ROPE_FACTORS:
+                return torch.from_numpy(np.array(t.data, dtype=np.float32).reshape(-1))
+        return None
+
+    def tokenizer(self) -> Tokenizer:
+        kind = self.field("tokenizer.ggml.model")
+        tokens = self.field("tokenizer.ggml.tokens")
+        if tokens is None:
+            raise ValueError(f"{self.path}: the GGUF file holds no tokenizer (tokenizer.ggml.tokens)")
+        types = self.field("tokenizer.ggml.token_type")
+        bos = self.field("tokenizer.ggml.bos_token_id")
+        eos = self.field("tokenizer.ggml.eos_token_id")
+        if kind == "gpt2":
+            add_bos = bool(self.field("tokenizer.ggml.add_bos_token", False))
+            backend = byte_level_bpe(tokens, self.field("tokenizer.ggml.merges") or [], types,
+                                     self.field("tokenizer.ggml.pre"), bos, add_bos)
+        elif kind == "llama":
+            add_bos = bool(self.field("tokenizer.ggml.add_bos_token", True))
+            backend = sentencepiece_bpe(tokens, self.field("tokenizer.ggml.scores"), types, bos, add_bos,
+                                        bool(self.field("tokenizer.ggml.add_space_prefix", True)))
+        else:
+            raise UnsupportedModelError(f"{self.path}: tokenizer model {kind!r} is not supported (gpt2, llama)")
+        return Tokenizer(backend, bos_token_id=bos, eos_token_ids=[] if eos is None else [int(eos)],
+                         pad_token_id=self.field("tokenizer.ggml.padding_token_id"),
+                         chat_template=self.field("tokenizer.chat_template"), source=str(self.path))
+
+    def weights(self, dtype: torch.dtype, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, tensor) for every model tensor, dequantized to `dtype`."""
+        from gguf.quants import dequantize
+        from tqdm import tqdm
+
+        config = self.config()
+        permute = self.arch in ("llama", "mistral")
+        tensors = [t for t in self.reader.tensors if t.name != ROPE_FACTORS]
+        for t in tqdm(tensors, desc=f"Loading {self.path.name}", unit="tensor", disable=not progress, leave=False):
+            name = hf_name(t.name)
+            if name is None:
+                raise UnsupportedModelError(f"{self.path}: unexpected tensor {t.name!r}")
+            try:
+                array = dequantize(t.data, t.tensor_type)
+            except NotImplementedError:
+                raise UnsupportedModelError(
+                    f"{self.path}: tensor {t.name!r} has type {t.tensor_type.name}, which the gguf package "
+                    f"cannot dequantize") from None
+            array = np.asarray(array, dtype=np.float32)
+            if not array.flags.writeable:  # a memory-mapped F32 tensor
+                array = array.copy()
+            if permute and name.endswith(("q_proj.weight", "q_proj.bias")):
+                array = unpermute_qk(array, config.num_attention_heads)
+            elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
+                array = unpermute_qk(array, config.num_key_value_heads)
+            yield name, torch.from_numpy(np.ascontiguousarray(array)).to(dtype)

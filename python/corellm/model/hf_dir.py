@@ -1,0 +1,73 @@
+"""An HF model directory: config.json, *.safetensors (one file or sharded with an index),
+tokenizer files, generation_config.json. Safetensors only: pickled weights are never loaded."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from corellm.model.model_config import ModelConfig
+from corellm.tokenizer import Tokenizer
+
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+class HFModelDir:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not (self.path / "config.json").is_file():
+            raise FileNotFoundError(f"{self.path}: no config.json (not an HF model directory)")
+        self.files = self._safetensors_files()
+
+    def _safetensors_files(self) -> list[Path]:
+        index = self.path / "model.safetensors.index.json"
+        if index.exists():
+            weight_map = _read_json(index).get("weight_map") or {}
+            files = sorted({self.path / f for f in weight_map.values()})
+            missing = [str(f) for f in files if not f.exists()]
+            if missing:
+                raise FileNotFoundError(f"{index}: lists shards that do not exist: {missing}")
+            return files
+        files = sorted(self.path.glob("*.safetensors"))
+        if not files:
+            pickles = [p.name for p in self.path.iterdir() if p.suffix in _PICKLE_SUFFIXES]
+            hint = f" (found {pickles}: pickled weights are not loaded, convert them to safetensors)" if pickles else ""
+            raise FileNotFoundError(f"{self.path}: no *.safetensors weights{hint}")
+        return files
+
+    def config(self) -> ModelConfig:
+        return ModelConfig.from_hf_config(_read_json(self.path / "config.json"), str(self.path / "config.json"))
+
+    def generation_config(self) -> dict[str, Any]:
+        path = self.path / "generation_config.json"
+        return _read_json(path) if path.exists() else {}
+
+    def tokenizer(self) -> Tokenizer:
+        return Tokenizer.from_hf_dir(self.path)
+
+    def weights(self, dtype: torch.dtype, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+        from safetensors import safe_open
+        from tqdm import tqdm
+
+        with tqdm(total=None, desc=f"Loading {self.path.name}", unit="tensor", disable=not progress,
+                  leave=False) as bar:
+            for file in self.files:
+                try:
+                    handle = safe_open(str(file), framework="pt")
+                except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+                    raise ValueError(f"{file}: not a readable safetensors file ({e})") from None
+                with handle as f:
+                    for name in f.keys():
+                        bar.update(1)
+                        yield name, f.get_tensor(name).to(dtype)

@@ -1,0 +1,112 @@
+"""LlamaForCausalLM: the Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) as decoder
+layers over corellm's ops, its weight loading (fusing q/k/v and gate/up, checking every shape
+against the config) and its logits."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+
+from corellm.model.attention_metadata import AttentionMetadata
+from corellm.model.layers import DecoderLayer, KVCache
+from corellm.model.model_config import ModelConfig
+from corellm.model.rope import cos_sin_cache, inverse_frequencies
+
+# Tensors some checkpoints carry that the model recomputes.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+class LlamaForCausalLM:
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
+                 rope_factors: torch.Tensor | None = None, max_position: int | None = None):
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.embed = torch.empty(config.vocab_size, config.hidden_size, dtype=dtype, device=self.device)
+        self.layers = [DecoderLayer(config, dtype, self.device) for _ in range(config.num_hidden_layers)]
+        self.norm = torch.empty(config.hidden_size, dtype=dtype, device=self.device)
+        self.lm_head = self.embed if config.tie_word_embeddings else torch.empty_like(self.embed)
+        inv_freq = inverse_frequencies(config)
+        if rope_factors is not None:  # llama3-style factors stored in a GGUF file
+            inv_freq = inv_freq / rope_factors.float()
+        positions = max_position or config.max_position_embeddings
+        self.cos_sin_cache = cos_sin_cache(config, positions, inv_freq).to(self.device)
+
+    # ------------------------------------------------------------------ weights
+    def _destinations(self) -> dict[str, tuple[torch.Tensor, int, int]]:
+        """HF tensor name -> (fused destination, row offset, rows)."""
+        c = self.config
+        dest: dict[str, tuple[torch.Tensor, int, int]] = {
+            "model.embed_tokens.weight": (self.embed, 0, c.vocab_size),
+            "model.norm.weight": (self.norm, 0, c.hidden_size),
+        }
+        if not c.tie_word_embeddings:
+            dest["lm_head.weight"] = (self.lm_head, 0, c.vocab_size)
+        q, kv = c.q_size, c.kv_size
+        for i, layer in enumerate(self.layers):
+            p = f"model.layers.{i}."
+            a = layer.attn
+            dest[p + "input_layernorm.weight"] = (layer.input_norm, 0, c.hidden_size)
+            dest[p + "post_attention_layernorm.weight"] = (layer.post_attention_norm, 0, c.hidden_size)
+            dest[p + "self_attn.q_proj.weight"] = (a.qkv_weight, 0, q)
+            dest[p + "self_attn.k_proj.weight"] = (a.qkv_weight, q, kv)
+            dest[p + "self_attn.v_proj.weight"] = (a.qkv_weight, q + kv, kv)
+            dest[p + "self_attn.o_proj.weight"] = (a.o_weight, 0, c.hidden_size)
+            if a.qkv_bias is not None:
+                dest[p + "self_attn.q_proj.bias"] = (a.qkv_bias, 0, q)
+                dest[p + "self_attn.k_proj.bias"] = (a.qkv_bias, q, kv)
+                dest[p + "self_attn.v_proj.bias"] = (a.qkv_bias, q + kv, kv)
+            if a.q_norm is not None:
+                dest[p + "self_attn.q_norm.weight"] = (a.q_norm, 0, c.head_dim)
+                dest[p + "self_attn.k_norm.weight"] = (a.k_norm, 0, c.head_dim)
+            dest[p + "mlp.gate_proj.weight"] = (layer.mlp.gate_up_weight, 0, c.intermediate_size)
+            dest[p + "mlp.up_proj.weight"] = (layer.mlp.gate_up_weight, c.intermediate_size, c.intermediate_size)
+            dest[p + "mlp.down_proj.weight"] = (layer.mlp.down_weight, 0, c.hidden_size)
+        return dest
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], source: str) -> None:
+        """Copies every tensor to its place; raises ValueError naming the file and the tensor for
+        an unknown name, a shape that does not match the config, or a tensor that is missing."""
+        dest = self._destinations()
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if name.endswith(_IGNORED_SUFFIXES):
+                continue
+            if name == "lm_head.weight" and self.config.tie_word_embeddings:
+                continue  # tied: the embedding serves as the output projection
+            if name not in dest:
+                raise ValueError(f"{source}: unexpected tensor {name!r} for {self.config.architecture}")
+            target, offset, rows = dest[name]
+            expected = (rows, *target.shape[1:])
+            if tuple(tensor.shape) != expected:
+                raise ValueError(f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, but the config "
+                                 f"implies {expected}")
+            target[offset : offset + rows].copy_(tensor)
+            loaded.add(name)
+        missing = sorted(set(dest) - loaded)
+        if missing:
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            raise ValueError(f"{source}: missing tensors {missing[:3]}{more}")
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
+                kv_caches: list[KVCache], hidden_states: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """input_ids, positions: int32 [num_tokens] -> final hidden states [num_tokens, hidden].
+        `hidden_states`, when given, receives the residual stream after each layer (HF's
+        output_hidden_states[1:], before the final norm)."""
+        h = F.embedding(input_ids, self.embed)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            h, residual = layer.forward(positions, h, residual, attn, kv_cache, self.cos_sin_cache)
+            if hidden_states is not None:
+                hidden_states.append(h + residual)
+        from corellm import ops
+
+        h, _ = ops.fused_add_rms_norm(h, residual, self.norm, self.config.rms_norm_eps)
+        return h
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[n, hidden] -> float32 logits [n, vocab]."""
+        return F.linear(hidden, self.lm_head).float()

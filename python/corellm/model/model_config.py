@@ -1,0 +1,129 @@
+"""ModelConfig: the hyper-parameters of a Llama-family model, read from an HF config.json or from
+GGUF metadata, validated, with one clear error for anything unsupported."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# HF architecture name -> corellm's model family flags.
+SUPPORTED_ARCHITECTURES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+# GGUF general.architecture -> the HF architecture it stores.
+GGUF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+class UnsupportedModelError(ValueError):
+    """The model's architecture or one of its options is not supported."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str  # HF name, e.g. "LlamaForCausalLM"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False  # bias on q, k, v projections (Qwen2; Llama's attention_bias)
+    qk_norm: bool = False  # RMSNorm on each head of q and k before RoPE (Qwen3)
+    rope_scaling: dict[str, Any] | None = None  # {"rope_type": "llama3", ...} or None
+    sliding_window: int = 0  # 0: none
+    bos_token_id: int | None = None
+    eos_token_id: list[int] = field(default_factory=list)
+    source: str = ""  # file the config came from, for error messages
+
+    def __post_init__(self) -> None:
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise UnsupportedModelError(
+                f"{self.source}: architecture {self.architecture!r} is not supported; "
+                f"corellm runs {sorted(SUPPORTED_ARCHITECTURES)}"
+            )
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{self.source}: {name} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"{self.source}: num_attention_heads ({self.num_attention_heads}) must be a "
+                             f"multiple of num_key_value_heads ({self.num_key_value_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"{self.source}: head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.rope_scaling is not None:
+            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+            if kind not in ("llama3", "default", "linear"):
+                raise UnsupportedModelError(f"{self.source}: rope scaling type {kind!r} is not supported "
+                                            f"(supported: llama3, linear)")
+
+    @property
+    def family(self) -> str:
+        return SUPPORTED_ARCHITECTURES[self.architecture]
+
+    @property
+    def q_size(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any], source: str = "config.json") -> "ModelConfig":
+        archs = cfg.get("architectures") or []
+        if not archs:
+            raise UnsupportedModelError(f"{source}: no 'architectures' entry; cannot tell which model this is")
+        arch = archs[0]
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise UnsupportedModelError(
+                f"{source}: architecture {arch!r} is not supported; corellm runs {sorted(SUPPORTED_ARCHITECTURES)}"
+            )
+        family = SUPPORTED_ARCHITECTURES[arch]
+        heads = cfg["num_attention_heads"]
+        # transformers >= 5 nests rope settings in rope_parameters; older files use rope_theta/rope_scaling.
+        rope_params = dict(cfg.get("rope_parameters") or {})
+        rope_theta = float(rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+        scaling = cfg.get("rope_scaling") or None
+        if scaling is None and rope_params.get("rope_type", "default") != "default":
+            scaling = rope_params
+        if scaling is not None and scaling.get("rope_type", scaling.get("type")) == "default":
+            scaling = None
+        eos = cfg.get("eos_token_id")
+        sliding = 0
+        if family == "mistral" or cfg.get("use_sliding_window"):
+            sliding = int(cfg.get("sliding_window") or 0)
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
+            qk_norm=family == "qwen3",
+            rope_scaling=dict(scaling) if scaling else None,
+            sliding_window=sliding,
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+            source=source,
+        )

@@ -1,0 +1,245 @@
+"""Tokenizer: text <-> token ids through a `tokenizers` object, built from tokenizer.json, a
+sentencepiece tokenizer.model or GGUF metadata; special tokens; the model's chat template
+rendered in jinja2's sandbox."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors
+
+
+class ChatTemplateError(ValueError):
+    """The chat template failed to render the given messages."""
+
+
+@dataclass
+class Tokenizer:
+    backend: tokenizers.Tokenizer
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)  # every token that ends generation
+    pad_token_id: int | None = None
+    chat_template: str | None = None
+    source: str = ""
+
+    # ------------------------------------------------------------------ text <-> ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if not isinstance(text, str):
+            raise ValueError(f"text to encode must be a str, got {type(text).__name__}")
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.backend.id_to_token(token_id)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    @property
+    def special_token_ids(self) -> set[int]:
+        return {i for i, t in self.backend.get_added_tokens_decoder().items() if t.special}
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return self.eos_token_ids[0] if self.eos_token_ids else None
+
+    # ------------------------------------------------------------------ chat
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        chat_template: str | None = None,
+        **extra: Any,
+    ) -> str:
+        template = chat_template or self.chat_template
+        if not template:
+            raise ChatTemplateError(f"{self.source}: the model has no chat template; pass a prompt instead")
+        return render_chat_template(
+            template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self._token_text(self.bos_token_id),
+            eos_token=self._token_text(self.eos_token_id),
+            **extra,
+        )
+
+    def _token_text(self, token_id: int | None) -> str:
+        return "" if token_id is None else (self.backend.id_to_token(token_id) or "")
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def from_hf_dir(cls, path: Path) -> "Tokenizer":
+        path = Path(path)
+        config = _read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").exists() else {}
+        if (path / "tokenizer.json").exists():
+            backend = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+            source = str(path / "tokenizer.json")
+        elif (path / "tokenizer.model").exists():
+            backend = _from_sentencepiece_file(path / "tokenizer.model", config.get("add_bos_token", True))
+            source = str(path / "tokenizer.model")
+        else:
+            raise FileNotFoundError(f"{path}: no tokenizer.json or tokenizer.model")
+        # Tokens the config declares as added/special are matched whole.
+        added = config.get("added_tokens_decoder") or {}
+        specials = [AddedToken(t["content"], special=bool(t.get("special", True)), normalized=False)
+                    for t in added.values() if backend.token_to_id(t["content"]) is None]
+        if specials:
+            backend.add_special_tokens(specials)
+
+        def token_id(name: str) -> int | None:
+            tok = config.get(name)
+            if isinstance(tok, dict):
+                tok = tok.get("content")
+            return backend.token_to_id(tok) if isinstance(tok, str) else None
+
+        template = config.get("chat_template")
+        if template is None and (path / "chat_template.jinja").exists():
+            template = (path / "chat_template.jinja").read_text()
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
+        eos = token_id("eos_token")
+        return cls(backend, bos_token_id=token_id("bos_token"), eos_token_ids=[] if eos is None else [eos],
+                   pad_token_id=token_id("pad_token"), chat_template=template, source=source)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON ({e})") from None
+
+
+# ---------------------------------------------------------------------- builders
+
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _byte_level_pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
+    """How llama.cpp's pre-tokenizer types split text before byte-level BPE."""
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    split = {"llama3": LLAMA3_SPLIT, "llama-bpe": LLAMA3_SPLIT, "llama-v3": LLAMA3_SPLIT,
+             "smaug-bpe": LLAMA3_SPLIT, "qwen2": QWEN2_SPLIT, "deepseek-r1-qwen": QWEN2_SPLIT}.get(pre or "")
+    if split is not None:
+        return pre_tokenizers.Sequence([pre_tokenizers.Split(tokenizers.Regex(split), behavior="isolated"), byte_level])
+    steps = []
+    if pre == "smollm":  # each digit on its own, then the GPT-2 split
+        steps.append(pre_tokenizers.Digits(individual_digits=True))
+    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+    return pre_tokenizers.Sequence(steps)
+
+
+def byte_level_bpe(tokens: list[str], merges: list[str], token_types: list[int] | None, pre: str | None,
+                   bos_token_id: int | None, add_bos: bool) -> tokenizers.Tokenizer:
+    """GPT-2 style byte-level BPE from a GGUF vocabulary (tokenizer.ggml.model == "gpt2")."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
+    backend.pre_tokenizer = _byte_level_pre_tokenizer(pre)
+    backend.decoder = decoders.ByteLevel()
+    _add_control_tokens(backend, tokens, token_types)
+    _set_bos(backend, tokens, bos_token_id, add_bos)
+    return backend
+
+
+def sentencepiece_bpe(tokens: list[str], scores: list[float], token_types: list[int] | None,
+                      bos_token_id: int | None, add_bos: bool, add_space_prefix: bool = True) -> tokenizers.Tokenizer:
+    """Sentencepiece-style BPE (llama vocabularies): merges recovered from the scores, '▁' for
+    spaces, unknown characters as <0xXX> byte tokens."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = _merges_from_scores(tokens, scores, token_types)
+    unk = next((t for t, ty in zip(tokens, token_types or []) if ty == 2), None)
+    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True,
+                                              byte_fallback=True))
+    steps = [normalizers.Replace(" ", "\u2581")]
+    if add_space_prefix:
+        steps.insert(0, normalizers.Prepend("\u2581"))
+    backend.normalizer = normalizers.Sequence(steps)
+    decode_steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_space_prefix:
+        decode_steps.append(decoders.Strip(" ", 1, 0))
+    backend.decoder = decoders.Sequence(decode_steps)
+    _add_control_tokens(backend, tokens, token_types)
+    _set_bos(backend, tokens, bos_token_id, add_bos)
+    return backend
+
+
+def _merges_from_scores(tokens, scores, token_types) -> list[tuple[str, str]]:
+    """Every (left, right) whose concatenation is a normal token, best merged token first."""
+    normal = {t: i for i, t in enumerate(tokens) if not token_types or token_types[i] == 1}
+    found = []
+    for merged, idx in normal.items():
+        for cut in range(1, len(merged)):
+            left, right = merged[:cut], merged[cut:]
+            if left in normal and right in normal:
+                found.append((-scores[idx], normal[left], normal[right], left, right))
+    found.sort()
+    return [(left, right) for _, _, _, left, right in found]
+
+
+def _add_control_tokens(backend: tokenizers.Tokenizer, tokens, token_types) -> None:
+    if not token_types:
+        return
+    control = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, token_types) if ty == 3]
+    user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, token_types) if ty == 4]
+    if control:
+        backend.add_special_tokens(control)
+    if user:
+        backend.add_tokens(user)
+
+
+def _set_bos(backend: tokenizers.Tokenizer, tokens, bos_token_id, add_bos) -> None:
+    if add_bos and bos_token_id is not None:
+        bos = tokens[bos_token_id]
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{bos}:0 $A:0", pair=f"{bos}:0 $A:0 $B:1", special_tokens=[(bos, bos_token_id)])
+
+
+def _from_sentencepiece_file(path: Path, add_bos: bool) -> tokenizers.Tokenizer:
+    import sentencepiece  # a test/optional dependency for tokenizer.model directories
+
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+    n = sp.get_piece_size()
+    tokens = [sp.id_to_piece(i) for i in range(n)]
+    scores = [sp.get_score(i) for i in range(n)]
+    # sentencepiece types -> GGUF token types (1 normal, 2 unknown, 3 control, 4 user, 6 byte)
+    types = [2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i) else 1 for i in range(n)]
+    bos = sp.bos_id() if sp.bos_id() >= 0 else None
+    return sentencepiece_bpe(tokens, scores, types, bos, add_bos)
+
+
+# ---------------------------------------------------------------------- chat templates
+
+def render_chat_template(template: str, messages: list[dict[str, Any]], **variables: Any) -> str:
+    """Renders an HF-style chat template in jinja2's immutable sandbox (templates come from model
+    files or, when allowed, from requests: they must not reach Python internals)."""
+    from jinja2.exceptions import SecurityError, TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise ChatTemplateError(f"chat template: {message}")
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda value, indent=None, **_: json.dumps(value, indent=indent, ensure_ascii=False)
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    try:
+        return env.from_string(template).render(messages=messages, **variables)
+    except ChatTemplateError:
+        raise
+    except (TemplateError, SecurityError, TypeError, KeyError, AttributeError, IndexError) as e:
+        raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from None

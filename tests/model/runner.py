@@ -1,0 +1,48 @@
+"""A minimal single-batch runner for model tests: lays sequences into a paged KV cache (shuffled
+blocks) and runs prefill and decode steps through corellm's model, without the engine."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from corellm import ops
+from corellm.model import AttentionMetadata, LlamaForCausalLM
+
+
+class PagedRunner:
+    def __init__(self, model: LlamaForCausalLM, max_tokens_per_seq: int, num_seqs: int, block_size: int = 16,
+                 seed: int = 0):
+        c = model.config
+        self.model, self.block_size = model, block_size
+        blocks_per_seq = math.ceil(max_tokens_per_seq / block_size)
+        num_blocks = blocks_per_seq * num_seqs + 1
+        k_shape, v_shape = ops.kv_cache_shapes(num_blocks, c.num_key_value_heads, c.head_dim, block_size, model.dtype)
+        self.kv_caches = [(torch.zeros(k_shape, dtype=model.dtype), torch.zeros(v_shape, dtype=model.dtype))
+                          for _ in range(c.num_hidden_layers)]
+        perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed))[:blocks_per_seq * num_seqs]
+        self.block_table = perm.view(num_seqs, blocks_per_seq).to(torch.int32)
+        self.lengths = [0] * num_seqs
+
+    def step(self, chunks: list[list[int]], hidden_states: list | None = None) -> torch.Tensor:
+        """chunks[i]: the next tokens of sequence i (empty: not scheduled). Returns float32 logits
+        of the last token of every scheduled sequence, and the full hidden states if asked."""
+        rows = [i for i, c in enumerate(chunks) if c]
+        ids, pos, slots, qsl, seq_lens = [], [], [], [0], []
+        for i in rows:
+            start = self.lengths[i]
+            for j, t in enumerate(chunks[i]):
+                p = start + j
+                ids.append(t)
+                pos.append(p)
+                slots.append(int(self.block_table[i, p // self.block_size]) * self.block_size + p % self.block_size)
+            self.lengths[i] += len(chunks[i])
+            qsl.append(len(ids))
+            seq_lens.append(self.lengths[i])
+        i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
+        attn = AttentionMetadata(i32(slots), self.block_table[rows].contiguous(), i32(seq_lens), i32(qsl))
+        with torch.inference_mode():
+            h = self.model.forward(i32(ids), i32(pos), attn, self.kv_caches, hidden_states)
+            last = torch.tensor(qsl[1:]) - 1
+            return self.model.compute_logits(h[last])

@@ -1,0 +1,40 @@
+"""Tiny random HF models of each supported architecture, saved as safetensors directories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+TINY = dict(vocab_size=384, hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5)
+
+ARCHS = {
+    "llama3": ("LlamaConfig", "LlamaForCausalLM",
+               dict(rope_theta=50000.0, tie_word_embeddings=False,
+                    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
+    "llama_tied": ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=True, num_key_value_heads=4)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None, tie_word_embeddings=False)),
+    "mistral_window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=16, tie_word_embeddings=False)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True, rope_theta=1e6)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(tie_word_embeddings=False, head_dim=32)),
+}
+
+
+def make_tiny_model(arch: str, directory: Path, tokenizer_json: Path | None = None, seed: int = 0):
+    """Creates, saves (safetensors) and returns the HF model (float32, eval mode)."""
+    import transformers
+
+    config_cls, model_cls, extra = ARCHS[arch]
+    config = getattr(transformers, config_cls)(**{**TINY, **extra})
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_cls)(config).float().eval()
+    with torch.no_grad():  # random biases and norm weights, so that they matter in the comparison
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.normal_(1.0 if "norm" in name else 0.0, 0.2)
+    model.save_pretrained(directory, safe_serialization=True)
+    if tokenizer_json is not None:
+        (directory / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
+    return model
