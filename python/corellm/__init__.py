@@ -5,8 +5,21 @@
 import torch  # noqa: F401
 
 from corellm import _core
-from corellm.config import SchedulerConfig
+from corellm.config import EngineConfig, SchedulerConfig
+from corellm.outputs import CompletionOutput, Logprob, RequestOutput
+from corellm.sampling_params import RequestOutputKind, SamplingParams
 
 __version__ = "0.1.0"
 
-__all__ = ["SchedulerConfig", "_core", "__version__"]
+
+def __getattr__(name: str):
+    # LLM pulls in the model code; imported on first use so that `import corellm` stays light.
+    if name == "LLM":
+        from corellm.llm import LLM
+
+        return LLM
+    raise AttributeError(f"module 'corellm' has no attribute {name!r}")
+
+
+__all__ = ["LLM", "CompletionOutput", "EngineConfig", "Logprob", "RequestOutput", "RequestOutputKind",
+           "SamplingParams", "SchedulerConfig", "_core", "__version__"]

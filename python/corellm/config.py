@@ -67,3 +67,45 @@ class SchedulerConfig:
             enable_chunked_prefill=self.enable_chunked_prefill,
             policy=_POLICIES[self.policy],
         )
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """What the user chose for an engine (LLM, AsyncLLM, the server). None means: derive it from
+    the model and the machine when the engine starts."""
+
+    model: str | None = None  # an HF directory, a .gguf file, or the default's short name
+    dtype: str = "auto"
+    device: str = "cpu"
+    max_model_len: int | None = None  # default: the model's context, capped by the KV cache
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    kv_cache_memory: int | float | None = None  # bytes, or a fraction of free memory
+    seed: int = 0
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        if self.max_model_len is not None:
+            _check_int("max_model_len", self.max_model_len, 2)
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
+        if self.block_size % 2:
+            raise ValueError(f"block_size must be even (the bfloat16 KV layout packs pairs), got {self.block_size}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
+        kv = self.kv_cache_memory
+        if kv is not None:
+            if isinstance(kv, bool) or not isinstance(kv, (int, float)):
+                raise ValueError(f"kv_cache_memory must be bytes (int) or a fraction (float), got {kv!r}")
+            if isinstance(kv, float) and not 0 < kv <= 1:
+                raise ValueError(f"kv_cache_memory as a fraction of free memory must be in (0, 1], got {kv}")
+            if isinstance(kv, int) and kv <= 0:
+                raise ValueError(f"kv_cache_memory must be > 0 bytes, got {kv}")
+        if self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.policy not in _POLICIES:
+            raise ValueError(f"policy must be one of {sorted(_POLICIES)}, got {self.policy!r}")

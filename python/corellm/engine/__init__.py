@@ -1,0 +1,1 @@
+"""The engine: input processing, EngineCore's step loop, output processing (detokenization)."""

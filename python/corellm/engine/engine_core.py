@@ -1,0 +1,133 @@
+"""EngineCore: the scheduler (C++) and the model runner, advanced one step at a time:
+schedule -> execute_model -> sample_tokens -> process aborts -> update_from_output."""
+
+from __future__ import annotations
+
+import logging
+import queue
+
+import numpy as np
+
+from corellm import _core
+from corellm.config import EngineConfig, SchedulerConfig
+from corellm.engine.engine_core_outputs import EngineCoreOutput, EngineCoreOutputs, SampledTokenLogprobs, SchedulerStats
+from corellm.engine.engine_core_request import EngineCoreRequest
+from corellm.model.loader import LoadedModel
+from corellm.worker.kv_cache import bytes_per_block, kv_cache_budget
+from corellm.worker.model_runner import ModelRunner
+
+logger = logging.getLogger("corellm")
+
+_FINISH = {0: None, 1: "stop", 2: "length", 3: "abort", 4: "error"}
+
+
+def plan_scheduler_config(loaded: LoadedModel, config: EngineConfig) -> SchedulerConfig:
+    """Sizes the KV cache from the memory budget and derives max_model_len when not given."""
+    model_len = loaded.config.max_position_embeddings
+    if config.max_model_len is not None and config.max_model_len > model_len:
+        raise ValueError(f"max_model_len ({config.max_model_len}) exceeds the model's context length "
+                         f"({model_len} positions)")
+    budget = kv_cache_budget(config.kv_cache_memory, loaded.model.device)
+    per_block = bytes_per_block(loaded.config, config.block_size, loaded.model.dtype)
+    num_blocks = budget // per_block
+    if num_blocks < 1:
+        raise ValueError(f"the KV cache budget of {budget} bytes holds no block ({per_block} bytes each)")
+    capacity = num_blocks * config.block_size
+    max_model_len = config.max_model_len or min(model_len, capacity)
+    logger.info("KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s)", num_blocks, config.block_size,
+                capacity, num_blocks * per_block / 1024**3, loaded.model.dtype)
+    return SchedulerConfig(num_blocks=int(num_blocks), max_num_seqs=config.max_num_seqs,
+                           max_num_batched_tokens=max(config.max_num_batched_tokens, 1),
+                           max_model_len=max_model_len, block_size=config.block_size,
+                           long_prefill_token_threshold=config.long_prefill_token_threshold,
+                           enable_prefix_caching=config.enable_prefix_caching, policy=config.policy)
+
+
+class EngineCore:
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, stop_token_ids_of):
+        self.loaded = loaded
+        self.scheduler_config = plan_scheduler_config(loaded, config)
+        native = self.scheduler_config.to_native()
+        self.scheduler = _core.Scheduler(native)
+        self.model_runner = ModelRunner(loaded, native, stop_token_ids_of)
+        self._stop_token_ids_of = stop_token_ids_of
+        self._aborts: queue.SimpleQueue[list[str]] = queue.SimpleQueue()
+        self._pending_errors: list[EngineCoreOutput] = []
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler_config.max_model_len
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        p = request.sampling_params
+        # A request whose prompt logprobs are wanted must compute every prompt position: keep it
+        # out of prefix-cache sharing with a salt of its own.
+        salt = request.cache_salt if p.prompt_logprobs is None else f"{request.cache_salt}\x00{request.request_id}"
+        self.scheduler.add_request(
+            request.request_id, request.prompt_token_ids, max_tokens=p.max_tokens, min_tokens=p.min_tokens,
+            ignore_eos=p.ignore_eos, eos_token_id=-1 if request.eos_token_id is None else request.eos_token_id,
+            stop_token_ids=self._stop_token_ids_of(p), priority=request.priority,
+            arrival_time=request.arrival_time, cache_salt=salt, payload=request)
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        """Thread-safe: the aborts take effect inside the next step."""
+        if request_ids:
+            self._aborts.put(list(request_ids))
+
+    def _process_aborts(self) -> None:
+        while True:
+            try:
+                ids = self._aborts.get_nowait()
+            except queue.Empty:
+                return
+            self.scheduler.finish_requests(ids, _core.RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def stats(self) -> SchedulerStats:
+        s = self.scheduler.stats()
+        return SchedulerStats(s.num_running, s.num_waiting, s.kv_cache_usage, s.prefix_cache_queries,
+                              s.prefix_cache_hits, s.num_preemptions, s.num_free_blocks)
+
+    def step(self) -> EngineCoreOutputs:
+        self._process_aborts()
+        if not self.scheduler.has_unfinished_requests():
+            return EngineCoreOutputs(scheduler_stats=self.stats())
+        so = self.scheduler.schedule()
+        try:
+            self.model_runner.execute_model(so)
+            mro = self.model_runner.sample_tokens()
+        except Exception as e:  # noqa: BLE001 - one failed step must not take the engine down
+            logger.exception("step failed; its %d requests end with an error", so.num_reqs)
+            self.model_runner.abandon_step()
+            ids = list(so.req_ids)
+            self.scheduler.finish_requests(ids, _core.RequestStatus.FINISHED_ERROR)
+            self.scheduler.update_from_output(so, np.full(so.num_reqs, -1, np.int32))
+            message = f"{type(e).__name__}: {e}"
+            return EngineCoreOutputs([EngineCoreOutput(r, [], "error", error=message) for r in ids], self.stats())
+        self._process_aborts()
+        outputs: list[EngineCoreOutput] = []
+        if mro.errors:
+            self.scheduler.finish_requests(list(mro.errors), _core.RequestStatus.FINISHED_ERROR)
+            outputs += [EngineCoreOutput(r, [], "error", error=msg) for r, msg in mro.errors.items()]
+        result = self.scheduler.update_from_output(so, mro.sampled_token_ids)
+        index = {r: i for i, r in enumerate(mro.req_ids)} if (mro.logprobs or mro.prompt_logprobs) else {}
+        req_ids = result.req_ids
+        tokens = result.new_token_ids.tolist()
+        finish = result.finish_reasons.tolist()
+        stops = result.stop_reasons.tolist()
+        cached = result.num_cached_tokens.tolist()
+        for req_id, token, f, stop, n_cached in zip(req_ids, tokens, finish, stops, cached):
+            out = EngineCoreOutput(req_id, [token], _FINISH[f], stop if stop >= 0 else None, n_cached)
+            if mro.logprobs is not None:
+                i = index[req_id]
+                k = max(0, int(self.model_runner.sampling.requests[req_id].request.sampling_params.logprobs or 0))
+                lp = mro.logprobs
+                out.new_logprobs = [SampledTokenLogprobs(token, float(lp.logprobs[i]), int(lp.ranks[i]),
+                                                         lp.top_token_ids[i, :k].tolist(), lp.top_logprobs[i, :k].tolist())]
+            out.new_prompt_logprobs = mro.prompt_logprobs.pop(req_id, None)
+            outputs.append(out)
+        for req_id, plp in mro.prompt_logprobs.items():  # prompt chunks that sampled nothing yet
+            outputs.append(EngineCoreOutput(req_id, [], new_prompt_logprobs=plp))
+        return EngineCoreOutputs(outputs, self.stats(), so.total_num_scheduled_tokens)

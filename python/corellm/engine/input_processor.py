@@ -1,0 +1,108 @@
+"""InputProcessor: turns a user's prompt and SamplingParams into EngineCoreRequests — tokenized,
+validated against the model's context, defaults filled in, one request per sample when n > 1."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from corellm.engine.engine_core_request import EngineCoreRequest
+from corellm.sampling_params import SamplingParams
+from corellm.tokenizer import Tokenizer
+
+PromptType = str | dict[str, Any]
+
+
+@dataclass
+class ProcessedRequest:
+    """One user request after processing: its n engine-core requests and what the output needs."""
+
+    request_id: str  # the caller's id
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    children: list[EngineCoreRequest]
+
+
+class InputProcessor:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_model_len: int,
+                 extra_eos_token_ids: list[int] | None = None, seed: int = 0):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.max_model_len = max_model_len
+        self.extra_eos = [t for t in (extra_eos_token_ids or []) if t != tokenizer.eos_token_id]
+        self._rng = random.Random(seed)  # seeds for requests that bring none: reproducible per engine
+
+    def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                ids = prompt["prompt_token_ids"]
+                if not isinstance(ids, (list, tuple)) or not all(
+                        isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                    raise ValueError("prompt_token_ids must be a list of integers")
+                bad = [t for t in ids if not 0 <= t < self.vocab_size]
+                if bad:
+                    raise ValueError(f"prompt_token_ids holds token id {bad[0]} outside the vocabulary "
+                                     f"[0, {self.vocab_size})")
+                return prompt.get("prompt"), list(ids)
+            if "prompt" in prompt and isinstance(prompt["prompt"], str):
+                return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
+        raise ValueError(f"a prompt must be a string or a dict with 'prompt_token_ids' or 'prompt', "
+                         f"got {type(prompt).__name__}")
+
+    def process(self, request_id: str, prompt: PromptType, params: SamplingParams | None,
+                arrival_time: float | None = None, priority: int = 0, cache_salt: str = "") -> ProcessedRequest:
+        if params is None:
+            params = SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        text, ids = self.tokenize(prompt)
+        if not ids:
+            raise ValueError("The prompt is empty: at least one token is needed")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(f"The prompt (total length {len(ids)}) is too long to fit into the model "
+                             f"(context length {self.max_model_len}); at least one token must be generated")
+        params = params.clone()
+        if params.max_tokens is None:
+            params.max_tokens = self.max_model_len - len(ids)
+        if params.logit_bias:
+            bad = [t for t in params.logit_bias if t >= self.vocab_size]
+            if bad:
+                raise ValueError(f"logit_bias has token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
+        bad_stop = [t for t in params.stop_token_ids if t >= self.vocab_size]
+        if bad_stop:
+            raise ValueError(f"stop_token_ids has token id {bad_stop[0]} outside the vocabulary [0, {self.vocab_size})")
+        if params.logprobs is not None and params.logprobs > self.vocab_size:
+            raise ValueError(f"logprobs ({params.logprobs}) exceeds the vocabulary size {self.vocab_size}")
+        arrival = time.time() if arrival_time is None else arrival_time
+        parent_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
+        children = []
+        for i in range(params.n):
+            child_params = params
+            if params.n > 1:
+                child_params = params.clone()
+                child_params.n = 1
+            seed = (params.seed + i) % 2**64 if params.seed is not None else self._rng.getrandbits(63)
+            children.append(EngineCoreRequest(
+                request_id=parent_id if params.n == 1 else f"{parent_id}#{i}",
+                prompt_token_ids=ids,
+                sampling_params=child_params,
+                eos_token_id=self.tokenizer.eos_token_id,
+                arrival_time=arrival,
+                seed=seed,
+                priority=priority,
+                cache_salt=cache_salt,
+            ))
+        return ProcessedRequest(request_id, text, ids, params, children)
+
+    def stop_token_ids(self, params: SamplingParams) -> list[int]:
+        """Token ids that finish a request: its own, plus the model's extra EOS ids unless ignore_eos."""
+        ids = list(params.stop_token_ids)
+        if not params.ignore_eos:
+            ids += [t for t in self.extra_eos if t not in ids]
+        return ids

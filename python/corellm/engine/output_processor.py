@@ -1,0 +1,155 @@
+"""OutputProcessor: EngineCoreOutputs -> RequestOutputs. Per request it detokenizes, matches stop
+strings (asking the engine to abort the request when one is found), gathers logprobs, groups the
+n samples of a request, and emits CUMULATIVE, DELTA or FINAL_ONLY outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from corellm.engine.detokenizer import IncrementalDetokenizer
+from corellm.engine.engine_core_outputs import EngineCoreOutput
+from corellm.engine.input_processor import ProcessedRequest
+from corellm.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
+from corellm.sampling_params import RequestOutputKind
+from corellm.tokenizer import Tokenizer
+
+
+@dataclass
+class SampleState:
+    """One of the n samples of a request (one engine-core request)."""
+
+    index: int
+    detokenizer: IncrementalDetokenizer
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[PositionLogprobs] | None = None
+    cumulative_logprob: float | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    sent_text: int = 0  # DELTA: characters already sent
+    sent_tokens: int = 0
+
+
+@dataclass
+class RequestState:
+    request: ProcessedRequest
+    samples: dict[str, SampleState]  # engine-core request id -> its sample
+    prompt_logprobs: list[PositionLogprobs | None] | None = None
+    num_cached_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.samples.values())
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.requests: dict[str, RequestState] = {}  # engine-core request id -> its request
+        self._decode_cache: dict[int, str] = {}
+
+    def add_request(self, processed: ProcessedRequest) -> None:
+        p = processed.params
+        samples = {}
+        for i, child in enumerate(processed.children):
+            s = SampleState(i, IncrementalDetokenizer(self.tokenizer, child.sampling_params, processed.prompt_token_ids))
+            if p.logprobs is not None:
+                s.logprobs, s.cumulative_logprob = [], 0.0
+            samples[child.request_id] = s
+        state = RequestState(processed, samples)
+        if p.prompt_logprobs is not None:
+            state.prompt_logprobs = [None] + [None] * (len(processed.prompt_token_ids) - 1)
+        for child_id in samples:
+            self.requests[child_id] = state
+
+    def abort(self, child_ids: list[str]) -> list[str]:
+        """Forgets requests the caller gave up on; returns their engine-core ids."""
+        for cid in child_ids:
+            self.requests.pop(cid, None)
+        return child_ids
+
+    def child_ids(self, processed: ProcessedRequest) -> list[str]:
+        return [c.request_id for c in processed.children]
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def _decode(self, token_id: int) -> str:
+        text = self._decode_cache.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            if len(self._decode_cache) < 200_000:
+                self._decode_cache[token_id] = text
+        return text
+
+    def _position(self, token_id: int, logprob: float, rank: int, top_ids: list[int],
+                  top_lps: list[float]) -> PositionLogprobs:
+        pos = {tid: Logprob(lp, r + 1, self._decode(tid)) for r, (tid, lp) in enumerate(zip(top_ids, top_lps))}
+        pos.setdefault(token_id, Logprob(logprob, rank, self._decode(token_id)))
+        return pos
+
+    def process_outputs(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], list[str]]:
+        """Returns the RequestOutputs to deliver and the engine-core ids to abort (stop strings)."""
+        results: list[RequestOutput] = []
+        to_abort: list[str] = []
+        touched: dict[int, RequestState] = {}
+        for out in outputs:
+            state = self.requests.get(out.req_id)
+            if state is None:
+                continue  # aborted or finished already
+            sample = state.samples[out.req_id]
+            if sample.finish_reason is not None:
+                continue
+            if out.num_cached_tokens:
+                state.num_cached_tokens = out.num_cached_tokens
+            if out.new_prompt_logprobs is not None and state.prompt_logprobs is not None:
+                plp = out.new_prompt_logprobs
+                for j, tid in enumerate(plp.token_ids):
+                    state.prompt_logprobs[plp.start + j] = self._position(
+                        tid, plp.logprobs[j], plp.ranks[j], plp.top_token_ids[j], plp.top_logprobs[j])
+            if out.error is not None:
+                state.error = out.error
+            sample.token_ids.extend(out.new_token_ids)
+            if sample.logprobs is not None and out.new_logprobs:
+                for lp in out.new_logprobs:
+                    sample.logprobs.append(self._position(lp.token_id, lp.logprob, lp.rank, lp.top_token_ids,
+                                                          lp.top_logprobs))
+                    sample.cumulative_logprob += lp.logprob
+            stop_str = sample.detokenizer.update(out.new_token_ids) if out.new_token_ids else None
+            if stop_str is not None:
+                sample.finish_reason, sample.stop_reason = "stop", stop_str
+                if not out.finished:
+                    to_abort.append(out.req_id)
+            elif out.finished:
+                sample.finish_reason, sample.stop_reason = out.finish_reason, out.stop_reason
+            touched[id(state)] = state
+        for state in touched.values():
+            output = self._make_output(state)
+            if output is not None:
+                results.append(output)
+            if state.finished:
+                for cid in state.samples:
+                    self.requests.pop(cid, None)
+        return results, to_abort
+
+    def _make_output(self, state: RequestState) -> RequestOutput | None:
+        kind = state.request.params.output_kind
+        finished = state.finished
+        if kind == RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        completions = []
+        for s in state.samples.values():
+            text = s.detokenizer.text(s.finish_reason is not None)
+            token_ids, logprobs = s.token_ids, s.logprobs
+            if kind == RequestOutputKind.DELTA:
+                new_text, new_tokens = text[s.sent_text:], token_ids[s.sent_tokens:]
+                new_logprobs = logprobs[s.sent_tokens:] if logprobs is not None else None
+                s.sent_text, s.sent_tokens = len(text), len(token_ids)
+                text, token_ids, logprobs = new_text, new_tokens, new_logprobs
+            completions.append(CompletionOutput(s.index, text, list(token_ids), s.cumulative_logprob,
+                                                list(logprobs) if logprobs is not None else None,
+                                                s.finish_reason, s.stop_reason))
+        req = state.request
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, state.prompt_logprobs, completions,
+                             finished, state.num_cached_tokens,
+                             metrics={"error": state.error} if state.error else {})

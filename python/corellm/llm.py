@@ -1,0 +1,125 @@
+"""LLM: offline batched generation, shaped like vLLM's: LLM(model).generate(prompts, params)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from corellm.config import EngineConfig
+from corellm.engine.engine_core import EngineCore
+from corellm.engine.input_processor import InputProcessor, PromptType
+from corellm.engine.output_processor import OutputProcessor
+from corellm.model.loader import LoadedModel, load_model
+from corellm.outputs import RequestOutput
+from corellm.sampling_params import RequestOutputKind, SamplingParams
+from corellm.tokenizer import Tokenizer
+
+logger = logging.getLogger("corellm")
+
+_GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+class LLM:
+    def __init__(self, model: str | None = None, *, dtype: str = "auto", device: str = "cpu",
+                 max_model_len: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
+                 block_size: int = 16, enable_prefix_caching: bool = True,
+                 kv_cache_memory: int | float | None = None, seed: int = 0, long_prefill_token_threshold: int = 0,
+                 policy: str = "fcfs", loaded_model: LoadedModel | None = None):
+        self.config = EngineConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len,
+                                   max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                                   block_size=block_size, enable_prefix_caching=enable_prefix_caching,
+                                   kv_cache_memory=kv_cache_memory, seed=seed,
+                                   long_prefill_token_threshold=long_prefill_token_threshold, policy=policy)
+        t0 = time.perf_counter()
+        self.loaded = loaded_model or load_model(model, dtype=dtype, device=device)
+        logger.info("loaded %s (%s) in %.1f s", self.loaded.name, self.loaded.model.dtype, time.perf_counter() - t0)
+        gen = self.loaded.generation_config
+        eos = gen.get("eos_token_id")
+        extra_eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        self.engine_core = EngineCore(self.loaded, self.config, lambda p: self.input_processor.stop_token_ids(p))
+        self.input_processor = InputProcessor(self.loaded.tokenizer, self.loaded.config.vocab_size,
+                                              self.engine_core.max_model_len, extra_eos, seed)
+        self.output_processor = OutputProcessor(self.loaded.tokenizer)
+        self._ids = itertools.count()
+
+    @property
+    def max_model_len(self) -> int:
+        return self.engine_core.max_model_len
+
+    def get_tokenizer(self) -> Tokenizer:
+        return self.loaded.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json defaults (vLLM's behaviour)."""
+        gen = self.loaded.generation_config
+        return SamplingParams(**{k: gen[k] for k in _GENERATION_DEFAULTS if gen.get(k) is not None})
+
+    # ------------------------------------------------------------------ generate
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
+        if isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        # Validate and tokenize everything before any request enters the engine.
+        processed = []
+        for prompt, p in zip(prompts, params):
+            p = p.clone()
+            p.output_kind = RequestOutputKind.FINAL_ONLY
+            processed.append(self.input_processor.process(str(next(self._ids)), prompt, p))
+        for req in processed:
+            self.output_processor.add_request(req)
+            for child in req.children:
+                self.engine_core.add_request(child)
+        return self._run(processed, use_tqdm)
+
+    def _run(self, processed, use_tqdm: bool) -> list[RequestOutput]:
+        from tqdm import tqdm
+
+        order = {req.request_id: i for i, req in enumerate(processed)}
+        results: list[RequestOutput | None] = [None] * len(processed)
+        bar = tqdm(total=len(processed), desc="Processed prompts", unit="req", disable=not use_tqdm, dynamic_ncols=True)
+        out_tokens, t0 = 0, time.perf_counter()
+        try:
+            while self.output_processor.has_unfinished_requests():
+                step = self.engine_core.step()
+                outputs, to_abort = self.output_processor.process_outputs(step.outputs)
+                if to_abort:
+                    self.engine_core.abort_requests(to_abort)
+                out_tokens += sum(len(o.new_token_ids) for o in step.outputs)
+                for out in outputs:
+                    if out.finished:
+                        results[order[out.request_id]] = out
+                        bar.update(1)
+                if use_tqdm:
+                    bar.set_postfix_str(f"output {out_tokens / max(time.perf_counter() - t0, 1e-9):.1f} tok/s")
+                if not step.outputs and not self.engine_core.has_unfinished_requests():
+                    break  # everything left was aborted
+        finally:
+            bar.close()
+        return [r for r in results if r is not None]
+
+    def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
+             chat_template: str | None = None, add_generation_prompt: bool = True) -> list[RequestOutput]:
+        """Renders each conversation with the model's chat template (jinja2 sandbox), then generates."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        tok = self.loaded.tokenizer
+        prompts = []
+        for conv in conversations:
+            text = tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
+                                           chat_template=chat_template)
+            # The template writes the special tokens itself: do not add a BOS again.
+            prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
+        return self.generate(prompts, sampling_params, use_tqdm)

@@ -1,0 +1,43 @@
+"""What callers get back: RequestOutput with one CompletionOutput per sample (text, token ids,
+logprobs, finish reason), as vLLM's offline and async APIs return."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Logprob:
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# One position: token id -> its Logprob (the chosen token plus the top-n).
+PositionLogprobs = dict[int, Logprob]
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[PositionLogprobs] | None
+    finish_reason: str | None = None  # "stop", "length", "abort", "error", or None while running
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    prompt_logprobs: list[PositionLogprobs | None] | None
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int = 0
+    metrics: dict = field(default_factory=dict)

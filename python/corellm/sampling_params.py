@@ -1,0 +1,114 @@
+"""SamplingParams: how to generate for one request (vLLM's fields and defaults), validated on
+construction with a ValueError that names the field and the value."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class RequestOutputKind(enum.Enum):
+    CUMULATIVE = 0  # every output carries the whole text so far
+    DELTA = 1  # every output carries only what is new
+    FINAL_ONLY = 2  # one output, when the request finishes
+
+
+_GREEDY_EPS = 1e-5  # temperatures below this are greedy, as in vLLM
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1: off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16  # None: up to the context length
+    min_tokens: int = 0
+    logprobs: int | None = None  # top-n logprobs per generated token (0: the chosen token's only)
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # Set by the engine: the model's extra end-of-sequence ids (generation_config), checked like
+    # stop_token_ids but reported as EOS.
+    _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        self._validate()
+
+    def _validate(self) -> None:
+        def is_int(v: object) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def is_num(v: object) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+        if not is_int(self.n) or self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n!r}.")
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            value = getattr(self, name)
+            if not is_num(value) or value != value or value in (float("inf"), float("-inf")):
+                raise ValueError(f"{name} must be a finite number, got {value!r}.")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if not is_int(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k must be 0 or -1 (disable), or at least 1, got {self.top_k!r}.")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
+        if not -2 <= self.presence_penalty <= 2:
+            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
+        if not -2 <= self.frequency_penalty <= 2:
+            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
+        if not 0 < self.repetition_penalty <= 2:
+            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}.")
+        if self.max_tokens is not None and (not is_int(self.max_tokens) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens!r}.")
+        if not is_int(self.min_tokens) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be greater than or equal to 0, got {self.min_tokens!r}.")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, "
+                             f"got {self.min_tokens}.")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not is_int(value) or value < 0):
+                raise ValueError(f"{name} must be non-negative, got {value!r}.")
+        if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed < 2**64):
+            raise ValueError(f"seed must be an integer in [0, 2**64), got {self.seed!r}.")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}.")
+        if any(not is_int(t) or t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}.")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(f"logit_bias must be a dict of token id to bias, got {type(self.logit_bias).__name__}.")
+            for k, v in self.logit_bias.items():
+                if not is_int(k) or k < 0 or not is_num(v) or not -100 <= v <= 100:
+                    raise ValueError(f"logit_bias entries must map token ids to biases in [-100, 100], got {k!r}: {v!r}.")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS
+
+    def clone(self) -> "SamplingParams":
+        import copy
+
+        return copy.deepcopy(self)

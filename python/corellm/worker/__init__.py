@@ -1,0 +1,1 @@
+"""The model runner: KV cache, persistent batch, forward and sampling for each step."""

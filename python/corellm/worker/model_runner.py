@@ -1,0 +1,135 @@
+"""ModelRunner: owns the KV cache and the persistent batch; each step it lays out the inputs the
+scheduler asked for (through the C++ BatchBuilder), runs the forward, computes logits where
+tokens are sampled, and samples.
+
+Two phases, as in vLLM v1: execute_model(scheduler_output) runs the forward and keeps an
+ExecuteModelState, returning None; sample_tokens() consumes it and returns the
+ModelRunnerOutput."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from corellm import _core, ops
+from corellm.engine.engine_core_request import EngineCoreRequest
+from corellm.model.attention_metadata import AttentionMetadata
+from corellm.model.loader import LoadedModel
+from corellm.worker.kv_cache import allocate_kv_caches
+from corellm.worker.model_runner_output import ModelRunnerOutput, PromptLogprobs, SampledLogprobs
+from corellm.worker.sampling_state import SamplingState
+
+logger = logging.getLogger("corellm")
+
+
+@dataclass
+class ExecuteModelState:
+    scheduler_output: _core.SchedulerOutput
+    logits: torch.Tensor | None  # float32 [num_reqs, vocab]
+    prompt_logprobs: dict[str, PromptLogprobs]
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel, scheduler_config: _core.SchedulerConfig, stop_token_ids_of):
+        """stop_token_ids_of(params) -> the token ids that end a request (min_tokens bans them)."""
+        self.model = loaded.model
+        self.device = self.model.device
+        self.vocab_size = loaded.config.vocab_size
+        c = scheduler_config
+        self.block_size = c.block_size
+        self.kv_caches = allocate_kv_caches(loaded.config, c.num_blocks, c.block_size, self.model.dtype, self.device)
+        self.builder = _core.BatchBuilder(max_num_reqs=c.max_num_seqs, max_model_len=c.max_model_len,
+                                          block_size=c.block_size, max_num_batched_tokens=c.max_num_batched_tokens)
+        self.sampling = SamplingState(c.max_num_seqs)
+        self._stop_token_ids_of = stop_token_ids_of
+        self._state: ExecuteModelState | None = None
+
+    # ------------------------------------------------------------------ phase 1
+    def execute_model(self, so: _core.SchedulerOutput) -> None:
+        if self._state is not None:
+            raise RuntimeError("sample_tokens() must be called after execute_model() returns None")
+        self._update_states(so)
+        if so.num_reqs == 0:  # nothing scheduled: no forward
+            self._state = ExecuteModelState(so, None, {})
+            return None
+        b = self.builder
+        b.prepare_inputs(so)
+        i32 = lambda a: torch.from_numpy(a)  # noqa: E731  zero-copy views of the builder's buffers
+        attn = AttentionMetadata(slot_mapping=i32(b.slot_mapping), block_table=i32(b.block_table),
+                                 seq_lens=i32(b.seq_lens), query_start_loc=i32(b.query_start_loc),
+                                 max_query_len=b.max_query_len, max_seq_len=b.max_seq_len)
+        with torch.inference_mode():
+            hidden = self.model.forward(i32(b.input_ids), i32(b.positions), attn, self.kv_caches)
+            logits = self.model.compute_logits(hidden[torch.from_numpy(b.logits_indices).long()])
+            prompt_logprobs = self._prompt_logprobs(so, hidden)
+        self._state = ExecuteModelState(so, logits.contiguous(), prompt_logprobs)
+        return None
+
+    def _update_states(self, so: _core.SchedulerOutput) -> None:
+        for req_id in list(so.finished_req_ids) + list(so.preempted_req_ids):
+            self.sampling.remove(req_id)
+        for new in so.scheduled_new_reqs:
+            request: EngineCoreRequest = new.payload
+            outputs = list(new.token_ids[new.num_prompt_tokens:])
+            self.sampling.add(request, new.batch_row, outputs, self._stop_token_ids_of(request.sampling_params))
+        self.builder.update_states(so)
+
+    def _prompt_logprobs(self, so: _core.SchedulerOutput, hidden: torch.Tensor) -> dict[str, PromptLogprobs]:
+        out: dict[str, PromptLogprobs] = {}
+        req_ids = so.req_ids
+        computed, scheduled = so.num_computed_tokens, so.num_scheduled_tokens
+        qsl = self.builder.query_start_loc
+        for i, req_id in enumerate(req_ids):
+            r = self.sampling.requests.get(req_id)
+            if r is None or r.request.sampling_params.prompt_logprobs is None:
+                continue
+            prompt = r.request.prompt_token_ids
+            start = int(computed[i])
+            # Query position p predicts the token at p + 1; only prompt tokens are scored here.
+            end = min(start + int(scheduled[i]), len(prompt) - 1)
+            if end <= start:
+                continue
+            h = hidden[int(qsl[i]) : int(qsl[i]) + (end - start)]
+            lp = torch.log_softmax(self.model.compute_logits(h), dim=-1)
+            targets = torch.tensor(prompt[start + 1 : end + 1], dtype=torch.long)
+            chosen = lp.gather(1, targets[:, None])[:, 0]
+            ranks = (lp > chosen[:, None]).sum(-1) + 1
+            k = r.request.sampling_params.prompt_logprobs
+            top = torch.topk(lp, k, dim=-1) if k > 0 else None
+            out[req_id] = PromptLogprobs(
+                start=start + 1, token_ids=targets.tolist(), logprobs=chosen.tolist(), ranks=ranks.tolist(),
+                top_token_ids=top.indices.tolist() if top is not None else [[] for _ in range(end - start)],
+                top_logprobs=top.values.tolist() if top is not None else [[] for _ in range(end - start)])
+        return out
+
+    # ------------------------------------------------------------------ phase 2
+    def sample_tokens(self) -> ModelRunnerOutput:
+        state, self._state = self._state, None
+        if state is None:
+            raise RuntimeError("sample_tokens() called without a preceding execute_model()")
+        so = state.scheduler_output
+        if state.logits is None:
+            return ModelRunnerOutput.empty()
+        req_ids = so.req_ids
+        rows = so.batch_rows
+        md = self.sampling.metadata(req_ids, rows)
+        result = ops.sample(state.logits, md)
+        sampled = result.sampled_token_ids.numpy()
+        samples = so.samples_token
+        out = ModelRunnerOutput(req_ids, np.where(samples, sampled, -1).astype(np.int32),
+                                prompt_logprobs=state.prompt_logprobs)
+        for i in np.nonzero(samples & (sampled < 0))[0]:
+            out.errors[req_ids[i]] = "the model produced NaN logits"
+        if result.logprobs is not None:
+            out.logprobs = SampledLogprobs(result.logprobs.numpy(), result.ranks.numpy(),
+                                           result.top_token_ids.numpy(), result.top_logprobs.numpy())
+        self.sampling.record(req_ids, rows, sampled, samples & (sampled >= 0))
+        self.builder.record_sampled(so, np.where(sampled >= 0, sampled, 0).astype(np.int32))
+        return out
+
+    def abandon_step(self) -> None:
+        """Forgets a step whose forward or sampling failed (its requests are finished with an error)."""
+        self._state = None
