@@ -1,0 +1,197 @@
+"""The offline API as a vLLM user would try it: prompts as strings or token ids, order, n > 1,
+stop strings and stop tokens, ignore_eos, logprobs and prompt_logprobs, seeds, chat, errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from corellm import LLM, SamplingParams
+from tests.engine.test_tiny_oracle import write_tokenizer
+from tests.model.tiny_models import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(max_model_len=512, kv_cache_memory=256 * 1024**2, max_num_seqs=32)
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+
+def test_outputs_follow_input_order_and_prompt_forms(llm):
+    tok = llm.get_tokenizer()
+    prompts = ["The capital of France is", {"prompt_token_ids": tok.encode("def add(a, b):")}, "1, 2, 3,"]
+    outs = llm.generate(prompts, GREEDY, use_tqdm=False)
+    assert [o.prompt for o in outs] == ["The capital of France is", None, "1, 2, 3,"]
+    assert outs[1].prompt_token_ids == tok.encode("def add(a, b):")
+    for o in outs:
+        c = o.outputs[0]
+        assert o.finished and c.finish_reason == "length" and len(c.token_ids) == 16
+        assert c.text == tok.decode(c.token_ids)
+    alone = llm.generate(prompts[2], GREEDY, use_tqdm=False)[0]
+    assert alone.outputs[0].token_ids == outs[2].outputs[0].token_ids
+
+
+def test_per_prompt_sampling_params(llm):
+    outs = llm.generate(["a", "b"], [SamplingParams(max_tokens=3, ignore_eos=True, temperature=0),
+                                     SamplingParams(max_tokens=5, ignore_eos=True, temperature=0)], use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [3, 5]
+    with pytest.raises(ValueError, match="got 1 sampling params for 2 prompts"):
+        llm.generate(["a", "b"], [GREEDY], use_tqdm=False)
+
+
+def test_n_samples(llm):
+    out = llm.generate("Tell me a story:", SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=10, ignore_eos=True),
+                       use_tqdm=False)[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    assert all(c.finish_reason == "length" for c in out.outputs)
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+
+
+def test_seeded_sampling_reproduces_alone_and_in_a_batch(llm):
+    p = SamplingParams(temperature=0.9, top_p=0.95, seed=1234, max_tokens=20, ignore_eos=True)
+    alone = llm.generate("Write a poem about the sea:", p, use_tqdm=False)[0].outputs[0].token_ids
+    assert llm.generate("Write a poem about the sea:", p, use_tqdm=False)[0].outputs[0].token_ids == alone
+    # Across batch compositions in fp32 (bf16 logits round to ~0.06 at |logit| ~ 15, so a batch's
+    # different GEMM blocking may move a draw across a boundary; fp32 does not).
+    fp32 = LLM(dtype="float32", max_model_len=256, kv_cache_memory=64 * 1024**2)
+    alone = fp32.generate("Write a poem about the sea:", p, use_tqdm=False)[0].outputs[0].token_ids
+    batch = fp32.generate(["x", "Write a poem about the sea:", "y"],
+                          [SamplingParams(temperature=1.0, max_tokens=7), p, GREEDY], use_tqdm=False)
+    assert batch[1].outputs[0].token_ids == alone
+
+
+def test_stop_strings_and_tokens(llm):
+    base = llm.generate("1, 2, 3, 4, 5,", GREEDY, use_tqdm=False)[0].outputs[0]
+    assert "8" in base.text
+    out = llm.generate("1, 2, 3, 4, 5,", SamplingParams(temperature=0, max_tokens=16, stop=["8"]),
+                       use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == "8"
+    assert out.text == base.text[: base.text.index("8")]
+    inc = llm.generate("1, 2, 3, 4, 5,", SamplingParams(temperature=0, max_tokens=16, stop=["8"],
+                                                        include_stop_str_in_output=True), use_tqdm=False)[0].outputs[0]
+    assert inc.text == base.text[: base.text.index("8") + 1]
+    stop_tok = base.token_ids[3]
+    out = llm.generate("1, 2, 3, 4, 5,", SamplingParams(temperature=0, max_tokens=16, stop_token_ids=[stop_tok]),
+                       use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_tok
+    assert out.token_ids == base.token_ids[: base.token_ids.index(stop_tok) + 1]
+
+
+def test_eos_stops_unless_ignored(llm):
+    chat = llm.chat([{"role": "user", "content": "Say hello."}], SamplingParams(temperature=0, max_tokens=64),
+                    use_tqdm=False)[0].outputs[0]
+    assert chat.finish_reason == "stop" and chat.token_ids[-1] == llm.get_tokenizer().eos_token_id
+    assert "<|im_end|>" not in chat.text
+    ignored = llm.chat([{"role": "user", "content": "Say hello."}],
+                       SamplingParams(temperature=0, max_tokens=len(chat.token_ids) + 5, ignore_eos=True),
+                       use_tqdm=False)[0].outputs[0]
+    assert ignored.finish_reason == "length"
+    min_tok = llm.chat([{"role": "user", "content": "Say hello."}],
+                       SamplingParams(temperature=0, max_tokens=64, min_tokens=len(chat.token_ids) + 2),
+                       use_tqdm=False)[0].outputs[0]
+    assert len(min_tok.token_ids) >= len(chat.token_ids) + 2
+
+
+def test_logprobs_shapes(llm):
+    out = llm.generate("Hello", SamplingParams(temperature=0, max_tokens=6, logprobs=3, ignore_eos=True),
+                       use_tqdm=False)[0].outputs[0]
+    assert len(out.logprobs) == 6
+    total = 0.0
+    for tid, pos in zip(out.token_ids, out.logprobs):
+        assert tid in pos and len(pos) >= 3
+        assert pos[tid].rank == 1  # greedy picks the top token
+        total += pos[tid].logprob
+        assert all(lp.decoded_token is not None for lp in pos.values())
+    assert abs(out.cumulative_logprob - total) < 1e-4
+    none = llm.generate("Hello", GREEDY, use_tqdm=False)[0].outputs[0]
+    assert none.logprobs is None and none.cumulative_logprob is None
+
+
+def test_max_tokens_defaults_to_the_context_left(llm):
+    small = LLM(loaded_model=llm.loaded, max_model_len=40, kv_cache_memory=64 * 1024**2)
+    prompt = small.get_tokenizer().encode("One two three four five")
+    out = small.generate({"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=None, ignore_eos=True),
+                         use_tqdm=False)[0].outputs[0]
+    assert len(out.token_ids) == 40 - len(prompt) and out.finish_reason == "length"
+    with pytest.raises(ValueError, match=r"The prompt \(total length 45\) is too long to fit into the model "
+                                         r"\(context length 40\)"):
+        small.generate({"prompt_token_ids": [1] * 45}, GREEDY, use_tqdm=False)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"n": 0}, "n must be at least 1, got 0"),
+    ({"temperature": -1.0}, "temperature must be non-negative"),
+    ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+    ({"top_k": -5}, "top_k must be 0 or -1"),
+    ({"max_tokens": 0}, "max_tokens must be at least 1"),
+    ({"min_tokens": 5, "max_tokens": 2}, "min_tokens must be less than or equal to max_tokens"),
+    ({"logprobs": -1}, "logprobs must be non-negative"),
+    ({"stop": [""]}, "stop must be a list of non-empty strings"),
+    ({"repetition_penalty": 0.0}, r"repetition_penalty must be in \(0, 2\]"),
+    ({"temperature": float("nan")}, "temperature must be a finite number"),
+])
+def test_invalid_sampling_params(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_invalid_prompts(llm):
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        llm.generate({"prompt_token_ids": [1, 10**6]}, GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="must be a string or a dict"):
+        llm.generate([42], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="logit_bias has token id"):
+        llm.generate("x", SamplingParams(logit_bias={10**6: 1.0}), use_tqdm=False)
+    # Nothing half-added: the engine is idle and still serves.
+    assert not llm.engine_core.has_unfinished_requests()
+    assert llm.generate("ok", GREEDY, use_tqdm=False)[0].finished
+
+
+def test_model_runner_protocol(llm):
+    runner = llm.engine_core.model_runner
+    empty = llm.engine_core.scheduler.schedule()  # nothing to schedule
+    calls = []
+    original = runner.model.forward
+    runner.model.forward = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        assert runner.execute_model(empty) is None
+        with pytest.raises(RuntimeError, match=r"sample_tokens\(\) must be called after execute_model\(\) returns None"):
+            runner.execute_model(empty)
+        assert runner.sample_tokens().req_ids == []
+        assert calls == []  # an empty schedule runs no forward
+    finally:
+        runner.model.forward = original
+
+
+def test_prompt_logprobs_and_generation_config_defaults(tmp_path):
+    hf = make_tiny_model("llama3", tmp_path, seed=2)
+    write_tokenizer(tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "top_p": 0.5, "eos_token_id": [2, 5]}))
+    llm = LLM(str(tmp_path), dtype="float32", max_model_len=128, kv_cache_memory=32 * 1024**2)
+    defaults = llm.get_default_sampling_params()
+    assert defaults.temperature == 0.0 and defaults.top_p == 0.5
+    prompt = list(range(7, 47))
+    out = llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=2, prompt_logprobs=2, temperature=0,
+                                                                    ignore_eos=True), use_tqdm=False)[0]
+    with torch.no_grad():
+        lp = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].double(), -1)
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    for p in range(1, len(prompt)):
+        assert abs(out.prompt_logprobs[p][prompt[p]].logprob - float(lp[p - 1, prompt[p]])) < 1e-4
+    # Extra EOS ids from generation_config stop generation (unless ignore_eos).
+    assert llm.get_tokenizer().eos_token_id == 2
+    assert llm.input_processor.stop_token_ids(SamplingParams()) == [5]
+    assert llm.input_processor.stop_token_ids(SamplingParams(ignore_eos=True)) == []
+
+
+def test_cli_generate():
+    r = subprocess.run([sys.executable, "-m", "corellm.cli", "generate", "The capital of France is", "--max-tokens", "8"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("The capital of France is") and "Paris" in r.stdout
