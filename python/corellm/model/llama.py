@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from corellm.model.attention_metadata import AttentionMetadata
-from corellm.model.layers import DecoderLayer, KVCache
+from corellm.model.layers import DecoderLayer, KVCache, Linear
 from corellm.model.model_config import ModelConfig
 from corellm.model.rope import cos_sin_cache, inverse_frequencies
 
@@ -27,7 +27,9 @@ class LlamaForCausalLM:
         self.embed = torch.empty(config.vocab_size, config.hidden_size, dtype=dtype, device=self.device)
         self.layers = [DecoderLayer(config, dtype, self.device) for _ in range(config.num_hidden_layers)]
         self.norm = torch.empty(config.hidden_size, dtype=dtype, device=self.device)
-        self.lm_head = self.embed if config.tie_word_embeddings else torch.empty_like(self.embed)
+        self.lm_head = Linear(config.vocab_size, config.hidden_size, False, dtype, self.device)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed
         inv_freq = inverse_frequencies(config)
         if rope_factors is not None:  # llama3-style factors stored in a GGUF file
             inv_freq = inv_freq / rope_factors.float()
@@ -43,27 +45,28 @@ class LlamaForCausalLM:
             "model.norm.weight": (self.norm, 0, c.hidden_size),
         }
         if not c.tie_word_embeddings:
-            dest["lm_head.weight"] = (self.lm_head, 0, c.vocab_size)
+            dest["lm_head.weight"] = (self.lm_head.weight, 0, c.vocab_size)
         q, kv = c.q_size, c.kv_size
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
             a = layer.attn
             dest[p + "input_layernorm.weight"] = (layer.input_norm, 0, c.hidden_size)
             dest[p + "post_attention_layernorm.weight"] = (layer.post_attention_norm, 0, c.hidden_size)
-            dest[p + "self_attn.q_proj.weight"] = (a.qkv_weight, 0, q)
-            dest[p + "self_attn.k_proj.weight"] = (a.qkv_weight, q, kv)
-            dest[p + "self_attn.v_proj.weight"] = (a.qkv_weight, q + kv, kv)
-            dest[p + "self_attn.o_proj.weight"] = (a.o_weight, 0, c.hidden_size)
-            if a.qkv_bias is not None:
-                dest[p + "self_attn.q_proj.bias"] = (a.qkv_bias, 0, q)
-                dest[p + "self_attn.k_proj.bias"] = (a.qkv_bias, q, kv)
-                dest[p + "self_attn.v_proj.bias"] = (a.qkv_bias, q + kv, kv)
+            qkv = a.qkv_proj
+            dest[p + "self_attn.q_proj.weight"] = (qkv.weight, 0, q)
+            dest[p + "self_attn.k_proj.weight"] = (qkv.weight, q, kv)
+            dest[p + "self_attn.v_proj.weight"] = (qkv.weight, q + kv, kv)
+            dest[p + "self_attn.o_proj.weight"] = (a.o_proj.weight, 0, c.hidden_size)
+            if qkv.bias is not None:
+                dest[p + "self_attn.q_proj.bias"] = (qkv.bias, 0, q)
+                dest[p + "self_attn.k_proj.bias"] = (qkv.bias, q, kv)
+                dest[p + "self_attn.v_proj.bias"] = (qkv.bias, q + kv, kv)
             if a.q_norm is not None:
                 dest[p + "self_attn.q_norm.weight"] = (a.q_norm, 0, c.head_dim)
                 dest[p + "self_attn.k_norm.weight"] = (a.k_norm, 0, c.head_dim)
-            dest[p + "mlp.gate_proj.weight"] = (layer.mlp.gate_up_weight, 0, c.intermediate_size)
-            dest[p + "mlp.up_proj.weight"] = (layer.mlp.gate_up_weight, c.intermediate_size, c.intermediate_size)
-            dest[p + "mlp.down_proj.weight"] = (layer.mlp.down_weight, 0, c.hidden_size)
+            dest[p + "mlp.gate_proj.weight"] = (layer.mlp.gate_up_proj.weight, 0, c.intermediate_size)
+            dest[p + "mlp.up_proj.weight"] = (layer.mlp.gate_up_proj.weight, c.intermediate_size, c.intermediate_size)
+            dest[p + "mlp.down_proj.weight"] = (layer.mlp.down_proj.weight, 0, c.hidden_size)
         return dest
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], source: str) -> None:
@@ -89,6 +92,10 @@ class LlamaForCausalLM:
         if missing:
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise ValueError(f"{source}: missing tensors {missing[:3]}{more}")
+        for layer in self.layers:
+            for linear in layer.linears():
+                linear.finalize()
+        self.lm_head.finalize(keep_weight=self.config.tie_word_embeddings)  # tied: it is the embedding too
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
@@ -109,4 +116,4 @@ class LlamaForCausalLM:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] -> float32 logits [n, vocab]."""
-        return F.linear(hidden, self.lm_head).float()
+        return self.lm_head(hidden).float()

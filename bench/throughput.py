@@ -1,0 +1,111 @@
+"""Offline throughput, like `vllm bench throughput`: N random-token prompts of a given input
+length, each generating exactly the given output length (ignore_eos), through corellm's LLM and,
+with --backend hf, through HF transformers' batched generate on the same prompts in the same run.
+
+    .venv/bin/python bench/throughput.py --num-prompts 64 --input-len 128 --output-len 128 --backend both
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+
+def random_prompts(num: int, length: int, vocab_size: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    # Avoid the lowest ids (special tokens in most vocabularies).
+    return torch.randint(100, vocab_size, (num, length), generator=g).tolist()
+
+
+def run_corellm(args, prompts) -> dict:
+    from corellm import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.input_len + args.output_len + 16)
+    load_s = time.perf_counter() - t0
+    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": p} for p in prompts[:2]], params, use_tqdm=False)  # warm-up
+    t0 = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=not args.quiet)
+    elapsed = time.perf_counter() - t0
+    out_tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    assert out_tokens == len(prompts) * args.output_len
+    return {"backend": "corellm", "elapsed_s": elapsed, "load_s": load_s, "output_tokens": out_tokens}
+
+
+def run_hf(args, prompts) -> dict:
+    import transformers
+
+    from corellm.model.loader import resolve_model_path
+
+    path = resolve_model_path(args.model)
+    t0 = time.perf_counter()
+    dtype = torch.float32 if args.dtype == "float32" else torch.bfloat16
+    if path.suffix == ".gguf":
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    model.eval()
+    load_s = time.perf_counter() - t0
+    ids = torch.tensor(prompts)  # equal lengths: no padding needed
+    mask = torch.ones_like(ids)
+    kwargs = dict(max_new_tokens=args.output_len, min_new_tokens=args.output_len, do_sample=False, pad_token_id=0)
+    t0 = time.perf_counter()
+    out_tokens = 0
+    with torch.inference_mode():
+        for i in range(0, len(prompts), args.hf_batch_size):
+            out = model.generate(ids[i:i + args.hf_batch_size], attention_mask=mask[i:i + args.hf_batch_size], **kwargs)
+            out_tokens += (out.shape[1] - ids.shape[1]) * out.shape[0]
+    elapsed = time.perf_counter() - t0
+    return {"backend": "hf", "elapsed_s": elapsed, "load_s": load_s, "output_tokens": out_tokens}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--backend", choices=["corellm", "hf", "both"], default="corellm")
+    parser.add_argument("--hf-batch-size", type=int, default=64, help="prompts per HF generate call")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="write the results to this file")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args()
+
+    from corellm.model.loader import load_model
+
+    vocab = load_model(args.model, progress=False).config.vocab_size if args.model else 49152
+    prompts = random_prompts(args.num_prompts, args.input_len, vocab, args.seed)
+    results = []
+    if args.backend in ("corellm", "both"):
+        results.append(run_corellm(args, prompts))
+    if args.backend in ("hf", "both"):
+        results.append(run_hf(args, prompts))
+    total_in = args.num_prompts * args.input_len
+    print(f"\n{args.num_prompts} prompts x ({args.input_len} in, {args.output_len} out), {args.dtype}, "
+          f"threads {torch.get_num_threads()}")
+    print(f"{'backend':<10} {'elapsed s':>10} {'req/s':>8} {'output tok/s':>13} {'total tok/s':>12}")
+    for r in results:
+        r["requests_per_s"] = args.num_prompts / r["elapsed_s"]
+        r["output_tok_per_s"] = r["output_tokens"] / r["elapsed_s"]
+        r["total_tok_per_s"] = (r["output_tokens"] + total_in) / r["elapsed_s"]
+        print(f"{r['backend']:<10} {r['elapsed_s']:>10.2f} {r['requests_per_s']:>8.2f} {r['output_tok_per_s']:>13.1f} "
+              f"{r['total_tok_per_s']:>12.1f}")
+    if len(results) == 2:
+        ratio = results[0]["output_tok_per_s"] / results[1]["output_tok_per_s"]
+        print(f"corellm / hf output throughput: {ratio:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
