@@ -31,6 +31,7 @@ using attention::RowState;
 
 constexpr int64_t kQueryChunk = 16;
 constexpr int64_t kMinBlocksPerSplit = 8;
+constexpr int64_t kPrefetchBlocks = 1;  // further ahead measured no faster here
 
 // Elements per 32-bit lane of the cache layout: 1 for fp32, 2 for bf16.
 template <class T>
@@ -117,10 +118,12 @@ void run_item(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, float
     const int64_t t0 = blk * bs;
     const T* kb = key_cache + (table[blk] * nkv + w.kv_head) * hd * bs;
     const T* vb = value_cache + (table[blk] * nkv + w.kv_head) * bs * hd;
-    if (blk + 1 < w.block_end) {
-      // Blocks are scattered in memory: fetch the next one while this one is computed.
-      const char* nk = reinterpret_cast<const char*>(key_cache + (table[blk + 1] * nkv + w.kv_head) * hd * bs);
-      const char* nv = reinterpret_cast<const char*>(value_cache + (table[blk + 1] * nkv + w.kv_head) * bs * hd);
+    // Blocks are scattered in memory: ask for the block kPrefetchBlocks ahead (and, at the start,
+    // for all blocks up to it) while this one is computed.
+    for (int64_t ahead = blk == w.block_begin ? blk + 1 : blk + kPrefetchBlocks;
+         ahead <= blk + kPrefetchBlocks && ahead < w.block_end; ++ahead) {
+      const char* nk = reinterpret_cast<const char*>(key_cache + (table[ahead] * nkv + w.kv_head) * hd * bs);
+      const char* nv = reinterpret_cast<const char*>(value_cache + (table[ahead] * nkv + w.kv_head) * bs * hd);
       for (int64_t off = 0; off < hd * bs * static_cast<int64_t>(sizeof(T)); off += 64) {
         __builtin_prefetch(nk + off);
         __builtin_prefetch(nv + off);

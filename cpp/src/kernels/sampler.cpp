@@ -42,24 +42,21 @@ void philox4x32(uint32_t ctr[4], uint32_t key0, uint32_t key1) {
   }
 }
 
-// Largest logit of a row (vectorized); NaN-free rows only.
-float row_max(const float* x, int64_t v) {
+// Largest logit of a row and whether any logit is NaN, in one vectorized pass.
+float row_max(const float* x, int64_t v, bool* has_nan = nullptr) {
   float mx = kNegInf;
-#pragma omp simd reduction(max : mx)
-  for (int64_t t = 0; t < v; ++t) mx = std::max(mx, x[t]);
+  int nan = 0;
+#pragma omp simd reduction(max : mx) reduction(| : nan)
+  for (int64_t t = 0; t < v; ++t) {
+    mx = std::max(mx, x[t]);
+    nan |= x[t] != x[t];
+  }
+  if (has_nan) *has_nan = nan != 0;
   return mx;
 }
 
-bool row_has_nan(const float* x, int64_t v) {
-  int nan = 0;
-#pragma omp simd reduction(| : nan)
-  for (int64_t t = 0; t < v; ++t) nan |= x[t] != x[t];
-  return nan != 0;
-}
-
 // The lowest id holding the largest logit.
-int32_t argmax(const float* x, int64_t v) {
-  const float mx = row_max(x, v);
+int32_t argmax(const float* x, int64_t v, float mx) {
   for (int64_t t = 0; t < v; ++t) {
     if (x[t] == mx) return static_cast<int32_t>(t);
   }
@@ -97,12 +94,16 @@ void raw_logprobs(const SamplingBatch& b, int64_t i, const float* x, float& log_
   }
 }
 
-void apply_processors(const SamplingBatch& b, int64_t i, float* x, std::vector<int32_t>& scratch) {
+// Returns whether any logit changed.
+bool apply_processors(const SamplingBatch& b, int64_t i, float* x, std::vector<int32_t>& scratch) {
+  bool changed = false;
   if (b.banned_offsets) {
     for (int32_t k = b.banned_offsets[i]; k < b.banned_offsets[i + 1]; ++k) x[b.banned_ids[k]] = kNegInf;
+    changed |= b.banned_offsets[i + 1] > b.banned_offsets[i];
   }
   if (b.bias_offsets) {
     for (int32_t k = b.bias_offsets[i]; k < b.bias_offsets[i + 1]; ++k) x[b.bias_ids[k]] += b.bias_values[k];
+    changed |= b.bias_offsets[i + 1] > b.bias_offsets[i];
   }
   const float rep = b.repetition_penalty ? b.repetition_penalty[i] : 1.0f;
   if (rep != 1.0f) {
@@ -111,6 +112,7 @@ void apply_processors(const SamplingBatch& b, int64_t i, float* x, std::vector<i
     std::sort(scratch.begin(), scratch.end());
     scratch.erase(std::unique(scratch.begin(), scratch.end()), scratch.end());
     for (int32_t t : scratch) x[t] = x[t] > 0.0f ? x[t] / rep : x[t] * rep;
+    changed |= !scratch.empty();
   }
   const float pres = b.presence_penalty ? b.presence_penalty[i] : 0.0f;
   const float freq = b.frequency_penalty ? b.frequency_penalty[i] : 0.0f;
@@ -123,7 +125,9 @@ void apply_processors(const SamplingBatch& b, int64_t i, float* x, std::vector<i
       x[scratch[k]] -= pres + freq * static_cast<float>(end - k);
       k = end;
     }
+    changed |= !scratch.empty();
   }
+  return changed;
 }
 
 // Samples from logits x (already divided by the temperature) under top-k / top-p / min-p.
@@ -239,7 +243,9 @@ void sample(const SamplingBatch& b) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < b.num_reqs; ++i) {
       float* x = b.logits + i * b.vocab_size;
-      if (row_has_nan(x, b.vocab_size)) {  // reported per request; the caller fails that request only
+      bool has_nan = false;
+      const float raw_max = row_max(x, b.vocab_size, &has_nan);
+      if (has_nan) {  // reported per request; the caller fails that request only
         b.sampled[i] = -1;
         if (b.num_logprobs >= 0) {
           b.sampled_logprob[i] = std::numeric_limits<float>::quiet_NaN();
@@ -256,11 +262,11 @@ void sample(const SamplingBatch& b) {
         raw_logprobs(b, i, x, log_z);
         raw.assign(x, x + b.vocab_size);
       }
-      apply_processors(b, i, x, scratch);
+      const bool processed = apply_processors(b, i, x, scratch);
       int32_t token;
       const float temp = b.temperature[i];
       if (temp == 0.0f) {
-        token = argmax(x, b.vocab_size);
+        token = argmax(x, b.vocab_size, processed ? row_max(x, b.vocab_size) : raw_max);
       } else {
         const float inv_t = 1.0f / temp;
 #pragma omp simd
