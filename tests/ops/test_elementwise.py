@@ -103,3 +103,12 @@ def test_rotary_rejects_positions_outside_the_cache():
 def test_bad_inputs_raise_clear_errors(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_kernels_share_torchs_openmp_runtime():
+    """One libgomp in the process: corellm's kernels and torch's matmuls use one thread pool."""
+    import corellm  # noqa: F401  (loads torch, then corellm._core)
+
+    with open("/proc/self/maps") as f:
+        gomp = {line.split()[-1] for line in f if "libgomp" in line}
+    assert len(gomp) == 1, gomp

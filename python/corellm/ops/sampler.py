@@ -85,8 +85,11 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
             if required:
                 raise ValueError(f"{op}: {name} is required")
             return
-        check(op, name, t, ndim=1, dtype=dtype, device=dev, contiguous=True)
-        check_shape(op, name, t, (n,))
+        # Fast path first (this runs every step); the full checks explain a mismatch.
+        if not (isinstance(t, torch.Tensor) and t.dtype == dtype and t.dim() == 1 and t.shape[0] == n
+                and t.device == dev and t.is_contiguous()):
+            check(op, name, t, ndim=1, dtype=dtype, device=dev, contiguous=True)
+            check_shape(op, name, t, (n,))
 
     vec("temperature", md.temperature, torch.float32, required=True)
     vec("seeds", md.seeds, torch.int64, required=True)
