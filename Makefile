@@ -67,8 +67,9 @@ test-py: build
 
 test: test-cpp test-py
 
+# Serves the embedded default model on 127.0.0.1:8000 (override: make serve SERVE_ARGS="--port 9000").
 serve: build
-	$(VENV)/bin/corellm serve
+	$(VENV)/bin/corellm serve $(SERVE_ARGS)
 
 bench-core: $(VENV)/.deps build/.sysdeps
 	cmake -S . -B build/cpp -G Ninja -DCMAKE_BUILD_TYPE=Release -DCORELLM_BUILD_BENCH=ON -DCORELLM_CUDA=OFF \

@@ -1,4 +1,4 @@
-"""The `corellm` command line: `corellm generate` (offline) and `corellm serve` (the server)."""
+"""The `corellm` command line: `corellm generate` (offline) and `corellm serve` (the OpenAI-compatible server)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--n", type=int, default=1)
     gen.add_argument("--sampling-seed", type=int, default=None)
     gen.add_argument("--chat", action="store_true", help="wrap each prompt as a user message (chat template)")
-    sub.add_parser("serve", help="serve a model over an OpenAI-compatible API")
+    srv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible API")
+    from corellm.server.main import add_serve_args
+
+    add_serve_args(srv)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     if args.command == "generate":
@@ -73,9 +76,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"corellm generate: error: {e}", file=sys.stderr)
             return 2
     if args.command == "serve":
-        print("corellm serve: the OpenAI-compatible server is not built yet (it arrives with the server "
-              "issue); `corellm generate` and `from corellm import LLM` work now.", file=sys.stderr)
-        return 2
+        from corellm.server.main import run
+
+        try:
+            return run(args)
+        except (ValueError, FileNotFoundError) as e:
+            print(f"corellm serve: error: {e}", file=sys.stderr)
+            return 2
     parser.print_help()
     return 0
 

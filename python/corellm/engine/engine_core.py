@@ -74,6 +74,10 @@ class EngineCore:
         if request_ids:
             self._aborts.put(list(request_ids))
 
+    def finish_requests_now(self, request_ids: list[str]) -> None:
+        """Aborts on the engine thread, between steps (AsyncLLM drains its inbox there)."""
+        self.scheduler.finish_requests(list(request_ids), _core.RequestStatus.FINISHED_ABORTED)
+
     def _process_aborts(self) -> None:
         while True:
             try:

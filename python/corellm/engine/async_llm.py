@@ -1,0 +1,222 @@
+"""AsyncLLM: the engine for asyncio programs. One dedicated engine thread runs EngineCore.step()
+in a loop; requests and aborts reach it through a thread-safe queue drained at the top of each
+step (it sleeps on the queue when idle); outputs come back to the event loop with
+call_soon_threadsafe, where the OutputProcessor turns them into RequestOutputs for each request's
+asyncio.Queue. Cancelling a generate() aborts its request and frees its KV blocks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from corellm.config import EngineConfig
+from corellm.engine.engine_core import EngineCore
+from corellm.engine.engine_core_outputs import EngineCoreOutputs, SchedulerStats
+from corellm.engine.input_processor import InputProcessor, ProcessedRequest, PromptType
+from corellm.engine.output_processor import OutputProcessor
+from corellm.model.loader import LoadedModel, load_model
+from corellm.outputs import RequestOutput
+from corellm.sampling_params import SamplingParams
+
+logger = logging.getLogger("corellm")
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped with an error; no request can be served."""
+
+
+@dataclass
+class RequestStats:
+    arrival: float
+    first_token: float | None = None
+    prompt_tokens: int = 0
+
+
+@dataclass
+class _Pending:
+    queue: asyncio.Queue
+    processed: ProcessedRequest
+    stats: RequestStats
+    child_ids: list[str] = field(default_factory=list)
+
+
+class AsyncLLM:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
+        self.config = config
+        self.loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device)
+        gen = self.loaded.generation_config
+        eos = gen.get("eos_token_id")
+        extra_eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        self.engine_core = EngineCore(self.loaded, config, lambda p: self.input_processor.stop_token_ids(p))
+        self.input_processor = InputProcessor(self.loaded.tokenizer, self.loaded.config.vocab_size,
+                                              self.engine_core.max_model_len, extra_eos, config.seed)
+        self.output_processor = OutputProcessor(self.loaded.tokenizer)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("add", reqs) | ("abort", ids) | ("stop", None)
+        self._requests: dict[str, _Pending] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self.dead_error: BaseException | None = None
+        self.stats = SchedulerStats()
+        self.listeners: list = []  # callables(request_outputs, core_outputs), after every step
+        self.done_listeners: list = []  # callables(final RequestOutput, RequestStats, finished_at)
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def max_model_len(self) -> int:
+        return self.engine_core.max_model_len
+
+    @property
+    def tokenizer(self):
+        return self.loaded.tokenizer
+
+    def start(self) -> None:
+        """Starts the engine thread; call from the event loop that will consume the outputs."""
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._engine_loop, name="corellm-engine", daemon=True)
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        if self._thread is None:
+            return
+        self._inbox.put(("stop", None))
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10.0)
+        self._thread = None
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.dead_error is None
+
+    @property
+    def num_unfinished_requests(self) -> int:
+        return len(self._requests)
+
+    # ------------------------------------------------------------------ engine thread
+    def _engine_loop(self) -> None:
+        core = self.engine_core
+        try:
+            while True:
+                block = not core.has_unfinished_requests()
+                while True:
+                    try:
+                        kind, payload = self._inbox.get(block=block)
+                    except queue.Empty:
+                        break
+                    block = False
+                    if kind == "stop":
+                        return
+                    if kind == "add":
+                        for child in payload:
+                            core.add_request(child)
+                    else:
+                        core.finish_requests_now(payload)
+                if not core.has_unfinished_requests():
+                    self._post(EngineCoreOutputs(scheduler_stats=core.stats()))
+                    continue
+                self._post(core.step())
+        except BaseException as e:  # noqa: BLE001 - reported, never hidden
+            logger.exception("the engine thread died")
+            self.dead_error = e
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._fail_all, e)
+
+    def _post(self, outputs: EngineCoreOutputs) -> None:
+        self._loop.call_soon_threadsafe(self._on_outputs, outputs)
+
+    # ------------------------------------------------------------------ event loop side
+    def _on_outputs(self, core_outputs: EngineCoreOutputs) -> None:
+        self.stats = core_outputs.scheduler_stats
+        if not core_outputs.outputs:
+            return
+        now = time.monotonic()
+        try:
+            outputs, to_abort = self.output_processor.process_outputs(core_outputs.outputs)
+        except Exception as e:  # noqa: BLE001 - a detokenizer failure ends the requests involved
+            logger.exception("output processing failed")
+            ids = {o.req_id for o in core_outputs.outputs}
+            for req_id, pending in list(self._requests.items()):
+                if ids.intersection(pending.child_ids):
+                    self._finish_with_error(req_id, e)
+            return
+        if to_abort:
+            self._inbox.put(("abort", to_abort))
+        for out in outputs:
+            pending = self._requests.get(out.request_id)
+            if pending is None:
+                continue
+            if pending.stats.first_token is None and any(c.token_ids for c in out.outputs):
+                pending.stats.first_token = now
+            pending.queue.put_nowait(out)
+        for listener in self.listeners:
+            listener(outputs, core_outputs)
+
+    def _finish_with_error(self, request_id: str, error: BaseException) -> None:
+        pending = self._requests.get(request_id)
+        if pending is None:
+            return
+        self.output_processor.abort(pending.child_ids)
+        self._inbox.put(("abort", pending.child_ids))
+        pending.queue.put_nowait(error)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for req_id in list(self._requests):
+            pending = self._requests[req_id]
+            pending.queue.put_nowait(EngineDeadError(f"the engine stopped: {error}"))
+
+    # ------------------------------------------------------------------ API
+    def process(self, request_id: str, prompt: PromptType, params: SamplingParams | None, priority: int = 0,
+                cache_salt: str = "") -> ProcessedRequest:
+        """Validates and tokenizes (ValueError on bad input) without submitting."""
+        return self.input_processor.process(request_id, prompt, params, priority=priority, cache_salt=cache_salt)
+
+    async def generate(self, prompt: PromptType | ProcessedRequest, params: SamplingParams | None = None,
+                       request_id: str | None = None, priority: int = 0,
+                       cache_salt: str = "") -> AsyncIterator[RequestOutput]:
+        if self.dead_error is not None:
+            raise EngineDeadError(f"the engine stopped: {self.dead_error}")
+        if self._thread is None:
+            self.start()
+        if isinstance(prompt, ProcessedRequest):
+            processed = prompt
+        else:
+            request_id = request_id or f"req-{time.monotonic_ns()}"
+            processed = self.process(request_id, prompt, params, priority, cache_salt)
+        request_id = processed.request_id
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        pending = _Pending(asyncio.Queue(), processed, RequestStats(time.monotonic(), None, len(processed.prompt_token_ids)),
+                           self.output_processor.child_ids(processed))
+        self._requests[request_id] = pending
+        self.output_processor.add_request(processed)
+        self._inbox.put(("add", processed.children))
+        finished = False
+        try:
+            while True:
+                item = await pending.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                if finished:
+                    for listener in self.done_listeners:
+                        listener(item, pending.stats, time.monotonic())
+                yield item
+                if finished:
+                    return
+        finally:
+            self._requests.pop(request_id, None)
+            if not finished:
+                self.abort(pending.child_ids)
+
+    def abort(self, child_ids: list[str]) -> None:
+        self.output_processor.abort(child_ids)
+        self._inbox.put(("abort", list(child_ids)))
+
+    def request_stats(self, request_id: str) -> RequestStats | None:
+        pending = self._requests.get(request_id)
+        return pending.stats if pending else None

@@ -1,0 +1,170 @@
+"""The aiohttp application: routes, the JSON / auth / error middleware, and the engine's
+lifecycle (started with the app, drained on shutdown)."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+
+from aiohttp import web
+from pydantic import BaseModel, ValidationError
+
+import corellm
+from corellm.engine.async_llm import AsyncLLM, EngineDeadError
+from corellm.server.chat import create_chat_completion, render_prompt
+from corellm.server.completions import create_completion
+from corellm.server.errors import APIError, bad_request
+from corellm.server.metrics import ServerMetrics
+from corellm.server.openapi import openapi_spec
+from corellm.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from corellm.server.serving import ServerConfig, Serving, now
+
+logger = logging.getLogger("corellm.server")
+
+SERVING = web.AppKey("serving", Serving)
+METRICS = web.AppKey("metrics", ServerMetrics)
+
+
+def _validation_error(e: ValidationError) -> APIError:
+    first = e.errors()[0]
+    loc = ".".join(str(x) for x in first.get("loc", ()) if not isinstance(x, int) or True)
+    return bad_request(f"{loc}: {first.get('msg', 'invalid value')}" if loc else first.get("msg", "invalid request"),
+                       param=loc or None)
+
+
+async def parse(request: web.Request, model: type[BaseModel]) -> BaseModel:
+    if request.content_type != "application/json":
+        raise APIError(415, f"Content-Type must be application/json, got {request.content_type or 'none'!r}",
+                       "invalid_request_error")
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge as e:
+        raise APIError(413, f"request body too large (limit {e.max_size} bytes)", "invalid_request_error") from None
+    if not raw:
+        raise bad_request("the request body is empty")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise bad_request(f"invalid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise _validation_error(e) from None
+
+
+@web.middleware
+async def errors_and_auth(request: web.Request, handler):
+    serving: Serving = request.app[SERVING]
+    key = serving.config.api_key
+    if key and request.path != "/health":
+        header = request.headers.get("Authorization", "")
+        given = header[7:] if header.startswith("Bearer ") else ""
+        if not hmac.compare_digest(given.encode(), key.encode()):
+            return APIError(401, "Incorrect API key provided.", "authentication_error", None, "invalid_api_key").response()
+    try:
+        return await handler(request)
+    except APIError as e:
+        return e.response()
+    except web.HTTPException as e:
+        if e.status == 413:
+            return APIError(413, "request body too large", "invalid_request_error").response()
+        return APIError(e.status, e.reason or "HTTP error", "invalid_request_error").response()
+    except EngineDeadError as e:
+        return APIError(503, str(e), "service_unavailable").response()
+    except ValueError as e:
+        return bad_request(str(e)).response()
+    except Exception as e:  # noqa: BLE001 - one request's failure must not take the server down
+        logger.exception("request failed")
+        return APIError(500, f"internal error: {type(e).__name__}: {e}", "internal_error").response()
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await create_completion(request.app[SERVING], request, await parse(request, CompletionRequest))
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await create_chat_completion(request.app[SERVING], request, await parse(request, ChatCompletionRequest))
+
+
+async def models(request: web.Request) -> web.Response:
+    serving = request.app[SERVING]
+    return web.json_response({"object": "list", "data": [{
+        "id": serving.config.served_model_name, "object": "model", "created": now(), "owned_by": "corellm",
+        "max_model_len": serving.engine.max_model_len}]})
+
+
+async def health(request: web.Request) -> web.Response:
+    engine = request.app[SERVING].engine
+    if engine.dead_error is not None:
+        return web.json_response({"status": "dead", "error": str(engine.dead_error)}, status=503)
+    return web.json_response({"status": "ok"})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[METRICS].render(), content_type="text/plain", charset="utf-8")
+
+
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": corellm.__version__})
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    serving = request.app[SERVING]
+    req: TokenizeRequest = await parse(request, TokenizeRequest)
+    serving.check_model(req.model)
+    if (req.prompt is None) == (req.messages is None):
+        raise bad_request("give exactly one of prompt or messages", "prompt")
+    if req.messages is not None:
+        text = await render_prompt(serving, ChatCompletionRequest(messages=req.messages,
+                                                                  add_generation_prompt=req.add_generation_prompt))
+        tokens = serving.tokenizer.encode(text, add_special_tokens=False)
+    else:
+        tokens = serving.tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens)
+    return web.json_response({"tokens": tokens, "count": len(tokens), "max_model_len": serving.engine.max_model_len})
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    serving = request.app[SERVING]
+    req: DetokenizeRequest = await parse(request, DetokenizeRequest)
+    serving.check_model(req.model)
+    vocab = serving.engine.loaded.config.vocab_size
+    bad = [t for t in req.tokens if not 0 <= t < vocab]
+    if bad:
+        raise bad_request(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", "tokens")
+    return web.json_response({"prompt": serving.tokenizer.decode(req.tokens, skip_special_tokens=False)})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(openapi_spec())
+
+
+def create_app(engine: AsyncLLM, config: ServerConfig) -> web.Application:
+    app = web.Application(middlewares=[errors_and_auth], client_max_size=config.max_body_bytes)
+    app[SERVING] = Serving(engine, config)
+    app[METRICS] = ServerMetrics(config.served_model_name)
+    engine.listeners.append(app[METRICS].on_step)
+    engine.done_listeners.append(lambda out, stats, end: app[METRICS].on_request_done(
+        len(out.prompt_token_ids), [c.finish_reason for c in out.outputs],
+        None if stats.first_token is None else stats.first_token - stats.arrival, end - stats.arrival))
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", models)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/version", version)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
+    app.router.add_get("/openapi.json", openapi)
+
+    async def start_engine(app: web.Application) -> None:
+        engine.start()
+
+    async def stop_engine(app: web.Application) -> None:
+        await engine.shutdown()
+
+    app.on_startup.append(start_engine)
+    app.on_cleanup.append(stop_engine)
+    return app

@@ -1,0 +1,90 @@
+"""POST /v1/completions: text completion, streamed (SSE) or whole."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from corellm.outputs import CompletionOutput, RequestOutput
+from corellm.server.errors import bad_request
+from corellm.server.logprobs import completion_logprobs
+from corellm.server.protocol import CompletionRequest
+from corellm.server.serving import Serving, now, send_event, start_sse, stream_errors
+
+
+def _prompts(req: CompletionRequest, serving: Serving) -> list[tuple[list[int], str | None]]:
+    p = req.prompt
+    if isinstance(p, str):
+        return [(serving.tokenizer.encode(p), p)]
+    if not p:
+        raise bad_request("prompt must not be empty", "prompt")
+    if isinstance(p[0], str):
+        return [(serving.tokenizer.encode(s), s) for s in p]
+    if isinstance(p[0], int):
+        return [(list(p), None)]
+    return [(list(ids), None) for ids in p]
+
+
+async def create_completion(serving: Serving, request: web.Request, req: CompletionRequest) -> web.StreamResponse:
+    model = serving.check_model(req.model)
+    if req.echo:
+        raise bad_request("echo is not supported", "echo")
+    if req.suffix:
+        raise bad_request("suffix is not supported", "suffix")
+    params = req.sampling_params(serving.defaults(), req.max_tokens, req.logprobs)
+    request_id = serving.new_id("cmpl")
+    processed = [serving.prepare(f"{request_id}-{i}", ids, text, params, req.max_tokens)
+                 for i, (ids, text) in enumerate(_prompts(req, serving))]
+    n = params.n
+    if not req.stream:
+        outputs = await serving.run_all(processed)
+        return web.json_response(_response(request_id, model, outputs, n, serving))
+
+    resp = await start_sse(request)
+    created = now()
+    completion_tokens = [0] * (len(processed) * n)
+    try:
+        async for i, out in serving.merged(processed):
+            for c in out.outputs:
+                index = i * n + c.index
+                completion_tokens[index] += len(c.token_ids)
+                if not c.text and not c.token_ids and c.finish_reason is None:
+                    continue
+                choice = {"index": index, "text": c.text, "finish_reason": c.finish_reason,
+                          "logprobs": completion_logprobs(c, serving.tokenizer) if req.logprobs is not None else None}
+                if c.finish_reason is not None:
+                    choice["stop_reason"] = c.stop_reason
+                await send_event(resp, {"id": request_id, "object": "text_completion", "created": created,
+                                        "model": model, "choices": [choice]})
+        if req.stream_options and req.stream_options.include_usage:
+            prompt_tokens = sum(len(p.prompt_token_ids) for p in processed) * n
+            await send_event(resp, {"id": request_id, "object": "text_completion", "created": created, "model": model,
+                                    "choices": [], "usage": _usage(prompt_tokens, sum(completion_tokens))})
+        await resp.write(b"data: [DONE]\n\n")
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise  # the client left: the generators' cleanup aborts the requests
+    except Exception as e:  # noqa: BLE001 - one request's failure ends its stream, not the server
+        await stream_errors(resp, e)
+    return resp
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _response(request_id: str, model: str, outputs: list[RequestOutput], n: int, serving: Serving) -> dict:
+    choices, prompt_tokens, completion_tokens = [], 0, 0
+    for i, out in enumerate(outputs):
+        prompt_tokens += len(out.prompt_token_ids) * n
+        for c in out.outputs:
+            completion_tokens += len(c.token_ids)
+            choices.append(_choice(i * n + c.index, c, serving))
+    return {"id": request_id, "object": "text_completion", "created": now(), "model": model, "choices": choices,
+            "usage": _usage(prompt_tokens, completion_tokens)}
+
+
+def _choice(index: int, c: CompletionOutput, serving: Serving) -> dict:
+    return {"index": index, "text": c.text, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
+            "logprobs": completion_logprobs(c, serving.tokenizer) if c.logprobs is not None else None}

@@ -1,0 +1,29 @@
+"""Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}, one status each."""
+
+from __future__ import annotations
+
+import json
+
+from aiohttp import web
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self, headers: dict | None = None) -> web.Response:
+        return web.json_response(self.body(), status=self.status, headers=headers)
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, "invalid_request_error", param, code)
+
+
+def error_chunk(err: APIError) -> bytes:
+    """The SSE event that ends a stream with an error."""
+    return f"data: {json.dumps(err.body())}\n\n".encode()

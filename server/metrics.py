@@ -1,0 +1,60 @@
+"""Prometheus metrics with vLLM-like names (corellm:...), fed by the engine's step outputs and by
+finished requests."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        r = self.registry
+        self.running = Gauge("corellm:num_requests_running", "Requests in the running batch", labels, registry=r)
+        self.waiting = Gauge("corellm:num_requests_waiting", "Requests waiting to be scheduled", labels, registry=r)
+        self.kv_usage = Gauge("corellm:kv_cache_usage_perc", "KV cache usage (1 = full)", labels, registry=r)
+        self.prefix_queries = Counter("corellm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                      labels, registry=r)
+        self.prefix_hits = Counter("corellm:prefix_cache_hits", "Prompt tokens found in the prefix cache", labels,
+                                   registry=r)
+        self.preemptions = Counter("corellm:num_preemptions", "Requests preempted (recomputed later)", labels,
+                                   registry=r)
+        self.prompt_tokens = Counter("corellm:prompt_tokens", "Prompt tokens of finished requests", labels, registry=r)
+        self.generation_tokens = Counter("corellm:generation_tokens", "Generated tokens", labels, registry=r)
+        self.requests = Counter("corellm:request_success", "Finished requests by finish reason",
+                                labels + ["finished_reason"], registry=r)
+        self.ttft = Histogram("corellm:time_to_first_token_seconds", "Time to first token", labels,
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("corellm:e2e_request_latency_seconds", "End-to-end request latency", labels,
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.model = model_name
+        self._last = {"queries": 0, "hits": 0, "preemptions": 0}
+
+    def on_step(self, request_outputs, core_outputs) -> None:
+        s = core_outputs.scheduler_stats
+        m = self.model
+        self.running.labels(m).set(s.num_running)
+        self.waiting.labels(m).set(s.num_waiting)
+        self.kv_usage.labels(m).set(s.kv_cache_usage)
+        for key, counter, value in (("queries", self.prefix_queries, s.prefix_cache_queries),
+                                    ("hits", self.prefix_hits, s.prefix_cache_hits),
+                                    ("preemptions", self.preemptions, s.num_preemptions)):
+            if value > self._last[key]:
+                counter.labels(m).inc(value - self._last[key])
+                self._last[key] = value
+        self.generation_tokens.labels(m).inc(sum(len(o.new_token_ids) for o in core_outputs.outputs))
+
+    def on_request_done(self, prompt_tokens: int, finish_reasons: list[str], ttft: float | None, e2e: float) -> None:
+        m = self.model
+        self.prompt_tokens.labels(m).inc(prompt_tokens)
+        for reason in finish_reasons:
+            self.requests.labels(m, reason or "unknown").inc()
+        if ttft is not None:
+            self.ttft.labels(m).observe(ttft)
+        self.e2e.labels(m).observe(e2e)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

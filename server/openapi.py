@@ -1,0 +1,56 @@
+"""The OpenAPI description of the server, generated from the pydantic request models."""
+
+from __future__ import annotations
+
+import corellm
+from corellm.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+
+_ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
+    "message": {"type": "string"}, "type": {"type": "string"},
+    "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+
+
+def _post(model, summary: str) -> dict:
+    name = model.__name__
+    return {"post": {
+        "summary": summary,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}},
+        "responses": {
+            "200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}},
+                                                      "text/event-stream": {"schema": {"type": "string"}}}},
+            "400": {"description": "Bad request", "content": {"application/json": {"schema": _ERROR}}},
+            "401": {"description": "Unauthorized", "content": {"application/json": {"schema": _ERROR}}},
+            "404": {"description": "Unknown model", "content": {"application/json": {"schema": _ERROR}}},
+            "413": {"description": "Body too large", "content": {"application/json": {"schema": _ERROR}}},
+            "415": {"description": "Not JSON", "content": {"application/json": {"schema": _ERROR}}},
+        }}}
+
+
+def _get(summary: str, content_type: str = "application/json") -> dict:
+    schema = {"type": "object"} if content_type == "application/json" else {"type": "string"}
+    return {"get": {"summary": summary, "responses": {"200": {"description": "OK", "content": {content_type: {"schema": schema}}},
+                                                      "503": {"description": "Engine not serving"}}}}
+
+
+def openapi_spec() -> dict:
+    models = [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest]
+    schemas: dict = {}
+    for m in models:
+        schema = m.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[m.__name__] = schema
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "corellm", "version": corellm.__version__},
+        "paths": {
+            "/v1/completions": _post(CompletionRequest, "Text completion"),
+            "/v1/chat/completions": _post(ChatCompletionRequest, "Chat completion"),
+            "/tokenize": _post(TokenizeRequest, "Tokenize a prompt or messages"),
+            "/detokenize": _post(DetokenizeRequest, "Token ids to text"),
+            "/v1/models": _get("Served models"),
+            "/health": _get("Engine health"),
+            "/version": _get("Server version"),
+            "/metrics": _get("Prometheus metrics", "text/plain"),
+        },
+        "components": {"schemas": schemas},
+    }

@@ -1,0 +1,145 @@
+"""What the completion and chat handlers share: the served model's name, turning prompts into
+engine requests (with the context-length checks users see), SSE streaming, and merging the
+outputs of several prompts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from corellm.engine.async_llm import AsyncLLM, EngineDeadError
+from corellm.engine.input_processor import ProcessedRequest
+from corellm.outputs import RequestOutput
+from corellm.sampling_params import SamplingParams
+from corellm.server.errors import APIError, bad_request, error_chunk
+
+
+@dataclass
+class ServerConfig:
+    served_model_name: str
+    api_key: str | None = None
+    allow_request_chat_template: bool = False
+    max_body_bytes: int = 2 * 1024 * 1024
+    chat_template_timeout_s: float = 2.0
+
+
+class Serving:
+    def __init__(self, engine: AsyncLLM, config: ServerConfig):
+        self.engine = engine
+        self.config = config
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    def check_model(self, model: str | None) -> str:
+        name = self.config.served_model_name
+        if model is not None and model != name:
+            # The name is only compared, never used to find files.
+            raise APIError(404, f"The model `{model}` does not exist.", "invalid_request_error", "model",
+                           "model_not_found")
+        return name
+
+    def defaults(self) -> dict:
+        gen = self.engine.loaded.generation_config
+        return {k: gen[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty") if gen.get(k) is not None}
+
+    def prepare(self, request_id: str, prompt_ids: list[int], prompt_text: str | None, params: SamplingParams,
+                requested_max_tokens: int | None, kind: str = "prompt") -> ProcessedRequest:
+        """Validates one prompt against the context; the messages name the numbers."""
+        limit = self.engine.max_model_len
+        if len(prompt_ids) >= limit:
+            raise bad_request(f"This model's maximum context length is {limit} tokens. However, your {kind} has "
+                              f"{len(prompt_ids)} tokens; at least one token must be left for the completion.",
+                              "messages" if kind == "messages" else "prompt", "context_length_exceeded")
+        if requested_max_tokens is not None and len(prompt_ids) + requested_max_tokens > limit:
+            raise bad_request(f"This model's maximum context length is {limit} tokens. However, you requested "
+                              f"{len(prompt_ids) + requested_max_tokens} tokens ({len(prompt_ids)} in the {kind}, "
+                              f"{requested_max_tokens} in the completion). Please reduce the length of the {kind} "
+                              f"or the completion.", "max_tokens", "context_length_exceeded")
+        prompt = {"prompt_token_ids": prompt_ids, "prompt": prompt_text}
+        try:
+            return self.engine.process(request_id, prompt, params)
+        except ValueError as e:
+            raise bad_request(str(e)) from None
+
+    @staticmethod
+    def new_id(prefix: str) -> str:
+        return f"{prefix}-{uuid.uuid4().hex}"
+
+    async def run_all(self, processed: list[ProcessedRequest]) -> list[RequestOutput]:
+        """Runs requests to completion (FINAL_ONLY); cancelling aborts every one of them."""
+        async def one(p: ProcessedRequest) -> RequestOutput:
+            final = None
+            async for out in self.engine.generate(p):
+                final = out
+            return final
+
+        tasks = [asyncio.ensure_future(one(p)) for p in processed]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except EngineDeadError as e:
+            raise APIError(503, str(e), "service_unavailable") from None
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def merged(self, processed: list[ProcessedRequest]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(prompt index, output) from several streaming requests, as they come."""
+        q: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, p: ProcessedRequest) -> None:
+            try:
+                async for out in self.engine.generate(p):
+                    await q.put((i, out))
+            except BaseException as e:  # noqa: BLE001 - forwarded to the consumer
+                await q.put((i, e))
+                return
+            await q.put((i, None))
+
+        tasks = [asyncio.ensure_future(pump(i, p)) for i, p in enumerate(processed)]
+        remaining = len(tasks)
+        try:
+            while remaining:
+                i, item = await q.get()
+                if item is None:
+                    remaining -= 1
+                elif isinstance(item, BaseException):
+                    if isinstance(item, asyncio.CancelledError):
+                        raise item
+                    raise item
+                else:
+                    yield i, item
+        finally:
+            for t in tasks:
+                t.cancel()
+
+
+async def start_sse(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                                   "Connection": "keep-alive"})
+    await resp.prepare(request)
+    return resp
+
+
+async def send_event(resp: web.StreamResponse, payload: dict) -> None:
+    await resp.write(f"data: {json.dumps(payload, ensure_ascii=False)}\n\n".encode())
+
+
+async def stream_errors(resp: web.StreamResponse, err: BaseException) -> None:
+    """Ends a started stream with an error event, then [DONE]."""
+    api = err if isinstance(err, APIError) else APIError(500, f"{type(err).__name__}: {err}", "internal_error")
+    if isinstance(err, EngineDeadError):
+        api = APIError(503, str(err), "service_unavailable")
+    await resp.write(error_chunk(api))
+    await resp.write(b"data: [DONE]\n\n")
+
+
+def now() -> int:
+    return int(time.time())
