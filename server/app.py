@@ -39,8 +39,9 @@ async def parse(request: web.Request, model: type[BaseModel]) -> BaseModel:
                        "invalid_request_error")
     try:
         raw = await request.read()
-    except web.HTTPRequestEntityTooLarge as e:
-        raise APIError(413, f"request body too large (limit {e.max_size} bytes)", "invalid_request_error") from None
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[SERVING].config.max_body_bytes
+        raise APIError(413, f"request body too large (limit {limit} bytes)", "invalid_request_error") from None
     if not raw:
         raise bad_request("the request body is empty")
     try:

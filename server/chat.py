@@ -4,6 +4,7 @@ or whole."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import concurrent.futures
 
 from aiohttp import web
@@ -68,18 +69,19 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
         for i in range(n):  # the role comes first, once per choice
             await send_event(resp, {**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                          "logprobs": None, "finish_reason": None}]})
-        async for _, out in serving.merged([processed]):
-            if out.metrics.get("error"):
-                raise APIError(500, out.metrics["error"], "internal_error")
-            for c in out.outputs:
-                completion_tokens += len(c.token_ids)
-                if not c.text and not c.token_ids and c.finish_reason is None:
-                    continue
-                delta = {"content": c.text} if c.text or c.finish_reason is None else {}
-                await send_event(resp, {**head, "choices": [{
-                    "index": c.index, "delta": delta,
-                    "logprobs": chat_logprobs(c, serving.tokenizer, top_n) if req.logprobs else None,
-                    "finish_reason": c.finish_reason}]})
+        async with contextlib.aclosing(serving.merged([processed])) as outputs:  # closed at once on a disconnect
+            async for _, out in outputs:
+                if out.metrics.get("error"):
+                    raise APIError(500, out.metrics["error"], "internal_error")
+                for c in out.outputs:
+                    completion_tokens += len(c.token_ids)
+                    if not c.text and not c.token_ids and c.finish_reason is None:
+                        continue
+                    delta = {"content": c.text} if c.text or c.finish_reason is None else {}
+                    await send_event(resp, {**head, "choices": [{
+                        "index": c.index, "delta": delta,
+                        "logprobs": chat_logprobs(c, serving.tokenizer, top_n) if req.logprobs else None,
+                        "finish_reason": c.finish_reason}]})
         if req.stream_options and req.stream_options.include_usage:
             await send_event(resp, {**head, "choices": [], "usage": {
                 "prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,

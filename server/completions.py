@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 from aiohttp import web
 
@@ -45,18 +46,19 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     created = now()
     completion_tokens = [0] * (len(processed) * n)
     try:
-        async for i, out in serving.merged(processed):
-            for c in out.outputs:
-                index = i * n + c.index
-                completion_tokens[index] += len(c.token_ids)
-                if not c.text and not c.token_ids and c.finish_reason is None:
-                    continue
-                choice = {"index": index, "text": c.text, "finish_reason": c.finish_reason,
-                          "logprobs": completion_logprobs(c, serving.tokenizer) if req.logprobs is not None else None}
-                if c.finish_reason is not None:
-                    choice["stop_reason"] = c.stop_reason
-                await send_event(resp, {"id": request_id, "object": "text_completion", "created": created,
-                                        "model": model, "choices": [choice]})
+        async with contextlib.aclosing(serving.merged(processed)) as outputs:  # closed at once on a disconnect
+            async for i, out in outputs:
+                for c in out.outputs:
+                    index = i * n + c.index
+                    completion_tokens[index] += len(c.token_ids)
+                    if not c.text and not c.token_ids and c.finish_reason is None:
+                        continue
+                    choice = {"index": index, "text": c.text, "finish_reason": c.finish_reason,
+                              "logprobs": completion_logprobs(c, serving.tokenizer) if req.logprobs is not None else None}
+                    if c.finish_reason is not None:
+                        choice["stop_reason"] = c.stop_reason
+                    await send_event(resp, {"id": request_id, "object": "text_completion", "created": created,
+                                            "model": model, "choices": [choice]})
         if req.stream_options and req.stream_options.include_usage:
             prompt_tokens = sum(len(p.prompt_token_ids) for p in processed) * n
             await send_event(resp, {"id": request_id, "object": "text_completion", "created": created, "model": model,

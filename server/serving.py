@@ -5,6 +5,7 @@ outputs of several prompts."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -77,8 +78,9 @@ class Serving:
         """Runs requests to completion (FINAL_ONLY); cancelling aborts every one of them."""
         async def one(p: ProcessedRequest) -> RequestOutput:
             final = None
-            async for out in self.engine.generate(p):
-                final = out
+            async with contextlib.aclosing(self.engine.generate(p)) as outputs:
+                async for out in outputs:
+                    final = out
             return final
 
         tasks = [asyncio.ensure_future(one(p)) for p in processed]
@@ -96,8 +98,9 @@ class Serving:
 
         async def pump(i: int, p: ProcessedRequest) -> None:
             try:
-                async for out in self.engine.generate(p):
-                    await q.put((i, out))
+                async with contextlib.aclosing(self.engine.generate(p)) as outputs:
+                    async for out in outputs:
+                        await q.put((i, out))
             except BaseException as e:  # noqa: BLE001 - forwarded to the consumer
                 await q.put((i, e))
                 return

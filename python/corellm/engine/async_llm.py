@@ -133,6 +133,8 @@ class AsyncLLM:
     def _on_outputs(self, core_outputs: EngineCoreOutputs) -> None:
         self.stats = core_outputs.scheduler_stats
         if not core_outputs.outputs:
+            for listener in self.listeners:
+                listener([], core_outputs)
             return
         now = time.monotonic()
         try:

@@ -27,6 +27,7 @@ class SampleState:
     stop_reason: int | str | None = None
     sent_text: int = 0  # DELTA: characters already sent
     sent_tokens: int = 0
+    sent_finish: bool = False  # DELTA: the finish was reported
 
 
 @dataclass
@@ -142,6 +143,9 @@ class OutputProcessor:
             text = s.detokenizer.text(s.finish_reason is not None)
             token_ids, logprobs = s.token_ids, s.logprobs
             if kind == RequestOutputKind.DELTA:
+                if s.sent_finish or (len(token_ids) == s.sent_tokens and s.finish_reason is None):
+                    continue  # nothing new for this sample
+                s.sent_finish = s.finish_reason is not None
                 new_text, new_tokens = text[s.sent_text:], token_ids[s.sent_tokens:]
                 new_logprobs = logprobs[s.sent_tokens:] if logprobs is not None else None
                 s.sent_text, s.sent_tokens = len(text), len(token_ids)

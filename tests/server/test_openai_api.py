@@ -1,0 +1,177 @@
+"""The server through the official openai client: streaming equals non-streaming, n, logprobs,
+usage, UTF-8-safe deltas, stop strings, concurrency, disconnects, and the other routes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+
+import pytest
+
+
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def metric(server, name: str) -> float:
+    with urllib.request.urlopen(server.url + "/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)
+
+
+def wait_idle(server, timeout: float = 5.0) -> float:
+    """Seconds until no request runs and no KV block is used."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if metric(server, "corellm:num_requests_running") == 0 and metric(server, "corellm:kv_cache_usage_perc") == 0:
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    raise AssertionError("the server did not return to idle: running %s, kv usage %s" % (
+        metric(server, "corellm:num_requests_running"), metric(server, "corellm:kv_cache_usage_perc")))
+
+
+def test_models_health_version(server, client, model_name):
+    assert model_name == "SmolLM2-135M-Instruct"
+    assert get_json(server.url + "/health") == {"status": "ok"}
+    assert "version" in get_json(server.url + "/version")
+    spec = get_json(server.url + "/openapi.json")
+    assert "/v1/chat/completions" in spec["paths"]
+
+
+def test_completion_streaming_equals_non_streaming(client, model_name):
+    args = dict(model=model_name, prompt="The three primary colors are", max_tokens=24, temperature=0, seed=1)
+    whole = client.completions.create(**args)
+    chunks = list(client.completions.create(stream=True, **args))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    assert whole.choices[0].finish_reason == "length"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert whole.usage.completion_tokens == 24
+
+
+def test_chat_streaming_equals_non_streaming(client, model_name):
+    args = dict(model=model_name, messages=[{"role": "user", "content": "Name three fruits."}], max_tokens=30,
+                temperature=0)
+    whole = client.chat.completions.create(**args)
+    stream = client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **args)
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[0].choices[0].delta.role == "assistant"
+    usage = chunks[-1].usage
+    assert usage.prompt_tokens == whole.usage.prompt_tokens and usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_n_choices(client, model_name):
+    out = client.completions.create(model=model_name, prompt="Once upon a time", max_tokens=8, n=3, temperature=1.0,
+                                    seed=5)
+    assert sorted(c.index for c in out.choices) == [0, 1, 2]
+    assert all(c.finish_reason in ("length", "stop") for c in out.choices)
+    finishes = {}
+    for chunk in client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Hi"}],
+                                                max_tokens=6, n=3, stream=True, temperature=1.0, seed=5):
+        for c in chunk.choices:
+            if c.finish_reason:
+                assert c.index not in finishes
+                finishes[c.index] = c.finish_reason
+    assert sorted(finishes) == [0, 1, 2]
+
+
+def test_logprobs_and_usage(server, client, model_name):
+    out = client.completions.create(model=model_name, prompt="Hello, my name is", max_tokens=5, logprobs=3,
+                                    temperature=0)
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    assert all(len(t) >= 3 for t in lp.top_logprobs)
+    req = urllib.request.Request(server.url + "/tokenize", data=json.dumps({"prompt": "Hello, my name is"}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as r:
+        count = json.loads(r.read())["count"]
+    assert out.usage.prompt_tokens == count and out.usage.total_tokens == count + 5
+    chat = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                          logprobs=True, top_logprobs=2, temperature=0)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    assert all(len(c.top_logprobs) == 2 for c in content)
+
+
+def test_utf8_deltas_join_without_replacement_chars(client, model_name):
+    args = dict(model=model_name, messages=[{"role": "user", "content": "Write 日本語 and emoji 🎉🔥 words."}],
+                max_tokens=40, temperature=0.9, seed=3)
+    deltas = [c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **args) if c.choices]
+    joined = "".join(deltas)
+    assert "\ufffd" not in joined
+    assert joined == client.chat.completions.create(**args).choices[0].message.content
+
+
+def test_stop_string_spanning_tokens_never_leaks(client, model_name):
+    args = dict(model=model_name, prompt="1, 2, 3, 4, 5, 6,", max_tokens=20, temperature=0)
+    full = client.completions.create(**args).choices[0].text
+    stop = full[3:7]  # crosses token boundaries of ", 7, 8"
+    assert len(stop) == 4
+    cut = full[: full.index(stop)]
+    whole = client.completions.create(stop=[stop], **args).choices[0]
+    assert whole.text == cut and whole.finish_reason == "stop"
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stop=[stop], stream=True, **args)
+                       if c.choices)
+    assert streamed == cut
+
+
+def test_32_concurrent_streams(server, model_name):
+    openai = pytest.importorskip("openai")
+
+    async def run():
+        client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=300)
+
+        async def one(i):
+            stream = await client.completions.create(model=model_name, prompt=f"Story number {i}:", max_tokens=16,
+                                                     temperature=0.8, seed=i, stream=True)
+            finish = None
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish = chunk.choices[0].finish_reason
+            return finish
+
+        return await asyncio.gather(*(one(i) for i in range(32)))
+
+    finishes = asyncio.run(run())
+    assert all(f in ("length", "stop") for f in finishes)
+    wait_idle(server)
+
+
+def test_dropped_streams_free_their_blocks(server, client, model_name):
+    for _ in range(3):
+        stream = client.completions.create(model=model_name, prompt="Count forever: 1, 2,", max_tokens=400,
+                                           stream=True, extra_body={"ignore_eos": True})
+        for i, _ in enumerate(stream):
+            if i == 3:
+                break
+        stream.close()
+    assert wait_idle(server) < 5
+
+
+def test_non_streaming_timeout_aborts(server, model_name):
+    openai = pytest.importorskip("openai")
+    impatient = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=0.5)
+    with pytest.raises(openai.APITimeoutError):
+        impatient.completions.create(model=model_name, prompt="Write a long essay:", max_tokens=450,
+                                     extra_body={"ignore_eos": True})
+    assert wait_idle(server) < 5
+
+
+def test_tokenize_detokenize(server):
+    def post(path, body):
+        req = urllib.request.Request(server.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req) as r:
+            return json.loads(r.read())
+
+    tokens = post("/tokenize", {"prompt": "Hello world"})["tokens"]
+    assert post("/detokenize", {"tokens": tokens})["prompt"] == "Hello world"
+    chat = post("/tokenize", {"messages": [{"role": "user", "content": "Hi"}]})
+    assert chat["count"] > 5
