@@ -14,6 +14,7 @@ from corellm.model.gguf_file import GGUFModelFile
 from corellm.model.hf_dir import HFModelDir
 from corellm.model.llama import LlamaForCausalLM
 from corellm.model.model_config import ModelConfig
+from corellm.model.weight_cache import GGUFWeightCache
 from corellm.tokenizer import Tokenizer
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -69,28 +70,39 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return _DTYPES[key]
 
 
+def _load_gguf(path: Path, dtype: torch.dtype, progress: bool, use_cache: bool):
+    """(config, tokenizer, rope factors, weights) of a GGUF file, from the weight cache when it has them."""
+    cache = GGUFWeightCache(path, dtype) if use_cache else None
+    cached = cache.load() if cache else None
+    if cached is not None:
+        return cached
+    source = GGUFModelFile(path)
+    config, tokenizer, rope_factors = source.config(), source.tokenizer(), source.rope_factors()
+    weights = dict(source.weights(dtype, progress))
+    if cache is not None:
+        cache.store(config, tokenizer, rope_factors, weights)
+    return config, tokenizer, rope_factors, weights
+
+
 def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto", device: str = "cpu",
-               max_position: int | None = None, progress: bool = True) -> LoadedModel:
+               max_position: int | None = None, progress: bool = True, use_cache: bool = True) -> LoadedModel:
     device_ = torch.device(device)
     torch_dtype = resolve_dtype(dtype, device_)
     path = resolve_model_path(model)
     if path.is_dir():
-        source: HFModelDir | GGUFModelFile = HFModelDir(path)
-        generation_config = source.generation_config()
-        rope_factors = None
+        source = HFModelDir(path)
+        config, tokenizer, generation_config = source.config(), source.tokenizer(), source.generation_config()
+        rope_factors, weights = None, source.weights(torch_dtype, progress)
     elif path.suffix.lower() == ".gguf":
-        source = GGUFModelFile(path)
+        config, tokenizer, rope_factors, weights = _load_gguf(path, torch_dtype, progress, use_cache)
         generation_config = {}
-        rope_factors = source.rope_factors()
     else:
         raise ValueError(f"{path}: not an HF model directory or a .gguf file")
-    config = source.config()
-    tokenizer = source.tokenizer()
     if not tokenizer.eos_token_ids:
         tokenizer.eos_token_ids = list(config.eos_token_id)
     llm = LlamaForCausalLM(config, torch_dtype, device_, rope_factors=rope_factors, max_position=max_position)
     with torch.inference_mode():
-        llm.load_weights(source.weights(torch_dtype, progress), str(path))
+        llm.load_weights(weights.items() if isinstance(weights, dict) else weights, str(path))
     name = DEFAULT_MODEL if path == default_model_path_or_none() else path.name
     return LoadedModel(llm, tokenizer, config, generation_config, name=name, path=str(path))
 

@@ -1,0 +1,83 @@
+"""A cache of what loading a GGUF file produces — its config, tokenizer and dequantized weights in
+the target dtype — as safetensors + JSON, so that later starts skip parsing and dequantizing
+(seconds for the default model) and map the weights from disk instead.
+
+The key covers the file's path, size and modification time, the dtype and the cache format: a
+changed file is read afresh. The cache lives in $CORELLM_CACHE_DIR (default ~/.cache/corellm);
+a cache that cannot be written is skipped with a log line, never an error."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import tokenizers
+import torch
+
+from corellm.model.model_config import ModelConfig
+from corellm.tokenizer import Tokenizer
+
+logger = logging.getLogger("corellm")
+_FORMAT = "corellm-gguf-cache-1"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("CORELLM_CACHE_DIR") or Path.home() / ".cache" / "corellm")
+
+
+class GGUFWeightCache:
+    def __init__(self, gguf_path: Path, dtype: torch.dtype):
+        st = gguf_path.stat()
+        key = f"{_FORMAT}|{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{dtype}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+        self.dir = cache_root() / f"{gguf_path.stem}-{str(dtype).replace('torch.', '')}-{digest}"
+
+    def load(self) -> tuple[ModelConfig, Tokenizer, torch.Tensor | None, dict[str, torch.Tensor]] | None:
+        meta_path = self.dir / "meta.json"
+        if not meta_path.exists():
+            return None
+        try:
+            from safetensors.torch import load_file
+
+            meta = json.loads(meta_path.read_text())
+            config = ModelConfig(**meta["config"])
+            t = meta["tokenizer"]
+            backend = tokenizers.Tokenizer.from_file(str(self.dir / "tokenizer.json"))
+            tokenizer = Tokenizer(backend, bos_token_id=t["bos_token_id"], eos_token_ids=t["eos_token_ids"],
+                                  pad_token_id=t["pad_token_id"], chat_template=t["chat_template"], source=t["source"])
+            weights = load_file(str(self.dir / "weights.safetensors"))
+            rope_factors = weights.pop("__rope_factors__", None)
+            return config, tokenizer, rope_factors, weights
+        except Exception as e:  # noqa: BLE001 - a damaged cache is read afresh, not fatal
+            logger.warning("ignoring the weight cache %s: %s", self.dir, e)
+            return None
+
+    def store(self, config: ModelConfig, tokenizer: Tokenizer, rope_factors: torch.Tensor | None,
+              weights: dict[str, torch.Tensor]) -> None:
+        try:
+            from safetensors.torch import save_file
+
+            self.dir.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=self.dir.parent, prefix=".tmp-"))
+            tensors = dict(weights)
+            if rope_factors is not None:
+                tensors["__rope_factors__"] = rope_factors
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "weights.safetensors"))
+            tokenizer.backend.save(str(tmp / "tokenizer.json"))
+            meta = {"config": dataclasses.asdict(config),
+                    "tokenizer": {"bos_token_id": tokenizer.bos_token_id, "eos_token_ids": tokenizer.eos_token_ids,
+                                  "pad_token_id": tokenizer.pad_token_id, "chat_template": tokenizer.chat_template,
+                                  "source": tokenizer.source}}
+            (tmp / "meta.json").write_text(json.dumps(meta))
+            if self.dir.exists():
+                shutil.rmtree(tmp)
+                return
+            tmp.rename(self.dir)  # atomic: readers see all files or none
+        except OSError as e:
+            logger.warning("could not write the weight cache %s: %s", self.dir, e)
