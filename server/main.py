@@ -11,8 +11,8 @@ import time
 
 from aiohttp import web
 
-from corellm.config import EngineConfig
 from corellm.engine.async_llm import AsyncLLM
+from corellm.engine_args import add_engine_args, engine_config_from_args
 from corellm.model.loader import DEFAULT_MODEL
 from corellm.server.app import create_app
 from corellm.server.serving import ServerConfig
@@ -26,14 +26,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the name clients use (default: the model's)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=512)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--kv-cache-memory", type=float, default=None,
-                   help="KV cache size: bytes if >= 1, else a fraction of free memory")
-    p.add_argument("--seed", type=int, default=0)
+    add_engine_args(p, max_num_seqs=64, max_num_batched_tokens=512)  # a small budget keeps TPOT low
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health")
     p.add_argument("--allow-request-chat-template", action="store_true",
                    help="let requests bring their own chat template (rendered in the sandbox)")
@@ -49,26 +42,21 @@ async def serve(engine: AsyncLLM, config: ServerConfig, host: str, port: int, sh
     site = web.TCPSite(runner, host, port)
     await site.start()
     ready = f" (ready in {time.perf_counter() - started:.1f} s)" if started else ""
-    logger.warning("serving %s on http://%s:%d%s", config.served_model_name, host, port, ready)
+    logger.info("serving %s on http://%s:%d%s", config.served_model_name, host, port, ready)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    logger.warning("shutting down: draining in-flight requests (up to %.0f s)", shutdown_timeout)
+    logger.info("shutting down: draining in-flight requests (up to %.0f s)", shutdown_timeout)
     await runner.cleanup()
 
 
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
-    kv = args.kv_cache_memory
-    config = EngineConfig(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
-                          max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                          block_size=args.block_size, kv_cache_memory=None if kv is None else (int(kv) if kv >= 1 else kv),
-                          seed=args.seed)
-    engine = AsyncLLM(config)
+    engine = AsyncLLM(engine_config_from_args(args))
     name = args.served_model_name or engine.loaded.name
-    logger.warning("model %s (%s, %s), context %d tokens", name, engine.loaded.path, engine.loaded.model.dtype,
+    logger.info("model %s (%s, %s), context %d tokens", name, engine.loaded.path, engine.loaded.model.dtype,
                    engine.max_model_len)
     server_config = ServerConfig(served_model_name=name, api_key=args.api_key,
                                  allow_request_chat_template=args.allow_request_chat_template,

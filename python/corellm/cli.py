@@ -7,32 +7,16 @@ import logging
 import sys
 
 import corellm
-
-
-def _engine_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=None, help="HF model directory, .gguf file, or SmolLM2-135M-Instruct (default)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
-    p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--kv-cache-memory", type=float, default=None,
-                   help="KV cache size: bytes if >= 1, else a fraction of free memory")
-    p.add_argument("--seed", type=int, default=0)
-
-
-def _kv_memory(value: float | None) -> int | float | None:
-    if value is None:
-        return None
-    return int(value) if value >= 1 else float(value)
+from corellm.engine_args import add_engine_args, engine_config_from_args
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from corellm import LLM, SamplingParams
 
-    llm = LLM(args.model, dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, block_size=args.block_size,
-              kv_cache_memory=_kv_memory(args.kv_cache_memory), seed=args.seed)
+    c = engine_config_from_args(args)
+    llm = LLM(c.model, dtype=c.dtype, max_model_len=c.max_model_len, max_num_seqs=c.max_num_seqs,
+              max_num_batched_tokens=c.max_num_batched_tokens, block_size=c.block_size,
+              kv_cache_memory=c.kv_cache_memory, seed=c.seed)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.sampling_seed, n=args.n)
     prompts = args.prompt
@@ -51,11 +35,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="corellm", description="corellm LLM inference engine")
     parser.add_argument("--version", action="version", version=f"corellm {corellm.__version__}")
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command")
     gen = sub.add_parser("generate", help="generate text for one or more prompts")
     gen.add_argument("prompt", nargs="+")
-    _engine_args(gen)
+    gen.add_argument("--model", default=None, help="HF model directory, .gguf file, or SmolLM2-135M-Instruct (default)")
+    add_engine_args(gen)
+    gen.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-p", type=float, default=1.0)
@@ -67,21 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     from corellm.server.main import add_serve_args
 
     add_serve_args(srv)
+    srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    if args.command == "generate":
+    logging.basicConfig(level=getattr(args, "log_level", "warning").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command is not None:
+        if args.command == "serve":
+            from corellm.server.main import run as command
+        else:
+            command = cmd_generate
         try:
-            return cmd_generate(args)
+            return command(args)
         except (ValueError, FileNotFoundError) as e:
-            print(f"corellm generate: error: {e}", file=sys.stderr)
-            return 2
-    if args.command == "serve":
-        from corellm.server.main import run
-
-        try:
-            return run(args)
-        except (ValueError, FileNotFoundError) as e:
-            print(f"corellm serve: error: {e}", file=sys.stderr)
+            print(f"corellm {args.command}: error: {e}", file=sys.stderr)
             return 2
     parser.print_help()
     return 0

@@ -110,3 +110,26 @@ def test_api_key_accepts_the_key_and_spares_health(keyed_server):
     assert code == 200 and out["data"]
     with urllib.request.urlopen(keyed_server.url + "/health") as r:
         assert r.status == 200
+
+
+def test_sigterm_drains_in_flight_requests_then_exits():
+    import signal
+    import threading
+
+    s = Server("--shutdown-timeout", "30")
+    result = {}
+
+    def long_request():
+        body = json.dumps({"prompt": "Count: 1, 2,", "max_tokens": 60, "ignore_eos": True, "temperature": 0}).encode()
+        result["status"], result["body"] = call(s.url + "/v1/completions", body)
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    import time
+
+    time.sleep(0.5)  # the request is running
+    s.proc.send_signal(signal.SIGTERM)
+    t.join(timeout=60)
+    assert result.get("status") == 200, result
+    assert result["body"]["choices"][0]["finish_reason"] == "length"
+    assert s.proc.wait(timeout=60) == 0

@@ -162,8 +162,7 @@ class AsyncLLM:
         pending = self._requests.get(request_id)
         if pending is None:
             return
-        self.output_processor.abort(pending.child_ids)
-        self._inbox.put(("abort", pending.child_ids))
+        self._abort_children(pending.child_ids)
         pending.queue.put_nowait(error)
 
     def _fail_all(self, error: BaseException) -> None:
@@ -177,9 +176,12 @@ class AsyncLLM:
         """Validates and tokenizes (ValueError on bad input) without submitting."""
         return self.input_processor.process(request_id, prompt, params, priority=priority, cache_salt=cache_salt)
 
-    async def generate(self, prompt: PromptType | ProcessedRequest, params: SamplingParams | None = None,
-                       request_id: str | None = None, priority: int = 0,
-                       cache_salt: str = "") -> AsyncIterator[RequestOutput]:
+    def add_request(self, prompt: PromptType | ProcessedRequest, params: SamplingParams | None = None,
+                    request_id: str | None = None, priority: int = 0, cache_salt: str = "") -> asyncio.Queue:
+        """Submits a request; its RequestOutputs (or an exception) arrive on the returned queue."""
+        return self._submit(prompt, params, request_id, priority, cache_salt).queue
+
+    def _submit(self, prompt, params, request_id, priority, cache_salt) -> _Pending:
         if self.dead_error is not None:
             raise EngineDeadError(f"the engine stopped: {self.dead_error}")
         if self._thread is None:
@@ -187,16 +189,24 @@ class AsyncLLM:
         if isinstance(prompt, ProcessedRequest):
             processed = prompt
         else:
-            request_id = request_id or f"req-{time.monotonic_ns()}"
-            processed = self.process(request_id, prompt, params, priority, cache_salt)
-        request_id = processed.request_id
-        if request_id in self._requests:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        pending = _Pending(asyncio.Queue(), processed, RequestStats(time.monotonic(), None, len(processed.prompt_token_ids)),
+            processed = self.process(request_id or f"req-{time.monotonic_ns()}", prompt, params, priority, cache_salt)
+        if processed.request_id in self._requests:
+            raise ValueError(f"request id {processed.request_id!r} is already in use")
+        pending = _Pending(asyncio.Queue(), processed,
+                           RequestStats(time.monotonic(), None, len(processed.prompt_token_ids)),
                            self.output_processor.child_ids(processed))
-        self._requests[request_id] = pending
+        self._requests[processed.request_id] = pending
         self.output_processor.add_request(processed)
         self._inbox.put(("add", processed.children))
+        return pending
+
+    async def generate(self, prompt: PromptType | ProcessedRequest, params: SamplingParams | None = None,
+                       request_id: str | None = None, priority: int = 0,
+                       cache_salt: str = "") -> AsyncIterator[RequestOutput]:
+        """Yields the request's RequestOutputs until it finishes; closing or cancelling the
+        generator aborts the request."""
+        pending = self._submit(prompt, params, request_id, priority, cache_salt)
+        request_id = pending.processed.request_id
         finished = False
         try:
             while True:
@@ -213,9 +223,18 @@ class AsyncLLM:
         finally:
             self._requests.pop(request_id, None)
             if not finished:
-                self.abort(pending.child_ids)
+                self._abort_children(pending.child_ids)
 
-    def abort(self, child_ids: list[str]) -> None:
+    def abort(self, request_id: str) -> bool:
+        """Aborts a request by the caller's id; False when it is not in flight."""
+        pending = self._requests.pop(request_id, None)
+        if pending is None:
+            return False
+        self._abort_children(pending.child_ids)
+        pending.queue.put_nowait(asyncio.CancelledError(f"request {request_id} was aborted"))
+        return True
+
+    def _abort_children(self, child_ids: list[str]) -> None:
         self.output_processor.abort(child_ids)
         self._inbox.put(("abort", list(child_ids)))
 

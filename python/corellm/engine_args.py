@@ -1,0 +1,27 @@
+"""The command-line arguments that configure an engine (shared by `corellm generate` and
+`corellm serve`), and the EngineConfig they make."""
+
+from __future__ import annotations
+
+import argparse
+
+from corellm.config import EngineConfig
+
+
+def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048) -> None:
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=int, default=max_num_batched_tokens)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-cache-memory", type=float, default=None,
+                   help="KV cache size: bytes if >= 1, else a fraction of free memory (default on the CPU: 2 GiB)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    kv = args.kv_cache_memory
+    return EngineConfig(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
+                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                        block_size=args.block_size, seed=args.seed,
+                        kv_cache_memory=None if kv is None else (int(kv) if kv >= 1 else float(kv)))

@@ -1,0 +1,44 @@
+"""AsyncLLM directly: concurrent generators, abort by id and by cancelling, DELTA outputs that
+join to the full text, and blocks back in the pool afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from corellm.config import EngineConfig
+from corellm.engine.async_llm import AsyncLLM
+from corellm.sampling_params import RequestOutputKind, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return AsyncLLM(EngineConfig(max_model_len=512, kv_cache_memory=128 * 1024**2))
+
+
+def test_generate_cancel_abort(engine):
+    async def run():
+        params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+        deltas = [o.outputs[0].text async for o in engine.generate("Hello there,", params, "a")]
+        final = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, output_kind=RequestOutputKind.FINAL_ONLY)
+        outs = [o async for o in engine.generate("Hello there,", final, "b")]
+        assert len(outs) == 1 and "".join(deltas) == outs[0].outputs[0].text
+
+        long = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True)
+        gen = engine.generate("Count:", long, "c")
+        await gen.__anext__()
+        await gen.aclose()  # the caller walked away
+        q = engine.add_request("Count again:", long, "d")
+        await q.get()
+        assert engine.abort("d") and not engine.abort("d")
+        for _ in range(100):
+            if engine.stats.num_running == 0 and engine.stats.kv_cache_usage == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert engine.stats.num_running == 0 and engine.stats.kv_cache_usage == 0
+        with pytest.raises(ValueError, match="too long"):
+            engine.process("e", {"prompt_token_ids": [1] * 600}, long)
+        await engine.shutdown()
+
+    asyncio.run(run())
