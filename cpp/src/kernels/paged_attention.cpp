@@ -43,7 +43,9 @@ void reshape_and_cache_impl(const T* key, int64_t key_stride, const T* value, in
                             const KVCacheShape& s) {
   constexpr int64_t x = kPack<T>;
   const int64_t hd = s.head_size, bs = s.block_size, nkv = s.num_kv_heads;
-#pragma omp parallel for schedule(static) if (num_tokens * nkv * hd >= (1 << 15))
+  // Parallel from a few tokens on: the key writes are scattered (keys are stored transposed), so
+  // even a decode step's writes are worth two threads.
+#pragma omp parallel for schedule(static) if (num_tokens >= 8)
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t slot = slot_mapping[t];
     if (slot < 0) continue;

@@ -39,9 +39,10 @@ def check(
             raise ValueError(f"{op}: {name} must be {names}, got {t.dtype}")
     if device is not None and t.device != device:
         raise ValueError(f"{op}: {name} is on {t.device}, expected {device}")
-    if contiguous and not t.is_contiguous():
+    is_contiguous = t.is_contiguous()
+    if contiguous and not is_contiguous:
         raise ValueError(f"{op}: {name} must be contiguous (strides {t.stride()}, shape {tuple(t.shape)})")
-    if inner_contiguous and t.dim() > 0 and t.numel() > 0:
+    if inner_contiguous and not is_contiguous and t.dim() > 0 and t.numel() > 0:
         # Every dimension but the first must be densely packed: rows may be strided views.
         expected = 1
         for size, stride in reversed(list(zip(t.shape[1:], t.stride()[1:]))):
