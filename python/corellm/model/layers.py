@@ -8,11 +8,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from corellm import ops
+from corellm import _core, ops
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.model_config import ModelConfig
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (key_cache, value_cache) of one layer
+
+
+_GEMV = _core.kernels.bf16_gemv_available()
+_GEMV_MAX_ELEMENTS = 8 * 1024 * 1024  # larger matrices (the LM head): oneDNN streams them faster
 
 
 def _can_prepack(weight: torch.Tensor) -> bool:
@@ -33,10 +37,19 @@ class Linear:
     def finalize(self, keep_weight: bool = False) -> None:
         if self.weight is not None and _can_prepack(self.weight):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
-            if not keep_weight:
-                self.weight = None  # the packed copy replaces it
+            # The row-major weight stays for single-row products (decode), where corellm's GEMV
+            # streams it without oneDNN's per-call cost.
+            self._gemv = _GEMV and self.weight.shape[0] * self.weight.shape[1] <= _GEMV_MAX_ELEMENTS
+
+    _gemv = False
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self._gemv and x.shape[0] == 1:
+            n, k = self.weight.shape
+            y = torch.empty((1, n), dtype=x.dtype)
+            _core.kernels.bf16_gemv(x.data_ptr(), x.stride(0), self.weight.data_ptr(),
+                                    0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(), n, 1, n, k)
+            return y
         if self._packed is not None:
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
