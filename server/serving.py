@@ -114,8 +114,6 @@ class Serving:
                 if item is None:
                     remaining -= 1
                 elif isinstance(item, BaseException):
-                    if isinstance(item, asyncio.CancelledError):
-                        raise item
                     raise item
                 else:
                     yield i, item

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn.functional as F
 
+from corellm import ops
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.layers import DecoderLayer, KVCache, Linear
 from corellm.model.model_config import ModelConfig
@@ -109,8 +110,6 @@ class LlamaForCausalLM:
             h, residual = layer.forward(positions, h, residual, attn, kv_cache, self.cos_sin_cache)
             if hidden_states is not None:
                 hidden_states.append(h + residual)
-        from corellm import ops
-
         h, _ = ops.fused_add_rms_norm(h, residual, self.norm, self.config.rms_norm_eps)
         return h
 

@@ -10,7 +10,7 @@ default does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -65,7 +65,6 @@ class SamplerOutput:
     ranks: torch.Tensor | None = None  # int32 [n]: its rank in the raw distribution (1 = top)
     top_token_ids: torch.Tensor | None = None  # int32 [n, num_logprobs]
     top_logprobs: torch.Tensor | None = None  # float32 [n, num_logprobs]
-    extra: dict = field(default_factory=dict)
 
 
 def _ptr(t: torch.Tensor | None) -> int:
