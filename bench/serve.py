@@ -215,9 +215,10 @@ def main() -> None:
         if args.model is None:
             async with aiohttp.ClientSession() as s, s.get(args.base_url + "/v1/models") as r:
                 args.model = (await r.json())["data"][0]["id"]
-        prompts = make_prompts(args, random.Random(args.seed))
         levels = [int(c) for c in args.concurrency.split(",")] if args.concurrency else [args.max_concurrency]
-        return [await run_pass(args, prompts, c) for c in levels]
+        # Fresh prompts for every pass: no server may serve a pass from the prefix cache of the last.
+        return [await run_pass(args, make_prompts(args, random.Random(args.seed * 1000 + i)), c)
+                for i, c in enumerate(levels)]
 
     results = asyncio.run(run())
     print_table(f"{args.label}: {args.num_prompts} prompts x ({args.input_len} in, {args.output_len} out), "

@@ -1,0 +1,182 @@
+"""corellm vs llama.cpp on this machine, same model (the default SmolLM2-135M-Instruct re-encoded
+as BF16 GGUF), same threads, same prompts, one after the other in one run:
+
+  1. builds llama.cpp's llama-server and llama-bench from the llama-cpp-python==0.3.36 sdist on
+     PyPI (its vendor/llama.cpp; CMake, -DGGML_NATIVE=ON), cached under build/llamacpp/;
+  2. writes the BF16 GGUF (corellm's own export, build/llamacpp/*.BF16.gguf);
+  3. single stream: llama-bench pp512 / tg128 vs corellm's prefill of 512 tokens and decode of 128;
+  4. serving: bench/serve.py against `corellm serve` and then `llama-server` at each concurrency;
+  5. prints one table with the ratios (and --json writes everything).
+
+    .venv/bin/python bench/compare_llamacpp.py --threads 2 --concurrency 1,4,16,64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / "build" / "llamacpp"
+SDIST = "llama-cpp-python==0.3.36"
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    print("+", " ".join(str(c) for c in cmd), flush=True)
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def build_llamacpp() -> Path:
+    bin_dir = CACHE / "build" / "bin"
+    if (bin_dir / "llama-server").exists() and (bin_dir / "llama-bench").exists():
+        return bin_dir
+    CACHE.mkdir(parents=True, exist_ok=True)
+    src = next(CACHE.glob("llama_cpp_python-*/vendor/llama.cpp"), None)
+    if src is None:
+        run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q", "-d", str(CACHE), SDIST])
+        with tarfile.open(next(CACHE.glob("llama_cpp_python-*.tar.gz"))) as tar:
+            tar.extractall(CACHE, filter="data")
+        src = next(CACHE.glob("llama_cpp_python-*/vendor/llama.cpp"))
+    ninja = shutil.which("ninja") or str(Path(sys.executable).parent / "ninja")
+    run(["cmake", "-S", str(src), "-B", str(CACHE / "build"), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}",
+         "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+         "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON"], stdout=subprocess.DEVNULL)
+    run(["cmake", "--build", str(CACHE / "build"), "-j", str(os.cpu_count() or 2), "--target", "llama-server",
+         "llama-bench"], stdout=subprocess.DEVNULL)
+    return bin_dir
+
+
+def bf16_model() -> Path:
+    from corellm.model.gguf_export import export_bf16
+    from corellm.model.loader import default_model_path
+
+    out = CACHE / "SmolLM2-135M-Instruct.BF16.gguf"
+    if not out.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        export_bf16(default_model_path(), out.with_suffix(".tmp"))
+        out.with_suffix(".tmp").rename(out)
+    return out
+
+
+def llama_bench(bin_dir: Path, model: Path, threads: int) -> dict:
+    out = run([str(bin_dir / "llama-bench"), "-m", str(model), "-t", str(threads), "-p", "512", "-n", "128", "-o", "json"],
+              capture_output=True, text=True).stdout
+    rows = json.loads(out)
+    result = {}
+    for r in rows:
+        key = "pp512" if r.get("n_prompt") == 512 and r.get("n_gen") == 0 else "tg128"
+        result[key] = r["avg_ts"]
+    return result
+
+
+def corellm_single_stream(model: Path) -> dict:
+    import torch
+
+    from corellm import LLM, SamplingParams
+
+    llm = LLM(str(model), max_model_len=1024, kv_cache_memory=256 * 1024**2, enable_prefix_caching=False,
+              max_num_batched_tokens=512)
+    g = torch.Generator().manual_seed(0)
+    prompt = torch.randint(1000, 49000, (512,), generator=g).tolist()
+    llm.generate({"prompt_token_ids": prompt[:64]}, SamplingParams(max_tokens=4, temperature=0), use_tqdm=False)
+    t = time.perf_counter()
+    llm.generate({"prompt_token_ids": prompt}, SamplingParams(max_tokens=1, temperature=0), use_tqdm=False)
+    pp = 512 / (time.perf_counter() - t)
+    t = time.perf_counter()
+    llm.generate({"prompt_token_ids": prompt[:1]}, SamplingParams(max_tokens=129, temperature=0, ignore_eos=True),
+                 use_tqdm=False)
+    tg = 128 / (time.perf_counter() - t)
+    return {"pp512": pp, "tg128": tg}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError("server not ready")
+
+
+def serve_bench(name: str, cmd: list[str], port: int, args) -> list[dict]:
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(url, proc)
+        out = CACHE / f"serve-{name}.json"
+        run([sys.executable, str(ROOT / "bench" / "serve.py"), "--base-url", url, "--num-prompts", str(args.num_prompts),
+             "--concurrency", args.concurrency, "--input-len", str(args.input_len), "--output-len", str(args.output_len),
+             "--label", name, "--json", str(out)])
+        return json.loads(out.read_text())["results"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--concurrency", default="1,4,16,64")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--skip-single-stream", action="store_true")
+    p.add_argument("--json", help="write all results here")
+    args = p.parse_args()
+
+    bin_dir = build_llamacpp()
+    model = bf16_model()
+    report: dict = {"threads": args.threads, "model": str(model)}
+    if not args.skip_single_stream:
+        report["llamacpp_single"] = llama_bench(bin_dir, model, args.threads)
+        report["corellm_single"] = corellm_single_stream(model)
+    max_conc = max(int(c) for c in args.concurrency.split(","))
+    ctx = max_conc * (args.input_len + args.output_len + 64)
+    port = free_port()
+    report["corellm_serve"] = serve_bench("corellm", [sys.executable, "-m", "corellm.cli", "serve", str(model), "--port",
+                                                      str(port), "--log-level", "warning",
+                                                      "--max-num-seqs", str(max(64, max_conc))], port, args)
+    port = free_port()
+    report["llamacpp_serve"] = serve_bench("llama-server", [str(bin_dir / "llama-server"), "-m", str(model), "-t",
+                                                            str(args.threads), "-c", str(ctx), "-np", str(max_conc),
+                                                            "--host", "127.0.0.1", "--port", str(port)], port, args)
+
+    print(f"\ncorellm vs llama.cpp — {model.name}, {args.threads} threads")
+    if "corellm_single" in report:
+        c, l = report["corellm_single"], report["llamacpp_single"]
+        print(f"{'single stream':<22} {'corellm':>10} {'llama.cpp':>10} {'ratio':>7}")
+        for key in ("pp512", "tg128"):
+            print(f"{key + ' tok/s':<22} {c[key]:>10.1f} {l[key]:>10.1f} {c[key] / l[key]:>6.2f}x")
+    print(f"\n{'serving':<12} {'out tok/s corellm':>18} {'llama-server':>13} {'ratio':>7} {'TTFT med ms c/l':>18} "
+          f"{'TPOT med ms c/l':>18}")
+    for c, l in zip(report["corellm_serve"], report["llamacpp_serve"]):
+        print(f"conc {c['concurrency']:<7} {c['output_throughput']:>18.1f} {l['output_throughput']:>13.1f} "
+              f"{c['output_throughput'] / max(l['output_throughput'], 1e-9):>6.2f}x "
+              f"{c['ttft_ms']['median']:>8.0f}/{l['ttft_ms']['median']:<8.0f} "
+              f"{c['tpot_ms']['median']:>8.1f}/{l['tpot_ms']['median']:<8.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
