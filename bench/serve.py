@@ -116,7 +116,7 @@ async def run_pass(args, prompts: list, concurrency: int) -> dict:
     timeout = aiohttp.ClientTimeout(total=args.timeout)
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     async with aiohttp.ClientSession(timeout=timeout, headers=headers,
-                                     connector=aiohttp.TCPConnector(limit=0)) as session:
+                                     connector=aiohttp.TCPConnector(limit=0, force_close=True)) as session:  # no keep-alive races
         async def limited(p):
             async with sem:
                 return await one_request(session, args, p)
