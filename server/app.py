@@ -28,7 +28,7 @@ METRICS = web.AppKey("metrics", ServerMetrics)
 
 def _validation_error(e: ValidationError) -> APIError:
     first = e.errors()[0]
-    loc = ".".join(str(x) for x in first.get("loc", ()) if not isinstance(x, int) or True)
+    loc = ".".join(str(x) for x in first.get("loc", ()))
     return bad_request(f"{loc}: {first.get('msg', 'invalid value')}" if loc else first.get("msg", "invalid request"),
                        param=loc or None)
 
