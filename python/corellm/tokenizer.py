@@ -47,10 +47,6 @@ class Tokenizer:
         return self.backend.token_to_id(token)
 
     @property
-    def special_token_ids(self) -> set[int]:
-        return {i for i, t in self.backend.get_added_tokens_decoder().items() if t.special}
-
-    @property
     def eos_token_id(self) -> int | None:
         return self.eos_token_ids[0] if self.eos_token_ids else None
 

@@ -34,7 +34,6 @@ class EngineDeadError(RuntimeError):
 class RequestStats:
     arrival: float
     first_token: float | None = None
-    prompt_tokens: int = 0
 
 
 @dataclass
@@ -88,14 +87,6 @@ class AsyncLLM:
         self._inbox.put(("stop", None))
         await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10.0)
         self._thread = None
-
-    @property
-    def is_running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self.dead_error is None
-
-    @property
-    def num_unfinished_requests(self) -> int:
-        return len(self._requests)
 
     # ------------------------------------------------------------------ engine thread
     def _engine_loop(self) -> None:
@@ -193,7 +184,7 @@ class AsyncLLM:
         if processed.request_id in self._requests:
             raise ValueError(f"request id {processed.request_id!r} is already in use")
         pending = _Pending(asyncio.Queue(), processed,
-                           RequestStats(time.monotonic(), None, len(processed.prompt_token_ids)),
+                           RequestStats(time.monotonic()),
                            self.output_processor.child_ids(processed))
         self._requests[processed.request_id] = pending
         self.output_processor.add_request(processed)
@@ -237,7 +228,3 @@ class AsyncLLM:
     def _abort_children(self, child_ids: list[str]) -> None:
         self.output_processor.abort(child_ids)
         self._inbox.put(("abort", list(child_ids)))
-
-    def request_stats(self, request_id: str) -> RequestStats | None:
-        pending = self._requests.get(request_id)
-        return pending.stats if pending else None

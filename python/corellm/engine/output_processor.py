@@ -63,11 +63,10 @@ class OutputProcessor:
         for child_id in samples:
             self.requests[child_id] = state
 
-    def abort(self, child_ids: list[str]) -> list[str]:
-        """Forgets requests the caller gave up on; returns their engine-core ids."""
+    def abort(self, child_ids: list[str]) -> None:
+        """Forgets requests the caller gave up on (by engine-core id)."""
         for cid in child_ids:
             self.requests.pop(cid, None)
-        return child_ids
 
     def child_ids(self, processed: ProcessedRequest) -> list[str]:
         return [c.request_id for c in processed.children]
