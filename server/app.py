@@ -65,6 +65,9 @@ async def errors_and_auth(request: web.Request, handler):
         given = header[7:] if header.startswith("Bearer ") else ""
         if not hmac.compare_digest(given.encode(), key.encode()):
             return APIError(401, "Incorrect API key provided.", "authentication_error", None, "invalid_api_key").response()
+    if serving.draining and request.path != "/health":
+        return APIError(503, "the server is shutting down", "service_unavailable").response()
+    serving.active += 1
     try:
         return await handler(request)
     except APIError as e:
@@ -80,6 +83,8 @@ async def errors_and_auth(request: web.Request, handler):
     except Exception as e:  # noqa: BLE001 - one request's failure must not take the server down
         logger.exception("request failed")
         return APIError(500, f"internal error: {type(e).__name__}: {e}", "internal_error").response()
+    finally:
+        serving.active -= 1
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -98,14 +103,21 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-    engine = request.app[SERVING].engine
+    serving = request.app[SERVING]
+    engine = serving.engine
     if engine.dead_error is not None:
         return web.json_response({"status": "dead", "error": str(engine.dead_error)}, status=503)
+    if serving.draining:
+        return web.json_response({"status": "draining"}, status=503)
     return web.json_response({"status": "ok"})
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[METRICS].render(), content_type="text/plain", charset="utf-8")
+    serving, m = request.app[SERVING], request.app[METRICS]
+    engine = serving.engine
+    m.observe_server(engine.num_queued_requests, engine.num_queued_tokens, serving.admission.num_rejected,
+                     engine.open_request_states())
+    return web.Response(body=m.render(), content_type="text/plain", charset="utf-8")
 
 
 async def version(request: web.Request) -> web.Response:

@@ -10,8 +10,8 @@ import concurrent.futures
 from aiohttp import web
 
 from corellm.tokenizer import ChatTemplateError
-from corellm.server.errors import APIError, bad_request
-from corellm.server.logprobs import chat_logprobs
+from corellm.server.errors import bad_request
+from corellm.server.logprobs import chat_logprobs, prompt_logprobs
 from corellm.server.protocol import ChatCompletionRequest
 from corellm.server.serving import Serving, now, send_event, start_sse, stream_errors
 
@@ -46,18 +46,18 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
     top_n = req.top_logprobs or 0
     params = req.sampling_params(serving.defaults(), max_tokens, top_n if req.logprobs else None)
     request_id = serving.new_id("chatcmpl")
-    processed = serving.prepare(request_id, prompt_ids, text, params, max_tokens, kind="messages")
+    processed = serving.prepare(request_id, prompt_ids, text, params, max_tokens, kind="messages",
+                                cache_salt=req.cache_salt)
     n = params.n
     if not req.stream:
         (out,) = await serving.run_all([processed])
         choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
                     "logprobs": chat_logprobs(c, serving.tokenizer, top_n) if req.logprobs else None,
                     "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in out.outputs]
-        if out.metrics.get("error"):
-            raise APIError(500, out.metrics["error"], "internal_error")
         completion_tokens = sum(len(c.token_ids) for c in out.outputs)
         return web.json_response({
             "id": request_id, "object": "chat.completion", "created": now(), "model": model, "choices": choices,
+            "prompt_logprobs": prompt_logprobs(out.prompt_logprobs),
             "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
                       "total_tokens": len(prompt_ids) + completion_tokens}})
 
@@ -71,8 +71,6 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
                                                          "logprobs": None, "finish_reason": None}]})
         async with contextlib.aclosing(serving.merged([processed])) as outputs:  # closed at once on a disconnect
             async for _, out in outputs:
-                if out.metrics.get("error"):
-                    raise APIError(500, out.metrics["error"], "internal_error")
                 for c in out.outputs:
                     completion_tokens += len(c.token_ids)
                     if not c.text and not c.token_ids and c.finish_reason is None:

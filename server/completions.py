@@ -9,7 +9,7 @@ from aiohttp import web
 
 from corellm.outputs import CompletionOutput, RequestOutput
 from corellm.server.errors import bad_request
-from corellm.server.logprobs import completion_logprobs
+from corellm.server.logprobs import completion_logprobs, prompt_logprobs
 from corellm.server.protocol import CompletionRequest
 from corellm.server.serving import Serving, now, send_event, start_sse, stream_errors
 
@@ -35,7 +35,8 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
         raise bad_request("suffix is not supported", "suffix")
     params = req.sampling_params(serving.defaults(), req.max_tokens, req.logprobs)
     request_id = serving.new_id("cmpl")
-    processed = [serving.prepare(f"{request_id}-{i}", ids, text, params, req.max_tokens)
+    processed = [serving.prepare(f"{request_id}-{i}", ids, text, params, req.max_tokens,
+                                 cache_salt=req.cache_salt)
                  for i, (ids, text) in enumerate(_prompts(req, serving))]
     n = params.n
     if not req.stream:
@@ -82,7 +83,10 @@ def _response(request_id: str, model: str, outputs: list[RequestOutput], n: int,
         prompt_tokens += len(out.prompt_token_ids) * n
         for c in out.outputs:
             completion_tokens += len(c.token_ids)
-            choices.append(_choice(i * n + c.index, c, serving))
+            choice = _choice(i * n + c.index, c, serving)
+            if out.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = prompt_logprobs(out.prompt_logprobs)
+            choices.append(choice)
     return {"id": request_id, "object": "text_completion", "created": now(), "model": model, "choices": choices,
             "usage": _usage(prompt_tokens, completion_tokens)}
 

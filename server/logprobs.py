@@ -3,7 +3,7 @@ text_offset) and chat (content: [{token, logprob, bytes, top_logprobs}])."""
 
 from __future__ import annotations
 
-from corellm.outputs import CompletionOutput
+from corellm.outputs import CompletionOutput, PositionLogprobs
 
 
 def _token_text(tokenizer, token_id: int, cached: str | None) -> str:
@@ -41,3 +41,12 @@ def chat_logprobs(c: CompletionOutput, tokenizer, top_n: int) -> dict | None:
                               "bytes": list(t.encode("utf-8"))} for tid2, lp in ranked],
         })
     return {"content": content}
+
+
+def prompt_logprobs(positions: list[PositionLogprobs | None] | None) -> list | None:
+    """vLLM's shape: per prompt position None (the first) or {token id: {logprob, rank, decoded_token}}."""
+    if positions is None:
+        return None
+    return [None if pos is None else {str(tid): {"logprob": lp.logprob, "rank": lp.rank,
+                                                 "decoded_token": lp.decoded_token} for tid, lp in pos.items()}
+            for pos in positions]

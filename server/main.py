@@ -1,5 +1,6 @@
 """`corellm serve`: load the model, start the engine and the aiohttp server, drain on SIGINT /
-SIGTERM (in-flight requests get up to --shutdown-timeout seconds), exit."""
+SIGTERM, exit. Draining: the server keeps listening but answers new requests with 503, waits up
+to --shutdown-timeout seconds for the requests in flight to finish, then closes."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from aiohttp import web
 from corellm.engine.async_llm import AsyncLLM
 from corellm.engine_args import add_engine_args, engine_config_from_args
 from corellm.model.loader import DEFAULT_MODEL
-from corellm.server.app import create_app
+from corellm.server.admission import AdmissionLimits
+from corellm.server.app import SERVING, create_app
 from corellm.server.serving import ServerConfig
 
 logger = logging.getLogger("corellm.server")
@@ -31,13 +33,18 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-request-chat-template", action="store_true",
                    help="let requests bring their own chat template (rendered in the sandbox)")
     p.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024)
+    limits = AdmissionLimits()
+    p.add_argument("--max-queued-requests", type=int, default=limits.max_queued_requests,
+                   help="requests waiting for their first token beyond which new ones get 429")
+    p.add_argument("--max-queued-tokens", type=int, default=limits.max_queued_tokens,
+                   help="prompt tokens waiting for their first token beyond which new requests get 429")
     p.add_argument("--shutdown-timeout", type=float, default=30.0)
 
 
 async def serve(engine: AsyncLLM, config: ServerConfig, host: str, port: int, shutdown_timeout: float,
                 started: float | None = None) -> None:
     app = create_app(engine, config)
-    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=shutdown_timeout, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -48,7 +55,15 @@ async def serve(engine: AsyncLLM, config: ServerConfig, host: str, port: int, sh
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    logger.info("shutting down: draining in-flight requests (up to %.0f s)", shutdown_timeout)
+    serving = app[SERVING]
+    serving.draining = True
+    logger.info("shutting down: draining %d in-flight requests (up to %.0f s); new requests get 503",
+                serving.active, shutdown_timeout)
+    deadline = loop.time() + shutdown_timeout
+    while serving.active and loop.time() < deadline:
+        await asyncio.sleep(0.05)
+    if serving.active:
+        logger.warning("%d requests still in flight after %.0f s: cancelling them", serving.active, shutdown_timeout)
     await runner.cleanup()
 
 
@@ -60,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
                    engine.max_model_len)
     server_config = ServerConfig(served_model_name=name, api_key=args.api_key,
                                  allow_request_chat_template=args.allow_request_chat_template,
-                                 max_body_bytes=args.max_body_bytes)
+                                 max_body_bytes=args.max_body_bytes,
+                                 admission=AdmissionLimits(args.max_queued_requests, args.max_queued_tokens))
     asyncio.run(serve(engine, server_config, args.host, args.port, args.shutdown_timeout, started))
     return 0

@@ -30,6 +30,16 @@ class ServerMetrics:
                               buckets=_LATENCY_BUCKETS, registry=r)
         self.e2e = Histogram("corellm:e2e_request_latency_seconds", "End-to-end request latency", labels,
                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.free_blocks = Gauge("corellm:kv_cache_free_blocks", "Free KV blocks (cached-but-unused ones included)",
+                                 labels, registry=r)
+        self.queued = Gauge("corellm:num_requests_queued", "Admitted requests without a first token yet", labels,
+                            registry=r)
+        self.queued_tokens = Gauge("corellm:num_tokens_queued", "Prompt tokens of the queued requests", labels,
+                                   registry=r)
+        self.rejected = Gauge("corellm:num_requests_rejected", "Requests refused with 429 since the start", labels,
+                              registry=r)
+        self.open_states = Gauge("corellm:open_request_states", "Requests each layer holds state for",
+                                 labels + ["layer"], registry=r)
         self.model = model_name
         self._last = {"queries": 0, "hits": 0, "preemptions": 0}
 
@@ -39,6 +49,7 @@ class ServerMetrics:
         self.running.labels(m).set(s.num_running)
         self.waiting.labels(m).set(s.num_waiting)
         self.kv_usage.labels(m).set(s.kv_cache_usage)
+        self.free_blocks.labels(m).set(s.num_free_blocks)
         for key, counter, value in (("queries", self.prefix_queries, s.prefix_cache_queries),
                                     ("hits", self.prefix_hits, s.prefix_cache_hits),
                                     ("preemptions", self.preemptions, s.num_preemptions)):
@@ -55,6 +66,15 @@ class ServerMetrics:
         if ttft is not None:
             self.ttft.labels(m).observe(ttft)
         self.e2e.labels(m).observe(e2e)
+
+    def observe_server(self, queued: int, queued_tokens: int, rejected: int, open_states: dict[str, int]) -> None:
+        """What the server side holds, read when /metrics is scraped."""
+        m = self.model
+        self.queued.labels(m).set(queued)
+        self.queued_tokens.labels(m).set(queued_tokens)
+        self.rejected.labels(m).set(rejected)
+        for layer, count in open_states.items():
+            self.open_states.labels(m, layer).set(count)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

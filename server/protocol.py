@@ -3,14 +3,20 @@ they become SamplingParams."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from corellm.sampling_params import RequestOutputKind, SamplingParams
 
-MAX_LOGPROBS = 20
+# Caps on the expensive asks; each refusal is a 400 naming the field.
+MAX_LOGPROBS = 20  # logprobs, top_logprobs, prompt_logprobs
 MAX_N = 16
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 512
+MAX_STOP_TOKEN_IDS = 64
+MAX_LOGIT_BIAS = 1024  # entries; each bias in [-100, 100]
+MAX_CACHE_SALT_CHARS = 256
 
 
 class StreamOptions(BaseModel):
@@ -20,7 +26,7 @@ class StreamOptions(BaseModel):
 class SamplingFields(BaseModel):
     """Fields shared by completions and chat completions."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str | None = None
     temperature: float | None = Field(None, ge=0, le=2)
@@ -28,21 +34,31 @@ class SamplingFields(BaseModel):
     n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: str | list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]] | None = Field(
+        None, max_length=MAX_STOP_STRINGS)
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(None, max_length=MAX_LOGIT_BIAS)
     seed: int | None = Field(None, ge=0, lt=2**63)
     user: str | None = None
     # vLLM's extras
     top_k: int | None = Field(None, ge=-1)
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0, le=2)
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_string_length(cls, v):
+        if isinstance(v, str) and len(v) > MAX_STOP_STRING_CHARS:
+            raise ValueError(f"a stop string may hold at most {MAX_STOP_STRING_CHARS} characters")
+        return v
 
     def sampling_params(self, defaults: dict[str, Any], max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         def pick(name: str, fallback: Any) -> Any:
@@ -51,21 +67,27 @@ class SamplingFields(BaseModel):
                 return value
             return defaults.get(name, fallback)
 
+        if self.stream and self.prompt_logprobs is not None:
+            from corellm.server.errors import bad_request
+
+            raise bad_request("prompt_logprobs is not available when stream is true", "prompt_logprobs")
         logit_bias = None
         if self.logit_bias:
             logit_bias = {}
             for key, value in self.logit_bias.items():
-                if not key.lstrip("-").isdigit():
+                if not key.isdigit():
                     from corellm.server.errors import bad_request
 
-                    raise bad_request(f"logit_bias keys must be token ids, got {key!r}", "logit_bias")
+                    raise bad_request(f"logit_bias keys must be token ids (non-negative integers), got {key!r}",
+                                      "logit_bias")
                 logit_bias[int(key)] = value
         return SamplingParams(
             n=self.n, temperature=pick("temperature", 1.0), top_p=pick("top_p", 1.0), top_k=pick("top_k", 0),
             min_p=pick("min_p", 0.0), presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             repetition_penalty=pick("repetition_penalty", 1.0), seed=self.seed, stop=self.stop,
             stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, max_tokens=max_tokens,
-            min_tokens=self.min_tokens, logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
+            min_tokens=self.min_tokens, logprobs=logprobs, prompt_logprobs=self.prompt_logprobs,
+            skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output, logit_bias=logit_bias,
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
 

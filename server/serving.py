@@ -10,7 +10,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -18,6 +18,7 @@ from corellm.engine.async_llm import AsyncLLM, EngineDeadError
 from corellm.engine.input_processor import ProcessedRequest
 from corellm.outputs import RequestOutput
 from corellm.sampling_params import SamplingParams
+from corellm.server.admission import Admission, AdmissionLimits
 from corellm.server.errors import APIError, bad_request, error_chunk
 
 
@@ -28,12 +29,16 @@ class ServerConfig:
     allow_request_chat_template: bool = False
     max_body_bytes: int = 2 * 1024 * 1024
     chat_template_timeout_s: float = 2.0
+    admission: AdmissionLimits = field(default_factory=AdmissionLimits)
 
 
 class Serving:
     def __init__(self, engine: AsyncLLM, config: ServerConfig):
         self.engine = engine
         self.config = config
+        self.admission = Admission(engine, config.admission)
+        self.draining = False  # set on SIGTERM: new requests get 503
+        self.active = 0  # requests being handled (the drain waits for these)
 
     @property
     def tokenizer(self):
@@ -52,7 +57,7 @@ class Serving:
         return {k: gen[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty") if gen.get(k) is not None}
 
     def prepare(self, request_id: str, prompt_ids: list[int], prompt_text: str | None, params: SamplingParams,
-                requested_max_tokens: int | None, kind: str = "prompt") -> ProcessedRequest:
+                requested_max_tokens: int | None, kind: str = "prompt", cache_salt: str | None = None) -> ProcessedRequest:
         """Validates one prompt against the context; the messages name the numbers."""
         limit = self.engine.max_model_len
         if len(prompt_ids) >= limit:
@@ -66,7 +71,7 @@ class Serving:
                               f"or the completion.", "max_tokens", "context_length_exceeded")
         prompt = {"prompt_token_ids": prompt_ids, "prompt": prompt_text}
         try:
-            return self.engine.process(request_id, prompt, params)
+            return self.engine.process(request_id, prompt, params, cache_salt=cache_salt or "")
         except ValueError as e:
             raise bad_request(str(e)) from None
 
@@ -74,16 +79,39 @@ class Serving:
     def new_id(prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex}"
 
+    def submit(self, processed: list[ProcessedRequest]) -> list:
+        """Admits (or refuses with 429) and submits all of `processed` at once; returns their
+        output generators."""
+        self.admission.check(processed)
+        streams = []
+        try:
+            for p in processed:
+                streams.append(self.engine.submit(p))
+        except BaseException:
+            self.abort(processed)
+            raise
+        return streams
+
+    def abort(self, processed: list[ProcessedRequest]) -> None:
+        for p in processed:
+            self.engine.abort(p.request_id)  # a no-op for finished requests
+
+    @staticmethod
+    def _check(out: RequestOutput) -> RequestOutput:
+        if out.metrics.get("error"):
+            raise APIError(500, f"the request failed: {out.metrics['error']}", "internal_error")
+        return out
+
     async def run_all(self, processed: list[ProcessedRequest]) -> list[RequestOutput]:
         """Runs requests to completion (FINAL_ONLY); cancelling aborts every one of them."""
-        async def one(p: ProcessedRequest) -> RequestOutput:
+        async def one(outputs) -> RequestOutput:
             final = None
-            async with contextlib.aclosing(self.engine.generate(p)) as outputs:
+            async with contextlib.aclosing(outputs):
                 async for out in outputs:
-                    final = out
+                    final = self._check(out)
             return final
 
-        tasks = [asyncio.ensure_future(one(p)) for p in processed]
+        tasks = [asyncio.ensure_future(one(s)) for s in self.submit(processed)]
         try:
             return list(await asyncio.gather(*tasks))
         except EngineDeadError as e:
@@ -91,22 +119,23 @@ class Serving:
         finally:
             for t in tasks:
                 t.cancel()
+            self.abort(processed)
 
     async def merged(self, processed: list[ProcessedRequest]) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(prompt index, output) from several streaming requests, as they come."""
         q: asyncio.Queue = asyncio.Queue()
 
-        async def pump(i: int, p: ProcessedRequest) -> None:
+        async def pump(i: int, outputs) -> None:
             try:
-                async with contextlib.aclosing(self.engine.generate(p)) as outputs:
+                async with contextlib.aclosing(outputs):
                     async for out in outputs:
-                        await q.put((i, out))
+                        await q.put((i, self._check(out)))
             except BaseException as e:  # noqa: BLE001 - forwarded to the consumer
                 await q.put((i, e))
                 return
             await q.put((i, None))
 
-        tasks = [asyncio.ensure_future(pump(i, p)) for i, p in enumerate(processed)]
+        tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(self.submit(processed))]
         remaining = len(tasks)
         try:
             while remaining:
@@ -120,6 +149,7 @@ class Serving:
         finally:
             for t in tasks:
                 t.cancel()
+            self.abort(processed)
 
 
 async def start_sse(request: web.Request) -> web.StreamResponse:

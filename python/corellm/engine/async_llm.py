@@ -2,16 +2,20 @@
 in a loop; requests and aborts reach it through a thread-safe queue drained at the top of each
 step (it sleeps on the queue when idle); outputs come back to the event loop with
 call_soon_threadsafe, where the OutputProcessor turns them into RequestOutputs for each request's
-asyncio.Queue. Cancelling a generate() aborts its request and frees its KV blocks."""
+asyncio.Queue. Cancelling a generate() aborts its request and frees its KV blocks.
+
+The queued load (requests admitted that have not produced a token yet, and their prompt tokens)
+is counted here, on the event loop, so that a server can refuse work before it is submitted."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 from corellm.config import EngineConfig
@@ -42,6 +46,11 @@ class _Pending:
     processed: ProcessedRequest
     stats: RequestStats
     child_ids: list[str] = field(default_factory=list)
+    queued_tokens: int = 0  # prompt tokens x samples while no token came yet; 0 once started
+
+    @property
+    def queued_requests(self) -> int:
+        return len(self.child_ids) if self.queued_tokens else 0
 
 
 class AsyncLLM:
@@ -61,6 +70,8 @@ class AsyncLLM:
         self._thread: threading.Thread | None = None
         self.dead_error: BaseException | None = None
         self.stats = SchedulerStats()
+        self.num_queued_requests = 0  # engine-core requests admitted without a token yet
+        self.num_queued_tokens = 0  # their prompt tokens
         self.listeners: list = []  # callables(request_outputs, core_outputs), after every step
         self.done_listeners: list = []  # callables(final RequestOutput, RequestStats, finished_at)
 
@@ -145,9 +156,27 @@ class AsyncLLM:
                 continue
             if pending.stats.first_token is None and any(c.token_ids for c in out.outputs):
                 pending.stats.first_token = now
+            if out.finished or pending.stats.first_token is not None:
+                self._dequeue(pending)
             pending.queue.put_nowait(out)
         for listener in self.listeners:
             listener(outputs, core_outputs)
+
+    def _dequeue(self, pending: _Pending) -> None:
+        self.num_queued_requests -= pending.queued_requests
+        self.num_queued_tokens -= pending.queued_tokens
+        pending.queued_tokens = 0
+
+    def _forget(self, request_id: str) -> _Pending | None:
+        pending = self._requests.pop(request_id, None)
+        if pending is not None:
+            self._dequeue(pending)
+        return pending
+
+    def open_request_states(self) -> dict[str, int]:
+        """How many requests each layer holds state for (all 0 when idle: nothing leaks)."""
+        return {"async_llm": len(self._requests), "output_processor": len(self.output_processor.requests),
+                "queued": self.num_queued_requests, "scheduler": self.stats.num_running + self.stats.num_waiting}
 
     def _finish_with_error(self, request_id: str, error: BaseException) -> None:
         pending = self._requests.get(request_id)
@@ -186,17 +215,33 @@ class AsyncLLM:
         pending = _Pending(asyncio.Queue(), processed,
                            RequestStats(time.monotonic()),
                            self.output_processor.child_ids(processed))
+        pending.queued_tokens = max(1, len(processed.prompt_token_ids) * len(processed.children))
+        self.num_queued_requests += pending.queued_requests
+        self.num_queued_tokens += pending.queued_tokens
         self._requests[processed.request_id] = pending
         self.output_processor.add_request(processed)
         self._inbox.put(("add", processed.children))
         return pending
+
+    def submit(self, prompt: PromptType | ProcessedRequest, params: SamplingParams | None = None,
+               request_id: str | None = None, priority: int = 0,
+               cache_salt: str = "") -> AsyncGenerator[RequestOutput, None]:
+        """Submits the request now (synchronously: the queued load counts it at once) and returns
+        the generator of its RequestOutputs; closing the generator aborts the request. A generator
+        that is never iterated must be aborted with abort(request_id)."""
+        return self._outputs(self._submit(prompt, params, request_id, priority, cache_salt))
 
     async def generate(self, prompt: PromptType | ProcessedRequest, params: SamplingParams | None = None,
                        request_id: str | None = None, priority: int = 0,
                        cache_salt: str = "") -> AsyncIterator[RequestOutput]:
         """Yields the request's RequestOutputs until it finishes; closing or cancelling the
         generator aborts the request."""
-        pending = self._submit(prompt, params, request_id, priority, cache_salt)
+        outputs = self.submit(prompt, params, request_id, priority, cache_salt)
+        async with contextlib.aclosing(outputs):
+            async for out in outputs:
+                yield out
+
+    async def _outputs(self, pending: _Pending) -> AsyncGenerator[RequestOutput, None]:
         request_id = pending.processed.request_id
         finished = False
         try:
@@ -212,13 +257,13 @@ class AsyncLLM:
                 if finished:
                     return
         finally:
-            self._requests.pop(request_id, None)
+            self._forget(request_id)
             if not finished:
                 self._abort_children(pending.child_ids)
 
     def abort(self, request_id: str) -> bool:
         """Aborts a request by the caller's id; False when it is not in flight."""
-        pending = self._requests.pop(request_id, None)
+        pending = self._forget(request_id)
         if pending is None:
             return False
         self._abort_children(pending.child_ids)

@@ -4,6 +4,7 @@ n samples of a request, and emits CUMULATIVE, DELTA or FINAL_ONLY outputs."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from corellm.engine.detokenizer import IncrementalDetokenizer
@@ -12,6 +13,8 @@ from corellm.engine.input_processor import ProcessedRequest
 from corellm.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from corellm.sampling_params import RequestOutputKind
 from corellm.tokenizer import Tokenizer
+
+logger = logging.getLogger("corellm")
 
 
 @dataclass
@@ -89,7 +92,9 @@ class OutputProcessor:
         return pos
 
     def process_outputs(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], list[str]]:
-        """Returns the RequestOutputs to deliver and the engine-core ids to abort (stop strings)."""
+        """Returns the RequestOutputs to deliver and the engine-core ids to abort (stop strings, and
+        the other samples of a request whose processing failed). A failure while processing one
+        request (a detokenizer error, say) ends that request with an error, not the others."""
         results: list[RequestOutput] = []
         to_abort: list[str] = []
         touched: dict[int, RequestState] = {}
@@ -100,37 +105,66 @@ class OutputProcessor:
             sample = state.samples[out.req_id]
             if sample.finish_reason is not None:
                 continue
-            if out.num_cached_tokens:
-                state.num_cached_tokens = out.num_cached_tokens
-            if out.new_prompt_logprobs is not None and state.prompt_logprobs is not None:
-                plp = out.new_prompt_logprobs
-                for j, tid in enumerate(plp.token_ids):
-                    state.prompt_logprobs[plp.start + j] = self._position(
-                        tid, plp.logprobs[j], plp.ranks[j], plp.top_token_ids[j], plp.top_logprobs[j])
-            if out.error is not None:
-                state.error = out.error
-            sample.token_ids.extend(out.new_token_ids)
-            if sample.logprobs is not None and out.new_logprobs:
-                for lp in out.new_logprobs:
-                    sample.logprobs.append(self._position(lp.token_id, lp.logprob, lp.rank, lp.top_token_ids,
-                                                          lp.top_logprobs))
-                    sample.cumulative_logprob += lp.logprob
-            stop_str = sample.detokenizer.update(out.new_token_ids) if out.new_token_ids else None
-            if stop_str is not None:
-                sample.finish_reason, sample.stop_reason = "stop", stop_str
-                if not out.finished:
-                    to_abort.append(out.req_id)
-            elif out.finished:
-                sample.finish_reason, sample.stop_reason = out.finish_reason, out.stop_reason
+            try:
+                self._apply(state, sample, out, to_abort)
+            except Exception as e:  # noqa: BLE001 - isolated to this request
+                self._fail(state, e, to_abort)
             touched[id(state)] = state
         for state in touched.values():
-            output = self._make_output(state)
+            try:
+                output = self._make_output(state)
+            except Exception as e:  # noqa: BLE001 - isolated to this request
+                self._fail(state, e, to_abort)
+                output = self._make_error_output(state)
             if output is not None:
                 results.append(output)
             if state.finished:
                 for cid in state.samples:
                     self.requests.pop(cid, None)
         return results, to_abort
+
+    def _apply(self, state: RequestState, sample: SampleState, out: EngineCoreOutput, to_abort: list[str]) -> None:
+        """Adds one engine-core output to its sample: tokens, logprobs, text, stop strings."""
+        if out.num_cached_tokens:
+            state.num_cached_tokens = out.num_cached_tokens
+        if out.new_prompt_logprobs is not None and state.prompt_logprobs is not None:
+            plp = out.new_prompt_logprobs
+            for j, tid in enumerate(plp.token_ids):
+                state.prompt_logprobs[plp.start + j] = self._position(
+                    tid, plp.logprobs[j], plp.ranks[j], plp.top_token_ids[j], plp.top_logprobs[j])
+        if out.error is not None:
+            state.error = out.error
+        sample.token_ids.extend(out.new_token_ids)
+        if sample.logprobs is not None and out.new_logprobs:
+            for lp in out.new_logprobs:
+                sample.logprobs.append(self._position(lp.token_id, lp.logprob, lp.rank, lp.top_token_ids,
+                                                      lp.top_logprobs))
+                sample.cumulative_logprob += lp.logprob
+        stop_str = sample.detokenizer.update(out.new_token_ids) if out.new_token_ids else None
+        if stop_str is not None:
+            sample.finish_reason, sample.stop_reason = "stop", stop_str
+            if not out.finished:
+                to_abort.append(out.req_id)
+        elif out.finished:
+            sample.finish_reason, sample.stop_reason = out.finish_reason, out.stop_reason
+
+    def _fail(self, state: RequestState, error: Exception, to_abort: list[str]) -> None:
+        """Ends every sample of the request with an error; the engine aborts those still running."""
+        logger.error("processing the output of request %s failed: %s: %s", state.request.request_id,
+                     type(error).__name__, error)
+        state.error = f"{type(error).__name__}: {error}"
+        for cid, s in state.samples.items():
+            if s.finish_reason is None:
+                s.finish_reason = "error"
+                to_abort.append(cid)
+
+    @staticmethod
+    def _make_error_output(state: RequestState) -> RequestOutput:
+        req = state.request
+        completions = [CompletionOutput(s.index, "", [], None, None, s.finish_reason, None)
+                       for s in state.samples.values()]
+        return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, None, completions, True,
+                             state.num_cached_tokens, metrics={"error": state.error})
 
     def _make_output(self, state: RequestState) -> RequestOutput | None:
         kind = state.request.params.output_kind
