@@ -15,8 +15,9 @@ from corellm.server.logprobs import chat_logprobs, prompt_logprobs
 from corellm.server.protocol import ChatCompletionRequest
 from corellm.server.serving import Serving, now, send_event, start_sse, stream_errors
 
-# Template rendering runs in a worker thread with a deadline: a pathological template cannot
-# stall the event loop for long.
+# Template rendering runs in a worker thread, bounded in time and output by the sandbox itself
+# (corellm.chat_template), so a pathological template neither stalls the event loop nor keeps a
+# worker busy after its request was refused.
 _RENDER_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="chat-template")
 
 
@@ -26,11 +27,13 @@ async def render_prompt(serving: Serving, req: ChatCompletionRequest) -> str:
                           "--allow-request-chat-template)", "chat_template")
     messages = [m.as_template_message() for m in req.messages]
     loop = asyncio.get_running_loop()
+    limit = serving.config.chat_template_timeout_s
     render = lambda: serving.tokenizer.apply_chat_template(  # noqa: E731
-        messages, add_generation_prompt=req.add_generation_prompt, chat_template=req.chat_template)
+        messages, add_generation_prompt=req.add_generation_prompt, chat_template=req.chat_template,
+        max_render_seconds=limit)
     try:
-        return await asyncio.wait_for(loop.run_in_executor(_RENDER_POOL, render), serving.config.chat_template_timeout_s)
-    except asyncio.TimeoutError:
+        return await asyncio.wait_for(loop.run_in_executor(_RENDER_POOL, render), limit + 1.0)
+    except asyncio.TimeoutError:  # the pool was busy: the sandbox bounds the render itself
         raise bad_request("the chat template took too long to render", "messages") from None
     except ChatTemplateError as e:
         raise bad_request(str(e), "messages") from None

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import tokenizers
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers, processors
 
-
-class ChatTemplateError(ValueError):
-    """The chat template failed to render the given messages."""
+from corellm.chat_template import DEFAULT_MAX_SECONDS, ChatTemplateError, render_chat_template  # noqa: F401
 
 
 @dataclass
@@ -56,6 +53,7 @@ class Tokenizer:
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
+        max_render_seconds: float = DEFAULT_MAX_SECONDS,
         **extra: Any,
     ) -> str:
         template = chat_template or self.chat_template
@@ -64,6 +62,7 @@ class Tokenizer:
         return render_chat_template(
             template,
             messages,
+            max_seconds=max_render_seconds,
             add_generation_prompt=add_generation_prompt,
             bos_token=self._token_text(self.bos_token_id),
             eos_token=self._token_text(self.eos_token_id),
@@ -216,26 +215,3 @@ def _from_sentencepiece_file(path: Path, add_bos: bool) -> tokenizers.Tokenizer:
     types = [2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 6 if sp.is_byte(i) else 1 for i in range(n)]
     bos = sp.bos_id() if sp.bos_id() >= 0 else None
     return sentencepiece_bpe(tokens, scores, types, bos, add_bos)
-
-
-# ---------------------------------------------------------------------- chat templates
-
-def render_chat_template(template: str, messages: list[dict[str, Any]], **variables: Any) -> str:
-    """Renders an HF-style chat template in jinja2's immutable sandbox (templates come from model
-    files or, when allowed, from requests: they must not reach Python internals)."""
-    from jinja2.exceptions import SecurityError, TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message: str) -> None:
-        raise ChatTemplateError(f"chat template: {message}")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.filters["tojson"] = lambda value, indent=None, **_: json.dumps(value, indent=indent, ensure_ascii=False)
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    try:
-        return env.from_string(template).render(messages=messages, **variables)
-    except ChatTemplateError:
-        raise
-    except (TemplateError, SecurityError, TypeError, KeyError, AttributeError, IndexError) as e:
-        raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
