@@ -13,7 +13,7 @@ from corellm.tokenizer import ChatTemplateError
 from corellm.server.errors import bad_request
 from corellm.server.logprobs import chat_logprobs, prompt_logprobs
 from corellm.server.protocol import ChatCompletionRequest
-from corellm.server.serving import Serving, now, send_event, start_sse, stream_errors
+from corellm.server.serving import Serving, now, send_event, stream_errors
 
 # Template rendering runs in a worker thread, bounded in time and output by the sandbox itself
 # (corellm.chat_template), so a pathological template neither stalls the event loop nor keeps a
@@ -64,7 +64,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
             "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
                       "total_tokens": len(prompt_ids) + completion_tokens}})
 
-    resp = await start_sse(request)
+    resp, outputs = await serving.start_stream(request, [processed])
     created = now()
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
     completion_tokens = 0
@@ -72,7 +72,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
         for i in range(n):  # the role comes first, once per choice
             await send_event(resp, {**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                          "logprobs": None, "finish_reason": None}]})
-        async with contextlib.aclosing(serving.merged([processed])) as outputs:  # closed at once on a disconnect
+        async with contextlib.aclosing(outputs):  # closed at once on a disconnect
             async for _, out in outputs:
                 for c in out.outputs:
                     completion_tokens += len(c.token_ids)
@@ -92,4 +92,6 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
         raise
     except Exception as e:  # noqa: BLE001 - one request's failure ends its stream, not the server
         await stream_errors(resp, e)
+    finally:
+        serving.abort([processed])  # whatever happened, nothing stays in flight (a no-op once finished)
     return resp

@@ -11,7 +11,7 @@ from corellm.outputs import CompletionOutput, RequestOutput
 from corellm.server.errors import bad_request
 from corellm.server.logprobs import completion_logprobs, prompt_logprobs
 from corellm.server.protocol import CompletionRequest
-from corellm.server.serving import Serving, now, send_event, start_sse, stream_errors
+from corellm.server.serving import Serving, now, send_event, stream_errors
 
 
 def _prompts(req: CompletionRequest, serving: Serving) -> list[tuple[list[int], str | None]]:
@@ -43,11 +43,11 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
         outputs = await serving.run_all(processed)
         return web.json_response(_response(request_id, model, outputs, n, serving))
 
-    resp = await start_sse(request)
+    resp, outputs = await serving.start_stream(request, processed)
     created = now()
     completion_tokens = [0] * (len(processed) * n)
     try:
-        async with contextlib.aclosing(serving.merged(processed)) as outputs:  # closed at once on a disconnect
+        async with contextlib.aclosing(outputs):  # closed at once on a disconnect
             async for i, out in outputs:
                 for c in out.outputs:
                     index = i * n + c.index
@@ -69,6 +69,8 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
         raise  # the client left: the generators' cleanup aborts the requests
     except Exception as e:  # noqa: BLE001 - one request's failure ends its stream, not the server
         await stream_errors(resp, e)
+    finally:
+        serving.abort(processed)  # whatever happened, nothing stays in flight (a no-op once finished)
     return resp
 
 

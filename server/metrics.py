@@ -41,6 +41,10 @@ class ServerMetrics:
         self.open_states = Gauge("corellm:open_request_states", "Requests each layer holds state for",
                                  labels + ["layer"], registry=r)
         self.model = model_name
+        for metric in (self.running, self.waiting, self.kv_usage, self.prefix_queries, self.prefix_hits,
+                       self.preemptions, self.prompt_tokens, self.generation_tokens, self.ttft, self.e2e,
+                       self.free_blocks, self.queued, self.queued_tokens, self.rejected):
+            metric.labels(model_name)  # every series exists (at 0) from the start
         self._last = {"queries": 0, "hits": 0, "preemptions": 0}
 
     def on_step(self, request_outputs, core_outputs) -> None:

@@ -73,7 +73,7 @@ class Serving:
         try:
             return self.engine.process(request_id, prompt, params, cache_salt=cache_salt or "")
         except ValueError as e:
-            raise bad_request(str(e)) from None
+            raise bad_request(str(e), _param_named_in(str(e))) from None
 
     @staticmethod
     def new_id(prefix: str) -> str:
@@ -121,8 +121,22 @@ class Serving:
                 t.cancel()
             self.abort(processed)
 
-    async def merged(self, processed: list[ProcessedRequest]) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """(prompt index, output) from several streaming requests, as they come."""
+    async def start_stream(self, request: web.Request,
+                           processed: list[ProcessedRequest]) -> tuple[web.StreamResponse, AsyncIterator]:
+        """Admits and submits `processed` (a refusal is still a plain error response), then starts
+        the SSE response; returns it with the merged outputs of the requests."""
+        outputs = self.merged(processed)
+        try:
+            return await start_sse(request), outputs
+        except BaseException:
+            self.abort(processed)
+            raise
+
+    def merged(self, processed: list[ProcessedRequest]) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """Submits now; yields (prompt index, output) from the streaming requests as they come."""
+        return self._merge(processed, self.submit(processed))
+
+    async def _merge(self, processed: list[ProcessedRequest], streams: list) -> AsyncIterator[tuple[int, RequestOutput]]:
         q: asyncio.Queue = asyncio.Queue()
 
         async def pump(i: int, outputs) -> None:
@@ -135,7 +149,7 @@ class Serving:
                 return
             await q.put((i, None))
 
-        tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(self.submit(processed))]
+        tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
         remaining = len(tasks)
         try:
             while remaining:
@@ -150,6 +164,16 @@ class Serving:
             for t in tasks:
                 t.cancel()
             self.abort(processed)
+
+
+# The engine's ValueErrors start with the field they are about; the API's name for it.
+_ENGINE_FIELDS = {"prompt_token_ids": "prompt", "The prompt": "prompt", "stop_token_ids": "stop_token_ids",
+                  "logit_bias": "logit_bias", "logprobs": "logprobs", "min_tokens": "min_tokens",
+                  "max_tokens": "max_tokens", "seed": "seed", "stop": "stop"}
+
+
+def _param_named_in(message: str) -> str | None:
+    return next((param for prefix, param in _ENGINE_FIELDS.items() if message.startswith(prefix)), None)
 
 
 async def start_sse(request: web.Request) -> web.StreamResponse:

@@ -103,6 +103,7 @@ class AsyncLLM:
     def _engine_loop(self) -> None:
         core = self.engine_core
         try:
+            self._post(EngineCoreOutputs(scheduler_stats=core.stats()))  # the idle figures, at once
             while True:
                 block = not core.has_unfinished_requests()
                 while True:

@@ -1,0 +1,114 @@
+"""Bad input never gets a 5xx: each malformed body, out-of-range field and over-limit ask gets a
+400 (413, 415, 404) in OpenAI's error shape naming what was wrong, and the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from tests.reliability.conftest import assert_error, call
+
+X = {"prompt": "x", "max_tokens": 2}
+
+MALFORMED = [
+    ("invalid JSON", b"{not json", "application/json", 400, None, "invalid JSON"),
+    ("array body", b"[1, 2]", "application/json", 400, None, "must be a JSON object"),
+    ("string body", b'"prompt"', "application/json", 400, None, "must be a JSON object"),
+    ("null body", b"null", "application/json", 400, None, "must be a JSON object"),
+    ("empty body", b"", "application/json", 400, None, "empty"),
+    ("not UTF-8", b'{"prompt": "\xff\xfe"}', "application/json", 400, None, "invalid JSON"),
+    ("wrong content type", b'{"prompt": "x"}', "text/plain", 415, None, "application/json"),
+    ("form content type", b"prompt=x", "application/x-www-form-urlencoded", 415, None, "application/json"),
+    ("missing prompt", b"{}", "application/json", 400, "prompt", None),
+]
+
+
+@pytest.mark.parametrize("name, body, ctype, status, param, contains", MALFORMED, ids=[c[0] for c in MALFORMED])
+def test_malformed_completion_bodies(server, name, body, ctype, status, param, contains):
+    code, out, _ = call(server.url + "/v1/completions", body, ctype)
+    assert_error(code, out, status, param=param, contains=contains)
+
+
+@pytest.mark.parametrize("messages", [None, "hello", [123], [{}], [], [None], [{"role": "user"}, 5],
+                                      [{"role": "wizard", "content": "x"}], [{"role": "user", "content": 5}],
+                                      [{"role": "user", "content": [{"type": "image_url"}]}]],
+                         ids=lambda m: json.dumps(m))
+def test_malformed_chat_messages(server, messages):
+    code, out, _ = call(server.url + "/v1/chat/completions", {"messages": messages})
+    assert_error(code, out, 400, param=None)
+    assert out["error"]["param"].startswith("messages"), out
+
+
+def nan_body(field: str) -> bytes:
+    return b'{"prompt": "x", "%s": NaN}' % field.encode()
+
+
+OUT_OF_RANGE = [
+    ("temperature", {"temperature": -1}), ("temperature", {"temperature": 5}), ("temperature", nan_body("temperature")),
+    ("temperature", b'{"prompt": "x", "temperature": Infinity}'), ("top_p", {"top_p": 0}), ("top_p", {"top_p": 2}),
+    ("top_k", {"top_k": -2}), ("min_p", {"min_p": 2}), ("n", {"n": 0}), ("n", {"n": 17}),
+    ("presence_penalty", {"presence_penalty": 3}), ("frequency_penalty", {"frequency_penalty": -3}),
+    ("repetition_penalty", {"repetition_penalty": 0}), ("seed", {"seed": -1}), ("seed", {"seed": 2**64}),
+    ("max_tokens", {"max_tokens": 0}), ("max_tokens", {"max_tokens": -1}), ("max_tokens", {"max_tokens": 10**9}),
+    ("min_tokens", {"min_tokens": -1}), ("logprobs", {"logprobs": 21}), ("logprobs", {"logprobs": -1}),
+    ("prompt_logprobs", {"prompt_logprobs": 21}), ("prompt_logprobs", {"prompt_logprobs": 1, "stream": True}),
+    ("stop", {"stop": ["s"] * 17}), ("stop", {"stop": "s" * 513}), ("stop", {"stop": ["s" * 513]}),
+    ("stop", {"stop": [""]}), ("stop", {"stop": 5}),
+    ("stop_token_ids", {"stop_token_ids": [-1]}), ("stop_token_ids", {"stop_token_ids": [10**9]}),
+    ("stop_token_ids", {"stop_token_ids": list(range(65))}),
+    ("logit_bias", {"logit_bias": {str(i): 1 for i in range(1025)}}), ("logit_bias", {"logit_bias": {"-1": 1}}),
+    ("logit_bias", {"logit_bias": {"999999": 1}}), ("logit_bias", {"logit_bias": {"5": 101}}),
+    ("logit_bias", {"logit_bias": {"abc": 1}}), ("cache_salt", {"cache_salt": ""}),
+    ("cache_salt", {"cache_salt": "s" * 257}), ("prompt", {"prompt": []}), ("prompt", {"prompt": [[]]}),
+    ("prompt", {"prompt": [-1]}), ("prompt", {"prompt": [10**9]}), ("prompt", {"prompt": 5}),
+    ("prompt", {"prompt": [5] * 600}), ("max_tokens", {"prompt": "hi", "max_tokens": 600}),
+    ("echo", {"echo": True}), ("model", {"model": "../../etc/passwd"}),
+]
+
+
+@pytest.mark.parametrize("param, fields", OUT_OF_RANGE,
+                         ids=[f"{p}={f if isinstance(f, bytes) else json.dumps(f)[:40]}" for p, f in OUT_OF_RANGE])
+def test_out_of_range_fields_name_the_parameter(server, param, fields):
+    body = fields if isinstance(fields, bytes) else json.dumps({**X, **fields}).encode()
+    code, out, _ = call(server.url + "/v1/completions", body)
+    assert code in (400, 404), out
+    err = out["error"]
+    assert param in (err["param"] or "") or param in err["message"], err
+
+
+CHAT_OUT_OF_RANGE = [("top_logprobs", {"logprobs": True, "top_logprobs": 21}),
+                     ("top_logprobs", {"top_logprobs": 2}),
+                     ("max_completion_tokens", {"max_completion_tokens": 0}),
+                     ("chat_template", {"chat_template": "{{ messages }}"})]
+
+
+@pytest.mark.parametrize("param, fields", CHAT_OUT_OF_RANGE, ids=[p for p, _ in CHAT_OUT_OF_RANGE])
+def test_chat_out_of_range_fields(server, param, fields):
+    code, out, _ = call(server.url + "/v1/chat/completions",
+                        {"messages": [{"role": "user", "content": "x"}], **fields})
+    assert_error(code, out, 400)
+    assert param in (out["error"]["param"] or "") or param in out["error"]["message"], out
+
+
+def test_10mb_body_is_413(server):
+    big = json.dumps({"prompt": "x" * (10 * 1024 * 1024)}).encode()
+    code, out, _ = call(server.url + "/v1/completions", big)
+    assert_error(code, out, 413, contains="too large")
+
+
+def test_oversized_header_is_refused(server):
+    """aiohttp refuses header lines over 8 KiB before any handler runs."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n")
+        reply = s.recv(4096).decode(errors="replace")
+    status = int(reply.split(" ", 2)[1])
+    assert status in (400, 431), reply
+    assert "header" in reply.lower() or "8190" in reply, reply
+
+
+def test_server_keeps_serving_after_bad_input(server):
+    code, out, _ = call(server.url + "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+    assert code == 200 and out["choices"][0]["finish_reason"] in ("length", "stop")

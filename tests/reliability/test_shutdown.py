@@ -1,0 +1,58 @@
+"""SIGTERM: requests in flight finish, new ones get 503 (the server keeps listening while it
+drains), /health says draining, then the process exits 0."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+import urllib.request
+
+from tests.reliability.conftest import assert_error, call
+from tests.server.conftest import Server
+
+
+def test_sigterm_drains_in_flight_requests_and_refuses_new_ones():
+    s = Server("--shutdown-timeout", "30")
+    result = {}
+
+    def long_request():
+        body = {"prompt": "Count: 1, 2,", "max_tokens": 80, "ignore_eos": True, "temperature": 0}
+        result["status"], result["body"], _ = call(s.url + "/v1/completions", body)
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    time.sleep(0.5)  # the request is running
+    s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    code, out, _ = call(s.url + "/v1/completions", {"prompt": "late", "max_tokens": 2})
+    assert_error(code, out, 503, "service_unavailable", contains="shutting down")
+    try:
+        urllib.request.urlopen(s.url + "/health", timeout=5)
+        raise AssertionError("/health answered 200 while draining")
+    except urllib.error.HTTPError as e:
+        assert e.code == 503 and json.loads(e.read())["status"] == "draining"
+    t.join(timeout=60)
+    assert result.get("status") == 200, result
+    assert result["body"]["choices"][0]["finish_reason"] == "length"
+    assert s.proc.wait(timeout=60) == 0
+
+
+def test_shutdown_timeout_bounds_the_drain():
+    s = Server("--shutdown-timeout", "1")
+    result = {}
+
+    def endless():
+        body = {"prompt": "Count: 1, 2,", "max_tokens": 450, "ignore_eos": True}
+        result["status"], result["body"], _ = call(s.url + "/v1/completions", body, timeout=120)
+
+    t = threading.Thread(target=endless)
+    t.start()
+    time.sleep(0.5)
+    started = time.monotonic()
+    s.proc.send_signal(signal.SIGTERM)
+    assert s.proc.wait(timeout=30) == 0
+    assert time.monotonic() - started < 10
+    t.join(timeout=30)
+    assert result.get("status") != 200 or result["body"]["choices"][0]["finish_reason"] != "length"
