@@ -9,6 +9,9 @@ _ERROR = {"type": "object", "properties": {"error": {"type": "object", "properti
     "message": {"type": "string"}, "type": {"type": "string"},
     "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
 
+# A streamed response: server-sent events whose data is a JSON chunk (or an error), then [DONE].
+_SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
+
 
 def _post(model, summary: str) -> dict:
     name = model.__name__
@@ -17,12 +20,16 @@ def _post(model, summary: str) -> dict:
         "requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}},
         "responses": {
             "200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}},
-                                                      "text/event-stream": {"schema": {"type": "string"}}}},
+                                                      "text/event-stream": {"schema": _SSE_EVENT}}},
             "400": {"description": "Bad request", "content": {"application/json": {"schema": _ERROR}}},
             "401": {"description": "Unauthorized", "content": {"application/json": {"schema": _ERROR}}},
             "404": {"description": "Unknown model", "content": {"application/json": {"schema": _ERROR}}},
             "413": {"description": "Body too large", "content": {"application/json": {"schema": _ERROR}}},
             "415": {"description": "Not JSON", "content": {"application/json": {"schema": _ERROR}}},
+            "429": {"description": "Overloaded: retry after the Retry-After header's seconds",
+                    "content": {"application/json": {"schema": _ERROR}}},
+            "503": {"description": "Shutting down, or the engine stopped",
+                    "content": {"application/json": {"schema": _ERROR}}},
         }}}
 
 

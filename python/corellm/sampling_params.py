@@ -4,6 +4,7 @@ construction with a ValueError that names the field and the value."""
 from __future__ import annotations
 
 import enum
+import struct
 from dataclasses import dataclass, field
 
 
@@ -14,6 +15,14 @@ class RequestOutputKind(enum.Enum):
 
 
 _GREEDY_EPS = 1e-5  # temperatures below this are greedy, as in vLLM
+
+
+def _as_float32(value: float) -> float:
+    """`value` rounded to float32, as the sampling kernels will see it (inf when too large)."""
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return float("inf")
 
 
 @dataclass
@@ -66,8 +75,8 @@ class SamplingParams:
                 raise ValueError(f"{name} must be a finite number, got {value!r}.")
         if self.temperature < 0:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if not 0 < _as_float32(self.top_p) <= 1:  # the kernels see float32: 1e-300 would be 0
+            raise ValueError(f"top_p must be in (0, 1] (and representable as a float32), got {self.top_p}.")
         if not is_int(self.top_k) or self.top_k < 0:
             raise ValueError(f"top_k must be 0 or -1 (disable), or at least 1, got {self.top_k!r}.")
         if not 0 <= self.min_p <= 1:
@@ -76,8 +85,9 @@ class SamplingParams:
             raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
         if not -2 <= self.frequency_penalty <= 2:
             raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
-        if not 0 < self.repetition_penalty <= 2:
-            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}.")
+        if not 0 < _as_float32(self.repetition_penalty) <= 2:
+            raise ValueError(f"repetition_penalty must be in (0, 2] (and representable as a float32), "
+                             f"got {self.repetition_penalty}.")
         if self.max_tokens is not None and (not is_int(self.max_tokens) or self.max_tokens < 1):
             raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens!r}.")
         if not is_int(self.min_tokens) or self.min_tokens < 0:
