@@ -1,5 +1,15 @@
 """corellm: a vLLM-v1-style LLM inference engine with a compiled core."""
 
+import os
+
+# oneDNN caches one compiled primitive per GEMM shape, and torch's ideep layer another cache on
+# top; both default to 1024 entries of ~1 MB. A server sees a new row count almost every step, so
+# the resident size would climb by a gigabyte or more before plateauing. 128 each bounds it near
+# +140 MB while the shapes of consecutive steps (one decode batch size) still hit. Read by the
+# libraries when torch loads: set before it, and a user's own setting wins.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "128")
+os.environ.setdefault("LRU_CACHE_CAPACITY", "128")
+
 # torch first: its libgomp.so.1 is then the one OpenMP runtime in the process, which the native
 # kernels share (see CMakeLists.txt), instead of a second thread pool fighting it for the cores.
 import torch  # noqa: F401
