@@ -10,6 +10,7 @@ import contextlib
 
 import aiohttp
 import pytest
+import torch
 from aiohttp.test_utils import TestServer
 
 from corellm.config import EngineConfig
@@ -95,9 +96,10 @@ def test_nan_logits_end_only_that_request(loaded):
             execute(so)
             state = runner._state
             if state is not None and state.logits is not None:
-                for row, req_id in enumerate(so.req_ids):
-                    if req_id in ids:
-                        state.logits[row] = float("nan")
+                with torch.inference_mode():  # the logits are an inference tensor
+                    for row, req_id in enumerate(so.req_ids):
+                        if req_id in ids:
+                            state.logits[row] = float("nan")
 
         runner.execute_model = execute_model
 
