@@ -25,7 +25,8 @@ def run_corellm(args, prompts) -> dict:
 
     t0 = time.perf_counter()
     llm = LLM(args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.input_len + args.output_len + 16)
+              max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.input_len + args.output_len + 16,
+              **({"block_size": args.block_size} if args.block_size else {}))
     load_s = time.perf_counter() - t0
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     llm.generate([{"prompt_token_ids": p} for p in prompts[:2]], params, use_tqdm=False)  # warm-up
@@ -73,6 +74,7 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument("--block-size", type=int, default=None, help="KV block size (default: the engine's)")
     parser.add_argument("--backend", choices=["corellm", "hf", "both"], default="corellm")
     parser.add_argument("--hf-batch-size", type=int, default=64, help="prompts per HF generate call")
     parser.add_argument("--seed", type=int, default=0)

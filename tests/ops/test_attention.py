@@ -45,6 +45,8 @@ CASES = [
     ([(2048, 1)], 9, 3, 64, 16),  # one long decode: the KV range is split across threads
     ([(513, 1), (44, 20), (90, 90), (1, 1)], 16, 4, 64, 8),  # mixed batch, GQA 4
     ([(33, 33), (65, 2)], 6, 2, 32, 16),
+    ([(200, 1), (130, 70), (3, 1)], 9, 3, 64, 64),  # large blocks (decode and a chunk)
+    ([(300, 1), (129, 129)], 8, 2, 128, 128),
 ]
 
 
@@ -76,7 +78,7 @@ def test_paged_attention_random_batches():
         kv_heads = rng.choice([1, 2, 3])
         heads = kv_heads * rng.choice([1, 2, 3, 4])
         head_size = rng.choice([32, 64, 80])
-        block_size = rng.choice([4, 8, 16, 32])
+        block_size = rng.choice([4, 8, 16, 32, 64, 128])
         seqs = []
         for _ in range(rng.randrange(1, 6)):
             L = rng.randrange(1, 300)
