@@ -86,6 +86,16 @@ async def assert_nothing_held(engine: AsyncLLM, session) -> None:
         assert r.status == 200
 
 
+def check_isolated(loaded, inject) -> None:
+    """With `inject` applied, the poisoned requests fail alone and nothing stays held."""
+    async def run():
+        async with serving(loaded, inject) as (engine, session):
+            await one_bad_among_good(session)
+            await assert_nothing_held(engine, session)
+
+    asyncio.run(run())
+
+
 def test_nan_logits_end_only_that_request(loaded):
     def inject(engine):
         ids = poisoned_ids(engine)
@@ -103,12 +113,7 @@ def test_nan_logits_end_only_that_request(loaded):
 
         runner.execute_model = execute_model
 
-    async def run():
-        async with serving(loaded, inject) as (engine, session):
-            await one_bad_among_good(session)
-            await assert_nothing_held(engine, session)
-
-    asyncio.run(run())
+    check_isolated(loaded, inject)
 
 
 def test_detokenizer_failure_ends_only_that_request(loaded):
@@ -126,12 +131,7 @@ def test_detokenizer_failure_ends_only_that_request(loaded):
 
         processor.add_request = add_request
 
-    async def run():
-        async with serving(loaded, inject) as (engine, session):
-            await one_bad_among_good(session)
-            await assert_nothing_held(engine, session)
-
-    asyncio.run(run())
+    check_isolated(loaded, inject)
 
 
 def test_failed_forward_ends_its_step_and_the_engine_serves_on(loaded):
