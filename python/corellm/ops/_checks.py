@@ -4,17 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from corellm import _core
-
-_DTYPE_TAGS = {torch.float32: _core.kernels.DTYPE_F32, torch.bfloat16: _core.kernels.DTYPE_BF16}
-
-
-def dtype_tag(op: str, t: torch.Tensor) -> int:
-    tag = _DTYPE_TAGS.get(t.dtype)
-    if tag is None:
-        raise ValueError(f"{op}: dtype {t.dtype} is not supported on the CPU (float32 or bfloat16)")
-    return tag
-
 
 def check(
     op: str,
@@ -64,12 +53,3 @@ def check_shape(op: str, name: str, t: torch.Tensor, shape: tuple) -> None:
 
 def row_stride(t: torch.Tensor) -> int:
     return t.stride(0) if t.dim() > 0 else 0
-
-
-def require_cpu(op: str, t: torch.Tensor) -> None:
-    if t.device.type == "cuda":
-        raise NotImplementedError(
-            f"{op}: CUDA tensors need corellm._cuda, which is not built in this installation"
-        )
-    if t.device.type != "cpu":
-        raise ValueError(f"{op}: tensors on {t.device} are not supported")

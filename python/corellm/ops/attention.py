@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from corellm import _core
-from corellm.ops._checks import check, check_shape, dtype_tag, require_cpu, row_stride
+from corellm.ops._backend import backend
+from corellm.ops._checks import check, check_shape, row_stride
 
 
 def kv_pack(dtype: torch.dtype) -> int:
@@ -40,7 +41,6 @@ def unpack_kv_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple
 
 def _check_caches(op: str, key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[int, int, int, int]:
     check(op, "key_cache", key_cache, ndim=5, contiguous=True)
-    require_cpu(op, key_cache)
     check(op, "value_cache", value_cache, ndim=5, dtype=key_cache.dtype, device=key_cache.device, contiguous=True)
     num_blocks, num_kv_heads, hdx, block_size, x = key_cache.shape
     if x != kv_pack(key_cache.dtype):
@@ -61,15 +61,15 @@ def reshape_and_cache(
     """key/value [num_tokens, num_kv_heads * head_size] -> their slots (negative slot: skipped)."""
     op = "reshape_and_cache"
     num_blocks, num_kv_heads, head_size, block_size = _check_caches(op, key_cache, value_cache)
-    tag = dtype_tag(op, key_cache)
+    be = backend(op, key_cache)
     n = slot_mapping.shape[0] if isinstance(slot_mapping, torch.Tensor) else 0
     check(op, "slot_mapping", slot_mapping, ndim=1, dtype=torch.int32, device=key_cache.device, contiguous=True)
     for name, t in (("key", key), ("value", value)):
         check(op, name, t, ndim=2, dtype=key_cache.dtype, device=key_cache.device)
         check_shape(op, name, t, (n, num_kv_heads * head_size))
-    _core.kernels.reshape_and_cache(key.data_ptr(), row_stride(key), value.data_ptr(), row_stride(value),
+    be.kernels.reshape_and_cache(key.data_ptr(), row_stride(key), value.data_ptr(), row_stride(value),
                                     key_cache.data_ptr(), value_cache.data_ptr(), slot_mapping.data_ptr(), n,
-                                    num_blocks, num_kv_heads, head_size, block_size, tag)
+                                    num_blocks, num_kv_heads, head_size, block_size, be.dtype, *be.extra)
 
 
 def paged_attention(
@@ -89,7 +89,7 @@ def paged_attention(
     num_heads * head_size]."""
     op = "paged_attention"
     num_blocks, num_kv_heads, head_size, block_size = _check_caches(op, key_cache, value_cache)
-    tag = dtype_tag(op, key_cache)
+    tag = backend(op, key_cache, cuda=False).dtype
     check(op, "q", q, ndim=2, dtype=key_cache.dtype, device=key_cache.device)
     if q.shape[1] % head_size or (q.shape[1] // head_size) % num_kv_heads:
         raise ValueError(f"{op}: q width {q.shape[1]} is not a multiple of num_kv_heads ({num_kv_heads}) "

@@ -4,24 +4,23 @@ from __future__ import annotations
 
 import torch
 
-from corellm import _core
-from corellm.ops._checks import check, check_shape, dtype_tag, require_cpu, row_stride
+from corellm.ops._backend import backend
+from corellm.ops._checks import check, check_shape, row_stride
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None) -> torch.Tensor:
     """out[t] = weight * x[t] / sqrt(mean(x[t]^2) + eps). x: [num_tokens, hidden]."""
     op = "rms_norm"
     check(op, "x", x, ndim=2)
-    require_cpu(op, x)
-    tag = dtype_tag(op, x)
+    be = backend(op, x)
     check(op, "weight", weight, ndim=1, dtype=x.dtype, device=x.device, contiguous=True)
     check_shape(op, "weight", weight, (x.shape[1],))
     if out is None:
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
     check(op, "out", out, ndim=2, dtype=x.dtype, device=x.device)
     check_shape(op, "out", out, tuple(x.shape))
-    _core.kernels.rms_norm(out.data_ptr(), row_stride(out), x.data_ptr(), row_stride(x), weight.data_ptr(),
-                           x.shape[0], x.shape[1], float(eps), tag)
+    be.kernels.rms_norm(out.data_ptr(), row_stride(out), x.data_ptr(), row_stride(x), weight.data_ptr(),
+                        x.shape[0], x.shape[1], float(eps), be.dtype, *be.extra)
     return out
 
 
@@ -31,12 +30,11 @@ def fused_add_rms_norm(
     """In place: residual = x + residual; x = rms_norm(residual). Returns (x, residual)."""
     op = "fused_add_rms_norm"
     check(op, "x", x, ndim=2)
-    require_cpu(op, x)
-    tag = dtype_tag(op, x)
+    be = backend(op, x)
     check(op, "residual", residual, ndim=2, dtype=x.dtype, device=x.device)
     check_shape(op, "residual", residual, tuple(x.shape))
     check(op, "weight", weight, ndim=1, dtype=x.dtype, device=x.device, contiguous=True)
     check_shape(op, "weight", weight, (x.shape[1],))
-    _core.kernels.fused_add_rms_norm(x.data_ptr(), row_stride(x), residual.data_ptr(), row_stride(residual),
-                                     weight.data_ptr(), x.shape[0], x.shape[1], float(eps), tag)
+    be.kernels.fused_add_rms_norm(x.data_ptr(), row_stride(x), residual.data_ptr(), row_stride(residual),
+                                  weight.data_ptr(), x.shape[0], x.shape[1], float(eps), be.dtype, *be.extra)
     return x, residual

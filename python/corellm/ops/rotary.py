@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from corellm import _core
-from corellm.ops._checks import check, check_shape, dtype_tag, require_cpu, row_stride
+from corellm.ops._backend import backend
+from corellm.ops._checks import check, check_shape, row_stride
 
 
 def rotary_embedding(
@@ -21,8 +21,7 @@ def rotary_embedding(
     with cos in the first half and sin in the second. Rotates the first rot_dim dims of each head."""
     op = "rotary_embedding"
     check(op, "q", q, ndim=2)
-    require_cpu(op, q)
-    tag = dtype_tag(op, q)
+    be = backend(op, q)
     check(op, "k", k, ndim=2, dtype=q.dtype, device=q.device)
     check(op, "positions", positions, ndim=1, dtype=torch.int32, device=q.device, contiguous=True)
     check(op, "cos_sin_cache", cos_sin_cache, ndim=2, dtype=torch.float32, device=q.device, contiguous=True)
@@ -33,6 +32,6 @@ def rotary_embedding(
     check_shape(op, "q", q, (n, None))
     check_shape(op, "k", k, (n, None))
     rot_dim = cos_sin_cache.shape[1]
-    _core.kernels.rotary_embedding(positions.data_ptr(), q.data_ptr(), row_stride(q), k.data_ptr(), row_stride(k),
+    be.kernels.rotary_embedding(positions.data_ptr(), q.data_ptr(), row_stride(q), k.data_ptr(), row_stride(k),
                                    cos_sin_cache.data_ptr(), cos_sin_cache.shape[0], n, q.shape[1] // head_size,
-                                   k.shape[1] // head_size, head_size, rot_dim, bool(is_neox), tag)
+                                   k.shape[1] // head_size, head_size, rot_dim, bool(is_neox), be.dtype, *be.extra)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from corellm import _core
-from corellm.ops._checks import check, check_shape, require_cpu
+from corellm.ops._backend import backend
+from corellm.ops._checks import check, check_shape
 
 
 @dataclass
@@ -75,7 +76,7 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
     """logits: float32 [num_reqs, vocab_size], contiguous; overwritten with processed values."""
     op = "sample"
     check(op, "logits", logits, ndim=2, dtype=torch.float32, contiguous=True)
-    require_cpu(op, logits)
+    backend(op, logits, cuda=False)
     n, vocab = logits.shape
     dev = logits.device
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine (no network): build corellm with its CUDA module, run the CUDA
+# tests, write everything to $OUT. Run from the repository root:
+#
+#     OUT=/tmp/gpu_out bash bench/gpu_check.sh
+#
+# Uses the machine's preinstalled torch, pybind11, scikit-build-core and pytest (no downloads:
+# pip --no-build-isolation --no-deps). Each step's log is $OUT/<step>.log; $OUT/summary.txt has
+# one line per step with its status and seconds. Exits non-zero when a step failed.
+set -uo pipefail
+OUT=${OUT:-/tmp/corellm_gpu_check}
+mkdir -p "$OUT"
+PY=${PYTHON:-python}
+status=0
+
+step() {  # step NAME COMMAND...: runs it with its output in $OUT/NAME.log, records status and time
+  local name=$1
+  shift
+  local start=$SECONDS
+  if "$@" >"$OUT/$name.log" 2>&1; then
+    echo "ok    $name ($((SECONDS - start)) s)" | tee -a "$OUT/summary.txt"
+  else
+    echo "FAIL  $name ($((SECONDS - start)) s): see $name.log" | tee -a "$OUT/summary.txt"
+    tail -20 "$OUT/$name.log"
+    status=1
+  fi
+}
+
+: >"$OUT/summary.txt"
+step machine bash -c "nvidia-smi; nvcc --version; $PY -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'"
+step build env CORELLM_CUDA=ON $PY -m pip install -v --no-build-isolation --no-deps -e .
+step import $PY -c "import corellm, corellm._cuda; print('corellm._cuda', sorted(n for n in dir(corellm._cuda) if not n.startswith('_')))"
+step cuda_tests $PY -m pytest -q -rs tests/ops/test_cuda_ops.py --junitxml="$OUT/cuda_tests.xml"
+step cpu_ops_tests $PY -m pytest -q tests/ops
+exit $status

@@ -1,0 +1,77 @@
+// Device helpers shared by the CUDA kernels: dtype conversions, block reductions, dispatch on the
+// dtype tag, and the launch check that turns a CUDA error into an exception naming the op.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "kernels.h"
+
+namespace corellm::cuda {
+
+template <class T>
+__device__ __forceinline__ float to_f32(T v);
+template <>
+__device__ __forceinline__ float to_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <>
+__device__ __forceinline__ float to_f32<__half>(__half v) { return __half2float(v); }
+
+template <class T>
+__device__ __forceinline__ T from_f32(float v);
+template <>
+__device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half from_f32<__half>(float v) { return __float2half_rn(v); }
+
+// v rounded to T and back: the value a T-typed intermediate would hold.
+template <class T>
+__device__ __forceinline__ float round_to(float v) { return to_f32<T>(from_f32<T>(v)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// The sum of v over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = warp_sum(v);
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  v = lane < warps ? partial[lane] : 0.0f;
+  v = warp_sum(v);
+  __syncthreads();  // partial[] may be reused by the caller's next block_sum
+  return v;
+}
+
+inline void check_launch(const char* op) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) throw std::runtime_error(std::string(op) + ": CUDA launch failed: " + cudaGetErrorString(err));
+}
+
+// Calls f(T{}) with T the C++ type of the dtype tag.
+template <class F>
+void dispatch(const char* op, DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::F32: f(float{}); return;
+    case DType::BF16: f(__nv_bfloat16{}); return;
+    case DType::F16: f(__half{}); return;
+  }
+  throw std::invalid_argument(std::string(op) + ": unknown dtype tag " + std::to_string(static_cast<int>(dtype)));
+}
+
+inline cudaStream_t as_stream(std::uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
+
+}  // namespace corellm::cuda

@@ -1,0 +1,63 @@
+// The binding of corellm._cuda: the CUDA launchers on raw device addresses (use corellm.ops, which
+// checks the tensors and passes torch's current stream). Built only when nvcc is found.
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+
+#include "kernels.h"
+
+namespace py = pybind11;
+using corellm::cuda::DType;
+
+namespace {
+
+template <class P>
+P* ptr(std::uintptr_t address) {
+  return reinterpret_cast<P*>(address);
+}
+
+DType dtype_of(int32_t tag) { return static_cast<DType>(tag); }
+
+}  // namespace
+
+PYBIND11_MODULE(_cuda, m) {
+  m.doc() = "corellm's CUDA kernels on raw device addresses (use corellm.ops instead)";
+  m.attr("DTYPE_F32") = static_cast<int32_t>(DType::F32);
+  m.attr("DTYPE_BF16") = static_cast<int32_t>(DType::BF16);
+  m.attr("DTYPE_F16") = static_cast<int32_t>(DType::F16);
+  const auto release = py::call_guard<py::gil_scoped_release>();
+
+  m.def("rms_norm", [](std::uintptr_t out, int64_t out_stride, std::uintptr_t x, int64_t x_stride, std::uintptr_t w,
+                       int64_t num_tokens, int64_t hidden, float eps, int32_t dtype, std::uintptr_t stream) {
+    corellm::cuda::rms_norm(ptr<void>(out), out_stride, ptr<const void>(x), x_stride, ptr<const void>(w), num_tokens,
+                            hidden, eps, dtype_of(dtype), stream);
+  }, release);
+  m.def("fused_add_rms_norm", [](std::uintptr_t x, int64_t x_stride, std::uintptr_t residual, int64_t residual_stride,
+                                 std::uintptr_t w, int64_t num_tokens, int64_t hidden, float eps, int32_t dtype,
+                                 std::uintptr_t stream) {
+    corellm::cuda::fused_add_rms_norm(ptr<void>(x), x_stride, ptr<void>(residual), residual_stride, ptr<const void>(w),
+                                      num_tokens, hidden, eps, dtype_of(dtype), stream);
+  }, release);
+  m.def("silu_and_mul", [](std::uintptr_t out, int64_t out_stride, std::uintptr_t x, int64_t x_stride,
+                           int64_t num_tokens, int64_t d, int32_t dtype, std::uintptr_t stream) {
+    corellm::cuda::silu_and_mul(ptr<void>(out), out_stride, ptr<const void>(x), x_stride, num_tokens, d,
+                                dtype_of(dtype), stream);
+  }, release);
+  m.def("rotary_embedding", [](std::uintptr_t positions, std::uintptr_t q, int64_t q_stride, std::uintptr_t k,
+                               int64_t k_stride, std::uintptr_t cache, int64_t max_position, int64_t num_tokens,
+                               int64_t num_heads, int64_t num_kv_heads, int64_t head_size, int64_t rot_dim,
+                               bool is_neox, int32_t dtype, std::uintptr_t stream) {
+    corellm::cuda::rotary_embedding(ptr<const int32_t>(positions), ptr<void>(q), q_stride, ptr<void>(k), k_stride,
+                                    ptr<const float>(cache), max_position, num_tokens, num_heads, num_kv_heads,
+                                    head_size, rot_dim, is_neox, dtype_of(dtype), stream);
+  }, release);
+  m.def("reshape_and_cache", [](std::uintptr_t key, int64_t key_stride, std::uintptr_t value, int64_t value_stride,
+                                std::uintptr_t key_cache, std::uintptr_t value_cache, std::uintptr_t slot_mapping,
+                                int64_t num_tokens, int64_t num_blocks, int64_t num_kv_heads, int64_t head_size,
+                                int64_t block_size, int32_t dtype, std::uintptr_t stream) {
+    corellm::cuda::reshape_and_cache(ptr<const void>(key), key_stride, ptr<const void>(value), value_stride,
+                                     ptr<void>(key_cache), ptr<void>(value_cache), ptr<const int32_t>(slot_mapping),
+                                     num_tokens, num_blocks, num_kv_heads, head_size, block_size, dtype_of(dtype),
+                                     stream);
+  }, release);
+}

@@ -1,0 +1,42 @@
+// The CUDA kernels' launchers, on raw device addresses (no CUDA or torch types), for the binding
+// module corellm._cuda. Layouts are those of the CPU kernels (cpp/include/corellm/kernels/), so
+// that corellm.ops passes the same arguments whichever device holds the tensors. Every launcher
+// enqueues on `stream` (a cudaStream_t as an integer) and throws std::runtime_error on a failed
+// launch, std::invalid_argument on a bad argument.
+#pragma once
+
+#include <cstdint>
+
+namespace corellm::cuda {
+
+enum class DType : int32_t { F32 = 0, BF16 = 1, F16 = 2 };
+
+// out[t] = w * round(x[t] / rms(x[t])) (HF's order), one block per token.
+void rms_norm(void* out, int64_t out_stride, const void* x, int64_t x_stride, const void* weight,
+              int64_t num_tokens, int64_t hidden, float eps, DType dtype, std::uintptr_t stream);
+
+// residual = x + residual (rounded to the dtype); x = rms_norm(residual). In place.
+void fused_add_rms_norm(void* x, int64_t x_stride, void* residual, int64_t residual_stride, const void* weight,
+                        int64_t num_tokens, int64_t hidden, float eps, DType dtype, std::uintptr_t stream);
+
+// out[t, i] = silu(x[t, i]) * x[t, d + i].
+void silu_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride, int64_t num_tokens, int64_t d,
+                  DType dtype, std::uintptr_t stream);
+
+// In place on the first rot_dim dims of every q and k head; cache [max_position, rot_dim] fp32
+// (cos then sin). NeoX (halves) or GPT-J (interleaved pairs) style.
+void rotary_embedding(const int32_t* positions, void* q, int64_t q_stride, void* k, int64_t k_stride,
+                      const float* cos_sin_cache, int64_t max_position, int64_t num_tokens, int64_t num_heads,
+                      int64_t num_kv_heads, int64_t head_size, int64_t rot_dim, bool is_neox, DType dtype,
+                      std::uintptr_t stream);
+
+// Writes token t's K and V into slot slot_mapping[t] of the paged cache (K [blocks, kv heads,
+// head_size / x, block_size, x], V [blocks, kv heads, block_size / x, head_size, x], x = 2 for
+// 16-bit dtypes, 1 for fp32). A negative slot (a padded token) is skipped, and so is one past the
+// cache's num_blocks x block_size slots (a kernel cannot raise; the engine never produces one).
+void reshape_and_cache(const void* key, int64_t key_stride, const void* value, int64_t value_stride,
+                       void* key_cache, void* value_cache, const int32_t* slot_mapping, int64_t num_tokens,
+                       int64_t num_blocks, int64_t num_kv_heads, int64_t head_size, int64_t block_size, DType dtype,
+                       std::uintptr_t stream);
+
+}  // namespace corellm::cuda

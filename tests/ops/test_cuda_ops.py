@@ -1,0 +1,101 @@
+"""The CUDA kernels against the float64 references (the same ones the CPU kernels are held to),
+in bfloat16, float16 and float32. Skipped without a GPU or without corellm._cuda."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from corellm import ops
+from corellm.ops._backend import cuda_available
+from tests.ops import reference
+
+pytestmark = pytest.mark.skipif(not (cuda_available() and torch.cuda.is_available()),
+                                reason="needs corellm._cuda and a CUDA GPU")
+
+DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+TOL = {torch.bfloat16: 2e-2, torch.float16: 2e-3, torch.float32: 1e-5}
+
+
+def close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
+    torch.testing.assert_close(got.cpu().double(), want.cpu().double(), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens, hidden", [(1, 576), (7, 4096), (130, 896), (3, 5120)])
+def test_rms_norm(dtype, tokens, hidden):
+    g = torch.Generator().manual_seed(tokens)
+    x = torch.randn(tokens, hidden, generator=g).to(dtype)
+    w = (1 + 0.1 * torch.randn(hidden, generator=g)).to(dtype)
+    got = ops.rms_norm(x.cuda(), w.cuda(), 1e-5)
+    close(got, reference.rms_norm(x, w, 1e-5), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_add_rms_norm_in_place(dtype):
+    g = torch.Generator().manual_seed(1)
+    x, r = torch.randn(33, 576, generator=g).to(dtype), torch.randn(33, 576, generator=g).to(dtype)
+    w = (1 + 0.1 * torch.randn(576, generator=g)).to(dtype)
+    xc, rc = x.cuda(), r.cuda()
+    out, res = ops.fused_add_rms_norm(xc, rc, w.cuda(), 1e-5)
+    want_res = (x.double() + r.double()).to(dtype)
+    assert out.data_ptr() == xc.data_ptr() and res.data_ptr() == rc.data_ptr()
+    close(res, want_res, dtype)
+    close(out, reference.rms_norm(want_res, w, 1e-5), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens, d", [(1, 1536), (64, 1536), (5, 300)])
+def test_silu_and_mul(dtype, tokens, d):
+    x = torch.randn(tokens, 2 * d, generator=torch.Generator().manual_seed(d)).to(dtype)
+    close(ops.silu_and_mul(x.cuda()), reference.silu_and_mul(x), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("is_neox", [True, False])
+@pytest.mark.parametrize("rot_dim", [64, 32])
+def test_rotary_on_strided_qkv_views(dtype, is_neox, rot_dim):
+    g = torch.Generator().manual_seed(rot_dim)
+    n, heads, kv_heads, head = 17, 9, 3, 64
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * head, generator=g).to(dtype)
+    positions = torch.randint(0, 2048, (n,), generator=g, dtype=torch.int32)
+    cache = reference.cos_sin_cache(2048, rot_dim)
+    want_q = reference.rotary(positions, qkv[:, : heads * head], head, cache, is_neox)
+    want_k = reference.rotary(positions, qkv[:, heads * head : (heads + kv_heads) * head], head, cache, is_neox)
+    dev = qkv.cuda()
+    q, k = dev[:, : heads * head], dev[:, heads * head : (heads + kv_heads) * head]
+    ops.rotary_embedding(positions.cuda(), q, k, head, cache.cuda(), is_neox=is_neox)
+    close(q, want_q, dtype)
+    close(k, want_k, dtype)
+    assert torch.equal(dev[:, (heads + kv_heads) * head :].cpu(), qkv[:, (heads + kv_heads) * head :])  # v untouched
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_reshape_and_cache_matches_the_cpu_layout(dtype, block_size):
+    g = torch.Generator().manual_seed(block_size)
+    nb, kv_heads, head, n = 8, 3, 64, 20
+    k_shape, v_shape = ops.kv_cache_shapes(nb, kv_heads, head, block_size, dtype)
+    slots = torch.randperm(nb * block_size, generator=g)[:n].to(torch.int32)
+    slots[3] = -1  # a padded token: skipped
+    key = torch.randn(n, kv_heads * head, generator=g).to(dtype)
+    value = torch.randn(n, kv_heads * head, generator=g).to(dtype)
+    kc, vc = torch.zeros(k_shape, dtype=dtype), torch.zeros(v_shape, dtype=dtype)
+    kg, vg = kc.cuda(), vc.cuda()
+    ops.reshape_and_cache(key.cuda(), value.cuda(), kg, vg, slots.cuda())
+    if dtype != torch.float16:  # the CPU kernels have no fp16: compare with them where they exist
+        ops.reshape_and_cache(key, value, kc, vc, slots)
+        assert torch.equal(kg.cpu(), kc) and torch.equal(vg.cpu(), vc)
+    k_all, v_all = ops.unpack_kv_cache(kg.cpu(), vg.cpu())
+    for t, slot in enumerate(slots.tolist()):
+        if slot >= 0:
+            b, o = divmod(slot, block_size)
+            assert torch.equal(k_all[b, o].reshape(-1), key[t]) and torch.equal(v_all[b, o].reshape(-1), value[t])
+
+
+def test_ops_without_a_cuda_kernel_say_so():
+    logits = torch.randn(2, 10, device="cuda")
+    md = ops.SamplingMetadata(temperature=torch.zeros(2), seeds=torch.zeros(2, dtype=torch.int64),
+                              steps=torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(NotImplementedError, match="sample: no CUDA kernel yet"):
+        ops.sample(logits, md)
