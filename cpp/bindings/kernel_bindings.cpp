@@ -128,10 +128,16 @@ void bind_kernels(py::module_& m) {
   k.def("philox_uniform", &philox_uniform, arg("seed"), arg("counter"));
   k.attr("GEMV_MAX_ROWS") = kGemvMaxRows;
   k.def("bf16_gemv_available", &bf16_gemv_available);
+  k.def("bf16_gemv_packed_size", &bf16_gemv_packed_size, arg("n"), arg("k"));
+  k.def("bf16_gemv_pack",
+        [](uintptr_t w, uintptr_t packed, int64_t n, int64_t kk) {
+          bf16_gemv_pack(ptr<const uint16_t>(w), ptr<uint16_t>(packed), n, kk);
+        },
+        py::call_guard<py::gil_scoped_release>());
   k.def("bf16_gemv",
-        [](uintptr_t x, int64_t x_stride, uintptr_t w, uintptr_t bias, uintptr_t y, int64_t y_stride, int64_t m,
+        [](uintptr_t x, int64_t x_stride, uintptr_t packed, uintptr_t bias, uintptr_t y, int64_t y_stride, int64_t m,
            int64_t n, int64_t kk) {
-          bf16_gemv(ptr<const uint16_t>(x), x_stride, ptr<const uint16_t>(w), ptr<const uint16_t>(bias),
+          bf16_gemv(ptr<const uint16_t>(x), x_stride, ptr<const uint16_t>(packed), ptr<const uint16_t>(bias),
                     ptr<uint16_t>(y), y_stride, m, n, kk);
         },
         py::call_guard<py::gil_scoped_release>());

@@ -33,21 +33,23 @@ class Linear:
         self.weight: torch.Tensor | None = torch.empty(out_features, in_features, dtype=dtype, device=device)
         self.bias = torch.empty(out_features, dtype=dtype, device=device) if bias else None
         self._packed: torch.Tensor | None = None
+        self._gemv_packed: torch.Tensor | None = None  # corellm's GEMV layout, for single-row products
 
     def finalize(self, keep_weight: bool = False) -> None:
         if self.weight is not None and _can_prepack(self.weight):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
-            # The row-major weight stays for single-row products (decode), where corellm's GEMV
-            # streams it without oneDNN's per-call cost.
-            self._gemv = _GEMV and self.weight.shape[0] * self.weight.shape[1] <= _GEMV_MAX_ELEMENTS
-
-    _gemv = False
+            n, k = self.weight.shape
+            if _GEMV and n * k <= _GEMV_MAX_ELEMENTS:
+                # Single-row products (decode) stream W through corellm's GEMV, without oneDNN's
+                # per-call cost, from a copy packed for sequential reads.
+                self._gemv_packed = torch.empty(_core.kernels.bf16_gemv_packed_size(n, k), dtype=torch.bfloat16)
+                _core.kernels.bf16_gemv_pack(self.weight.data_ptr(), self._gemv_packed.data_ptr(), n, k)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self._gemv and x.shape[0] == 1:
+        if self._gemv_packed is not None and x.shape[0] == 1:
             n, k = self.weight.shape
             y = torch.empty((1, n), dtype=x.dtype)
-            _core.kernels.bf16_gemv(x.data_ptr(), x.stride(0), self.weight.data_ptr(),
+            _core.kernels.bf16_gemv(x.data_ptr(), x.stride(0), self._gemv_packed.data_ptr(),
                                     0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(), n, 1, n, k)
             return y
         if self._packed is not None:

@@ -29,6 +29,9 @@ class Backend:
     extra: tuple  # trailing arguments: () on the CPU, (stream,) on CUDA
 
 
+_CPU_BACKENDS = {dtype: Backend(_core.kernels, tag, ()) for dtype, tag in _CPU_TAGS.items()}
+
+
 def cuda_available() -> bool:
     """Whether corellm._cuda was built (a GPU is another matter: torch.cuda.is_available())."""
     return _cuda is not None
@@ -37,12 +40,12 @@ def cuda_available() -> bool:
 def backend(op: str, t: torch.Tensor, cuda: bool = True) -> Backend:
     """The backend for an op on `t`'s device and dtype; ValueError / NotImplementedError naming
     the op otherwise. cuda=False: the op has no CUDA kernel yet."""
-    device = t.device.type
-    if device == "cpu":
-        tag = _CPU_TAGS.get(t.dtype)
-        if tag is None:
+    if t.is_cpu:
+        cpu = _CPU_BACKENDS.get(t.dtype)
+        if cpu is None:
             raise ValueError(f"{op}: dtype {t.dtype} is not supported on the CPU (float32 or bfloat16)")
-        return Backend(_core.kernels, tag, ())
+        return cpu
+    device = t.device.type
     if device == "cuda":
         if _cuda is None:
             raise NotImplementedError(f"{op}: CUDA tensors need corellm._cuda, which is not built in this "
