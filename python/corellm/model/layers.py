@@ -16,7 +16,7 @@ KVCache = tuple[torch.Tensor, torch.Tensor]  # (key_cache, value_cache) of one l
 
 
 _GEMV = _core.kernels.bf16_gemv_available()
-_GEMV_MAX_ELEMENTS = 8 * 1024 * 1024  # larger matrices (the LM head): oneDNN streams them faster
+_GEMV_MAX_ELEMENTS = 64 * 1024 * 1024  # the packed copy costs memory: beyond 128 MB (a big LM head), oneDNN only
 
 
 def _can_prepack(weight: torch.Tensor) -> bool:
