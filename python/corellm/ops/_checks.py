@@ -46,6 +46,8 @@ def check(
 
 def check_shape(op: str, name: str, t: torch.Tensor, shape: tuple) -> None:
     """`shape` may hold None for a free dimension."""
+    if t.shape == shape:  # the common case, without a generator
+        return
     if len(t.shape) != len(shape) or any(s is not None and s != d for s, d in zip(shape, t.shape)):
         want = tuple("*" if s is None else s for s in shape)
         raise ValueError(f"{op}: {name} must have shape {want}, got {tuple(t.shape)}")
