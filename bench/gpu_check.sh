@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine (no network): build corellm with its CUDA module, run the CUDA
-# tests, write everything to $OUT. Run from the repository root:
+# tests and the CUDA kernel benchmark (bench/cuda_kernels.py), write everything to $OUT. Run from the repository root:
 #
 #     OUT=/tmp/gpu_out bash bench/gpu_check.sh
 #
@@ -32,4 +32,5 @@ step build env CORELLM_CUDA=ON $PY -m pip install -v --no-build-isolation --no-d
 step import $PY -c "import corellm, corellm._cuda; print('corellm._cuda', sorted(n for n in dir(corellm._cuda) if not n.startswith('_')))"
 step cuda_tests $PY -m pytest -q -rs tests/ops/test_cuda_ops.py --junitxml="$OUT/cuda_tests.xml"
 step cpu_ops_tests $PY -m pytest -q tests/ops
+step cuda_kernels_bench $PY bench/cuda_kernels.py --json "$OUT/cuda_kernels.json"
 exit $status

@@ -60,4 +60,16 @@ PYBIND11_MODULE(_cuda, m) {
                                      num_tokens, num_blocks, num_kv_heads, head_size, block_size, dtype_of(dtype),
                                      stream);
   }, release);
+  m.def("paged_attention", [](std::uintptr_t out, std::uintptr_t q, int64_t q_stride, std::uintptr_t key_cache,
+                              std::uintptr_t value_cache, int64_t num_blocks, int64_t num_kv_heads, int64_t head_size,
+                              int64_t block_size, std::uintptr_t block_table, int64_t block_table_stride,
+                              std::uintptr_t seq_lens, std::uintptr_t query_start_loc, int64_t num_seqs,
+                              int64_t num_heads, float scale, int64_t sliding_window, int32_t dtype,
+                              int64_t max_query_len, std::uintptr_t stream) {
+    corellm::cuda::paged_attention(ptr<void>(out), ptr<const void>(q), q_stride, ptr<const void>(key_cache),
+                                   ptr<const void>(value_cache), num_blocks, num_kv_heads, head_size, block_size,
+                                   ptr<const int32_t>(block_table), block_table_stride, ptr<const int32_t>(seq_lens),
+                                   ptr<const int32_t>(query_start_loc), num_seqs, num_heads, scale, sliding_window,
+                                   max_query_len, dtype_of(dtype), stream);
+  }, release);
 }

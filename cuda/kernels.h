@@ -39,4 +39,13 @@ void reshape_and_cache(const void* key, int64_t key_stride, const void* value, i
                        int64_t num_blocks, int64_t num_kv_heads, int64_t head_size, int64_t block_size, DType dtype,
                        std::uintptr_t stream);
 
+// Causal attention of each sequence's query tokens (its last ones) over its cached K/V (the CPU
+// kernel's arguments, plus max_query_len: the grid's extent, known to the caller without reading
+// device memory). out [num_tokens, num_heads * head_size] contiguous; head_size 32, 64 or 128.
+void paged_attention(void* out, const void* q, int64_t q_stride, const void* key_cache, const void* value_cache,
+                     int64_t num_blocks, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
+                     const int32_t* block_table, int64_t block_table_stride, const int32_t* seq_lens,
+                     const int32_t* query_start_loc, int64_t num_seqs, int64_t num_heads, float scale,
+                     int64_t sliding_window, int64_t max_query_len, DType dtype, std::uintptr_t stream);
+
 }  // namespace corellm::cuda

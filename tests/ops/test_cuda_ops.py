@@ -9,6 +9,8 @@ import torch
 from corellm import ops
 from corellm.ops._backend import cuda_available
 from tests.ops import reference
+from tests.ops.test_attention import CASES as ATTENTION_CASES
+from tests.ops.test_attention import make_batch
 
 pytestmark = pytest.mark.skipif(not (cuda_available() and torch.cuda.is_available()),
                                 reason="needs corellm._cuda and a CUDA GPU")
@@ -91,6 +93,33 @@ def test_reshape_and_cache_matches_the_cpu_layout(dtype, block_size):
         if slot >= 0:
             b, o = divmod(slot, block_size)
             assert torch.equal(k_all[b, o].reshape(-1), key[t]) and torch.equal(v_all[b, o].reshape(-1), value[t])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", range(len(ATTENTION_CASES)))
+@pytest.mark.parametrize("pass_max_query_len", [True, False])
+def test_paged_attention(dtype, case, pass_max_query_len):
+    """The CPU kernel's cases: prefill, chunks after prefix hits, decode, long contexts, GQA."""
+    seqs, heads, kv_heads, head_size, block_size = ATTENTION_CASES[case]
+    kc, vc, table, seq_lens, qsl = make_batch(seqs, kv_heads, head_size, block_size, dtype, seed=case)
+    q = torch.randn(int(qsl[-1]), heads * head_size, generator=torch.Generator().manual_seed(case)).to(dtype)
+    scale = head_size**-0.5
+    max_q = max(n for _, n in seqs) if pass_max_query_len else None
+    got = ops.paged_attention(q.cuda(), kc.cuda(), vc.cuda(), table.cuda(), seq_lens.cuda(), qsl.cuda(), scale,
+                              max_query_len=max_q)
+    want = reference.paged_attention(q, kc, vc, table, seq_lens, qsl, scale)
+    close(got, want, dtype)
+
+
+@pytest.mark.parametrize("window", [1, 7, 16, 50])
+def test_paged_attention_sliding_window(window):
+    seqs = [(80, 80), (200, 1), (120, 30)]
+    kc, vc, table, seq_lens, qsl = make_batch(seqs, 2, 64, 16, torch.bfloat16, seed=window)
+    q = torch.randn(int(qsl[-1]), 4 * 64).bfloat16()
+    got = ops.paged_attention(q.cuda(), kc.cuda(), vc.cuda(), table.cuda(), seq_lens.cuda(), qsl.cuda(), 0.125,
+                              sliding_window=window)
+    want = reference.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, sliding_window=window)
+    close(got, want, torch.bfloat16)
 
 
 def test_ops_without_a_cuda_kernel_say_so():

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from corellm import _core
 from corellm.ops._backend import backend
 from corellm.ops._checks import check, check_shape, row_stride
 
@@ -102,14 +101,16 @@ def paged_attention(
     scale: float,
     sliding_window: int = 0,
     out: torch.Tensor | None = None,
+    max_query_len: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's query tokens (its last ones) over its cached K/V.
     q [num_tokens, num_heads * head_size]; block_table [num_seqs, max_blocks] int32;
     seq_lens [num_seqs] int32; query_start_loc [num_seqs + 1] int32. Returns [num_tokens,
-    num_heads * head_size]."""
+    num_heads * head_size]. max_query_len (CUDA): the longest query of the batch, when the caller
+    knows it; otherwise it is read from query_start_loc (a device sync)."""
     op = "paged_attention"
     num_blocks, num_kv_heads, head_size, block_size = _check_caches(op, key_cache, value_cache)
-    tag = backend(op, key_cache, cuda=False).dtype
+    be = backend(op, key_cache)
     check(op, "q", q, ndim=2, dtype=key_cache.dtype, device=key_cache.device)
     if q.shape[1] % head_size or (q.shape[1] // head_size) % num_kv_heads:
         raise ValueError(f"{op}: q width {q.shape[1]} is not a multiple of num_kv_heads ({num_kv_heads}) "
@@ -129,9 +130,14 @@ def paged_attention(
     else:
         check(op, "out", out, ndim=2, dtype=q.dtype, device=q.device, contiguous=True)
         check_shape(op, "out", out, (q.shape[0], q.shape[1]))
-    _core.kernels.paged_attention(out.data_ptr(), q.data_ptr(), row_stride(q), key_cache.data_ptr(),
-                                  value_cache.data_ptr(), num_blocks, num_kv_heads, head_size, block_size,
-                                  block_table.data_ptr(), row_stride(block_table), seq_lens.data_ptr(),
-                                  query_start_loc.data_ptr(), num_seqs, num_heads, float(scale),
-                                  int(sliding_window), tag)
+    extra = be.extra
+    if be.extra:  # CUDA: the grid's extent, then the stream
+        if max_query_len is None:
+            max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max()) if num_seqs else 0
+        extra = (int(max_query_len), *be.extra)
+    be.kernels.paged_attention(out.data_ptr(), q.data_ptr(), row_stride(q), key_cache.data_ptr(),
+                               value_cache.data_ptr(), num_blocks, num_kv_heads, head_size, block_size,
+                               block_table.data_ptr(), row_stride(block_table), seq_lens.data_ptr(),
+                               query_start_loc.data_ptr(), num_seqs, num_heads, float(scale),
+                               int(sliding_window), be.dtype, *extra)
     return out

@@ -1,0 +1,116 @@
+"""Benchmark of corellm's CUDA kernels on a GPU: decode paged attention (achieved GB/s of the KV
+cache read, and % of the GPU's bandwidth: a device-to-device copy measured in the same run, and
+the nominal HBM peak when the GPU is known) at batch 1 / 16 / 64 x context 512 / 2k / 8k, for
+SmolLM2-135M's heads (9 query, 3 KV, 64 dims) and a Llama-3-8B-like config (32, 8, 128); and the
+elementwise ops at decode and prefill sizes. Timed with CUDA events.
+
+    python bench/cuda_kernels.py [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import torch
+
+from corellm import ops
+
+NOMINAL_GBPS = {"H200": 4800.0, "H100 SXM": 3350.0, "H100": 2000.0, "A100-SXM4-80GB": 2039.0, "A100": 1555.0}
+SHAPES = {"SmolLM2-135M": (9, 3, 64), "Llama-3-8B": (32, 8, 128)}
+BLOCK = 16
+
+
+def cuda_time(fn, iters: int = 50) -> float:
+    """Seconds per call (median of 5 batches of `iters`)."""
+    fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3 / iters)
+    return sorted(samples)[2]
+
+
+def copy_bandwidth() -> float:
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    return 2 * a.numel() / cuda_time(lambda: b.copy_(a), iters=10) / 1e9
+
+
+def nominal_peak() -> float | None:
+    name = torch.cuda.get_device_name()
+    return next((v for k, v in NOMINAL_GBPS.items() if k in name), None)
+
+
+def decode_attention_rows(dtype: torch.dtype) -> list[dict]:
+    rows = []
+    for model, (heads, kv_heads, head) in SHAPES.items():
+        for batch in (1, 16, 64):
+            for ctx in (512, 2048, 8192):
+                per = math.ceil(ctx / BLOCK)
+                nb = batch * per
+                ks, vs = ops.kv_cache_shapes(nb, kv_heads, head, BLOCK, dtype)
+                kc = torch.randn(ks, device="cuda").to(dtype)
+                vc = torch.randn(vs, device="cuda").to(dtype)
+                table = torch.randperm(nb, device="cuda").to(torch.int32).view(batch, per)
+                seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
+                qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
+                q = torch.randn(batch, heads * head, device="cuda").to(dtype)
+                t = cuda_time(lambda: ops.paged_attention(q, kc, vc, table, seq_lens, qsl, head**-0.5,
+                                                          max_query_len=1))
+                nbytes = 2 * batch * ctx * kv_heads * head * dtype.itemsize
+                rows.append({"kernel": "paged_attention decode", "model": model, "batch": batch, "context": ctx,
+                             "dtype": str(dtype).replace("torch.", ""), "us": t * 1e6, "GBps": nbytes / t / 1e9})
+                del kc, vc
+    return rows
+
+
+def elementwise_rows(dtype: torch.dtype) -> list[dict]:
+    rows = []
+    for tokens in (64, 8192):
+        x = torch.randn(tokens, 4096, device="cuda").to(dtype)
+        r = torch.randn_like(x)
+        w = torch.randn(4096, device="cuda").to(dtype)
+        gu = torch.randn(tokens, 2 * 14336, device="cuda").to(dtype)
+        for name, fn, nbytes in (
+            ("rms_norm", lambda: ops.rms_norm(x, w, 1e-5), 2 * x.numel() * dtype.itemsize),
+            ("fused_add_rms_norm", lambda: ops.fused_add_rms_norm(x, r, w, 1e-5), 4 * x.numel() * dtype.itemsize),
+            ("silu_and_mul", lambda: ops.silu_and_mul(gu), 3 * gu.numel() // 2 * dtype.itemsize),
+        ):
+            t = cuda_time(fn)
+            rows.append({"kernel": name, "model": "4096 / 14336", "batch": tokens, "context": 0,
+                         "dtype": str(dtype).replace("torch.", ""), "us": t * 1e6, "GBps": nbytes / t / 1e9})
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", help="write the rows here")
+    args = p.parse_args()
+    copy = copy_bandwidth()
+    peak = nominal_peak()
+    print(f"{torch.cuda.get_device_name()}: device copy {copy:.0f} GB/s, nominal peak "
+          f"{'unknown' if peak is None else f'{peak:.0f} GB/s'}\n")
+    rows = decode_attention_rows(torch.bfloat16) + elementwise_rows(torch.bfloat16)
+    print(f"{'kernel':<24} {'model':<14} {'batch':>6} {'context':>8} {'us':>10} {'GB/s':>9} {'% copy':>7} {'% peak':>7}")
+    for r in rows:
+        r["pct_copy"] = 100 * r["GBps"] / copy
+        r["pct_peak"] = None if peak is None else 100 * r["GBps"] / peak
+        pct_peak = "-" if r["pct_peak"] is None else f"{r['pct_peak']:.0f}%"
+        print(f"{r['kernel']:<24} {r['model']:<14} {r['batch']:>6} {r['context']:>8} {r['us']:>10.1f} "
+              f"{r['GBps']:>9.0f} {r['pct_copy']:>6.0f}% {pct_peak:>7}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "copy_GBps": copy, "peak_GBps": peak, "rows": rows},
+                      f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
