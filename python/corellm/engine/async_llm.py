@@ -46,11 +46,15 @@ class _Pending:
     processed: ProcessedRequest
     stats: RequestStats
     child_ids: list[str] = field(default_factory=list)
-    queued_tokens: int = 0  # prompt tokens x samples while no token came yet; 0 once started
+    queued: bool = True  # no token came yet: counted in the queued load
 
     @property
     def queued_requests(self) -> int:
-        return len(self.child_ids) if self.queued_tokens else 0
+        return len(self.child_ids)
+
+    @property
+    def queued_tokens(self) -> int:
+        return len(self.processed.prompt_token_ids) * len(self.child_ids)
 
 
 class AsyncLLM:
@@ -164,9 +168,10 @@ class AsyncLLM:
             listener(outputs, core_outputs)
 
     def _dequeue(self, pending: _Pending) -> None:
-        self.num_queued_requests -= pending.queued_requests
-        self.num_queued_tokens -= pending.queued_tokens
-        pending.queued_tokens = 0
+        if pending.queued:
+            pending.queued = False
+            self.num_queued_requests -= pending.queued_requests
+            self.num_queued_tokens -= pending.queued_tokens
 
     def _forget(self, request_id: str) -> _Pending | None:
         pending = self._requests.pop(request_id, None)
@@ -216,7 +221,6 @@ class AsyncLLM:
         pending = _Pending(asyncio.Queue(), processed,
                            RequestStats(time.monotonic()),
                            self.output_processor.child_ids(processed))
-        pending.queued_tokens = max(1, len(processed.prompt_token_ids) * len(processed.children))
         self.num_queued_requests += pending.queued_requests
         self.num_queued_tokens += pending.queued_tokens
         self._requests[processed.request_id] = pending
