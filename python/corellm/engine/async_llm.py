@@ -60,18 +60,39 @@ class _Pending:
 class AsyncLLM:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
         self.config = config
-        self.loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("start" | "add" | "abort" | "stop", payload)
+        self._started = False
+        # The engine thread loads the model and builds the engine itself, then waits for start():
+        # the process's OpenMP thread team then belongs to the thread that runs the kernels. (A
+        # team made by the loading thread would stay, and with more OpenMP threads than cores
+        # libgomp stops spinning between parallel regions: here, decode steps took 2x as long.)
+        built = threading.Event()
+        failure: list[BaseException] = []
+
+        def build() -> None:
+            try:
+                self.loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device)
+                self.engine_core = EngineCore(self.loaded, config, lambda p: self.input_processor.stop_token_ids(p))
+            except BaseException as e:  # noqa: BLE001 - re-raised by the constructor
+                failure.append(e)
+            finally:
+                built.set()
+
+        self._thread: threading.Thread | None = threading.Thread(target=self._engine_thread, args=(build,),
+                                                                 name="corellm-engine", daemon=True)
+        self._thread.start()
+        built.wait()
+        if failure:
+            self._thread.join()
+            raise failure[0]
         gen = self.loaded.generation_config
         eos = gen.get("eos_token_id")
         extra_eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-        self.engine_core = EngineCore(self.loaded, config, lambda p: self.input_processor.stop_token_ids(p))
         self.input_processor = InputProcessor(self.loaded.tokenizer, self.loaded.config.vocab_size,
                                               self.engine_core.max_model_len, extra_eos, config.seed)
         self.output_processor = OutputProcessor(self.loaded.tokenizer)
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("add", reqs) | ("abort", ids) | ("stop", None)
         self._requests: dict[str, _Pending] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
         self.dead_error: BaseException | None = None
         self.stats = SchedulerStats()
         self.num_queued_requests = 0  # engine-core requests admitted without a token yet
@@ -89,12 +110,12 @@ class AsyncLLM:
         return self.loaded.tokenizer
 
     def start(self) -> None:
-        """Starts the engine thread; call from the event loop that will consume the outputs."""
-        if self._thread is not None:
+        """Starts stepping; call from the event loop that will consume the outputs."""
+        if self._started or self._thread is None:
             return
+        self._started = True
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._engine_loop, name="corellm-engine", daemon=True)
-        self._thread.start()
+        self._inbox.put(("start", None))
 
     async def shutdown(self) -> None:
         if self._thread is None:
@@ -104,6 +125,15 @@ class AsyncLLM:
         self._thread = None
 
     # ------------------------------------------------------------------ engine thread
+    def _engine_thread(self, build) -> None:
+        """Builds the engine, waits for start() (or stop), then steps until stopped."""
+        build()
+        if not hasattr(self, "engine_core"):
+            return
+        kind, _ = self._inbox.get()
+        if kind == "start":
+            self._engine_loop()
+
     def _engine_loop(self) -> None:
         core = self.engine_core
         try:
@@ -211,6 +241,8 @@ class AsyncLLM:
         if self.dead_error is not None:
             raise EngineDeadError(f"the engine stopped: {self.dead_error}")
         if self._thread is None:
+            raise EngineDeadError("the engine was shut down")
+        if not self._started:
             self.start()
         if isinstance(prompt, ProcessedRequest):
             processed = prompt
