@@ -36,18 +36,22 @@ class Linear:
         self._gemv_packed: torch.Tensor | None = None  # corellm's GEMV layout, for single-row products
 
     def finalize(self, keep_weight: bool = False) -> None:
+        """Lays the loaded weight out for the kernels. The row-major weight is then dropped once
+        both packed forms exist, unless keep_weight (it is shared: a tied LM head's embedding)."""
         if self.weight is not None and _can_prepack(self.weight):
             self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
-            n, k = self.weight.shape
+            n, k = self.shape = tuple(self.weight.shape)
             if _GEMV and n * k <= _GEMV_MAX_ELEMENTS:
                 # Single-row products (decode) stream W through corellm's GEMV, without oneDNN's
                 # per-call cost, from a copy packed for sequential reads.
                 self._gemv_packed = torch.empty(_core.kernels.bf16_gemv_packed_size(n, k), dtype=torch.bfloat16)
                 _core.kernels.bf16_gemv_pack(self.weight.data_ptr(), self._gemv_packed.data_ptr(), n, k)
+                if not keep_weight:
+                    self.weight = None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._gemv_packed is not None and x.shape[0] == 1:
-            n, k = self.weight.shape
+            n, k = self.shape
             y = torch.empty((1, n), dtype=x.dtype)
             _core.kernels.bf16_gemv(x.data_ptr(), x.stride(0), self._gemv_packed.data_ptr(),
                                     0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(), n, 1, n, k)
