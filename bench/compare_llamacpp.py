@@ -17,13 +17,13 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
 import time
-import urllib.request
 from pathlib import Path
+
+from server_process import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "build" / "llamacpp"
@@ -96,26 +96,6 @@ def corellm_single_stream(model: Path) -> dict:
                  use_tqdm=False)
     tg = 128 / (time.perf_counter() - t)
     return {"pp512": pp, "tg128": tg}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise RuntimeError("server not ready")
 
 
 def serve_bench(name: str, cmd: list[str], port: int, args) -> list[dict]:

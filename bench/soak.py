@@ -26,13 +26,14 @@ import os
 import random
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
 from collections import Counter
 
 import aiohttp
+
+from server_process import free_port, wait_ready
 
 LATE_RSS_TOLERANCE_MB = 32.0
 WORDS = ("time river blue engine quiet market seven garden paper signal north bright window story metal cloud "
@@ -188,23 +189,16 @@ def print_report(result: dict, problems: list[str]) -> None:
 
 
 def start_server(server_args: str) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "corellm.cli", "serve", "--port", str(port), *shlex.split(server_args)]
     proc = subprocess.Popen(cmd, env={**os.environ, "TQDM_DISABLE": "1"})
     url = f"http://127.0.0.1:{port}"
-    import urllib.request
-
-    for _ in range(600):
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=1):
-                return proc, url
-        except OSError:
-            time.sleep(0.2)
-    raise SystemExit("the server did not become healthy")
+    try:
+        wait_ready(url, proc)
+    except RuntimeError as e:
+        proc.kill()
+        raise SystemExit(f"the server did not start: {e}") from None
+    return proc, url
 
 
 def main() -> int:

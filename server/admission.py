@@ -39,8 +39,8 @@ class Admission:
     def check(self, processed: list[ProcessedRequest]) -> None:
         """Raises APIError (429, or 400 for a request that can never fit) unless all of
         `processed` may join the queue now. Call right before submitting them."""
-        requests = sum(len(p.children) for p in processed)
-        tokens = sum(len(p.prompt_token_ids) * len(p.children) for p in processed)
+        requests = sum(p.num_sequences for p in processed)
+        tokens = sum(p.num_prompt_tokens for p in processed)
         lim = self.limits
         if tokens > lim.max_queued_tokens:
             raise bad_request(f"the request's prompts hold {tokens} tokens (counting each of the n samples), more "

@@ -133,10 +133,11 @@ class Serving:
             raise
 
     def merged(self, processed: list[ProcessedRequest]) -> AsyncIterator[tuple[int, RequestOutput]]:
-        """Submits now; yields (prompt index, output) from the streaming requests as they come."""
-        return self._merge(processed, self.submit(processed))
+        """Submits now; yields (prompt index, output) from the streaming requests as they come. The
+        caller aborts `processed` when it is done with them (a generator never iterated cannot)."""
+        return self._merge(self.submit(processed))
 
-    async def _merge(self, processed: list[ProcessedRequest], streams: list) -> AsyncIterator[tuple[int, RequestOutput]]:
+    async def _merge(self, streams: list) -> AsyncIterator[tuple[int, RequestOutput]]:
         q: asyncio.Queue = asyncio.Queue()
 
         async def pump(i: int, outputs) -> None:
@@ -163,7 +164,6 @@ class Serving:
         finally:
             for t in tasks:
                 t.cancel()
-            self.abort(processed)
 
 
 # The engine's ValueErrors start with the field they are about; the API's name for it.

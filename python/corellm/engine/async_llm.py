@@ -48,14 +48,6 @@ class _Pending:
     child_ids: list[str] = field(default_factory=list)
     queued: bool = True  # no token came yet: counted in the queued load
 
-    @property
-    def queued_requests(self) -> int:
-        return len(self.child_ids)
-
-    @property
-    def queued_tokens(self) -> int:
-        return len(self.processed.prompt_token_ids) * len(self.child_ids)
-
 
 class AsyncLLM:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
@@ -69,12 +61,14 @@ class AsyncLLM:
         built = threading.Event()
         failure: list[BaseException] = []
 
-        def build() -> None:
+        def build() -> bool:
             try:
                 self.loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device)
                 self.engine_core = EngineCore(self.loaded, config, lambda p: self.input_processor.stop_token_ids(p))
+                return True
             except BaseException as e:  # noqa: BLE001 - re-raised by the constructor
                 failure.append(e)
+                return False
             finally:
                 built.set()
 
@@ -127,8 +121,7 @@ class AsyncLLM:
     # ------------------------------------------------------------------ engine thread
     def _engine_thread(self, build) -> None:
         """Builds the engine, waits for start() (or stop), then steps until stopped."""
-        build()
-        if not hasattr(self, "engine_core"):
+        if not build():
             return
         kind, _ = self._inbox.get()
         if kind == "start":
@@ -200,8 +193,8 @@ class AsyncLLM:
     def _dequeue(self, pending: _Pending) -> None:
         if pending.queued:
             pending.queued = False
-            self.num_queued_requests -= pending.queued_requests
-            self.num_queued_tokens -= pending.queued_tokens
+            self.num_queued_requests -= pending.processed.num_sequences
+            self.num_queued_tokens -= pending.processed.num_prompt_tokens
 
     def _forget(self, request_id: str) -> _Pending | None:
         pending = self._requests.pop(request_id, None)
@@ -253,8 +246,8 @@ class AsyncLLM:
         pending = _Pending(asyncio.Queue(), processed,
                            RequestStats(time.monotonic()),
                            self.output_processor.child_ids(processed))
-        self.num_queued_requests += pending.queued_requests
-        self.num_queued_tokens += pending.queued_tokens
+        self.num_queued_requests += processed.num_sequences
+        self.num_queued_tokens += processed.num_prompt_tokens
         self._requests[processed.request_id] = pending
         self.output_processor.add_request(processed)
         self._inbox.put(("add", processed.children))

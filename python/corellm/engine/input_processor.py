@@ -26,6 +26,16 @@ class ProcessedRequest:
     params: SamplingParams
     children: list[EngineCoreRequest]
 
+    @property
+    def num_sequences(self) -> int:
+        """Engine-core requests: one per sample."""
+        return len(self.children)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Prompt tokens to compute, counting each sample's."""
+        return len(self.prompt_token_ids) * len(self.children)
+
 
 class InputProcessor:
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_model_len: int,

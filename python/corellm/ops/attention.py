@@ -38,27 +38,7 @@ def unpack_kv_cache(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple
     return k, v
 
 
-# Caches already checked, by (address, shape, dtype) of both: they are allocated once and passed to
-# every layer's ops at every step, so each pair is checked once.
-_CHECKED_CACHES: dict[tuple, tuple[int, int, int, int]] = {}
-
-
 def _check_caches(op: str, key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[int, int, int, int]:
-    if not (isinstance(key_cache, torch.Tensor) and isinstance(value_cache, torch.Tensor)):
-        raise ValueError(f"{op}: key_cache and value_cache must be torch.Tensors")
-    key = (key_cache.data_ptr(), key_cache.shape, key_cache.dtype, key_cache.device,
-           value_cache.data_ptr(), value_cache.shape, value_cache.dtype, key_cache.is_contiguous(),
-           value_cache.is_contiguous())
-    dims = _CHECKED_CACHES.get(key)
-    if dims is None:
-        dims = _check_caches_once(op, key_cache, value_cache)
-        if len(_CHECKED_CACHES) > 4096:
-            _CHECKED_CACHES.clear()
-        _CHECKED_CACHES[key] = dims
-    return dims
-
-
-def _check_caches_once(op: str, key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[int, int, int, int]:
     check(op, "key_cache", key_cache, ndim=5, contiguous=True)
     check(op, "value_cache", value_cache, ndim=5, dtype=key_cache.dtype, device=key_cache.device, contiguous=True)
     num_blocks, num_kv_heads, hdx, block_size, x = key_cache.shape
