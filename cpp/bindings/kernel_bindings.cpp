@@ -1,10 +1,14 @@
 // Glue: binds the CPU kernels into corellm._core. Kernels take raw addresses (torch's
 // tensor.data_ptr()), sizes, strides and a dtype tag; python/corellm/ops checks the tensors first.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
+#include <array>
 #include <cstdint>
+#include <vector>
 
 #include "corellm/check.h"
+#include "corellm/kernels/decoder_stack.h"
 #include "corellm/kernels/elementwise.h"
 #include "corellm/kernels/gemv.h"
 #include "corellm/kernels/paged_attention.h"
@@ -25,6 +29,46 @@ DType dtype_of(int32_t tag) {
     throw InvalidArgument(concat("unknown dtype tag ", tag));
   }
   return static_cast<DType>(tag);
+}
+
+// One layer's addresses, in DecoderLayerWeights' order (0: absent).
+using LayerAddresses = std::array<uintptr_t, 11>;
+
+void bind_decoder_stack(py::module_& k) {
+  using py::arg;
+  k.def("decoder_stack_max_tokens", &decoder_stack_max_tokens);
+  py::class_<DecoderStack>(k, "DecoderStack", "A decoder stack run for a few tokens in one call (decoder_stack.h)")
+      .def(py::init([](int64_t vocab_size, int64_t hidden, int64_t num_heads, int64_t num_kv_heads,
+                       int64_t head_size, int64_t intermediate, float eps, float scale, int64_t sliding_window,
+                       uintptr_t cos_sin_cache, int64_t max_position, int64_t rot_dim, uintptr_t embed,
+                       const std::vector<LayerAddresses>& layers, uintptr_t final_norm, int64_t num_blocks,
+                       int64_t block_size) {
+             std::vector<DecoderLayerWeights> weights;
+             for (const LayerAddresses& a : layers) {
+               weights.push_back({ptr<const uint16_t>(a[0]), ptr<const uint16_t>(a[1]), ptr<const uint16_t>(a[2]),
+                                  ptr<const uint16_t>(a[3]), ptr<const uint16_t>(a[4]), ptr<const uint16_t>(a[5]),
+                                  ptr<const uint16_t>(a[6]), ptr<const uint16_t>(a[7]), ptr<const uint16_t>(a[8]),
+                                  ptr<void>(a[9]), ptr<void>(a[10])});
+             }
+             DecoderDims dims{vocab_size, hidden, num_heads, num_kv_heads, head_size, intermediate, eps, scale,
+                              sliding_window, ptr<const float>(cos_sin_cache), max_position, rot_dim};
+             return new DecoderStack(dims, ptr<const uint16_t>(embed), std::move(weights),
+                                     ptr<const uint16_t>(final_norm), {num_blocks, num_kv_heads, head_size, block_size});
+           }),
+           arg("vocab_size"), arg("hidden"), arg("num_heads"), arg("num_kv_heads"), arg("head_size"),
+           arg("intermediate"), arg("eps"), arg("scale"), arg("sliding_window"), arg("cos_sin_cache"),
+           arg("max_position"), arg("rot_dim"), arg("embed"), arg("layers"), arg("final_norm"), arg("num_blocks"),
+           arg("block_size"))
+      .def("forward",
+           [](DecoderStack& s, uintptr_t input_ids, uintptr_t positions, int64_t num_tokens, uintptr_t slot_mapping,
+              uintptr_t block_table, int64_t block_table_stride, uintptr_t seq_lens, uintptr_t query_start_loc,
+              int64_t num_seqs, uintptr_t out) {
+             s.forward({ptr<const int32_t>(input_ids), ptr<const int32_t>(positions), num_tokens,
+                        ptr<const int32_t>(slot_mapping), ptr<const int32_t>(block_table), block_table_stride,
+                        ptr<const int32_t>(seq_lens), ptr<const int32_t>(query_start_loc), num_seqs,
+                        ptr<uint16_t>(out)});
+           },
+           py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace
@@ -125,6 +169,7 @@ void bind_kernels(py::module_& m) {
           sample(b);
         },
         py::call_guard<py::gil_scoped_release>());
+  bind_decoder_stack(k);
   k.def("philox_uniform", &philox_uniform, arg("seed"), arg("counter"));
   k.attr("GEMV_MAX_ROWS") = kGemvMaxRows;
   k.def("bf16_gemv_available", &bf16_gemv_available);

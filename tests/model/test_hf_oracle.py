@@ -14,18 +14,6 @@ from tests.model.tiny_models import ARCHS, make_tiny_model
 pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def tokenizer_json(tmp_path_factory):
-    """A tokenizer.json for the tiny directories (the forward tests do not depend on it)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    t = Tokenizer(models.WordLevel({f"w{i}": i for i in range(384)}, unk_token="w0"))
-    t.pre_tokenizer = pre_tokenizers.Whitespace()
-    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
-    t.save(str(path))
-    return path
-
-
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_prefill_hidden_states_and_logits_match_transformers(arch, tmp_path, tokenizer_json):
     hf = make_tiny_model(arch, tmp_path, tokenizer_json)

@@ -1,0 +1,100 @@
+// A Llama-family model's decoder stack run for a few tokens in one native call: the decode step's
+// whole forward (embedding, every layer's ops, the final norm) without returning to Python
+// between ops. Per-op calls from Python cost 5-20 us each (argument checks, tensor allocation,
+// the binding), ~300 of them per step: a quarter of a single-stream decode step on a small model.
+//
+// It chains the same kernels, in the same order, as the Python layers (python/corellm/model/
+// layers.py) with the GEMV for every projection, so its result is bit-identical to theirs for one
+// token, and each token's result does not depend on how many share the step (the GEMV computes
+// every row alike). bf16 only; projections in the GEMV's packed layout (gemv.h).
+//
+// Per layer, for x the residual stream (un-normalized, as in the Python layers):
+//   h = rms_norm(x)                    (first layer; later ones: x += h, h = rms_norm(x))
+//   qkv = h Wqkv^T (+ b)               [n, q + 2kv]
+//   q, k = rms_norm per head           (Qwen3's q/k norms, when present)
+//   q, k = rotary(q, k, positions)
+//   cache[slot] = k, v
+//   a = paged_attention(q, cache)      [n, q]
+//   h = a Wo^T;  x += h, h = rms_norm(x)
+//   h = down(silu(gate(h)) * up(h))
+// and after the last layer: x += h, out = rms_norm(x).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "corellm/kernels/paged_attention.h"
+
+namespace corellm {
+
+struct DecoderDims {
+  int64_t vocab_size;
+  int64_t hidden;
+  int64_t num_heads;
+  int64_t num_kv_heads;
+  int64_t head_size;
+  int64_t intermediate;
+  float eps;
+  float scale;             // attention softmax scale
+  int64_t sliding_window;  // <= 0: none
+  const float* cos_sin_cache;  // [max_position, rot_dim] fp32, cos then sin (ops.rotary_embedding)
+  int64_t max_position;
+  int64_t rot_dim;
+};
+
+// One layer's weights (bf16) and KV cache. Projections are GEMV-packed (bf16_gemv_pack).
+struct DecoderLayerWeights {
+  const uint16_t* input_norm;           // [hidden]
+  const uint16_t* post_attention_norm;  // [hidden]
+  const uint16_t* qkv;                  // packed [q + 2kv, hidden]
+  const uint16_t* qkv_bias;             // [q + 2kv] or null
+  const uint16_t* q_norm;               // [head_size] or null (no q/k norms)
+  const uint16_t* k_norm;               // [head_size] or null
+  const uint16_t* o;                    // packed [hidden, q]
+  const uint16_t* gate_up;              // packed [2 * intermediate, hidden], gate rows first
+  const uint16_t* down;                 // packed [hidden, intermediate]
+  void* key_cache;                      // layout of paged_attention.h
+  void* value_cache;
+};
+
+// One step's batch: its tokens and the attention metadata (python/corellm/model/attention_metadata.py).
+struct DecoderStepArgs {
+  const int32_t* input_ids;  // [num_tokens]
+  const int32_t* positions;  // [num_tokens]
+  int64_t num_tokens;        // 1 .. kDecoderStackMaxTokens
+  const int32_t* slot_mapping;
+  const int32_t* block_table;  // [num_seqs, block_table_stride]
+  int64_t block_table_stride;
+  const int32_t* seq_lens;
+  const int32_t* query_start_loc;  // [num_seqs + 1]
+  int64_t num_seqs;
+  uint16_t* out;  // [num_tokens, hidden] bf16: the final norm's output
+};
+
+// The most tokens one call takes (the GEMV's row limit).
+int64_t decoder_stack_max_tokens();
+
+class DecoderStack {
+ public:
+  // embed [vocab_size, hidden], final_norm [hidden]; every pointer must outlive the stack.
+  DecoderStack(const DecoderDims& dims, const uint16_t* embed, std::vector<DecoderLayerWeights> layers,
+               const uint16_t* final_norm, const KVCacheShape& cache);
+
+  // Runs the whole stack for the step's tokens. Not reentrant (one set of scratch buffers).
+  void forward(const DecoderStepArgs& step);
+
+ private:
+  void layer(const DecoderLayerWeights& w, const DecoderStepArgs& step, bool first);
+
+  DecoderDims dims_;
+  const uint16_t* embed_;
+  std::vector<DecoderLayerWeights> layers_;
+  const uint16_t* final_norm_;
+  KVCacheShape cache_;
+  int64_t q_size_, kv_size_, qkv_size_;
+  // Scratch, each [max tokens, width]: the residual stream, the normed/projected activations,
+  // qkv, attention output, gate_up, and the MLP's activation.
+  std::vector<uint16_t> residual_, h_, qkv_, attn_, gate_up_, act_;
+};
+
+}  // namespace corellm

@@ -1,0 +1,96 @@
+// The decoder stack for a few tokens in one call (algorithm in decoder_stack.h): the same kernels
+// as the Python layers, chained over scratch buffers owned by the stack.
+#include "corellm/kernels/decoder_stack.h"
+
+#include <cstring>
+#include <utility>
+
+#include "corellm/check.h"
+#include "corellm/kernels/elementwise.h"
+#include "corellm/kernels/gemv.h"
+
+namespace corellm {
+
+int64_t decoder_stack_max_tokens() { return kGemvMaxRows; }
+
+DecoderStack::DecoderStack(const DecoderDims& dims, const uint16_t* embed, std::vector<DecoderLayerWeights> layers,
+                           const uint16_t* final_norm, const KVCacheShape& cache)
+    : dims_(dims), embed_(embed), layers_(std::move(layers)), final_norm_(final_norm), cache_(cache) {
+  CORELLM_CHECK_ARG(bf16_gemv_available(), "DecoderStack needs a CPU with AVX512-BF16");
+  CORELLM_CHECK_ARG(dims.hidden > 0 && dims.num_heads > 0 && dims.num_kv_heads > 0 && dims.head_size > 0 &&
+                        dims.intermediate > 0 && dims.vocab_size > 0,
+                    "DecoderStack: every dimension must be positive");
+  CORELLM_CHECK_ARG(dims.num_heads % dims.num_kv_heads == 0, "DecoderStack: num_heads (", dims.num_heads,
+                    ") must be a multiple of num_kv_heads (", dims.num_kv_heads, ")");
+  CORELLM_CHECK_ARG(cache.num_kv_heads == dims.num_kv_heads && cache.head_size == dims.head_size,
+                    "DecoderStack: the KV cache's heads (", cache.num_kv_heads, " x ", cache.head_size,
+                    ") differ from the model's (", dims.num_kv_heads, " x ", dims.head_size, ")");
+  CORELLM_CHECK_ARG(embed && final_norm && dims.cos_sin_cache, "DecoderStack: null embedding, norm or rope cache");
+  for (const DecoderLayerWeights& w : layers_) {
+    CORELLM_CHECK_ARG(w.input_norm && w.post_attention_norm && w.qkv && w.o && w.gate_up && w.down &&
+                          w.key_cache && w.value_cache && (w.q_norm == nullptr) == (w.k_norm == nullptr),
+                      "DecoderStack: a layer lacks a weight or its KV cache");
+  }
+  q_size_ = dims.num_heads * dims.head_size;
+  kv_size_ = dims.num_kv_heads * dims.head_size;
+  qkv_size_ = q_size_ + 2 * kv_size_;
+  const auto rows = static_cast<size_t>(kGemvMaxRows);
+  residual_.resize(rows * dims.hidden);
+  h_.resize(rows * dims.hidden);
+  qkv_.resize(rows * qkv_size_);
+  attn_.resize(rows * q_size_);
+  gate_up_.resize(rows * 2 * dims.intermediate);
+  act_.resize(rows * dims.intermediate);
+}
+
+void DecoderStack::forward(const DecoderStepArgs& step) {
+  const int64_t n = step.num_tokens, hidden = dims_.hidden;
+  CORELLM_CHECK_ARG(n >= 1 && n <= kGemvMaxRows, "DecoderStack takes 1 to ", kGemvMaxRows, " tokens, got ", n);
+  CORELLM_CHECK_ARG(step.num_seqs >= 1 && step.query_start_loc[0] == 0 && step.query_start_loc[step.num_seqs] == n,
+                    "DecoderStack: query_start_loc must run from 0 to num_tokens (", n, ") over ", step.num_seqs,
+                    " sequences");
+  for (int64_t t = 0; t < n; ++t) {  // the embedding lookup, into the residual stream
+    const int32_t id = step.input_ids[t];
+    CORELLM_CHECK_ARG(id >= 0 && id < dims_.vocab_size, "token id ", id, " is outside the vocabulary [0, ",
+                      dims_.vocab_size, ")");
+    std::memcpy(&residual_[t * hidden], embed_ + static_cast<int64_t>(id) * hidden, hidden * sizeof(uint16_t));
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) layer(layers_[i], step, i == 0);
+  fused_add_rms_norm(h_.data(), hidden, residual_.data(), hidden, final_norm_, n, hidden, dims_.eps, DType::BF16);
+  std::memcpy(step.out, h_.data(), n * hidden * sizeof(uint16_t));
+}
+
+void DecoderStack::layer(const DecoderLayerWeights& w, const DecoderStepArgs& step, bool first) {
+  const int64_t n = step.num_tokens, hidden = dims_.hidden, inter = dims_.intermediate;
+  const DType bf16 = DType::BF16;
+  uint16_t *x = residual_.data(), *h = h_.data(), *qkv = qkv_.data();
+  if (first) {
+    rms_norm(h, hidden, x, hidden, w.input_norm, n, hidden, dims_.eps, bf16);
+  } else {
+    fused_add_rms_norm(h, hidden, x, hidden, w.input_norm, n, hidden, dims_.eps, bf16);
+  }
+  bf16_gemv(h, hidden, w.qkv, w.qkv_bias, qkv, qkv_size_, n, qkv_size_, hidden);
+  uint16_t *q = qkv, *k = qkv + q_size_, *v = qkv + q_size_ + kv_size_;
+  if (w.q_norm != nullptr) {  // per head, in place: each token's heads are contiguous rows
+    for (int64_t t = 0; t < n; ++t) {
+      rms_norm(q + t * qkv_size_, dims_.head_size, q + t * qkv_size_, dims_.head_size, w.q_norm, dims_.num_heads,
+               dims_.head_size, dims_.eps, bf16);
+      rms_norm(k + t * qkv_size_, dims_.head_size, k + t * qkv_size_, dims_.head_size, w.k_norm,
+               dims_.num_kv_heads, dims_.head_size, dims_.eps, bf16);
+    }
+  }
+  rotary_embedding(step.positions, q, qkv_size_, k, qkv_size_, dims_.cos_sin_cache, dims_.max_position, n,
+                   dims_.num_heads, dims_.num_kv_heads, dims_.head_size, dims_.rot_dim, /*is_neox=*/true, bf16);
+  reshape_and_cache(k, qkv_size_, v, qkv_size_, w.key_cache, w.value_cache, step.slot_mapping, n, cache_, bf16);
+  PagedAttentionArgs a{attn_.data(), q, qkv_size_, w.key_cache, w.value_cache, cache_, step.block_table,
+                       step.block_table_stride, step.seq_lens, step.query_start_loc, step.num_seqs,
+                       dims_.num_heads, dims_.scale, dims_.sliding_window, bf16};
+  paged_attention(a);
+  bf16_gemv(attn_.data(), q_size_, w.o, nullptr, h, hidden, n, hidden, q_size_);
+  fused_add_rms_norm(h, hidden, x, hidden, w.post_attention_norm, n, hidden, dims_.eps, bf16);
+  bf16_gemv(h, hidden, w.gate_up, nullptr, gate_up_.data(), 2 * inter, n, 2 * inter, hidden);
+  silu_and_mul(act_.data(), inter, gate_up_.data(), 2 * inter, n, inter, bf16);
+  bf16_gemv(act_.data(), inter, w.down, nullptr, h, hidden, n, hidden, inter);
+}
+
+}  // namespace corellm

@@ -1,0 +1,83 @@
+"""The native decoder stack (one C++ call per step of up to four tokens) against the per-op
+Python forward on tiny random models of every architecture, in bf16: bit-identical for one token,
+each row independent of its batch, close to the per-op (oneDNN) path for several tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from corellm import _core
+from corellm.model import load_model
+from corellm.model.native_stack import MAX_TOKENS
+from tests.model.runner import PagedRunner
+from tests.model.tiny_models import ARCHS, make_tiny_model
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(not _core.kernels.bf16_gemv_available(), reason="needs AVX512-BF16")
+
+
+@pytest.fixture(scope="module", params=sorted(ARCHS))
+def tiny_bf16(request, tmp_path_factory, tokenizer_json):
+    directory = tmp_path_factory.mktemp(request.param)
+    make_tiny_model(request.param, directory, tokenizer_json, seed=7)
+    model = load_model(str(directory), dtype="bfloat16", progress=False).model
+    assert model._native_stack_applies
+    return model
+
+
+def _prompts(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 384, (n,), generator=g).tolist() for n in lengths]
+
+
+def _decode(model, prompts, steps, native, together=True):
+    """Prefills each prompt (op by op: longer than MAX_TOKENS), then decodes `steps` greedy tokens,
+    all sequences in one step (together) or each in a step of its own. Returns logits per step."""
+    runner = PagedRunner(model, 64, len(prompts), block_size=8, seed=1)
+    model.use_native_stack = False
+    last = runner.step(prompts)
+    model.use_native_stack = native
+    out = []
+    for _ in range(steps):
+        nxt = last.argmax(-1).tolist()
+        if together:
+            last = runner.step([[t] for t in nxt])
+        else:
+            last = torch.cat([runner.step([[t] if j == i else [] for j in range(len(prompts))])
+                              for i, t in enumerate(nxt)])
+        out.append(last)
+    model.use_native_stack = True
+    return torch.stack(out)
+
+
+def test_one_token_is_bit_identical_to_the_per_op_forward(tiny_bf16):
+    prompts = _prompts([13])
+    assert torch.equal(_decode(tiny_bf16, prompts, 12, native=True), _decode(tiny_bf16, prompts, 12, native=False))
+
+
+def test_each_row_is_independent_of_its_batch(tiny_bf16):
+    prompts = _prompts([9, 21, 5, 30][:MAX_TOKENS], seed=2)
+    together = _decode(tiny_bf16, prompts, 8, native=True)
+    alone = _decode(tiny_bf16, prompts, 8, native=True, together=False)
+    assert torch.equal(together, alone)
+    per_op = _decode(tiny_bf16, prompts, 8, native=False)  # oneDNN for several rows: other roundings
+    torch.testing.assert_close(together, per_op, atol=0.15, rtol=0.05)
+
+
+def test_a_short_prefill_chunk_matches_the_per_op_forward(tiny_bf16):
+    prompt = _prompts([11], seed=3)[0]
+    logits = {}
+    for native in (True, False):
+        runner = PagedRunner(tiny_bf16, 32, 1, block_size=8)
+        tiny_bf16.use_native_stack = native
+        runner.step([prompt[:8]])
+        logits[native] = runner.step([prompt[8:]])  # 3 query tokens over 8 cached ones
+    tiny_bf16.use_native_stack = True
+    torch.testing.assert_close(logits[True], logits[False], atol=0.15, rtol=0.05)
+
+
+def test_a_token_outside_the_vocabulary_is_refused(tiny_bf16):
+    runner = PagedRunner(tiny_bf16, 16, 1)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        runner.step([[384]])
