@@ -62,32 +62,36 @@ def test_paged_attention_matches_reference(dtype, case):
     torch.testing.assert_close(got.double(), want, **TOL[dtype])
 
 
-@pytest.mark.parametrize("window", [1, 7, 16, 50])
-def test_paged_attention_sliding_window(window):
-    seqs = [(80, 80), (200, 1), (120, 30)]
-    kc, vc, table, seq_lens, qsl = make_batch(seqs, 2, 64, 16, torch.float32, seed=window)
-    q = torch.randn(int(qsl[-1]), 4 * 64)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [1, 7, 16, 50, 150])
+def test_paged_attention_sliding_window(window, dtype):
+    seqs = [(80, 80), (200, 1), (120, 30), (300, 300)]
+    kc, vc, table, seq_lens, qsl = make_batch(seqs, 2, 64, 16, dtype, seed=window)
+    q = torch.randn(int(qsl[-1]), 4 * 64).to(dtype)
     got = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, sliding_window=window)
     want = ref.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, sliding_window=window)
-    torch.testing.assert_close(got.double(), want, **TOL[torch.float32])
+    torch.testing.assert_close(got.double(), want, **TOL[dtype])
 
 
-def test_paged_attention_random_batches():
-    rng = random.Random(0)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_random_batches(dtype):
+    """Random shapes; in bf16 they reach the per-token fold (one query token), the span fold
+    (several) and the generic path (block sizes under 16, head size 80)."""
+    rng = random.Random(0 if dtype == torch.float32 else 1)
     for trial in range(25):
         kv_heads = rng.choice([1, 2, 3])
         heads = kv_heads * rng.choice([1, 2, 3, 4])
-        head_size = rng.choice([32, 64, 80])
+        head_size = rng.choice([32, 64, 80, 128])
         block_size = rng.choice([4, 8, 16, 32, 64, 128])
         seqs = []
         for _ in range(rng.randrange(1, 6)):
             L = rng.randrange(1, 300)
             seqs.append((L, rng.choice([1, L, rng.randrange(1, L + 1)])))
-        kc, vc, table, seq_lens, qsl = make_batch(seqs, kv_heads, head_size, block_size, torch.float32, trial)
-        q = torch.randn(int(qsl[-1]), heads * head_size)
+        kc, vc, table, seq_lens, qsl = make_batch(seqs, kv_heads, head_size, block_size, dtype, trial)
+        q = torch.randn(int(qsl[-1]), heads * head_size).to(dtype)
         got = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.1)
         want = ref.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.1)
-        torch.testing.assert_close(got.double(), want, **TOL[torch.float32], msg=f"trial {trial}: {seqs}")
+        torch.testing.assert_close(got.double(), want, **TOL[dtype], msg=f"trial {trial}: {seqs}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -159,3 +163,25 @@ def test_attention_rejects_bad_metadata():
     with pytest.raises(ValueError, match="is outside the cache's"):
         ops.reshape_and_cache(torch.randn(1, 128), torch.randn(1, 128), kc, vc,
                               torch.tensor([10**6], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seqs", [[(21, 21)], [(37, 1)], [(50, 7)], [(100, 100)]])
+def test_stale_nan_slots_past_the_sequence_do_not_leak(dtype, seqs):
+    """Slots of the last block beyond seq_len hold whatever an earlier owner left (here NaN); the
+    kernels must not let them reach the output, in neither the per-token nor the span fold."""
+    kc, vc, table, seq_lens, qsl = make_batch(seqs, 3, 64, 16, dtype, seed=4)
+    L = seqs[0][0]
+    last_block, used = int(table[0, (L - 1) // 16]), (L - 1) % 16 + 1
+    x = ops.kv_pack(dtype)
+    kc.view(kc.shape[0], 3, 64 // x, 16, x)[last_block, :, :, used:, :] = float("nan")  # keys past L
+    vc_rows = vc.permute(0, 2, 4, 1, 3).reshape(vc.shape[0], 16, 3, 64).clone()  # [blocks, slot, head, dim]
+    vc_rows[last_block, used:] = float("nan")
+    vc.copy_(vc_rows.view(vc.shape[0], 16 // x, x, 3, 64).permute(0, 3, 1, 4, 2))
+    k_all, v_all = ops.unpack_kv_cache(kc, vc)
+    assert torch.isnan(k_all[last_block, used:]).all() and torch.isnan(v_all[last_block, used:]).all()
+    q = torch.randn(int(qsl[-1]), 9 * 64).to(dtype)
+    got = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125)
+    assert not torch.isnan(got).any()
+    want = ref.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125)
+    torch.testing.assert_close(got.double(), want, **TOL[dtype])

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "attention_block.h"
+#include "attention_tile.h"
 #include "corellm/check.h"
 
 namespace corellm {
@@ -73,7 +74,62 @@ struct WorkItem {
 struct Scratch {
   std::vector<float> q, k, v, s, m, l, acc;
   std::vector<uint32_t> qb;
+  std::vector<int64_t> lo, hi;  // the span fold's rows: visible key positions
+  std::vector<float> tile_s, tile_correction;
+  std::vector<uint32_t> tile_p;
 };
+
+// Query tokens from which an item's rows are folded a span at a time (attention_tile.h): below,
+// the per-token fold (a decode's one token is bound by reading the cache, not by arithmetic).
+constexpr int64_t kSpanFoldMinTokens = 2;
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
+// The item's blocks folded a span (up to kSpanKeys keys) at a time into all its rows at once.
+void run_spans(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, attention::SpanFoldFn fold_span) {
+  using attention::kSpanKeys;
+  const KVCacheShape& c = a.cache;
+  const int64_t hd = c.head_size, bs = c.block_size, nkv = c.num_kv_heads;
+  const int64_t group = a.num_heads / nkv;
+  const int64_t q_len = a.query_start_loc[w.seq + 1] - a.query_start_loc[w.seq];
+  const int64_t seq_len = a.seq_lens[w.seq];
+  const int64_t context = seq_len - q_len;
+  const int64_t rows = (w.q_end - w.q_begin) * group;
+  sc.lo.resize(static_cast<size_t>(rows));
+  sc.hi.resize(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t pos = context + w.q_begin + r / group;
+    sc.lo[static_cast<size_t>(r)] = a.sliding_window > 0 ? std::max<int64_t>(0, pos - a.sliding_window + 1) : 0;
+    sc.hi[static_cast<size_t>(r)] = pos + 1;
+  }
+  sc.tile_s.resize(static_cast<size_t>(rows * kSpanKeys));
+  sc.tile_p.resize(static_cast<size_t>(rows * kSpanKeys / 2));
+  sc.tile_correction.resize(static_cast<size_t>(rows));
+  const attention::TileRows tile{sc.qb.data(), sc.m.data(), sc.l.data(), sc.acc.data(), sc.lo.data(), sc.hi.data(),
+                                 rows};
+  const attention::TileScratch scratch{sc.tile_s.data(), sc.tile_p.data(), sc.tile_correction.data()};
+  const auto* key_cache = static_cast<const uint16_t*>(a.key_cache);
+  const auto* value_cache = static_cast<const uint16_t*>(a.value_cache);
+  const int32_t* table = a.block_table + w.seq * a.block_table_stride;
+  const int64_t blocks_per_span = kSpanKeys / bs;
+  for (int64_t blk = w.block_begin; blk < w.block_end; blk += blocks_per_span) {
+    attention::Span span{};
+    span.t0 = blk * bs;
+    span.valid_end = seq_len;
+    const int64_t end = std::min(w.block_end, blk + blocks_per_span);
+    for (int64_t b = blk; b < end; ++b) {
+      const uint16_t* kb = key_cache + (table[b] * nkv + w.kv_head) * hd * bs;
+      const uint16_t* vb = value_cache + (table[b] * nkv + w.kv_head) * bs * hd;
+      for (int64_t o = 0; o < bs; o += 16) {
+        const int64_t kv = span.keys / 16;
+        span.k[kv] = kb + o * 2;
+        span.v[kv] = vb + (o / 2) * hd * 2;
+        span.keys += 16;
+      }
+    }
+    fold_span(tile, span, bs, a.scale, scratch);
+  }
+}
+#endif
 
 template <class T>
 void run_item(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, float* partials) {
@@ -116,7 +172,15 @@ void run_item(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, float
     }
   }
 
-  for (int64_t blk = w.block_begin; blk < w.block_end; ++blk) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
+  const attention::SpanFoldFn fold_span =
+      bf16_path && w.q_end - w.q_begin >= kSpanFoldMinTokens ? attention::select_span_fold(hd, bs) : nullptr;
+  if (fold_span != nullptr) run_spans(a, w, sc, fold_span);
+  const int64_t block_end = fold_span != nullptr ? w.block_begin : w.block_end;  // done: skip the per-token fold
+#else
+  const int64_t block_end = w.block_end;
+#endif
+  for (int64_t blk = w.block_begin; blk < block_end; ++blk) {
     const int64_t t0 = blk * bs;
     const T* kb = key_cache + (table[blk] * nkv + w.kv_head) * hd * bs;
     const T* vb = value_cache + (table[blk] * nkv + w.kv_head) * bs * hd;

@@ -1,0 +1,213 @@
+// The prefill step of paged attention on bf16 caches: fold a span of KV blocks into the
+// online-softmax state of many query rows at once (the rows of several query tokens, all heads
+// sharing one KV head). Versus the per-token fold (attention_block.h), each K/V load serves up to
+// kTileRows rows, and the softmax bookkeeping (max, rescale, sum) happens once per span of up to
+// 128 keys instead of once per 16: prefill attention is compute-bound, and this is where its
+// time went. Same arithmetic as fold_rows_bf16: dpbf16 scores scaled in fp32, probabilities
+// rounded to bf16 for P.V. Internal to paged_attention.cpp.
+//
+// Per span [t0, t0 + keys):
+//   S[r, j] = scale * q_r . k_j                       (all rows, all keys of the span)
+//   masked to row r's visible keys [lo_r, hi_r) (causal, sliding window)
+//   m'_r = max(m_r, max_j S[r, j]);  P[r, j] = e^(S[r, j] - m'_r);  l_r = l_r e^(m_r - m'_r) + sum_j P
+//   acc_r = acc_r e^(m_r - m'_r) + sum_j P[r, j] v_j
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "attention_block.h"
+
+namespace corellm::attention {
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
+
+constexpr int kTileRows = 8;        // rows sharing each K/V load (accumulators in registers)
+constexpr int64_t kSpanKeys = 128;  // the most keys one span holds (blocks of up to 128 keys)
+
+// A span of consecutive keys (positions [t0, t0 + keys), keys a multiple of 16, at most
+// kSpanKeys), as addresses per 16 keys into the blocks holding them.
+struct Span {
+  const uint16_t* k[kSpanKeys / 16];  // the 16 keys' first dim pair: block's kb + offset * 2
+  const uint16_t* v[kSpanKeys / 16];  // the 16 keys' first key pair: block's vb + offset / 2 * HD * 2
+  int64_t t0;
+  int64_t keys;
+  int64_t valid_end;  // keys at positions >= valid_end were never written for this sequence
+};
+
+// The rows folded together: row r's query (bf16 pairs, unscaled), its online-softmax state, and
+// its visible key positions [lo[r], hi[r]).
+struct TileRows {
+  const uint32_t* qb;  // [num_rows, HD / 2]
+  float* m;
+  float* l;
+  float* acc;  // [num_rows, HD]
+  const int64_t* lo;
+  const int64_t* hi;
+  int64_t num_rows;
+};
+
+// Scratch of one thread: S and P of every row for one span, and each row's rescale factor.
+struct TileScratch {
+  float* s;           // [num_rows, kSpanKeys]
+  uint32_t* p;        // [num_rows, kSpanKeys / 2]
+  float* correction;  // [num_rows]
+};
+
+// S = q . K^T for rows [r0, r0 + R): each K load feeds R dot products. bs: keys per block (the
+// stride between dim pairs in a block's K).
+template <int HD, int R>
+void tile_scores(const TileRows& rows, const Span& span, int64_t bs, int64_t r0, float* s) {
+  for (int64_t kv = 0; kv < span.keys / 16; ++kv) {
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    const uint16_t* kb = span.k[kv];
+#pragma GCC unroll 4
+    for (int dp = 0; dp < HD / 2; ++dp) {
+      const __m512bh k = (__m512bh)_mm512_loadu_si512(kb + dp * bs * 2);
+      for (int r = 0; r < R; ++r) {
+        const auto q = static_cast<int32_t>(rows.qb[(r0 + r) * (HD / 2) + dp]);
+        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(q), k);
+      }
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + (r0 + r) * kSpanKeys + kv * 16, acc[r]);
+  }
+}
+
+// Row r's softmax over the span's vectors of 16 keys (at most V, kept in registers): updates m and l,
+// writes P as bf16 pairs (0 where hidden) and the factor acc is rescaled by. A row that sees no
+// key of the span gets P = 0, factor 1.
+template <int V>
+void tile_softmax_row(const TileRows& rows, const Span& span, int64_t r, float scale, const TileScratch& sc) {
+  const int64_t lo = std::max<int64_t>(rows.lo[r] - span.t0, 0);
+  const int64_t hi = std::min<int64_t>(rows.hi[r] - span.t0, span.keys);
+  uint32_t* p_row = sc.p + r * (kSpanKeys / 2);
+  const int64_t vectors = span.keys / 16;
+  if (hi <= lo) {
+    std::fill(p_row, p_row + vectors * 8, 0u);
+    sc.correction[r] = 1.0f;
+    return;
+  }
+  const float* s = sc.s + r * kSpanKeys;
+  const bool all_visible = lo == 0 && hi == V * 16 && vectors == V;  // the common case: no mask
+  __mmask16 visible[V];
+  __m512 x[V];
+  __m512 row_max = _mm512_set1_ps(kNegInf);
+  for (int kv = 0; kv < V; ++kv) {
+    if (kv >= vectors) {
+      visible[kv] = 0;
+      x[kv] = _mm512_set1_ps(kNegInf);
+      continue;
+    }
+    x[kv] = _mm512_mul_ps(_mm512_loadu_ps(s + kv * 16), _mm512_set1_ps(scale));
+    if (!all_visible) {
+      int64_t first, last;
+      visible[kv] = kv * 16 < hi && kv * 16 + 16 > lo ? visible_lanes(kv * 16, lo, hi, first, last) : 0;
+      x[kv] = _mm512_mask_blend_ps(visible[kv], _mm512_set1_ps(kNegInf), x[kv]);
+    }
+    row_max = _mm512_max_ps(row_max, x[kv]);
+  }
+  const float m_new = std::max(rows.m[r], _mm512_reduce_max_ps(row_max));
+  const float correction = rescale(rows.m[r], m_new);
+  __m512 sum = _mm512_setzero_ps();
+  for (int kv = 0; kv < V && kv < vectors; ++kv) {
+    __m512 p = exp16(_mm512_sub_ps(x[kv], _mm512_set1_ps(m_new)));
+    if (!all_visible) p = _mm512_maskz_mov_ps(visible[kv], p);
+    sum = _mm512_add_ps(sum, p);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p_row + kv * 8), (__m256i)_mm512_cvtneps_pbh(p));
+  }
+  rows.l[r] = rows.l[r] * correction + _mm512_reduce_add_ps(sum);
+  rows.m[r] = m_new;
+  sc.correction[r] = correction;
+}
+
+// acc = acc * correction + P V for rows [r0, r0 + R), key pairs [pair_begin, pair_end) of the
+// span. V pairs holding a key never written (>= valid_end) are loaded as zero, so that a stale
+// NaN cannot meet a zero probability.
+template <int HD, int R>
+void tile_values(const TileRows& rows, const Span& span, int64_t r0, int64_t pair_begin, int64_t pair_end,
+                 const TileScratch& sc) {
+  for (int c = 0; c < HD / 16; ++c) {
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) {
+      acc[r] = _mm512_mul_ps(_mm512_loadu_ps(rows.acc + (r0 + r) * HD + 16 * c),
+                             _mm512_set1_ps(sc.correction[r0 + r]));
+    }
+    for (int64_t kp = pair_begin; kp < pair_end; ++kp) {
+      const int64_t key = span.t0 + 2 * kp;
+      const __mmask32 keep = key + 1 < span.valid_end ? 0xFFFFFFFFu : key < span.valid_end ? 0x55555555u : 0u;
+      const uint16_t* vp = span.v[kp / 8] + ((kp % 8) * HD + 16 * c) * 2;
+      const __m512bh v = (__m512bh)_mm512_maskz_loadu_epi16(keep, vp);
+      for (int r = 0; r < R; ++r) {
+        const auto p = static_cast<int32_t>(sc.p[(r0 + r) * (kSpanKeys / 2) + kp]);
+        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(p), v);
+      }
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(rows.acc + (r0 + r) * HD + 16 * c, acc[r]);
+  }
+}
+
+// Calls f(std::integral_constant<int, R>, r0) over rows [begin, end) in blocks of R = kTileRows,
+// then 4, 2, 1 rows.
+template <class F>
+void for_row_blocks(int64_t begin, int64_t end, F&& f) {
+  int64_t r = begin;
+  for (; r + kTileRows <= end; r += kTileRows) f(std::integral_constant<int, kTileRows>{}, r);
+  if (r + 4 <= end) {
+    f(std::integral_constant<int, 4>{}, r);
+    r += 4;
+  }
+  if (r + 2 <= end) {
+    f(std::integral_constant<int, 2>{}, r);
+    r += 2;
+  }
+  if (r < end) f(std::integral_constant<int, 1>{}, r);
+}
+
+// Folds the span into every row that sees a key of it.
+template <int HD>
+void fold_span_bf16(const TileRows& rows, const Span& span, int64_t bs, float scale, const TileScratch& sc) {
+  int64_t r_begin = rows.num_rows, r_end = 0, key_lo = span.keys, key_hi = 0;
+  for (int64_t r = 0; r < rows.num_rows; ++r) {
+    const int64_t lo = std::max<int64_t>(rows.lo[r] - span.t0, 0);
+    const int64_t hi = std::min<int64_t>(rows.hi[r] - span.t0, span.keys);
+    if (hi <= lo) continue;
+    r_begin = std::min(r_begin, r);
+    r_end = r + 1;
+    key_lo = std::min(key_lo, lo);
+    key_hi = std::max(key_hi, hi);
+  }
+  if (r_end <= r_begin) return;
+  for_row_blocks(r_begin, r_end, [&](auto rows_in_block, int64_t r0) {
+    tile_scores<HD, decltype(rows_in_block)::value>(rows, span, bs, r0, sc.s);
+  });
+  for (int64_t r = r_begin; r < r_end; ++r) {
+    const int64_t vectors = span.keys / 16;
+    if (vectors > 4) tile_softmax_row<8>(rows, span, r, scale, sc);
+    else if (vectors > 2) tile_softmax_row<4>(rows, span, r, scale, sc);
+    else if (vectors > 1) tile_softmax_row<2>(rows, span, r, scale, sc);
+    else tile_softmax_row<1>(rows, span, r, scale, sc);
+  }
+  const int64_t pair_begin = key_lo / 2, pair_end = (key_hi + 1) / 2;
+  for_row_blocks(r_begin, r_end, [&](auto rows_in_block, int64_t r0) {
+    tile_values<HD, decltype(rows_in_block)::value>(rows, span, r0, pair_begin, pair_end, sc);
+  });
+}
+
+using SpanFoldFn = void (*)(const TileRows& rows, const Span& span, int64_t bs, float scale, const TileScratch& sc);
+
+// The span fold for this head size and block size, or null where the per-token fold serves.
+inline SpanFoldFn select_span_fold(int64_t hd, int64_t bs) {
+  if (bs % 16 != 0 || bs > kSpanKeys) return nullptr;
+  switch (hd) {
+    case 32: return &fold_span_bf16<32>;
+    case 64: return &fold_span_bf16<64>;
+    case 128: return &fold_span_bf16<128>;
+    default: return nullptr;
+  }
+}
+
+#endif
+
+}  // namespace corellm::attention
