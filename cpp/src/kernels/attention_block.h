@@ -145,15 +145,21 @@ void fold_rows_bf16(const RowState* rows, const uint16_t* kb, const uint16_t* vb
                     float scale) {
   constexpr int kChunks = HD / 16;
   for (int64_t t0 = lo - lo % 16; t0 < hi; t0 += 16) {
-    __m512 s[R];
-    for (int r = 0; r < R; ++r) s[r] = _mm512_setzero_ps();
+    // Two accumulators per row (even and odd dim pairs): with a few rows, one chain per row
+    // would wait on the dot product's latency.
+    __m512 s[R], s_odd[R];
+    for (int r = 0; r < R; ++r) s[r] = s_odd[r] = _mm512_setzero_ps();
 #pragma GCC unroll 4
-    for (int dp = 0; dp < HD / 2; ++dp) {
-      const __m512bh k = (__m512bh)_mm512_loadu_si512(kb + (dp * BS + t0) * 2);
+    for (int dp = 0; dp < HD / 2; dp += 2) {
+      const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kb + (dp * BS + t0) * 2);
+      const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kb + ((dp + 1) * BS + t0) * 2);
       for (int r = 0; r < R; ++r) {
-        s[r] = _mm512_dpbf16_ps(s[r], (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(rows[r].qb[dp])), k);
+        s[r] = _mm512_dpbf16_ps(s[r], (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(rows[r].qb[dp])), k0);
+        s_odd[r] =
+            _mm512_dpbf16_ps(s_odd[r], (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(rows[r].qb[dp + 1])), k1);
       }
     }
+    for (int r = 0; r < R; ++r) s[r] = _mm512_add_ps(s[r], s_odd[r]);
     int64_t first, last;
     const __mmask16 visible = visible_lanes(t0, lo, hi, first, last);
     alignas(64) uint32_t pairs[R][8];  // probabilities as bf16 pairs (key 2j low, key 2j+1 high)
@@ -165,21 +171,30 @@ void fold_rows_bf16(const RowState* rows, const uint16_t* kb, const uint16_t* vb
       corr[r] = _mm512_set1_ps(correction);
     }
     const int64_t pair_begin = first / 2, pair_end = (last + 1) / 2;
-    for (int c = 0; c < kChunks; ++c) {
-      __m512 acc[R];
-      for (int r = 0; r < R; ++r) acc[r] = _mm512_mul_ps(_mm512_loadu_ps(rows[r].acc + 16 * c), corr[r]);
+    // kGroup chunks of the head at once (R x kGroup accumulators, at most 16 registers), so that
+    // the chains of consecutive key pairs interleave.
+    constexpr int kGroup = std::min(kChunks, R <= 1 ? 8 : R == 2 ? 8 : 4);
+    for (int c0 = 0; c0 < kChunks; c0 += kGroup) {
+      __m512 acc[R][kGroup];
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < kGroup; ++c)
+          acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(rows[r].acc + 16 * (c0 + c)), corr[r]);
       for (int64_t kp = pair_begin; kp < pair_end; ++kp) {
         // A pair half outside [first, last) may hold stale or unwritten values: load it as zero
         // so that its zero probability cannot meet a NaN.
         __mmask32 keep = 0xFFFFFFFFu;
         if (2 * kp < first) keep &= 0xAAAAAAAAu;
         if (2 * kp + 1 >= last) keep &= 0x55555555u;
-        const __m512bh v = (__m512bh)_mm512_maskz_loadu_epi16(keep, vb + ((t0 / 2 + kp) * HD + 16 * c) * 2);
+        __m512bh v[kGroup];
+        for (int c = 0; c < kGroup; ++c)
+          v[c] = (__m512bh)_mm512_maskz_loadu_epi16(keep, vb + ((t0 / 2 + kp) * HD + 16 * (c0 + c)) * 2);
         for (int r = 0; r < R; ++r) {
-          acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(pairs[r][kp])), v);
+          const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(pairs[r][kp]));
+          for (int c = 0; c < kGroup; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], p, v[c]);
         }
       }
-      for (int r = 0; r < R; ++r) _mm512_storeu_ps(rows[r].acc + 16 * c, acc[r]);
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < kGroup; ++c) _mm512_storeu_ps(rows[r].acc + 16 * (c0 + c), acc[r][c]);
     }
   }
 }
