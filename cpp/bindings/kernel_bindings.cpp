@@ -10,7 +10,7 @@
 #include "corellm/check.h"
 #include "corellm/kernels/decoder_stack.h"
 #include "corellm/kernels/elementwise.h"
-#include "corellm/kernels/gemv.h"
+#include "corellm/kernels/packed_gemm.h"
 #include "corellm/kernels/paged_attention.h"
 #include "corellm/kernels/sampler.h"
 
@@ -36,7 +36,6 @@ using LayerAddresses = std::array<uintptr_t, 11>;
 
 void bind_decoder_stack(py::module_& k) {
   using py::arg;
-  k.def("decoder_stack_max_tokens", &decoder_stack_max_tokens);
   py::class_<DecoderStack>(k, "DecoderStack", "A decoder stack run for a few tokens in one call (decoder_stack.h)")
       .def(py::init([](int64_t vocab_size, int64_t hidden, int64_t num_heads, int64_t num_kv_heads,
                        int64_t head_size, int64_t intermediate, float eps, float scale, int64_t sliding_window,
@@ -171,18 +170,17 @@ void bind_kernels(py::module_& m) {
         py::call_guard<py::gil_scoped_release>());
   bind_decoder_stack(k);
   k.def("philox_uniform", &philox_uniform, arg("seed"), arg("counter"));
-  k.attr("GEMV_MAX_ROWS") = kGemvMaxRows;
-  k.def("bf16_gemv_available", &bf16_gemv_available);
-  k.def("bf16_gemv_packed_size", &bf16_gemv_packed_size, arg("n"), arg("k"));
-  k.def("bf16_gemv_pack",
+  k.def("bf16_gemm_available", &bf16_gemm_available);
+  k.def("bf16_gemm_packed_size", &bf16_gemm_packed_size, arg("n"), arg("k"));
+  k.def("bf16_gemm_pack",
         [](uintptr_t w, uintptr_t packed, int64_t n, int64_t kk) {
-          bf16_gemv_pack(ptr<const uint16_t>(w), ptr<uint16_t>(packed), n, kk);
+          bf16_gemm_pack(ptr<const uint16_t>(w), ptr<uint16_t>(packed), n, kk);
         },
         py::call_guard<py::gil_scoped_release>());
-  k.def("bf16_gemv",
+  k.def("bf16_gemm",
         [](uintptr_t x, int64_t x_stride, uintptr_t packed, uintptr_t bias, uintptr_t y, int64_t y_stride, int64_t m,
            int64_t n, int64_t kk) {
-          bf16_gemv(ptr<const uint16_t>(x), x_stride, ptr<const uint16_t>(packed), ptr<const uint16_t>(bias),
+          bf16_gemm(ptr<const uint16_t>(x), x_stride, ptr<const uint16_t>(packed), ptr<const uint16_t>(bias),
                     ptr<uint16_t>(y), y_stride, m, n, kk);
         },
         py::call_guard<py::gil_scoped_release>());

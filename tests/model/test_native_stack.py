@@ -1,6 +1,6 @@
-"""The native decoder stack (one C++ call per step of up to four tokens) against the per-op
-Python forward on tiny random models of every architecture, in bf16: bit-identical for one token,
-each row independent of its batch, close to the per-op (oneDNN) path for several tokens."""
+"""The native decoder stack (one C++ call per step) against the per-op Python forward on tiny
+random models of every architecture, in bf16: bit-identical for decode steps, batched or alone,
+and for prefills and chunks; each sequence's logits independent of its batch."""
 
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ import torch
 
 from corellm import _core
 from corellm.model import load_model
-from corellm.model.native_stack import MAX_TOKENS
 from tests.model.runner import PagedRunner
 from tests.model.tiny_models import ARCHS, make_tiny_model
 
 pytest.importorskip("transformers")
-pytestmark = pytest.mark.skipif(not _core.kernels.bf16_gemv_available(), reason="needs AVX512-BF16")
+pytestmark = pytest.mark.skipif(not _core.kernels.bf16_gemm_available(), reason="needs AVX512-BF16")
 
 
 @pytest.fixture(scope="module", params=sorted(ARCHS))
@@ -32,10 +31,10 @@ def _prompts(lengths, seed=0):
 
 
 def _decode(model, prompts, steps, native, together=True):
-    """Prefills each prompt (op by op: longer than MAX_TOKENS), then decodes `steps` greedy tokens,
-    all sequences in one step (together) or each in a step of its own. Returns logits per step."""
+    """Prefills the prompts, then decodes `steps` greedy tokens, all sequences in one step
+    (together) or each in a step of its own. Returns logits per step."""
     runner = PagedRunner(model, 64, len(prompts), block_size=8, seed=1)
-    model.use_native_stack = False
+    model.use_native_stack = native
     last = runner.step(prompts)
     model.use_native_stack = native
     out = []
@@ -51,30 +50,29 @@ def _decode(model, prompts, steps, native, together=True):
     return torch.stack(out)
 
 
-def test_one_token_is_bit_identical_to_the_per_op_forward(tiny_bf16):
+def test_one_sequence_is_bit_identical_to_the_per_op_forward(tiny_bf16):
     prompts = _prompts([13])
     assert torch.equal(_decode(tiny_bf16, prompts, 12, native=True), _decode(tiny_bf16, prompts, 12, native=False))
 
 
-def test_each_row_is_independent_of_its_batch(tiny_bf16):
-    prompts = _prompts([9, 21, 5, 30][:MAX_TOKENS], seed=2)
+def test_a_batch_is_bit_identical_to_the_per_op_forward_and_to_each_sequence_alone(tiny_bf16):
+    prompts = _prompts([9, 21, 5, 30, 17, 2, 40, 11, 3], seed=2)
     together = _decode(tiny_bf16, prompts, 8, native=True)
-    alone = _decode(tiny_bf16, prompts, 8, native=True, together=False)
-    assert torch.equal(together, alone)
-    per_op = _decode(tiny_bf16, prompts, 8, native=False)  # oneDNN for several rows: other roundings
-    torch.testing.assert_close(together, per_op, atol=0.15, rtol=0.05)
+    assert torch.equal(together, _decode(tiny_bf16, prompts, 8, native=False))
+    assert torch.equal(together, _decode(tiny_bf16, prompts, 8, native=True, together=False))
 
 
-def test_a_short_prefill_chunk_matches_the_per_op_forward(tiny_bf16):
-    prompt = _prompts([11], seed=3)[0]
+def test_chunked_prefill_is_bit_identical_to_the_per_op_forward(tiny_bf16):
+    prompt = _prompts([50], seed=3)[0]
     logits = {}
     for native in (True, False):
-        runner = PagedRunner(tiny_bf16, 32, 1, block_size=8)
+        runner = PagedRunner(tiny_bf16, 64, 1, block_size=8)
         tiny_bf16.use_native_stack = native
         runner.step([prompt[:8]])
-        logits[native] = runner.step([prompt[8:]])  # 3 query tokens over 8 cached ones
+        runner.step([prompt[8:11]])  # 3 query tokens over 8 cached ones
+        logits[native] = runner.step([prompt[11:]])
     tiny_bf16.use_native_stack = True
-    torch.testing.assert_close(logits[True], logits[False], atol=0.15, rtol=0.05)
+    assert torch.equal(logits[True], logits[False])
 
 
 def test_a_token_outside_the_vocabulary_is_refused(tiny_bf16):

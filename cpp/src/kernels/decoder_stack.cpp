@@ -7,16 +7,14 @@
 
 #include "corellm/check.h"
 #include "corellm/kernels/elementwise.h"
-#include "corellm/kernels/gemv.h"
+#include "corellm/kernels/packed_gemm.h"
 
 namespace corellm {
-
-int64_t decoder_stack_max_tokens() { return kGemvMaxRows; }
 
 DecoderStack::DecoderStack(const DecoderDims& dims, const uint16_t* embed, std::vector<DecoderLayerWeights> layers,
                            const uint16_t* final_norm, const KVCacheShape& cache)
     : dims_(dims), embed_(embed), layers_(std::move(layers)), final_norm_(final_norm), cache_(cache) {
-  CORELLM_CHECK_ARG(bf16_gemv_available(), "DecoderStack needs a CPU with AVX512-BF16");
+  CORELLM_CHECK_ARG(bf16_gemm_available(), "DecoderStack needs a CPU with AVX512-BF16");
   CORELLM_CHECK_ARG(dims.hidden > 0 && dims.num_heads > 0 && dims.num_kv_heads > 0 && dims.head_size > 0 &&
                         dims.intermediate > 0 && dims.vocab_size > 0,
                     "DecoderStack: every dimension must be positive");
@@ -34,21 +32,26 @@ DecoderStack::DecoderStack(const DecoderDims& dims, const uint16_t* embed, std::
   q_size_ = dims.num_heads * dims.head_size;
   kv_size_ = dims.num_kv_heads * dims.head_size;
   qkv_size_ = q_size_ + 2 * kv_size_;
-  const auto rows = static_cast<size_t>(kGemvMaxRows);
-  residual_.resize(rows * dims.hidden);
-  h_.resize(rows * dims.hidden);
+}
+
+void DecoderStack::reserve(int64_t num_tokens) {
+  const auto rows = static_cast<size_t>(num_tokens);
+  if (residual_.size() >= rows * dims_.hidden) return;
+  residual_.resize(rows * dims_.hidden);
+  h_.resize(rows * dims_.hidden);
   qkv_.resize(rows * qkv_size_);
   attn_.resize(rows * q_size_);
-  gate_up_.resize(rows * 2 * dims.intermediate);
-  act_.resize(rows * dims.intermediate);
+  gate_up_.resize(rows * 2 * dims_.intermediate);
+  act_.resize(rows * dims_.intermediate);
 }
 
 void DecoderStack::forward(const DecoderStepArgs& step) {
   const int64_t n = step.num_tokens, hidden = dims_.hidden;
-  CORELLM_CHECK_ARG(n >= 1 && n <= kGemvMaxRows, "DecoderStack takes 1 to ", kGemvMaxRows, " tokens, got ", n);
+  CORELLM_CHECK_ARG(n >= 1, "DecoderStack: a step needs at least one token, got ", n);
   CORELLM_CHECK_ARG(step.num_seqs >= 1 && step.query_start_loc[0] == 0 && step.query_start_loc[step.num_seqs] == n,
                     "DecoderStack: query_start_loc must run from 0 to num_tokens (", n, ") over ", step.num_seqs,
                     " sequences");
+  reserve(n);
   for (int64_t t = 0; t < n; ++t) {  // the embedding lookup, into the residual stream
     const int32_t id = step.input_ids[t];
     CORELLM_CHECK_ARG(id >= 0 && id < dims_.vocab_size, "token id ", id, " is outside the vocabulary [0, ",
@@ -69,7 +72,7 @@ void DecoderStack::layer(const DecoderLayerWeights& w, const DecoderStepArgs& st
   } else {
     fused_add_rms_norm(h, hidden, x, hidden, w.input_norm, n, hidden, dims_.eps, bf16);
   }
-  bf16_gemv(h, hidden, w.qkv, w.qkv_bias, qkv, qkv_size_, n, qkv_size_, hidden);
+  bf16_gemm(h, hidden, w.qkv, w.qkv_bias, qkv, qkv_size_, n, qkv_size_, hidden);
   uint16_t *q = qkv, *k = qkv + q_size_, *v = qkv + q_size_ + kv_size_;
   if (w.q_norm != nullptr) {  // per head, in place: each token's heads are contiguous rows
     for (int64_t t = 0; t < n; ++t) {
@@ -86,11 +89,11 @@ void DecoderStack::layer(const DecoderLayerWeights& w, const DecoderStepArgs& st
                        step.block_table_stride, step.seq_lens, step.query_start_loc, step.num_seqs,
                        dims_.num_heads, dims_.scale, dims_.sliding_window, bf16};
   paged_attention(a);
-  bf16_gemv(attn_.data(), q_size_, w.o, nullptr, h, hidden, n, hidden, q_size_);
+  bf16_gemm(attn_.data(), q_size_, w.o, nullptr, h, hidden, n, hidden, q_size_);
   fused_add_rms_norm(h, hidden, x, hidden, w.post_attention_norm, n, hidden, dims_.eps, bf16);
-  bf16_gemv(h, hidden, w.gate_up, nullptr, gate_up_.data(), 2 * inter, n, 2 * inter, hidden);
+  bf16_gemm(h, hidden, w.gate_up, nullptr, gate_up_.data(), 2 * inter, n, 2 * inter, hidden);
   silu_and_mul(act_.data(), inter, gate_up_.data(), 2 * inter, n, inter, bf16);
-  bf16_gemv(act_.data(), inter, w.down, nullptr, h, hidden, n, hidden, inter);
+  bf16_gemm(act_.data(), inter, w.down, nullptr, h, hidden, n, hidden, inter);
 }
 
 }  // namespace corellm

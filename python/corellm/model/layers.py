@@ -15,9 +15,10 @@ from corellm.model.model_config import ModelConfig
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (key_cache, value_cache) of one layer
 
 
-_GEMV = _core.kernels.bf16_gemv_available()
-_GEMV_MAX_ROWS = _core.kernels.GEMV_MAX_ROWS
-_GEMV_MAX_ELEMENTS = 64 * 1024 * 1024  # the packed copy costs memory: beyond 128 MB (a big LM head), oneDNN only
+_GEMM = _core.kernels.bf16_gemm_available()
+# A shared weight (a tied LM head's embedding) keeps its row-major form for the embedding lookup;
+# packing a second copy is worth it up to this size (beyond: oneDNN on the row-major form).
+_SHARED_PACK_MAX_ELEMENTS = 64 * 1024 * 1024
 
 
 def _can_prepack(weight: torch.Tensor) -> bool:
@@ -26,44 +27,46 @@ def _can_prepack(weight: torch.Tensor) -> bool:
 
 
 class Linear:
-    """y = x W^T (+ b). On the CPU in bf16 the weight is laid out once, after loading, in oneDNN's
-    blocked format (as torch's own CPU freezing pass does), so that no call reorders it again:
-    1.3-2x faster at decode batch sizes, bit-identical results."""
+    """y = x W^T (+ b). On the CPU in bf16 the weight is packed once, after loading, for corellm's
+    GEMM (cpp/include/corellm/kernels/packed_gemm.h: 1.5x oneDNN at decode batch sizes, on par or
+    better up to 2048 rows, and each row's result independent of the batch); where that kernel is
+    missing (no AVX512-BF16) oneDNN's blocked layout is used instead, as torch's CPU freezing
+    pass does."""
 
     def __init__(self, out_features: int, in_features: int, bias: bool, dtype: torch.dtype, device: torch.device):
         self.weight: torch.Tensor | None = torch.empty(out_features, in_features, dtype=dtype, device=device)
         self.bias = torch.empty(out_features, dtype=dtype, device=device) if bias else None
-        self._packed: torch.Tensor | None = None
-        self._gemv_packed: torch.Tensor | None = None  # corellm's GEMV layout, for single-row products
+        self.shape = (out_features, in_features)
+        self._gemm_packed: torch.Tensor | None = None  # corellm's panel layout
+        self._onednn_packed: torch.Tensor | None = None  # oneDNN's blocked layout (fallback)
 
     def finalize(self, keep_weight: bool = False) -> None:
-        """Lays the loaded weight out for the kernels. The row-major weight is then dropped once
-        both packed forms exist, unless keep_weight (it is shared: a tied LM head's embedding)."""
-        if self.weight is not None and _can_prepack(self.weight):
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
-            n, k = self.shape = tuple(self.weight.shape)
-            if _GEMV and n * k <= _GEMV_MAX_ELEMENTS:
-                # Single-row products (decode) stream W through corellm's GEMV, without oneDNN's
-                # per-call cost, from a copy packed for sequential reads.
-                self._gemv_packed = torch.empty(_core.kernels.bf16_gemv_packed_size(n, k), dtype=torch.bfloat16)
-                _core.kernels.bf16_gemv_pack(self.weight.data_ptr(), self._gemv_packed.data_ptr(), n, k)
-                if not keep_weight:
-                    self.weight = None
+        """Lays the loaded weight out for the kernels, then drops the row-major form unless
+        keep_weight (it is shared: a tied LM head's embedding)."""
+        w = self.weight
+        if w is None or not _can_prepack(w):
+            return
+        n, k = self.shape
+        if _GEMM and (not keep_weight or n * k <= _SHARED_PACK_MAX_ELEMENTS):
+            self._gemm_packed = torch.empty(_core.kernels.bf16_gemm_packed_size(n, k), dtype=torch.bfloat16)
+            _core.kernels.bf16_gemm_pack(w.data_ptr(), self._gemm_packed.data_ptr(), n, k)
+            if not keep_weight:
+                self.weight = None
+        else:
+            self._onednn_packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        m = x.shape[0]
-        if self._gemv_packed is not None and 1 <= m <= _GEMV_MAX_ROWS:
-            # Up to four rows: faster than oneDNN (1.3-3x), and each row's result is the same
-            # whatever the batch (the native decoder stack uses the same kernel).
+        if self._gemm_packed is not None:
             n, k = self.shape
-            if x.stride(1) != 1:
-                x = x.contiguous()
-            y = torch.empty((m, n), dtype=x.dtype)
-            _core.kernels.bf16_gemv(x.data_ptr(), x.stride(0), self._gemv_packed.data_ptr(),
-                                    0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(), n, m, n, k)
+            if x.stride(-1) != 1 or x.dtype != torch.bfloat16:
+                x = x.to(torch.bfloat16).contiguous()
+            y = torch.empty((x.shape[0], n), dtype=torch.bfloat16)
+            _core.kernels.bf16_gemm(x.data_ptr(), x.stride(0), self._gemm_packed.data_ptr(),
+                                    0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(), n, x.shape[0],
+                                    n, k)
             return y
-        if self._packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._packed, self.bias, "none", [], "")
+        if self._onednn_packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._onednn_packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
 

@@ -37,8 +37,8 @@ class LlamaForCausalLM:
             inv_freq = inv_freq / rope_factors.float()
         positions = max_position or config.max_position_embeddings
         self.cos_sin_cache = cos_sin_cache(config, positions, inv_freq).to(self.device)
-        # Steps of up to native_stack.MAX_TOKENS tokens (decode) run the whole stack in one native
-        # call where the weights allow it (bf16, GEMV-packed); False: always op by op.
+        # Steps run the whole stack in one native call where the weights allow it (bf16, packed
+        # for corellm's GEMM); False: always op by op.
         self.use_native_stack = True
         self._native_stack: native_stack.NativeDecoderStack | None = None
         self._native_stack_applies = False  # decided once the weights are laid out (load_weights)
@@ -111,7 +111,7 @@ class LlamaForCausalLM:
         """input_ids, positions: int32 [num_tokens] -> final hidden states [num_tokens, hidden].
         `hidden_states`, when given, receives the residual stream after each layer (HF's
         output_hidden_states[1:], before the final norm)."""
-        if hidden_states is None and 1 <= input_ids.shape[0] <= native_stack.MAX_TOKENS:
+        if hidden_states is None and input_ids.shape[0] >= 1:
             stack = self._native_stack_for(kv_caches)
             if stack is not None and input_ids.dtype == positions.dtype == torch.int32:
                 return stack.forward(input_ids.contiguous(), positions.contiguous(), attn)

@@ -1,7 +1,7 @@
 """NativeDecoderStack: a loaded Llama-family model's decoder stack handed to _core's DecoderStack
-(cpp/include/corellm/kernels/decoder_stack.h), which runs a step of up to four tokens (decode)
-in one native call instead of ~10 Python op calls per layer. Same kernels, same order: for one
-token the result is bit-identical to LlamaForCausalLM's per-op forward.
+(cpp/include/corellm/kernels/decoder_stack.h), which runs a step in one native call instead of
+~10 Python op calls per layer. Same kernels, same order: the result is bit-identical to
+LlamaForCausalLM's per-op forward.
 
 It holds raw addresses: the model's weights and the KV caches must outlive it (the model keeps
 it, the model runner keeps the caches)."""
@@ -13,18 +13,15 @@ import torch
 from corellm import _core
 from corellm.model.attention_metadata import AttentionMetadata
 
-MAX_TOKENS = _core.kernels.decoder_stack_max_tokens()
-
-
 def _address(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
 def supports(model) -> bool:
     """Whether the model's weights are in the form the native stack reads (bf16 on a CPU with
-    AVX512-BF16, every projection GEMV-packed)."""
-    return (model.device.type == "cpu" and model.dtype == torch.bfloat16 and _core.kernels.bf16_gemv_available()
-            and all(linear._gemv_packed is not None for layer in model.layers for linear in layer.linears()))
+    AVX512-BF16, every projection packed for bf16_gemm)."""
+    return (model.device.type == "cpu" and model.dtype == torch.bfloat16 and _core.kernels.bf16_gemm_available()
+            and all(linear._gemm_packed is not None for layer in model.layers for linear in layer.linears()))
 
 
 class NativeDecoderStack:
@@ -36,9 +33,9 @@ class NativeDecoderStack:
         for layer, (key_cache, value_cache) in zip(model.layers, kv_caches):
             a, m = layer.attn, layer.mlp
             layers.append((layer.input_norm.data_ptr(), layer.post_attention_norm.data_ptr(),
-                           a.qkv_proj._gemv_packed.data_ptr(), _address(a.qkv_proj.bias), _address(a.q_norm),
-                           _address(a.k_norm), a.o_proj._gemv_packed.data_ptr(), m.gate_up_proj._gemv_packed.data_ptr(),
-                           m.down_proj._gemv_packed.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr()))
+                           a.qkv_proj._gemm_packed.data_ptr(), _address(a.qkv_proj.bias), _address(a.q_norm),
+                           _address(a.k_norm), a.o_proj._gemm_packed.data_ptr(), m.gate_up_proj._gemm_packed.data_ptr(),
+                           m.down_proj._gemm_packed.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr()))
         key_cache = kv_caches[0][0]  # [num_blocks, num_kv_heads, head_size / x, block_size, x]
         num_blocks, _, _, block_size, _ = key_cache.shape
         self.kv_caches = kv_caches
@@ -53,8 +50,8 @@ class NativeDecoderStack:
         self.hidden_size = c.hidden_size
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
-        """input_ids, positions: int32 [num_tokens] (1..MAX_TOKENS), contiguous -> the final norm's
-        output [num_tokens, hidden] bf16."""
+        """input_ids, positions: int32 [num_tokens], contiguous -> the final norm's output
+        [num_tokens, hidden] bf16."""
         n = input_ids.shape[0]
         out = torch.empty((n, self.hidden_size), dtype=torch.bfloat16)
         bt = attn.block_table

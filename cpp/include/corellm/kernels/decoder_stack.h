@@ -1,12 +1,12 @@
-// A Llama-family model's decoder stack run for a few tokens in one native call: the decode step's
-// whole forward (embedding, every layer's ops, the final norm) without returning to Python
-// between ops. Per-op calls from Python cost 5-20 us each (argument checks, tensor allocation,
-// the binding), ~300 of them per step: a quarter of a single-stream decode step on a small model.
+// A Llama-family model's decoder stack run in one native call: a step's whole forward
+// (embedding, every layer's ops, the final norm) without returning to Python between ops.
+// Per-op calls from Python cost 5-20 us each (argument checks, tensor allocation, the binding),
+// ~300 of them per step: a quarter of a single-stream decode step on a small model.
 //
 // It chains the same kernels, in the same order, as the Python layers (python/corellm/model/
-// layers.py) with the GEMV for every projection, so its result is bit-identical to theirs for one
-// token, and each token's result does not depend on how many share the step (the GEMV computes
-// every row alike). bf16 only; projections in the GEMV's packed layout (gemv.h).
+// layers.py), so its result is bit-identical to theirs, and each token's projections do not
+// depend on how many tokens share the step (packed_gemm.h computes every row alike). bf16 only;
+// projections packed by bf16_gemm_pack.
 //
 // Per layer, for x the residual stream (un-normalized, as in the Python layers):
 //   h = rms_norm(x)                    (first layer; later ones: x += h, h = rms_norm(x))
@@ -42,7 +42,7 @@ struct DecoderDims {
   int64_t rot_dim;
 };
 
-// One layer's weights (bf16) and KV cache. Projections are GEMV-packed (bf16_gemv_pack).
+// One layer's weights (bf16) and KV cache. Projections are packed by bf16_gemm_pack.
 struct DecoderLayerWeights {
   const uint16_t* input_norm;           // [hidden]
   const uint16_t* post_attention_norm;  // [hidden]
@@ -61,7 +61,7 @@ struct DecoderLayerWeights {
 struct DecoderStepArgs {
   const int32_t* input_ids;  // [num_tokens]
   const int32_t* positions;  // [num_tokens]
-  int64_t num_tokens;        // 1 .. kDecoderStackMaxTokens
+  int64_t num_tokens;        // >= 1
   const int32_t* slot_mapping;
   const int32_t* block_table;  // [num_seqs, block_table_stride]
   int64_t block_table_stride;
@@ -71,19 +71,18 @@ struct DecoderStepArgs {
   uint16_t* out;  // [num_tokens, hidden] bf16: the final norm's output
 };
 
-// The most tokens one call takes (the GEMV's row limit).
-int64_t decoder_stack_max_tokens();
-
 class DecoderStack {
  public:
   // embed [vocab_size, hidden], final_norm [hidden]; every pointer must outlive the stack.
   DecoderStack(const DecoderDims& dims, const uint16_t* embed, std::vector<DecoderLayerWeights> layers,
                const uint16_t* final_norm, const KVCacheShape& cache);
 
-  // Runs the whole stack for the step's tokens. Not reentrant (one set of scratch buffers).
+  // Runs the whole stack for the step's tokens. Not reentrant (one set of scratch buffers, grown
+  // to the largest step seen).
   void forward(const DecoderStepArgs& step);
 
  private:
+  void reserve(int64_t num_tokens);
   void layer(const DecoderLayerWeights& w, const DecoderStepArgs& step, bool first);
 
   DecoderDims dims_;
@@ -92,7 +91,7 @@ class DecoderStack {
   const uint16_t* final_norm_;
   KVCacheShape cache_;
   int64_t q_size_, kv_size_, qkv_size_;
-  // Scratch, each [max tokens, width]: the residual stream, the normed/projected activations,
+  // Scratch, each [tokens, width]: the residual stream, the normed/projected activations,
   // qkv, attention output, gate_up, and the MLP's activation.
   std::vector<uint16_t> residual_, h_, qkv_, attn_, gate_up_, act_;
 };
