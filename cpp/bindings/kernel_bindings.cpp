@@ -179,9 +179,10 @@ void bind_kernels(py::module_& m) {
         py::call_guard<py::gil_scoped_release>());
   k.def("bf16_gemm",
         [](uintptr_t x, int64_t x_stride, uintptr_t packed, uintptr_t bias, uintptr_t y, int64_t y_stride, int64_t m,
-           int64_t n, int64_t kk) {
+           int64_t n, int64_t kk, int32_t y_dtype) {
           bf16_gemm(ptr<const uint16_t>(x), x_stride, ptr<const uint16_t>(packed), ptr<const uint16_t>(bias),
-                    ptr<uint16_t>(y), y_stride, m, n, kk);
+                    ptr<void>(y), y_stride, m, n, kk, dtype_of(y_dtype));
         },
-        py::call_guard<py::gil_scoped_release>());
+        arg("x"), arg("x_stride"), arg("packed"), arg("bias"), arg("y"), arg("y_stride"), arg("m"), arg("n"), arg("k"),
+        arg("y_dtype") = static_cast<int32_t>(DType::BF16), py::call_guard<py::gil_scoped_release>());
 }

@@ -22,12 +22,13 @@ def pack(w: torch.Tensor) -> torch.Tensor:
 
 
 def gemm(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None,
-         y: torch.Tensor | None = None) -> torch.Tensor:
+         y: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     m, kk = x.shape
     if y is None:
-        y = torch.empty(m, n, dtype=torch.bfloat16)
+        y = torch.empty(m, n, dtype=out_dtype)
+    tag = k.DTYPE_F32 if y.dtype == torch.float32 else k.DTYPE_BF16
     k.bf16_gemm(x.data_ptr(), x.stride(0), packed.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(),
-                y.stride(0), m, n, kk)
+                y.stride(0), m, n, kk, tag)
     return y
 
 
@@ -54,6 +55,19 @@ def test_gemm_matches_torch(m, n, kk, bias):
     y = gemm(x, packed, n, b)
     want = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
     torch.testing.assert_close(y.double(), want, atol=0.05 * want.abs().max().item() / 8, rtol=1e-2)
+
+
+@pytest.mark.parametrize("m", [1, 5, 130])
+def test_float32_output_is_the_unrounded_sum(m):
+    g = torch.Generator().manual_seed(m)
+    n, kk = 77, 130
+    x, w = torch.randn(m, kk, generator=g).bfloat16(), torch.randn(n, kk, generator=g).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16()
+    packed = pack(w)
+    y32 = gemm(x, packed, n, b, out_dtype=torch.float32)
+    want = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    torch.testing.assert_close(y32.double(), want, atol=1e-4, rtol=1e-4)  # fp32 accumulation error only
+    assert torch.equal(y32.bfloat16(), gemm(x, packed, n, b))  # the bf16 output is its rounding
 
 
 def test_rows_are_independent_of_the_batch_and_strides_are_honoured():

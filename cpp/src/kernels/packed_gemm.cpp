@@ -56,8 +56,8 @@ inline int32_t x_pair(const uint16_t* x_row, int64_t kp, int64_t k) {
 // whatever MR (one fp32 chain per 16 columns, k pairs in order), so a row's result does not
 // depend on the rows computed beside it.
 template <int MR>
-void panel_rows(const uint16_t* x, int64_t x_stride, const uint16_t* panel, const uint16_t* bias, uint16_t* y,
-                int64_t y_stride, int64_t col0, int64_t n, int64_t k) {
+void panel_rows(const uint16_t* x, int64_t x_stride, const uint16_t* panel, const uint16_t* bias, void* y,
+                int64_t y_stride, bool y_f32, int64_t col0, int64_t n, int64_t k) {
   const int64_t pairs = num_pairs(k), full = k / 2;
   __m512 acc[MR][2];
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
@@ -93,28 +93,35 @@ void panel_rows(const uint16_t* x, int64_t x_stride, const uint16_t* panel, cons
     }
     for (int r = 0; r < MR; ++r) {
       const __m512 v = _mm512_add_ps(acc[r][h], b);
-      _mm256_mask_storeu_epi16(y + r * y_stride + col0 + c0, mask, (__m256i)_mm512_cvtneps_pbh(v));
+      const int64_t at = r * y_stride + col0 + c0;
+      if (y_f32) {
+        _mm512_mask_storeu_ps(static_cast<float*>(y) + at, mask, v);
+      } else {
+        _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y) + at, mask, (__m256i)_mm512_cvtneps_pbh(v));
+      }
     }
   }
 }
 
-void panel_all_rows(const uint16_t* x, int64_t x_stride, const uint16_t* panel, const uint16_t* bias, uint16_t* y,
-                    int64_t y_stride, int64_t m, int64_t col0, int64_t n, int64_t k) {
+void panel_all_rows(const uint16_t* x, int64_t x_stride, const uint16_t* panel, const uint16_t* bias, void* y,
+                    int64_t y_stride, bool y_f32, int64_t m, int64_t col0, int64_t n, int64_t k) {
   constexpr int64_t kBlock = 8;
+  const int64_t y_item = y_f32 ? 4 : 2;
+  auto rows_at = [&](int64_t r) { return static_cast<char*>(y) + r * y_stride * y_item; };
   int64_t r = 0;
   for (; r + kBlock <= m; r += kBlock) {
-    panel_rows<kBlock>(x + r * x_stride, x_stride, panel, bias, y + r * y_stride, y_stride, col0, n, k);
+    panel_rows<kBlock>(x + r * x_stride, x_stride, panel, bias, rows_at(r), y_stride, y_f32, col0, n, k);
   }
   const uint16_t* xr = x + r * x_stride;
-  uint16_t* yr = y + r * y_stride;
+  void* yr = rows_at(r);
   switch (m - r) {
-    case 7: return panel_rows<7>(xr, x_stride, panel, bias, yr, y_stride, col0, n, k);
-    case 6: return panel_rows<6>(xr, x_stride, panel, bias, yr, y_stride, col0, n, k);
-    case 5: return panel_rows<5>(xr, x_stride, panel, bias, yr, y_stride, col0, n, k);
-    case 4: return panel_rows<4>(xr, x_stride, panel, bias, yr, y_stride, col0, n, k);
-    case 3: return panel_rows<3>(xr, x_stride, panel, bias, yr, y_stride, col0, n, k);
-    case 2: return panel_rows<2>(xr, x_stride, panel, bias, yr, y_stride, col0, n, k);
-    case 1: return panel_rows<1>(xr, x_stride, panel, bias, yr, y_stride, col0, n, k);
+    case 7: return panel_rows<7>(xr, x_stride, panel, bias, yr, y_stride, y_f32, col0, n, k);
+    case 6: return panel_rows<6>(xr, x_stride, panel, bias, yr, y_stride, y_f32, col0, n, k);
+    case 5: return panel_rows<5>(xr, x_stride, panel, bias, yr, y_stride, y_f32, col0, n, k);
+    case 4: return panel_rows<4>(xr, x_stride, panel, bias, yr, y_stride, y_f32, col0, n, k);
+    case 3: return panel_rows<3>(xr, x_stride, panel, bias, yr, y_stride, y_f32, col0, n, k);
+    case 2: return panel_rows<2>(xr, x_stride, panel, bias, yr, y_stride, y_f32, col0, n, k);
+    case 1: return panel_rows<1>(xr, x_stride, panel, bias, yr, y_stride, y_f32, col0, n, k);
     default: return;
   }
 }
@@ -123,9 +130,11 @@ void panel_all_rows(const uint16_t* x, int64_t x_stride, const uint16_t* panel, 
 
 bool bf16_gemm_available() { return true; }
 
-void bf16_gemm(const uint16_t* x, int64_t x_stride, const uint16_t* packed, const uint16_t* bias, uint16_t* y,
-               int64_t y_stride, int64_t m, int64_t n, int64_t k) {
+void bf16_gemm(const uint16_t* x, int64_t x_stride, const uint16_t* packed, const uint16_t* bias, void* y,
+               int64_t y_stride, int64_t m, int64_t n, int64_t k, DType y_dtype) {
   CORELLM_CHECK_ARG(m >= 0 && n >= 1 && k >= 1, "bf16_gemm: bad shape m=", m, " n=", n, " k=", k);
+  const bool y_f32 = y_dtype == DType::F32;
+  const int64_t y_item = y_f32 ? 4 : 2;
   const int64_t panels = num_panels(n), panel_size = num_pairs(k) * kGemmPanelCols * 2;
   // Contiguous ranges of panels per thread (one sequential stream each); small products stay on
   // one thread. Threads write disjoint columns: no barrier between chunks of rows.
@@ -137,8 +146,8 @@ void bf16_gemm(const uint16_t* x, int64_t x_stride, const uint16_t* packed, cons
     for (int64_t r = 0; r < m; r += kRowChunk) {
       const int64_t rows = std::min(kRowChunk, m - r);
       for (int64_t p = panels * t / threads; p < panels * (t + 1) / threads; ++p) {
-        panel_all_rows(x + r * x_stride, x_stride, packed + p * panel_size, bias, y + r * y_stride, y_stride, rows,
-                       p * kGemmPanelCols, n, k);
+        panel_all_rows(x + r * x_stride, x_stride, packed + p * panel_size, bias,
+                       static_cast<char*>(y) + r * y_stride * y_item, y_stride, y_f32, rows, p * kGemmPanelCols, n, k);
       }
     }
   }
@@ -148,8 +157,8 @@ void bf16_gemm(const uint16_t* x, int64_t x_stride, const uint16_t* packed, cons
 
 bool bf16_gemm_available() { return false; }
 
-void bf16_gemm(const uint16_t*, int64_t, const uint16_t*, const uint16_t*, uint16_t*, int64_t, int64_t, int64_t,
-               int64_t) {
+void bf16_gemm(const uint16_t*, int64_t, const uint16_t*, const uint16_t*, void*, int64_t, int64_t, int64_t, int64_t,
+               DType) {
   throw InvalidArgument("bf16_gemm needs a CPU with AVX512-BF16");
 }
 

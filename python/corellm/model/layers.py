@@ -55,19 +55,24 @@ class Linear:
         else:
             self._onednn_packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """x [m, in] -> [m, out] in the weight's dtype, or out_dtype (float32 from the packed GEMM:
+        its fp32 sums, not rounded to bf16 first)."""
         if self._gemm_packed is not None:
             n, k = self.shape
             if x.stride(-1) != 1 or x.dtype != torch.bfloat16:
                 x = x.to(torch.bfloat16).contiguous()
-            y = torch.empty((x.shape[0], n), dtype=torch.bfloat16)
+            f32 = out_dtype == torch.float32
+            y = torch.empty((x.shape[0], n), dtype=torch.float32 if f32 else torch.bfloat16)
             _core.kernels.bf16_gemm(x.data_ptr(), x.stride(0), self._gemm_packed.data_ptr(),
                                     0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(), n, x.shape[0],
-                                    n, k)
+                                    n, k, _core.kernels.DTYPE_F32 if f32 else _core.kernels.DTYPE_BF16)
             return y
         if self._onednn_packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._onednn_packed, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+            y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._onednn_packed, self.bias, "none", [], "")
+        else:
+            y = F.linear(x, self.weight, self.bias)
+        return y if out_dtype is None else y.to(out_dtype)
 
 
 class Attention:

@@ -135,4 +135,4 @@ class LlamaForCausalLM:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] -> float32 logits [n, vocab]."""
-        return self.lm_head(hidden).float()
+        return self.lm_head(hidden, out_dtype=torch.float32)

@@ -15,6 +15,8 @@
 
 #include <cstdint>
 
+#include "corellm/kernels/dtype.h"
+
 namespace corellm {
 
 constexpr int64_t kGemmPanelCols = 32;
@@ -29,10 +31,11 @@ int64_t bf16_gemm_packed_size(int64_t n, int64_t k);
 // packed[((p * k_pairs + kp) * 32 + c) * 2 + j] = w[p * 32 + c][2 * kp + j].
 void bf16_gemm_pack(const uint16_t* w, uint16_t* packed, int64_t n, int64_t k);
 
-// x [m, k] (row stride x_stride), packed W of an [n, k] weight, bias [n] or null, y [m, n] (row
-// stride y_stride); all bf16, fp32 accumulation, y rounded to bf16 (nearest even). Each row's
+// x [m, k] (row stride x_stride), packed W of an [n, k] weight, bias [n] or null: bf16; fp32
+// accumulation. y [m, n] (row stride y_stride, in elements): bf16 (rounded to nearest even) or,
+// y_dtype F32, the fp32 sums themselves (logits, without a separate conversion pass). Each row's
 // result does not depend on m (every row is computed alike). m = 0: nothing.
-void bf16_gemm(const uint16_t* x, int64_t x_stride, const uint16_t* packed, const uint16_t* bias, uint16_t* y,
-               int64_t y_stride, int64_t m, int64_t n, int64_t k);
+void bf16_gemm(const uint16_t* x, int64_t x_stride, const uint16_t* packed, const uint16_t* bias, void* y,
+               int64_t y_stride, int64_t m, int64_t n, int64_t k, DType y_dtype = DType::BF16);
 
 }  // namespace corellm
