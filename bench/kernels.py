@@ -17,10 +17,11 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from corellm import ops
+from corellm import _core, ops
 
 # SmolLM2-135M
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 576, 1536, 9, 3, 64, 49152
+LAYERS = 30
 BLOCK = 16
 
 
@@ -128,6 +129,36 @@ def attention_batch(num_seqs, seq_len, q_len, dtype):
     return q, kc, vc, table, seq_lens, qsl
 
 
+def add_linear_cases(add) -> None:
+    """corellm's packed bf16 GEMM against oneDNN's on a prepacked weight (torch's fastest CPU bf16
+    linear): every projection of a SmolLM2-sized model (30 layers of random weights, and the LM
+    head), so that the weights come from memory as in a real step."""
+    shapes = [((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), (HIDDEN, HEADS * HEAD_DIM), (2 * INTER, HIDDEN),
+              (HIDDEN, INTER)] * LAYERS + [(VOCAB, HIDDEN)]
+    ours, onednn = [], []
+    for n, k in shapes:
+        w = torch.randn(n, k).bfloat16()
+        packed = torch.empty(_core.kernels.bf16_gemm_packed_size(n, k), dtype=torch.bfloat16)
+        _core.kernels.bf16_gemm_pack(w.data_ptr(), packed.data_ptr(), n, k)
+        ours.append((packed, n, k))
+        onednn.append(torch.ops.mkldnn._reorder_linear_weight(w, None))
+    flops_per_row = 2 * sum(n * k for n, k in shapes)
+    for m in (1, 16, 64, 512):
+        xs = {k: torch.randn(m, k).bfloat16() for k in (HIDDEN, INTER)}
+        y = torch.empty(m * VOCAB, dtype=torch.bfloat16)
+
+        def corellm_linears():
+            for packed, n, k in ours:
+                x = xs[k]
+                _core.kernels.bf16_gemm(x.data_ptr(), k, packed.data_ptr(), 0, y.data_ptr(), n, m, n, k)
+
+        def onednn_linears():
+            for w, (n, k) in zip(onednn, shapes):
+                torch.ops.mkldnn._linear_pointwise(xs[k], w, None, "none", [], "")
+
+        add("linear (whole model)", f"{m} rows", corellm_linears, onednn_linears, flops=m * flops_per_row)
+
+
 def run(dtype: torch.dtype) -> list[dict]:
     rows = []
     esize = torch.finfo(dtype).bits // 8
@@ -181,6 +212,9 @@ def run(dtype: torch.dtype) -> list[dict]:
         add("paged_attention", f"prefill {num_seqs} x {seq_len}",
             lambda: ops.paged_attention(q, kc, vc, table, seq_lens, qsl, HEAD_DIM**-0.5),
             lambda: torch_paged_attention(q, kc, vc, table, seq_lens, qsl), flops=flops)
+
+    if dtype == torch.bfloat16 and _core.kernels.bf16_gemm_available():
+        add_linear_cases(add)
 
     for n in (1, 16, 64):
         logits = torch.randn(n, VOCAB) * 3
