@@ -7,11 +7,16 @@
 //      is >= min_p x the largest, among the top_k largest; then the smallest prefix of those, by
 //      descending probability, whose mass reaches top_p of the kept mass; then one draw u from
 //      the request's Philox stream (seed, step) picks the token by inverse CDF over the kept set.
-// Top-p sorts only as many candidates as it needs (256, 4096, then all), not the vocabulary.
+// Top-p sorts only the tokens around its boundary, not the vocabulary (sample_top_p).
 #include "corellm/kernels/sampler.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -55,9 +60,17 @@ float row_max(const float* x, int64_t v, bool* has_nan = nullptr) {
   return mx;
 }
 
-// The lowest id holding the largest logit.
+// The lowest id holding the largest logit mx (16 lanes compared at a time where AVX-512 is built).
 int32_t argmax(const float* x, int64_t v, float mx) {
-  for (int64_t t = 0; t < v; ++t) {
+  int64_t t = 0;
+#if defined(__AVX512F__)
+  const __m512 m = _mm512_set1_ps(mx);
+  for (; t + 16 <= v; t += 16) {
+    const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + t), m, _CMP_EQ_OQ);
+    if (hit) return static_cast<int32_t>(t + __builtin_ctz(hit));
+  }
+#endif
+  for (; t < v; ++t) {
     if (x[t] == mx) return static_cast<int32_t>(t);
   }
   return 0;
@@ -130,6 +143,67 @@ bool apply_processors(const SamplingBatch& b, int64_t i, float* x, std::vector<i
   return changed;
 }
 
+// Top-p over the weights x (0: not kept; at most 1, the largest's): the kept set is the smallest
+// prefix, in descending weight (ties: lower id first), whose mass reaches top_p of the total.
+// Without sorting the vocabulary: one pass sums the mass of buckets of the weights' float bits
+// (order-preserving for positive floats, 8 buckets per power of two); walking the buckets from
+// the top finds the one where the prefix crosses the target, and only its tokens are sorted. A
+// second pass draws u by inverse CDF over the kept set in vocabulary order (any fixed order gives
+// the same distribution).
+int32_t sample_top_p(const float* x, int64_t v, float top_p, float u, std::vector<std::pair<float, int32_t>>& cand) {
+  constexpr int kShift = 20;
+  constexpr int kBuckets = (0x3F800000 >> kShift) + 1;  // up to the bits of 1.0f
+  auto bucket = [](float w) {
+    uint32_t bits;
+    std::memcpy(&bits, &w, sizeof(bits));
+    return std::min<int>(static_cast<int>(bits >> kShift), kBuckets - 1);
+  };
+  std::vector<double> mass(kBuckets, 0.0);
+  double total = 0.0;
+  for (int64_t t = 0; t < v; ++t) {
+    if (x[t] > 0.0f) {
+      mass[static_cast<size_t>(bucket(x[t]))] += x[t];
+      total += x[t];
+    }
+  }
+  const double target = static_cast<double>(top_p) * total;
+  double above = 0.0;  // mass of the buckets above the crossing one
+  int cross = 0;
+  for (int b = kBuckets - 1; b >= 0; --b) {
+    if (mass[static_cast<size_t>(b)] == 0.0) continue;
+    cross = b;
+    if (above + mass[static_cast<size_t>(b)] >= target) break;
+    above += mass[static_cast<size_t>(b)];
+  }
+  cand.clear();
+  for (int64_t t = 0; t < v; ++t) {
+    if (x[t] > 0.0f && bucket(x[t]) == cross) cand.emplace_back(x[t], static_cast<int32_t>(t));
+  }
+  if (cand.empty()) return -1;  // no weight at all: the caller's NaN / all-banned handling
+  std::sort(cand.begin(), cand.end(),
+            [](const auto& a, const auto& c) { return a.first > c.first || (a.first == c.first && a.second < c.second); });
+  double kept = above;
+  size_t last = 0;
+  for (; last < cand.size(); ++last) {
+    kept += cand[last].first;
+    if (kept >= target) break;
+  }
+  last = std::min(last, cand.size() - 1);  // rounding: the whole bucket
+  const auto [w_last, id_last] = cand[last];
+  const double pick = static_cast<double>(u) * kept;
+  double acc = 0.0;
+  int32_t chosen = -1;
+  for (int64_t t = 0; t < v; ++t) {
+    if (!(x[t] > 0.0f)) continue;
+    const int b = bucket(x[t]);
+    if (b < cross || (b == cross && (x[t] < w_last || (x[t] == w_last && t > id_last)))) continue;
+    acc += x[t];
+    chosen = static_cast<int32_t>(t);
+    if (pick < acc) return chosen;
+  }
+  return chosen;  // rounding: u * kept reached the end
+}
+
 // Samples from logits x (already divided by the temperature) under top-k / top-p / min-p.
 int32_t sample_row(const SamplingBatch& b, int64_t i, float* x, std::vector<std::pair<float, int32_t>>& cand) {
   const int64_t v = b.vocab_size;
@@ -159,36 +233,7 @@ int32_t sample_row(const SamplingBatch& b, int64_t i, float* x, std::vector<std:
   }
   const float u = philox_uniform(b.seeds[i], static_cast<uint64_t>(b.steps[i]));
   const float top_p = b.top_p ? b.top_p[i] : 1.0f;
-  if (top_p < 1.0f) {
-    // Smallest descending-probability prefix with mass >= top_p * total.
-    const float target = top_p * total;
-    for (int64_t want = 256;; want *= 16) {
-      cand.clear();
-      for (int64_t t = 0; t < v; ++t) {
-        if (x[t] > 0.0f) cand.emplace_back(x[t], static_cast<int32_t>(t));
-      }
-      const auto by_prob = [](const auto& a, const auto& c) { return a.first > c.first || (a.first == c.first && a.second < c.second); };
-      const bool all = want >= static_cast<int64_t>(cand.size());
-      const auto end = all ? cand.end() : cand.begin() + want;
-      if (!all) std::nth_element(cand.begin(), end, cand.end(), by_prob);  // the `want` most likely first
-      std::sort(cand.begin(), end, by_prob);
-      float mass = 0.0f;
-      auto it = cand.begin();
-      for (; it != end; ++it) {
-        mass += it->first;
-        if (mass >= target) break;
-      }
-      if (it == end && !all) continue;  // not enough candidates sorted yet
-      if (it == end) it = end - 1;
-      const float pick = u * mass;
-      float acc = 0.0f;
-      for (auto c = cand.begin(); c != it; ++c) {
-        acc += c->first;
-        if (pick < acc) return c->second;
-      }
-      return it->second;
-    }
-  }
+  if (top_p < 1.0f) return sample_top_p(x, v, top_p, u, cand);
   const float pick = u * total;
   float acc = 0.0f;
   int32_t last = -1;
