@@ -6,7 +6,8 @@ as BF16 GGUF), same threads, same prompts, one after the other in one run:
   2. writes the BF16 GGUF (corellm's own export, build/llamacpp/*.BF16.gguf);
   3. single stream: llama-bench pp512 / tg128 vs corellm's prefill of 512 tokens and decode of 128,
      alternately, twice; each engine's best round;
-  4. serving: bench/serve.py against `corellm serve` and then `llama-server` at each concurrency;
+  4. serving: both servers up; at each concurrency bench/serve.py against `corellm serve`, then
+     against `llama-server`, with the same fresh prompts;
   5. prints one table with the ratios (and --json writes everything).
 
     .venv/bin/python bench/compare_llamacpp.py --threads 2 --concurrency 1,4,16,64
@@ -118,19 +119,30 @@ def single_stream(bin_dir: Path, model: Path, threads: int, rounds: int = 2) -> 
     return best("corellm"), best("llamacpp"), rounds_seen
 
 
-def serve_bench(name: str, cmd: list[str], port: int, args) -> list[dict]:
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def serve_both(servers: dict[str, list[str]], ports: dict[str, int], args) -> dict[str, list[dict]]:
+    """Starts every server, then for each concurrency level runs bench/serve.py against each in
+    turn with the same prompts (fresh ones per level: no prefix-cache hits across levels), so that
+    both engines meet the VM in the same state for a level."""
+    procs = {name: subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for name, cmd in servers.items()}
+    results: dict[str, list[dict]] = {name: [] for name in servers}
     try:
-        wait_ready(url, proc)
-        out = CACHE / f"serve-{name}.json"
-        run([sys.executable, str(ROOT / "bench" / "serve.py"), "--base-url", url, "--num-prompts", str(args.num_prompts),
-             "--concurrency", args.concurrency, "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-             "--label", name, "--json", str(out)])
-        return json.loads(out.read_text())["results"]
+        for name, proc in procs.items():
+            wait_ready(f"http://127.0.0.1:{ports[name]}", proc)
+        for level, conc in enumerate(args.concurrency.split(",")):
+            for name in servers:
+                out = CACHE / f"serve-{name}-{conc}.json"
+                run([sys.executable, str(ROOT / "bench" / "serve.py"), "--base-url", f"http://127.0.0.1:{ports[name]}",
+                     "--num-prompts", str(args.num_prompts), "--concurrency", conc, "--seed", str(level),
+                     "--input-len", str(args.input_len), "--output-len", str(args.output_len), "--label", name,
+                     "--json", str(out)])
+                results[name] += json.loads(out.read_text())["results"]
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
+        for proc in procs.values():
+            proc.terminate()
+        for proc in procs.values():
+            proc.wait(timeout=60)
+    return results
 
 
 def main() -> None:
@@ -142,6 +154,7 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--skip-single-stream", action="store_true")
     p.add_argument("--json", help="write all results here")
+    p.add_argument("--plot", help="draw both engines' serving throughput and latencies into this PNG (matplotlib)")
     args = p.parse_args()
 
     bin_dir = build_llamacpp()
@@ -152,14 +165,15 @@ def main() -> None:
             bin_dir, model, args.threads)
     max_conc = max(int(c) for c in args.concurrency.split(","))
     ctx = max_conc * (args.input_len + args.output_len + 64)
-    port = free_port()
-    report["corellm_serve"] = serve_bench("corellm", [sys.executable, "-m", "corellm.cli", "serve", str(model), "--port",
-                                                      str(port), "--log-level", "warning",
-                                                      "--max-num-seqs", str(max(64, max_conc))], port, args)
-    port = free_port()
-    report["llamacpp_serve"] = serve_bench("llama-server", [str(bin_dir / "llama-server"), "-m", str(model), "-t",
-                                                            str(args.threads), "-c", str(ctx), "-np", str(max_conc),
-                                                            "--host", "127.0.0.1", "--port", str(port)], port, args)
+    ports = {"corellm": free_port(), "llama-server": free_port()}
+    servers = {
+        "corellm": [sys.executable, "-m", "corellm.cli", "serve", str(model), "--port", str(ports["corellm"]),
+                    "--log-level", "warning", "--max-num-seqs", str(max(64, max_conc))],
+        "llama-server": [str(bin_dir / "llama-server"), "-m", str(model), "-t", str(args.threads), "-c", str(ctx),
+                         "-np", str(max_conc), "--host", "127.0.0.1", "--port", str(ports["llama-server"])],
+    }
+    served = serve_both(servers, ports, args)
+    report["corellm_serve"], report["llamacpp_serve"] = served["corellm"], served["llama-server"]
 
     print(f"\ncorellm vs llama.cpp — {model.name}, {args.threads} threads")
     if "corellm_single" in report:
@@ -176,6 +190,35 @@ def main() -> None:
               f"{c['tpot_ms']['median']:>8.1f}/{l['tpot_ms']['median']:<8.1f}")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, default=str))
+    if args.plot:
+        plot(report, args.plot)
+
+
+def plot(report: dict, path: str) -> None:
+    """Output tok/s and median TTFT / TPOT against concurrency, corellm beside llama-server."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("--plot needs matplotlib: .venv/bin/pip install matplotlib") from None
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for name, key, style in (("corellm", "corellm_serve", "o-"), ("llama-server", "llamacpp_serve", "s--")):
+        rows = report[key]
+        conc = [r["concurrency"] for r in rows]
+        axes[0].plot(conc, [r["output_throughput"] for r in rows], style, label=name)
+        axes[1].plot(conc, [r["ttft_ms"]["median"] for r in rows], style, label=name)
+        axes[2].plot(conc, [r["tpot_ms"]["median"] for r in rows], style, label=name)
+    for ax, title, unit in zip(axes, ("output throughput", "median TTFT", "median TPOT"), ("tokens/s", "ms", "ms")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("max concurrency")
+        ax.set_ylabel(unit)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"corellm vs llama.cpp, {Path(report['model']).name}, {report['threads']} threads", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
 
 
 if __name__ == "__main__":
