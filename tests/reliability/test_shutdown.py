@@ -19,7 +19,8 @@ def test_sigterm_drains_in_flight_requests_and_refuses_new_ones():
     result = {}
 
     def long_request():
-        body = {"prompt": "Count: 1, 2,", "max_tokens": 80, "ignore_eos": True, "temperature": 0}
+        # ~3 s at this machine's single-stream speed: still running when SIGTERM comes at 0.5 s.
+        body = {"prompt": "Count: 1, 2,", "max_tokens": 400, "ignore_eos": True, "temperature": 0}
         result["status"], result["body"], _ = call(s.url + "/v1/completions", body)
 
     t = threading.Thread(target=long_request)
@@ -41,11 +42,12 @@ def test_sigterm_drains_in_flight_requests_and_refuses_new_ones():
 
 
 def test_shutdown_timeout_bounds_the_drain():
-    s = Server("--shutdown-timeout", "1")
+    # 4000 tokens take 20 s or more on a CPU: far past the 1 s drain (+ aiohttp's 1 s cleanup).
+    s = Server("--shutdown-timeout", "1", "--max-model-len", "4096")
     result = {}
 
     def endless():
-        body = {"prompt": "Count: 1, 2,", "max_tokens": 450, "ignore_eos": True}
+        body = {"prompt": "Count: 1, 2,", "max_tokens": 4000, "ignore_eos": True}
         try:
             result["status"], result["body"], _ = call(s.url + "/v1/completions", body, timeout=120)
         except (OSError, http.client.HTTPException) as e:  # cut off by the shutdown: expected

@@ -105,7 +105,8 @@ class Attention:
         key_cache, value_cache = kv_cache
         ops.reshape_and_cache(k, v, key_cache, value_cache, attn.slot_mapping)
         out = ops.paged_attention(q, key_cache, value_cache, attn.block_table, attn.seq_lens,
-                                  attn.query_start_loc, self.scale, self.sliding_window)
+                                  attn.query_start_loc, self.scale, self.sliding_window,
+                                  max_query_len=attn.max_query_len or None)
         return self.o_proj(out)
 
 

@@ -57,15 +57,19 @@ class ModelRunner:
             return None
         b = self.builder
         b.prepare_inputs(so)
-        i32 = lambda a: torch.from_numpy(a)  # noqa: E731  zero-copy views of the builder's buffers
+        if self.device.type == "cpu":
+            i32 = torch.from_numpy  # zero-copy views of the builder's buffers
+        else:  # one host-to-device copy per array, enqueued on the current stream
+            i32 = lambda a: torch.from_numpy(a).to(self.device, non_blocking=True)  # noqa: E731
         attn = AttentionMetadata(slot_mapping=i32(b.slot_mapping), block_table=i32(b.block_table),
                                  seq_lens=i32(b.seq_lens), query_start_loc=i32(b.query_start_loc),
                                  max_query_len=b.max_query_len, max_seq_len=b.max_seq_len)
         with torch.inference_mode():
             hidden = self.model.forward(i32(b.input_ids), i32(b.positions), attn, self.kv_caches)
-            logits = self.model.compute_logits(hidden[torch.from_numpy(b.logits_indices).long()])
+            logits = self.model.compute_logits(hidden[torch.from_numpy(b.logits_indices).long().to(self.device)])
             prompt_logprobs = self._prompt_logprobs(so, hidden)
-        self._state = ExecuteModelState(so, logits.contiguous(), prompt_logprobs)
+        # The sampler runs on the CPU (no CUDA sampling kernel yet): logits come back to the host.
+        self._state = ExecuteModelState(so, logits.to("cpu").contiguous(), prompt_logprobs)
         return None
 
     def _update_states(self, so: _core.SchedulerOutput) -> None:
@@ -93,7 +97,7 @@ class ModelRunner:
             if end <= start:
                 continue
             h = hidden[int(qsl[i]) : int(qsl[i]) + (end - start)]
-            lp = torch.log_softmax(self.model.compute_logits(h), dim=-1)
+            lp = torch.log_softmax(self.model.compute_logits(h), dim=-1).cpu()
             targets = torch.tensor(prompt[start + 1 : end + 1], dtype=torch.long)
             chosen = lp.gather(1, targets[:, None])[:, 0]
             ranks = (lp > chosen[:, None]).sum(-1) + 1

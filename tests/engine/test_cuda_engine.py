@@ -1,0 +1,56 @@
+"""The engine on a CUDA device (LLM(device="cuda")): the model, its KV cache and every op but
+sampling on the GPU (logits come back to the CPU sampler). Greedy outputs of a tiny random Llama
+in fp32 must equal the CPU engine's up to the first reference near-tie. Skipped without
+corellm._cuda and a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from corellm import LLM, SamplingParams
+from corellm.ops._backend import cuda_available
+
+pytestmark = pytest.mark.skipif(not (cuda_available() and torch.cuda.is_available()),
+                                reason="needs corellm._cuda and a CUDA GPU")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from tests.model.tiny_models import make_tiny_model
+
+    directory = tmp_path_factory.mktemp("tiny_cuda")
+    t = Tokenizer(models.WordLevel({f"w{i}": i for i in range(384)}, unk_token="w0"))
+    t.pre_tokenizer = pre_tokenizers.Whitespace()
+    t.save(str(directory / "tokenizer.json"))
+    make_tiny_model("llama3", directory, directory / "tokenizer.json", seed=11)
+    return directory
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cuda_engine_matches_the_cpu_engine(tiny_dir, dtype):
+    g = torch.Generator().manual_seed(0)
+    prompts = [{"prompt_token_ids": torch.randint(0, 384, (n,), generator=g).tolist()} for n in (5, 17, 40, 3)]
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
+    cpu = LLM(str(tiny_dir), dtype=dtype, device="cpu", max_model_len=128).generate(prompts, params, use_tqdm=False)
+    gpu = LLM(str(tiny_dir), dtype=dtype, device="cuda", max_model_len=128).generate(prompts, params, use_tqdm=False)
+    for c, g_ in zip(cpu, gpu):
+        got, want = g_.outputs[0].token_ids, c.outputs[0].token_ids
+        if dtype == "float32":
+            n = first_near_tie(c.outputs[0].logprobs)
+            assert got[:n] == want[:n]
+        else:
+            assert len(got) == len(want) == 16  # bf16: other GEMMs on each side; the run must complete
+
+
+def first_near_tie(logprobs, margin: float = 1e-3) -> int:
+    """The first step whose two most likely tokens are within `margin` (past it, either side's
+    choice is right), or the number of steps."""
+    for i, position in enumerate(logprobs):
+        top = sorted((v.logprob for v in position.values()), reverse=True)
+        if len(top) > 1 and top[0] - top[1] < margin:
+            return i
+    return len(logprobs)
