@@ -41,6 +41,23 @@ constexpr int64_t kPrefetchBlocks = 2;
 template <class T>
 constexpr int64_t kPack = static_cast<int64_t>(4 / sizeof(T));
 
+// The first key position a query at `pos` sees (sliding_window <= 0: no window).
+int64_t first_visible(int64_t pos, int64_t sliding_window) {
+  return sliding_window > 0 ? std::max<int64_t>(0, pos - sliding_window + 1) : 0;
+}
+
+// Offset, in elements, of (block, kv_head) in either cache: both hold head_size x block_size
+// elements per block and KV head.
+int64_t block_offset(const KVCacheShape& c, int64_t block, int64_t kv_head) {
+  return (block * c.num_kv_heads + kv_head) * c.head_size * c.block_size;
+}
+
+// Asks for `bytes` from p into L2 (locality hint 2): the L1 has too few miss buffers for a block.
+void prefetch_l2(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 2);
+}
+
 template <class T>
 void reshape_and_cache_impl(const T* key, int64_t key_stride, const T* value, int64_t value_stride,
                             T* key_cache, T* value_cache, const int32_t* slot_mapping, int64_t num_tokens,
@@ -57,8 +74,8 @@ void reshape_and_cache_impl(const T* key, int64_t key_stride, const T* value, in
     for (int64_t h = 0; h < nkv; ++h) {
       const T* k = key + t * key_stride + h * hd;
       const T* v = value + t * value_stride + h * hd;
-      T* kc = key_cache + (block * nkv + h) * hd * bs;    // [hd / x, bs, x]
-      T* vc = value_cache + (block * nkv + h) * bs * hd;  // [bs / x, hd, x]
+      T* kc = key_cache + block_offset(s, block, h);    // [hd / x, bs, x]
+      T* vc = value_cache + block_offset(s, block, h);  // [bs / x, hd, x]
       for (int64_t d = 0; d < hd; ++d) kc[((d / x) * bs + o) * x + d % x] = k[d];
       for (int64_t d = 0; d < hd; ++d) vc[((o / x) * hd + d) * x + o % x] = v[d];
     }
@@ -92,8 +109,8 @@ constexpr int64_t kSpanFoldMinTokens = 2;
 void run_spans(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, attention::SpanFoldFn fold_span) {
   using attention::kSpanKeys;
   const KVCacheShape& c = a.cache;
-  const int64_t hd = c.head_size, bs = c.block_size, nkv = c.num_kv_heads;
-  const int64_t group = a.num_heads / nkv;
+  const int64_t hd = c.head_size, bs = c.block_size;
+  const int64_t group = a.num_heads / c.num_kv_heads;
   const int64_t q_len = a.query_start_loc[w.seq + 1] - a.query_start_loc[w.seq];
   const int64_t seq_len = a.seq_lens[w.seq];
   const int64_t context = seq_len - q_len;
@@ -102,7 +119,7 @@ void run_spans(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, atte
   sc.hi.resize(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t pos = context + w.q_begin + r / group;
-    sc.lo[static_cast<size_t>(r)] = a.sliding_window > 0 ? std::max<int64_t>(0, pos - a.sliding_window + 1) : 0;
+    sc.lo[static_cast<size_t>(r)] = first_visible(pos, a.sliding_window);
     sc.hi[static_cast<size_t>(r)] = pos + 1;
   }
   sc.tile_s.resize(static_cast<size_t>(rows * kSpanKeys));
@@ -125,16 +142,13 @@ void run_spans(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, atte
     // span is computed.
     const int64_t prefetch_end = std::min(w.block_end, end + blocks_per_span);
     for (int64_t b = blk == w.block_begin ? blk : end; b < prefetch_end; ++b) {
-      const auto* nk = reinterpret_cast<const char*>(key_cache + (table[b] * nkv + w.kv_head) * hd * bs);
-      const auto* nv = reinterpret_cast<const char*>(value_cache + (table[b] * nkv + w.kv_head) * bs * hd);
-      for (int64_t off = 0; off < hd * bs * 2; off += 64) {
-        if (b >= end) __builtin_prefetch(nk + off, 0, 2);
-        __builtin_prefetch(nv + off, 0, 2);
-      }
+      const int64_t at = block_offset(c, table[b], w.kv_head);
+      if (b >= end) prefetch_l2(key_cache + at, hd * bs * 2);
+      prefetch_l2(value_cache + at, hd * bs * 2);
     }
     for (int64_t b = blk; b < end; ++b) {
-      const uint16_t* kb = key_cache + (table[b] * nkv + w.kv_head) * hd * bs;
-      const uint16_t* vb = value_cache + (table[b] * nkv + w.kv_head) * bs * hd;
+      const uint16_t* kb = key_cache + block_offset(c, table[b], w.kv_head);
+      const uint16_t* vb = value_cache + block_offset(c, table[b], w.kv_head);
       for (int64_t o = 0; o < bs; o += 16) {
         const int64_t kv = span.keys / 16;
         span.k[kv] = kb + o * 2;
@@ -147,21 +161,71 @@ void run_spans(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, atte
 }
 #endif
 
+// The item's blocks one at a time, each folded into the rows of every query token that sees it
+// (attention_block.h), with the blocks kPrefetchBlocks ahead asked for meanwhile.
 template <class T>
-void run_item(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, float* partials) {
-  constexpr bool is_bf16 = sizeof(T) == 2;
+void run_blocks(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, attention::FoldFn<T> fold) {
   constexpr int64_t x = kPack<T>;
   const KVCacheShape& c = a.cache;
-  const int64_t hd = c.head_size, bs = c.block_size, nkv = c.num_kv_heads;
-  const int64_t group = a.num_heads / nkv;
-  const int64_t q0 = a.query_start_loc[w.seq];
-  const int64_t q_len = a.query_start_loc[w.seq + 1] - q0;
+  const int64_t hd = c.head_size, bs = c.block_size;
+  const int64_t group = a.num_heads / c.num_kv_heads;
+  const int64_t q_len = a.query_start_loc[w.seq + 1] - a.query_start_loc[w.seq];
   const int64_t context = a.seq_lens[w.seq] - q_len;  // position of query token 0
-  const int64_t rows = (w.q_end - w.q_begin) * group;
-  const T* q = static_cast<const T*>(a.q);
   const T* key_cache = static_cast<const T*>(a.key_cache);
   const T* value_cache = static_cast<const T*>(a.value_cache);
   const int32_t* table = a.block_table + w.seq * a.block_table_stride;
+  for (int64_t blk = w.block_begin; blk < w.block_end; ++blk) {
+    const int64_t t0 = blk * bs;
+    const T* kb = key_cache + block_offset(c, table[blk], w.kv_head);
+    const T* vb = value_cache + block_offset(c, table[blk], w.kv_head);
+    // Blocks are scattered in memory: ask for the block kPrefetchBlocks ahead (and, at the start,
+    // for all blocks up to it) while this one is computed.
+    for (int64_t ahead = blk == w.block_begin ? blk + 1 : blk + kPrefetchBlocks;
+         ahead <= blk + kPrefetchBlocks && ahead < w.block_end; ++ahead) {
+      const int64_t at = block_offset(c, table[ahead], w.kv_head);
+      prefetch_l2(key_cache + at, hd * bs * static_cast<int64_t>(sizeof(T)));
+      prefetch_l2(value_cache + at, hd * bs * static_cast<int64_t>(sizeof(T)));
+    }
+    if (fold == nullptr) {  // unpack to fp32 [hd, bs] keys and [bs, hd] values
+      for (int64_t d = 0; d < hd; ++d)
+        for (int64_t t = 0; t < bs; ++t) sc.k[static_cast<size_t>(d * bs + t)] = load_f32(kb + ((d / x) * bs + t) * x + d % x);
+      for (int64_t t = 0; t < bs; ++t)
+        for (int64_t d = 0; d < hd; ++d) sc.v[static_cast<size_t>(t * hd + d)] = load_f32(vb + ((t / x) * hd + d) * x + t % x);
+    }
+    for (int64_t i = w.q_begin; i < w.q_end; ++i) {  // the rows of token i share their visible keys
+      const int64_t pos = context + i;
+      const int64_t lo = std::max<int64_t>(first_visible(pos, a.sliding_window) - t0, 0);
+      const int64_t hi = std::min<int64_t>(pos + 1 - t0, bs);  // keys [t0 + lo, t0 + hi)
+      if (hi <= lo) continue;
+      for (int64_t g0 = 0; g0 < group; g0 += attention::kMaxRows) {
+        const int num_rows = static_cast<int>(std::min<int64_t>(attention::kMaxRows, group - g0));
+        RowState states[attention::kMaxRows];
+        for (int k = 0; k < num_rows; ++k) {
+          const auto r = static_cast<size_t>((i - w.q_begin) * group + g0 + k);
+          states[k] = {&sc.q[r * static_cast<size_t>(hd)], &sc.qb[r * static_cast<size_t>(hd / 2)], &sc.m[r],
+                       &sc.l[r], &sc.acc[r * static_cast<size_t>(hd)]};
+        }
+        if (fold != nullptr) {
+          fold(states, num_rows, kb, vb, lo, hi, a.scale);
+        } else {
+          for (int k = 0; k < num_rows; ++k) {
+            attention::fold_block_generic(states[k], sc.k.data(), sc.v.data(), hd, bs, lo, hi, sc.s.data());
+          }
+        }
+      }
+    }
+  }
+}
+
+template <class T>
+void run_item(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, float* partials) {
+  constexpr bool is_bf16 = sizeof(T) == 2;
+  const KVCacheShape& c = a.cache;
+  const int64_t hd = c.head_size, bs = c.block_size;
+  const int64_t group = a.num_heads / c.num_kv_heads;
+  const int64_t q0 = a.query_start_loc[w.seq];
+  const int64_t rows = (w.q_end - w.q_begin) * group;
+  const T* q = static_cast<const T*>(a.q);
   const attention::FoldFn<T> fold = attention::select_fold<T>(hd, bs);  // null: generic
   const bool bf16_path = is_bf16 && fold != nullptr;
 
@@ -191,56 +255,14 @@ void run_item(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, float
 #if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
   const attention::SpanFoldFn fold_span =
       bf16_path && w.q_end - w.q_begin >= kSpanFoldMinTokens ? attention::select_span_fold(hd, bs) : nullptr;
-  if (fold_span != nullptr) run_spans(a, w, sc, fold_span);
-  const int64_t block_end = fold_span != nullptr ? w.block_begin : w.block_end;  // done: skip the per-token fold
-#else
-  const int64_t block_end = w.block_end;
-#endif
-  for (int64_t blk = w.block_begin; blk < block_end; ++blk) {
-    const int64_t t0 = blk * bs;
-    const T* kb = key_cache + (table[blk] * nkv + w.kv_head) * hd * bs;
-    const T* vb = value_cache + (table[blk] * nkv + w.kv_head) * bs * hd;
-    // Blocks are scattered in memory: ask for the block kPrefetchBlocks ahead (and, at the start,
-    // for all blocks up to it) while this one is computed, into L2 (locality hint 2).
-    for (int64_t ahead = blk == w.block_begin ? blk + 1 : blk + kPrefetchBlocks;
-         ahead <= blk + kPrefetchBlocks && ahead < w.block_end; ++ahead) {
-      const char* nk = reinterpret_cast<const char*>(key_cache + (table[ahead] * nkv + w.kv_head) * hd * bs);
-      const char* nv = reinterpret_cast<const char*>(value_cache + (table[ahead] * nkv + w.kv_head) * bs * hd);
-      for (int64_t off = 0; off < hd * bs * static_cast<int64_t>(sizeof(T)); off += 64) {
-        __builtin_prefetch(nk + off, 0, 2);
-        __builtin_prefetch(nv + off, 0, 2);
-      }
-    }
-    if (fold == nullptr) {  // unpack to fp32 [hd, bs] keys and [bs, hd] values
-      for (int64_t d = 0; d < hd; ++d)
-        for (int64_t t = 0; t < bs; ++t) sc.k[static_cast<size_t>(d * bs + t)] = load_f32(kb + ((d / x) * bs + t) * x + d % x);
-      for (int64_t t = 0; t < bs; ++t)
-        for (int64_t d = 0; d < hd; ++d) sc.v[static_cast<size_t>(t * hd + d)] = load_f32(vb + ((t / x) * hd + d) * x + t % x);
-    }
-    for (int64_t i = w.q_begin; i < w.q_end; ++i) {  // the rows of token i share their visible keys
-      const int64_t pos = context + i;
-      const int64_t lo_pos = a.sliding_window > 0 ? std::max<int64_t>(0, pos - a.sliding_window + 1) : 0;
-      const int64_t lo = std::max<int64_t>(lo_pos - t0, 0);
-      const int64_t hi = std::min<int64_t>(pos + 1 - t0, bs);  // keys [t0 + lo, t0 + hi)
-      if (hi <= lo) continue;
-      for (int64_t g0 = 0; g0 < group; g0 += attention::kMaxRows) {
-        const int num_rows = static_cast<int>(std::min<int64_t>(attention::kMaxRows, group - g0));
-        RowState states[attention::kMaxRows];
-        for (int k = 0; k < num_rows; ++k) {
-          const auto r = static_cast<size_t>((i - w.q_begin) * group + g0 + k);
-          states[k] = {&sc.q[r * static_cast<size_t>(hd)], &sc.qb[r * static_cast<size_t>(hd / 2)], &sc.m[r],
-                       &sc.l[r], &sc.acc[r * static_cast<size_t>(hd)]};
-        }
-        if (fold != nullptr) {
-          fold(states, num_rows, kb, vb, lo, hi, a.scale);
-        } else {
-          for (int k = 0; k < num_rows; ++k) {
-            attention::fold_block_generic(states[k], sc.k.data(), sc.v.data(), hd, bs, lo, hi, sc.s.data());
-          }
-        }
-      }
-    }
+  if (fold_span != nullptr) {
+    run_spans(a, w, sc, fold_span);
+  } else {
+    run_blocks<T>(a, w, sc, fold);
   }
+#else
+  run_blocks<T>(a, w, sc, fold);
+#endif
 
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = w.q_begin + r / group, g = r % group;
@@ -299,7 +321,7 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
       for (int64_t qb = 0; qb < q_len; qb += kQueryChunk) {
         const int64_t qe = std::min(q_len, qb + kQueryChunk);
         const int64_t last_pos = context + qe - 1;
-        const int64_t first_pos = a.sliding_window > 0 ? std::max<int64_t>(0, context + qb - a.sliding_window + 1) : 0;
+        const int64_t first_pos = first_visible(context + qb, a.sliding_window);
         items.push_back({s, h, qb, qe, first_pos / bs, last_pos / bs + 1, -1});
       }
     }

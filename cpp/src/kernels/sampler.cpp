@@ -150,7 +150,8 @@ bool apply_processors(const SamplingBatch& b, int64_t i, float* x, std::vector<i
 // the top finds the one where the prefix crosses the target, and only its tokens are sorted. A
 // second pass draws u by inverse CDF over the kept set in vocabulary order (any fixed order gives
 // the same distribution).
-int32_t sample_top_p(const float* x, int64_t v, float top_p, float u, std::vector<std::pair<float, int32_t>>& cand) {
+int32_t sample_top_p(const float* x, int64_t v, float top_p, float u, std::vector<std::pair<float, int32_t>>& cand,
+                     std::vector<double>& mass) {
   constexpr int kShift = 20;
   constexpr int kBuckets = (0x3F800000 >> kShift) + 1;  // up to the bits of 1.0f
   auto bucket = [](float w) {
@@ -158,7 +159,7 @@ int32_t sample_top_p(const float* x, int64_t v, float top_p, float u, std::vecto
     std::memcpy(&bits, &w, sizeof(bits));
     return std::min<int>(static_cast<int>(bits >> kShift), kBuckets - 1);
   };
-  std::vector<double> mass(kBuckets, 0.0);
+  mass.assign(kBuckets, 0.0);
   double total = 0.0;
   for (int64_t t = 0; t < v; ++t) {
     if (x[t] > 0.0f) {
@@ -205,7 +206,8 @@ int32_t sample_top_p(const float* x, int64_t v, float top_p, float u, std::vecto
 }
 
 // Samples from logits x (already divided by the temperature) under top-k / top-p / min-p.
-int32_t sample_row(const SamplingBatch& b, int64_t i, float* x, std::vector<std::pair<float, int32_t>>& cand) {
+int32_t sample_row(const SamplingBatch& b, int64_t i, float* x, std::vector<std::pair<float, int32_t>>& cand,
+                   std::vector<double>& mass) {
   const int64_t v = b.vocab_size;
   const float mx = row_max(x, v);
   // Kept set, step 1: min_p (prob >= min_p * max prob <=> logit >= mx + log(min_p)).
@@ -233,7 +235,7 @@ int32_t sample_row(const SamplingBatch& b, int64_t i, float* x, std::vector<std:
   }
   const float u = philox_uniform(b.seeds[i], static_cast<uint64_t>(b.steps[i]));
   const float top_p = b.top_p ? b.top_p[i] : 1.0f;
-  if (top_p < 1.0f) return sample_top_p(x, v, top_p, u, cand);
+  if (top_p < 1.0f) return sample_top_p(x, v, top_p, u, cand, mass);
   const float pick = u * total;
   float acc = 0.0f;
   int32_t last = -1;
@@ -285,6 +287,7 @@ void sample(const SamplingBatch& b) {
     std::vector<int32_t> scratch;
     std::vector<std::pair<float, int32_t>> cand;
     std::vector<float> raw;  // the raw row, kept for the sampled token's logprob and rank
+    std::vector<double> mass;  // top-p's bucket masses
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < b.num_reqs; ++i) {
       float* x = b.logits + i * b.vocab_size;
@@ -316,7 +319,7 @@ void sample(const SamplingBatch& b) {
         const float inv_t = 1.0f / temp;
 #pragma omp simd
         for (int64_t t = 0; t < b.vocab_size; ++t) x[t] *= inv_t;
-        token = sample_row(b, i, x, cand);
+        token = sample_row(b, i, x, cand, mass);
       }
       b.sampled[i] = token;
       if (b.num_logprobs >= 0) {

@@ -21,9 +21,7 @@ _GEMM = _core.kernels.bf16_gemm_available()
 _SHARED_PACK_MAX_ELEMENTS = 64 * 1024 * 1024
 
 
-def _can_prepack(weight: torch.Tensor) -> bool:
-    return (weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
 class Linear:
@@ -44,7 +42,7 @@ class Linear:
         """Lays the loaded weight out for the kernels, then drops the row-major form unless
         keep_weight (it is shared: a tied LM head's embedding)."""
         w = self.weight
-        if w is None or not _can_prepack(w):
+        if w is None or w.device.type != "cpu" or w.dtype != torch.bfloat16:
             return
         n, k = self.shape
         if _GEMM and (not keep_weight or n * k <= _SHARED_PACK_MAX_ELEMENTS):
@@ -52,7 +50,7 @@ class Linear:
             _core.kernels.bf16_gemm_pack(w.data_ptr(), self._gemm_packed.data_ptr(), n, k)
             if not keep_weight:
                 self.weight = None
-        else:
+        elif _ONEDNN:
             self._onednn_packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
 
     def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
