@@ -20,6 +20,41 @@ def random_prompts(num: int, length: int, vocab_size: int, seed: int) -> list[li
     return torch.randint(100, vocab_size, (num, length), generator=g).tolist()
 
 
+def run_flops(config, num: int, input_len: int, output_len: int) -> float:
+    """Floating-point operations the run cannot avoid: every linear layer for every token fed to
+    the model (the prompts, then each output token but the last), the LM head for every sampled
+    token, and causal attention (QK and PV) of each fed token over the keys up to its own."""
+    c = config
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    per_token = 2 * c.num_hidden_layers * (c.hidden_size * (q + 2 * kv) + q * c.hidden_size
+                                           + 3 * c.hidden_size * c.intermediate_size)
+    fed = input_len + output_len - 1  # positions 0 .. fed - 1 go through the layers
+    keys = fed * (fed + 1) // 2  # sum over positions p of the p + 1 keys p attends to
+    attention = 4 * c.num_hidden_layers * q * keys
+    return num * (fed * per_token + attention + output_len * 2 * c.vocab_size * c.hidden_size)
+
+
+def gemm_peak_flops() -> float:
+    """corellm's bf16 GEMM at its best shape on this machine now (512 rows x a 576 x 1536 weight,
+    the MLP's), in FLOP/s: the compute floor's rate. float('nan') where the CPU lacks AVX512-BF16."""
+    from corellm import _core
+
+    if not _core.kernels.bf16_gemm_available():
+        return float("nan")
+    m, n, k = 512, 1536, 576
+    w = torch.randn(n, k).bfloat16()
+    packed = torch.empty(_core.kernels.bf16_gemm_packed_size(n, k), dtype=torch.bfloat16)
+    _core.kernels.bf16_gemm_pack(w.data_ptr(), packed.data_ptr(), n, k)
+    x, y = torch.randn(m, k).bfloat16(), torch.empty(m, n, dtype=torch.bfloat16)
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(20):
+            _core.kernels.bf16_gemm(x.data_ptr(), k, packed.data_ptr(), 0, y.data_ptr(), n, m, n, k)
+        best = min(best, (time.perf_counter() - t0) / 20)
+    return 2 * m * n * k / best
+
+
 def run_corellm(args, prompts) -> dict:
     from corellm import LLM, SamplingParams
 
@@ -84,8 +119,8 @@ def main() -> None:
 
     from corellm.model.loader import load_model
 
-    vocab = load_model(args.model, progress=False).config.vocab_size if args.model else 49152
-    prompts = random_prompts(args.num_prompts, args.input_len, vocab, args.seed)
+    config = load_model(args.model, progress=False).config
+    prompts = random_prompts(args.num_prompts, args.input_len, config.vocab_size, args.seed)
     results = []
     if args.backend in ("corellm", "both"):
         results.append(run_corellm(args, prompts))
@@ -104,9 +139,25 @@ def main() -> None:
     if len(results) == 2:
         ratio = results[0]["output_tok_per_s"] / results[1]["output_tok_per_s"]
         print(f"corellm / hf output throughput: {ratio:.2f}x")
+    floor = compute_floor(config, args, results)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "results": results}, f, indent=1)
+            json.dump({"args": vars(args), "results": results, "compute_floor": floor}, f, indent=1)
+
+
+def compute_floor(config, args, results: list[dict]) -> dict:
+    """The least time any exact bf16 engine needs on this CPU: the run's FLOPs at corellm's best
+    GEMM rate, measured now (so in the same spell of this machine's speed as the run)."""
+    flops = run_flops(config, args.num_prompts, args.input_len, args.output_len)
+    peak = gemm_peak_flops()
+    floor_s = flops / peak
+    out_tokens = args.num_prompts * args.output_len
+    print(f"\ncompute floor: {flops / 1e12:.2f} TFLOP (linear layers, LM head at sampled tokens, attention) "
+          f"at {peak / 1e9:.0f} GFLOP/s (corellm's bf16 GEMM at 512 rows, now) = {floor_s:.2f} s, "
+          f"{out_tokens / floor_s:.0f} output tok/s at most")
+    for r in results:
+        print(f"  {r['backend']:<8} runs at {floor_s / r['elapsed_s']:.0%} of the floor's speed")
+    return {"flops": flops, "gemm_peak_flops": peak, "floor_s": floor_s, "floor_output_tok_per_s": out_tokens / floor_s}
 
 
 if __name__ == "__main__":
