@@ -2,7 +2,8 @@
 cache read, and % of the GPU's bandwidth: a device-to-device copy measured in the same run, and
 the nominal HBM peak when the GPU is known) at batch 1 / 16 / 64 x context 512 / 2k / 8k, for
 SmolLM2-135M's heads (9 query, 3 KV, 64 dims) and a Llama-3-8B-like config (32, 8, 128); and the
-elementwise ops at decode and prefill sizes. Timed with CUDA events.
+elementwise ops at decode and prefill sizes; the sampler at batch 256 over a 151k vocabulary.
+Timed with CUDA events.
 
     python bench/cuda_kernels.py [--json out.json]
 """
@@ -90,6 +91,37 @@ def elementwise_rows(dtype: torch.dtype) -> list[dict]:
     return rows
 
 
+def sampler_rows() -> list[dict]:
+    """The sampler at batch 256 over a 151,936-token vocabulary (Qwen's): each call restores the
+    logits first (the sampler processes them in place); the restore's own time is subtracted."""
+    from corellm.ops import SamplingMetadata
+
+    n, vocab = 256, 151936
+    pristine = torch.randn(n, vocab, device="cuda") * 4
+    logits = torch.empty_like(pristine)
+    restore = cuda_time(lambda: logits.copy_(pristine))
+    cases = {"greedy": dict(temperature=0.0), "T=0.8 top_p=0.9": dict(temperature=0.8, top_p=0.9),
+             "T=0.8 top_k=50": dict(temperature=0.8, top_k=50),
+             "T=0.8 top_p=0.9 top_k=50 min_p=0.05": dict(temperature=0.8, top_p=0.9, top_k=50, min_p=0.05),
+             "greedy + 5 logprobs": dict(temperature=0.0, num_logprobs=5)}
+    rows = []
+    for name, c in cases.items():
+        md = SamplingMetadata(temperature=torch.full((n,), c["temperature"], device="cuda"),
+                              seeds=torch.arange(n, dtype=torch.int64, device="cuda"),
+                              steps=torch.zeros(n, dtype=torch.int64, device="cuda"),
+                              num_logprobs=c.get("num_logprobs", -1))
+        if "top_p" in c:
+            md.top_p = torch.full((n,), c["top_p"], device="cuda")
+        if "top_k" in c:
+            md.top_k = torch.full((n,), c["top_k"], dtype=torch.int32, device="cuda")
+        if "min_p" in c:
+            md.min_p = torch.full((n,), c["min_p"], device="cuda")
+        t = cuda_time(lambda: (logits.copy_(pristine), ops.sample(logits, md))) - restore  # noqa: B023
+        rows.append({"kernel": f"sample {name}", "model": f"vocab {vocab}", "batch": n, "context": 0,
+                     "dtype": "float32", "us": t * 1e6, "GBps": logits.numel() * 4 / t / 1e9})
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", help="write the rows here")
@@ -98,13 +130,13 @@ def main() -> None:
     peak = nominal_peak()
     print(f"{torch.cuda.get_device_name()}: device copy {copy:.0f} GB/s, nominal peak "
           f"{'unknown' if peak is None else f'{peak:.0f} GB/s'}\n")
-    rows = decode_attention_rows(torch.bfloat16) + elementwise_rows(torch.bfloat16)
-    print(f"{'kernel':<24} {'model':<14} {'batch':>6} {'context':>8} {'us':>10} {'GB/s':>9} {'% copy':>7} {'% peak':>7}")
+    rows = decode_attention_rows(torch.bfloat16) + elementwise_rows(torch.bfloat16) + sampler_rows()
+    print(f"{'kernel':<44} {'model':<14} {'batch':>6} {'context':>8} {'us':>10} {'GB/s':>9} {'% copy':>7} {'% peak':>7}")
     for r in rows:
         r["pct_copy"] = 100 * r["GBps"] / copy
         r["pct_peak"] = None if peak is None else 100 * r["GBps"] / peak
         pct_peak = "-" if r["pct_peak"] is None else f"{r['pct_peak']:.0f}%"
-        print(f"{r['kernel']:<24} {r['model']:<14} {r['batch']:>6} {r['context']:>8} {r['us']:>10.1f} "
+        print(f"{r['kernel']:<44} {r['model']:<14} {r['batch']:>6} {r['context']:>8} {r['us']:>10.1f} "
               f"{r['GBps']:>9.0f} {r['pct_copy']:>6.0f}% {pct_peak:>7}")
     if args.json:
         with open(args.json, "w") as f:

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "corellm/kernels/sampling_batch_args.h"
 #include "kernels.h"
 
 namespace py = pybind11;
@@ -71,5 +72,22 @@ PYBIND11_MODULE(_cuda, m) {
                                    ptr<const int32_t>(block_table), block_table_stride, ptr<const int32_t>(seq_lens),
                                    ptr<const int32_t>(query_start_loc), num_seqs, num_heads, scale, sliding_window,
                                    max_query_len, dtype_of(dtype), stream);
+  }, release);
+  // corellm._core.kernels.sample's arguments, then the stream.
+  m.def("sample", [](int64_t num_reqs, int64_t vocab_size, std::uintptr_t logits, std::uintptr_t temperature,
+                     std::uintptr_t top_k, std::uintptr_t top_p, std::uintptr_t min_p, std::uintptr_t seeds,
+                     std::uintptr_t steps, std::uintptr_t presence_penalty, std::uintptr_t frequency_penalty,
+                     std::uintptr_t repetition_penalty, std::uintptr_t output_offsets, std::uintptr_t output_ids,
+                     std::uintptr_t prompt_offsets, std::uintptr_t prompt_ids, std::uintptr_t bias_offsets,
+                     std::uintptr_t bias_ids, std::uintptr_t bias_values, std::uintptr_t banned_offsets,
+                     std::uintptr_t banned_ids, int64_t num_logprobs, std::uintptr_t sampled,
+                     std::uintptr_t sampled_logprob, std::uintptr_t sampled_rank, std::uintptr_t top_ids,
+                     std::uintptr_t top_logprobs, std::uintptr_t stream) {
+    corellm::cuda::sample(corellm::sampling_batch_from_addresses(
+                              num_reqs, vocab_size, logits, temperature, top_k, top_p, min_p, seeds, steps,
+                              presence_penalty, frequency_penalty, repetition_penalty, output_offsets, output_ids,
+                              prompt_offsets, prompt_ids, bias_offsets, bias_ids, bias_values, banned_offsets,
+                              banned_ids, num_logprobs, sampled, sampled_logprob, sampled_rank, top_ids, top_logprobs),
+                          stream);
   }, release);
 }

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "corellm/kernels/sampler.h"
+
 namespace corellm::cuda {
 
 enum class DType : int32_t { F32 = 0, BF16 = 1, F16 = 2 };
@@ -47,5 +49,12 @@ void paged_attention(void* out, const void* q, int64_t q_stride, const void* key
                      const int32_t* block_table, int64_t block_table_stride, const int32_t* seq_lens,
                      const int32_t* query_start_loc, int64_t num_seqs, int64_t num_heads, float scale,
                      int64_t sliding_window, int64_t max_query_len, DType dtype, std::uintptr_t stream);
+
+// The CPU sampler's contract (cpp/include/corellm/kernels/sampler.h) with every array in device
+// memory: one row per request, logits processed in place. Parameter values are validated before
+// they reach the device (the engine's InputProcessor); token ids outside the vocabulary are
+// ignored. num_logprobs is at most 1024 here. Scratch (the raw rows for logprobs, the marks for
+// penalties) comes from the stream-ordered allocator and is freed on the stream.
+void sample(const SamplingBatch& batch, std::uintptr_t stream);
 
 }  // namespace corellm::cuda

@@ -13,6 +13,7 @@
 #include "corellm/kernels/packed_gemm.h"
 #include "corellm/kernels/paged_attention.h"
 #include "corellm/kernels/sampler.h"
+#include "corellm/kernels/sampling_batch_args.h"
 
 namespace py = pybind11;
 using namespace corellm;
@@ -137,35 +138,11 @@ void bind_kernels(py::module_& m) {
            uintptr_t bias_ids, uintptr_t bias_values, uintptr_t banned_offsets, uintptr_t banned_ids,
            int64_t num_logprobs, uintptr_t sampled, uintptr_t sampled_logprob, uintptr_t sampled_rank,
            uintptr_t top_ids, uintptr_t top_logprobs) {
-          SamplingBatch b;
-          b.num_reqs = num_reqs;
-          b.vocab_size = vocab_size;
-          b.logits = ptr<float>(logits);
-          b.temperature = ptr<const float>(temperature);
-          b.top_k = ptr<const int32_t>(top_k);
-          b.top_p = ptr<const float>(top_p);
-          b.min_p = ptr<const float>(min_p);
-          b.seeds = ptr<const uint64_t>(seeds);
-          b.steps = ptr<const int64_t>(steps);
-          b.presence_penalty = ptr<const float>(presence_penalty);
-          b.frequency_penalty = ptr<const float>(frequency_penalty);
-          b.repetition_penalty = ptr<const float>(repetition_penalty);
-          b.output_offsets = ptr<const int32_t>(output_offsets);
-          b.output_ids = ptr<const int32_t>(output_ids);
-          b.prompt_offsets = ptr<const int32_t>(prompt_offsets);
-          b.prompt_ids = ptr<const int32_t>(prompt_ids);
-          b.bias_offsets = ptr<const int32_t>(bias_offsets);
-          b.bias_ids = ptr<const int32_t>(bias_ids);
-          b.bias_values = ptr<const float>(bias_values);
-          b.banned_offsets = ptr<const int32_t>(banned_offsets);
-          b.banned_ids = ptr<const int32_t>(banned_ids);
-          b.num_logprobs = num_logprobs;
-          b.sampled = ptr<int32_t>(sampled);
-          b.sampled_logprob = ptr<float>(sampled_logprob);
-          b.sampled_rank = ptr<int32_t>(sampled_rank);
-          b.top_ids = ptr<int32_t>(top_ids);
-          b.top_logprobs = ptr<float>(top_logprobs);
-          sample(b);
+          sample(sampling_batch_from_addresses(
+              num_reqs, vocab_size, logits, temperature, top_k, top_p, min_p, seeds, steps, presence_penalty,
+              frequency_penalty, repetition_penalty, output_offsets, output_ids, prompt_offsets, prompt_ids,
+              bias_offsets, bias_ids, bias_values, banned_offsets, banned_ids, num_logprobs, sampled, sampled_logprob,
+              sampled_rank, top_ids, top_logprobs));
         },
         py::call_guard<py::gil_scoped_release>());
   bind_decoder_stack(k);

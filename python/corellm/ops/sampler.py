@@ -10,11 +10,10 @@ default does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
-from corellm import _core
 from corellm.ops._backend import backend
 from corellm.ops._checks import check, check_shape
 
@@ -38,6 +37,10 @@ class TokenLists:
             vals = torch.tensor([v for lst in values for v in lst], dtype=torch.float32)
         return cls(torch.tensor(offsets, dtype=torch.int32), torch.tensor(flat, dtype=torch.int32), vals)
 
+    def to(self, device: torch.device) -> "TokenLists":
+        return TokenLists(*(None if t is None else t.to(device, non_blocking=True)
+                            for t in (self.offsets, self.ids, self.values)))
+
 
 @dataclass
 class SamplingMetadata:
@@ -58,6 +61,14 @@ class SamplingMetadata:
     banned_token_ids: TokenLists | None = None
     num_logprobs: int = -1  # -1: no logprobs; 0: the sampled token's only; k: also the top k
 
+    def to(self, device: torch.device) -> "SamplingMetadata":
+        """A copy with every tensor on `device` (the logits' device: the sampler runs there)."""
+        moved = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            moved[f.name] = v.to(device, non_blocking=True) if isinstance(v, (torch.Tensor, TokenLists)) else v
+        return SamplingMetadata(**moved)
+
 
 @dataclass
 class SamplerOutput:
@@ -68,15 +79,19 @@ class SamplerOutput:
     top_logprobs: torch.Tensor | None = None  # float32 [n, num_logprobs]
 
 
+CUDA_MAX_LOGPROBS = 1024  # top-n logprobs per row the CUDA kernel can rank (cuda/sampler.cu)
+
+
 def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
 def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
-    """logits: float32 [num_reqs, vocab_size], contiguous; overwritten with processed values."""
+    """logits: float32 [num_reqs, vocab_size], contiguous; overwritten with processed values. On
+    CUDA every metadata tensor is on the logits' device too, and so are the outputs."""
     op = "sample"
     check(op, "logits", logits, ndim=2, dtype=torch.float32, contiguous=True)
-    backend(op, logits, cuda=False)
+    be = backend(op, logits)
     n, vocab = logits.shape
     dev = logits.device
 
@@ -124,17 +139,19 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         raise ValueError(f"{op}: logit_bias needs values")
     banned = lists("banned_token_ids", md.banned_token_ids, False)
 
-    sampled = torch.empty(n, dtype=torch.int32)
+    sampled = torch.empty(n, dtype=torch.int32, device=dev)
     out = SamplerOutput(sampled)
     k = md.num_logprobs
     if k >= 0:
         if k > vocab:
             raise ValueError(f"{op}: num_logprobs {k} exceeds the vocabulary size {vocab}")
-        out.logprobs = torch.empty(n, dtype=torch.float32)
-        out.ranks = torch.empty(n, dtype=torch.int32)
-        out.top_token_ids = torch.empty((n, k), dtype=torch.int32)
-        out.top_logprobs = torch.empty((n, k), dtype=torch.float32)
-    _core.kernels.sample(
+        if k > CUDA_MAX_LOGPROBS and not logits.is_cpu:
+            raise ValueError(f"{op}: num_logprobs {k} exceeds the CUDA sampler's limit of {CUDA_MAX_LOGPROBS}")
+        out.logprobs = torch.empty(n, dtype=torch.float32, device=dev)
+        out.ranks = torch.empty(n, dtype=torch.int32, device=dev)
+        out.top_token_ids = torch.empty((n, k), dtype=torch.int32, device=dev)
+        out.top_logprobs = torch.empty((n, k), dtype=torch.float32, device=dev)
+    be.kernels.sample(
         n, vocab, logits.data_ptr(), _ptr(md.temperature), _ptr(md.top_k), _ptr(md.top_p), _ptr(md.min_p),
         _ptr(md.seeds), _ptr(md.steps), _ptr(md.presence_penalty), _ptr(md.frequency_penalty),
         _ptr(md.repetition_penalty),
@@ -144,6 +161,6 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         _ptr(bias.values if bias else None),
         _ptr(banned.offsets if banned else None), _ptr(banned.ids if banned else None),
         k, sampled.data_ptr(), _ptr(out.logprobs), _ptr(out.ranks), _ptr(out.top_token_ids),
-        _ptr(out.top_logprobs),
+        _ptr(out.top_logprobs), *be.extra,
     )
     return out

@@ -68,8 +68,8 @@ class ModelRunner:
             hidden = self.model.forward(i32(b.input_ids), i32(b.positions), attn, self.kv_caches)
             logits = self.model.compute_logits(hidden[torch.from_numpy(b.logits_indices).long().to(self.device)])
             prompt_logprobs = self._prompt_logprobs(so, hidden)
-        # The sampler runs on the CPU (no CUDA sampling kernel yet): logits come back to the host.
-        self._state = ExecuteModelState(so, logits.to("cpu").contiguous(), prompt_logprobs)
+        # The sampler runs where the logits are (corellm's CPU or CUDA kernel).
+        self._state = ExecuteModelState(so, logits.float().contiguous(), prompt_logprobs)
         return None
 
     def _update_states(self, so: _core.SchedulerOutput) -> None:
@@ -120,16 +120,18 @@ class ModelRunner:
         req_ids = so.req_ids
         rows = so.batch_rows
         md = self.sampling.metadata(req_ids, rows)
+        if self.device.type != "cpu":
+            md = md.to(self.device)
         result = ops.sample(state.logits, md)
-        sampled = result.sampled_token_ids.numpy()
+        sampled = result.sampled_token_ids.cpu().numpy()
         samples = so.samples_token
         out = ModelRunnerOutput(req_ids, np.where(samples, sampled, -1).astype(np.int32),
                                 prompt_logprobs=state.prompt_logprobs)
         for i in np.nonzero(samples & (sampled < 0))[0]:
             out.errors[req_ids[i]] = "the model produced NaN logits"
         if result.logprobs is not None:
-            out.logprobs = SampledLogprobs(result.logprobs.numpy(), result.ranks.numpy(),
-                                           result.top_token_ids.numpy(), result.top_logprobs.numpy())
+            out.logprobs = SampledLogprobs(result.logprobs.cpu().numpy(), result.ranks.cpu().numpy(),
+                                           result.top_token_ids.cpu().numpy(), result.top_logprobs.cpu().numpy())
         self.sampling.record(req_ids, rows, sampled, samples & (sampled >= 0))
         self.builder.record_sampled(so, np.where(sampled >= 0, sampled, 0).astype(np.int32))
         return out
