@@ -31,7 +31,7 @@ step machine bash -c "nvidia-smi; nvcc --version; $PY -c 'import torch; print(to
 step build env CORELLM_CUDA=ON $PY -m pip install -v --no-build-isolation --no-deps -e .
 step import $PY -c "import corellm, corellm._cuda; print('corellm._cuda', sorted(n for n in dir(corellm._cuda) if not n.startswith('_')))"
 step cuda_tests $PY -m pytest -q -rs tests/ops/test_cuda_ops.py tests/ops/test_cuda_sampler.py --junitxml="$OUT/cuda_tests.xml"
-step cuda_engine_tests $PY -m pytest -q -rs tests/engine/test_cuda_engine.py --junitxml="$OUT/cuda_engine_tests.xml"
+step cuda_engine_tests $PY -m pytest -q -rs tests/engine/test_cuda_engine.py tests/engine/test_cuda_graphs.py --junitxml="$OUT/cuda_engine_tests.xml"
 step cpu_ops_tests $PY -m pytest -q tests/ops
 step cuda_kernels_bench $PY bench/cuda_kernels.py --json "$OUT/cuda_kernels.json"
 exit $status

@@ -77,6 +77,7 @@ class EngineConfig:
     model: str | None = None  # an HF directory, a .gguf file, or the default's short name
     dtype: str = "auto"
     device: str = "cpu"
+    enforce_eager: bool = False  # CUDA: no CUDA graphs (every step eager)
     max_model_len: int | None = None  # default: the model's context, capped by the KV cache
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048

@@ -9,6 +9,8 @@ from corellm.config import EngineConfig
 
 
 def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048) -> None:
+    p.add_argument("--device", default="cpu", help="cpu or cuda (a GPU and corellm's CUDA module)")
+    p.add_argument("--enforce-eager", action="store_true", help="CUDA: run every step eagerly (no CUDA graphs)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
@@ -21,7 +23,8 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     kv = args.kv_cache_memory
-    return EngineConfig(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
+    return EngineConfig(model=args.model, dtype=args.dtype, device=args.device, enforce_eager=args.enforce_eager,
+                        max_model_len=args.max_model_len,
                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                         block_size=args.block_size, seed=args.seed,
                         kv_cache_memory=None if kv is None else (int(kv) if kv >= 1 else float(kv)))

@@ -24,11 +24,12 @@ _GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_pe
 
 class LLM:
     def __init__(self, model: str | None = None, *, dtype: str = "auto", device: str = "cpu",
-                 max_model_len: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
+                 enforce_eager: bool = False, max_model_len: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  block_size: int = 16, enable_prefix_caching: bool = True,
                  kv_cache_memory: int | float | None = None, seed: int = 0, long_prefill_token_threshold: int = 0,
                  policy: str = "fcfs", loaded_model: LoadedModel | None = None):
-        self.config = EngineConfig(model=model, dtype=dtype, device=device, max_model_len=max_model_len,
+        self.config = EngineConfig(model=model, dtype=dtype, device=device, enforce_eager=enforce_eager,
+                                   max_model_len=max_model_len,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                    block_size=block_size, enable_prefix_caching=enable_prefix_caching,
                                    kv_cache_memory=kv_cache_memory, seed=seed,
@@ -48,6 +49,10 @@ class LLM:
     @property
     def max_model_len(self) -> int:
         return self.engine_core.max_model_len
+
+    def shutdown(self) -> None:
+        """Releases the engine's CUDA graphs now rather than at exit (the LLM is unusable after)."""
+        self.engine_core.shutdown()
 
     def get_tokenizer(self) -> Tokenizer:
         return self.loaded.tokenizer

@@ -1,5 +1,5 @@
-"""The engine on a CUDA device (LLM(device="cuda")): the model, its KV cache and every op but
-sampling on the GPU (logits come back to the CPU sampler). Greedy outputs of a tiny random Llama
+"""The engine on a CUDA device (LLM(device="cuda")): the model, its KV cache, every op and the
+sampler on the GPU, decode steps replayed as CUDA graphs. Greedy outputs of a tiny random Llama
 in fp32 must equal the CPU engine's up to the first reference near-tie. Skipped without
 corellm._cuda and a GPU."""
 

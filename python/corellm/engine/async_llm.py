@@ -123,9 +123,12 @@ class AsyncLLM:
         """Builds the engine, waits for start() (or stop), then steps until stopped."""
         if not build():
             return
-        kind, _ = self._inbox.get()
-        if kind == "start":
-            self._engine_loop()
+        try:
+            kind, _ = self._inbox.get()
+            if kind == "start":
+                self._engine_loop()
+        finally:  # on the thread that built them: the CUDA graphs
+            self.engine_core.shutdown()
 
     def _engine_loop(self) -> None:
         core = self.engine_core

@@ -49,7 +49,7 @@ class EngineCore:
         self.scheduler_config = plan_scheduler_config(loaded, config)
         native = self.scheduler_config.to_native()
         self.scheduler = _core.Scheduler(native)
-        self.model_runner = ModelRunner(loaded, native, stop_token_ids_of)
+        self.model_runner = ModelRunner(loaded, native, stop_token_ids_of, enforce_eager=config.enforce_eager)
         self._stop_token_ids_of = stop_token_ids_of
         self._aborts: queue.SimpleQueue[list[str]] = queue.SimpleQueue()
         self._pending_errors: list[EngineCoreOutput] = []
@@ -57,6 +57,10 @@ class EngineCore:
     @property
     def max_model_len(self) -> int:
         return self.scheduler_config.max_model_len
+
+    def shutdown(self) -> None:
+        """Releases the model runner's CUDA graphs (nothing to do on the CPU)."""
+        self.model_runner.shutdown()
 
     def add_request(self, request: EngineCoreRequest) -> None:
         p = request.sampling_params

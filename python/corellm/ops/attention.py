@@ -103,7 +103,8 @@ def paged_attention(
           contiguous=True)
     check_shape(op, "seq_lens", seq_lens, (num_seqs,))
     check_shape(op, "query_start_loc", query_start_loc, (num_seqs + 1,))
-    if num_seqs and int(query_start_loc[-1]) != q.shape[0]:
+    # (Checked on the CPU only: on a GPU reading it would stall the stream and break graph capture.)
+    if num_seqs and query_start_loc.is_cpu and int(query_start_loc[-1]) != q.shape[0]:
         raise ValueError(f"{op}: query_start_loc[-1] = {int(query_start_loc[-1])} but q has {q.shape[0]} tokens")
     if out is None:
         out = torch.empty((q.shape[0], q.shape[1]), dtype=q.dtype, device=q.device)

@@ -18,6 +18,7 @@ from corellm import _core, ops
 from corellm.engine.engine_core_request import EngineCoreRequest
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.loader import LoadedModel
+from corellm.worker.cuda_graphs import CUDAGraphRunner
 from corellm.worker.kv_cache import allocate_kv_caches
 from corellm.worker.model_runner_output import ModelRunnerOutput, PromptLogprobs, SampledLogprobs
 from corellm.worker.sampling_state import SamplingState
@@ -33,8 +34,10 @@ class ExecuteModelState:
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, scheduler_config: _core.SchedulerConfig, stop_token_ids_of):
-        """stop_token_ids_of(params) -> the token ids that end a request (min_tokens bans them)."""
+    def __init__(self, loaded: LoadedModel, scheduler_config: _core.SchedulerConfig, stop_token_ids_of,
+                 enforce_eager: bool = False):
+        """stop_token_ids_of(params) -> the token ids that end a request (min_tokens bans them).
+        On CUDA, decode batches replay captured CUDA graphs unless enforce_eager."""
         self.model = loaded.model
         self.device = self.model.device
         self.vocab_size = loaded.config.vocab_size
@@ -46,6 +49,17 @@ class ModelRunner:
         self.sampling = SamplingState(c.max_num_seqs)
         self._stop_token_ids_of = stop_token_ids_of
         self._state: ExecuteModelState | None = None
+        self.cuda_graphs: CUDAGraphRunner | None = None
+        if self.device.type == "cuda" and not enforce_eager:
+            self.cuda_graphs = CUDAGraphRunner(self.model, self.kv_caches, c.max_num_seqs,
+                                               (c.max_model_len + c.block_size - 1) // c.block_size, self.device)
+            self.cuda_graphs.capture()
+
+    def shutdown(self) -> None:
+        """Releases what the runner holds beyond the KV cache (the CUDA graphs)."""
+        if self.cuda_graphs is not None:
+            self.cuda_graphs.release()
+            self.cuda_graphs = None
 
     # ------------------------------------------------------------------ phase 1
     def execute_model(self, so: _core.SchedulerOutput) -> None:
@@ -57,15 +71,21 @@ class ModelRunner:
             return None
         b = self.builder
         b.prepare_inputs(so)
-        if self.device.type == "cpu":
-            i32 = torch.from_numpy  # zero-copy views of the builder's buffers
-        else:  # one host-to-device copy per array, enqueued on the current stream
-            i32 = lambda a: torch.from_numpy(a).to(self.device, non_blocking=True)  # noqa: E731
-        attn = AttentionMetadata(slot_mapping=i32(b.slot_mapping), block_table=i32(b.block_table),
-                                 seq_lens=i32(b.seq_lens), query_start_loc=i32(b.query_start_loc),
-                                 max_query_len=b.max_query_len, max_seq_len=b.max_seq_len)
+        # A uniform-decode batch replays a captured CUDA graph (padded to its size); others run eagerly.
+        graph_size = self.cuda_graphs.dispatch(so.num_reqs, so.total_num_scheduled_tokens) if self.cuda_graphs else None
         with torch.inference_mode():
-            hidden = self.model.forward(i32(b.input_ids), i32(b.positions), attn, self.kv_caches)
+            if graph_size is not None:
+                hidden = self.cuda_graphs.run(graph_size, b.input_ids, b.positions, b.slot_mapping, b.block_table,
+                                              b.seq_lens)
+            else:
+                if self.device.type == "cpu":
+                    i32 = torch.from_numpy  # zero-copy views of the builder's buffers
+                else:  # one host-to-device copy per array, enqueued on the current stream
+                    i32 = lambda a: torch.from_numpy(a).to(self.device, non_blocking=True)  # noqa: E731
+                attn = AttentionMetadata(slot_mapping=i32(b.slot_mapping), block_table=i32(b.block_table),
+                                         seq_lens=i32(b.seq_lens), query_start_loc=i32(b.query_start_loc),
+                                         max_query_len=b.max_query_len, max_seq_len=b.max_seq_len)
+                hidden = self.model.forward(i32(b.input_ids), i32(b.positions), attn, self.kv_caches)
             logits = self.model.compute_logits(hidden[torch.from_numpy(b.logits_indices).long().to(self.device)])
             prompt_logprobs = self._prompt_logprobs(so, hidden)
         # The sampler runs where the logits are (corellm's CPU or CUDA kernel).
