@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One call on a lent GPU machine (no network): build corellm with its CUDA module, run the CUDA
-# tests and the CUDA kernel benchmark (bench/cuda_kernels.py), write everything to $OUT. Run from the repository root:
+# tests, the CUDA kernel benchmark (bench/cuda_kernels.py) and the offline throughput benchmark on
+# a random-weight Qwen3-0.6B-shaped model (256 requests, 100-1024 tokens in and out), write
+# everything to $OUT. Each step is cut at STEP_TIMEOUT seconds (default 240). Run from the repository root:
 #
 #     OUT=/tmp/gpu_out bash bench/gpu_check.sh
 #
@@ -17,7 +19,7 @@ step() {  # step NAME COMMAND...: runs it with its output in $OUT/NAME.log, reco
   local name=$1
   shift
   local start=$SECONDS
-  if "$@" >"$OUT/$name.log" 2>&1; then
+  if timeout "${STEP_TIMEOUT:-240}" "$@" >"$OUT/$name.log" 2>&1; then
     echo "ok    $name ($((SECONDS - start)) s)" | tee -a "$OUT/summary.txt"
   else
     echo "FAIL  $name ($((SECONDS - start)) s): see $name.log" | tee -a "$OUT/summary.txt"
@@ -34,4 +36,6 @@ step cuda_tests $PY -m pytest -q -rs tests/ops/test_cuda_ops.py tests/ops/test_c
 step cuda_engine_tests $PY -m pytest -q -rs tests/engine/test_cuda_engine.py tests/engine/test_cuda_graphs.py --junitxml="$OUT/cuda_engine_tests.xml"
 step cpu_ops_tests $PY -m pytest -q tests/ops
 step cuda_kernels_bench $PY bench/cuda_kernels.py --json "$OUT/cuda_kernels.json"
+step throughput_qwen3_0.6b $PY bench/throughput.py --device cuda --random-model qwen3-0.6b --num-prompts 256 \
+  --input-len 100:1024 --output-len 100:1024 --max-num-batched-tokens 16384 --quiet --json "$OUT/throughput.json"
 exit $status
