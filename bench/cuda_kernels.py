@@ -64,8 +64,8 @@ def decode_attention_rows(dtype: torch.dtype) -> list[dict]:
                 seq_lens = torch.full((batch,), ctx, dtype=torch.int32, device="cuda")
                 qsl = torch.arange(batch + 1, dtype=torch.int32, device="cuda")
                 q = torch.randn(batch, heads * head, device="cuda").to(dtype)
-                t = cuda_time(lambda: ops.paged_attention(q, kc, vc, table, seq_lens, qsl, head**-0.5,
-                                                          max_query_len=1))
+                t = cuda_time(lambda: ops.paged_attention(q, kc, vc, table, seq_lens, qsl, head**-0.5,  # noqa: B023
+                                                          max_query_len=1, max_seq_len=ctx))  # noqa: B023
                 nbytes = 2 * batch * ctx * kv_heads * head * dtype.itemsize
                 rows.append({"kernel": "paged_attention decode", "model": model, "batch": batch, "context": ctx,
                              "dtype": str(dtype).replace("torch.", ""), "us": t * 1e6, "GBps": nbytes / t / 1e9})

@@ -66,13 +66,20 @@ PYBIND11_MODULE(_cuda, m) {
                               int64_t block_size, std::uintptr_t block_table, int64_t block_table_stride,
                               std::uintptr_t seq_lens, std::uintptr_t query_start_loc, int64_t num_seqs,
                               int64_t num_heads, float scale, int64_t sliding_window, int32_t dtype,
-                              int64_t max_query_len, std::uintptr_t stream) {
+                              int64_t max_query_len, int64_t max_seq_len, std::uintptr_t workspace,
+                              std::uintptr_t stream) {
     corellm::cuda::paged_attention(ptr<void>(out), ptr<const void>(q), q_stride, ptr<const void>(key_cache),
                                    ptr<const void>(value_cache), num_blocks, num_kv_heads, head_size, block_size,
                                    ptr<const int32_t>(block_table), block_table_stride, ptr<const int32_t>(seq_lens),
                                    ptr<const int32_t>(query_start_loc), num_seqs, num_heads, scale, sliding_window,
-                                   max_query_len, dtype_of(dtype), stream);
+                                   max_query_len, max_seq_len, ptr<void>(workspace), dtype_of(dtype), stream);
   }, release);
+  m.def("paged_attention_workspace_size", [](int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
+                                             int64_t head_size, int64_t block_size, int64_t max_query_len,
+                                             int64_t max_seq_len, int32_t dtype) {
+    return corellm::cuda::paged_attention_workspace_size(num_seqs, num_heads, num_kv_heads, head_size, block_size,
+                                                         max_query_len, max_seq_len, dtype_of(dtype));
+  });
   // corellm._core.kernels.sample's arguments, then the stream.
   m.def("sample", [](int64_t num_reqs, int64_t vocab_size, std::uintptr_t logits, std::uintptr_t temperature,
                      std::uintptr_t top_k, std::uintptr_t top_p, std::uintptr_t min_p, std::uintptr_t seeds,

@@ -44,11 +44,20 @@ void reshape_and_cache(const void* key, int64_t key_stride, const void* value, i
 // Causal attention of each sequence's query tokens (its last ones) over its cached K/V (the CPU
 // kernel's arguments, plus max_query_len: the grid's extent, known to the caller without reading
 // device memory). out [num_tokens, num_heads * head_size] contiguous; head_size 32, 64 or 128.
+// A batch of one query token per sequence (max_query_len 1) in a 16-bit dtype takes the decode
+// kernel, split over partitions of the context: max_seq_len sizes its grid (a captured graph
+// passes the longest sequence it will see) and the workspace holds the partitions' states
+// (paged_attention_workspace_size bytes; null when that is 0).
 void paged_attention(void* out, const void* q, int64_t q_stride, const void* key_cache, const void* value_cache,
                      int64_t num_blocks, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
                      const int32_t* block_table, int64_t block_table_stride, const int32_t* seq_lens,
                      const int32_t* query_start_loc, int64_t num_seqs, int64_t num_heads, float scale,
-                     int64_t sliding_window, int64_t max_query_len, DType dtype, std::uintptr_t stream);
+                     int64_t sliding_window, int64_t max_query_len, int64_t max_seq_len, void* workspace,
+                     DType dtype, std::uintptr_t stream);
+
+// Workspace bytes paged_attention needs for this batch (0: none).
+int64_t paged_attention_workspace_size(int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
+                                       int64_t block_size, int64_t max_query_len, int64_t max_seq_len, DType dtype);
 
 // The CPU sampler's contract (cpp/include/corellm/kernels/sampler.h) with every array in device
 // memory: one row per request, logits processed in place. Parameter values are validated before

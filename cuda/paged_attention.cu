@@ -11,11 +11,12 @@
 // and adds the tile's values weighted by the probabilities (broadcast by shuffles). At the end the
 // warps' states are merged through shared memory and each row is written once.
 //
-// Not yet: splitting one long sequence's blocks across thread blocks (split-K) — a single long
-// decode uses one thread block per KV head.
+// Decode batches (one query token per sequence) in 16-bit dtypes go to decode_attention.cu, which
+// splits long contexts across thread blocks; this kernel covers prefill, mixed batches and fp32.
 #include <algorithm>
 
 #include "common.cuh"
+#include "decode_attention.cuh"
 
 namespace corellm::cuda {
 namespace {
@@ -157,7 +158,8 @@ void paged_attention(void* out, const void* q, int64_t q_stride, const void* key
                      int64_t num_blocks, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
                      const int32_t* block_table, int64_t block_table_stride, const int32_t* seq_lens,
                      const int32_t* query_start_loc, int64_t num_seqs, int64_t num_heads, float scale,
-                     int64_t sliding_window, int64_t max_query_len, DType dtype, std::uintptr_t stream) {
+                     int64_t sliding_window, int64_t max_query_len, int64_t max_seq_len, void* workspace,
+                     DType dtype, std::uintptr_t stream) {
   (void)num_blocks;  // block ids come from the engine's own tables
   if (num_seqs == 0 || max_query_len == 0) return;
   if (num_heads % num_kv_heads) {
@@ -165,6 +167,12 @@ void paged_attention(void* out, const void* q, int64_t q_stride, const void* key
                                 " is not a multiple of num_kv_heads " + std::to_string(num_kv_heads));
   }
   const int group = static_cast<int>(num_heads / num_kv_heads);
+  if (max_query_len == 1 && max_seq_len > 0 && decode_attention_applies(head_size, block_size, group, dtype)) {
+    decode_attention(out, q, q_stride, key_cache, value_cache, num_kv_heads, head_size, block_size, block_table,
+                     block_table_stride, seq_lens, query_start_loc, num_seqs, num_heads, scale, sliding_window,
+                     max_seq_len, workspace, dtype, as_stream(stream));
+    return;
+  }
   // Query tokens per thread block: enough for a tile of rows, at least one.
   const int chunk_tokens = std::max(1, kMaxRows / group);
   const dim3 grid(static_cast<unsigned>(num_seqs), static_cast<unsigned>(num_kv_heads),
@@ -192,6 +200,15 @@ void paged_attention(void* out, const void* q, int64_t q_stride, const void* key
                                 " is not supported on CUDA (32, 64 or 128)");
   }
   check_launch("paged_attention");
+}
+
+int64_t paged_attention_workspace_size(int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
+                                       int64_t block_size, int64_t max_query_len, int64_t max_seq_len, DType dtype) {
+  if (num_kv_heads < 1 || num_heads % num_kv_heads || max_query_len != 1 ||
+      !decode_attention_applies(head_size, block_size, num_heads / num_kv_heads, dtype)) {
+    return 0;
+  }
+  return static_cast<int64_t>(decode_attention_workspace_bytes(num_seqs, num_heads, head_size, max_seq_len));
 }
 
 }  // namespace corellm::cuda

@@ -122,9 +122,38 @@ def test_paged_attention_sliding_window(window):
     close(got, want, torch.bfloat16)
 
 
-def test_ops_without_a_cuda_kernel_say_so():
-    logits = torch.randn(2, 10, device="cuda")
-    md = ops.SamplingMetadata(temperature=torch.zeros(2), seeds=torch.zeros(2, dtype=torch.int64),
-                              steps=torch.zeros(2, dtype=torch.int64))
-    with pytest.raises(NotImplementedError, match="sample: no CUDA kernel yet"):
-        ops.sample(logits, md)
+# Decode batches (one query token per sequence, 16-bit) take the split-K kernel: contexts cut into
+# partitions of 512 keys (cuda/decode_attention.cu), merged by a second kernel.
+DECODE_CASES = [
+    # (seq_lens, num_heads, num_kv_heads, head_size)
+    ([1, 511, 512, 513, 2000, 4097], 9, 3, 64),  # SmolLM2; lengths at the partitions' edges
+    ([3000, 17, 1024], 32, 8, 128),  # Llama-3-8B shape
+    ([1500, 40], 16, 8, 128),  # Qwen3-0.6B shape
+    ([1025, 700, 5], 8, 1, 32),  # one KV head for 8 query heads
+    ([999, 64], 4, 4, 64),  # MHA
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", range(len(DECODE_CASES)))
+@pytest.mark.parametrize("grid", ["exact", "graph"])
+def test_decode_attention_over_partitions(dtype, case, grid):
+    """grid 'graph': sized for 8192 keys, as a captured graph's is (the extra partitions idle)."""
+    lens, heads, kv_heads, head_size = DECODE_CASES[case]
+    kc, vc, table, seq_lens, qsl = make_batch([(n, 1) for n in lens], kv_heads, head_size, 16, dtype, seed=case)
+    q = torch.randn(len(lens), heads * head_size, generator=torch.Generator().manual_seed(case)).to(dtype)
+    scale = head_size**-0.5
+    got = ops.paged_attention(q.cuda(), kc.cuda(), vc.cuda(), table.cuda(), seq_lens.cuda(), qsl.cuda(), scale,
+                              max_query_len=1, max_seq_len=max(lens) if grid == "exact" else 8192)
+    close(got, reference.paged_attention(q, kc, vc, table, seq_lens, qsl, scale), dtype)
+
+
+@pytest.mark.parametrize("window", [1, 100, 600, 1500])
+def test_decode_attention_sliding_window_across_partitions(window):
+    lens = [2000, 513, 90]
+    kc, vc, table, seq_lens, qsl = make_batch([(n, 1) for n in lens], 2, 64, 16, torch.bfloat16, seed=window)
+    q = torch.randn(len(lens), 4 * 64).bfloat16()
+    got = ops.paged_attention(q.cuda(), kc.cuda(), vc.cuda(), table.cuda(), seq_lens.cuda(), qsl.cuda(), 0.125,
+                              sliding_window=window)
+    want = reference.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, sliding_window=window)
+    close(got, want, torch.bfloat16)

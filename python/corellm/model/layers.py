@@ -104,7 +104,7 @@ class Attention:
         ops.reshape_and_cache(k, v, key_cache, value_cache, attn.slot_mapping)
         out = ops.paged_attention(q, key_cache, value_cache, attn.block_table, attn.seq_lens,
                                   attn.query_start_loc, self.scale, self.sliding_window,
-                                  max_query_len=attn.max_query_len or None)
+                                  max_query_len=attn.max_query_len or None, max_seq_len=attn.max_seq_len or None)
         return self.o_proj(out)
 
 

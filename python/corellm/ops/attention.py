@@ -82,12 +82,15 @@ def paged_attention(
     sliding_window: int = 0,
     out: torch.Tensor | None = None,
     max_query_len: int | None = None,
+    max_seq_len: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's query tokens (its last ones) over its cached K/V.
     q [num_tokens, num_heads * head_size]; block_table [num_seqs, max_blocks] int32;
     seq_lens [num_seqs] int32; query_start_loc [num_seqs + 1] int32. Returns [num_tokens,
-    num_heads * head_size]. max_query_len (CUDA): the longest query of the batch, when the caller
-    knows it; otherwise it is read from query_start_loc (a device sync)."""
+    num_heads * head_size]. max_query_len and max_seq_len (CUDA): the longest query and the longest
+    sequence of the batch (or more: a captured graph's worst case), when the caller knows them;
+    otherwise they are read from the device (a sync). They size the kernels' grids, and a decode
+    batch's workspace for its split contexts."""
     op = "paged_attention"
     num_blocks, num_kv_heads, head_size, block_size = _check_caches(op, key_cache, value_cache)
     be = backend(op, key_cache)
@@ -112,10 +115,15 @@ def paged_attention(
         check(op, "out", out, ndim=2, dtype=q.dtype, device=q.device, contiguous=True)
         check_shape(op, "out", out, (q.shape[0], q.shape[1]))
     extra = be.extra
-    if be.extra:  # CUDA: the grid's extent, then the stream
+    if be.extra:  # CUDA: the grid's extents, the workspace, then the stream
         if max_query_len is None:
             max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max()) if num_seqs else 0
-        extra = (int(max_query_len), *be.extra)
+        if max_seq_len is None:
+            max_seq_len = int(seq_lens.max()) if num_seqs else 0
+        size = be.kernels.paged_attention_workspace_size(num_seqs, num_heads, num_kv_heads, head_size, block_size,
+                                                         int(max_query_len), int(max_seq_len), be.dtype)
+        workspace = torch.empty(size, dtype=torch.uint8, device=q.device) if size else None
+        extra = (int(max_query_len), int(max_seq_len), 0 if workspace is None else workspace.data_ptr(), *be.extra)
     be.kernels.paged_attention(out.data_ptr(), q.data_ptr(), row_stride(q), key_cache.data_ptr(),
                                value_cache.data_ptr(), num_blocks, num_kv_heads, head_size, block_size,
                                block_table.data_ptr(), row_stride(block_table), seq_lens.data_ptr(),

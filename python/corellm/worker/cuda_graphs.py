@@ -37,10 +37,13 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 class CUDAGraphRunner:
-    def __init__(self, model, kv_caches: list, max_num_seqs: int, max_blocks_per_seq: int, device: torch.device):
+    def __init__(self, model, kv_caches: list, max_num_seqs: int, max_model_len: int, block_size: int,
+                 device: torch.device):
         self.model = model
         self.kv_caches = kv_caches
         self.device = device
+        self.max_model_len = max_model_len  # the decode attention grid covers the longest sequence
+        max_blocks_per_seq = (max_model_len + block_size - 1) // block_size
         self.sizes = capture_sizes(max_num_seqs)
         n = self.sizes[-1]
         i32 = dict(dtype=torch.int32, device=device)
@@ -57,7 +60,7 @@ class CUDAGraphRunner:
     def _metadata(self, size: int) -> AttentionMetadata:
         return AttentionMetadata(slot_mapping=self.slot_mapping[:size], block_table=self.block_table[:size],
                                  seq_lens=self.seq_lens[:size], query_start_loc=self.query_start_loc[:size + 1],
-                                 max_query_len=1, max_seq_len=0)
+                                 max_query_len=1, max_seq_len=self.max_model_len)
 
     def _forward(self, size: int) -> torch.Tensor:
         return self.model.forward(self.input_ids[:size], self.positions[:size], self._metadata(size), self.kv_caches)

@@ -51,8 +51,8 @@ class ModelRunner:
         self._state: ExecuteModelState | None = None
         self.cuda_graphs: CUDAGraphRunner | None = None
         if self.device.type == "cuda" and not enforce_eager:
-            self.cuda_graphs = CUDAGraphRunner(self.model, self.kv_caches, c.max_num_seqs,
-                                               (c.max_model_len + c.block_size - 1) // c.block_size, self.device)
+            self.cuda_graphs = CUDAGraphRunner(self.model, self.kv_caches, c.max_num_seqs, c.max_model_len,
+                                               c.block_size, self.device)
             self.cuda_graphs.capture()
 
     def shutdown(self) -> None:
