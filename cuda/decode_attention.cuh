@@ -10,25 +10,23 @@
 
 namespace corellm::cuda {
 
-// Keys per partition: a sequence's context is split into partitions of this many tokens, each
-// attended by its own thread block; a second kernel merges the partitions' softmax states.
+// Keys per partition: a sequence's context is cut into partitions of this many tokens, dealt to
+// `splits` thread blocks per (sequence, KV head) in turn; a second kernel merges the splits'
+// softmax states.
 constexpr int kDecodePartition = 512;
 
 // Whether the decode kernel takes this shape: 16-bit dtypes, head_size 32 / 64 / 128, block_size
 // 16, at most 8 query heads per KV head.
 bool decode_attention_applies(int64_t head_size, int64_t block_size, int64_t group, DType dtype);
 
-inline int64_t decode_attention_partitions(int64_t max_seq_len) {
-  return (max_seq_len + kDecodePartition - 1) / kDecodePartition;
-}
+// Thread blocks per (sequence, KV head): enough for about 4 per multiprocessor over the batch,
+// at most one per partition of the longest sequence. Depends only on host-known values, so that a
+// captured graph keeps its grid.
+int64_t decode_attention_splits(int64_t num_seqs, int64_t num_kv_heads, int64_t max_seq_len);
 
-// Scratch bytes the partitions' states need (0 when one partition covers max_seq_len).
-inline size_t decode_attention_workspace_bytes(int64_t num_seqs, int64_t num_heads, int64_t head_size,
-                                               int64_t max_seq_len) {
-  const int64_t parts = decode_attention_partitions(max_seq_len);
-  if (parts <= 1) return 0;
-  return static_cast<size_t>(num_seqs * num_heads * parts * (head_size + 2)) * sizeof(float);
-}
+// Scratch bytes the splits' states need (0 when there is one split).
+size_t decode_attention_workspace_bytes(int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads,
+                                        int64_t head_size, int64_t max_seq_len);
 
 // The paged_attention launcher's arguments for a batch whose every query is one token, plus the
 // longest sequence (it sizes the grid: a captured graph passes the longest it will ever see) and

@@ -208,7 +208,8 @@ int64_t paged_attention_workspace_size(int64_t num_seqs, int64_t num_heads, int6
       !decode_attention_applies(head_size, block_size, num_heads / num_kv_heads, dtype)) {
     return 0;
   }
-  return static_cast<int64_t>(decode_attention_workspace_bytes(num_seqs, num_heads, head_size, max_seq_len));
+  return static_cast<int64_t>(decode_attention_workspace_bytes(num_seqs, num_heads, num_kv_heads, head_size,
+                                                                max_seq_len));
 }
 
 }  // namespace corellm::cuda

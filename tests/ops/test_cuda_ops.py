@@ -123,7 +123,8 @@ def test_paged_attention_sliding_window(window):
 
 
 # Decode batches (one query token per sequence, 16-bit) take the split-K kernel: contexts cut into
-# partitions of 512 keys (cuda/decode_attention.cu), merged by a second kernel.
+# partitions of 512 keys dealt to a few thread blocks each (cuda/decode_attention.cu), merged by a
+# second kernel.
 DECODE_CASES = [
     # (seq_lens, num_heads, num_kv_heads, head_size)
     ([1, 511, 512, 513, 2000, 4097], 9, 3, 64),  # SmolLM2; lengths at the partitions' edges
@@ -131,6 +132,7 @@ DECODE_CASES = [
     ([1500, 40], 16, 8, 128),  # Qwen3-0.6B shape
     ([1025, 700, 5], 8, 1, 32),  # one KV head for 8 query heads
     ([999, 64], 4, 4, 64),  # MHA
+    ([600 + 3 * i for i in range(200)], 8, 4, 64),  # a batch wide enough for one split per sequence
 ]
 
 
