@@ -102,3 +102,9 @@ def test_missing_tokenizer(tiny_dir):
 def test_bad_dtype(tiny_dir, dtype):
     with pytest.raises(ValueError, match="is not supported"):
         load_model(str(tiny_dir), dtype=dtype)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_device_without_a_gpu_says_so(tiny_dir):
+    with pytest.raises(ValueError, match="needs an NVIDIA GPU and a CUDA build of torch"):
+        load_model(str(tiny_dir), device="cuda")

@@ -84,9 +84,24 @@ def _load_gguf(path: Path, dtype: torch.dtype, progress: bool, use_cache: bool):
     return config, tokenizer, rope_factors, weights
 
 
+def check_device(device: torch.device) -> None:
+    """ValueError naming what is missing when the device cannot run corellm's kernels."""
+    if device.type != "cuda":
+        return
+    from corellm.ops._backend import cuda_available
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r} needs an NVIDIA GPU and a CUDA build of torch "
+                         f"(torch {torch.__version__} sees no GPU here)")
+    if not cuda_available():
+        raise ValueError(f"device {str(device)!r} needs corellm's CUDA module, which this installation did not "
+                         f"build (rebuild with nvcc present, or CORELLM_CUDA=ON)")
+
+
 def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto", device: str = "cpu",
                max_position: int | None = None, progress: bool = True, use_cache: bool = True) -> LoadedModel:
     device_ = torch.device(device)
+    check_device(device_)
     torch_dtype = resolve_dtype(dtype, device_)
     path = resolve_model_path(model)
     if path.is_dir():
