@@ -12,11 +12,15 @@
 // warps' states are merged through shared memory and each row is written once.
 //
 // Decode batches (one query token per sequence) in 16-bit dtypes go to decode_attention.cu, which
-// splits long contexts across thread blocks; this kernel covers prefill, mixed batches and fp32.
+// splits long contexts across thread blocks, and sequences of 16 query tokens or more to the
+// tensor-core kernel (prefill_attention.cu); this kernel covers the rest: short queries of mixed
+// batches, fp32, other shapes.
 #include <algorithm>
+#include <climits>
 
 #include "common.cuh"
 #include "decode_attention.cuh"
+#include "prefill_attention.cuh"
 
 namespace corellm::cuda {
 namespace {
@@ -29,13 +33,13 @@ __global__ void __launch_bounds__(kWarps * 32)
 paged_attention_kernel(T* out, const T* q, int64_t q_stride, const T* key_cache, const T* value_cache, int num_kv_heads,
                        int block_size, int x, const int32_t* block_table, int64_t block_table_stride,
                        const int32_t* seq_lens, const int32_t* query_start_loc, int group, int chunk_tokens,
-                       float scale, int sliding_window) {
+                       float scale, int sliding_window, int skip_from) {
   constexpr int kDims = HEAD / 32;  // output dims per lane
   const int seq = blockIdx.x, kv_head = blockIdx.y;
   const int q0 = query_start_loc[seq];
   const int q_len = query_start_loc[seq + 1] - q0;
   const int tok_begin = blockIdx.z * chunk_tokens;
-  if (tok_begin >= q_len) return;
+  if (tok_begin >= q_len || q_len >= skip_from) return;  // (skip_from: the tensor-core kernel's)
   const int tok_end = min(q_len, tok_begin + chunk_tokens);
   const int context = seq_lens[seq] - q_len;  // position of query token 0
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -173,10 +177,20 @@ void paged_attention(void* out, const void* q, int64_t q_stride, const void* key
                      max_seq_len, workspace, dtype, as_stream(stream));
     return;
   }
+  // Sequences with many query tokens go to the tensor-core kernel, the rest (decode rows of a
+  // mixed batch, short chunks) to this one.
+  int skip_from = INT_MAX;
+  if (max_query_len >= kPrefillMinQueryLen && prefill_attention_applies(head_size, block_size, dtype)) {
+    prefill_attention(out, q, q_stride, key_cache, value_cache, num_kv_heads, head_size, block_size, block_table,
+                      block_table_stride, seq_lens, query_start_loc, num_seqs, num_heads, scale, sliding_window,
+                      max_query_len, dtype, as_stream(stream));
+    skip_from = kPrefillMinQueryLen;
+  }
+  const int64_t longest = std::min<int64_t>(max_query_len, skip_from - 1);
   // Query tokens per thread block: enough for a tile of rows, at least one.
   const int chunk_tokens = std::max(1, kMaxRows / group);
   const dim3 grid(static_cast<unsigned>(num_seqs), static_cast<unsigned>(num_kv_heads),
-                  static_cast<unsigned>((max_query_len + chunk_tokens - 1) / chunk_tokens));
+                  static_cast<unsigned>((longest + chunk_tokens - 1) / chunk_tokens));
   const int x = dtype == DType::F32 ? 1 : 2;
   bool launched = false;
   dispatch("paged_attention", dtype, [&](auto tag) {
@@ -187,7 +201,7 @@ void paged_attention(void* out, const void* q, int64_t q_stride, const void* key
         static_cast<T*>(out), static_cast<const T*>(q), q_stride, static_cast<const T*>(key_cache),            \
         static_cast<const T*>(value_cache), static_cast<int>(num_kv_heads), static_cast<int>(block_size), x,  \
         block_table, block_table_stride, seq_lens, query_start_loc, group, chunk_tokens, scale,                \
-        static_cast<int>(sliding_window));                                                                      \
+        static_cast<int>(sliding_window), skip_from);                                                           \
     launched = true;                                                                                           \
   }
     CORELLM_LAUNCH(32)

@@ -159,3 +159,37 @@ def test_decode_attention_sliding_window_across_partitions(window):
                               sliding_window=window)
     want = reference.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, sliding_window=window)
     close(got, want, torch.bfloat16)
+
+
+# Sequences of 16 query tokens or more (16-bit, head 64 / 128, block 16) take the tensor-core
+# kernel (cuda/prefill_attention.cu); shorter ones in the same batch the scalar one.
+PREFILL_CASES = [
+    # (seqs [(seq_len, query_len)], num_heads, num_kv_heads, head_size)
+    ([(1000, 1000)], 9, 3, 64),  # a whole prompt: many query and key tiles
+    ([(700, 100), (64, 64), (17, 16)], 16, 8, 128),  # chunks after prefixes; tile edges
+    ([(300, 1), (520, 200), (90, 2), (33, 33)], 32, 8, 128),  # mixed with decode rows
+    ([(129, 129), (65, 65)], 4, 4, 64),  # MHA
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", range(len(PREFILL_CASES)))
+def test_prefill_attention_on_tensor_cores(dtype, case):
+    seqs, heads, kv_heads, head_size = PREFILL_CASES[case]
+    kc, vc, table, seq_lens, qsl = make_batch(seqs, kv_heads, head_size, 16, dtype, seed=case)
+    q = torch.randn(int(qsl[-1]), heads * head_size, generator=torch.Generator().manual_seed(case)).to(dtype)
+    scale = head_size**-0.5
+    got = ops.paged_attention(q.cuda(), kc.cuda(), vc.cuda(), table.cuda(), seq_lens.cuda(), qsl.cuda(), scale,
+                              max_query_len=max(n for _, n in seqs))
+    close(got, reference.paged_attention(q, kc, vc, table, seq_lens, qsl, scale), dtype)
+
+
+@pytest.mark.parametrize("window", [1, 40, 300])
+def test_prefill_attention_sliding_window_on_tensor_cores(window):
+    seqs = [(500, 500), (300, 64)]
+    kc, vc, table, seq_lens, qsl = make_batch(seqs, 2, 128, 16, torch.bfloat16, seed=window)
+    q = torch.randn(int(qsl[-1]), 4 * 128).bfloat16()
+    got = ops.paged_attention(q.cuda(), kc.cuda(), vc.cuda(), table.cuda(), seq_lens.cuda(), qsl.cuda(), 0.088,
+                              sliding_window=window)
+    want = reference.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.088, sliding_window=window)
+    close(got, want, torch.bfloat16)
