@@ -56,6 +56,24 @@ __device__ __forceinline__ float block_sum(float v) {
   return v;
 }
 
+// Online-softmax states kept per warp in shared memory (max m, sum l, unnormalised output acc
+// over dims), merged for row r at dim d: {the merged max, the sum and the output at d relative to
+// it}. A warp that saw no key (m = -inf) adds nothing.
+template <int WARPS, int ROWS, int HEAD>
+__device__ __forceinline__ float3 merge_warp_states(const float (&m_s)[WARPS][ROWS], const float (&l_s)[WARPS][ROWS],
+                                                    const float (&acc_s)[WARPS][ROWS][HEAD], int r, int d) {
+  float mm = -INFINITY;
+  for (int w = 0; w < WARPS; ++w) mm = fmaxf(mm, m_s[w][r]);
+  float sum = 0.0f, value = 0.0f;
+  for (int w = 0; w < WARPS; ++w) {
+    if (m_s[w][r] == -INFINITY) continue;
+    const float weight = __expf(m_s[w][r] - mm);
+    sum += l_s[w][r] * weight;
+    value += acc_s[w][r][d] * weight;
+  }
+  return make_float3(mm, sum, value);
+}
+
 inline void check_launch(const char* op) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) throw std::runtime_error(std::string(op) + ": CUDA launch failed: " + cudaGetErrorString(err));

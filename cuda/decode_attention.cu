@@ -24,6 +24,7 @@
 // Kernel 2: one thread block per (sequence, query head), a thread per dim, merges the splits.
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "common.cuh"
 #include "decode_attention.cuh"
@@ -212,15 +213,8 @@ decode_partition_kernel(T* out, const T* q, int64_t q_stride, const T* key_cache
   const int num_heads = group * num_kv_heads;
   for (int i = threadIdx.x; i < group * HEAD; i += blockDim.x) {
     const int r = i / HEAD, d = i % HEAD;
-    float mm = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, m_s[w][r]);
-    float sum = 0.0f, value = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      if (m_s[w][r] == -INFINITY) continue;
-      const float weight = __expf(m_s[w][r] - mm);
-      sum += l_s[w][r] * weight;
-      value += acc_s[w][r][d] * weight;
-    }
+    const float3 merged = merge_warp_states(m_s, l_s, acc_s, r, d);
+    const float mm = merged.x, sum = merged.y, value = merged.z;
     const int head = kv_head * group + r;
     if (splits == 1) {
       out[static_cast<int64_t>(token) * num_heads * HEAD + head * HEAD + d] =

@@ -139,15 +139,8 @@ paged_attention_kernel(T* out, const T* q, int64_t q_stride, const T* key_cache,
     __syncthreads();
     for (int i = threadIdx.x; i < rows * HEAD; i += blockDim.x) {
       const int r = i / HEAD, d = i % HEAD;
-      float mm = -INFINITY;
-      for (int w = 0; w < kWarps; ++w) mm = fmaxf(mm, m_s[w][r]);
-      float sum = 0.0f, value = 0.0f;
-      for (int w = 0; w < kWarps; ++w) {
-        if (m_s[w][r] == -INFINITY) continue;
-        const float weight = __expf(m_s[w][r] - mm);
-        sum += l_s[w][r] * weight;
-        value += acc_s[w][r][d] * weight;
-      }
+      const float3 merged = merge_warp_states(m_s, l_s, acc_s, r, d);
+      const float sum = merged.y, value = merged.z;
       const int tok = tok_begin + (row0 + r) / group, head = kv_head * group + (row0 + r) % group;
       out[(q0 + tok) * (static_cast<int64_t>(group) * num_kv_heads * HEAD) + head * HEAD + d] =
           from_f32<T>(sum > 0.0f ? value / sum : 0.0f);

@@ -15,6 +15,7 @@
 #include <mma.h>
 
 #include <string>
+#include <type_traits>
 
 #include "common.cuh"
 #include "prefill_attention.cuh"
@@ -48,6 +49,25 @@ struct Layout {
   static constexpr size_t kBytes = kL + sizeof(float) * kRows;
   static_assert(kK % 32 == 0 && kV % 32 == 0 && kS % 32 == 0 && kP % 32 == 0 && kO % 32 == 0, "alignment");
 };
+
+// acc[N/16] (16 x N, fp32) += A (16 x K, row-major, lda) x B (K x N, ldb, in BLayout: col_major
+// for a token-major K read as K^T, row_major for a token-major V), on one warp's tensor cores.
+template <class T, int K, int N, class BLayout>
+__device__ __forceinline__ void warp_mma(wmma::fragment<wmma::accumulator, 16, 16, 16, float> (&acc)[N / 16],
+                                         const T* a, int lda, const T* b, int ldb) {
+  constexpr bool kColMajor = std::is_same_v<BLayout, wmma::col_major>;
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+    wmma::load_matrix_sync(fa, a + kk * 16, lda);
+#pragma unroll
+    for (int j = 0; j < N / 16; ++j) {
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, BLayout> fb;
+      wmma::load_matrix_sync(fb, kColMajor ? b + j * 16 * ldb + kk * 16 : b + kk * 16 * ldb + j * 16, ldb);
+      wmma::mma_sync(acc[j], fa, fb, acc[j]);
+    }
+  }
+}
 
 template <class T, int HEAD>
 __global__ void __launch_bounds__(kWarps * 32)
@@ -125,17 +145,7 @@ prefill_attention_kernel(T* out, const T* q, int64_t q_stride, const T* key_cach
       wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kKeys / 16];
 #pragma unroll
       for (int j = 0; j < kKeys / 16; ++j) wmma::fill_fragment(acc[j], 0.0f);
-#pragma unroll
-      for (int kk = 0; kk < HEAD / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
-        wmma::load_matrix_sync(a, q_s + warp * 16 * kLd + kk * 16, kLd);
-#pragma unroll
-        for (int j = 0; j < kKeys / 16; ++j) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> b;  // (dim, key) = k_s[key][dim]
-          wmma::load_matrix_sync(b, k_s + j * 16 * kLd + kk * 16, kLd);
-          wmma::mma_sync(acc[j], a, b, acc[j]);
-        }
-      }
+      warp_mma<T, HEAD, kKeys, wmma::col_major>(acc, q_s + warp * 16 * kLd, kLd, k_s, kLd);  // K^T: (dim, key)
 #pragma unroll
       for (int j = 0; j < kKeys / 16; ++j) wmma::store_matrix_sync(s_w + j * 16, acc[j], kLdS, wmma::mem_row_major);
     }
@@ -179,17 +189,7 @@ prefill_attention_kernel(T* out, const T* q, int64_t q_stride, const T* key_cach
       wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[HEAD / 16];
 #pragma unroll
       for (int j = 0; j < HEAD / 16; ++j) wmma::load_matrix_sync(acc[j], o_w + j * 16, kLdO, wmma::mem_row_major);
-#pragma unroll
-      for (int kk = 0; kk < kKeys / 16; ++kk) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> a;
-        wmma::load_matrix_sync(a, p_w + kk * 16, kLdP);
-#pragma unroll
-        for (int j = 0; j < HEAD / 16; ++j) {
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> b;  // (key, dim) = v_s[key][dim]
-          wmma::load_matrix_sync(b, v_s + kk * 16 * kLd + j * 16, kLd);
-          wmma::mma_sync(acc[j], a, b, acc[j]);
-        }
-      }
+      warp_mma<T, kKeys, HEAD, wmma::row_major>(acc, p_w, kLdP, v_s, kLd);  // V: (key, dim)
 #pragma unroll
       for (int j = 0; j < HEAD / 16; ++j) wmma::store_matrix_sync(o_w + j * 16, acc[j], kLdO, wmma::mem_row_major);
     }
@@ -242,15 +242,14 @@ void prefill_attention(void* out, const void* q, int64_t q_stride, const void* k
   }
   const int kvh = static_cast<int>(num_kv_heads), group = static_cast<int>(num_heads / num_kv_heads);
   const int window = static_cast<int>(sliding_window);
+  auto run = [&](auto tag, auto head_c) {
+    launch<decltype(tag), decltype(head_c)::value>(out, q, q_stride, key_cache, value_cache, kvh, group, block_table,
+                                                   block_table_stride, seq_lens, query_start_loc, num_seqs, num_heads,
+                                                   max_query_len, scale, window, stream);
+  };
   auto by_head = [&](auto tag) {
-    using T = decltype(tag);
-    if (head_size == 64) {
-      launch<T, 64>(out, q, q_stride, key_cache, value_cache, kvh, group, block_table, block_table_stride, seq_lens,
-                    query_start_loc, num_seqs, num_heads, max_query_len, scale, window, stream);
-    } else {
-      launch<T, 128>(out, q, q_stride, key_cache, value_cache, kvh, group, block_table, block_table_stride, seq_lens,
-                     query_start_loc, num_seqs, num_heads, max_query_len, scale, window, stream);
-    }
+    if (head_size == 64) run(tag, std::integral_constant<int, 64>{});
+    else run(tag, std::integral_constant<int, 128>{});
   };
   if (dtype == DType::BF16) by_head(__nv_bfloat16{});
   else by_head(__half{});

@@ -70,6 +70,7 @@ struct Shared {
   float f32;
   int i32;
   u64 u64a, u64b;
+  ArgMax arg;
 };
 
 // Larger float -> larger key; -inf lowest (NaN never reaches a key).
@@ -106,52 +107,34 @@ __device__ float philox_uniform(uint64_t seed, uint64_t counter) {
 
 // ---- block-wide reductions (every thread gets the result) ----------------------------------------
 
-__device__ float block_max(float v, Shared& s) {
-  const float r = cub::BlockReduce<float, kThreads>(s.tmp.reduce_f32).Reduce(v, MaxOp());
-  if (threadIdx.x == 0) s.f32 = r;
+// Thread 0's value, to every thread (slot: a Shared field of the value's type).
+template <class V>
+__device__ V from_thread0(V value, V& slot) {
+  if (threadIdx.x == 0) slot = value;
   __syncthreads();
-  const float out = s.f32;
+  const V out = slot;
   __syncthreads();
   return out;
+}
+
+__device__ float block_max(float v, Shared& s) {
+  return from_thread0(cub::BlockReduce<float, kThreads>(s.tmp.reduce_f32).Reduce(v, MaxOp()), s.f32);
 }
 
 __device__ float block_sum_f32(float v, Shared& s) {
-  const float r = cub::BlockReduce<float, kThreads>(s.tmp.reduce_f32).Sum(v);
-  if (threadIdx.x == 0) s.f32 = r;
-  __syncthreads();
-  const float out = s.f32;
-  __syncthreads();
-  return out;
+  return from_thread0(cub::BlockReduce<float, kThreads>(s.tmp.reduce_f32).Sum(v), s.f32);
 }
 
 __device__ int block_sum_i32(int v, Shared& s) {
-  const int r = cub::BlockReduce<int, kThreads>(s.tmp.reduce_i32).Sum(v);
-  if (threadIdx.x == 0) s.i32 = r;
-  __syncthreads();
-  const int out = s.i32;
-  __syncthreads();
-  return out;
+  return from_thread0(cub::BlockReduce<int, kThreads>(s.tmp.reduce_i32).Sum(v), s.i32);
 }
 
 __device__ u64 block_sum_u64(u64 v, Shared& s) {
-  const u64 r = cub::BlockReduce<u64, kThreads>(s.tmp.reduce_u64).Sum(v);
-  if (threadIdx.x == 0) s.u64a = r;
-  __syncthreads();
-  const u64 out = s.u64a;
-  __syncthreads();
-  return out;
+  return from_thread0(cub::BlockReduce<u64, kThreads>(s.tmp.reduce_u64).Sum(v), s.u64a);
 }
 
 __device__ ArgMax block_argmax(ArgMax v, Shared& s) {
-  const ArgMax r = cub::BlockReduce<ArgMax, kThreads>(s.tmp.reduce_arg).Reduce(v, BetterArgMax());
-  if (threadIdx.x == 0) {
-    s.f32 = r.value;
-    s.i32 = r.id;
-  }
-  __syncthreads();
-  const ArgMax out{s.f32, s.i32};
-  __syncthreads();
-  return out;
+  return from_thread0(cub::BlockReduce<ArgMax, kThreads>(s.tmp.reduce_arg).Reduce(v, BetterArgMax()), s.arg);
 }
 
 __device__ ArgMax row_argmax(const float* x, int v, Shared& s) {

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from scipy import stats
 
 from corellm import ops
 from corellm.ops import SamplingMetadata, TokenLists
 from corellm.ops._backend import cuda_available
-from tests.ops.test_sampler import metadata, ref_probs
+from tests.ops.test_sampler import check_sampled_distribution, metadata, ref_probs
 
 pytestmark = pytest.mark.skipif(not (cuda_available() and torch.cuda.is_available()),
                                 reason="needs corellm._cuda and a CUDA GPU")
@@ -96,20 +95,9 @@ def test_seeded_draws_match_the_cpu_on_peaked_rows(top_k, top_p, min_p):
      (1.0, 0, 1.0, 0.1), (0.8, 10, 0.9, 0.05)],
 )
 def test_sampled_distribution_chi_square(temperature, top_k, top_p, min_p):
-    V, N = 30, 30000
-    row = torch.randn(V, generator=torch.Generator().manual_seed(7)) * 1.5
-    md = SamplingMetadata(
-        temperature=torch.full((N,), temperature), seeds=torch.full((N,), 2024, dtype=torch.int64),
-        steps=torch.arange(N, dtype=torch.int64), top_k=torch.full((N,), top_k, dtype=torch.int32),
-        top_p=torch.full((N,), top_p), min_p=torch.full((N,), min_p),
-    )
-    tokens = ops.sample(row.repeat(N, 1).cuda(), md.to(torch.device("cuda"))).sampled_token_ids.cpu()
-    counts = torch.bincount(tokens.long(), minlength=V).double()
-    p = ref_probs(row, temperature, top_k, top_p, min_p)
-    assert counts[p == 0].sum() == 0, "a filtered-out token was sampled"
-    kept = p > 0
-    chi2, pvalue = stats.chisquare(counts[kept].numpy(), (p[kept] * N).numpy())
-    assert pvalue > 1e-4, f"chi2 {chi2:.1f}, p {pvalue:.2e}"
+    cuda = torch.device("cuda")
+    check_sampled_distribution(lambda logits, md: ops.sample(logits.to(cuda), md.to(cuda)).sampled_token_ids,
+                               temperature, top_k, top_p, min_p)
 
 
 def test_top_p_over_a_large_flat_vocabulary():

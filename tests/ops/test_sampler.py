@@ -129,25 +129,26 @@ def test_philox_stream_is_uniform():
      (1.0, 0, 1.0, 0.1), (0.8, 10, 0.9, 0.05)],
 )
 def test_sampled_distribution_chi_square(temperature, top_k, top_p, min_p):
-    V, N = 30, 30000
-    torch.manual_seed(7)
-    row = torch.randn(V) * 1.5
-    logits = row.repeat(N, 1)
+    check_sampled_distribution(lambda logits, md: ops.sample(logits, md).sampled_token_ids,
+                               temperature, top_k, top_p, min_p)
+
+
+def check_sampled_distribution(sample_tokens, temperature, top_k, top_p, min_p, V=30, N=30000):
+    """N draws (one seeded stream, steps 0..N-1) from one row: nothing filtered out is drawn and the
+    counts pass a chi-square test against the reference distribution. sample_tokens(logits, md)
+    -> the sampled ids (on any device)."""
+    row = torch.randn(V, generator=torch.Generator().manual_seed(7)) * 1.5
     md = SamplingMetadata(
-        temperature=torch.full((N,), temperature),
-        seeds=torch.full((N,), 2024, dtype=torch.int64),
-        steps=torch.arange(N, dtype=torch.int64),
-        top_k=torch.full((N,), top_k, dtype=torch.int32),
-        top_p=torch.full((N,), top_p),
-        min_p=torch.full((N,), min_p),
+        temperature=torch.full((N,), temperature), seeds=torch.full((N,), 2024, dtype=torch.int64),
+        steps=torch.arange(N, dtype=torch.int64), top_k=torch.full((N,), top_k, dtype=torch.int32),
+        top_p=torch.full((N,), top_p), min_p=torch.full((N,), min_p),
     )
-    tokens = ops.sample(logits, md).sampled_token_ids
+    tokens = sample_tokens(row.repeat(N, 1), md).cpu()
     counts = torch.bincount(tokens.long(), minlength=V).double()
     p = ref_probs(row, temperature, top_k, top_p, min_p)
     assert counts[p == 0].sum() == 0, "a filtered-out token was sampled"
     kept = p > 0
-    expected = p[kept] * N
-    chi2, pvalue = stats.chisquare(counts[kept].numpy(), expected.numpy())
+    chi2, pvalue = stats.chisquare(counts[kept].numpy(), (p[kept] * N).numpy())
     assert pvalue > 1e-4, f"chi2 {chi2:.1f}, p {pvalue:.2e}"
 
 
