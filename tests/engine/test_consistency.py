@@ -1,28 +1,32 @@
 """Consistency under the engine's machinery (SmolLM2, fp32, greedy): each prompt's tokens are the
 same — up to the first near-tie of its run alone — in a batch of 32 mixed-length prompts, with a
-tiny token budget (chunked prefill), after a prefix-cache hit, and after preemption."""
+tiny token budget (chunked prefill), after a prefix-cache hit, and after preemption. On the CPU,
+and on a GPU when there is one (CUDA graphs on: batches of other sizes replay other graphs)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from corellm import LLM, SamplingParams
 from corellm.model import load_model
+from corellm.ops._backend import cuda_available
 from tests.engine.prompts import PROMPTS
 
 NUM_TOKENS, MARGIN = 16, 0.05
 SYSTEM = "You are a helpful assistant. Answer briefly and precisely. "
 
 
-@pytest.fixture(scope="module")
-def model_fp32():
-    return load_model(dtype="float32", progress=False)
+@pytest.fixture(scope="module", params=["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not (cuda_available() and torch.cuda.is_available()), reason="needs corellm._cuda and a CUDA GPU"))])
+def model_fp32(request):
+    return load_model(dtype="float32", device=request.param, progress=False)
 
 
 def make_llm(model, **kw):
     args = dict(max_model_len=256, kv_cache_memory=128 * 1024**2, max_num_seqs=32)
     args.update(kw)
-    return LLM(loaded_model=model, dtype="float32", **args)
+    return LLM(loaded_model=model, dtype="float32", device=model.model.device.type, **args)
 
 
 def params(logprobs=None):
