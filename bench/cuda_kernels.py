@@ -126,6 +126,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", help="write the rows here")
     args = p.parse_args()
+    from corellm.ops._backend import cuda_available
+
+    if not (torch.cuda.is_available() and cuda_available()):
+        raise SystemExit("cuda_kernels.py needs an NVIDIA GPU, a CUDA build of torch and corellm._cuda "
+                         f"(torch sees a GPU: {torch.cuda.is_available()}; corellm._cuda built: {cuda_available()})")
     copy = copy_bandwidth()
     peak = nominal_peak()
     print(f"{torch.cuda.get_device_name()}: device copy {copy:.0f} GB/s, nominal peak "

@@ -35,7 +35,7 @@ step import $PY -c "import corellm, corellm._cuda; print('corellm._cuda', sorted
 step cuda_tests $PY -m pytest -q -rs tests/ops/test_cuda_ops.py tests/ops/test_cuda_sampler.py --junitxml="$OUT/cuda_tests.xml"
 step cuda_engine_tests $PY -m pytest -q -rs tests/engine/test_cuda_engine.py tests/engine/test_cuda_graphs.py --junitxml="$OUT/cuda_engine_tests.xml"
 step cpu_ops_tests $PY -m pytest -q tests/ops
-step cuda_kernels_bench $PY bench/cuda_kernels.py --json "$OUT/cuda_kernels.json"
+step cuda_kernels_bench $PY bench/kernels.py --device cuda --json "$OUT/cuda_kernels.json"
 step throughput_qwen3_0.6b $PY bench/throughput.py --device cuda --random-model qwen3-0.6b --num-prompts 256 \
   --input-len 100:1024 --output-len 100:1024 --max-num-batched-tokens 16384 --quiet --json "$OUT/throughput.json"
 exit $status

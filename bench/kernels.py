@@ -234,7 +234,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch / OpenMP threads (default: all cores)")
     parser.add_argument("--dtype", choices=["bfloat16", "float32", "both"], default="both")
     parser.add_argument("--json", help="write the rows to this file")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: the GPU benchmark instead (bench/cuda_kernels.py)")
     args = parser.parse_args()
+    if args.device == "cuda":
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).parent))
+        import cuda_kernels
+
+        sys.argv = [sys.argv[0]] + (["--json", args.json] if args.json else [])
+        return cuda_kernels.main()
     if args.threads:
         torch.set_num_threads(args.threads)
     bw = memory_bandwidth()
