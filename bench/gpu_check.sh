@@ -6,13 +6,16 @@
 #
 #     OUT=/tmp/gpu_out bash bench/gpu_check.sh
 #
+# With the device tool: run `bash bench/gpu_prepare.sh` here first, and carry build/device-deps
+# (OpenSSL's headers, used where the machine lacks them).
+#
 # Uses the machine's preinstalled torch, pybind11, scikit-build-core and pytest (no downloads:
 # pip --no-build-isolation --no-deps). Each step's log is $OUT/<step>.log; $OUT/summary.txt has
 # one line per step with its status and seconds. Exits non-zero when a step failed.
 set -uo pipefail
 OUT=${OUT:-/tmp/corellm_gpu_check}
 mkdir -p "$OUT"
-PY=${PYTHON:-python}
+PY=${PYTHON:-python3}
 status=0
 
 step() {  # step NAME COMMAND...: runs it with its output in $OUT/NAME.log, records status and time
@@ -28,6 +31,12 @@ step() {  # step NAME COMMAND...: runs it with its output in $OUT/NAME.log, reco
   fi
 }
 
+# OpenSSL's headers from bench/gpu_prepare.sh where the machine has the library but not them.
+if [ ! -f /usr/include/openssl/evp.h ] && [ -d build/device-deps/openssl/include ]; then
+  crypto=$(ls /usr/lib/x86_64-linux-gnu/libcrypto.so* 2>/dev/null | head -1)
+  export CMAKE_ARGS="-DOPENSSL_INCLUDE_DIR=$PWD/build/device-deps/openssl/include -DOPENSSL_CRYPTO_LIBRARY=$crypto"
+  echo "using carried OpenSSL headers with $crypto"
+fi
 : >"$OUT/summary.txt"
 step machine bash -c "nvidia-smi; nvcc --version; $PY -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))'"
 step build env CORELLM_CUDA=ON $PY -m pip install -v --no-build-isolation --no-deps -e .
