@@ -24,7 +24,8 @@ _GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_pe
 
 class LLM:
     def __init__(self, model: str | None = None, *, dtype: str = "auto", device: str = "cpu",
-                 enforce_eager: bool = False, max_model_len: int | None = None, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
+                 enforce_eager: bool = False, max_model_len: int | None = None, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 2048,
                  block_size: int = 16, enable_prefix_caching: bool = True,
                  kv_cache_memory: int | float | None = None, seed: int = 0, long_prefill_token_threshold: int = 0,
                  policy: str = "fcfs", loaded_model: LoadedModel | None = None):
