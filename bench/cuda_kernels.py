@@ -125,7 +125,11 @@ def sampler_rows() -> list[dict]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", help="write the rows here")
-    args = p.parse_args()
+    report(p.parse_args().json)
+
+
+def report(json_path: str | None) -> None:
+    """Runs every row, prints the table, writes the rows to json_path when given."""
     from corellm.ops._backend import cuda_available
 
     if not (torch.cuda.is_available() and cuda_available()):
@@ -143,8 +147,8 @@ def main() -> None:
         pct_peak = "-" if r["pct_peak"] is None else f"{r['pct_peak']:.0f}%"
         print(f"{r['kernel']:<44} {r['model']:<14} {r['batch']:>6} {r['context']:>8} {r['us']:>10.1f} "
               f"{r['GBps']:>9.0f} {r['pct_copy']:>6.0f}% {pct_peak:>7}")
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "copy_GBps": copy, "peak_GBps": peak, "rows": rows},
                       f, indent=1)
 

@@ -244,8 +244,7 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).parent))
         import cuda_kernels
 
-        sys.argv = [sys.argv[0]] + (["--json", args.json] if args.json else [])
-        return cuda_kernels.main()
+        return cuda_kernels.report(args.json)
     if args.threads:
         torch.set_num_threads(args.threads)
     bw = memory_bandwidth()

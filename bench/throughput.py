@@ -158,9 +158,9 @@ def main() -> None:
 
         args.model = str(make_random_model(args.random_model, Path(tempfile.gettempdir()) / f"corellm-{args.random_model}"))
 
-    from corellm.model.loader import load_model
+    from corellm.model.loader import load_model_config
 
-    config = load_model(args.model, progress=False).config
+    config = load_model_config(args.model)
     prompts, output_lens = random_requests(args.num_prompts, args.input_len, args.output_len, config.vocab_size,
                                            args.seed)
     results = []

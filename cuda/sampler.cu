@@ -16,72 +16,30 @@
 //      (ties: lower id first) reaching top_p of the mass; one draw u from the request's Philox
 //      stream (the CPU's, bit for bit) picks the token by inverse CDF in vocabulary order.
 //
-// Radix selection: the k-th largest (or the weight where the descending mass crosses a target)
-// is found digit by digit, 8 bits at a time from the top, on an order-preserving integer key of
-// the float: a histogram of the matching elements per digit (warp-aggregated shared-memory
-// atomics), walked from the top bucket. Inverse CDF: per-thread segment sums, a block scan, then
-// one warp scans the one segment holding the target.
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
-
-#include <cfloat>
+// The selections and the inverse CDF use the block-wide row primitives of row_select.cuh.
 #include <climits>
 #include <cstdint>
+#include <string>
 
 #include "common.cuh"
 #include "corellm/kernels/sampler.h"
+#include "row_select.cuh"
 
 namespace corellm::cuda {
 namespace {
 
-constexpr int kThreads = 1024;
+using namespace row;  // kThreads, u64, the keys, the reductions, select_from_top, find_crossing
+
 constexpr int kMaxLogprobs = 1024;
 constexpr float kFixedOne = 1099511627776.0f;  // 2^40: a weight of 1 in fixed point
-using u64 = unsigned long long;
 
-struct ArgMax {
-  float value;
-  int id;
-};
-
-struct BetterArgMax {
-  __device__ ArgMax operator()(const ArgMax& a, const ArgMax& b) const {
-    return (a.value > b.value || (a.value == b.value && a.id < b.id)) ? a : b;
-  }
-};
-
-struct MaxOp {
-  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
-};
-
+// A row's shared memory: the primitives' scratch, and the top-n logprobs' candidates.
 struct Shared {
-  union {
-    cub::BlockReduce<float, kThreads>::TempStorage reduce_f32;
-    cub::BlockReduce<int, kThreads>::TempStorage reduce_i32;
-    cub::BlockReduce<u64, kThreads>::TempStorage reduce_u64;
-    cub::BlockReduce<ArgMax, kThreads>::TempStorage reduce_arg;
-    cub::BlockScan<u64, kThreads>::TempStorage scan_u64;
-  } tmp;
-  u64 hist[256];
+  RowScratch row;
   float cand_value[kMaxLogprobs];
   int cand_id[kMaxLogprobs];
   int num_cand;
-  // Broadcast slots (thread 0 writes, all read after a barrier).
-  float f32;
-  int i32;
-  u64 u64a, u64b;
-  ArgMax arg;
 };
-
-// Larger float -> larger key; -inf lowest (NaN never reaches a key).
-__device__ __forceinline__ uint32_t order_key(float f) {
-  const uint32_t b = __float_as_uint(f);
-  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
-__device__ __forceinline__ float key_value(uint32_t k) {
-  return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
-}
 
 __device__ __forceinline__ u64 fixed(float w) { return __float2ull_rn(w * kFixedOne); }
 
@@ -105,190 +63,13 @@ __device__ float philox_uniform(uint64_t seed, uint64_t counter) {
   return static_cast<float>(c0 >> 8) * (1.0f / 16777216.0f);
 }
 
-// ---- block-wide reductions (every thread gets the result) ----------------------------------------
-
-// Thread 0's value, to every thread (slot: a Shared field of the value's type).
-template <class V>
-__device__ V from_thread0(V value, V& slot) {
-  if (threadIdx.x == 0) slot = value;
-  __syncthreads();
-  const V out = slot;
-  __syncthreads();
-  return out;
-}
-
-__device__ float block_max(float v, Shared& s) {
-  return from_thread0(cub::BlockReduce<float, kThreads>(s.tmp.reduce_f32).Reduce(v, MaxOp()), s.f32);
-}
-
-__device__ float block_sum_f32(float v, Shared& s) {
-  return from_thread0(cub::BlockReduce<float, kThreads>(s.tmp.reduce_f32).Sum(v), s.f32);
-}
-
-__device__ int block_sum_i32(int v, Shared& s) {
-  return from_thread0(cub::BlockReduce<int, kThreads>(s.tmp.reduce_i32).Sum(v), s.i32);
-}
-
-__device__ u64 block_sum_u64(u64 v, Shared& s) {
-  return from_thread0(cub::BlockReduce<u64, kThreads>(s.tmp.reduce_u64).Sum(v), s.u64a);
-}
-
-__device__ ArgMax block_argmax(ArgMax v, Shared& s) {
-  return from_thread0(cub::BlockReduce<ArgMax, kThreads>(s.tmp.reduce_arg).Reduce(v, BetterArgMax()), s.arg);
-}
-
-__device__ ArgMax row_argmax(const float* x, int v, Shared& s) {
-  ArgMax best{-INFINITY, INT_MAX};
-  for (int t = threadIdx.x; t < v; t += kThreads) {
-    const float y = x[t];
-    if (y > best.value || (y == best.value && t < best.id)) best = {y, t};
-  }
-  return block_argmax(best, s);
-}
-
-// ---- radix selection -------------------------------------------------------------------------------
-
-// hist[bucket] += w over the lanes of a warp that hold the same bucket, one atomic per bucket.
-// w < 2^41: summed as two 20-bit-ish halves that cannot overflow 32 bits over 32 lanes.
-__device__ __forceinline__ void warp_aggregated_add(u64* hist, bool active, int bucket, u64 w) {
-  const unsigned active_mask = __ballot_sync(0xffffffffu, active);
-  if (!active) return;
-  const unsigned peers = __match_any_sync(active_mask, bucket);
-  const unsigned lo = __reduce_add_sync(peers, static_cast<unsigned>(w & 0xFFFFFu));
-  const unsigned hi = __reduce_add_sync(peers, static_cast<unsigned>(w >> 20));
-  if (static_cast<int>(threadIdx.x % 32) == __ffs(peers) - 1) {
-    atomicAdd(hist + bucket, (static_cast<u64>(hi) << 20) + lo);
-  }
-}
-
-// Walking keys from the largest down, each element weighing weight_of(t) (0: not a candidate), the
-// key where the running weight first reaches target (> 0). *above: the weight of the larger keys.
-// Where rounding leaves the target unreached, the smallest candidate key.
-template <class KeyOf, class WeightOf>
-__device__ uint32_t select_from_top(int v, KeyOf key_of, WeightOf weight_of, u64 target, u64* above_out, Shared& s) {
-  uint32_t prefix = 0, mask = 0;
-  u64 above = 0;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < 256; b += kThreads) s.hist[b] = 0;
-    __syncthreads();
-    for (int base = warp * 32; base < v; base += kThreads) {  // warp-uniform bounds: every lane votes
-      const int t = base + lane;
-      u64 w = 0;
-      uint32_t key = 0;
-      if (t < v) {
-        w = weight_of(t);
-        key = key_of(t);
-      }
-      const bool active = w > 0 && (key & mask) == prefix;
-      warp_aggregated_add(s.hist, active, static_cast<int>((key >> shift) & 0xFFu), w);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int chosen = -1, lowest = -1;
-      for (int b = 255; b >= 0; --b) {
-        const u64 h = s.hist[b];
-        if (h == 0) continue;
-        lowest = b;
-        if (above + h >= target) {
-          chosen = b;
-          break;
-        }
-        above += h;
-      }
-      if (chosen < 0 && lowest >= 0) {  // rounding: the smallest bucket, whole
-        chosen = lowest;
-        above -= s.hist[lowest];
-      }
-      s.i32 = chosen < 0 ? 0 : chosen;
-      s.u64a = above;
-    }
-    __syncthreads();
-    prefix |= static_cast<uint32_t>(s.i32) << shift;
-    mask |= 0xFFu << shift;
-    above = s.u64a;
-    __syncthreads();
-  }
-  *above_out = above;
-  return prefix;
-}
-
-// The first index t (vocabulary order) where the running sum of f reaches past r, i.e. the
-// inclusive prefix sum exceeds r; where the total is <= r, the last t with f(t) > 0; -1 if f is 0
-// everywhere. *total: the sum of f. Segment j (one per thread) is [j*S, (j+1)*S).
-template <class F>
-__device__ int find_crossing(int v, F f, u64 r, u64* total_out, Shared& s) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int seg_len = (v + kThreads - 1) / kThreads;
-  u64 mine = 0;
-  for (int q = 0; q < 32; ++q) {  // the warp sums its 32 segments together, coalesced
-    const int lo = (warp * 32 + q) * seg_len, hi = min(v, lo + seg_len);
-    u64 part = 0;
-    for (int t = lo + lane; t < hi; t += 32) part += f(t);
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) part += __shfl_xor_sync(0xffffffffu, part, offset);
-    if (lane == q) mine = part;
-  }
-  u64 before, total;
-  cub::BlockScan<u64, kThreads>(s.tmp.scan_u64).ExclusiveSum(mine, before, total);
-  __syncthreads();
-  if (threadIdx.x == 0) s.i32 = -1;
-  __syncthreads();
-  const bool past = total <= r;
-  // The segment holding the crossing, or (past the end) the last segment with weight.
-  if (mine > 0 && (past ? before + mine == total : (before <= r && r < before + mine))) {
-    s.i32 = threadIdx.x;
-    s.u64b = before;
-  }
-  __syncthreads();
-  const int seg = s.i32;
-  const u64 seg_before = s.u64b;
-  __syncthreads();
-  if (seg < 0) {
-    *total_out = total;
-    return -1;
-  }
-  if (warp == 0) {
-    const int lo = seg * seg_len, hi = min(v, lo + seg_len);
-    u64 running = seg_before;
-    int found = -1;
-    for (int base = lo; base < hi; base += 32) {  // found and past are warp-uniform
-      const int t = base + lane;
-      const u64 val = t < hi ? f(t) : 0;
-      if (past) {  // the last t with weight: scan the whole segment
-        const unsigned nz = __ballot_sync(0xffffffffu, val > 0);
-        if (nz) found = base + 31 - __clz(nz);
-        continue;
-      }
-      u64 incl = val;
-#pragma unroll
-      for (int offset = 1; offset < 32; offset <<= 1) {
-        const u64 y = __shfl_up_sync(0xffffffffu, incl, offset);
-        if (lane >= offset) incl += y;
-      }
-      const unsigned hit = __ballot_sync(0xffffffffu, running + incl > r);
-      if (hit) {
-        found = base + __ffs(hit) - 1;
-        break;
-      }
-      running += __shfl_sync(0xffffffffu, incl, 31);
-    }
-    if (lane == 0) s.i32 = found;
-  }
-  __syncthreads();
-  const int out = s.i32;
-  __syncthreads();
-  *total_out = total;
-  return out;
-}
-
 // ---- the row's steps -------------------------------------------------------------------------------
 
 // Top n (n <= kMaxLogprobs) of the raw row x by logit (ties: lower id), as logprobs (logit - log_z).
 __device__ void top_logprobs(const float* x, int v, int n, float log_z, int32_t* top_ids, float* top_lp, Shared& s) {
   u64 above;
   const uint32_t kth = select_from_top(
-      v, [&](int t) { return order_key(x[t]); }, [](int) { return u64{1}; }, static_cast<u64>(n), &above, s);
+      v, [&](int t) { return order_key(x[t]); }, [](int) { return u64{1}; }, static_cast<u64>(n), &above, s.row);
   if (threadIdx.x == 0) s.num_cand = 0;
   __syncthreads();
   for (int t = threadIdx.x; t < v; t += kThreads) {  // the (fewer than n) larger ones, in any order
@@ -304,7 +85,7 @@ __device__ void top_logprobs(const float* x, int v, int n, float log_z, int32_t*
   for (int j = larger; j < n; ++j) {  // ties at the k-th: the lowest ids
     u64 total;
     const int t = find_crossing(
-        v, [&](int t) { return u64{order_key(x[t]) == kth}; }, static_cast<u64>(j - larger), &total, s);
+        v, [&](int t) { return u64{order_key(x[t]) == kth}; }, static_cast<u64>(j - larger), &total, s.row);
     if (threadIdx.x == 0) {
       s.cand_value[j] = key_value(kth);
       s.cand_id[j] = t;
@@ -399,7 +180,7 @@ __device__ int sample_row(const SamplingBatch& b, int i, float* x, int v, Shared
     x[t] *= inv_t;
     local = fmaxf(local, x[t]);
   }
-  const float mx = block_max(local, s);
+  const float mx = block_max(local, s.row);
   float threshold = -INFINITY;
   const float min_p = b.min_p ? b.min_p[i] : 0.0f;
   if (min_p > 0.0f) threshold = mx + logf(min_p);
@@ -407,7 +188,7 @@ __device__ int sample_row(const SamplingBatch& b, int i, float* x, int v, Shared
   if (k > 0 && k < v) {
     u64 above;
     const uint32_t kth = select_from_top(
-        v, [&](int t) { return order_key(x[t]); }, [](int) { return u64{1}; }, static_cast<u64>(k), &above, s);
+        v, [&](int t) { return order_key(x[t]); }, [](int) { return u64{1}; }, static_cast<u64>(k), &above, s.row);
     threshold = fmaxf(threshold, key_value(kth));
   }
   u64 local_total = 0;
@@ -417,30 +198,30 @@ __device__ int sample_row(const SamplingBatch& b, int i, float* x, int v, Shared
     x[t] = w;
     local_total += fixed(w);
   }
-  const u64 total = block_sum_u64(local_total, s);  // >= 2^40: the largest weighs exp(0)
+  const u64 total = block_sum_u64(local_total, s.row);  // >= 2^40: the largest weighs exp(0)
   if (total == 0) return -1;
   const float u = philox_uniform(b.seeds[i], static_cast<uint64_t>(b.steps[i]));
   auto pick_in = [&](u64 mass) { return min(static_cast<u64>(static_cast<double>(u) * static_cast<double>(mass)), mass - 1); };
   const float top_p = b.top_p ? b.top_p[i] : 1.0f;
   u64 unused;
-  if (!(top_p < 1.0f)) return find_crossing(v, [&](int t) { return fixed(x[t]); }, pick_in(total), &unused, s);
+  if (!(top_p < 1.0f)) return find_crossing(v, [&](int t) { return fixed(x[t]); }, pick_in(total), &unused, s.row);
   // Top-p: the boundary weight K, the mass above it, then how many of the ties at K (lowest ids
   // first) complete the prefix.
   const u64 target = max(u64{1}, static_cast<u64>(static_cast<double>(top_p) * static_cast<double>(total)));
   u64 above;
   const uint32_t boundary = select_from_top(
-      v, [&](int t) { return order_key(x[t]); }, [&](int t) { return fixed(x[t]); }, target, &above, s);
+      v, [&](int t) { return order_key(x[t]); }, [&](int t) { return fixed(x[t]); }, target, &above, s.row);
   const u64 w_boundary = fixed(key_value(boundary));
   const u64 needed = w_boundary == 0 ? 1 : (target - min(target, above) + w_boundary - 1) / w_boundary;
   u64 ties;
   const int last_tie = find_crossing(
-      v, [&](int t) { return u64{order_key(x[t]) == boundary}; }, max(u64{1}, needed) - 1, &ties, s);
+      v, [&](int t) { return u64{order_key(x[t]) == boundary}; }, max(u64{1}, needed) - 1, &ties, s.row);
   const u64 kept = above + min(max(u64{1}, needed), ties) * w_boundary;
   auto kept_weight = [&](int t) {
     const uint32_t key = order_key(x[t]);
     return (key > boundary || (key == boundary && t <= last_tie)) ? fixed(x[t]) : u64{0};
   };
-  return find_crossing(v, kept_weight, pick_in(kept), &unused, s);
+  return find_crossing(v, kept_weight, pick_in(kept), &unused, s.row);
 }
 
 __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingBatch b, float* raw, int32_t* marks) {
@@ -458,7 +239,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingBatch b, float
     nan |= y != y;
     if (y > best.value || (y == best.value && t < best.id)) best = {y, t};
   }
-  const bool has_nan = block_sum_i32(nan, s) > 0;
+  const bool has_nan = block_sum_i32(nan, s.row) > 0;
   if (has_nan) {  // reported per request: the caller fails that request only
     if (threadIdx.x == 0) {
       b.sampled[i] = -1;
@@ -473,7 +254,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingBatch b, float
     }
     return;
   }
-  const ArgMax raw_best = block_argmax(best, s);
+  const ArgMax raw_best = block_argmax(best, s.row);
 
   // 2. logprobs of the raw row.
   float log_z = 0.0f;
@@ -484,7 +265,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingBatch b, float
       raw_row[t] = x[t];
       local += __expf(x[t] - raw_best.value);
     }
-    log_z = raw_best.value + logf(block_sum_f32(local, s));
+    log_z = raw_best.value + logf(block_sum_f32(local, s.row));
     if (n > 0) {
       top_logprobs(x, v, n, log_z, b.top_ids + static_cast<int64_t>(i) * n, b.top_logprobs + static_cast<int64_t>(i) * n,
                    s);
@@ -495,7 +276,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingBatch b, float
   const bool changed = apply_processors(b, i, x, v, marks);
   int token;
   if (b.temperature[i] == 0.0f) {
-    token = changed ? row_argmax(x, v, s).id : raw_best.id;
+    token = changed ? row_argmax(x, v, s.row).id : raw_best.id;
   } else {
     token = sample_row(b, i, x, v, s);
   }
@@ -506,7 +287,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingBatch b, float
     const float logit = token >= 0 ? raw_row[token] : NAN;
     int larger = 0;
     for (int t = threadIdx.x; t < v; t += kThreads) larger += raw_row[t] > logit ? 1 : 0;
-    larger = block_sum_i32(larger, s);
+    larger = block_sum_i32(larger, s.row);
     if (threadIdx.x == 0) {
       b.sampled_logprob[i] = logit - log_z;
       b.sampled_rank[i] = token >= 0 ? larger + 1 : 0;

@@ -84,6 +84,12 @@ def _load_gguf(path: Path, dtype: torch.dtype, progress: bool, use_cache: bool):
     return config, tokenizer, rope_factors, weights
 
 
+def load_model_config(model: str | Path | None = None) -> ModelConfig:
+    """The model's configuration alone (no weights read): HF directory or GGUF file."""
+    path = resolve_model_path(model)
+    return HFModelDir(path).config() if path.is_dir() else GGUFModelFile(path).config()
+
+
 def check_device(device: torch.device) -> None:
     """ValueError naming what is missing when the device cannot run corellm's kernels."""
     if device.type != "cuda":

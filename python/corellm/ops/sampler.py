@@ -79,9 +79,6 @@ class SamplerOutput:
     top_logprobs: torch.Tensor | None = None  # float32 [n, num_logprobs]
 
 
-CUDA_MAX_LOGPROBS = 1024  # top-n logprobs per row the CUDA kernel can rank (cuda/sampler.cu)
-
-
 def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
@@ -145,8 +142,6 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
     if k >= 0:
         if k > vocab:
             raise ValueError(f"{op}: num_logprobs {k} exceeds the vocabulary size {vocab}")
-        if k > CUDA_MAX_LOGPROBS and not logits.is_cpu:
-            raise ValueError(f"{op}: num_logprobs {k} exceeds the CUDA sampler's limit of {CUDA_MAX_LOGPROBS}")
         out.logprobs = torch.empty(n, dtype=torch.float32, device=dev)
         out.ranks = torch.empty(n, dtype=torch.int32, device=dev)
         out.top_token_ids = torch.empty((n, k), dtype=torch.int32, device=dev)
