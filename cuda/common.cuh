@@ -1,5 +1,6 @@
 // Device helpers shared by the CUDA kernels: dtype conversions, block reductions, dispatch on the
-// dtype tag, and the launch check that turns a CUDA error into an exception naming the op.
+// dtype tag and on the head size, and the launch check that turns a CUDA error into an exception
+// naming the op.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -7,8 +8,11 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <iterator>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "kernels.h"
 
@@ -88,6 +92,19 @@ void dispatch(const char* op, DType dtype, F&& f) {
     case DType::F16: f(__half{}); return;
   }
   throw std::invalid_argument(std::string(op) + ": unknown dtype tag " + std::to_string(static_cast<int>(dtype)));
+}
+
+// Calls f(std::integral_constant<int, H>{}) for the H of kAttentionHeadSizes equal to head_size;
+// false when there is none.
+template <class F, size_t... I>
+bool dispatch_head_size_in(int64_t head_size, F&& f, std::index_sequence<I...>) {
+  return ((head_size == kAttentionHeadSizes[I] ? (f(std::integral_constant<int, kAttentionHeadSizes[I]>{}), true)
+                                               : false) ||
+          ...);
+}
+template <class F>
+bool dispatch_head_size(int64_t head_size, F&& f) {
+  return dispatch_head_size_in(head_size, f, std::make_index_sequence<std::size(kAttentionHeadSizes)>{});
 }
 
 inline cudaStream_t as_stream(std::uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }

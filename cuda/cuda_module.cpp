@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <iterator>
 
 #include "corellm/kernels/sampling_batch_args.h"
 #include "kernels.h"
@@ -26,6 +27,11 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("DTYPE_F32") = static_cast<int32_t>(DType::F32);
   m.attr("DTYPE_BF16") = static_cast<int32_t>(DType::BF16);
   m.attr("DTYPE_F16") = static_cast<int32_t>(DType::F16);
+  py::tuple head_sizes(std::size(corellm::cuda::kAttentionHeadSizes));
+  for (size_t i = 0; i < std::size(corellm::cuda::kAttentionHeadSizes); ++i) {
+    head_sizes[i] = corellm::cuda::kAttentionHeadSizes[i];
+  }
+  m.attr("ATTENTION_HEAD_SIZES") = head_sizes;  // paged_attention's (corellm.ops checks models against them)
   const auto release = py::call_guard<py::gil_scoped_release>();
 
   m.def("rms_norm", [](std::uintptr_t out, int64_t out_stride, std::uintptr_t x, int64_t x_stride, std::uintptr_t w,

@@ -291,7 +291,7 @@ size_t decode_attention_workspace_bytes(int64_t num_seqs, int64_t num_heads, int
 }
 
 bool decode_attention_applies(int64_t head_size, int64_t block_size, int64_t group, DType dtype) {
-  return dtype != DType::F32 && (head_size == 32 || head_size == 64 || head_size == 128) &&
+  return dtype != DType::F32 && (head_size == 16 || head_size == 32 || head_size == 64 || head_size == 128) &&
          block_size == kBlockSize && group >= 1 && group <= kMaxGroup;
 }
 
@@ -327,7 +327,8 @@ void decode_attention(void* out, const void* q, int64_t q_stride, const void* ke
     else run(tag, head_c, std::integral_constant<int, 8>{});
   };
   auto by_head = [&](auto tag) {
-    if (head_size == 32) by_group(tag, std::integral_constant<int, 32>{});
+    if (head_size == 16) by_group(tag, std::integral_constant<int, 16>{});
+    else if (head_size == 32) by_group(tag, std::integral_constant<int, 32>{});
     else if (head_size == 64) by_group(tag, std::integral_constant<int, 64>{});
     else by_group(tag, std::integral_constant<int, 128>{});
   };

@@ -15,8 +15,9 @@ namespace corellm::cuda {
 // softmax states.
 constexpr int kDecodePartition = 512;
 
-// Whether the decode kernel takes this shape: 16-bit dtypes, head_size 32 / 64 / 128, block_size
-// 16, at most 8 query heads per KV head.
+// Whether the decode kernel takes this shape: 16-bit dtypes, head_size 16 / 32 / 64 / 128 (its
+// lane maps need head_size to divide 128; 80, 96 and 256 take the scalar kernel), block_size 16,
+// at most 8 query heads per KV head.
 bool decode_attention_applies(int64_t head_size, int64_t block_size, int64_t group, DType dtype);
 
 // Thread blocks per (sequence, KV head): enough for about 4 per multiprocessor over the batch,

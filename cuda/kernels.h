@@ -6,12 +6,21 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "corellm/kernels/sampler.h"
 
 namespace corellm::cuda {
 
 enum class DType : int32_t { F32 = 0, BF16 = 1, F16 = 2 };
+
+// The head sizes paged_attention is built for: those of the supported architectures' models
+// (64, 80, 96, 128, 256) and of the tests' tiny ones (16, 32). corellm._cuda exports the list, so
+// that a model is checked against it when it loads.
+inline constexpr int kAttentionHeadSizes[] = {16, 32, 64, 80, 96, 128, 256};
+
+bool is_attention_head_size(int64_t head_size);
+std::string attention_head_sizes_text();  // "16, 32, ..., 256"
 
 // out[t] = w * round(x[t] / rms(x[t])) (HF's order), one block per token.
 void rms_norm(void* out, int64_t out_stride, const void* x, int64_t x_stride, const void* weight,
@@ -43,7 +52,8 @@ void reshape_and_cache(const void* key, int64_t key_stride, const void* value, i
 
 // Causal attention of each sequence's query tokens (its last ones) over its cached K/V (the CPU
 // kernel's arguments, plus max_query_len: the grid's extent, known to the caller without reading
-// device memory). out [num_tokens, num_heads * head_size] contiguous; head_size 32, 64 or 128.
+// device memory). out [num_tokens, num_heads * head_size] contiguous; head_size one of
+// kAttentionHeadSizes (std::invalid_argument otherwise).
 // A batch of one query token per sequence (max_query_len 1) in a 16-bit dtype takes the decode
 // kernel, split over partitions of the context: max_seq_len sizes its grid (a captured graph
 // passes the longest sequence it will see) and the workspace holds the partitions' states

@@ -7,9 +7,10 @@
 // for all of them), in tiles of kMaxRows. The block's warps take the sequence's visible KV blocks
 // in turn (warp w: blocks w, w + warps, ...). Within a warp, lane j scores key j of a 32-key tile
 // (a dot product over the head, q read from shared memory), the warp keeps per row a running max,
-// sum and fp32 output accumulator (online softmax), each lane owning head_size / 32 output dims,
-// and adds the tile's values weighted by the probabilities (broadcast by shuffles). At the end the
-// warps' states are merged through shared memory and each row is written once.
+// sum and fp32 output accumulator (online softmax), each lane owning the output dims lane,
+// lane + 32, ... below head_size, and adds the tile's values weighted by the probabilities
+// (broadcast by shuffles). At the end the warps' states are merged through shared memory and each
+// row is written once.
 //
 // Decode batches (one query token per sequence) in 16-bit dtypes go to decode_attention.cu, which
 // splits long contexts across thread blocks, and sequences of 16 query tokens or more to the
@@ -28,13 +29,20 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kMaxRows = 8;
 
+// Lane l owns output dims l, l + 32, ...; the last round may run past a head size that is not a
+// multiple of 32 (16, 80, 96): those lanes hold nothing there.
+template <int HEAD>
+__device__ __forceinline__ bool owns_dim(int d) {
+  return HEAD % 32 == 0 || d < HEAD;
+}
+
 template <class T, int HEAD>
 __global__ void __launch_bounds__(kWarps * 32)
 paged_attention_kernel(T* out, const T* q, int64_t q_stride, const T* key_cache, const T* value_cache, int num_kv_heads,
                        int block_size, int x, const int32_t* block_table, int64_t block_table_stride,
                        const int32_t* seq_lens, const int32_t* query_start_loc, int group, int chunk_tokens,
                        float scale, int sliding_window, int skip_from) {
-  constexpr int kDims = HEAD / 32;  // output dims per lane
+  constexpr int kDims = (HEAD + 31) / 32;  // output dims per lane: lane + 32 j, those below HEAD
   const int seq = blockIdx.x, kv_head = blockIdx.y;
   const int q0 = query_start_loc[seq];
   const int q_len = query_start_loc[seq + 1] - q0;
@@ -119,7 +127,7 @@ paged_attention_kernel(T* out, const T* q, int64_t q_stride, const T* key_cache,
 #pragma unroll
             for (int j = 0; j < kDims; ++j) {
               const int d = lane + 32 * j;
-              acc[r][j] += pk * to_f32(vb[((tk / x) * HEAD + d) * x + tk % x]);
+              if (owns_dim<HEAD>(d)) acc[r][j] += pk * to_f32(vb[((tk / x) * HEAD + d) * x + tk % x]);
             }
           }
         }
@@ -134,7 +142,9 @@ paged_attention_kernel(T* out, const T* q, int64_t q_stride, const T* key_cache,
     }
     for (int r = 0; r < rows; ++r) {
 #pragma unroll
-      for (int j = 0; j < kDims; ++j) acc_s[warp][r][lane + 32 * j] = acc[r][j];
+      for (int j = 0; j < kDims; ++j) {
+        if (owns_dim<HEAD>(lane + 32 * j)) acc_s[warp][r][lane + 32 * j] = acc[r][j];
+      }
     }
     __syncthreads();
     for (int i = threadIdx.x; i < rows * HEAD; i += blockDim.x) {
@@ -158,6 +168,10 @@ void paged_attention(void* out, const void* q, int64_t q_stride, const void* key
                      int64_t sliding_window, int64_t max_query_len, int64_t max_seq_len, void* workspace,
                      DType dtype, std::uintptr_t stream) {
   (void)num_blocks;  // block ids come from the engine's own tables
+  if (!is_attention_head_size(head_size)) {
+    throw std::invalid_argument("paged_attention: head_size " + std::to_string(head_size) +
+                                " is not supported on CUDA (" + attention_head_sizes_text() + ")");
+  }
   if (num_seqs == 0 || max_query_len == 0) return;
   if (num_heads % num_kv_heads) {
     throw std::invalid_argument("paged_attention: num_heads " + std::to_string(num_heads) +
@@ -185,28 +199,28 @@ void paged_attention(void* out, const void* q, int64_t q_stride, const void* key
   const dim3 grid(static_cast<unsigned>(num_seqs), static_cast<unsigned>(num_kv_heads),
                   static_cast<unsigned>((longest + chunk_tokens - 1) / chunk_tokens));
   const int x = dtype == DType::F32 ? 1 : 2;
-  bool launched = false;
   dispatch("paged_attention", dtype, [&](auto tag) {
     using T = decltype(tag);
-#define CORELLM_LAUNCH(HEAD)                                                                                   \
-  if (head_size == HEAD) {                                                                                     \
-    paged_attention_kernel<T, HEAD><<<grid, kWarps * 32, 0, as_stream(stream)>>>(                              \
-        static_cast<T*>(out), static_cast<const T*>(q), q_stride, static_cast<const T*>(key_cache),            \
-        static_cast<const T*>(value_cache), static_cast<int>(num_kv_heads), static_cast<int>(block_size), x,  \
-        block_table, block_table_stride, seq_lens, query_start_loc, group, chunk_tokens, scale,                \
-        static_cast<int>(sliding_window), skip_from);                                                           \
-    launched = true;                                                                                           \
-  }
-    CORELLM_LAUNCH(32)
-    CORELLM_LAUNCH(64)
-    CORELLM_LAUNCH(128)
-#undef CORELLM_LAUNCH
+    const bool launched = dispatch_head_size(head_size, [&](auto head_c) {
+      paged_attention_kernel<T, decltype(head_c)::value><<<grid, kWarps * 32, 0, as_stream(stream)>>>(
+          static_cast<T*>(out), static_cast<const T*>(q), q_stride, static_cast<const T*>(key_cache),
+          static_cast<const T*>(value_cache), static_cast<int>(num_kv_heads), static_cast<int>(block_size), x,
+          block_table, block_table_stride, seq_lens, query_start_loc, group, chunk_tokens, scale,
+          static_cast<int>(sliding_window), skip_from);
+    });
+    if (!launched) throw std::logic_error("paged_attention: bug: no kernel for a supported head_size");
   });
-  if (!launched) {
-    throw std::invalid_argument("paged_attention: head_size " + std::to_string(head_size) +
-                                " is not supported on CUDA (32, 64 or 128)");
-  }
   check_launch("paged_attention");
+}
+
+bool is_attention_head_size(int64_t head_size) {
+  return dispatch_head_size(head_size, [](auto) {});
+}
+
+std::string attention_head_sizes_text() {
+  std::string text;
+  for (const int h : kAttentionHeadSizes) text += (text.empty() ? "" : ", ") + std::to_string(h);
+  return text;
 }
 
 int64_t paged_attention_workspace_size(int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,

@@ -34,6 +34,7 @@ constexpr int kBlockSize = 16;      // the KV block size the kernel is built for
 // against bank conflicts).
 template <class T, int HEAD>
 struct Layout {
+  static_assert(HEAD % 16 == 0, "WMMA tiles are 16 dims wide");
   static constexpr int kLd = HEAD + 8;        // Q, K, V rows (16-bit)
   static constexpr int kLdS = kKeys + 4;      // scores (fp32)
   static constexpr int kLdP = kKeys + 8;      // probabilities (16-bit)
@@ -228,8 +229,24 @@ void launch(void* out, const void* q, int64_t q_stride, const void* key_cache, c
 
 }  // namespace
 
+// Shared memory a thread block may opt in to on the current device (0 when there is none to ask).
+int max_shared_memory_optin() {
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    cudaGetLastError();  // (no device to ask: not an error for later launches to report)
+    return 0;
+  }
+  return bytes;
+}
+
 bool prefill_attention_applies(int64_t head_size, int64_t block_size, DType dtype) {
-  return dtype != DType::F32 && (head_size == 64 || head_size == 128) && block_size == kBlockSize;
+  if (dtype == DType::F32 || block_size != kBlockSize) return false;
+  size_t bytes = 0;  // (every dtype here is 16-bit: bf16's layout is fp16's)
+  if (!dispatch_head_size(head_size, [&](auto head_c) { bytes = Layout<__half, decltype(head_c)::value>::kBytes; })) {
+    return false;
+  }
+  return bytes <= static_cast<size_t>(max_shared_memory_optin());  // head 256 fits on sm_90, not on sm_80
 }
 
 void prefill_attention(void* out, const void* q, int64_t q_stride, const void* key_cache, const void* value_cache,
@@ -247,10 +264,7 @@ void prefill_attention(void* out, const void* q, int64_t q_stride, const void* k
                                                    block_table_stride, seq_lens, query_start_loc, num_seqs, num_heads,
                                                    max_query_len, scale, window, stream);
   };
-  auto by_head = [&](auto tag) {
-    if (head_size == 64) run(tag, std::integral_constant<int, 64>{});
-    else run(tag, std::integral_constant<int, 128>{});
-  };
+  auto by_head = [&](auto tag) { dispatch_head_size(head_size, [&](auto head_c) { run(tag, head_c); }); };
   if (dtype == DType::BF16) by_head(__nv_bfloat16{});
   else by_head(__half{});
 }

@@ -13,7 +13,8 @@ namespace corellm::cuda {
 // rows of a mixed batch) stay on the scalar kernel, which shares each KV block across a GQA group.
 constexpr int kPrefillMinQueryLen = 16;
 
-// Whether the tensor-core kernel takes this shape: 16-bit dtypes, head_size 64 or 128, block_size 16.
+// Whether the tensor-core kernel takes this shape: 16-bit dtypes, block_size 16, a head size of
+// kAttentionHeadSizes whose tiles fit the device's shared memory (all but 256 before sm_90).
 bool prefill_attention_applies(int64_t head_size, int64_t block_size, DType dtype);
 
 // The paged_attention launcher's arguments; attends only the sequences with at least

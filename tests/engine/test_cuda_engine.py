@@ -15,19 +15,32 @@ pytestmark = pytest.mark.skipif(not (cuda_available() and torch.cuda.is_availabl
                                 reason="needs corellm._cuda and a CUDA GPU")
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    pytest.importorskip("transformers")
+def save_word_tokenizer(directory) -> None:
+    """A word-level tokenizer over the tiny models' 384 ids ("w0" .. "w383")."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from tests.model.tiny_models import make_tiny_model
-
-    directory = tmp_path_factory.mktemp("tiny_cuda")
     t = Tokenizer(models.WordLevel({f"w{i}": i for i in range(384)}, unk_token="w0"))
     t.pre_tokenizer = pre_tokenizers.Whitespace()
     t.save(str(directory / "tokenizer.json"))
-    make_tiny_model("llama3", directory, directory / "tokenizer.json", seed=11)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    pytest.importorskip("transformers")
+    from tests.model.tiny_models import make_tiny_model
+
+    directory = tmp_path_factory.mktemp("tiny_cuda")
+    save_word_tokenizer(directory)
+    make_tiny_model("llama3", directory, seed=11)
     return directory
+
+
+def cuda_llm(model_dir, **kw) -> LLM:
+    """An engine on the GPU sized for a test: a 64 MiB KV cache (not 90 % of the device) and at
+    most 16 running requests (7 decode graphs to capture, not 35)."""
+    args = dict(device="cuda", dtype="float32", max_model_len=128, max_num_seqs=16, kv_cache_memory=64 * 1024**2)
+    args.update(kw)
+    return LLM(str(model_dir), **args)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -36,7 +49,7 @@ def test_cuda_engine_matches_the_cpu_engine(tiny_dir, dtype):
     prompts = [{"prompt_token_ids": torch.randint(0, 384, (n,), generator=g).tolist()} for n in (5, 17, 40, 3)]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
     cpu = LLM(str(tiny_dir), dtype=dtype, device="cpu", max_model_len=128).generate(prompts, params, use_tqdm=False)
-    gpu = LLM(str(tiny_dir), dtype=dtype, device="cuda", max_model_len=128).generate(prompts, params, use_tqdm=False)
+    gpu = cuda_llm(tiny_dir, dtype=dtype).generate(prompts, params, use_tqdm=False)
     for c, g_ in zip(cpu, gpu):
         got, want = g_.outputs[0].token_ids, c.outputs[0].token_ids
         if dtype == "float32":
@@ -57,8 +70,7 @@ def test_cuda_engine_consistency(tiny_dir, machinery):
                                                                              generator=g).tolist()}
                for i in range(8)]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, logprobs=2)
-    llm = LLM(str(tiny_dir), dtype="float32", device="cuda", max_model_len=256,
-              max_num_batched_tokens=16 if machinery == "chunked prefill" else 2048)
+    llm = cuda_llm(tiny_dir, max_model_len=256, max_num_batched_tokens=16 if machinery == "chunked prefill" else 2048)
     alone = [llm.generate(p, params, use_tqdm=False)[0].outputs[0] for p in prompts]
     if machinery == "prefix-cache hit":
         llm.generate(prompts, params, use_tqdm=False)
@@ -66,6 +78,16 @@ def test_cuda_engine_consistency(tiny_dir, machinery):
     for a, t in zip(alone, together):
         n = first_near_tie(a.logprobs)
         assert t.outputs[0].token_ids[:n] == a.token_ids[:n]
+
+
+def test_a_head_size_without_a_cuda_kernel_is_refused_at_load(tmp_path):
+    pytest.importorskip("transformers")
+    from tests.model.tiny_models import make_tiny_model
+
+    save_word_tokenizer(tmp_path)
+    make_tiny_model("qwen3", tmp_path, seed=1, head_dim=72)
+    with pytest.raises(ValueError, match="head_dim 72"):
+        cuda_llm(tmp_path)
 
 
 def first_near_tie(logprobs, margin: float = 1e-3) -> int:

@@ -22,12 +22,13 @@ ARCHS = {
 }
 
 
-def make_tiny_model(arch: str, directory: Path, tokenizer_json: Path | None = None, seed: int = 0):
-    """Creates, saves (safetensors) and returns the HF model (float32, eval mode)."""
+def make_tiny_model(arch: str, directory: Path, tokenizer_json: Path | None = None, seed: int = 0, **overrides):
+    """Creates, saves (safetensors) and returns the HF model (float32, eval mode); `overrides`
+    replace config fields (head_dim=72, ...)."""
     import transformers
 
     config_cls, model_cls, extra = ARCHS[arch]
-    config = getattr(transformers, config_cls)(**{**TINY, **extra})
+    config = getattr(transformers, config_cls)(**{**TINY, **extra, **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).float().eval()
     with torch.no_grad():  # random biases and norm weights, so that they matter in the comparison

@@ -193,3 +193,27 @@ def test_prefill_attention_sliding_window_on_tensor_cores(window):
                               sliding_window=window)
     want = reference.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.088, sliding_window=window)
     close(got, want, torch.bfloat16)
+
+
+# Every head size the CUDA attention is built for, in each of its kernels: a prompt of 40 tokens
+# (16-bit: the tensor-core kernel, or the scalar one where its tiles do not fit the device's shared
+# memory), a 5-token chunk after a prefix (scalar), decode rows in the same batch (scalar) and alone
+# (16-bit: the split-K kernel where the head size divides 128, else the scalar one).
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_size", [16, 32, 64, 80, 96, 128, 256])
+@pytest.mark.parametrize("batch", ["mixed", "decode"])
+def test_paged_attention_every_head_size(dtype, head_size, batch):
+    seqs = [(40, 40), (70, 5), (600, 1)] if batch == "mixed" else [(600, 1), (33, 1), (1100, 1)]
+    kc, vc, table, seq_lens, qsl = make_batch(seqs, 2, head_size, 16, dtype, seed=head_size)
+    q = torch.randn(int(qsl[-1]), 4 * head_size, generator=torch.Generator().manual_seed(head_size)).to(dtype)
+    scale = head_size**-0.5
+    got = ops.paged_attention(q.cuda(), kc.cuda(), vc.cuda(), table.cuda(), seq_lens.cuda(), qsl.cuda(), scale,
+                              max_query_len=max(n for _, n in seqs), max_seq_len=max(n for n, _ in seqs))
+    close(got, reference.paged_attention(q, kc, vc, table, seq_lens, qsl, scale), dtype)
+
+
+def test_paged_attention_names_an_unsupported_head_size():
+    kc, vc, table, seq_lens, qsl = make_batch([(20, 20)], 1, 72, 16, torch.bfloat16, seed=0)
+    q = torch.randn(20, 72).bfloat16()
+    with pytest.raises(ValueError, match="head_size 72 is not supported on CUDA"):
+        ops.paged_attention(q.cuda(), kc.cuda(), vc.cuda(), table.cuda(), seq_lens.cuda(), qsl.cuda(), 0.1)

@@ -104,6 +104,19 @@ def check_device(device: torch.device) -> None:
                          f"build (rebuild with nvcc present, or CORELLM_CUDA=ON)")
 
 
+def check_head_size_on_device(config: ModelConfig, device: torch.device) -> None:
+    """ValueError naming the head size when the device's attention kernels have none for it (the
+    CPU kernels take any even head size; the CUDA ones a fixed list)."""
+    if device.type != "cuda":
+        return
+    from corellm.ops._backend import cuda_attention_head_sizes
+
+    sizes = cuda_attention_head_sizes()
+    if config.head_dim not in sizes:
+        raise ValueError(f"{config.source}: head_dim {config.head_dim} has no CUDA attention kernel in corellm "
+                         f"(head sizes {', '.join(map(str, sizes))}); run this model with device='cpu'")
+
+
 def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto", device: str = "cpu",
                max_position: int | None = None, progress: bool = True, use_cache: bool = True) -> LoadedModel:
     device_ = torch.device(device)
@@ -119,6 +132,7 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
         generation_config = {}
     else:
         raise ValueError(f"{path}: not an HF model directory or a .gguf file")
+    check_head_size_on_device(config, device_)
     if not tokenizer.eos_token_ids:
         tokenizer.eos_token_ids = list(config.eos_token_id)
     llm = LlamaForCausalLM(config, torch_dtype, device_, rope_factors=rope_factors, max_position=max_position)

@@ -37,6 +37,11 @@ def cuda_available() -> bool:
     return _cuda is not None
 
 
+def cuda_attention_head_sizes() -> tuple[int, ...]:
+    """The head sizes corellm._cuda's paged attention is built for (empty without the module)."""
+    return () if _cuda is None else tuple(_cuda.ATTENTION_HEAD_SIZES)
+
+
 def backend(op: str, t: torch.Tensor, cuda: bool = True) -> Backend:
     """The backend for an op on `t`'s device and dtype; ValueError / NotImplementedError naming
     the op otherwise. cuda=False: the op has no CUDA kernel yet."""
