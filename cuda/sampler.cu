@@ -164,7 +164,7 @@ __device__ bool apply_processors(const SamplingBatch& b, int i, float* x, int v,
       const int32_t id = b.output_ids[out_lo + j];
       if (!valid_id(id, v)) continue;
       const int count = atomicExch(mark + id, 0);
-      if (count > 0) x[id] -= pres + freq * static_cast<float>(count);
+      if (count > 0) x[id] -= fmaf(freq, static_cast<float>(count), pres);  // the CPU's explicit fma
     }
     __syncthreads();
     changed |= num_out > 0;
