@@ -177,7 +177,7 @@ PYBIND11_MODULE(_core, m) {
   py::class_<SchedulerConfig>(m, "SchedulerConfig")
       .def(py::init([](int32_t max_num_seqs, int32_t max_num_batched_tokens, int32_t max_model_len,
                        int32_t block_size, int32_t num_blocks, int32_t long_prefill_token_threshold,
-                       bool enable_prefix_caching, bool enable_chunked_prefill, SchedulingPolicy policy) {
+                       bool enable_prefix_caching, bool enable_chunked_prefill, SchedulingPolicy scheduling_policy) {
              SchedulerConfig c;
              c.max_num_seqs = max_num_seqs;
              c.max_num_batched_tokens = max_num_batched_tokens;
@@ -187,14 +187,14 @@ PYBIND11_MODULE(_core, m) {
              c.long_prefill_token_threshold = long_prefill_token_threshold;
              c.enable_prefix_caching = enable_prefix_caching;
              c.enable_chunked_prefill = enable_chunked_prefill;
-             c.policy = policy;
+             c.scheduling_policy = scheduling_policy;
              c.validate();
              return c;
            }),
            py::kw_only(), py::arg("max_num_seqs") = 256, py::arg("max_num_batched_tokens") = 2048,
            py::arg("max_model_len") = 2048, py::arg("block_size") = 16, py::arg("num_blocks"),
            py::arg("long_prefill_token_threshold") = 0, py::arg("enable_prefix_caching") = true,
-           py::arg("enable_chunked_prefill") = true, py::arg("policy") = SchedulingPolicy::FCFS)
+           py::arg("enable_chunked_prefill") = true, py::arg("scheduling_policy") = SchedulingPolicy::FCFS)
       .def_readonly("max_num_seqs", &SchedulerConfig::max_num_seqs)
       .def_readonly("max_num_batched_tokens", &SchedulerConfig::max_num_batched_tokens)
       .def_readonly("max_model_len", &SchedulerConfig::max_model_len)
@@ -203,7 +203,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("long_prefill_token_threshold", &SchedulerConfig::long_prefill_token_threshold)
       .def_readonly("enable_prefix_caching", &SchedulerConfig::enable_prefix_caching)
       .def_readonly("enable_chunked_prefill", &SchedulerConfig::enable_chunked_prefill)
-      .def_readonly("policy", &SchedulerConfig::policy);
+      .def_readonly("scheduling_policy", &SchedulerConfig::scheduling_policy);
 
   py::class_<NewRequestData>(m, "NewRequestData")
       .def_readonly("req_id", &NewRequestData::req_id)

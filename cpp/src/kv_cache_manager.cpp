@@ -88,8 +88,10 @@ bool KVCacheManager::allocate_slots(Request& request, int32_t num_new_tokens,
     new_block_ids->insert(new_block_ids->end(), request.block_ids.begin() + static_cast<std::ptrdiff_t>(first_new),
                           request.block_ids.end());
   }
-  // Blocks whose tokens are all computed by the end of this step are now shareable.
-  cache_full_blocks(request, std::min(num_computed + num_new_tokens, request.num_tokens()));
+  // The blocks are not registered in the prefix cache here: their KV is written by the step's
+  // forward, so they become findable only once that step succeeded (cache_full_blocks, called by
+  // the scheduler's update_from_output). A failed step, or a request preempted within the step,
+  // leaves nothing findable with unwritten KV.
   return true;
 }
 

@@ -34,7 +34,7 @@ static const SchedulerConfig& validated(const SchedulerConfig& config) {
 Scheduler::Scheduler(const SchedulerConfig& config, std::shared_ptr<const PrefixHasher> hasher)
     : config_(validated(config)),
       kv_(config.num_blocks, config.block_size, config.enable_prefix_caching, std::move(hasher)),
-      waiting_(config.policy) {
+      waiting_(config.scheduling_policy) {
   free_batch_rows_.reserve(static_cast<size_t>(config_.max_num_seqs));
   for (int32_t row = config_.max_num_seqs - 1; row >= 0; --row) free_batch_rows_.push_back(row);
   running_.reserve(static_cast<size_t>(config_.max_num_seqs));
@@ -94,7 +94,7 @@ void Scheduler::add_request(RequestSpec spec) {
 //      is short, preempt the lowest-priority running request (FCFS: the most recently
 //      started; PRIORITY: the largest (priority, arrival)): free its blocks, reset its progress
 //      to 0 and put it at the front of WAITING, then retry. If the victim is the request
-//      itself, stop scheduling running requests.
+//      itself, go on with the next running request.
 //   2. WAITING requests, in queue order, only if nothing was preempted this step and while
 //      budget remains and fewer than max_num_seqs run: look up the longest cached prefix, want
 //      = num_tokens - cached (capped as above; without chunked prefill a prompt that does not
@@ -103,8 +103,10 @@ void Scheduler::add_request(RequestSpec spec) {
 //   3. Advance num_computed_tokens by what was scheduled, so that the next schedule() sees the
 //      step as done, and record which requests reach their last token (they sample).
 //
-// update_from_output() then appends each sampling request's token and checks its stop
-// conditions; finished requests release their blocks and batch rows.
+// update_from_output() then registers the full blocks the step computed in the prefix cache (only
+// now, once their KV is written: a failed step leaves nothing findable), appends each sampling
+// request's token and checks its stop conditions; finished requests release their blocks and
+// batch rows.
 // ---------------------------------------------------------------------------------------------
 
 std::shared_ptr<SchedulerOutput> Scheduler::schedule() {
@@ -209,7 +211,9 @@ void Scheduler::schedule_running(SchedulerOutput& out, int32_t& token_budget, bo
       preempted_any = true;
       if (victim == request) break;
     }
-    if (!scheduled) break;
+    // The request was its own victim (PRIORITY: the lowest priority running): it left running_,
+    // so running_[index] is already the next one, whose blocks may still suffice.
+    if (!scheduled) continue;
     append_scheduled(out, pending_requests_, request, num_new_tokens);
     auto& cached = out.scheduled_cached_reqs;
     cached.req_ids.push_back(request->request_id);
@@ -259,7 +263,7 @@ void Scheduler::schedule_waiting(SchedulerOutput& out, int32_t& token_budget) {
 
 Request* Scheduler::choose_preemption_victim() const {
   CORELLM_CHECK(!running_.empty(), "preemption with nothing running");
-  if (config_.policy == SchedulingPolicy::FCFS) return running_.back();
+  if (config_.scheduling_policy == SchedulingPolicy::FCFS) return running_.back();
   // PRIORITY: the request that would be scheduled last.
   return *std::max_element(running_.begin(), running_.end(), PriorityOrder());
 }
@@ -318,18 +322,25 @@ bool Scheduler::check_stop(Request& request) const {
 EngineCoreOutputs Scheduler::update_from_output(const SchedulerOutput& output,
                                                 const int32_t* sampled_token_ids,
                                                 size_t num_sampled) {
-  CORELLM_CHECK_ARG(pending_step_id_ != 0 && output.step_id == pending_step_id_,
-                    "update_from_output() for step ", output.step_id,
-                    " but the step awaiting its results is ", pending_step_id_);
   CORELLM_CHECK_ARG(num_sampled == output.req_ids.size(), "got ", num_sampled,
                     " sampled tokens for ", output.req_ids.size(), " scheduled requests");
   EngineCoreOutputs result;
   result.step_id = output.step_id;
+  if (output.req_ids.empty() && pending_step_id_ == 0) {  // an empty plan is a step with nothing to apply
+    result.scheduler_stats = stats();
+    return result;
+  }
+  CORELLM_CHECK_ARG(pending_step_id_ != 0 && output.step_id == pending_step_id_,
+                    "update_from_output() for step ", output.step_id,
+                    " but the step awaiting its results is ", pending_step_id_);
   result.reserve(pending_requests_.size());
   bool any_finished = false;
   for (size_t i = 0; i < pending_requests_.size(); ++i) {
     Request* request = pending_requests_[i];
-    if (is_finished(request->status) || !output.samples_token[i]) continue;
+    if (is_finished(request->status)) continue;  // aborted or failed since schedule(): nothing cached
+    // The step's KV is written: its full blocks become findable by later prefix lookups.
+    kv_.cache_full_blocks(*request, request->num_computed_tokens);
+    if (!output.samples_token[i]) continue;
     CORELLM_CHECK(request->status == RequestStatus::RUNNING, "request ", *request->request_id,
                   " is ", to_string(request->status), " at update_from_output");
     const int32_t token = sampled_token_ids[i];

@@ -66,7 +66,7 @@ class SchedulerConfig:
         long_prefill_token_threshold: int = 0,
         enable_prefix_caching: bool = True,
         enable_chunked_prefill: bool = True,
-        policy: SchedulingPolicy = ...,
+        scheduling_policy: SchedulingPolicy = ...,
     ) -> None: ...
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -76,7 +76,7 @@ class SchedulerConfig:
     long_prefill_token_threshold: int
     enable_prefix_caching: bool
     enable_chunked_prefill: bool
-    policy: SchedulingPolicy
+    scheduling_policy: SchedulingPolicy
 
 class NewRequestData:
     req_id: str

@@ -31,7 +31,7 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0  # >0: cap on one request's prompt tokens per step
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    policy: str = "fcfs"  # "fcfs" or "priority"
+    scheduling_policy: str = "fcfs"  # "fcfs" or "priority"
 
     def __post_init__(self) -> None:
         minimums = {"long_prefill_token_threshold": 0, "max_model_len": 2}
@@ -41,8 +41,8 @@ class SchedulerConfig:
                 _check_int(f.name, value, minimums.get(f.name, 1))
             elif f.type == "bool" and not isinstance(value, bool):
                 raise ValueError(f"{f.name} must be True or False, got {value!r}")
-        if self.policy not in _POLICIES:
-            raise ValueError(f"policy must be one of {sorted(_POLICIES)}, got {self.policy!r}")
+        if self.scheduling_policy not in _POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {sorted(_POLICIES)}, got {self.scheduling_policy!r}")
         capacity = self.num_blocks * self.block_size
         if self.max_model_len > capacity:
             raise ValueError(
@@ -65,7 +65,7 @@ class SchedulerConfig:
             long_prefill_token_threshold=self.long_prefill_token_threshold,
             enable_prefix_caching=self.enable_prefix_caching,
             enable_chunked_prefill=self.enable_chunked_prefill,
-            policy=_POLICIES[self.policy],
+            scheduling_policy=_POLICIES[self.scheduling_policy],
         )
 
 
@@ -86,7 +86,7 @@ class EngineConfig:
     kv_cache_memory: int | float | None = None  # bytes, or a fraction of free memory
     seed: int = 0
     long_prefill_token_threshold: int = 0
-    policy: str = "fcfs"
+    scheduling_policy: str = "fcfs"  # "fcfs" or "priority" (lower priority values run first)
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None:
@@ -108,5 +108,5 @@ class EngineConfig:
                 raise ValueError(f"kv_cache_memory must be > 0 bytes, got {kv}")
         if self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
-        if self.policy not in _POLICIES:
-            raise ValueError(f"policy must be one of {sorted(_POLICIES)}, got {self.policy!r}")
+        if self.scheduling_policy not in _POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {sorted(_POLICIES)}, got {self.scheduling_policy!r}")

@@ -28,13 +28,14 @@ class LLM:
                  max_num_batched_tokens: int = 2048,
                  block_size: int = 16, enable_prefix_caching: bool = True,
                  kv_cache_memory: int | float | None = None, seed: int = 0, long_prefill_token_threshold: int = 0,
-                 policy: str = "fcfs", loaded_model: LoadedModel | None = None):
+                 scheduling_policy: str = "fcfs", loaded_model: LoadedModel | None = None):
         self.config = EngineConfig(model=model, dtype=dtype, device=device, enforce_eager=enforce_eager,
                                    max_model_len=max_model_len,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                    block_size=block_size, enable_prefix_caching=enable_prefix_caching,
                                    kv_cache_memory=kv_cache_memory, seed=seed,
-                                   long_prefill_token_threshold=long_prefill_token_threshold, policy=policy)
+                                   long_prefill_token_threshold=long_prefill_token_threshold,
+                                   scheduling_policy=scheduling_policy)
         t0 = time.perf_counter()
         self.loaded = loaded_model or load_model(model, dtype=dtype, device=device)
         logger.info("loaded %s (%s) in %.1f s", self.loaded.name, self.loaded.model.dtype, time.perf_counter() - t0)

@@ -21,7 +21,7 @@ from corellm.config import SchedulerConfig
         ({"max_model_len": True}, "max_model_len must be an integer"),
         ({"max_model_len": 2**40}, "max_model_len must be < 2**31"),
         ({"enable_prefix_caching": 1}, "enable_prefix_caching must be True or False"),
-        ({"policy": "lifo"}, "policy must be one of"),
+        ({"scheduling_policy": "lifo"}, "scheduling_policy must be one of"),
         ({"num_blocks": 4, "block_size": 16, "max_model_len": 100},
          "max_model_len (100) exceeds the KV cache capacity of 64 tokens"),
         ({"enable_chunked_prefill": False, "max_num_batched_tokens": 64, "max_model_len": 128},
@@ -45,9 +45,9 @@ def test_native_config_validates_too() -> None:
 
 
 def test_valid_config_round_trips_to_native() -> None:
-    cfg = SchedulerConfig(num_blocks=100, block_size=8, max_model_len=512, policy="priority",
+    cfg = SchedulerConfig(num_blocks=100, block_size=8, max_model_len=512, scheduling_policy="priority",
                           long_prefill_token_threshold=64)
     native = cfg.to_native()
     assert native.num_blocks == 100 and native.block_size == 8 and native.max_model_len == 512
-    assert native.policy == _core.SchedulingPolicy.PRIORITY
+    assert native.scheduling_policy == _core.SchedulingPolicy.PRIORITY
     assert native.long_prefill_token_threshold == 64

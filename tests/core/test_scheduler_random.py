@@ -73,13 +73,12 @@ def drive(config: SchedulerConfig, seed: int, num_requests: int, abort_rate: flo
             victim = rng.choice(list(plan.req_ids))
             scheduler.finish_requests([victim], _core.RequestStatus.FINISHED_ABORTED)
             aborted.add(victim)
-        if plan.num_reqs:
-            out = scheduler.update_from_output(plan, sampled)
-            for row in out.outputs:
-                tokens, _ = results[row.req_id]
-                tokens.extend(row.new_token_ids)
-                if row.finished:
-                    results[row.req_id] = (tokens, str(row.finish_reason))
+        out = scheduler.update_from_output(plan, sampled)  # every plan, an empty one too, as the engine
+        for row in out.outputs:
+            tokens, _ = results[row.req_id]
+            tokens.extend(row.new_token_ids)
+            if row.finished:
+                results[row.req_id] = (tokens, str(row.finish_reason))
         if rng.random() < abort_rate / 2 and scheduler.num_waiting:
             # Abort a request that may still be waiting (or mid-prefill).
             victim = f"req-{rng.randrange(num_requests)}"
@@ -113,7 +112,7 @@ CONFIGS = {
     "tight_kv": SchedulerConfig(num_blocks=40, block_size=8, max_num_seqs=16,
                                 max_num_batched_tokens=128, max_model_len=160),
     "priority": SchedulerConfig(num_blocks=48, block_size=4, max_num_seqs=8,
-                                max_num_batched_tokens=64, max_model_len=128, policy="priority",
+                                max_num_batched_tokens=64, max_model_len=128, scheduling_policy="priority",
                                 long_prefill_token_threshold=16),
     "no_prefix_cache": SchedulerConfig(num_blocks=64, block_size=16, max_num_seqs=8,
                                        max_num_batched_tokens=256, max_model_len=256,

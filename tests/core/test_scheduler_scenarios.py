@@ -14,6 +14,7 @@ from corellm.config import SchedulerConfig
 from tests.core.fake_model import FakeModelRunner
 
 FINISHED_ABORTED = _core.RequestStatus.FINISHED_ABORTED
+FINISHED_ERROR = _core.RequestStatus.FINISHED_ERROR
 
 
 class Harness:
@@ -32,15 +33,15 @@ class Harness:
         self.outputs[req_id] = []
 
     def step(self) -> _core.SchedulerOutput:
+        """One engine step: every plan, empty ones too, is closed by update_from_output."""
         plan = self.scheduler.schedule()
         self.scheduler.check_integrity()
-        if plan.num_reqs:
-            sampled = self.runner.execute(plan)
-            out = self.scheduler.update_from_output(plan, sampled)
-            for i, req_id in enumerate(out.req_ids):
-                self.outputs[req_id].append(int(out.new_token_ids[i]))
-                if out.finish_reasons[i]:
-                    self.finish[req_id] = str(_core.FinishReason(int(out.finish_reasons[i])))
+        sampled = self.runner.execute(plan) if plan.num_reqs else np.zeros(0, dtype=np.int32)
+        out = self.scheduler.update_from_output(plan, sampled)
+        for i, req_id in enumerate(out.req_ids):
+            self.outputs[req_id].append(int(out.new_token_ids[i]))
+            if out.finish_reasons[i]:
+                self.finish[req_id] = str(_core.FinishReason(int(out.finish_reasons[i])))
         self.scheduler.check_integrity()
         return plan
 
@@ -93,6 +94,40 @@ def test_prefix_hit_computes_only_the_tail_never_the_whole_prompt() -> None:
     assert h.all_blocks_free()
 
 
+def test_a_failed_step_leaves_no_findable_blocks() -> None:
+    """The forward of a step fails (the engine ends the step's requests and serves on): the blocks
+    it was to fill hold no KV, so a later request with the same prefix must not find them."""
+    h = Harness()
+    prefix = list(range(100, 164))  # 64 tokens = 16 full blocks
+    h.add("doomed", prefix + [1, 2])
+    plan = h.scheduler.schedule()
+    h.runner.builder.update_states(plan)  # the model runner saw the plan; then its forward raised
+    h.scheduler.finish_requests(["doomed"], FINISHED_ERROR)
+    h.scheduler.update_from_output(plan, np.full(plan.num_reqs, -1, dtype=np.int32))
+    h.scheduler.check_integrity()
+    h.add("next", prefix + [7, 8])
+    assert h.step().scheduled_new_reqs[0].num_computed_tokens == 0  # the fake model checks the KV it reads
+    h.run()
+    fresh = Harness()
+    fresh.add("next", prefix + [7, 8])
+    fresh.run()
+    assert h.outputs["next"] == fresh.outputs["next"]
+    assert h.all_blocks_free()
+
+
+def test_blocks_become_findable_when_their_step_completes() -> None:
+    """Two requests with one prefix in the same step do not share it (the first one's KV is not
+    written yet when the step is planned); the next request does."""
+    h = Harness()
+    prefix = list(range(200, 232))  # 8 full blocks
+    h.add("a", prefix + [1])
+    h.add("b", prefix + [2])
+    plan = h.step()
+    assert [r.num_computed_tokens for r in plan.scheduled_new_reqs] == [0, 0]
+    h.add("c", prefix + [3])
+    assert h.step().scheduled_new_reqs[0].num_computed_tokens == 32
+
+
 def test_cache_salt_keeps_tenants_apart() -> None:
     h = Harness()
     prompt = list(range(1, 30))
@@ -127,6 +162,37 @@ def test_preemption_and_resume_give_the_same_outputs_as_running_alone() -> None:
     assert h.scheduler.stats().num_preemptions == len(preempted)
     assert h.outputs == alone
     assert h.all_blocks_free()
+
+
+def test_a_request_preempting_itself_lets_the_others_run() -> None:
+    """PRIORITY: the first running request is the lowest-priority one and the pool is full: it is
+    its own preemption victim; the step goes on with the next running request (before: an empty
+    plan, which the engine could not close). Every request ends as it would alone."""
+    h = Harness(scheduling_policy="priority", num_blocks=4, max_model_len=16)
+    h.add("low", [1, 2, 3, 4, 5, 6, 7], max_tokens=6, priority=1)
+    h.step()  # low: 7 prompt tokens in 2 blocks, 8 tokens after the step
+    h.add("high", [11, 12, 13, 14, 15, 16, 17], max_tokens=6, priority=0)
+    h.step()  # low decodes inside its 2 blocks, high prefills into the last 2
+    plan = h.step()  # low needs a third block: it preempts itself, high decodes
+    assert list(plan.preempted_req_ids) == ["low"] and list(plan.req_ids) == ["high"]
+    h.run()
+    for req_id, prompt in (("low", [1, 2, 3, 4, 5, 6, 7]), ("high", [11, 12, 13, 14, 15, 16, 17])):
+        alone = Harness(num_blocks=4, max_model_len=16)
+        alone.add(req_id, prompt, max_tokens=6)
+        alone.run()
+        assert h.outputs[req_id] == alone.outputs[req_id]
+    assert h.all_blocks_free()
+
+
+def test_an_empty_plan_is_a_normal_step() -> None:
+    h = Harness()
+    plan = h.scheduler.schedule()  # nothing to do
+    assert plan.num_reqs == 0
+    out = h.scheduler.update_from_output(plan, np.zeros(0, dtype=np.int32))
+    assert len(out.req_ids) == 0
+    h.add("a", [1, 2, 3])
+    h.run()
+    assert h.finish["a"] == "length"
 
 
 def test_abort_mid_prefill_and_mid_decode_frees_blocks() -> None:

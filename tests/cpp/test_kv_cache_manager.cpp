@@ -46,17 +46,36 @@ TEST(KVCacheManager, ReturnsFalseAndChangesNothingWhenShort) {
   EXPECT_EQ(kv.num_free_blocks(), 2);
 }
 
+TEST(KVCacheManager, AllocatedBlocksAreFindableOnlyOnceCached) {
+  KVCacheManager kv(16, 4, true, fixed_hasher());
+  Request a = make_request("a", 12);
+  ASSERT_TRUE(kv.allocate_slots(a, 12));  // the step that writes their KV has not run yet
+  Request b = make_request("b", 12);
+  EXPECT_EQ(kv.get_computed_blocks(b).num_computed_tokens, 0);
+  a.num_computed_tokens = 12;
+  kv.cache_full_blocks(a, 12);  // the step succeeded
+  EXPECT_EQ(kv.get_computed_blocks(b).num_computed_tokens, 8);
+  kv.free(a);  // a failed request's blocks, never cached, leave nothing findable
+  Request c = make_request("c", 9, 100);
+  ASSERT_TRUE(kv.allocate_slots(c, 9));
+  kv.free(c);
+  Request d = make_request("d", 9, 100);
+  EXPECT_EQ(kv.get_computed_blocks(d).num_computed_tokens, 0);
+}
+
 TEST(KVCacheManager, PrefixHitCoversFullBlocksButNeverTheWholePrompt) {
   KVCacheManager kv(16, 4, true, fixed_hasher());
   Request a = make_request("a", 12);
   ASSERT_TRUE(kv.allocate_slots(a, 12));
   a.num_computed_tokens = 12;
+  kv.cache_full_blocks(a, 12);
 
   // Same 12 tokens: 3 full blocks cached, but the last token must be recomputed -> 2 blocks hit.
   Request b = make_request("b", 12);
   ComputedBlocks hit = kv.get_computed_blocks(b);
   EXPECT_EQ(hit.num_computed_tokens, 8);
   EXPECT_EQ(hit.block_ids, (std::vector<int32_t>{a.block_ids[0], a.block_ids[1]}));
+  EXPECT_EQ(kv.prefix_cache_stats().hits, 8);
 
   // A longer prompt sharing the prefix hits all three blocks.
   Request c = make_request("c", 14);
@@ -78,6 +97,7 @@ TEST(KVCacheManager, FreedBlocksStayCachedUntilEvicted) {
   KVCacheManager kv(4, 4, true, fixed_hasher());
   Request a = make_request("a", 9);
   ASSERT_TRUE(kv.allocate_slots(a, 9));
+  kv.cache_full_blocks(a, 9);
   kv.free(a);
   EXPECT_EQ(kv.num_free_blocks(), 4);
   Request b = make_request("b", 9);
@@ -92,7 +112,8 @@ TEST(KVCacheManager, FreedBlocksStayCachedUntilEvicted) {
 TEST(KVCacheManager, EvictableHitBlocksCountAgainstCapacity) {
   KVCacheManager kv(3, 4, true, fixed_hasher());
   Request a = make_request("a", 9);
-  ASSERT_TRUE(kv.allocate_slots(a, 9));  // 3 blocks, 2 full ones cached
+  ASSERT_TRUE(kv.allocate_slots(a, 9));
+  kv.cache_full_blocks(a, 9);  // 3 blocks, 2 full ones cached
   kv.free(a);
   Request b = make_request("b", 20);  // shares 8 tokens, needs 5 blocks in total
   ComputedBlocks hit = kv.get_computed_blocks(b);
@@ -107,6 +128,7 @@ TEST(KVCacheManager, CacheSaltIsolatesTenants) {
   Request a = make_request("a", 9);
   a.cache_salt = "tenant-a";
   ASSERT_TRUE(kv.allocate_slots(a, 9));
+  kv.cache_full_blocks(a, 9);
   Request b = make_request("b", 9);
   b.cache_salt = "tenant-b";
   EXPECT_EQ(kv.get_computed_blocks(b).num_computed_tokens, 0);
@@ -119,6 +141,7 @@ TEST(KVCacheManager, DisabledCachingNeverHits) {
   KVCacheManager kv(8, 4, false, fixed_hasher());
   Request a = make_request("a", 9);
   ASSERT_TRUE(kv.allocate_slots(a, 9));
+  kv.cache_full_blocks(a, 9);
   Request b = make_request("b", 9);
   EXPECT_EQ(kv.get_computed_blocks(b).num_computed_tokens, 0);
 }
@@ -127,6 +150,7 @@ TEST(KVCacheManager, ResetPrefixCache) {
   KVCacheManager kv(8, 4, true, fixed_hasher());
   Request a = make_request("a", 9);
   ASSERT_TRUE(kv.allocate_slots(a, 9));
+  kv.cache_full_blocks(a, 9);
   EXPECT_FALSE(kv.reset_prefix_cache());
   kv.free(a);
   EXPECT_TRUE(kv.reset_prefix_cache());

@@ -188,7 +188,7 @@ TEST(Scheduler, PreemptsNewestAndResumesWithFullTokens) {
 
 TEST(Scheduler, PriorityPolicyRunsLowerValueFirstAndPreemptsHighest) {
   auto c = config(64, 64, 1);
-  c.policy = SchedulingPolicy::PRIORITY;
+  c.scheduling_policy = SchedulingPolicy::PRIORITY;
   Scheduler s(c);
   auto lo = spec("background", 4, 2);
   lo.priority = 5;

@@ -81,6 +81,22 @@ def test_stop_strings_and_tokens(llm):
                        use_tqdm=False)[0].outputs[0]
     assert out.finish_reason == "stop" and out.stop_reason == stop_tok
     assert out.token_ids == base.token_ids[: base.token_ids.index(stop_tok) + 1]
+    tok = llm.get_tokenizer()
+    assert out.text == tok.decode(out.token_ids[:-1])  # the stop token's text is left out (vLLM)
+    inc = llm.generate("1, 2, 3, 4, 5,", SamplingParams(temperature=0, max_tokens=16, stop_token_ids=[stop_tok],
+                                                        include_stop_str_in_output=True), use_tqdm=False)[0].outputs[0]
+    assert inc.text == tok.decode(inc.token_ids)
+
+
+def test_stop_strings_wait_for_min_tokens(llm):
+    base = llm.generate("1, 2, 3, 4, 5,", GREEDY, use_tqdm=False)[0].outputs[0]
+    tok = llm.get_tokenizer()
+    first_eight = next(i for i in range(len(base.token_ids)) if "8" in tok.decode(base.token_ids[: i + 1]))
+    out = llm.generate("1, 2, 3, 4, 5,", SamplingParams(temperature=0, max_tokens=16, stop=["8"],
+                                                        min_tokens=first_eight + 1), use_tqdm=False)[0].outputs[0]
+    # The first "8" came within min_tokens: not a stop; the text runs on (to a later "8", or the end).
+    assert len(out.token_ids) > first_eight + 1
+    assert out.text.startswith(tok.decode(base.token_ids[: first_eight + 1]))
 
 
 def test_eos_stops_unless_ignored(llm):

@@ -52,8 +52,9 @@ class KVCacheManager {
   //   |<------------------ blocks needed after this call ------------------>|
   //
   // On success the new-computed blocks are referenced and appended to request.block_ids, then
-  // fresh blocks follow; their ids are appended to `new_block_ids` (if given) and the now-full
-  // blocks covering computed + new tokens are registered in the prefix cache.
+  // fresh blocks follow; their ids are appended to `new_block_ids` (if given). Nothing is
+  // registered in the prefix cache: a block becomes findable by cache_full_blocks once the step
+  // that writes its KV has succeeded.
   // Returns false, changing nothing, when the pool cannot provide the blocks: an expected
   // outcome the scheduler answers with preemption (running) or by waiting (new requests).
   bool allocate_slots(Request& request, int32_t num_new_tokens,
@@ -64,7 +65,8 @@ class KVCacheManager {
   // Drops the request's references to all its blocks (tail first into the free queue).
   void free(Request& request);
 
-  // Registers the request's full blocks covering its first `num_tokens` tokens.
+  // Registers the request's full blocks covering its first `num_tokens` tokens, whose KV must be
+  // written (the scheduler calls it for each request of a step that succeeded).
   void cache_full_blocks(Request& request, int32_t num_tokens);
 
   // Forgets all cached prefixes; false when some block is still in use.

@@ -24,7 +24,7 @@ struct SchedulerConfig {
   int32_t long_prefill_token_threshold = 0;  // >0: at most this many prompt tokens per request per step
   bool enable_prefix_caching = true;
   bool enable_chunked_prefill = true;
-  SchedulingPolicy policy = SchedulingPolicy::FCFS;
+  SchedulingPolicy scheduling_policy = SchedulingPolicy::FCFS;
 
   // Throws InvalidArgument naming the offending field and value.
   void validate() const;
@@ -41,13 +41,15 @@ class Scheduler {
   // duplicate id, max_tokens < 1, ...).
   void add_request(RequestSpec spec);
 
-  // Plans one step. Returns the plan; the step must be closed by update_from_output().
+  // Plans one step. Returns the plan; the step must be closed by update_from_output(). A plan
+  // may be empty (every running request preempted, nothing admissible): a normal step.
   std::shared_ptr<SchedulerOutput> schedule();
 
   // Applies the tokens sampled in the step `output` planned: sampled_token_ids[i] belongs to
   // output.req_ids[i] (ignored where !output.samples_token[i], or the request finished since).
-  // Checks EOS (unless ignore_eos), stop_token_ids, min_tokens, max_tokens and max_model_len;
-  // frees finished requests' blocks.
+  // Registers the full blocks the step computed in the prefix cache; checks EOS (unless
+  // ignore_eos), stop_token_ids, min_tokens, max_tokens and max_model_len; frees finished
+  // requests' blocks. An empty plan's update returns no outputs (and needs no sampled tokens).
   EngineCoreOutputs update_from_output(const SchedulerOutput& output,
                                        const int32_t* sampled_token_ids, size_t num_sampled);
 

@@ -40,7 +40,8 @@ def plan_scheduler_config(loaded: LoadedModel, config: EngineConfig) -> Schedule
                            max_num_batched_tokens=max(config.max_num_batched_tokens, 1),
                            max_model_len=max_model_len, block_size=config.block_size,
                            long_prefill_token_threshold=config.long_prefill_token_threshold,
-                           enable_prefix_caching=config.enable_prefix_caching, policy=config.policy)
+                           enable_prefix_caching=config.enable_prefix_caching,
+                           scheduling_policy=config.scheduling_policy)
 
 
 class EngineCore:

@@ -140,7 +140,8 @@ class OutputProcessor:
                 sample.logprobs.append(self._position(lp.token_id, lp.logprob, lp.rank, lp.top_token_ids,
                                                       lp.top_logprobs))
                 sample.cumulative_logprob += lp.logprob
-        stop_str = sample.detokenizer.update(out.new_token_ids) if out.new_token_ids else None
+        stop_terminated = out.finished and out.finish_reason == "stop"  # a stop token or EOS ended it
+        stop_str = sample.detokenizer.update(out.new_token_ids, stop_terminated) if out.new_token_ids else None
         if stop_str is not None:
             sample.finish_reason, sample.stop_reason = "stop", stop_str
             if not out.finished:
