@@ -18,6 +18,7 @@ from corellm.server.errors import APIError, bad_request
 from corellm.server.metrics import ServerMetrics
 from corellm.server.openapi import openapi_spec
 from corellm.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from corellm.server.request_fields import check_request_fields
 from corellm.server.serving import ServerConfig, Serving, now
 
 logger = logging.getLogger("corellm.server")
@@ -51,9 +52,11 @@ async def parse(request: web.Request, model: type[BaseModel]) -> BaseModel:
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
     try:
-        return model.model_validate(body)
+        parsed = model.model_validate(body)
     except ValidationError as e:
         raise _validation_error(e) from None
+    check_request_fields(parsed)
+    return parsed
 
 
 @web.middleware

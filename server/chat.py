@@ -13,7 +13,7 @@ from corellm.tokenizer import ChatTemplateError
 from corellm.server.errors import bad_request
 from corellm.server.logprobs import chat_logprobs, prompt_logprobs
 from corellm.server.protocol import ChatCompletionRequest
-from corellm.server.serving import Serving, now, send_event, stream_errors
+from corellm.server.serving import Serving, now, send_event, stream_errors, usage
 
 # Template rendering runs in a worker thread, bounded in time and output by the sandbox itself
 # (corellm.chat_template), so a pathological template neither stalls the event loop nor keeps a
@@ -44,13 +44,13 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     text = await render_prompt(serving, req)
-    prompt_ids = serving.tokenizer.encode(text, add_special_tokens=False)
+    prompt_ids = serving.tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
     max_tokens = req.max_completion_tokens or req.max_tokens
     top_n = req.top_logprobs or 0
     params = req.sampling_params(serving.defaults(), max_tokens, top_n if req.logprobs else None)
     request_id = serving.new_id("chatcmpl")
     processed = serving.prepare(request_id, prompt_ids, text, params, max_tokens, kind="messages",
-                                cache_salt=req.cache_salt)
+                                cache_salt=req.cache_salt, priority=req.priority)
     n = params.n
     if not req.stream:
         (out,) = await serving.run_all([processed])
@@ -61,19 +61,19 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
         return web.json_response({
             "id": request_id, "object": "chat.completion", "created": now(), "model": model, "choices": choices,
             "prompt_logprobs": prompt_logprobs(out.prompt_logprobs),
-            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
-                      "total_tokens": len(prompt_ids) + completion_tokens}})
+            "usage": usage(len(prompt_ids), completion_tokens, out.num_cached_tokens)})
 
     resp, outputs = await serving.start_stream(request, [processed])
     created = now()
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
-    completion_tokens = 0
+    completion_tokens = cached_tokens = 0
     try:
         for i in range(n):  # the role comes first, once per choice
             await send_event(resp, {**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
                                                          "logprobs": None, "finish_reason": None}]})
         async with contextlib.aclosing(outputs):  # closed at once on a disconnect
             async for _, out in outputs:
+                cached_tokens = out.num_cached_tokens
                 for c in out.outputs:
                     completion_tokens += len(c.token_ids)
                     if not c.text and not c.token_ids and c.finish_reason is None:
@@ -84,9 +84,8 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
                         "logprobs": chat_logprobs(c, serving.tokenizer, top_n) if req.logprobs else None,
                         "finish_reason": c.finish_reason}]})
         if req.stream_options and req.stream_options.include_usage:
-            await send_event(resp, {**head, "choices": [], "usage": {
-                "prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
-                "total_tokens": len(prompt_ids) + completion_tokens}})
+            await send_event(resp, {**head, "choices": [],
+                                    "usage": usage(len(prompt_ids), completion_tokens, cached_tokens)})
         await resp.write(b"data: [DONE]\n\n")
     except (ConnectionResetError, asyncio.CancelledError):
         raise

@@ -11,17 +11,18 @@ from corellm.outputs import CompletionOutput, RequestOutput
 from corellm.server.errors import bad_request
 from corellm.server.logprobs import completion_logprobs, prompt_logprobs
 from corellm.server.protocol import CompletionRequest
-from corellm.server.serving import Serving, now, send_event, stream_errors
+from corellm.server.serving import Serving, now, send_event, stream_errors, usage
 
 
 def _prompts(req: CompletionRequest, serving: Serving) -> list[tuple[list[int], str | None]]:
     p = req.prompt
+    encode = lambda text: serving.tokenizer.encode(text, add_special_tokens=req.add_special_tokens)  # noqa: E731
     if isinstance(p, str):
-        return [(serving.tokenizer.encode(p), p)]
+        return [(encode(p), p)]
     if not p:
         raise bad_request("prompt must not be empty", "prompt")
     if isinstance(p[0], str):
-        return [(serving.tokenizer.encode(s), s) for s in p]
+        return [(encode(s), s) for s in p]
     if isinstance(p[0], int):
         return [(list(p), None)]
     return [(list(ids), None) for ids in p]
@@ -36,7 +37,7 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     params = req.sampling_params(serving.defaults(), req.max_tokens, req.logprobs)
     request_id = serving.new_id("cmpl")
     processed = [serving.prepare(f"{request_id}-{i}", ids, text, params, req.max_tokens,
-                                 cache_salt=req.cache_salt)
+                                 cache_salt=req.cache_salt, priority=req.priority)
                  for i, (ids, text) in enumerate(_prompts(req, serving))]
     n = params.n
     if not req.stream:
@@ -46,9 +47,11 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     resp, outputs = await serving.start_stream(request, processed)
     created = now()
     completion_tokens = [0] * (len(processed) * n)
+    cached_tokens = [0] * len(processed)
     try:
         async with contextlib.aclosing(outputs):  # closed at once on a disconnect
             async for i, out in outputs:
+                cached_tokens[i] = out.num_cached_tokens
                 for c in out.outputs:
                     index = i * n + c.index
                     completion_tokens[index] += len(c.token_ids)
@@ -61,9 +64,10 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
                     await send_event(resp, {"id": request_id, "object": "text_completion", "created": created,
                                             "model": model, "choices": [choice]})
         if req.stream_options and req.stream_options.include_usage:
-            prompt_tokens = sum(len(p.prompt_token_ids) for p in processed) * n
+            prompt_tokens = sum(len(p.prompt_token_ids) for p in processed)
             await send_event(resp, {"id": request_id, "object": "text_completion", "created": created, "model": model,
-                                    "choices": [], "usage": _usage(prompt_tokens, sum(completion_tokens))})
+                                    "choices": [], "usage": usage(prompt_tokens, sum(completion_tokens),
+                                                                  sum(cached_tokens))})
         await resp.write(b"data: [DONE]\n\n")
     except (ConnectionResetError, asyncio.CancelledError):
         raise  # the client left: the generators' cleanup aborts the requests
@@ -74,15 +78,11 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     return resp
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
 def _response(request_id: str, model: str, outputs: list[RequestOutput], n: int, serving: Serving) -> dict:
-    choices, prompt_tokens, completion_tokens = [], 0, 0
+    choices, prompt_tokens, completion_tokens, cached_tokens = [], 0, 0, 0
     for i, out in enumerate(outputs):
-        prompt_tokens += len(out.prompt_token_ids) * n
+        prompt_tokens += len(out.prompt_token_ids)
+        cached_tokens += out.num_cached_tokens
         for c in out.outputs:
             completion_tokens += len(c.token_ids)
             choice = _choice(i * n + c.index, c, serving)
@@ -90,7 +90,7 @@ def _response(request_id: str, model: str, outputs: list[RequestOutput], n: int,
                 choice["prompt_logprobs"] = prompt_logprobs(out.prompt_logprobs)
             choices.append(choice)
     return {"id": request_id, "object": "text_completion", "created": now(), "model": model, "choices": choices,
-            "usage": _usage(prompt_tokens, completion_tokens)}
+            "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 def _choice(index: int, c: CompletionOutput, serving: Serving) -> dict:

@@ -1,5 +1,6 @@
 """Request bodies of the OpenAI-compatible API (pydantic), with vLLM's sampling extras, and how
-they become SamplingParams."""
+they become SamplingParams. Extra fields are kept (model_extra) for request_fields.py to refuse
+or log: none is dropped unseen."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ TokenId = Annotated[int, Field(ge=0)]
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)
 
     include_usage: bool = False
 
@@ -31,7 +32,7 @@ class StreamOptions(BaseModel):
 class SamplingFields(BaseModel):
     """Fields shared by completions and chat completions."""
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False, strict=True)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
 
     model: str | None = None
     temperature: float | None = Field(None, ge=0, le=2)
@@ -57,6 +58,7 @@ class SamplingFields(BaseModel):
     include_stop_str_in_output: bool = False
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
+    priority: int = Field(0, ge=-2**31, lt=2**31)  # lower runs first (--scheduling-policy priority)
 
     @field_validator("stop")
     @classmethod
@@ -105,17 +107,18 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
+    add_special_tokens: bool = True  # (vLLM) e.g. a BOS before each prompt, where the tokenizer adds one
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)
 
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
@@ -139,10 +142,11 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
     chat_template: str | None = None
+    add_special_tokens: bool = False  # (vLLM) the template writes the special tokens itself
 
 
 class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str | None = None
     prompt: str | None = None
@@ -152,7 +156,7 @@ class TokenizeRequest(BaseModel):
 
 
 class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="allow", strict=True)
 
     model: str | None = None
     tokens: list[TokenId]

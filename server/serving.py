@@ -53,11 +53,12 @@ class Serving:
         return name
 
     def defaults(self) -> dict:
-        gen = self.engine.loaded.generation_config
-        return {k: gen[k] for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty") if gen.get(k) is not None}
+        """The model's generation_config sampling defaults (fields a request leaves out)."""
+        return self.engine.parts.generation_defaults()
 
     def prepare(self, request_id: str, prompt_ids: list[int], prompt_text: str | None, params: SamplingParams,
-                requested_max_tokens: int | None, kind: str = "prompt", cache_salt: str | None = None) -> ProcessedRequest:
+                requested_max_tokens: int | None, kind: str = "prompt", cache_salt: str | None = None,
+                priority: int = 0) -> ProcessedRequest:
         """Validates one prompt against the context; the messages name the numbers."""
         limit = self.engine.max_model_len
         if len(prompt_ids) >= limit:
@@ -71,7 +72,7 @@ class Serving:
                               f"or the completion.", "max_tokens", "context_length_exceeded")
         prompt = {"prompt_token_ids": prompt_ids, "prompt": prompt_text}
         try:
-            return self.engine.process(request_id, prompt, params, cache_salt=cache_salt or "")
+            return self.engine.process(request_id, prompt, params, priority=priority, cache_salt=cache_salt or "")
         except ValueError as e:
             raise bad_request(str(e), _param_named_in(str(e))) from None
 
@@ -169,7 +170,15 @@ class Serving:
 # The engine's ValueErrors start with the field they are about; the API's name for it.
 _ENGINE_FIELDS = {"prompt_token_ids": "prompt", "The prompt": "prompt", "stop_token_ids": "stop_token_ids",
                   "logit_bias": "logit_bias", "logprobs": "logprobs", "min_tokens": "min_tokens",
-                  "max_tokens": "max_tokens", "seed": "seed", "stop": "stop"}
+                  "max_tokens": "max_tokens", "seed": "seed", "stop": "stop", "priority": "priority"}
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    """OpenAI's usage object: each prompt counted once (not once per sample, as vLLM), the part of
+    it served from the prefix cache in prompt_tokens_details.cached_tokens."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def _param_named_in(message: str) -> str | None:

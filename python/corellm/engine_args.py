@@ -19,6 +19,8 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num
     p.add_argument("--kv-cache-memory", type=float, default=None,
                    help="KV cache size: bytes if >= 1, else a fraction of free memory (default on the CPU: 2 GiB)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
+                   help="fcfs: arrival order; priority: a request's `priority` first (lower runs first), then arrival")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -26,5 +28,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, dtype=args.dtype, device=args.device, enforce_eager=args.enforce_eager,
                         max_model_len=args.max_model_len,
                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                        block_size=args.block_size, seed=args.seed,
+                        block_size=args.block_size, seed=args.seed, scheduling_policy=args.scheduling_policy,
                         kv_cache_memory=None if kv is None else (int(kv) if kv >= 1 else float(kv)))

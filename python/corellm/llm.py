@@ -9,18 +9,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from corellm.config import EngineConfig
-from corellm.engine.engine_core import EngineCore
-from corellm.engine.input_processor import InputProcessor, PromptType
-from corellm.engine.output_processor import OutputProcessor
-from corellm.model.loader import LoadedModel, load_model
+from corellm.engine.engine_parts import EngineParts
+from corellm.engine.input_processor import PromptType
+from corellm.model.loader import LoadedModel
 from corellm.outputs import RequestOutput
 from corellm.sampling_params import RequestOutputKind, SamplingParams
 from corellm.tokenizer import Tokenizer
 
 logger = logging.getLogger("corellm")
-
-_GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-
 
 class LLM:
     def __init__(self, model: str | None = None, *, dtype: str = "auto", device: str = "cpu",
@@ -37,15 +33,10 @@ class LLM:
                                    long_prefill_token_threshold=long_prefill_token_threshold,
                                    scheduling_policy=scheduling_policy)
         t0 = time.perf_counter()
-        self.loaded = loaded_model or load_model(model, dtype=dtype, device=device)
-        logger.info("loaded %s (%s) in %.1f s", self.loaded.name, self.loaded.model.dtype, time.perf_counter() - t0)
-        gen = self.loaded.generation_config
-        eos = gen.get("eos_token_id")
-        extra_eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-        self.engine_core = EngineCore(self.loaded, self.config, lambda p: self.input_processor.stop_token_ids(p))
-        self.input_processor = InputProcessor(self.loaded.tokenizer, self.loaded.config.vocab_size,
-                                              self.engine_core.max_model_len, extra_eos, seed)
-        self.output_processor = OutputProcessor(self.loaded.tokenizer)
+        self.parts = EngineParts.build(self.config, loaded_model)
+        self.loaded, self.engine_core = self.parts.loaded, self.parts.engine_core
+        self.input_processor, self.output_processor = self.parts.input_processor, self.parts.output_processor
+        logger.info("started %s (%s) in %.1f s", self.loaded.name, self.loaded.model.dtype, time.perf_counter() - t0)
         self._ids = itertools.count()
 
     @property
@@ -61,13 +52,14 @@ class LLM:
 
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation_config.json defaults (vLLM's behaviour)."""
-        gen = self.loaded.generation_config
-        return SamplingParams(**{k: gen[k] for k in _GENERATION_DEFAULTS if gen.get(k) is not None})
+        return SamplingParams(**self.parts.generation_defaults())
 
     # ------------------------------------------------------------------ generate
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        """One RequestOutput per prompt, in order. priority: one per prompt (lower runs first),
+        with scheduling_policy="priority"."""
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -79,12 +71,15 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise ValueError(f"got {len(params)} sampling params for {len(prompts)} prompts")
+        priorities = [0] * len(prompts) if priority is None else list(priority)
+        if len(priorities) != len(prompts):
+            raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
         # Validate and tokenize everything before any request enters the engine.
         processed = []
-        for prompt, p in zip(prompts, params):
+        for prompt, p, prio in zip(prompts, params, priorities):
             p = p.clone()
             p.output_kind = RequestOutputKind.FINAL_ONLY
-            processed.append(self.input_processor.process(str(next(self._ids)), prompt, p))
+            processed.append(self.input_processor.process(str(next(self._ids)), prompt, p, priority=prio))
         for req in processed:
             self.output_processor.add_request(req)
             for child in req.children:

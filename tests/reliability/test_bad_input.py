@@ -112,3 +112,53 @@ def test_oversized_header_is_refused(server):
 def test_server_keeps_serving_after_bad_input(server):
     code, out, _ = call(server.url + "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
     assert code == 200 and out["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+# Fields of the OpenAI or vLLM API that corellm does not honour yet: a 400 naming the field, never
+# a 200 that pretends (an agent asking for a tool call must not get plain text).
+NOT_HONOURED = [
+    ("/v1/chat/completions", "tools", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
+    ("/v1/chat/completions", "tool_choice", {"tool_choice": "required"}),
+    ("/v1/chat/completions", "functions", {"functions": [{"name": "f", "parameters": {}}]}),
+    ("/v1/chat/completions", "response_format", {"response_format": {"type": "json_object"}}),
+    ("/v1/completions", "response_format", {"response_format": {"type": "json_schema", "json_schema": {}}}),
+    ("/v1/completions", "best_of", {"best_of": 3}),
+    ("/v1/completions", "guided_json", {"guided_json": {"type": "object"}}),
+    ("/v1/chat/completions", "structured_outputs", {"structured_outputs": {"regex": "a+"}}),
+    ("/v1/completions", "use_beam_search", {"use_beam_search": True}),
+    ("/v1/completions", "allowed_token_ids", {"allowed_token_ids": [1, 2]}),
+    ("/v1/chat/completions", "messages[1].tool_calls", {"messages": [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
+                                                               "function": {"name": "f", "arguments": "{}"}}]}]}),
+    ("/v1/chat/completions", "stream_options.continuous_usage_stats",
+     {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}),
+]
+
+
+@pytest.mark.parametrize("route, param, fields", NOT_HONOURED, ids=[p for _, p, _ in NOT_HONOURED])
+def test_fields_corellm_does_not_honour_are_refused_by_name(server, route, param, fields):
+    base = X if route == "/v1/completions" else {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+    code, out, _ = call(server.url + route, {**base, **fields})
+    assert_error(code, out, 400, param=param, contains="not supported")
+    assert out["error"]["code"] == "unsupported_field"
+
+
+def test_values_that_mean_leaving_a_field_out_are_accepted(server):
+    body = {"messages": [{"role": "user", "content": "x"},
+                         {"role": "assistant", "content": "y", "tool_calls": [], "refusal": None, "annotations": []},
+                         {"role": "user", "content": "z"}],
+            "max_tokens": 2, "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
+            "user": "u-1", "metadata": {"k": "v"}, "parallel_tool_calls": True, "store": False,
+            "a_field_no_api_defines": 1}
+    code, out, _ = call(server.url + "/v1/chat/completions", body)
+    assert code == 200, out
+    code, out, _ = call(server.url + "/v1/completions", {**X, "best_of": 1, "use_beam_search": False})
+    assert code == 200, out
+
+
+def test_priority_needs_the_priority_policy(server):
+    code, out, _ = call(server.url + "/v1/completions", {**X, "priority": 2})
+    assert_error(code, out, 400, param="priority", contains="--scheduling-policy priority")
+    code, out, _ = call(server.url + "/v1/completions", {**X, "priority": 0})
+    assert code == 200, out

@@ -42,3 +42,33 @@ def test_generate_cancel_abort(engine):
         await engine.shutdown()
 
     asyncio.run(run())
+
+
+def test_priorities_reach_the_scheduler_through_the_server():
+    """--scheduling-policy priority: the request field `priority` is honoured (and a bad one is a
+    400 naming it); requests of every priority complete."""
+    import aiohttp
+    from aiohttp.test_utils import TestServer
+
+    from corellm.server.app import create_app
+    from corellm.server.serving import ServerConfig
+
+    async def run():
+        engine = AsyncLLM(EngineConfig(max_model_len=512, kv_cache_memory=64 * 1024**2, scheduling_policy="priority"))
+        server = TestServer(create_app(engine, ServerConfig(served_model_name="m")))
+        await server.start_server()
+        try:
+            async with aiohttp.ClientSession(str(server.make_url(""))) as s:
+                async def complete(priority):
+                    body = {"prompt": "Count to ten:", "max_tokens": 6, "ignore_eos": True, "priority": priority}
+                    async with s.post("/v1/completions", json=body) as r:
+                        return r.status, await r.json()
+
+                results = await asyncio.gather(*(complete(p) for p in (3, -1, 0, 7)))
+                assert all(status == 200 and out["choices"][0]["finish_reason"] == "length" for status, out in results)
+                status, out = await complete(2**40)
+                assert status == 400 and out["error"]["param"] == "priority", out
+        finally:
+            await server.close()
+
+    asyncio.run(run())

@@ -106,6 +106,22 @@ def test_logprobs_and_usage(server, client, model_name):
     assert all(len(c.top_logprobs) == 2 for c in content)
 
 
+def test_usage_reports_the_cached_prompt_tokens(client, model_name):
+    """usage.prompt_tokens_details.cached_tokens: the prompt tokens served from the prefix cache,
+    streamed or not; each prompt counted once whatever n."""
+    prompt = "A long shared instruction that the prefix cache keeps: " * 8
+    args = dict(model=model_name, max_tokens=2, temperature=0)
+    first = client.completions.create(prompt=prompt + "one", **args)
+    again = client.completions.create(prompt=prompt + "two", n=2, **args)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens == first.usage.prompt_tokens  # once, not once per sample
+    assert again.usage.prompt_tokens_details.cached_tokens >= 64  # whole 16-token blocks of the shared part
+    chat = dict(messages=[{"role": "system", "content": prompt}, {"role": "user", "content": "Hi"}], **args)
+    client.chat.completions.create(**chat)
+    chunks = list(client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **chat))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens >= 64
+
+
 def test_utf8_deltas_join_without_replacement_chars(client, model_name):
     args = dict(model=model_name, messages=[{"role": "user", "content": "Write 日本語 and emoji 🎉🔥 words."}],
                 max_tokens=40, temperature=0.9, seed=3)

@@ -1,8 +1,9 @@
 """AsyncLLM: the engine for asyncio programs. One dedicated engine thread runs EngineCore.step()
-in a loop; requests and aborts reach it through a thread-safe queue drained at the top of each
-step (it sleeps on the queue when idle); outputs come back to the event loop with
-call_soon_threadsafe, where the OutputProcessor turns them into RequestOutputs for each request's
-asyncio.Queue. Cancelling a generate() aborts its request and frees its KV blocks.
+in a loop; requests and aborts reach it, in the order they were made, through a thread-safe inbox
+drained at the top of each step (it sleeps on the inbox when idle), where aborts enter the engine
+core's own abort queue (its one abort path); outputs come back to the event loop with call_soon_threadsafe, where the OutputProcessor
+turns them into RequestOutputs for each request's asyncio.Queue. Cancelling a generate() aborts
+its request and frees its KV blocks.
 
 The queued load (requests admitted that have not produced a token yet, and their prompt tokens)
 is counted here, on the event loop, so that a server can refuse work before it is submitted."""
@@ -19,11 +20,10 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 from corellm.config import EngineConfig
-from corellm.engine.engine_core import EngineCore
 from corellm.engine.engine_core_outputs import EngineCoreOutputs, SchedulerStats
-from corellm.engine.input_processor import InputProcessor, ProcessedRequest, PromptType
-from corellm.engine.output_processor import OutputProcessor
-from corellm.model.loader import LoadedModel, load_model
+from corellm.engine.engine_parts import EngineParts
+from corellm.engine.input_processor import ProcessedRequest, PromptType
+from corellm.model.loader import LoadedModel
 from corellm.outputs import RequestOutput
 from corellm.sampling_params import SamplingParams
 
@@ -63,8 +63,7 @@ class AsyncLLM:
 
         def build() -> bool:
             try:
-                self.loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device)
-                self.engine_core = EngineCore(self.loaded, config, lambda p: self.input_processor.stop_token_ids(p))
+                self.parts = EngineParts.build(config, loaded)
                 return True
             except BaseException as e:  # noqa: BLE001 - re-raised by the constructor
                 failure.append(e)
@@ -79,12 +78,8 @@ class AsyncLLM:
         if failure:
             self._thread.join()
             raise failure[0]
-        gen = self.loaded.generation_config
-        eos = gen.get("eos_token_id")
-        extra_eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
-        self.input_processor = InputProcessor(self.loaded.tokenizer, self.loaded.config.vocab_size,
-                                              self.engine_core.max_model_len, extra_eos, config.seed)
-        self.output_processor = OutputProcessor(self.loaded.tokenizer)
+        self.loaded, self.engine_core = self.parts.loaded, self.parts.engine_core
+        self.input_processor, self.output_processor = self.parts.input_processor, self.parts.output_processor
         self._requests: dict[str, _Pending] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.dead_error: BaseException | None = None
@@ -147,8 +142,8 @@ class AsyncLLM:
                     if kind == "add":
                         for child in payload:
                             core.add_request(child)
-                    else:
-                        core.finish_requests_now(payload)
+                    else:  # after the adds that came before it: an abort never overtakes its request
+                        core.abort_requests(payload)
                 if not core.has_unfinished_requests():
                     self._post(EngineCoreOutputs(scheduler_stats=core.stats()))
                     continue
@@ -180,7 +175,7 @@ class AsyncLLM:
                     self._finish_with_error(req_id, e)
             return
         if to_abort:
-            self._inbox.put(("abort", to_abort))
+            self._abort_in_engine(to_abort)
         for out in outputs:
             pending = self._requests.get(out.request_id)
             if pending is None:
@@ -305,4 +300,7 @@ class AsyncLLM:
 
     def _abort_children(self, child_ids: list[str]) -> None:
         self.output_processor.abort(child_ids)
+        self._abort_in_engine(child_ids)
+
+    def _abort_in_engine(self, child_ids: list[str]) -> None:
         self._inbox.put(("abort", list(child_ids)))

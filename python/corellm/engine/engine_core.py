@@ -1,5 +1,9 @@
 """EngineCore: the scheduler (C++) and the model runner, advanced one step at a time:
-schedule -> execute_model -> sample_tokens -> process aborts -> update_from_output."""
+schedule -> execute_model -> sample_tokens -> process aborts -> update_from_output.
+
+Not thread-safe, except abort_requests: every other call comes from the one thread that steps
+the engine. Aborts take one path whoever sends them: a thread-safe queue, drained on that
+thread at the top of each step and again before the step's results are applied."""
 
 from __future__ import annotations
 
@@ -10,8 +14,8 @@ import numpy as np
 
 from corellm import _core
 from corellm.config import EngineConfig, SchedulerConfig
-from corellm.engine.engine_core_outputs import EngineCoreOutput, EngineCoreOutputs, SampledTokenLogprobs, SchedulerStats
-from corellm.engine.engine_core_request import EngineCoreRequest
+from corellm.engine.engine_core_outputs import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from corellm.engine_core_request import EngineCoreRequest
 from corellm.model.loader import LoadedModel
 from corellm.worker.kv_cache import bytes_per_block, kv_cache_budget
 from corellm.worker.model_runner import ModelRunner
@@ -45,13 +49,12 @@ def plan_scheduler_config(loaded: LoadedModel, config: EngineConfig) -> Schedule
 
 
 class EngineCore:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig, stop_token_ids_of):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig):
         self.loaded = loaded
         self.scheduler_config = plan_scheduler_config(loaded, config)
         native = self.scheduler_config.to_native()
         self.scheduler = _core.Scheduler(native)
-        self.model_runner = ModelRunner(loaded, native, stop_token_ids_of, enforce_eager=config.enforce_eager)
-        self._stop_token_ids_of = stop_token_ids_of
+        self.model_runner = ModelRunner(loaded, native, enforce_eager=config.enforce_eager)
         self._aborts: queue.SimpleQueue[list[str]] = queue.SimpleQueue()
         self._pending_errors: list[EngineCoreOutput] = []
 
@@ -71,17 +74,14 @@ class EngineCore:
         self.scheduler.add_request(
             request.request_id, request.prompt_token_ids, max_tokens=p.max_tokens, min_tokens=p.min_tokens,
             ignore_eos=p.ignore_eos, eos_token_id=-1 if request.eos_token_id is None else request.eos_token_id,
-            stop_token_ids=self._stop_token_ids_of(p), priority=request.priority,
+            stop_token_ids=request.stop_token_ids, priority=request.priority,
             arrival_time=request.arrival_time, cache_salt=salt, payload=request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
-        """Thread-safe: the aborts take effect inside the next step."""
+        """Thread-safe: the requests end (aborted) at the next point the stepping thread drains
+        the queue; unknown or finished ids are ignored."""
         if request_ids:
             self._aborts.put(list(request_ids))
-
-    def finish_requests_now(self, request_ids: list[str]) -> None:
-        """Aborts on the engine thread, between steps (AsyncLLM drains its inbox there)."""
-        self.scheduler.finish_requests(list(request_ids), _core.RequestStatus.FINISHED_ABORTED)
 
     def _process_aborts(self) -> None:
         while True:
@@ -121,7 +121,6 @@ class EngineCore:
             self.scheduler.finish_requests(list(mro.errors), _core.RequestStatus.FINISHED_ERROR)
             outputs += [EngineCoreOutput(r, [], "error", error=msg) for r, msg in mro.errors.items()]
         result = self.scheduler.update_from_output(so, mro.sampled_token_ids)
-        index = {r: i for i, r in enumerate(mro.req_ids)} if (mro.logprobs or mro.prompt_logprobs) else {}
         req_ids = result.req_ids
         tokens = result.new_token_ids.tolist()
         finish = result.finish_reasons.tolist()
@@ -129,12 +128,8 @@ class EngineCore:
         cached = result.num_cached_tokens.tolist()
         for req_id, token, f, stop, n_cached in zip(req_ids, tokens, finish, stops, cached):
             out = EngineCoreOutput(req_id, [token], _FINISH[f], stop if stop >= 0 else None, n_cached)
-            if mro.logprobs is not None:
-                i = index[req_id]
-                k = max(0, int(self.model_runner.sampling.requests[req_id].request.sampling_params.logprobs or 0))
-                lp = mro.logprobs
-                out.new_logprobs = [SampledTokenLogprobs(token, float(lp.logprobs[i]), int(lp.ranks[i]),
-                                                         lp.top_token_ids[i, :k].tolist(), lp.top_logprobs[i, :k].tolist())]
+            if req_id in mro.logprobs:
+                out.new_logprobs = [mro.logprobs[req_id]]
             out.new_prompt_logprobs = mro.prompt_logprobs.pop(req_id, None)
             outputs.append(out)
         for req_id, plp in mro.prompt_logprobs.items():  # prompt chunks that sampled nothing yet

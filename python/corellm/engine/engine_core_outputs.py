@@ -5,16 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from corellm.worker.model_runner_output import PromptLogprobs
-
-
-@dataclass
-class SampledTokenLogprobs:
-    token_id: int
-    logprob: float
-    rank: int
-    top_token_ids: list[int]
-    top_logprobs: list[float]
+from corellm.worker.model_runner_output import PromptLogprobs, SampledTokenLogprobs
 
 
 @dataclass

@@ -9,7 +9,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from corellm.engine.engine_core_request import EngineCoreRequest
+from corellm.engine_core_request import EngineCoreRequest
 from corellm.sampling_params import SamplingParams
 from corellm.tokenizer import Tokenizer
 
@@ -39,11 +39,12 @@ class ProcessedRequest:
 
 class InputProcessor:
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_model_len: int,
-                 extra_eos_token_ids: list[int] | None = None, seed: int = 0):
+                 extra_eos_token_ids: list[int] | None = None, seed: int = 0, scheduling_policy: str = "fcfs"):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.extra_eos = [t for t in (extra_eos_token_ids or []) if t != tokenizer.eos_token_id]
+        self.scheduling_policy = scheduling_policy
         self._rng = random.Random(seed)  # seeds for requests that bring none: reproducible per engine
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
@@ -89,6 +90,8 @@ class InputProcessor:
             raise ValueError(f"stop_token_ids has token id {bad_stop[0]} outside the vocabulary [0, {self.vocab_size})")
         if params.logprobs is not None and params.logprobs > self.vocab_size:
             raise ValueError(f"logprobs ({params.logprobs}) exceeds the vocabulary size {self.vocab_size}")
+        self.check_priority(priority)
+        stop_token_ids = self.stop_token_ids(params)
         arrival = time.time() if arrival_time is None else arrival_time
         parent_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
         children = []
@@ -103,12 +106,23 @@ class InputProcessor:
                 prompt_token_ids=ids,
                 sampling_params=child_params,
                 eos_token_id=self.tokenizer.eos_token_id,
+                stop_token_ids=stop_token_ids,
                 arrival_time=arrival,
                 seed=seed,
                 priority=priority,
                 cache_salt=cache_salt,
             ))
         return ProcessedRequest(request_id, text, ids, params, children)
+
+    def check_priority(self, priority: object) -> None:
+        """ValueError unless priority is an int32, and 0 where the policy is FCFS (vLLM's rule: a
+        priority the scheduler would ignore is refused, not dropped)."""
+        if isinstance(priority, bool) or not isinstance(priority, int) or not -2**31 <= priority < 2**31:
+            raise ValueError(f"priority must be a 32-bit integer, got {priority!r}")
+        if priority != 0 and self.scheduling_policy != "priority":
+            raise ValueError(f"priority {priority} needs the priority scheduling policy (this engine runs "
+                             f"{self.scheduling_policy!r}: start it with scheduling_policy='priority' / "
+                             f"--scheduling-policy priority)")
 
     def stop_token_ids(self, params: SamplingParams) -> list[int]:
         """Token ids that finish a request: its own, plus the model's extra EOS ids unless ignore_eos."""

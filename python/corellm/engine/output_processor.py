@@ -125,7 +125,7 @@ class OutputProcessor:
 
     def _apply(self, state: RequestState, sample: SampleState, out: EngineCoreOutput, to_abort: list[str]) -> None:
         """Adds one engine-core output to its sample: tokens, logprobs, text, stop strings."""
-        if out.num_cached_tokens:
+        if out.num_cached_tokens and sample.index == 0:  # the prompt's, as its first sample found it
             state.num_cached_tokens = out.num_cached_tokens
         if out.new_prompt_logprobs is not None and state.prompt_logprobs is not None:
             plp = out.new_prompt_logprobs

@@ -15,12 +15,12 @@ import numpy as np
 import torch
 
 from corellm import _core, ops
-from corellm.engine.engine_core_request import EngineCoreRequest
+from corellm.engine_core_request import EngineCoreRequest
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.loader import LoadedModel
 from corellm.worker.cuda_graphs import CUDAGraphRunner
 from corellm.worker.kv_cache import allocate_kv_caches
-from corellm.worker.model_runner_output import ModelRunnerOutput, PromptLogprobs, SampledLogprobs
+from corellm.worker.model_runner_output import ModelRunnerOutput, PromptLogprobs, SampledTokenLogprobs
 from corellm.worker.sampling_state import SamplingState
 
 logger = logging.getLogger("corellm")
@@ -34,10 +34,8 @@ class ExecuteModelState:
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, scheduler_config: _core.SchedulerConfig, stop_token_ids_of,
-                 enforce_eager: bool = False):
-        """stop_token_ids_of(params) -> the token ids that end a request (min_tokens bans them).
-        On CUDA, decode batches replay captured CUDA graphs unless enforce_eager."""
+    def __init__(self, loaded: LoadedModel, scheduler_config: _core.SchedulerConfig, enforce_eager: bool = False):
+        """On CUDA, decode batches replay captured CUDA graphs unless enforce_eager."""
         self.model = loaded.model
         self.device = self.model.device
         self.vocab_size = loaded.config.vocab_size
@@ -47,7 +45,6 @@ class ModelRunner:
         self.builder = _core.BatchBuilder(max_num_reqs=c.max_num_seqs, max_model_len=c.max_model_len,
                                           block_size=c.block_size, max_num_batched_tokens=c.max_num_batched_tokens)
         self.sampling = SamplingState(c.max_num_seqs)
-        self._stop_token_ids_of = stop_token_ids_of
         self._state: ExecuteModelState | None = None
         self.cuda_graphs: CUDAGraphRunner | None = None
         if self.device.type == "cuda" and not enforce_eager:
@@ -98,7 +95,7 @@ class ModelRunner:
         for new in so.scheduled_new_reqs:
             request: EngineCoreRequest = new.payload
             outputs = list(new.token_ids[new.num_prompt_tokens:])
-            self.sampling.add(request, new.batch_row, outputs, self._stop_token_ids_of(request.sampling_params))
+            self.sampling.add(request, new.batch_row, outputs)
         self.builder.update_states(so)
 
     def _prompt_logprobs(self, so: _core.SchedulerOutput, hidden: torch.Tensor) -> dict[str, PromptLogprobs]:
@@ -150,10 +147,23 @@ class ModelRunner:
         for i in np.nonzero(samples & (sampled < 0))[0]:
             out.errors[req_ids[i]] = "the model produced NaN logits"
         if result.logprobs is not None:
-            out.logprobs = SampledLogprobs(result.logprobs.cpu().numpy(), result.ranks.cpu().numpy(),
-                                           result.top_token_ids.cpu().numpy(), result.top_logprobs.cpu().numpy())
+            out.logprobs = self._sampled_logprobs(req_ids, sampled, samples, result)
         self.sampling.record(req_ids, rows, sampled, samples & (sampled >= 0))
         self.builder.record_sampled(so, np.where(sampled >= 0, sampled, 0).astype(np.int32))
+        return out
+
+    def _sampled_logprobs(self, req_ids: list[str], sampled: np.ndarray, samples: np.ndarray,
+                          result: ops.SamplerOutput) -> dict[str, SampledTokenLogprobs]:
+        """Each sampling request's logprobs, its top-n cut to the n it asked for."""
+        logprobs, ranks = result.logprobs.cpu().numpy(), result.ranks.cpu().numpy()
+        top_ids, top_lps = result.top_token_ids.cpu().numpy(), result.top_logprobs.cpu().numpy()
+        out = {}
+        for i, req_id in enumerate(req_ids):
+            k = self.sampling.requests[req_id].request.sampling_params.logprobs
+            if k is None or not samples[i] or sampled[i] < 0:
+                continue
+            out[req_id] = SampledTokenLogprobs(int(sampled[i]), float(logprobs[i]), int(ranks[i]),
+                                               top_ids[i, :k].tolist(), top_lps[i, :k].tolist())
         return out
 
     def abandon_step(self) -> None:

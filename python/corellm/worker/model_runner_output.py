@@ -9,13 +9,14 @@ import numpy as np
 
 
 @dataclass
-class SampledLogprobs:
-    """Logprobs of the sampled tokens (row i: request i of the step), from the raw distribution."""
+class SampledTokenLogprobs:
+    """A sampled token's logprob, rank and the request's top-n, from the raw distribution."""
 
-    logprobs: np.ndarray  # float32 [n]: the sampled token's
-    ranks: np.ndarray  # int32 [n]
-    top_token_ids: np.ndarray  # int32 [n, k]
-    top_logprobs: np.ndarray  # float32 [n, k]
+    token_id: int
+    logprob: float
+    rank: int  # 1 + the number of tokens more likely
+    top_token_ids: list[int]  # the request's n (its `logprobs`) most likely, best first
+    top_logprobs: list[float]
 
 
 @dataclass
@@ -33,10 +34,11 @@ class PromptLogprobs:
 
 @dataclass
 class ModelRunnerOutput:
-    req_ids: list[str]
+    req_ids: list[str]  # the step's requests, in the SchedulerOutput's order
     sampled_token_ids: np.ndarray  # int32 [n]; -1 where the request samples nothing this step
-    logprobs: SampledLogprobs | None = None
-    prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)
+    # Per request that asked for logprobs and sampled this step: its token's, cut to its own n.
+    logprobs: dict[str, SampledTokenLogprobs] = field(default_factory=dict)
+    prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)  # prompt chunks computed now
     errors: dict[str, str] = field(default_factory=dict)  # request id -> why it failed this step
 
     @classmethod

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from corellm.engine.engine_core_request import EngineCoreRequest
+from corellm.engine_core_request import EngineCoreRequest
 from corellm.ops import SamplingMetadata, TokenLists
 
 
@@ -16,8 +16,7 @@ from corellm.ops import SamplingMetadata, TokenLists
 class RowRequest:
     request: EngineCoreRequest
     row: int
-    stop_token_ids: list[int]
-    output_token_ids: list[int] = field(default_factory=list)
+    output_token_ids: list[int] = field(default_factory=list)  # kept only where penalties need them
 
 
 class SamplingState:
@@ -35,7 +34,7 @@ class SamplingState:
         self.num_logprobs = np.full(max_rows, -1, np.int64)
         self.requests: dict[str, RowRequest] = {}
 
-    def add(self, request: EngineCoreRequest, row: int, output_token_ids: list[int], stop_token_ids: list[int]) -> None:
+    def add(self, request: EngineCoreRequest, row: int, output_token_ids: list[int]) -> None:
         p = request.sampling_params
         self.temperature[row] = 0.0 if p.greedy else p.temperature
         self.top_k[row] = p.top_k
@@ -48,7 +47,7 @@ class SamplingState:
         self.steps[row] = len(output_token_ids)
         self.min_tokens[row] = p.min_tokens
         self.num_logprobs[row] = -1 if p.logprobs is None else p.logprobs
-        self.requests[request.request_id] = RowRequest(request, row, stop_token_ids, list(output_token_ids))
+        self.requests[request.request_id] = RowRequest(request, row, list(output_token_ids))
 
     def remove(self, req_id: str) -> None:
         self.requests.pop(req_id, None)
@@ -83,7 +82,7 @@ class SamplingState:
             for r, s, m in zip(reqs, steps, min_tokens):
                 ids = []
                 if s < m:
-                    ids = list(r.stop_token_ids)
+                    ids = list(r.request.stop_token_ids)
                     if r.request.eos_token_id is not None:
                         ids.append(r.request.eos_token_id)
                 banned.append(ids)

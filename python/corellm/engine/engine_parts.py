@@ -1,0 +1,39 @@
+"""EngineParts: what LLM and AsyncLLM both run — the loaded model, the EngineCore, and the input
+and output processors around it — wired from one EngineConfig, in this one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from corellm.config import EngineConfig
+from corellm.engine.engine_core import EngineCore
+from corellm.engine.input_processor import InputProcessor
+from corellm.engine.output_processor import OutputProcessor
+from corellm.model.loader import LoadedModel, load_model
+
+# generation_config.json fields that become a request's sampling defaults (vLLM's behaviour).
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+@dataclass
+class EngineParts:
+    loaded: LoadedModel
+    engine_core: EngineCore
+    input_processor: InputProcessor
+    output_processor: OutputProcessor
+
+    @classmethod
+    def build(cls, config: EngineConfig, loaded: LoadedModel | None = None) -> EngineParts:
+        """Loads the model (unless given) and builds the engine core and both processors."""
+        loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device)
+        engine_core = EngineCore(loaded, config)
+        eos = loaded.generation_config.get("eos_token_id")
+        extra_eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        input_processor = InputProcessor(loaded.tokenizer, loaded.config.vocab_size, engine_core.max_model_len,
+                                         extra_eos, config.seed, config.scheduling_policy)
+        return cls(loaded, engine_core, input_processor, OutputProcessor(loaded.tokenizer))
+
+    def generation_defaults(self) -> dict:
+        """The model's generation_config sampling defaults that are set."""
+        gen = self.loaded.generation_config
+        return {k: gen[k] for k in GENERATION_DEFAULTS if gen.get(k) is not None}

@@ -1,0 +1,25 @@
+"""EngineCoreRequest: a request as the engine core takes it (token ids, validated parameters).
+The first boundary structure (InputProcessor -> EngineCore); it travels on into the model runner
+as the scheduler's payload, so it lives outside both engine/ and worker/."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from corellm.sampling_params import SamplingParams
+
+
+@dataclass
+class EngineCoreRequest:
+    request_id: str  # internal id: unique within the engine (one per sample when n > 1)
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams  # validated; max_tokens filled in
+    eos_token_id: int | None  # the tokenizer's EOS: ends the request unless ignore_eos
+    # Further ids that end the request: its own stop_token_ids, plus the model's extra EOS ids
+    # (generation_config) unless ignore_eos. Computed once, by the InputProcessor; the scheduler
+    # stops on them and the sampler bans them (with EOS) before min_tokens.
+    stop_token_ids: list[int]
+    arrival_time: float  # seconds (time.time()): FCFS order among equal priorities
+    seed: int  # key of this request's random stream (from params.seed, or drawn by the engine)
+    priority: int = 0  # lower runs first under scheduling_policy "priority"
+    cache_salt: str = ""  # isolates this request's prefix-cache entries from other tenants'

@@ -1,0 +1,68 @@
+"""Request fields corellm does not honour: never silently dropped. A field of the OpenAI or vLLM API
+that corellm does not implement yet is refused with 400 naming it — unless its value is one that
+means the same as leaving it out (`"tools": []`, `"best_of": 1`). A field no API defines is
+ignored and logged once per name (a client's own extension, or a typo worth seeing in the log).
+
+The request models accept extra fields (pydantic keeps them in model_extra) so that they can be
+told apart here, after validation."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pydantic import BaseModel
+
+from corellm.server.errors import bad_request
+
+logger = logging.getLogger("corellm.server")
+
+# Field -> the values that mean the same as leaving it out (None always does).
+NOT_HONOURED: dict[str, tuple[Any, ...]] = {
+    # OpenAI: tools and function calling, structured output, other modalities, server-side state.
+    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+    "response_format": ({"type": "text"},), "audio": (), "modalities": (["text"],), "prediction": (),
+    "reasoning_effort": (), "web_search_options": (), "verbosity": (), "store": (False,),
+    "service_tier": ("auto", "default"), "best_of": (1,),
+    # In messages: tool calls and their results.
+    "tool_calls": ([],), "tool_call_id": (), "refusal": (), "annotations": ([],),
+    # vLLM: structured output, beam search, token filters and output forms corellm lacks.
+    "structured_outputs": (), "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
+    "guided_decoding_backend": (), "guided_whitespace_pattern": (), "use_beam_search": (False,),
+    "length_penalty": (1.0,), "allowed_token_ids": (), "bad_words": ([],), "logits_processors": ([],),
+    "truncate_prompt_tokens": (), "spaces_between_special_tokens": (True,), "return_tokens_as_token_ids": (False,),
+    "return_token_ids": (False,), "continue_final_message": (False,), "chat_template_kwargs": ({},),
+    "documents": ([],), "mm_processor_kwargs": ({},), "prompt_embeds": (), "kv_transfer_params": (),
+    "vllm_xargs": (), "request_id": (), "echo": (False,), "continuous_usage_stats": (False,),
+    "thinking_token_budget": (), "reasoning_effort_budget": (),
+}
+
+# Fields of the APIs that change nothing corellm computes, accepted as they are.
+INFORMATIONAL = {"user", "metadata", "prompt_cache_key", "safety_identifier", "parallel_tool_calls",
+                 "include_obfuscation"}
+
+_logged_unknown: set[str] = set()
+
+
+def check_request_fields(model: BaseModel, path: str = "") -> None:
+    """Raises a 400 (APIError) for the first field given that corellm does not honour; logs the
+    unknown ones once per name. Walks nested models (messages, stream_options)."""
+    for name, value in (model.model_extra or {}).items():
+        where = f"{path}{name}"
+        if name in NOT_HONOURED:
+            if value is not None and not any(value == v for v in NOT_HONOURED[name]):
+                raise bad_request(f"{where} is not supported by corellm", where, "unsupported_field")
+        elif name not in INFORMATIONAL and name not in _logged_unknown:
+            _logged_unknown.add(name)
+            logger.warning("ignoring the request field %r: no API that corellm serves defines it", name)
+    for name in type(model).model_fields:
+        _check_nested(getattr(model, name), f"{path}{name}")
+
+
+def _check_nested(value: Any, path: str) -> None:
+    if isinstance(value, BaseModel):
+        check_request_fields(value, f"{path}.")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if isinstance(item, BaseModel):
+                check_request_fields(item, f"{path}[{i}].")
