@@ -39,7 +39,7 @@ class Admission:
     def check(self, processed: list[ProcessedRequest]) -> None:
         """Raises APIError (429, or 400 for a request that can never fit) unless all of
         `processed` may join the queue now. Call right before submitting them."""
-        requests = sum(p.num_sequences for p in processed)
+        requests = sum(p.num_samples for p in processed)
         tokens = sum(p.num_prompt_tokens for p in processed)
         lim = self.limits
         if tokens > lim.max_queued_tokens:
@@ -47,7 +47,7 @@ class Admission:
                               f"than this server queues at once ({lim.max_queued_tokens}); send fewer or shorter "
                               f"prompts", "prompt")
         if requests > lim.max_queued_requests:
-            raise bad_request(f"the request asks for {requests} sequences (prompts x n), more than this server "
+            raise bad_request(f"the request asks for {requests} samples (prompts x n), more than this server "
                               f"queues at once ({lim.max_queued_requests})", "n")
         queued_requests, queued_tokens = self.engine.num_queued_requests, self.engine.num_queued_tokens
         if queued_requests + requests > lim.max_queued_requests or queued_tokens + tokens > lim.max_queued_tokens:

@@ -43,8 +43,8 @@ SchedulerConfig make_config(int32_t running, int32_t budget) {
   return c;
 }
 
-RequestSpec make_spec(uint64_t id, int32_t prompt_len, int32_t max_tokens, std::mt19937& rng) {
-  RequestSpec s;
+EngineCoreRequest make_request(uint64_t id, int32_t prompt_len, int32_t max_tokens, std::mt19937& rng) {
+  EngineCoreRequest s;
   char id_text[64];
   std::snprintf(id_text, sizeof(id_text), "cmpl-%032llx-0-%08x", static_cast<unsigned long long>(id),
                 static_cast<unsigned>(id * 2654435761u));
@@ -79,7 +79,7 @@ StepTimes bench_decode(int32_t running, int steps) {
   std::mt19937 rng(1);
   Scheduler s(make_config(running, std::max(8192, running)));
   BatchBuilder b({running, kMaxModelLen, kBlockSize, std::max(8192, running)});
-  for (int32_t i = 0; i < running; ++i) s.add_request(make_spec(static_cast<uint64_t>(i), 128, 1 << 20, rng));
+  for (int32_t i = 0; i < running; ++i) s.add_request(make_request(static_cast<uint64_t>(i), 128, 1 << 20, rng));
   std::vector<int32_t> sampled;
   StepTimes warm;
   while (s.num_waiting() > 0) run_step(s, b, sampled, warm);  // prefill everything
@@ -102,7 +102,7 @@ StepTimes bench_mixed(int32_t running, int steps) {
   std::uniform_int_distribution<int32_t> out_len(16, 128);
   uint64_t next_id = 0;
   auto top_up = [&] {
-    while (s.num_unfinished_requests() < running) s.add_request(make_spec(next_id++, 256, out_len(rng), rng));
+    while (s.num_unfinished_requests() < running) s.add_request(make_request(next_id++, 256, out_len(rng), rng));
   };
   std::vector<int32_t> sampled;
   StepTimes warm;

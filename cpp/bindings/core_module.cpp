@@ -9,7 +9,7 @@
 #include "corellm/batch_builder.h"
 #include "corellm/block_pool.h"
 #include "corellm/check.h"
-#include "corellm/engine_core_outputs.h"
+#include "corellm/scheduler_update.h"
 #include "corellm/kv_cache_manager.h"
 #include "corellm/prefix_hash.h"
 #include "corellm/request.h"
@@ -125,6 +125,14 @@ PYBIND11_MODULE(_core, m) {
       .value("ABORT", FinishReason::ABORT)
       .value("ERROR", FinishReason::ERROR)
       .def("__str__", [](FinishReason r) { return std::string(to_string(r)); });
+  // The names the API reports (OpenAI's finish_reason), indexed by FinishReason value: None for
+  // NONE (not finished). The one mapping; SchedulerUpdate.finish_reasons index it.
+  py::list finish_reason_names;
+  for (auto r : {FinishReason::NONE, FinishReason::STOP, FinishReason::LENGTH, FinishReason::ABORT,
+                 FinishReason::ERROR}) {
+    finish_reason_names.append(r == FinishReason::NONE ? py::object(py::none()) : py::str(to_string(r)));
+  }
+  m.attr("FINISH_REASON_NAMES") = py::tuple(finish_reason_names);
 
   py::enum_<SchedulingPolicy>(m, "SchedulingPolicy")
       .value("FCFS", SchedulingPolicy::FCFS)
@@ -243,16 +251,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("num_reqs", &SchedulerOutput::num_reqs)
       .def("__len__", &SchedulerOutput::num_reqs);
 
-  py::class_<EngineCoreOutput>(m, "EngineCoreOutput")
-      .def_readonly("req_id", &EngineCoreOutput::req_id)
-      .def_readonly("new_token_ids", &EngineCoreOutput::new_token_ids)
-      .def_readonly("finish_reason", &EngineCoreOutput::finish_reason)
-      .def_property_readonly("stop_reason", [](const EngineCoreOutput& o) -> py::object {
-        return o.stop_reason < 0 ? py::none() : py::cast(o.stop_reason); })
-      .def_readonly("num_cached_tokens", &EngineCoreOutput::num_cached_tokens)
-      .def_property_readonly("finished", &EngineCoreOutput::finished);
-
   py::class_<SchedulerStats>(m, "SchedulerStats")
+      .def(py::init<>())  // all zero: an engine that has not stepped yet
       .def_readonly("num_running", &SchedulerStats::num_running)
       .def_readonly("num_waiting", &SchedulerStats::num_waiting)
       .def_readonly("kv_cache_usage", &SchedulerStats::kv_cache_usage)
@@ -261,31 +261,23 @@ PYBIND11_MODULE(_core, m) {
       .def_readonly("num_preemptions", &SchedulerStats::num_preemptions)
       .def_readonly("num_free_blocks", &SchedulerStats::num_free_blocks);
 
-  py::class_<EngineCoreOutputs>(m, "EngineCoreOutputs")
-      .def_readonly("step_id", &EngineCoreOutputs::step_id)
-      .def_property_readonly("req_ids", [](const EngineCoreOutputs& o) { return id_list(o.req_ids); })
+  py::class_<SchedulerUpdate>(m, "SchedulerUpdate")
+      .def_readonly("step_id", &SchedulerUpdate::step_id)
+      .def_property_readonly("req_ids", [](const SchedulerUpdate& o) { return id_list(o.req_ids); })
       .def_property_readonly("new_token_ids", [](py::object self) {
-        auto& o = self.cast<const EngineCoreOutputs&>();
+        auto& o = self.cast<const SchedulerUpdate&>();
         return view(o.new_token_ids.data(), o.new_token_ids.size(), self); })
       .def_property_readonly("finish_reasons", [](py::object self) {
-        auto& o = self.cast<const EngineCoreOutputs&>();
+        auto& o = self.cast<const SchedulerUpdate&>();
         return view(o.finish_reasons.data(), o.finish_reasons.size(), self); })
       .def_property_readonly("stop_reasons", [](py::object self) {
-        auto& o = self.cast<const EngineCoreOutputs&>();
+        auto& o = self.cast<const SchedulerUpdate&>();
         return view(o.stop_reasons.data(), o.stop_reasons.size(), self); })
       .def_property_readonly("num_cached_tokens", [](py::object self) {
-        auto& o = self.cast<const EngineCoreOutputs&>();
+        auto& o = self.cast<const SchedulerUpdate&>();
         return view(o.num_cached_tokens.data(), o.num_cached_tokens.size(), self); })
-      .def_readonly("scheduler_stats", &EngineCoreOutputs::scheduler_stats)
-      .def("__len__", &EngineCoreOutputs::size)
-      .def("__getitem__", [](const EngineCoreOutputs& o, size_t i) {
-             CORELLM_CHECK_ARG(i < o.size(), "index ", i, " out of range for ", o.size(), " outputs");
-             return o.at(i); })
-      .def_property_readonly("outputs", [](const EngineCoreOutputs& o) {
-        std::vector<EngineCoreOutput> rows;
-        rows.reserve(o.size());
-        for (size_t i = 0; i < o.size(); ++i) rows.push_back(o.at(i));
-        return rows; });
+      .def_readonly("scheduler_stats", &SchedulerUpdate::scheduler_stats)
+      .def("__len__", &SchedulerUpdate::size);
 
   // ---------------------------------------------------------------- scheduler
   py::class_<Scheduler>(m, "Scheduler")
@@ -298,19 +290,19 @@ PYBIND11_MODULE(_core, m) {
            [](Scheduler& s, std::string request_id, const py::object& prompt_token_ids, int32_t max_tokens,
               int32_t min_tokens, bool ignore_eos, int32_t eos_token_id, const py::object& stop_token_ids,
               int32_t priority, double arrival_time, std::string cache_salt, py::object payload) {
-             RequestSpec spec;
-             spec.request_id = std::move(request_id);
-             spec.prompt_token_ids = to_int32_vector(prompt_token_ids, "prompt_token_ids", 0);
-             spec.max_tokens = max_tokens;
-             spec.min_tokens = min_tokens;
-             spec.ignore_eos = ignore_eos;
-             spec.eos_token_id = eos_token_id;
-             spec.stop_token_ids = to_int32_vector(stop_token_ids, "stop_token_ids", 0);
-             spec.priority = priority;
-             spec.arrival_time = arrival_time;
-             spec.cache_salt = std::move(cache_salt);
-             if (!payload.is_none()) spec.payload = std::make_shared<PyPayload>(std::move(payload));
-             s.add_request(std::move(spec));
+             EngineCoreRequest request;
+             request.request_id = std::move(request_id);
+             request.prompt_token_ids = to_int32_vector(prompt_token_ids, "prompt_token_ids", 0);
+             request.max_tokens = max_tokens;
+             request.min_tokens = min_tokens;
+             request.ignore_eos = ignore_eos;
+             request.eos_token_id = eos_token_id;
+             request.stop_token_ids = to_int32_vector(stop_token_ids, "stop_token_ids", 0);
+             request.priority = priority;
+             request.arrival_time = arrival_time;
+             request.cache_salt = std::move(cache_salt);
+             if (!payload.is_none()) request.payload = std::make_shared<PyPayload>(std::move(payload));
+             s.add_request(std::move(request));
            },
            py::arg("request_id"), py::arg("prompt_token_ids"), py::kw_only(), py::arg("max_tokens"),
            py::arg("min_tokens") = 0, py::arg("ignore_eos") = false, py::arg("eos_token_id") = -1,

@@ -40,39 +40,39 @@ Scheduler::Scheduler(const SchedulerConfig& config, std::shared_ptr<const Prefix
   running_.reserve(static_cast<size_t>(config_.max_num_seqs));
 }
 
-void Scheduler::add_request(RequestSpec spec) {
-  const auto num_prompt = static_cast<int64_t>(spec.prompt_token_ids.size());
-  CORELLM_CHECK_ARG(!spec.request_id.empty(), "request_id must not be empty");
-  CORELLM_CHECK_ARG(requests_.count(spec.request_id) == 0, "request_id '", spec.request_id,
+void Scheduler::add_request(EngineCoreRequest new_request) {
+  const auto num_prompt = static_cast<int64_t>(new_request.prompt_token_ids.size());
+  CORELLM_CHECK_ARG(!new_request.request_id.empty(), "request_id must not be empty");
+  CORELLM_CHECK_ARG(requests_.count(new_request.request_id) == 0, "request_id '", new_request.request_id,
                     "' is already in use");
-  CORELLM_CHECK_ARG(num_prompt > 0, "request '", spec.request_id, "': the prompt is empty");
-  CORELLM_CHECK_ARG(num_prompt < config_.max_model_len, "request '", spec.request_id,
+  CORELLM_CHECK_ARG(num_prompt > 0, "request '", new_request.request_id, "': the prompt is empty");
+  CORELLM_CHECK_ARG(num_prompt < config_.max_model_len, "request '", new_request.request_id,
                     "': the prompt has ", num_prompt,
                     " tokens, but the model's context length (max_model_len) is ",
                     config_.max_model_len, " tokens and at least one token must be generated");
-  for (int32_t t : spec.prompt_token_ids) {
-    CORELLM_CHECK_ARG(t >= 0, "request '", spec.request_id, "': negative prompt token id ", t);
+  for (int32_t t : new_request.prompt_token_ids) {
+    CORELLM_CHECK_ARG(t >= 0, "request '", new_request.request_id, "': negative prompt token id ", t);
   }
-  CORELLM_CHECK_ARG(spec.max_tokens >= 1, "request '", spec.request_id,
-                    "': max_tokens must be >= 1, got ", spec.max_tokens);
-  CORELLM_CHECK_ARG(spec.min_tokens >= 0 && spec.min_tokens <= spec.max_tokens, "request '",
-                    spec.request_id, "': min_tokens must be in [0, max_tokens=", spec.max_tokens,
-                    "], got ", spec.min_tokens);
+  CORELLM_CHECK_ARG(new_request.max_tokens >= 1, "request '", new_request.request_id,
+                    "': max_tokens must be >= 1, got ", new_request.max_tokens);
+  CORELLM_CHECK_ARG(new_request.min_tokens >= 0 && new_request.min_tokens <= new_request.max_tokens, "request '",
+                    new_request.request_id, "': min_tokens must be in [0, max_tokens=", new_request.max_tokens,
+                    "], got ", new_request.min_tokens);
 
   auto request = std::make_unique<Request>();
-  request->request_id = std::make_shared<const std::string>(std::move(spec.request_id));
-  request->token_ids = std::move(spec.prompt_token_ids);
+  request->request_id = std::make_shared<const std::string>(std::move(new_request.request_id));
+  request->token_ids = std::move(new_request.prompt_token_ids);
   request->num_prompt_tokens = static_cast<int32_t>(num_prompt);
-  request->max_tokens = spec.max_tokens;
-  request->min_tokens = spec.min_tokens;
-  request->ignore_eos = spec.ignore_eos;
-  request->eos_token_id = spec.eos_token_id;
-  request->stop_token_ids = std::move(spec.stop_token_ids);
-  request->priority = spec.priority;
-  request->arrival_time = spec.arrival_time;
+  request->max_tokens = new_request.max_tokens;
+  request->min_tokens = new_request.min_tokens;
+  request->ignore_eos = new_request.ignore_eos;
+  request->eos_token_id = new_request.eos_token_id;
+  request->stop_token_ids = std::move(new_request.stop_token_ids);
+  request->priority = new_request.priority;
+  request->arrival_time = new_request.arrival_time;
   request->arrival_seq = next_arrival_seq_++;
-  request->cache_salt = std::move(spec.cache_salt);
-  request->payload = std::move(spec.payload);
+  request->cache_salt = std::move(new_request.cache_salt);
+  request->payload = std::move(new_request.payload);
   request->token_ids.reserve(static_cast<size_t>(
       std::min<int64_t>(config_.max_model_len, num_prompt + request->max_tokens)));
   Request* raw = request.get();
@@ -319,12 +319,12 @@ bool Scheduler::check_stop(Request& request) const {
   return false;
 }
 
-EngineCoreOutputs Scheduler::update_from_output(const SchedulerOutput& output,
+SchedulerUpdate Scheduler::update_from_output(const SchedulerOutput& output,
                                                 const int32_t* sampled_token_ids,
                                                 size_t num_sampled) {
   CORELLM_CHECK_ARG(num_sampled == output.req_ids.size(), "got ", num_sampled,
                     " sampled tokens for ", output.req_ids.size(), " scheduled requests");
-  EngineCoreOutputs result;
+  SchedulerUpdate result;
   result.step_id = output.step_id;
   if (output.req_ids.empty() && pending_step_id_ == 0) {  // an empty plan is a step with nothing to apply
     result.scheduler_stats = stats();

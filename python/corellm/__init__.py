@@ -14,7 +14,7 @@ os.environ.setdefault("LRU_CACHE_CAPACITY", "128")
 # kernels share (see CMakeLists.txt), instead of a second thread pool fighting it for the cores.
 import torch  # noqa: F401
 
-from corellm import _core
+from corellm.native import _core
 from corellm.config import EngineConfig, SchedulerConfig
 from corellm.outputs import CompletionOutput, Logprob, RequestOutput
 from corellm.sampling_params import RequestOutputKind, SamplingParams

@@ -27,6 +27,8 @@ class FinishReason(enum.Enum):
     ERROR = ...
     def __init__(self, value: int) -> None: ...
 
+FINISH_REASON_NAMES: tuple[str | None, ...]  # by FinishReason value: None, "stop", "length", "abort", "error"
+
 class SchedulingPolicy(enum.Enum):
     FCFS = ...
     PRIORITY = ...
@@ -108,15 +110,8 @@ class SchedulerOutput:
     num_reqs: int
     def __len__(self) -> int: ...
 
-class EngineCoreOutput:
-    req_id: str
-    new_token_ids: list[int]
-    finish_reason: FinishReason
-    stop_reason: int | None
-    num_cached_tokens: int
-    finished: bool
-
 class SchedulerStats:
+    def __init__(self) -> None: ...
     num_running: int
     num_waiting: int
     kv_cache_usage: float
@@ -125,17 +120,15 @@ class SchedulerStats:
     num_preemptions: int
     num_free_blocks: int
 
-class EngineCoreOutputs:
+class SchedulerUpdate:
     step_id: int
     req_ids: list[str]
     new_token_ids: npt.NDArray[np.int32]
-    finish_reasons: npt.NDArray[np.uint8]
+    finish_reasons: npt.NDArray[np.uint8]  # FinishReason values: index FINISH_REASON_NAMES
     stop_reasons: npt.NDArray[np.int32]
     num_cached_tokens: npt.NDArray[np.int32]
     scheduler_stats: SchedulerStats
-    outputs: list[EngineCoreOutput]
     def __len__(self) -> int: ...
-    def __getitem__(self, i: int) -> EngineCoreOutput: ...
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, hasher: PrefixHasher | None = None) -> None: ...
@@ -159,7 +152,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput: ...
     def update_from_output(
         self, scheduler_output: SchedulerOutput, sampled_token_ids: _Ids
-    ) -> EngineCoreOutputs: ...
+    ) -> SchedulerUpdate: ...
     def finish_requests(self, request_ids: list[str], status: RequestStatus) -> int: ...
     def has_unfinished_requests(self) -> bool: ...
     @property

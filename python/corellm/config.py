@@ -4,24 +4,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from corellm import _core
+from corellm.native import _core
 
 _POLICIES = {"fcfs": _core.SchedulingPolicy.FCFS, "priority": _core.SchedulingPolicy.PRIORITY}
 
 
-def _check_int(name: str, value: object, minimum: int) -> None:
+def _check_int(name: str, value: object, minimum: int | None = None) -> None:
     # bool is an int subclass; True as a block size is a mistake, not a 1.
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
-    if value < minimum:
+    if minimum is not None and value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    if value > 2**31 - 1:
-        raise ValueError(f"{name} must be < 2**31, got {value}")
+    if not -2**31 <= value < 2**31:
+        raise ValueError(f"{name} must be a 32-bit integer (< 2**31), got {value}")
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """What the scheduler may do in one step, and the KV capacity it schedules into."""
+    """What the scheduler may do in one step, and the KV capacity it schedules into. Here only
+    the Python types are checked; the values are validated once, by the native SchedulerConfig
+    (cpp/src/scheduler.cpp: ranges, capacity, chunked prefill), built at construction."""
 
     num_blocks: int  # KV cache capacity, in blocks
     max_num_seqs: int = 256  # running requests at most
@@ -34,29 +36,15 @@ class SchedulerConfig:
     scheduling_policy: str = "fcfs"  # "fcfs" or "priority"
 
     def __post_init__(self) -> None:
-        minimums = {"long_prefill_token_threshold": 0, "max_model_len": 2}
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type == "int":
-                _check_int(f.name, value, minimums.get(f.name, 1))
+                _check_int(f.name, value)
             elif f.type == "bool" and not isinstance(value, bool):
                 raise ValueError(f"{f.name} must be True or False, got {value!r}")
         if self.scheduling_policy not in _POLICIES:
             raise ValueError(f"scheduling_policy must be one of {sorted(_POLICIES)}, got {self.scheduling_policy!r}")
-        capacity = self.num_blocks * self.block_size
-        if self.max_model_len > capacity:
-            raise ValueError(
-                f"max_model_len ({self.max_model_len}) exceeds the KV cache capacity of {capacity} "
-                f"tokens ({self.num_blocks} blocks x {self.block_size}): one request could never fit"
-            )
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) "
-                f"must be >= max_model_len ({self.max_model_len})"
-            )
-
-    def to_native(self) -> _core.SchedulerConfig:
-        return _core.SchedulerConfig(
+        native = _core.SchedulerConfig(  # ValueError naming the field and value
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_model_len=self.max_model_len,
@@ -67,6 +55,10 @@ class SchedulerConfig:
             enable_chunked_prefill=self.enable_chunked_prefill,
             scheduling_policy=_POLICIES[self.scheduling_policy],
         )
+        object.__setattr__(self, "_native", native)
+
+    def to_native(self) -> _core.SchedulerConfig:
+        return self._native
 
 
 @dataclass(frozen=True)

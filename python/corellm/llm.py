@@ -82,8 +82,8 @@ class LLM:
             processed.append(self.input_processor.process(str(next(self._ids)), prompt, p, priority=prio))
         for req in processed:
             self.output_processor.add_request(req)
-            for child in req.children:
-                self.engine_core.add_request(child)
+            for sample in req.samples:
+                self.engine_core.add_request(sample)
         return self._run(processed, use_tqdm)
 
     def _run(self, processed, use_tqdm: bool) -> list[RequestOutput]:

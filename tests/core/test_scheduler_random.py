@@ -74,11 +74,11 @@ def drive(config: SchedulerConfig, seed: int, num_requests: int, abort_rate: flo
             scheduler.finish_requests([victim], _core.RequestStatus.FINISHED_ABORTED)
             aborted.add(victim)
         out = scheduler.update_from_output(plan, sampled)  # every plan, an empty one too, as the engine
-        for row in out.outputs:
-            tokens, _ = results[row.req_id]
-            tokens.extend(row.new_token_ids)
-            if row.finished:
-                results[row.req_id] = (tokens, str(row.finish_reason))
+        for req_id, token, finish in zip(out.req_ids, out.new_token_ids.tolist(), out.finish_reasons.tolist()):
+            tokens, _ = results[req_id]
+            tokens.append(token)
+            if finish:
+                results[req_id] = (tokens, _core.FINISH_REASON_NAMES[finish])
         if rng.random() < abort_rate / 2 and scheduler.num_waiting:
             # Abort a request that may still be waiting (or mid-prefill).
             victim = f"req-{rng.randrange(num_requests)}"

@@ -41,7 +41,7 @@ class Harness:
         for i, req_id in enumerate(out.req_ids):
             self.outputs[req_id].append(int(out.new_token_ids[i]))
             if out.finish_reasons[i]:
-                self.finish[req_id] = str(_core.FinishReason(int(out.finish_reasons[i])))
+                self.finish[req_id] = _core.FINISH_REASON_NAMES[int(out.finish_reasons[i])]
         self.scheduler.check_integrity()
         return plan
 

@@ -19,7 +19,7 @@ TEST(BatchBuilder, LaysOutPrefillAndDecodeInSchedulerOrder) {
   Scheduler s(c);
   BatchBuilder b({4, 32, 4, 64});
 
-  RequestSpec a;
+  EngineCoreRequest a;
   a.request_id = "a";
   a.prompt_token_ids = {10, 11, 12, 13, 14};
   a.max_tokens = 8;
@@ -40,7 +40,7 @@ TEST(BatchBuilder, LaysOutPrefillAndDecodeInSchedulerOrder) {
   b.record_sampled(*plan, sampled.data(), 1);
   s.update_from_output(*plan, sampled.data(), 1);
 
-  RequestSpec d;
+  EngineCoreRequest d;
   d.request_id = "d";
   d.prompt_token_ids = {20, 21, 22};
   d.max_tokens = 8;

@@ -21,8 +21,8 @@ SchedulerConfig config(int32_t num_blocks, int32_t budget = 64, int32_t max_seqs
   return c;
 }
 
-RequestSpec spec(const std::string& id, int32_t prompt_len, int32_t max_tokens, int32_t first = 0) {
-  RequestSpec s;
+EngineCoreRequest make_request(const std::string& id, int32_t prompt_len, int32_t max_tokens, int32_t first = 0) {
+  EngineCoreRequest s;
   s.request_id = id;
   s.prompt_token_ids.resize(static_cast<size_t>(prompt_len));
   std::iota(s.prompt_token_ids.begin(), s.prompt_token_ids.end(), first);
@@ -32,7 +32,7 @@ RequestSpec spec(const std::string& id, int32_t prompt_len, int32_t max_tokens, 
 }
 
 // Runs one step with every sampling request receiving `token`.
-EngineCoreOutputs step(Scheduler& s, int32_t token = 7, std::shared_ptr<SchedulerOutput>* plan = nullptr) {
+SchedulerUpdate step(Scheduler& s, int32_t token = 7, std::shared_ptr<SchedulerOutput>* plan = nullptr) {
   auto out = s.schedule();
   s.check_integrity();
   std::vector<int32_t> sampled(out->num_reqs(), token);
@@ -63,13 +63,13 @@ TEST(SchedulerConfig, RejectsInvalidValues) {
 
 TEST(Scheduler, RejectsBadRequests) {
   Scheduler s(config(32));
-  EXPECT_THROW(s.add_request(spec("a", 0, 4)), InvalidArgument);
-  EXPECT_THROW(s.add_request(spec("a", 64, 4)), InvalidArgument);  // prompt == max_model_len
-  EXPECT_THROW(s.add_request(spec("a", 4, 0)), InvalidArgument);
-  s.add_request(spec("a", 4, 4));
-  EXPECT_THROW(s.add_request(spec("a", 4, 4)), InvalidArgument);  // duplicate id
+  EXPECT_THROW(s.add_request(make_request("a", 0, 4)), InvalidArgument);
+  EXPECT_THROW(s.add_request(make_request("a", 64, 4)), InvalidArgument);  // prompt == max_model_len
+  EXPECT_THROW(s.add_request(make_request("a", 4, 0)), InvalidArgument);
+  s.add_request(make_request("a", 4, 4));
+  EXPECT_THROW(s.add_request(make_request("a", 4, 4)), InvalidArgument);  // duplicate id
   try {
-    s.add_request(spec("long", 100, 4));
+    s.add_request(make_request("long", 100, 4));
     FAIL();
   } catch (const InvalidArgument& e) {
     std::string msg = e.what();
@@ -80,13 +80,13 @@ TEST(Scheduler, RejectsBadRequests) {
 
 TEST(Scheduler, PrefillThenDecodeUntilMaxTokens) {
   Scheduler s(config(32));
-  s.add_request(spec("a", 10, 3));
+  s.add_request(make_request("a", 10, 3));
   std::shared_ptr<SchedulerOutput> plan;
   auto out = step(s, 7, &plan);
   EXPECT_EQ(plan->scheduled_new_reqs.size(), 1u);
   EXPECT_EQ(plan->num_scheduled_tokens[0], 10);
   EXPECT_EQ(out.size(), 1u);
-  EXPECT_EQ(out.at(0).new_token_ids, std::vector<int32_t>{7});
+  EXPECT_EQ(out.at(0).new_token_id, 7);
   out = step(s, 8, &plan);
   EXPECT_EQ(plan->scheduled_cached_reqs.req_ids.size(), 1u);
   EXPECT_EQ(plan->num_scheduled_tokens[0], 1);
@@ -104,7 +104,7 @@ TEST(Scheduler, PrefillThenDecodeUntilMaxTokens) {
 
 TEST(Scheduler, ChunkedPrefillSplitsLongPrompt) {
   Scheduler s(config(64, /*budget=*/16));
-  s.add_request(spec("a", 40, 2));
+  s.add_request(make_request("a", 40, 2));
   std::shared_ptr<SchedulerOutput> plan;
   auto out = step(s, 7, &plan);
   EXPECT_EQ(plan->num_scheduled_tokens[0], 16);
@@ -122,8 +122,8 @@ TEST(Scheduler, LongPrefillThresholdCapsPerRequestChunk) {
   auto c = config(64);
   c.long_prefill_token_threshold = 8;
   Scheduler s(c);
-  s.add_request(spec("a", 20, 2));
-  s.add_request(spec("b", 20, 2, 100));
+  s.add_request(make_request("a", 20, 2));
+  s.add_request(make_request("b", 20, 2, 100));
   std::shared_ptr<SchedulerOutput> plan;
   step(s, 7, &plan);
   EXPECT_EQ(plan->num_scheduled_tokens[0], 8);
@@ -132,7 +132,7 @@ TEST(Scheduler, LongPrefillThresholdCapsPerRequestChunk) {
 
 TEST(Scheduler, BudgetAndMaxNumSeqsAreRespected) {
   Scheduler s(config(64, /*budget=*/20, /*max_seqs=*/2));
-  for (int i = 0; i < 4; ++i) s.add_request(spec("r" + std::to_string(i), 8, 4, i * 100));
+  for (int i = 0; i < 4; ++i) s.add_request(make_request("r" + std::to_string(i), 8, 4, i * 100));
   std::shared_ptr<SchedulerOutput> plan;
   step(s, 7, &plan);
   EXPECT_EQ(plan->num_reqs(), 2u);  // max_num_seqs
@@ -143,9 +143,9 @@ TEST(Scheduler, BudgetAndMaxNumSeqsAreRespected) {
 
 TEST(Scheduler, PrefixHitComputesOnlyTheTail) {
   Scheduler s(config(64));
-  s.add_request(spec("a", 13, 1));
+  s.add_request(make_request("a", 13, 1));
   step(s);
-  s.add_request(spec("b", 13, 1));
+  s.add_request(make_request("b", 13, 1));
   std::shared_ptr<SchedulerOutput> plan;
   auto out = step(s, 7, &plan);
   ASSERT_EQ(plan->scheduled_new_reqs.size(), 1u);
@@ -153,7 +153,7 @@ TEST(Scheduler, PrefixHitComputesOnlyTheTail) {
   EXPECT_EQ(plan->num_scheduled_tokens[0], 1);
   EXPECT_EQ(out.at(0).num_cached_tokens, 12);
   // Exactly block-aligned prompt: the last block is recomputed, never the whole prompt cached.
-  s.add_request(spec("c", 12, 1));
+  s.add_request(make_request("c", 12, 1));
   step(s, 7, &plan);
   EXPECT_EQ(plan->scheduled_new_reqs[0].num_computed_tokens, 8);
   EXPECT_EQ(plan->num_scheduled_tokens[0], 4);
@@ -162,8 +162,8 @@ TEST(Scheduler, PrefixHitComputesOnlyTheTail) {
 TEST(Scheduler, PreemptsNewestAndResumesWithFullTokens) {
   // 6 blocks of 4 = 24 slots; two requests of 10 prompt tokens grow until they collide.
   Scheduler s(config(6, 64, 8, 4, 24));
-  s.add_request(spec("a", 10, 10));
-  s.add_request(spec("b", 10, 10, 50));
+  s.add_request(make_request("a", 10, 10));
+  s.add_request(make_request("b", 10, 10, 50));
   std::shared_ptr<SchedulerOutput> plan;
   int preempted_steps = 0;
   std::vector<int32_t> b_tokens_before;
@@ -190,9 +190,9 @@ TEST(Scheduler, PriorityPolicyRunsLowerValueFirstAndPreemptsHighest) {
   auto c = config(64, 64, 1);
   c.scheduling_policy = SchedulingPolicy::PRIORITY;
   Scheduler s(c);
-  auto lo = spec("background", 4, 2);
+  auto lo = make_request("background", 4, 2);
   lo.priority = 5;
-  auto hi = spec("urgent", 4, 2, 10);
+  auto hi = make_request("urgent", 4, 2, 10);
   hi.priority = -1;
   s.add_request(lo);
   s.add_request(hi);
@@ -204,20 +204,20 @@ TEST(Scheduler, PriorityPolicyRunsLowerValueFirstAndPreemptsHighest) {
 
 TEST(Scheduler, StopConditions) {
   Scheduler s(config(64));
-  auto eos = spec("eos", 4, 10);
+  auto eos = make_request("eos", 4, 10);
   s.add_request(eos);
   auto out = step(s, 1000);
   EXPECT_EQ(out.at(0).finish_reason, FinishReason::STOP);
   EXPECT_EQ(out.at(0).stop_reason, -1);
 
-  auto ign = spec("ignore", 4, 2, 10);
+  auto ign = make_request("ignore", 4, 2, 10);
   ign.ignore_eos = true;
   s.add_request(ign);
   out = step(s, 1000);
   EXPECT_FALSE(out.at(0).finished());
 
   step(s, 5);  // finishes "ignore" by length
-  auto stop = spec("stoptok", 4, 10, 20);
+  auto stop = make_request("stoptok", 4, 10, 20);
   stop.stop_token_ids = {42};
   stop.min_tokens = 2;
   s.add_request(stop);
@@ -228,7 +228,7 @@ TEST(Scheduler, StopConditions) {
   EXPECT_EQ(out.at(0).stop_reason, 42);
 
   // max_model_len: a 62-token prompt in a 64-token context finishes after 2 tokens.
-  s.add_request(spec("ctx", 62, 100, 300));
+  s.add_request(make_request("ctx", 62, 100, 300));
   step(s);
   out = step(s);
   EXPECT_EQ(out.at(0).finish_reason, FinishReason::LENGTH);
@@ -236,8 +236,8 @@ TEST(Scheduler, StopConditions) {
 
 TEST(Scheduler, AbortsMidPrefillAndMidDecodeFreeEverything) {
   Scheduler s(config(64, 8));
-  s.add_request(spec("prefill", 30, 5));
-  s.add_request(spec("decode", 4, 50, 100));
+  s.add_request(make_request("prefill", 30, 5));
+  s.add_request(make_request("decode", 4, 50, 100));
   step(s);  // 8 tokens of "prefill"
   EXPECT_EQ(s.find_request("prefill")->num_computed_tokens, 8);
   EXPECT_EQ(s.finish_requests({"prefill", "unknown"}, RequestStatus::FINISHED_ABORTED), 1u);
@@ -258,7 +258,7 @@ TEST(Scheduler, AbortsMidPrefillAndMidDecodeFreeEverything) {
 
 TEST(Scheduler, StepProtocolIsEnforced) {
   Scheduler s(config(64));
-  s.add_request(spec("a", 4, 4));
+  s.add_request(make_request("a", 4, 4));
   auto plan = s.schedule();
   EXPECT_THROW(s.schedule(), InvalidArgument);
   std::vector<int32_t> wrong(3, 7);

@@ -124,10 +124,10 @@ def test_detokenizer_failure_ends_only_that_request(loaded):
         def add_request(processed):
             add(processed)
             if (processed.prompt or "").startswith(POISON):
-                for child in processed.children:
-                    def boom(token_ids):
+                for sample in processed.samples:
+                    def boom(token_ids, stop_terminated=False):
                         raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "injected detokenizer failure")
-                    processor.requests[child.request_id].samples[child.request_id].detokenizer.update = boom
+                    processor.requests[sample.request_id].samples[sample.request_id].detokenizer.update = boom
 
         processor.add_request = add_request
 

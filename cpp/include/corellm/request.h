@@ -37,8 +37,10 @@ struct RequestPayload {
 
 enum class SchedulingPolicy : uint8_t { FCFS, PRIORITY };
 
-// What a caller submits. The scheduler validates it in add_request().
-struct RequestSpec {
+// The C++ side of the first boundary structure, EngineCoreRequest (its Python type in
+// python/corellm/engine_core_request.py): the fields the scheduler reads, and the Python object
+// itself as the payload. The scheduler validates it in add_request().
+struct EngineCoreRequest {
   std::string request_id;
   std::vector<int32_t> prompt_token_ids;
   int32_t max_tokens = 16;

@@ -7,7 +7,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "corellm/engine_core_outputs.h"
+#include "corellm/scheduler_update.h"
 #include "corellm/kv_cache_manager.h"
 #include "corellm/request.h"
 #include "corellm/request_queue.h"
@@ -39,7 +39,7 @@ class Scheduler {
 
   // Validates and queues a request (InvalidArgument on a bad one: empty or too long prompt,
   // duplicate id, max_tokens < 1, ...).
-  void add_request(RequestSpec spec);
+  void add_request(EngineCoreRequest new_request);
 
   // Plans one step. Returns the plan; the step must be closed by update_from_output(). A plan
   // may be empty (every running request preempted, nothing admissible): a normal step.
@@ -50,7 +50,7 @@ class Scheduler {
   // Registers the full blocks the step computed in the prefix cache; checks EOS (unless
   // ignore_eos), stop_token_ids, min_tokens, max_tokens and max_model_len; frees finished
   // requests' blocks. An empty plan's update returns no outputs (and needs no sampled tokens).
-  EngineCoreOutputs update_from_output(const SchedulerOutput& output,
+  SchedulerUpdate update_from_output(const SchedulerOutput& output,
                                        const int32_t* sampled_token_ids, size_t num_sampled);
 
   // Finishes requests wherever they are (waiting or running), e.g. on abort, freeing their

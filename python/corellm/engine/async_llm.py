@@ -20,10 +20,11 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 from corellm.config import EngineConfig
-from corellm.engine.engine_core_outputs import EngineCoreOutputs, SchedulerStats
+from corellm.engine.engine_core_outputs import EngineCoreOutputs
 from corellm.engine.engine_parts import EngineParts
 from corellm.engine.input_processor import ProcessedRequest, PromptType
 from corellm.model.loader import LoadedModel
+from corellm.native import _core
 from corellm.outputs import RequestOutput
 from corellm.sampling_params import SamplingParams
 
@@ -45,7 +46,7 @@ class _Pending:
     queue: asyncio.Queue
     processed: ProcessedRequest
     stats: RequestStats
-    child_ids: list[str] = field(default_factory=list)
+    sample_ids: list[str] = field(default_factory=list)
     queued: bool = True  # no token came yet: counted in the queued load
 
 
@@ -83,7 +84,7 @@ class AsyncLLM:
         self._requests: dict[str, _Pending] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self.dead_error: BaseException | None = None
-        self.stats = SchedulerStats()
+        self.stats = _core.SchedulerStats()  # the latest step's (all zero before the first)
         self.num_queued_requests = 0  # engine-core requests admitted without a token yet
         self.num_queued_tokens = 0  # their prompt tokens
         self.listeners: list = []  # callables(request_outputs, core_outputs), after every step
@@ -140,8 +141,8 @@ class AsyncLLM:
                     if kind == "stop":
                         return
                     if kind == "add":
-                        for child in payload:
-                            core.add_request(child)
+                        for sample in payload:
+                            core.add_request(sample)
                     else:  # after the adds that came before it: an abort never overtakes its request
                         core.abort_requests(payload)
                 if not core.has_unfinished_requests():
@@ -171,7 +172,7 @@ class AsyncLLM:
             logger.exception("output processing failed")
             ids = {o.req_id for o in core_outputs.outputs}
             for req_id, pending in list(self._requests.items()):
-                if ids.intersection(pending.child_ids):
+                if ids.intersection(pending.sample_ids):
                     self._finish_with_error(req_id, e)
             return
         if to_abort:
@@ -191,7 +192,7 @@ class AsyncLLM:
     def _dequeue(self, pending: _Pending) -> None:
         if pending.queued:
             pending.queued = False
-            self.num_queued_requests -= pending.processed.num_sequences
+            self.num_queued_requests -= pending.processed.num_samples
             self.num_queued_tokens -= pending.processed.num_prompt_tokens
 
     def _forget(self, request_id: str) -> _Pending | None:
@@ -209,7 +210,7 @@ class AsyncLLM:
         pending = self._requests.get(request_id)
         if pending is None:
             return
-        self._abort_children(pending.child_ids)
+        self._abort_samples(pending.sample_ids)
         pending.queue.put_nowait(error)
 
     def _fail_all(self, error: BaseException) -> None:
@@ -243,12 +244,12 @@ class AsyncLLM:
             raise ValueError(f"request id {processed.request_id!r} is already in use")
         pending = _Pending(asyncio.Queue(), processed,
                            RequestStats(time.monotonic()),
-                           self.output_processor.child_ids(processed))
-        self.num_queued_requests += processed.num_sequences
+                           self.output_processor.sample_ids(processed))
+        self.num_queued_requests += processed.num_samples
         self.num_queued_tokens += processed.num_prompt_tokens
         self._requests[processed.request_id] = pending
         self.output_processor.add_request(processed)
-        self._inbox.put(("add", processed.children))
+        self._inbox.put(("add", processed.samples))
         return pending
 
     def submit(self, prompt: PromptType | ProcessedRequest, params: SamplingParams | None = None,
@@ -287,20 +288,20 @@ class AsyncLLM:
         finally:
             self._forget(request_id)
             if not finished:
-                self._abort_children(pending.child_ids)
+                self._abort_samples(pending.sample_ids)
 
     def abort(self, request_id: str) -> bool:
         """Aborts a request by the caller's id; False when it is not in flight."""
         pending = self._forget(request_id)
         if pending is None:
             return False
-        self._abort_children(pending.child_ids)
+        self._abort_samples(pending.sample_ids)
         pending.queue.put_nowait(asyncio.CancelledError(f"request {request_id} was aborted"))
         return True
 
-    def _abort_children(self, child_ids: list[str]) -> None:
-        self.output_processor.abort(child_ids)
-        self._abort_in_engine(child_ids)
+    def _abort_samples(self, sample_ids: list[str]) -> None:
+        self.output_processor.abort(sample_ids)
+        self._abort_in_engine(sample_ids)
 
-    def _abort_in_engine(self, child_ids: list[str]) -> None:
-        self._inbox.put(("abort", list(child_ids)))
+    def _abort_in_engine(self, sample_ids: list[str]) -> None:
+        self._inbox.put(("abort", list(sample_ids)))

@@ -12,17 +12,15 @@ import queue
 
 import numpy as np
 
-from corellm import _core
+from corellm.native import _core
 from corellm.config import EngineConfig, SchedulerConfig
-from corellm.engine.engine_core_outputs import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from corellm.engine.engine_core_outputs import EngineCoreOutput, EngineCoreOutputs
 from corellm.engine_core_request import EngineCoreRequest
 from corellm.model.loader import LoadedModel
 from corellm.worker.kv_cache import bytes_per_block, kv_cache_budget
 from corellm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("corellm")
-
-_FINISH = {0: None, 1: "stop", 2: "length", 3: "abort", 4: "error"}
 
 
 def plan_scheduler_config(loaded: LoadedModel, config: EngineConfig) -> SchedulerConfig:
@@ -94,10 +92,8 @@ class EngineCore:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
-    def stats(self) -> SchedulerStats:
-        s = self.scheduler.stats()
-        return SchedulerStats(s.num_running, s.num_waiting, s.kv_cache_usage, s.prefix_cache_queries,
-                              s.prefix_cache_hits, s.num_preemptions, s.num_free_blocks)
+    def stats(self) -> _core.SchedulerStats:
+        return self.scheduler.stats()
 
     def step(self) -> EngineCoreOutputs:
         self._process_aborts()
@@ -127,7 +123,7 @@ class EngineCore:
         stops = result.stop_reasons.tolist()
         cached = result.num_cached_tokens.tolist()
         for req_id, token, f, stop, n_cached in zip(req_ids, tokens, finish, stops, cached):
-            out = EngineCoreOutput(req_id, [token], _FINISH[f], stop if stop >= 0 else None, n_cached)
+            out = EngineCoreOutput(req_id, [token], _core.FINISH_REASON_NAMES[f], stop if stop >= 0 else None, n_cached)
             if req_id in mro.logprobs:
                 out.new_logprobs = [mro.logprobs[req_id]]
             out.new_prompt_logprobs = mro.prompt_logprobs.pop(req_id, None)

@@ -1,23 +1,25 @@
-"""EngineCoreOutputs on the Python side: the C++ scheduler's per-request results of a step, with
-the model runner's logprobs attached, as the OutputProcessor reads them."""
+"""EngineCoreOutputs: the fourth boundary structure (EngineCore -> OutputProcessor). Per request with
+news this step: the scheduler's decision (new token, finish reason, stop token, prefix-cache hit:
+its SchedulerUpdate) joined with the model runner's logprobs, or an error."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from corellm.native import _core
 from corellm.worker.model_runner_output import PromptLogprobs, SampledTokenLogprobs
 
 
 @dataclass
 class EngineCoreOutput:
-    req_id: str
-    new_token_ids: list[int]
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
-    stop_reason: int | None = None  # the stop token id that finished the request
-    num_cached_tokens: int = 0
-    new_logprobs: list[SampledTokenLogprobs] | None = None
-    new_prompt_logprobs: PromptLogprobs | None = None
-    error: str | None = None
+    req_id: str  # the engine-core request (one sample of a user's request)
+    new_token_ids: list[int]  # appended this step: one token, or none (a prompt chunk, an error)
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"; None while running
+    stop_reason: int | None = None  # the stop token id that finished the request (vLLM's stop_reason)
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage's cached_tokens)
+    new_logprobs: list[SampledTokenLogprobs] | None = None  # the new tokens', if the request asked
+    new_prompt_logprobs: PromptLogprobs | None = None  # prompt positions computed this step, if asked
+    error: str | None = None  # why the request failed (finish_reason "error")
 
     @property
     def finished(self) -> bool:
@@ -25,18 +27,8 @@ class EngineCoreOutput:
 
 
 @dataclass
-class SchedulerStats:
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_cache_usage: float = 0.0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    num_preemptions: int = 0
-    num_free_blocks: int = 0
-
-
-@dataclass
 class EngineCoreOutputs:
-    outputs: list[EngineCoreOutput] = field(default_factory=list)
-    scheduler_stats: SchedulerStats = field(default_factory=SchedulerStats)
-    num_scheduled_tokens: int = 0
+    outputs: list[EngineCoreOutput] = field(default_factory=list)  # one per request with news this step
+    # The scheduler's own statistics type (corellm._core.SchedulerStats), after the step.
+    scheduler_stats: _core.SchedulerStats = field(default_factory=_core.SchedulerStats)
+    num_scheduled_tokens: int = 0  # tokens the step computed (0: no forward ran)

@@ -24,17 +24,16 @@ class ProcessedRequest:
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
-    children: list[EngineCoreRequest]
+    samples: list[EngineCoreRequest]  # one engine-core request per sample (n of them)
 
     @property
-    def num_sequences(self) -> int:
-        """Engine-core requests: one per sample."""
-        return len(self.children)
+    def num_samples(self) -> int:
+        return len(self.samples)
 
     @property
     def num_prompt_tokens(self) -> int:
         """Prompt tokens to compute, counting each sample's."""
-        return len(self.prompt_token_ids) * len(self.children)
+        return len(self.prompt_token_ids) * len(self.samples)
 
 
 class InputProcessor:
@@ -94,17 +93,17 @@ class InputProcessor:
         stop_token_ids = self.stop_token_ids(params)
         arrival = time.time() if arrival_time is None else arrival_time
         parent_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
-        children = []
+        samples = []
         for i in range(params.n):
-            child_params = params
+            sample_params = params
             if params.n > 1:
-                child_params = params.clone()
-                child_params.n = 1
+                sample_params = params.clone()
+                sample_params.n = 1
             seed = (params.seed + i) % 2**64 if params.seed is not None else self._rng.getrandbits(63)
-            children.append(EngineCoreRequest(
+            samples.append(EngineCoreRequest(
                 request_id=parent_id if params.n == 1 else f"{parent_id}#{i}",
                 prompt_token_ids=ids,
-                sampling_params=child_params,
+                sampling_params=sample_params,
                 eos_token_id=self.tokenizer.eos_token_id,
                 stop_token_ids=stop_token_ids,
                 arrival_time=arrival,
@@ -112,7 +111,7 @@ class InputProcessor:
                 priority=priority,
                 cache_salt=cache_salt,
             ))
-        return ProcessedRequest(request_id, text, ids, params, children)
+        return ProcessedRequest(request_id, text, ids, params, samples)
 
     def check_priority(self, priority: object) -> None:
         """ValueError unless priority is an int32, and 0 where the policy is FCFS (vLLM's rule: a

@@ -55,24 +55,24 @@ class OutputProcessor:
     def add_request(self, processed: ProcessedRequest) -> None:
         p = processed.params
         samples = {}
-        for i, child in enumerate(processed.children):
-            s = SampleState(i, IncrementalDetokenizer(self.tokenizer, child.sampling_params, processed.prompt_token_ids))
+        for i, sample in enumerate(processed.samples):
+            s = SampleState(i, IncrementalDetokenizer(self.tokenizer, sample.sampling_params, processed.prompt_token_ids))
             if p.logprobs is not None:
                 s.logprobs, s.cumulative_logprob = [], 0.0
-            samples[child.request_id] = s
+            samples[sample.request_id] = s
         state = RequestState(processed, samples)
         if p.prompt_logprobs is not None:
             state.prompt_logprobs = [None] + [None] * (len(processed.prompt_token_ids) - 1)
-        for child_id in samples:
-            self.requests[child_id] = state
+        for sample_id in samples:
+            self.requests[sample_id] = state
 
-    def abort(self, child_ids: list[str]) -> None:
+    def abort(self, sample_ids: list[str]) -> None:
         """Forgets requests the caller gave up on (by engine-core id)."""
-        for cid in child_ids:
+        for cid in sample_ids:
             self.requests.pop(cid, None)
 
-    def child_ids(self, processed: ProcessedRequest) -> list[str]:
-        return [c.request_id for c in processed.children]
+    def sample_ids(self, processed: ProcessedRequest) -> list[str]:
+        return [s.request_id for s in processed.samples]
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from corellm import _core, ops
+from corellm import ops
+from corellm.native import _core
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.model_config import ModelConfig
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from corellm import _core
+from corellm.native import _core
 from corellm.model.attention_metadata import AttentionMetadata
 
 def _address(t: torch.Tensor | None) -> int:

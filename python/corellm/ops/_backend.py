@@ -10,12 +10,7 @@ from typing import Any
 
 import torch
 
-from corellm import _core
-
-try:
-    from corellm import _cuda
-except ImportError:  # built without nvcc, or a CPU-only installation
-    _cuda = None
+from corellm.native import _core, _cuda
 
 _CPU_TAGS = {torch.float32: _core.kernels.DTYPE_F32, torch.bfloat16: _core.kernels.DTYPE_BF16}
 _CUDA_TAGS = {} if _cuda is None else {torch.float32: _cuda.DTYPE_F32, torch.bfloat16: _cuda.DTYPE_BF16,

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from corellm import _core, ops
+from corellm import ops
+from corellm.native import _core
 from corellm.engine_core_request import EngineCoreRequest
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.loader import LoadedModel
