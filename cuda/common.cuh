@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "corellm/check.h"
 #include "kernels.h"
 
 namespace corellm::cuda {
@@ -91,7 +92,7 @@ void dispatch(const char* op, DType dtype, F&& f) {
     case DType::BF16: f(__nv_bfloat16{}); return;
     case DType::F16: f(__half{}); return;
   }
-  throw std::invalid_argument(std::string(op) + ": unknown dtype tag " + std::to_string(static_cast<int>(dtype)));
+  CORELLM_CHECK_ARG(false, op, ": unknown dtype tag ", static_cast<int>(dtype));
 }
 
 // Calls f(std::integral_constant<int, H>{}) for the H of kAttentionHeadSizes equal to head_size;

@@ -5,7 +5,8 @@
 #include <cstdint>
 #include <iterator>
 
-#include "corellm/kernels/sampling_batch_args.h"
+#include "corellm/check.h"
+#include "corellm/kernels/sampler.h"
 #include "kernels.h"
 
 namespace py = pybind11;
@@ -18,7 +19,12 @@ P* ptr(std::uintptr_t address) {
   return reinterpret_cast<P*>(address);
 }
 
-DType dtype_of(int32_t tag) { return static_cast<DType>(tag); }
+DType dtype_of(int32_t tag) {
+  CORELLM_CHECK_ARG(tag == static_cast<int32_t>(DType::F32) || tag == static_cast<int32_t>(DType::BF16) ||
+                        tag == static_cast<int32_t>(DType::F16),
+                    "unknown dtype tag ", tag, " (the CUDA kernels take F32, BF16 or F16)");
+  return static_cast<DType>(tag);
+}
 
 }  // namespace
 
@@ -86,21 +92,9 @@ PYBIND11_MODULE(_cuda, m) {
     return corellm::cuda::paged_attention_workspace_size(num_seqs, num_heads, num_kv_heads, head_size, block_size,
                                                          max_query_len, max_seq_len, dtype_of(dtype));
   });
-  // corellm._core.kernels.sample's arguments, then the stream.
-  m.def("sample", [](int64_t num_reqs, int64_t vocab_size, std::uintptr_t logits, std::uintptr_t temperature,
-                     std::uintptr_t top_k, std::uintptr_t top_p, std::uintptr_t min_p, std::uintptr_t seeds,
-                     std::uintptr_t steps, std::uintptr_t presence_penalty, std::uintptr_t frequency_penalty,
-                     std::uintptr_t repetition_penalty, std::uintptr_t output_offsets, std::uintptr_t output_ids,
-                     std::uintptr_t prompt_offsets, std::uintptr_t prompt_ids, std::uintptr_t bias_offsets,
-                     std::uintptr_t bias_ids, std::uintptr_t bias_values, std::uintptr_t banned_offsets,
-                     std::uintptr_t banned_ids, int64_t num_logprobs, std::uintptr_t sampled,
-                     std::uintptr_t sampled_logprob, std::uintptr_t sampled_rank, std::uintptr_t top_ids,
-                     std::uintptr_t top_logprobs, std::uintptr_t stream) {
-    corellm::cuda::sample(corellm::sampling_batch_from_addresses(
-                              num_reqs, vocab_size, logits, temperature, top_k, top_p, min_p, seeds, steps,
-                              presence_penalty, frequency_penalty, repetition_penalty, output_offsets, output_ids,
-                              prompt_offsets, prompt_ids, bias_offsets, bias_ids, bias_values, banned_offsets,
-                              banned_ids, num_logprobs, sampled, sampled_logprob, sampled_rank, top_ids, top_logprobs),
-                          stream);
-  }, release);
+  // The batch is corellm._core.kernels.SamplingBatch itself (its fields by name: the type _core
+  // registers, shared between the two modules), then the stream.
+  m.def("sample", [](const corellm::SamplingBatch& batch, std::uintptr_t stream) {
+    corellm::cuda::sample(batch, stream);
+  }, py::arg("batch"), py::arg("stream"), release);
 }

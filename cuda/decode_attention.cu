@@ -301,16 +301,13 @@ void decode_attention(void* out, const void* q, int64_t q_stride, const void* ke
                       int64_t num_seqs, int64_t num_heads, float scale, int64_t sliding_window, int64_t max_seq_len,
                       void* workspace, DType dtype, cudaStream_t stream) {
   const int group = static_cast<int>(num_heads / num_kv_heads);
-  if (!decode_attention_applies(head_size, block_size, group, dtype)) {
-    throw std::invalid_argument("paged_attention (decode): unsupported shape");
-  }
+  CORELLM_CHECK(decode_attention_applies(head_size, block_size, group, dtype),
+                "paged_attention chose the decode kernel for a shape it does not take");
   const int splits = static_cast<int>(decode_attention_splits(num_seqs, num_kv_heads, max_seq_len));
-  if (splits > 1 && workspace == nullptr) {
-    throw std::invalid_argument("paged_attention (decode): max_seq_len " + std::to_string(max_seq_len) +
-                                " needs a workspace of " +
-                                std::to_string(decode_attention_workspace_bytes(num_seqs, num_heads, num_kv_heads,
-                                                                                head_size, max_seq_len)) + " bytes");
-  }
+  CORELLM_CHECK_ARG(splits == 1 || workspace != nullptr, "paged_attention (decode): max_seq_len ", max_seq_len,
+                    " needs a workspace of ",
+                    decode_attention_workspace_bytes(num_seqs, num_heads, num_kv_heads, head_size, max_seq_len),
+                    " bytes");
   const int64_t states = num_seqs * num_heads * splits;
   float* base = static_cast<float*>(workspace);
   const Workspace ws{base, base ? base + states : nullptr, base ? base + 2 * states : nullptr};

@@ -122,10 +122,8 @@ void rotary_embedding(const int32_t* positions, void* q, int64_t q_stride, void*
                       const float* cos_sin_cache, int64_t max_position, int64_t num_tokens, int64_t num_heads,
                       int64_t num_kv_heads, int64_t head_size, int64_t rot_dim, bool is_neox, DType dtype,
                       std::uintptr_t stream) {
-  if (rot_dim <= 0 || rot_dim % 2 || rot_dim > head_size) {
-    throw std::invalid_argument("rotary_embedding: rot_dim " + std::to_string(rot_dim) +
-                                " must be even and at most head_size " + std::to_string(head_size));
-  }
+  CORELLM_CHECK_ARG(rot_dim > 0 && rot_dim % 2 == 0 && rot_dim <= head_size, "rotary_embedding: rot_dim ", rot_dim,
+                    " must be even and at most head_size ", head_size);
   (void)max_position;  // positions are checked against it by corellm.ops before the launch
   if (num_tokens == 0) return;
   const int work = static_cast<int>((num_heads + num_kv_heads) * rot_dim / 2);

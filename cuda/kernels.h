@@ -2,7 +2,7 @@
 // module corellm._cuda. Layouts are those of the CPU kernels (cpp/include/corellm/kernels/), so
 // that corellm.ops passes the same arguments whichever device holds the tensors. Every launcher
 // enqueues on `stream` (a cudaStream_t as an integer) and throws std::runtime_error on a failed
-// launch, std::invalid_argument on a bad argument.
+// launch, corellm::InvalidArgument (check.h's CORELLM_CHECK_ARG: a ValueError) on a bad argument.
 #pragma once
 
 #include <cstdint>

@@ -32,10 +32,8 @@ void reshape_and_cache(const void* key, int64_t key_stride, const void* value, i
                        std::uintptr_t stream) {
   if (num_tokens == 0) return;
   const int x = dtype == DType::F32 ? 1 : 2;
-  if (head_size % x || block_size % x) {
-    throw std::invalid_argument("reshape_and_cache: head_size and block_size must be multiples of " +
-                                std::to_string(x));
-  }
+  CORELLM_CHECK_ARG(head_size % x == 0 && block_size % x == 0,
+                    "reshape_and_cache: head_size and block_size must be multiples of ", x);
   const int threads = static_cast<int>(std::min<int64_t>(1024, (num_kv_heads * head_size + 31) / 32 * 32));
   dispatch("reshape_and_cache", dtype, [&](auto tag) {
     using T = decltype(tag);

@@ -168,15 +168,11 @@ void paged_attention(void* out, const void* q, int64_t q_stride, const void* key
                      int64_t sliding_window, int64_t max_query_len, int64_t max_seq_len, void* workspace,
                      DType dtype, std::uintptr_t stream) {
   (void)num_blocks;  // block ids come from the engine's own tables
-  if (!is_attention_head_size(head_size)) {
-    throw std::invalid_argument("paged_attention: head_size " + std::to_string(head_size) +
-                                " is not supported on CUDA (" + attention_head_sizes_text() + ")");
-  }
+  CORELLM_CHECK_ARG(is_attention_head_size(head_size), "paged_attention: head_size ", head_size,
+                    " is not supported on CUDA (", attention_head_sizes_text(), ")");
   if (num_seqs == 0 || max_query_len == 0) return;
-  if (num_heads % num_kv_heads) {
-    throw std::invalid_argument("paged_attention: num_heads " + std::to_string(num_heads) +
-                                " is not a multiple of num_kv_heads " + std::to_string(num_kv_heads));
-  }
+  CORELLM_CHECK_ARG(num_kv_heads > 0 && num_heads % num_kv_heads == 0, "paged_attention: num_heads ", num_heads,
+                    " is not a multiple of num_kv_heads ", num_kv_heads);
   const int group = static_cast<int>(num_heads / num_kv_heads);
   if (max_query_len == 1 && max_seq_len > 0 && decode_attention_applies(head_size, block_size, group, dtype)) {
     decode_attention(out, q, q_stride, key_cache, value_cache, num_kv_heads, head_size, block_size, block_table,
@@ -208,7 +204,7 @@ void paged_attention(void* out, const void* q, int64_t q_stride, const void* key
           block_table, block_table_stride, seq_lens, query_start_loc, group, chunk_tokens, scale,
           static_cast<int>(sliding_window), skip_from);
     });
-    if (!launched) throw std::logic_error("paged_attention: bug: no kernel for a supported head_size");
+    CORELLM_CHECK(launched, "no paged_attention kernel for the supported head_size ", head_size);
   });
   check_launch("paged_attention");
 }

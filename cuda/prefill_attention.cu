@@ -254,9 +254,8 @@ void prefill_attention(void* out, const void* q, int64_t q_stride, const void* k
                        int64_t block_table_stride, const int32_t* seq_lens, const int32_t* query_start_loc,
                        int64_t num_seqs, int64_t num_heads, float scale, int64_t sliding_window, int64_t max_query_len,
                        DType dtype, cudaStream_t stream) {
-  if (!prefill_attention_applies(head_size, block_size, dtype)) {
-    throw std::invalid_argument("paged_attention (prefill): unsupported shape");
-  }
+  CORELLM_CHECK(prefill_attention_applies(head_size, block_size, dtype),
+                "paged_attention chose the prefill kernel for a shape it does not take");
   const int kvh = static_cast<int>(num_kv_heads), group = static_cast<int>(num_heads / num_kv_heads);
   const int window = static_cast<int>(sliding_window);
   auto run = [&](auto tag, auto head_c) {

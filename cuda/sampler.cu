@@ -302,14 +302,10 @@ void check_cuda(cudaError_t err, const char* what) {
 }  // namespace
 
 void sample(const SamplingBatch& b, std::uintptr_t stream) {
-  if (b.num_reqs < 0 || b.vocab_size <= 0 || b.vocab_size > INT_MAX / 2) {
-    throw std::invalid_argument("sample: bad sampling batch shape [" + std::to_string(b.num_reqs) + ", " +
-                                std::to_string(b.vocab_size) + "]");
-  }
-  if (b.num_logprobs > kMaxLogprobs || b.num_logprobs > b.vocab_size) {
-    throw std::invalid_argument("sample: num_logprobs " + std::to_string(b.num_logprobs) + " exceeds the CUDA " +
-                                "sampler's limit of " + std::to_string(kMaxLogprobs) + " (or the vocabulary)");
-  }
+  CORELLM_CHECK_ARG(b.num_reqs >= 0 && b.vocab_size > 0 && b.vocab_size <= INT_MAX / 2,
+                    "sample: bad sampling batch shape [", b.num_reqs, ", ", b.vocab_size, "]");
+  CORELLM_CHECK_ARG(b.num_logprobs <= kMaxLogprobs && b.num_logprobs <= b.vocab_size, "sample: num_logprobs ",
+                    b.num_logprobs, " exceeds the CUDA sampler's limit of ", kMaxLogprobs, " (or the vocabulary)");
   if (b.num_reqs == 0) return;
   const cudaStream_t st = as_stream(stream);
   const size_t row_bytes = static_cast<size_t>(b.num_reqs) * static_cast<size_t>(b.vocab_size) * 4;

@@ -1,74 +1,53 @@
-// Glue: binds the CPU kernels into corellm._core. Kernels take raw addresses (torch's
+// Binds the CPU kernels into corellm._core.kernels. Kernels take raw addresses (torch's
 // tensor.data_ptr()), sizes, strides and a dtype tag; python/corellm/ops checks the tensors first.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <array>
 #include <cstdint>
-#include <vector>
 
 #include "corellm/check.h"
-#include "corellm/kernels/decoder_stack.h"
 #include "corellm/kernels/elementwise.h"
 #include "corellm/kernels/packed_gemm.h"
 #include "corellm/kernels/paged_attention.h"
 #include "corellm/kernels/sampler.h"
-#include "corellm/kernels/sampling_batch_args.h"
+#include "glue.h"
 
-namespace py = pybind11;
-using namespace corellm;
-
+namespace corellm::binding {
 namespace {
 
-template <class T>
-T* ptr(uintptr_t address) {
-  return reinterpret_cast<T*>(address);
-}
-
-DType dtype_of(int32_t tag) {
-  if (tag != static_cast<int32_t>(DType::F32) && tag != static_cast<int32_t>(DType::BF16)) {
-    throw InvalidArgument(concat("unknown dtype tag ", tag));
-  }
-  return static_cast<DType>(tag);
-}
-
-// One layer's addresses, in DecoderLayerWeights' order (0: absent).
-using LayerAddresses = std::array<uintptr_t, 11>;
-
-void bind_decoder_stack(py::module_& k) {
-  using py::arg;
-  py::class_<DecoderStack>(k, "DecoderStack", "A decoder stack run for a few tokens in one call (decoder_stack.h)")
-      .def(py::init([](int64_t vocab_size, int64_t hidden, int64_t num_heads, int64_t num_kv_heads,
-                       int64_t head_size, int64_t intermediate, float eps, float scale, int64_t sliding_window,
-                       uintptr_t cos_sin_cache, int64_t max_position, int64_t rot_dim, uintptr_t embed,
-                       const std::vector<LayerAddresses>& layers, uintptr_t final_norm, int64_t num_blocks,
-                       int64_t block_size) {
-             std::vector<DecoderLayerWeights> weights;
-             for (const LayerAddresses& a : layers) {
-               weights.push_back({ptr<const uint16_t>(a[0]), ptr<const uint16_t>(a[1]), ptr<const uint16_t>(a[2]),
-                                  ptr<const uint16_t>(a[3]), ptr<const uint16_t>(a[4]), ptr<const uint16_t>(a[5]),
-                                  ptr<const uint16_t>(a[6]), ptr<const uint16_t>(a[7]), ptr<const uint16_t>(a[8]),
-                                  ptr<void>(a[9]), ptr<void>(a[10])});
-             }
-             DecoderDims dims{vocab_size, hidden, num_heads, num_kv_heads, head_size, intermediate, eps, scale,
-                              sliding_window, ptr<const float>(cos_sin_cache), max_position, rot_dim};
-             return new DecoderStack(dims, ptr<const uint16_t>(embed), std::move(weights),
-                                     ptr<const uint16_t>(final_norm), {num_blocks, num_kv_heads, head_size, block_size});
-           }),
-           arg("vocab_size"), arg("hidden"), arg("num_heads"), arg("num_kv_heads"), arg("head_size"),
-           arg("intermediate"), arg("eps"), arg("scale"), arg("sliding_window"), arg("cos_sin_cache"),
-           arg("max_position"), arg("rot_dim"), arg("embed"), arg("layers"), arg("final_norm"), arg("num_blocks"),
-           arg("block_size"))
-      .def("forward",
-           [](DecoderStack& s, uintptr_t input_ids, uintptr_t positions, int64_t num_tokens, uintptr_t slot_mapping,
-              uintptr_t block_table, int64_t block_table_stride, uintptr_t seq_lens, uintptr_t query_start_loc,
-              int64_t num_seqs, uintptr_t out) {
-             s.forward({ptr<const int32_t>(input_ids), ptr<const int32_t>(positions), num_tokens,
-                        ptr<const int32_t>(slot_mapping), ptr<const int32_t>(block_table), block_table_stride,
-                        ptr<const int32_t>(seq_lens), ptr<const int32_t>(query_start_loc), num_seqs,
-                        ptr<uint16_t>(out)});
-           },
-           py::call_guard<py::gil_scoped_release>());
+// SamplingBatch with named fields: corellm.ops.sample sets each array's address by its name (0
+// for an absent one) and hands the batch to the CPU kernel, or to corellm._cuda's (which takes
+// this very type).
+void bind_sampling_batch(py::module_& k) {
+  py::class_<SamplingBatch> b(k, "SamplingBatch", "The sampler's batch (sampler.h): sizes, and arrays by address");
+  b.def(py::init<>())
+      .def_readwrite("num_reqs", &SamplingBatch::num_reqs)
+      .def_readwrite("vocab_size", &SamplingBatch::vocab_size)
+      .def_readwrite("num_logprobs", &SamplingBatch::num_logprobs);
+  def_address(b, "logits", &SamplingBatch::logits);
+  def_address(b, "temperature", &SamplingBatch::temperature);
+  def_address(b, "top_k", &SamplingBatch::top_k);
+  def_address(b, "top_p", &SamplingBatch::top_p);
+  def_address(b, "min_p", &SamplingBatch::min_p);
+  def_address(b, "seeds", &SamplingBatch::seeds);
+  def_address(b, "steps", &SamplingBatch::steps);
+  def_address(b, "presence_penalty", &SamplingBatch::presence_penalty);
+  def_address(b, "frequency_penalty", &SamplingBatch::frequency_penalty);
+  def_address(b, "repetition_penalty", &SamplingBatch::repetition_penalty);
+  def_address(b, "output_offsets", &SamplingBatch::output_offsets);
+  def_address(b, "output_ids", &SamplingBatch::output_ids);
+  def_address(b, "prompt_offsets", &SamplingBatch::prompt_offsets);
+  def_address(b, "prompt_ids", &SamplingBatch::prompt_ids);
+  def_address(b, "bias_offsets", &SamplingBatch::bias_offsets);
+  def_address(b, "bias_ids", &SamplingBatch::bias_ids);
+  def_address(b, "bias_values", &SamplingBatch::bias_values);
+  def_address(b, "banned_offsets", &SamplingBatch::banned_offsets);
+  def_address(b, "banned_ids", &SamplingBatch::banned_ids);
+  def_address(b, "sampled", &SamplingBatch::sampled);
+  def_address(b, "sampled_logprob", &SamplingBatch::sampled_logprob);
+  def_address(b, "sampled_rank", &SamplingBatch::sampled_rank);
+  def_address(b, "top_ids", &SamplingBatch::top_ids);
+  def_address(b, "top_logprobs", &SamplingBatch::top_logprobs);
 }
 
 }  // namespace
@@ -130,22 +109,8 @@ void bind_kernels(py::module_& m) {
           paged_attention(a);
         },
         py::call_guard<py::gil_scoped_release>());
-  k.def("sample",
-        [](int64_t num_reqs, int64_t vocab_size, uintptr_t logits, uintptr_t temperature, uintptr_t top_k,
-           uintptr_t top_p, uintptr_t min_p, uintptr_t seeds, uintptr_t steps, uintptr_t presence_penalty,
-           uintptr_t frequency_penalty, uintptr_t repetition_penalty, uintptr_t output_offsets,
-           uintptr_t output_ids, uintptr_t prompt_offsets, uintptr_t prompt_ids, uintptr_t bias_offsets,
-           uintptr_t bias_ids, uintptr_t bias_values, uintptr_t banned_offsets, uintptr_t banned_ids,
-           int64_t num_logprobs, uintptr_t sampled, uintptr_t sampled_logprob, uintptr_t sampled_rank,
-           uintptr_t top_ids, uintptr_t top_logprobs) {
-          sample(sampling_batch_from_addresses(
-              num_reqs, vocab_size, logits, temperature, top_k, top_p, min_p, seeds, steps, presence_penalty,
-              frequency_penalty, repetition_penalty, output_offsets, output_ids, prompt_offsets, prompt_ids,
-              bias_offsets, bias_ids, bias_values, banned_offsets, banned_ids, num_logprobs, sampled, sampled_logprob,
-              sampled_rank, top_ids, top_logprobs));
-        },
-        py::call_guard<py::gil_scoped_release>());
-  bind_decoder_stack(k);
+  bind_sampling_batch(k);
+  k.def("sample", &sample, arg("batch"), py::call_guard<py::gil_scoped_release>());
   k.def("philox_uniform", &philox_uniform, arg("seed"), arg("counter"));
   k.def("bf16_gemm_available", &bf16_gemm_available);
   k.def("bf16_gemm_packed_size", &bf16_gemm_packed_size, arg("n"), arg("k"));
@@ -163,3 +128,5 @@ void bind_kernels(py::module_& m) {
         arg("x"), arg("x_stride"), arg("packed"), arg("bias"), arg("y"), arg("y_stride"), arg("m"), arg("n"), arg("k"),
         arg("y_dtype") = static_cast<int32_t>(DType::BF16), py::call_guard<py::gil_scoped_release>());
 }
+
+}  // namespace corellm::binding

@@ -192,3 +192,7 @@ class BatchBuilder:
     block_table: npt.NDArray[np.int32]
     def row_token_ids(self, row: int) -> list[int]: ...
     def row_block_ids(self, row: int) -> list[int]: ...
+
+# Submodules, typed loosely: they take raw addresses (use corellm.ops and corellm.model instead).
+kernels: Any  # the CPU kernels and their SamplingBatch (cpp/bindings/kernel_bindings.cpp)
+model: Any  # the native decoder stack: DecoderDims, DecoderLayerWeights, KVCacheShape, DecoderStack

@@ -27,17 +27,16 @@ def make_llm(loaded, **kw) -> LLM:
 def test_a_failed_forward_leaks_nothing_through_the_prefix_cache(loaded):
     llm = make_llm(loaded)
     prefix = list(range(1000, 1064))  # 64 tokens: 4 full blocks
-    model = llm.engine_core.model_runner.model
-    forward = model.forward
+    runner = llm.engine_core.model_runner
 
-    def failing(*args, **kwargs):
+    def failing(scheduler_output):
         raise RuntimeError("injected failure")
 
-    model.forward = failing
+    runner.forward = failing  # the step's forward, whichever path it would take
     try:
         failed = llm.generate({"prompt_token_ids": prefix + [5]}, GREEDY, use_tqdm=False)[0]
     finally:
-        model.forward = forward
+        del runner.forward
     assert failed.outputs[0].finish_reason == "error"
     got = llm.generate({"prompt_token_ids": prefix + [7]}, GREEDY, use_tqdm=False)[0].outputs[0]
     want = make_llm(loaded).generate({"prompt_token_ids": prefix + [7]}, GREEDY, use_tqdm=False)[0].outputs[0]

@@ -173,8 +173,8 @@ def test_model_runner_protocol(llm):
     runner = llm.engine_core.model_runner
     empty = llm.engine_core.scheduler.schedule()  # nothing to schedule
     calls = []
-    original = runner.model.forward
-    runner.model.forward = lambda *a, **k: calls.append(1) or original(*a, **k)
+    original = runner.forward
+    runner.forward = lambda *a, **k: calls.append(1) or original(*a, **k)
     try:
         assert runner.execute_model(empty) is None
         with pytest.raises(RuntimeError, match=r"sample_tokens\(\) must be called after execute_model\(\) returns None"):
@@ -182,7 +182,7 @@ def test_model_runner_protocol(llm):
         assert runner.sample_tokens().req_ids == []
         assert calls == []  # an empty schedule runs no forward
     finally:
-        runner.model.forward = original
+        del runner.forward
 
 
 def test_prompt_logprobs_and_generation_config_defaults(tmp_path):

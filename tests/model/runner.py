@@ -1,5 +1,6 @@
 """A minimal single-batch runner for model tests: lays sequences into a paged KV cache (shuffled
-blocks) and runs prefill and decode steps through corellm's model, without the engine."""
+blocks) and runs prefill and decode steps through corellm's model, without the engine — op by op,
+or through the native decoder stack (native=True)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import torch
 
 from corellm import ops
 from corellm.model import AttentionMetadata, LlamaForCausalLM
+from corellm.model.native_stack import NativeDecoderStack
 
 
 class PagedRunner:
     def __init__(self, model: LlamaForCausalLM, max_tokens_per_seq: int, num_seqs: int, block_size: int = 16,
-                 seed: int = 0):
+                 seed: int = 0, native: bool = False):
         c = model.config
         self.model, self.block_size = model, block_size
         blocks_per_seq = math.ceil(max_tokens_per_seq / block_size)
@@ -24,6 +26,7 @@ class PagedRunner:
         perm = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed))[:blocks_per_seq * num_seqs]
         self.block_table = perm.view(num_seqs, blocks_per_seq).to(torch.int32)
         self.lengths = [0] * num_seqs
+        self.native_stack = NativeDecoderStack(model, self.kv_caches) if native else None
 
     def step(self, chunks: list[list[int]], hidden_states: list | None = None) -> torch.Tensor:
         """chunks[i]: the next tokens of sequence i (empty: not scheduled). Returns float32 logits
@@ -43,6 +46,9 @@ class PagedRunner:
         i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
         attn = AttentionMetadata(i32(slots), self.block_table[rows].contiguous(), i32(seq_lens), i32(qsl))
         with torch.inference_mode():
-            h = self.model.forward(i32(ids), i32(pos), attn, self.kv_caches, hidden_states)
+            if self.native_stack is not None and hidden_states is None:
+                h = self.native_stack.forward(i32(ids), i32(pos), attn)
+            else:
+                h = self.model.forward(i32(ids), i32(pos), attn, self.kv_caches, hidden_states)
             last = torch.tensor(qsl[1:]) - 1
             return self.model.compute_logits(h[last])

@@ -9,6 +9,7 @@ import torch
 
 from corellm import _core
 from corellm.model import load_model
+from corellm.model.native_stack import supports
 from tests.model.runner import PagedRunner
 from tests.model.tiny_models import ARCHS, make_tiny_model
 
@@ -21,7 +22,7 @@ def tiny_bf16(request, tmp_path_factory, tokenizer_json):
     directory = tmp_path_factory.mktemp(request.param)
     make_tiny_model(request.param, directory, tokenizer_json, seed=7)
     model = load_model(str(directory), dtype="bfloat16", progress=False).model
-    assert model._native_stack_applies
+    assert supports(model)
     return model
 
 
@@ -33,10 +34,8 @@ def _prompts(lengths, seed=0):
 def _decode(model, prompts, steps, native, together=True):
     """Prefills the prompts, then decodes `steps` greedy tokens, all sequences in one step
     (together) or each in a step of its own. Returns logits per step."""
-    runner = PagedRunner(model, 64, len(prompts), block_size=8, seed=1)
-    model.use_native_stack = native
+    runner = PagedRunner(model, 64, len(prompts), block_size=8, seed=1, native=native)
     last = runner.step(prompts)
-    model.use_native_stack = native
     out = []
     for _ in range(steps):
         nxt = last.argmax(-1).tolist()
@@ -46,7 +45,6 @@ def _decode(model, prompts, steps, native, together=True):
             last = torch.cat([runner.step([[t] if j == i else [] for j in range(len(prompts))])
                               for i, t in enumerate(nxt)])
         out.append(last)
-    model.use_native_stack = True
     return torch.stack(out)
 
 
@@ -66,16 +64,14 @@ def test_chunked_prefill_is_bit_identical_to_the_per_op_forward(tiny_bf16):
     prompt = _prompts([50], seed=3)[0]
     logits = {}
     for native in (True, False):
-        runner = PagedRunner(tiny_bf16, 64, 1, block_size=8)
-        tiny_bf16.use_native_stack = native
+        runner = PagedRunner(tiny_bf16, 64, 1, block_size=8, native=native)
         runner.step([prompt[:8]])
         runner.step([prompt[8:11]])  # 3 query tokens over 8 cached ones
         logits[native] = runner.step([prompt[11:]])
-    tiny_bf16.use_native_stack = True
     assert torch.equal(logits[True], logits[False])
 
 
 def test_a_token_outside_the_vocabulary_is_refused(tiny_bf16):
-    runner = PagedRunner(tiny_bf16, 16, 1)
+    runner = PagedRunner(tiny_bf16, 16, 1, native=True)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         runner.step([[384]])

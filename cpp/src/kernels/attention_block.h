@@ -13,7 +13,7 @@
 #include <immintrin.h>
 #endif
 
-#include "corellm/kernels/fast_math.h"
+#include "fast_math.h"
 
 namespace corellm::attention {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "corellm/check.h"
-#include "corellm/kernels/fast_math.h"
+#include "fast_math.h"
 
 namespace corellm {
 

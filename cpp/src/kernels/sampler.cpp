@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "corellm/check.h"
-#include "corellm/kernels/fast_math.h"
+#include "fast_math.h"
 
 namespace corellm {
 

@@ -1,7 +1,10 @@
 """The Llama-family building blocks over corellm's ops: attention with a paged KV cache, the
 SwiGLU MLP, and the decoder layer that chains them with RMSNorm and the residual stream.
 
-Weights are fused at load time: q, k, v projections -> one qkv matrix; gate and up -> gate_up."""
+Weights are fused at load time: q, k, v projections -> one qkv matrix; gate and up -> gate_up.
+
+A change to the layer math here goes into the native decoder stack too
+(cpp/src/model/decoder_stack.cpp): tests/model/test_native_stack.py holds the two bit-identical."""
 
 from __future__ import annotations
 
@@ -36,7 +39,9 @@ class Linear:
         self.weight: torch.Tensor | None = torch.empty(out_features, in_features, dtype=dtype, device=device)
         self.bias = torch.empty(out_features, dtype=dtype, device=device) if bias else None
         self.shape = (out_features, in_features)
-        self._gemm_packed: torch.Tensor | None = None  # corellm's panel layout
+        # The weight in corellm's GEMM panel layout (bf16_gemm_pack), or None; public: the native
+        # decoder stack (model/native_stack.py) runs on it too.
+        self.packed: torch.Tensor | None = None
         self._onednn_packed: torch.Tensor | None = None  # oneDNN's blocked layout (fallback)
 
     def finalize(self, keep_weight: bool = False) -> None:
@@ -47,8 +52,8 @@ class Linear:
             return
         n, k = self.shape
         if _GEMM and (not keep_weight or n * k <= _SHARED_PACK_MAX_ELEMENTS):
-            self._gemm_packed = torch.empty(_core.kernels.bf16_gemm_packed_size(n, k), dtype=torch.bfloat16)
-            _core.kernels.bf16_gemm_pack(w.data_ptr(), self._gemm_packed.data_ptr(), n, k)
+            self.packed = torch.empty(_core.kernels.bf16_gemm_packed_size(n, k), dtype=torch.bfloat16)
+            _core.kernels.bf16_gemm_pack(w.data_ptr(), self.packed.data_ptr(), n, k)
             if not keep_weight:
                 self.weight = None
         elif _ONEDNN:
@@ -57,13 +62,13 @@ class Linear:
     def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """x [m, in] -> [m, out] in the weight's dtype, or out_dtype (float32 from the packed GEMM:
         its fp32 sums, not rounded to bf16 first)."""
-        if self._gemm_packed is not None:
+        if self.packed is not None:
             n, k = self.shape
             if x.stride(-1) != 1 or x.dtype != torch.bfloat16:
                 x = x.to(torch.bfloat16).contiguous()
             f32 = out_dtype == torch.float32
             y = torch.empty((x.shape[0], n), dtype=torch.float32 if f32 else torch.bfloat16)
-            _core.kernels.bf16_gemm(x.data_ptr(), x.stride(0), self._gemm_packed.data_ptr(),
+            _core.kernels.bf16_gemm(x.data_ptr(), x.stride(0), self.packed.data_ptr(),
                                     0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(), n, x.shape[0],
                                     n, k, _core.kernels.DTYPE_F32 if f32 else _core.kernels.DTYPE_BF16)
             return y

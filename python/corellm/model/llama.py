@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from corellm import ops
-from corellm.model import native_stack
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.layers import DecoderLayer, KVCache, Linear
 from corellm.model.model_config import ModelConfig
@@ -37,11 +36,6 @@ class LlamaForCausalLM:
             inv_freq = inv_freq / rope_factors.float()
         positions = max_position or config.max_position_embeddings
         self.cos_sin_cache = cos_sin_cache(config, positions, inv_freq).to(self.device)
-        # Steps run the whole stack in one native call where the weights allow it (bf16, packed
-        # for corellm's GEMM); False: always op by op.
-        self.use_native_stack = True
-        self._native_stack: native_stack.NativeDecoderStack | None = None
-        self._native_stack_applies = False  # decided once the weights are laid out (load_weights)
 
     # ------------------------------------------------------------------ weights
     def _destinations(self) -> dict[str, tuple[torch.Tensor, int, int]]:
@@ -103,18 +97,14 @@ class LlamaForCausalLM:
             for linear in layer.linears():
                 linear.finalize()
         self.lm_head.finalize(keep_weight=self.config.tie_word_embeddings)  # tied: it is the embedding too
-        self._native_stack_applies = native_stack.supports(self)
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
                 kv_caches: list[KVCache], hidden_states: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """input_ids, positions: int32 [num_tokens] -> final hidden states [num_tokens, hidden].
-        `hidden_states`, when given, receives the residual stream after each layer (HF's
-        output_hidden_states[1:], before the final norm)."""
-        if hidden_states is None and input_ids.shape[0] >= 1:
-            stack = self._native_stack_for(kv_caches)
-            if stack is not None and input_ids.dtype == positions.dtype == torch.int32:
-                return stack.forward(input_ids.contiguous(), positions.contiguous(), attn)
+        """input_ids, positions: int32 [num_tokens] -> final hidden states [num_tokens, hidden],
+        op by op (the reference the native decoder stack is held to; which of the two runs a step
+        is the model runner's choice). `hidden_states`, when given, receives the residual stream
+        after each layer (HF's output_hidden_states[1:], before the final norm)."""
         h = F.embedding(input_ids, self.embed)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
@@ -123,15 +113,6 @@ class LlamaForCausalLM:
                 hidden_states.append(h + residual)
         h, _ = ops.fused_add_rms_norm(h, residual, self.norm, self.config.rms_norm_eps)
         return h
-
-    def _native_stack_for(self, kv_caches: list[KVCache]) -> native_stack.NativeDecoderStack | None:
-        """The native stack bound to these KV caches (built on first use), or None where it
-        does not apply."""
-        if not (self.use_native_stack and self._native_stack_applies):
-            return None
-        if self._native_stack is None or self._native_stack.kv_caches is not kv_caches:
-            self._native_stack = native_stack.NativeDecoderStack(self, kv_caches)
-        return self._native_stack
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[n, hidden] -> float32 logits [n, vocab]."""

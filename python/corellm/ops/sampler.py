@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from corellm.native import _core
 from corellm.ops._backend import backend
 from corellm.ops._checks import check, check_shape
 
@@ -146,16 +147,19 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         out.ranks = torch.empty(n, dtype=torch.int32, device=dev)
         out.top_token_ids = torch.empty((n, k), dtype=torch.int32, device=dev)
         out.top_logprobs = torch.empty((n, k), dtype=torch.float32, device=dev)
-    be.kernels.sample(
-        n, vocab, logits.data_ptr(), _ptr(md.temperature), _ptr(md.top_k), _ptr(md.top_p), _ptr(md.min_p),
-        _ptr(md.seeds), _ptr(md.steps), _ptr(md.presence_penalty), _ptr(md.frequency_penalty),
-        _ptr(md.repetition_penalty),
-        _ptr(outputs.offsets if outputs else None), _ptr(outputs.ids if outputs else None),
-        _ptr(prompts.offsets if prompts else None), _ptr(prompts.ids if prompts else None),
-        _ptr(bias.offsets if bias else None), _ptr(bias.ids if bias else None),
-        _ptr(bias.values if bias else None),
-        _ptr(banned.offsets if banned else None), _ptr(banned.ids if banned else None),
-        k, sampled.data_ptr(), _ptr(out.logprobs), _ptr(out.ranks), _ptr(out.top_token_ids),
-        _ptr(out.top_logprobs), *be.extra,
-    )
+    batch = _core.kernels.SamplingBatch()  # the kernel's struct, its arrays set by name (0: absent)
+    batch.num_reqs, batch.vocab_size, batch.num_logprobs = n, vocab, k
+    batch.logits, batch.sampled = logits.data_ptr(), sampled.data_ptr()
+    for name in ("temperature", "top_k", "top_p", "min_p", "seeds", "steps", "presence_penalty",
+                 "frequency_penalty", "repetition_penalty"):
+        setattr(batch, name, _ptr(getattr(md, name)))
+    for prefix, tl in (("output", outputs), ("prompt", prompts), ("bias", bias), ("banned", banned)):
+        if tl is not None:
+            setattr(batch, f"{prefix}_offsets", tl.offsets.data_ptr())
+            setattr(batch, f"{prefix}_ids", tl.ids.data_ptr())
+    if bias is not None:
+        batch.bias_values = bias.values.data_ptr()
+    batch.sampled_logprob, batch.sampled_rank = _ptr(out.logprobs), _ptr(out.ranks)
+    batch.top_ids, batch.top_logprobs = _ptr(out.top_token_ids), _ptr(out.top_logprobs)
+    be.kernels.sample(batch, *be.extra)
     return out

@@ -19,6 +19,7 @@ from corellm.native import _core
 from corellm.engine_core_request import EngineCoreRequest
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.loader import LoadedModel
+from corellm.model.native_stack import NativeDecoderStack, supports as native_stack_supports
 from corellm.worker.cuda_graphs import CUDAGraphRunner
 from corellm.worker.kv_cache import allocate_kv_caches
 from corellm.worker.model_runner_output import ModelRunnerOutput, PromptLogprobs, SampledTokenLogprobs
@@ -47,11 +48,15 @@ class ModelRunner:
                                           block_size=c.block_size, max_num_batched_tokens=c.max_num_batched_tokens)
         self.sampling = SamplingState(c.max_num_seqs)
         self._state: ExecuteModelState | None = None
+        # The ways a step's forward can run besides the model's per-op layers (see forward).
         self.cuda_graphs: CUDAGraphRunner | None = None
+        self.native_stack: NativeDecoderStack | None = None
         if self.device.type == "cuda" and not enforce_eager:
             self.cuda_graphs = CUDAGraphRunner(self.model, self.kv_caches, c.max_num_seqs, c.max_model_len,
                                                c.block_size, self.device)
             self.cuda_graphs.capture()
+        elif native_stack_supports(self.model):
+            self.native_stack = NativeDecoderStack(self.model, self.kv_caches)
 
     def shutdown(self) -> None:
         """Releases what the runner holds beyond the KV cache (the CUDA graphs)."""
@@ -69,26 +74,37 @@ class ModelRunner:
             return None
         b = self.builder
         b.prepare_inputs(so)
-        # A uniform-decode batch replays a captured CUDA graph (padded to its size); others run eagerly.
-        graph_size = self.cuda_graphs.dispatch(so.num_reqs, so.total_num_scheduled_tokens) if self.cuda_graphs else None
         with torch.inference_mode():
-            if graph_size is not None:
-                hidden = self.cuda_graphs.run(graph_size, b.input_ids, b.positions, b.slot_mapping, b.block_table,
-                                              b.seq_lens)
-            else:
-                if self.device.type == "cpu":
-                    i32 = torch.from_numpy  # zero-copy views of the builder's buffers
-                else:  # one host-to-device copy per array, enqueued on the current stream
-                    i32 = lambda a: torch.from_numpy(a).to(self.device, non_blocking=True)  # noqa: E731
-                attn = AttentionMetadata(slot_mapping=i32(b.slot_mapping), block_table=i32(b.block_table),
-                                         seq_lens=i32(b.seq_lens), query_start_loc=i32(b.query_start_loc),
-                                         max_query_len=b.max_query_len, max_seq_len=b.max_seq_len)
-                hidden = self.model.forward(i32(b.input_ids), i32(b.positions), attn, self.kv_caches)
+            hidden = self.forward(so)
             logits = self.model.compute_logits(hidden[torch.from_numpy(b.logits_indices).long().to(self.device)])
             prompt_logprobs = self._prompt_logprobs(so, hidden)
         # The sampler runs where the logits are (corellm's CPU or CUDA kernel).
         self._state = ExecuteModelState(so, logits.float().contiguous(), prompt_logprobs)
         return None
+
+    def forward(self, so: _core.SchedulerOutput) -> torch.Tensor:
+        """The step's forward over the builder's inputs -> hidden states [num_tokens, hidden]. The
+        one place that picks how it runs:
+          1. a captured CUDA graph: on a GPU, for a uniform-decode batch no larger than the largest
+             capture (padded to the next captured size);
+          2. the native decoder stack: on a CPU with the weights packed in bf16 (one native call);
+          3. the model's per-op layers: everything else (fp32, a GPU's prefill and mixed batches).
+        2 and 3 are bit-identical; 1 runs 3's kernels."""
+        b = self.builder
+        graph_size = self.cuda_graphs.dispatch(so.num_reqs, so.total_num_scheduled_tokens) if self.cuda_graphs else None
+        if graph_size is not None:
+            return self.cuda_graphs.run(graph_size, b.input_ids, b.positions, b.slot_mapping, b.block_table,
+                                        b.seq_lens)
+        if self.device.type == "cpu":
+            i32 = torch.from_numpy  # zero-copy views of the builder's buffers
+        else:  # one host-to-device copy per array, enqueued on the current stream
+            i32 = lambda a: torch.from_numpy(a).to(self.device, non_blocking=True)  # noqa: E731
+        attn = AttentionMetadata(slot_mapping=i32(b.slot_mapping), block_table=i32(b.block_table),
+                                 seq_lens=i32(b.seq_lens), query_start_loc=i32(b.query_start_loc),
+                                 max_query_len=b.max_query_len, max_seq_len=b.max_seq_len)
+        if self.native_stack is not None:
+            return self.native_stack.forward(i32(b.input_ids), i32(b.positions), attn)
+        return self.model.forward(i32(b.input_ids), i32(b.positions), attn, self.kv_caches)
 
     def _update_states(self, so: _core.SchedulerOutput) -> None:
         for req_id in list(so.finished_req_ids) + list(so.preempted_req_ids):

@@ -1,6 +1,7 @@
-"""Runs without a GPU: every model and kernel case that a CUDA test or the GPU benchmarks build has
-a head size corellm._cuda's attention is built for (a GPU run is too scarce to spend on a shape
-error), and a model whose head size has no CUDA kernel is refused by name when it loads."""
+"""What a GPU run needs from corellm._cuda, checked here without a GPU (a GPU run is too scarce to
+spend on a shape or binding error): every model and kernel case that a CUDA test or the GPU
+benchmarks build has a head size the CUDA attention is built for; a model whose head size has no
+CUDA kernel is refused by name when it loads; the CUDA sampler takes _core's SamplingBatch."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from corellm.model.loader import check_head_size_on_device, load_model_config
+from corellm.native import _core, _cuda
 from corellm.ops._backend import cuda_attention_head_sizes, cuda_available
 from tests.model.tiny_models import ARCHS, TINY
 
@@ -75,3 +77,10 @@ def test_a_head_size_without_a_kernel_is_refused_by_name(tmp_path):
     check_head_size_on_device(config, torch.device("cpu"))  # the CPU kernels take any even head size
     with pytest.raises(ValueError, match=r"head_dim 72 has no CUDA attention kernel .*head sizes 16, 32"):
         check_head_size_on_device(config, torch.device("cuda"))
+
+
+def test_the_cuda_sampler_takes_the_cores_sampling_batch():
+    """One struct type for both modules (bound by _core, shared with _cuda): the CUDA binding
+    accepts the batch and reaches the launcher's own checks (nothing is launched for a bad shape)."""
+    with pytest.raises(ValueError, match="bad sampling batch shape"):
+        _cuda.sample(_core.kernels.SamplingBatch(), 0)

@@ -1,12 +1,12 @@
 // A Llama-family model's decoder stack run in one native call: a step's whole forward
-// (embedding, every layer's ops, the final norm) without returning to Python between ops.
-// Per-op calls from Python cost 5-20 us each (argument checks, tensor allocation, the binding),
-// ~300 of them per step: a quarter of a single-stream decode step on a small model.
+// (embedding, every layer's ops, the final norm) without returning to Python between ops, which
+// would cost about ten op calls per layer (argument checks, tensor allocation, the binding).
 //
 // It chains the same kernels, in the same order, as the Python layers (python/corellm/model/
 // layers.py), so its result is bit-identical to theirs, and each token's projections do not
 // depend on how many tokens share the step (packed_gemm.h computes every row alike). bf16 only;
-// projections packed by bf16_gemm_pack.
+// projections packed by bf16_gemm_pack. A change to the layer math goes here and in layers.py
+// alike: tests/model/test_native_stack.py holds the two bit-identical.
 //
 // Per layer, for x the residual stream (un-normalized, as in the Python layers):
 //   h = rms_norm(x)                    (first layer; later ones: x += h, h = rms_norm(x))
@@ -27,48 +27,49 @@
 
 namespace corellm {
 
+// Every pointer below must outlive the stack; the model (python/corellm/model/llama.py) owns them.
 struct DecoderDims {
-  int64_t vocab_size;
-  int64_t hidden;
-  int64_t num_heads;
-  int64_t num_kv_heads;
-  int64_t head_size;
-  int64_t intermediate;
-  float eps;
-  float scale;             // attention softmax scale
-  int64_t sliding_window;  // <= 0: none
-  const float* cos_sin_cache;  // [max_position, rot_dim] fp32, cos then sin (ops.rotary_embedding)
-  int64_t max_position;
-  int64_t rot_dim;
+  int64_t vocab_size = 0;
+  int64_t hidden = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_size = 0;
+  int64_t intermediate = 0;
+  float eps = 0.0f;                        // RMSNorm epsilon
+  float scale = 0.0f;                      // attention softmax scale
+  int64_t sliding_window = 0;              // <= 0: none
+  const float* cos_sin_cache = nullptr;    // [max_position, rot_dim] fp32, cos then sin (ops.rotary_embedding)
+  int64_t max_position = 0;
+  int64_t rot_dim = 0;
 };
 
 // One layer's weights (bf16) and KV cache. Projections are packed by bf16_gemm_pack.
 struct DecoderLayerWeights {
-  const uint16_t* input_norm;           // [hidden]
-  const uint16_t* post_attention_norm;  // [hidden]
-  const uint16_t* qkv;                  // packed [q + 2kv, hidden]
-  const uint16_t* qkv_bias;             // [q + 2kv] or null
-  const uint16_t* q_norm;               // [head_size] or null (no q/k norms)
-  const uint16_t* k_norm;               // [head_size] or null
-  const uint16_t* o;                    // packed [hidden, q]
-  const uint16_t* gate_up;              // packed [2 * intermediate, hidden], gate rows first
-  const uint16_t* down;                 // packed [hidden, intermediate]
-  void* key_cache;                      // layout of paged_attention.h
-  void* value_cache;
+  const uint16_t* input_norm = nullptr;           // [hidden]
+  const uint16_t* post_attention_norm = nullptr;  // [hidden]
+  const uint16_t* qkv = nullptr;                  // packed [q + 2kv, hidden]
+  const uint16_t* qkv_bias = nullptr;             // [q + 2kv] or null
+  const uint16_t* q_norm = nullptr;               // [head_size] or null (no q/k norms)
+  const uint16_t* k_norm = nullptr;               // [head_size] or null
+  const uint16_t* o = nullptr;                    // packed [hidden, q]
+  const uint16_t* gate_up = nullptr;              // packed [2 * intermediate, hidden], gate rows first
+  const uint16_t* down = nullptr;                 // packed [hidden, intermediate]
+  void* key_cache = nullptr;                      // layout of paged_attention.h
+  void* value_cache = nullptr;
 };
 
 // One step's batch: its tokens and the attention metadata (python/corellm/model/attention_metadata.py).
 struct DecoderStepArgs {
-  const int32_t* input_ids;  // [num_tokens]
-  const int32_t* positions;  // [num_tokens]
-  int64_t num_tokens;        // >= 1
-  const int32_t* slot_mapping;
-  const int32_t* block_table;  // [num_seqs, block_table_stride]
-  int64_t block_table_stride;
-  const int32_t* seq_lens;
-  const int32_t* query_start_loc;  // [num_seqs + 1]
-  int64_t num_seqs;
-  uint16_t* out;  // [num_tokens, hidden] bf16: the final norm's output
+  const int32_t* input_ids = nullptr;  // [num_tokens]
+  const int32_t* positions = nullptr;  // [num_tokens]
+  int64_t num_tokens = 0;              // >= 1
+  const int32_t* slot_mapping = nullptr;
+  const int32_t* block_table = nullptr;  // [num_seqs, block_table_stride]
+  int64_t block_table_stride = 0;
+  const int32_t* seq_lens = nullptr;
+  const int32_t* query_start_loc = nullptr;  // [num_seqs + 1]
+  int64_t num_seqs = 0;
+  uint16_t* out = nullptr;  // [num_tokens, hidden] bf16: the final norm's output
 };
 
 class DecoderStack {

@@ -1,6 +1,6 @@
 // The decoder stack for a step's tokens in one call (algorithm in decoder_stack.h): the same kernels
 // as the Python layers, chained over scratch buffers owned by the stack.
-#include "corellm/kernels/decoder_stack.h"
+#include "corellm/model/decoder_stack.h"
 
 #include <cstring>
 #include <utility>

@@ -1,0 +1,89 @@
+// Binds the native models into corellm._core.model: the decoder stack, built from its dimensions,
+// its KV cache's shape and one struct of named weight addresses per layer
+// (python/corellm/model/native_stack.py fills them from a loaded model).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "corellm/kernels/paged_attention.h"
+#include "corellm/model/decoder_stack.h"
+#include "glue.h"
+
+namespace corellm::binding {
+
+void bind_model(py::module_& m) {
+  using py::arg;
+  auto model = m.def_submodule("model", "Native models over the CPU kernels (use corellm.model instead)");
+
+  py::class_<DecoderDims> dims(model, "DecoderDims", "A decoder's dimensions and attention constants");
+  dims.def(py::init<>())
+      .def_readwrite("vocab_size", &DecoderDims::vocab_size)
+      .def_readwrite("hidden", &DecoderDims::hidden)
+      .def_readwrite("num_heads", &DecoderDims::num_heads)
+      .def_readwrite("num_kv_heads", &DecoderDims::num_kv_heads)
+      .def_readwrite("head_size", &DecoderDims::head_size)
+      .def_readwrite("intermediate", &DecoderDims::intermediate)
+      .def_readwrite("eps", &DecoderDims::eps)
+      .def_readwrite("scale", &DecoderDims::scale)
+      .def_readwrite("sliding_window", &DecoderDims::sliding_window)
+      .def_readwrite("max_position", &DecoderDims::max_position)
+      .def_readwrite("rot_dim", &DecoderDims::rot_dim);
+  def_address(dims, "cos_sin_cache", &DecoderDims::cos_sin_cache);
+
+  py::class_<DecoderLayerWeights> layer(model, "DecoderLayerWeights",
+                                        "One layer's weights and KV cache, by address (0: absent)");
+  layer.def(py::init<>());
+  def_address(layer, "input_norm", &DecoderLayerWeights::input_norm);
+  def_address(layer, "post_attention_norm", &DecoderLayerWeights::post_attention_norm);
+  def_address(layer, "qkv", &DecoderLayerWeights::qkv);
+  def_address(layer, "qkv_bias", &DecoderLayerWeights::qkv_bias);
+  def_address(layer, "q_norm", &DecoderLayerWeights::q_norm);
+  def_address(layer, "k_norm", &DecoderLayerWeights::k_norm);
+  def_address(layer, "o", &DecoderLayerWeights::o);
+  def_address(layer, "gate_up", &DecoderLayerWeights::gate_up);
+  def_address(layer, "down", &DecoderLayerWeights::down);
+  def_address(layer, "key_cache", &DecoderLayerWeights::key_cache);
+  def_address(layer, "value_cache", &DecoderLayerWeights::value_cache);
+
+  py::class_<KVCacheShape>(model, "KVCacheShape", "The paged KV cache's extents (paged_attention.h)")
+      .def(py::init([](int64_t num_blocks, int64_t num_kv_heads, int64_t head_size, int64_t block_size) {
+             return KVCacheShape{num_blocks, num_kv_heads, head_size, block_size};
+           }),
+           py::kw_only(), arg("num_blocks"), arg("num_kv_heads"), arg("head_size"), arg("block_size"))
+      .def_readonly("num_blocks", &KVCacheShape::num_blocks)
+      .def_readonly("num_kv_heads", &KVCacheShape::num_kv_heads)
+      .def_readonly("head_size", &KVCacheShape::head_size)
+      .def_readonly("block_size", &KVCacheShape::block_size);
+
+  py::class_<DecoderStack>(model, "DecoderStack", "A decoder stack run for a step's tokens in one call (decoder_stack.h)")
+      .def(py::init([](const DecoderDims& dims, uintptr_t embed, std::vector<DecoderLayerWeights> layers,
+                       uintptr_t final_norm, const KVCacheShape& cache) {
+             return new DecoderStack(dims, ptr<const uint16_t>(embed), std::move(layers), ptr<const uint16_t>(final_norm),
+                                     cache);
+           }),
+           py::kw_only(), arg("dims"), arg("embed"), arg("layers"), arg("final_norm"), arg("cache"))
+      .def("forward",
+           [](DecoderStack& s, uintptr_t input_ids, uintptr_t positions, int64_t num_tokens, uintptr_t slot_mapping,
+              uintptr_t block_table, int64_t block_table_stride, uintptr_t seq_lens, uintptr_t query_start_loc,
+              int64_t num_seqs, uintptr_t out) {
+             DecoderStepArgs step;
+             step.input_ids = ptr<const int32_t>(input_ids);
+             step.positions = ptr<const int32_t>(positions);
+             step.num_tokens = num_tokens;
+             step.slot_mapping = ptr<const int32_t>(slot_mapping);
+             step.block_table = ptr<const int32_t>(block_table);
+             step.block_table_stride = block_table_stride;
+             step.seq_lens = ptr<const int32_t>(seq_lens);
+             step.query_start_loc = ptr<const int32_t>(query_start_loc);
+             step.num_seqs = num_seqs;
+             step.out = ptr<uint16_t>(out);
+             s.forward(step);
+           },
+           py::kw_only(), arg("input_ids"), arg("positions"), arg("num_tokens"), arg("slot_mapping"),
+           arg("block_table"), arg("block_table_stride"), arg("seq_lens"), arg("query_start_loc"), arg("num_seqs"),
+           arg("out"), py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace corellm::binding

@@ -1,0 +1,208 @@
+// Binds the scheduler and the structures it exchanges: SchedulerConfig, SchedulerOutput (with its
+// new / cached request data), SchedulerUpdate and SchedulerStats, and Scheduler itself. A request's
+// Python EngineCoreRequest rides along as its payload.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "corellm/scheduler.h"
+#include "corellm/scheduler_output.h"
+#include "corellm/scheduler_update.h"
+#include "glue.h"
+
+namespace corellm::binding {
+namespace {
+
+// The Python object a request carries through the core (its EngineCoreRequest, which the model
+// runner receives with the scheduled request). The core may drop the last reference while the GIL
+// is released, so the destructor takes the GIL.
+struct PyPayload final : RequestPayload {
+  py::object obj;
+  explicit PyPayload(py::object o) : obj(std::move(o)) {}
+  ~PyPayload() override {
+    if (!Py_IsInitialized()) {
+      obj.release();  // interpreter gone: leak rather than touch it
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    obj = py::object();
+  }
+};
+
+py::object payload_object(const std::shared_ptr<RequestPayload>& payload) {
+  if (!payload) return py::none();
+  return static_cast<const PyPayload&>(*payload).obj;
+}
+
+// A snapshot of one request's scheduler state (copied: the request may be freed later).
+py::dict request_info(const Request& r) {
+  py::dict d;
+  d["request_id"] = *r.request_id;
+  d["status"] = r.status;
+  d["token_ids"] = r.token_ids;
+  d["num_prompt_tokens"] = r.num_prompt_tokens;
+  d["num_computed_tokens"] = r.num_computed_tokens;
+  d["num_cached_tokens"] = r.num_cached_tokens;
+  d["block_ids"] = r.block_ids;
+  d["batch_row"] = r.batch_row;
+  d["num_preemptions"] = r.num_preemptions;
+  return d;
+}
+
+}  // namespace
+
+void bind_scheduler(py::module_& m) {
+  py::class_<SchedulerConfig>(m, "SchedulerConfig")
+      .def(py::init([](int32_t max_num_seqs, int32_t max_num_batched_tokens, int32_t max_model_len,
+                       int32_t block_size, int32_t num_blocks, int32_t long_prefill_token_threshold,
+                       bool enable_prefix_caching, bool enable_chunked_prefill, SchedulingPolicy scheduling_policy) {
+             SchedulerConfig c;
+             c.max_num_seqs = max_num_seqs;
+             c.max_num_batched_tokens = max_num_batched_tokens;
+             c.max_model_len = max_model_len;
+             c.block_size = block_size;
+             c.num_blocks = num_blocks;
+             c.long_prefill_token_threshold = long_prefill_token_threshold;
+             c.enable_prefix_caching = enable_prefix_caching;
+             c.enable_chunked_prefill = enable_chunked_prefill;
+             c.scheduling_policy = scheduling_policy;
+             c.validate();
+             return c;
+           }),
+           py::kw_only(), py::arg("max_num_seqs") = 256, py::arg("max_num_batched_tokens") = 2048,
+           py::arg("max_model_len") = 2048, py::arg("block_size") = 16, py::arg("num_blocks"),
+           py::arg("long_prefill_token_threshold") = 0, py::arg("enable_prefix_caching") = true,
+           py::arg("enable_chunked_prefill") = true, py::arg("scheduling_policy") = SchedulingPolicy::FCFS)
+      .def_readonly("max_num_seqs", &SchedulerConfig::max_num_seqs)
+      .def_readonly("max_num_batched_tokens", &SchedulerConfig::max_num_batched_tokens)
+      .def_readonly("max_model_len", &SchedulerConfig::max_model_len)
+      .def_readonly("block_size", &SchedulerConfig::block_size)
+      .def_readonly("num_blocks", &SchedulerConfig::num_blocks)
+      .def_readonly("long_prefill_token_threshold", &SchedulerConfig::long_prefill_token_threshold)
+      .def_readonly("enable_prefix_caching", &SchedulerConfig::enable_prefix_caching)
+      .def_readonly("enable_chunked_prefill", &SchedulerConfig::enable_chunked_prefill)
+      .def_readonly("scheduling_policy", &SchedulerConfig::scheduling_policy);
+
+  py::class_<NewRequestData>(m, "NewRequestData")
+      .def_readonly("req_id", &NewRequestData::req_id)
+      .def_readonly("token_ids", &NewRequestData::token_ids)
+      .def_readonly("num_prompt_tokens", &NewRequestData::num_prompt_tokens)
+      .def_readonly("block_ids", &NewRequestData::block_ids)
+      .def_readonly("num_computed_tokens", &NewRequestData::num_computed_tokens)
+      .def_readonly("batch_row", &NewRequestData::batch_row)
+      .def_property_readonly("payload", [](const NewRequestData& d) { return payload_object(d.payload); });
+
+  py::class_<CachedRequestData>(m, "CachedRequestData")
+      .def_property_readonly("req_ids", [](const CachedRequestData& d) { return id_list(d.req_ids); })
+      .def_readonly("new_block_ids", &CachedRequestData::new_block_ids)
+      .def_readonly("num_computed_tokens", &CachedRequestData::num_computed_tokens)
+      .def_readonly("batch_rows", &CachedRequestData::batch_rows);
+
+  py::class_<SchedulerOutput, std::shared_ptr<SchedulerOutput>>(m, "SchedulerOutput")
+      .def_readonly("step_id", &SchedulerOutput::step_id)
+      .def_readonly("scheduled_new_reqs", &SchedulerOutput::scheduled_new_reqs)
+      .def_readonly("scheduled_cached_reqs", &SchedulerOutput::scheduled_cached_reqs)
+      .def_property_readonly("req_ids", [](const SchedulerOutput& o) { return id_list(o.req_ids); })
+      .def_property_readonly("num_scheduled_tokens", [](py::object self) {
+        auto& o = self.cast<const SchedulerOutput&>();
+        return view(o.num_scheduled_tokens.data(), o.num_scheduled_tokens.size(), self); })
+      .def_property_readonly("num_computed_tokens", [](py::object self) {
+        auto& o = self.cast<const SchedulerOutput&>();
+        return view(o.num_computed_tokens.data(), o.num_computed_tokens.size(), self); })
+      .def_property_readonly("batch_rows", [](py::object self) {
+        auto& o = self.cast<const SchedulerOutput&>();
+        return view(o.batch_rows.data(), o.batch_rows.size(), self); })
+      .def_property_readonly("samples_token", [](py::object self) {
+        auto& o = self.cast<const SchedulerOutput&>();
+        return view(o.samples_token.data(), o.samples_token.size(), self).attr("view")("bool"); })
+      .def_readonly("total_num_scheduled_tokens", &SchedulerOutput::total_num_scheduled_tokens)
+      .def_readonly("finished_req_ids", &SchedulerOutput::finished_req_ids)
+      .def_readonly("preempted_req_ids", &SchedulerOutput::preempted_req_ids)
+      .def_property_readonly("num_reqs", &SchedulerOutput::num_reqs)
+      .def("__len__", &SchedulerOutput::num_reqs);
+
+  py::class_<SchedulerStats>(m, "SchedulerStats")
+      .def(py::init<>())  // all zero: an engine that has not stepped yet
+      .def_readonly("num_running", &SchedulerStats::num_running)
+      .def_readonly("num_waiting", &SchedulerStats::num_waiting)
+      .def_readonly("kv_cache_usage", &SchedulerStats::kv_cache_usage)
+      .def_readonly("prefix_cache_queries", &SchedulerStats::prefix_cache_queries)
+      .def_readonly("prefix_cache_hits", &SchedulerStats::prefix_cache_hits)
+      .def_readonly("num_preemptions", &SchedulerStats::num_preemptions)
+      .def_readonly("num_free_blocks", &SchedulerStats::num_free_blocks);
+
+  py::class_<SchedulerUpdate>(m, "SchedulerUpdate")
+      .def_readonly("step_id", &SchedulerUpdate::step_id)
+      .def_property_readonly("req_ids", [](const SchedulerUpdate& o) { return id_list(o.req_ids); })
+      .def_property_readonly("new_token_ids", [](py::object self) {
+        auto& o = self.cast<const SchedulerUpdate&>();
+        return view(o.new_token_ids.data(), o.new_token_ids.size(), self); })
+      .def_property_readonly("finish_reasons", [](py::object self) {
+        auto& o = self.cast<const SchedulerUpdate&>();
+        return view(o.finish_reasons.data(), o.finish_reasons.size(), self); })
+      .def_property_readonly("stop_reasons", [](py::object self) {
+        auto& o = self.cast<const SchedulerUpdate&>();
+        return view(o.stop_reasons.data(), o.stop_reasons.size(), self); })
+      .def_property_readonly("num_cached_tokens", [](py::object self) {
+        auto& o = self.cast<const SchedulerUpdate&>();
+        return view(o.num_cached_tokens.data(), o.num_cached_tokens.size(), self); })
+      .def_readonly("scheduler_stats", &SchedulerUpdate::scheduler_stats)
+      .def("__len__", &SchedulerUpdate::size);
+
+  py::class_<Scheduler>(m, "Scheduler")
+      .def(py::init([](const SchedulerConfig& config, std::shared_ptr<PrefixHasher> hasher) {
+             return std::make_unique<Scheduler>(config, std::move(hasher));
+           }),
+           py::arg("config"), py::arg("hasher") = nullptr)
+      .def_property_readonly("config", &Scheduler::config)
+      .def("add_request",
+           [](Scheduler& s, std::string request_id, const py::object& prompt_token_ids, int32_t max_tokens,
+              int32_t min_tokens, bool ignore_eos, int32_t eos_token_id, const py::object& stop_token_ids,
+              int32_t priority, double arrival_time, std::string cache_salt, py::object payload) {
+             EngineCoreRequest request;
+             request.request_id = std::move(request_id);
+             request.prompt_token_ids = to_int32_vector(prompt_token_ids, "prompt_token_ids", 0);
+             request.max_tokens = max_tokens;
+             request.min_tokens = min_tokens;
+             request.ignore_eos = ignore_eos;
+             request.eos_token_id = eos_token_id;
+             request.stop_token_ids = to_int32_vector(stop_token_ids, "stop_token_ids", 0);
+             request.priority = priority;
+             request.arrival_time = arrival_time;
+             request.cache_salt = std::move(cache_salt);
+             if (!payload.is_none()) request.payload = std::make_shared<PyPayload>(std::move(payload));
+             s.add_request(std::move(request));
+           },
+           py::arg("request_id"), py::arg("prompt_token_ids"), py::kw_only(), py::arg("max_tokens"),
+           py::arg("min_tokens") = 0, py::arg("ignore_eos") = false, py::arg("eos_token_id") = -1,
+           py::arg("stop_token_ids") = py::tuple(), py::arg("priority") = 0,
+           py::arg("arrival_time") = 0.0, py::arg("cache_salt") = "", py::arg("payload") = py::none())
+      .def("schedule", &Scheduler::schedule, py::call_guard<py::gil_scoped_release>())
+      .def("update_from_output",
+           [](Scheduler& s, const SchedulerOutput& output, const py::object& sampled) {
+             auto ids = to_int32_vector(sampled, "sampled_token_ids", -1);
+             py::gil_scoped_release release;
+             return s.update_from_output(output, ids.data(), ids.size());
+           },
+           py::arg("scheduler_output"), py::arg("sampled_token_ids"))
+      .def("finish_requests", &Scheduler::finish_requests, py::arg("request_ids"), py::arg("status"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("has_unfinished_requests", &Scheduler::has_unfinished_requests)
+      .def_property_readonly("num_unfinished_requests", &Scheduler::num_unfinished_requests)
+      .def_property_readonly("num_waiting", &Scheduler::num_waiting)
+      .def_property_readonly("num_running", &Scheduler::num_running)
+      .def_property_readonly("num_free_blocks", [](const Scheduler& s) { return s.kv_cache_manager().num_free_blocks(); })
+      .def_property_readonly("num_blocks", [](const Scheduler& s) { return s.kv_cache_manager().num_blocks(); })
+      .def("stats", &Scheduler::stats)
+      .def("get_request", [](const Scheduler& s, const std::string& id) -> py::object {
+             const Request* r = s.find_request(id);
+             return r ? py::object(request_info(*r)) : py::none(); })
+      .def("reset_prefix_cache", &Scheduler::reset_prefix_cache)
+      .def("check_integrity", &Scheduler::check_integrity);
+}
+
+}  // namespace corellm::binding
