@@ -3,10 +3,11 @@
 import os
 
 # oneDNN caches one compiled primitive per GEMM shape, and torch's ideep layer another cache on
-# top; both default to 1024 entries of ~1 MB. A server sees a new row count almost every step, so
-# the resident size would climb by a gigabyte or more before plateauing. 128 each bounds it near
-# +140 MB while the shapes of consecutive steps (one decode batch size) still hit. Read by the
-# libraries when torch loads: set before it, and a user's own setting wins.
+# top; both default to 1024 entries of about a megabyte each. A server sees a new row count almost
+# every step, so the resident size would climb by a gigabyte or more before plateauing; 128 each
+# bounds it while the shapes of consecutive steps (one decode batch size) still hit (bench/soak.py
+# watches the server's resident size). Read by the libraries when torch loads: set before it, and
+# a user's own setting wins.
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "128")
 os.environ.setdefault("LRU_CACHE_CAPACITY", "128")
 

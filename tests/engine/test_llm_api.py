@@ -169,22 +169,6 @@ def test_invalid_prompts(llm):
     assert llm.generate("ok", GREEDY, use_tqdm=False)[0].finished
 
 
-def test_model_runner_protocol(llm):
-    runner = llm.engine_core.model_runner
-    empty = llm.engine_core.scheduler.schedule()  # nothing to schedule
-    calls = []
-    original = runner.forward
-    runner.forward = lambda *a, **k: calls.append(1) or original(*a, **k)
-    try:
-        assert runner.execute_model(empty) is None
-        with pytest.raises(RuntimeError, match=r"sample_tokens\(\) must be called after execute_model\(\) returns None"):
-            runner.execute_model(empty)
-        assert runner.sample_tokens().req_ids == []
-        assert calls == []  # an empty schedule runs no forward
-    finally:
-        del runner.forward
-
-
 def test_prompt_logprobs_and_generation_config_defaults(tmp_path):
     hf = make_tiny_model("llama3", tmp_path, seed=2)
     write_tokenizer(tmp_path)

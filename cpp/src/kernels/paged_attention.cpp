@@ -32,9 +32,9 @@ using attention::RowState;
 
 constexpr int64_t kQueryChunk = 16;
 constexpr int64_t kMinBlocksPerSplit = 8;
-// Blocks prefetched ahead (into L2: the L1 has too few miss buffers for a block's 64 lines, and
-// dropped prefetches left decode at 12.8 GB/s from memory; into L2, 2 ahead: 17 GB/s; 3-4 ahead
-// no faster).
+// Blocks prefetched ahead, into L2: the L1 has too few miss buffers for a block's 64 lines, and
+// dropped prefetches slow decode from memory; 3-4 ahead measured no faster than 2 (bench/kernels.py,
+// "paged_attention decode").
 constexpr int64_t kPrefetchBlocks = 2;
 
 // Elements per 32-bit lane of the cache layout: 1 for fp32, 2 for bf16.
@@ -101,7 +101,7 @@ struct Scratch {
 
 // Query tokens from which an item's rows are folded a span at a time (attention_tile.h): below,
 // the per-token fold, whose one-block-at-a-time prefetch keeps a decode's scattered blocks
-// streaming better (64 sequences x 192 tokens from memory: 17.5 vs 15.3 GB/s).
+// streaming better (bench/kernels.py compares the two on decode batches).
 constexpr int64_t kSpanFoldMinTokens = 2;
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)

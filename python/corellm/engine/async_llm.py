@@ -58,7 +58,7 @@ class AsyncLLM:
         # The engine thread loads the model and builds the engine itself, then waits for start():
         # the process's OpenMP thread team then belongs to the thread that runs the kernels. (A
         # team made by the loading thread would stay, and with more OpenMP threads than cores
-        # libgomp stops spinning between parallel regions: here, decode steps took 2x as long.)
+        # libgomp stops spinning between parallel regions, and every decode step pays for it.)
         built = threading.Event()
         failure: list[BaseException] = []
 

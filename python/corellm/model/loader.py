@@ -64,7 +64,7 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
         return dtype
     key = str(dtype).lower()
     if key == "auto":
-        return torch.bfloat16  # on the CPU bf16 matmul is ~4x fp32; on GPUs bf16 is the norm
+        return torch.bfloat16  # bf16: the CPU's fast GEMM path (bench/kernels.py), and the norm on GPUs
     if key not in _DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported: use 'auto', 'bfloat16' or 'float32'")
     return _DTYPES[key]

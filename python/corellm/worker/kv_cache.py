@@ -44,8 +44,8 @@ def kv_cache_budget(kv_cache_memory: int | float | None, device: torch.device) -
 def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                        device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     k_shape, v_shape = ops.kv_cache_shapes(num_blocks, config.num_key_value_heads, config.head_dim, block_size, dtype)
-    # Zeroed at start-up (≈ 0.25 s per GiB here) although attention never reads a slot it has not
-    # written: touching every page commits the memory now, so that a machine short of it fails at
-    # start-up rather than later under load, and the resident size stays flat while serving.
+    # Zeroed at start-up although attention never reads a slot it has not written: touching every
+    # page commits the memory now, so that a machine short of it fails at start-up rather than
+    # later under load, and the resident size stays flat while serving.
     return [(torch.empty(k_shape, dtype=dtype, device=device).zero_(),
              torch.empty(v_shape, dtype=dtype, device=device).zero_()) for _ in range(config.num_hidden_layers)]

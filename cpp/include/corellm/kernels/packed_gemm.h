@@ -1,8 +1,8 @@
 // y = x W^T (+ b) in bf16 over a weight packed once, after loading: corellm's CPU linear layer.
-// Against oneDNN's bf16 GEMM on a prepacked weight (bench/kernels.py, "linear (whole model)":
-// every projection of a SmolLM2-sized model from memory, 2 threads): 1.7x at 1 row and 1.3x at
-// 16, where oneDNN's per-call cost and its blocking for large M lose and one pass over W must
-// serve every row; 1.03-1.07x at 64-512 rows (400 GFLOP/s, near this CPU's bf16 peak).
+// It beats oneDNN's bf16 GEMM on a prepacked weight at decode sizes, where oneDNN's per-call cost
+// and its blocking for large M lose and one pass over W must serve every row, and on AVX-512-BF16
+// (no AMX) holds level beyond; bench/kernels.py ("linear (whole model)") measures both on this
+// machine.
 //
 // Packing: panels of 32 output columns; in a panel, for each pair of input columns (k, k+1), the
 // 32 columns' two values side by side (128 bytes: two AVX-512 registers of (W[n][k], W[n][k+1])
