@@ -5,7 +5,8 @@
 //   1. the raw argmax (largest logit, lowest id on ties) and whether any logit is NaN;
 //   2. logprobs (if asked): log-sum-exp, and the top n by radix selection (below) and a rank sort
 //      of those n; the raw row is copied aside for the sampled token's logprob and rank;
-//   3. processing: banned -> -inf and logit_bias (serially: short lists), repetition penalty once
+//   3. processing: the grammar's bitmask (every thread its tokens), banned -> -inf and logit_bias
+//      (serially: short lists), repetition penalty once
 //      per distinct prompt-or-output token and presence / frequency once per distinct output
 //      token with its count (a per-row scratch of marks, claimed by atomic exchange: whichever
 //      thread claims a token applies its penalty, once, with the same arithmetic as the CPU);
@@ -112,6 +113,17 @@ __device__ __forceinline__ bool valid_id(int32_t id, int v) { return id >= 0 && 
 // Step 3; returns whether any logit may have changed (the same in every thread).
 __device__ bool apply_processors(const SamplingBatch& b, int i, float* x, int v, int32_t* marks) {
   bool changed = false;
+  if (b.bitmask_rows && b.bitmask_rows[i] >= 0) {  // the grammar's allowed tokens (sampler.h's layout)
+    const int32_t* words = b.bitmask + static_cast<int64_t>(b.bitmask_rows[i]) * b.bitmask_words;
+    const int64_t num_words = b.bitmask_words;
+    for (int t = threadIdx.x; t < v; t += kThreads) {
+      const int64_t w = t >> 5;
+      const uint32_t bits = w < num_words ? static_cast<uint32_t>(words[w]) : 0u;
+      if (!((bits >> (t & 31)) & 1u)) x[t] = -INFINITY;
+    }
+    __syncthreads();  // before thread 0's bias adds read these logits
+    changed = true;
+  }
   if (b.banned_offsets) {
     const int lo = b.banned_offsets[i], hi = b.banned_offsets[i + 1];
     if (threadIdx.x == 0) {
@@ -276,7 +288,8 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(SamplingBatch b, float
   const bool changed = apply_processors(b, i, x, v, marks);
   int token;
   if (b.temperature[i] == 0.0f) {
-    token = changed ? row_argmax(x, v, s.row).id : raw_best.id;
+    const ArgMax best_now = changed ? row_argmax(x, v, s.row) : raw_best;
+    token = best_now.value == -INFINITY ? -1 : best_now.id;  // -1: nothing allowed
   } else {
     token = sample_row(b, i, x, v, s);
   }

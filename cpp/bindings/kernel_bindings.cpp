@@ -23,7 +23,8 @@ void bind_sampling_batch(py::module_& k) {
   b.def(py::init<>())
       .def_readwrite("num_reqs", &SamplingBatch::num_reqs)
       .def_readwrite("vocab_size", &SamplingBatch::vocab_size)
-      .def_readwrite("num_logprobs", &SamplingBatch::num_logprobs);
+      .def_readwrite("num_logprobs", &SamplingBatch::num_logprobs)
+      .def_readwrite("bitmask_words", &SamplingBatch::bitmask_words);
   def_address(b, "logits", &SamplingBatch::logits);
   def_address(b, "temperature", &SamplingBatch::temperature);
   def_address(b, "top_k", &SamplingBatch::top_k);
@@ -43,6 +44,8 @@ void bind_sampling_batch(py::module_& k) {
   def_address(b, "bias_values", &SamplingBatch::bias_values);
   def_address(b, "banned_offsets", &SamplingBatch::banned_offsets);
   def_address(b, "banned_ids", &SamplingBatch::banned_ids);
+  def_address(b, "bitmask", &SamplingBatch::bitmask);
+  def_address(b, "bitmask_rows", &SamplingBatch::bitmask_rows);
   def_address(b, "sampled", &SamplingBatch::sampled);
   def_address(b, "sampled_logprob", &SamplingBatch::sampled_logprob);
   def_address(b, "sampled_rank", &SamplingBatch::sampled_rank);

@@ -135,3 +135,28 @@ def test_too_many_logprobs_is_a_clear_error():
     md = metadata(1, num_logprobs=2000).to(torch.device("cuda"))
     with pytest.raises(ValueError, match="CUDA sampler's limit of 1024"):
         ops.sample(torch.randn(1, 5000, device="cuda"), md)
+
+
+def test_bitmask_matches_the_cpu():
+    from tests.ops.test_sampler import pack_bitmask
+
+    g = torch.Generator().manual_seed(4)
+    n, V = 6, 151936
+    logits = torch.randn(n, V, generator=g) * 3
+    allowed = torch.rand(4, V, generator=g) < 0.01
+    allowed[3] = False
+    allowed[3, V - 1] = True
+    md = metadata(n, num_logprobs=2)
+    md.allowed_token_bitmask = pack_bitmask(allowed)
+    md.bitmask_rows = torch.tensor([0, -1, 1, 2, 3, -1], dtype=torch.int32)
+    cpu, cpu_logits, gpu, gpu_logits = both(logits, md)
+    # Masking writes -inf or keeps the logit: exact on both sides; greedy then compares.
+    torch.testing.assert_close(gpu_logits, cpu_logits, atol=0, rtol=0)
+    assert torch.equal(gpu["sampled_token_ids"], cpu.sampled_token_ids)
+    assert int(gpu["sampled_token_ids"][4]) == V - 1
+    sampled = metadata(n, temperature=1.0, seed=9)
+    sampled.allowed_token_bitmask, sampled.bitmask_rows = md.allowed_token_bitmask, md.bitmask_rows
+    tokens = ops.sample(logits.cuda(), sampled.to(torch.device("cuda"))).sampled_token_ids.cpu()
+    for i, row in enumerate(md.bitmask_rows.tolist()):
+        if row >= 0:
+            assert allowed[row, int(tokens[i])]

@@ -187,3 +187,66 @@ def test_bad_sampling_inputs(change, message):
     change(md)
     with pytest.raises(ValueError, match=message):
         ops.sample(torch.randn(2, 100), md)
+
+
+def pack_bitmask(allowed: torch.Tensor) -> torch.Tensor:
+    """bool [rows, vocab] -> int32 [rows, ceil(vocab / 32)], bit t % 32 of word t / 32 (the reference packing)."""
+    rows, vocab = allowed.shape
+    words = (vocab + 31) // 32
+    padded = torch.zeros(rows, words * 32, dtype=torch.int64)
+    padded[:, :vocab] = allowed.long()
+    packed = (padded.view(rows, words, 32) << torch.arange(32)).sum(-1)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def test_bitmask_constrains_greedy_and_leaves_logprobs_raw():
+    g = torch.Generator().manual_seed(3)
+    V = 1000
+    logits = torch.randn(4, V, generator=g) * 3
+    allowed = torch.rand(3, V, generator=g) < 0.05
+    allowed[2, :] = False
+    allowed[2, 777] = True  # one token left: it must be chosen whatever its logit
+    md = metadata(4, num_logprobs=3)
+    md.allowed_token_bitmask = pack_bitmask(allowed)
+    md.bitmask_rows = torch.tensor([1, -1, 0, 2], dtype=torch.int32)  # request 1 is unconstrained
+    out = ops.sample(logits.clone(), md)
+    tokens = out.sampled_token_ids.tolist()
+    for i, row in ((0, 1), (2, 0), (3, 2)):
+        masked = torch.where(allowed[row], logits[i], torch.tensor(float("-inf")))
+        assert tokens[i] == int(masked.argmax())
+    assert tokens[1] == int(logits[1].argmax())
+    assert tokens[3] == 777
+    raw = torch.log_softmax(logits.double(), -1)  # logprobs and ranks describe the raw logits
+    for i, t in enumerate(tokens):
+        assert abs(float(out.logprobs[i]) - float(raw[i, t])) < 1e-4
+        assert int(out.ranks[i]) == int((logits[i] > logits[i, t]).sum()) + 1
+        assert out.top_token_ids[i].tolist() == torch.topk(raw[i], 3).indices.tolist()
+
+
+def test_bitmask_sampling_draws_only_allowed_tokens_in_proportion():
+    V, N = 40, 20000
+    row = torch.randn(V, generator=torch.Generator().manual_seed(9))
+    allowed = torch.zeros(V, dtype=torch.bool)
+    allowed[[1, 5, 6, 20, 33, 39]] = True
+    md = SamplingMetadata(temperature=torch.full((N,), 0.8), seeds=torch.full((N,), 11, dtype=torch.int64),
+                          steps=torch.arange(N, dtype=torch.int64), top_p=torch.full((N,), 0.95))
+    md.allowed_token_bitmask = pack_bitmask(allowed[None])
+    md.bitmask_rows = torch.zeros(N, dtype=torch.int32)
+    tokens = ops.sample(row.repeat(N, 1), md).sampled_token_ids
+    counts = torch.bincount(tokens.long(), minlength=V).double()
+    assert counts[~allowed].sum() == 0
+    p = ref_probs(torch.where(allowed, row, torch.tensor(float("-inf"))), 0.8, top_p=0.95)
+    kept = p > 0
+    _, pvalue = stats.chisquare(counts[kept].numpy(), (p[kept] * N).numpy())
+    assert pvalue > 1e-4
+
+
+def test_a_bitmask_that_allows_nothing_fails_that_request():
+    md = metadata(2, num_logprobs=1)
+    md.allowed_token_bitmask = torch.zeros(1, 4, dtype=torch.int32)
+    md.bitmask_rows = torch.tensor([0, -1], dtype=torch.int32)
+    out = ops.sample(torch.randn(2, 100), md)
+    assert out.sampled_token_ids.tolist()[0] == -1 and out.sampled_token_ids.tolist()[1] >= 0
+    with pytest.raises(ValueError, match="bitmask_rows points past"):
+        md.bitmask_rows = torch.tensor([1, -1], dtype=torch.int32)
+        ops.sample(torch.randn(2, 100), md)

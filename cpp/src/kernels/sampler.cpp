@@ -2,7 +2,8 @@
 //
 // Per row:
 //   1. raw logprobs (if asked): log-sum-exp of the raw logits, the top-n tokens;
-//   2. processing: banned tokens -> -inf, logit bias, repetition / frequency / presence penalties;
+//   2. processing: the grammar's bitmask and banned tokens -> -inf, logit bias, repetition /
+//      frequency / presence penalties;
 //   3. temperature 0: argmax. Otherwise logits / T, then the kept set: tokens whose probability
 //      is >= min_p x the largest, among the top_k largest; then the smallest prefix of those, by
 //      descending probability, whose mass reaches top_p of the kept mass; then one draw u from
@@ -107,9 +108,25 @@ void raw_logprobs(const SamplingBatch& b, int64_t i, const float* x, float& log_
   }
 }
 
+// Tokens the row's grammar does not allow -> -inf, 32 at a time (a word of all ones allows all).
+void apply_bitmask(const int32_t* words, int64_t num_words, float* x, int64_t v) {
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  for (int64_t w = 0; w * 32 < v; ++w) {
+    const uint32_t bits = w < num_words ? static_cast<uint32_t>(words[w]) : 0u;
+    if (bits == 0xFFFFFFFFu) continue;
+    const int64_t end = std::min<int64_t>(32, v - w * 32);
+    float* chunk = x + w * 32;
+    for (int64_t j = 0; j < end; ++j) chunk[j] = (bits >> j) & 1u ? chunk[j] : kMasked;
+  }
+}
+
 // Returns whether any logit changed.
 bool apply_processors(const SamplingBatch& b, int64_t i, float* x, std::vector<int32_t>& scratch) {
   bool changed = false;
+  if (b.bitmask_rows && b.bitmask_rows[i] >= 0) {
+    apply_bitmask(b.bitmask + b.bitmask_rows[i] * b.bitmask_words, b.bitmask_words, x, b.vocab_size);
+    changed = true;
+  }
   if (b.banned_offsets) {
     for (int32_t k = b.banned_offsets[i]; k < b.banned_offsets[i + 1]; ++k) x[b.banned_ids[k]] = kNegInf;
     changed |= b.banned_offsets[i + 1] > b.banned_offsets[i];
@@ -282,7 +299,10 @@ void sample(const SamplingBatch& b) {
     check_ids(b.prompt_offsets, b.prompt_ids, "prompt");
     check_ids(b.bias_offsets, b.bias_ids, "logit_bias");
     check_ids(b.banned_offsets, b.banned_ids, "banned");
+    if (b.bitmask_rows) CORELLM_CHECK_ARG(b.bitmask_rows[i] < 0 || b.bitmask != nullptr, "request ", i,
+                                          " has a bitmask row but the batch has no bitmask");
   }
+  CORELLM_CHECK_ARG(!b.bitmask || b.bitmask_words > 0, "bitmask_words must be > 0 with a bitmask");
 #pragma omp parallel if (b.num_reqs > 1)
   {
     std::vector<int32_t> scratch;
@@ -315,7 +335,8 @@ void sample(const SamplingBatch& b) {
       int32_t token;
       const float temp = b.temperature[i];
       if (temp == 0.0f) {
-        token = argmax(x, b.vocab_size, processed ? row_max(x, b.vocab_size) : raw_max);
+        const float mx = processed ? row_max(x, b.vocab_size) : raw_max;
+        token = mx == kNegInf ? -1 : argmax(x, b.vocab_size, mx);  // -1: nothing allowed
       } else {
         const float inv_t = 1.0f / temp;
 #pragma omp simd
@@ -323,7 +344,10 @@ void sample(const SamplingBatch& b) {
         token = sample_row(b, i, x, cand, mass);
       }
       b.sampled[i] = token;
-      if (b.num_logprobs >= 0) {
+      if (b.num_logprobs >= 0 && token < 0) {  // nothing was allowed: the caller fails the request
+        b.sampled_logprob[i] = std::numeric_limits<float>::quiet_NaN();
+        b.sampled_rank[i] = 0;
+      } else if (b.num_logprobs >= 0) {
         const float logit = raw[static_cast<size_t>(token)];
         int32_t rank = 1;
         for (int64_t t = 0; t < b.vocab_size; ++t) rank += raw[static_cast<size_t>(t)] > logit ? 1 : 0;

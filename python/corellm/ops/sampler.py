@@ -1,6 +1,7 @@
 """The sampler op: logits processing and sampling of one token per request, plus logprobs.
 
-Per request, in order: banned tokens (e.g. EOS before min_tokens) -> -inf; logit_bias added;
+Per request, in order: tokens its grammar's bitmask does not allow (structured output) and
+banned tokens (e.g. EOS before min_tokens) -> -inf; logit_bias added;
 repetition, frequency and presence penalties; temperature 0 -> argmax; otherwise logits / T,
 kept set = min_p and top_k filters, then top_p over the kept mass, and one draw from the
 request's Philox stream (seed, step) — so a seeded request samples the same tokens whatever
@@ -60,6 +61,10 @@ class SamplingMetadata:
     prompt_token_ids: TokenLists | None = None  # needed by repetition_penalty
     logit_bias: TokenLists | None = None  # with values
     banned_token_ids: TokenLists | None = None
+    # Structured output: int32 [num_constrained, ceil(vocab / 32)] packed bitmasks of the allowed
+    # tokens (bit t % 32 of word t / 32), and per request its row there or -1 (int32 [n]).
+    allowed_token_bitmask: torch.Tensor | None = None
+    bitmask_rows: torch.Tensor | None = None
     num_logprobs: int = -1  # -1: no logprobs; 0: the sampled token's only; k: also the top k
 
     def to(self, device: torch.device) -> "SamplingMetadata":
@@ -136,6 +141,14 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
     if bias is not None and bias.values is None:
         raise ValueError(f"{op}: logit_bias needs values")
     banned = lists("banned_token_ids", md.banned_token_ids, False)
+    if (md.allowed_token_bitmask is None) != (md.bitmask_rows is None):
+        raise ValueError(f"{op}: allowed_token_bitmask and bitmask_rows go together")
+    if md.allowed_token_bitmask is not None:
+        vec("bitmask_rows", md.bitmask_rows, torch.int32)
+        check(op, "allowed_token_bitmask", md.allowed_token_bitmask, ndim=2, dtype=torch.int32, device=dev,
+              contiguous=True)
+        if n and dev.type == "cpu" and int(md.bitmask_rows.max()) >= md.allowed_token_bitmask.shape[0]:
+            raise ValueError(f"{op}: bitmask_rows points past the {md.allowed_token_bitmask.shape[0]} bitmask rows")
 
     sampled = torch.empty(n, dtype=torch.int32, device=dev)
     out = SamplerOutput(sampled)
@@ -159,6 +172,9 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
             setattr(batch, f"{prefix}_ids", tl.ids.data_ptr())
     if bias is not None:
         batch.bias_values = bias.values.data_ptr()
+    if md.allowed_token_bitmask is not None:
+        batch.bitmask, batch.bitmask_rows = md.allowed_token_bitmask.data_ptr(), md.bitmask_rows.data_ptr()
+        batch.bitmask_words = md.allowed_token_bitmask.shape[1]
     batch.sampled_logprob, batch.sampled_rank = _ptr(out.logprobs), _ptr(out.ranks)
     batch.top_ids, batch.top_logprobs = _ptr(out.top_token_ids), _ptr(out.top_logprobs)
     be.kernels.sample(batch, *be.extra)

@@ -35,11 +35,20 @@ struct SamplingBatch {
   const int32_t* banned_offsets = nullptr;  // tokens that may not be sampled now (min_tokens)
   const int32_t* banned_ids = nullptr;
 
+  // Structured output: packed bitmasks of the tokens a request's grammar allows now, one row of
+  // bitmask_words int32 words per constrained request (token t: bit t % 32 of word t / 32; 1 =
+  // allowed; tokens past the mask's end are not allowed). bitmask_rows[i] is request i's row, or
+  // -1 where the request is unconstrained. Applied with the other processors, before temperature,
+  // top-k, top-p and min-p; the logprobs above stay those of the raw logits.
+  const int32_t* bitmask = nullptr;
+  const int32_t* bitmask_rows = nullptr;  // [num_reqs]
+  int64_t bitmask_words = 0;
+
   // Logprobs (computed from the raw logits, before any processing), when num_logprobs >= 0:
   // the sampled token's logprob and rank (1 = most likely), and the top num_logprobs tokens.
   int64_t num_logprobs = -1;
 
-  int32_t* sampled = nullptr;          // [num_reqs]; -1 where the row's logits hold a NaN
+  int32_t* sampled = nullptr;          // [num_reqs]; -1 where the row's logits hold a NaN, or nothing is allowed
   float* sampled_logprob = nullptr;    // [num_reqs]
   int32_t* sampled_rank = nullptr;     // [num_reqs]
   int32_t* top_ids = nullptr;          // [num_reqs, num_logprobs]
