@@ -18,8 +18,8 @@
 # limit or at what is left of the budget, whichever comes first. Without a GPU (a dry run) every
 # step after `machine` fails at once, naming what is missing.
 #
-# Uses the machine's python3 with its preinstalled torch, pybind11, scikit-build-core and pytest;
-# nothing is downloaded (pip --no-index).
+# Uses the machine's python3 with its preinstalled torch, pybind11, scikit-build-core and pytest,
+# plus the wheels gpu_prepare.sh carried (llguidance); nothing is downloaded (pip --no-index).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/corellm_gpu_check}
@@ -124,8 +124,9 @@ fi
 
 note "corellm GPU check, $(date -u +%FT%TZ), budget ${BUDGET} s, CMAKE_ARGS: $CMAKE_ARGS"
 step machine 30 bash -c "nvidia-smi; nvcc --version; $PY -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available() and torch.cuda.get_device_name(0))'"
-step build 240 env CORELLM_CUDA=ON "$PY" -m pip install -v --no-build-isolation --no-deps --no-index \
-  --disable-pip-version-check -e .
+step build 240 bash -c "shopt -s nullglob; wheels=(build/device-deps/wheels/*.whl);
+  if [ \${#wheels[@]} -gt 0 ]; then $PY -m pip install --no-index --no-deps \${wheels[*]} || exit 1; fi
+  CORELLM_CUDA=ON $PY -m pip install -v --no-build-isolation --no-deps --no-index -e ."
 step import 30 "$PY" -c "import corellm, corellm._cuda as c; print('corellm._cuda head sizes', c.ATTENTION_HEAD_SIZES)"
 export CUDA_LAUNCH_BLOCKING=1  # a kernel that faults is named by the call that launched it
 pytest_step kernel_tests 150 tests/ops/test_cuda_ops.py tests/ops/test_cuda_sampler.py

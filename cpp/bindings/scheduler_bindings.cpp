@@ -119,6 +119,9 @@ void bind_scheduler(py::module_& m) {
       .def_property_readonly("samples_token", [](py::object self) {
         auto& o = self.cast<const SchedulerOutput&>();
         return view(o.samples_token.data(), o.samples_token.size(), self).attr("view")("bool"); })
+      .def_property_readonly("uses_grammar", [](py::object self) {
+        auto& o = self.cast<const SchedulerOutput&>();
+        return view(o.uses_grammar.data(), o.uses_grammar.size(), self).attr("view")("bool"); })
       .def_readonly("total_num_scheduled_tokens", &SchedulerOutput::total_num_scheduled_tokens)
       .def_readonly("finished_req_ids", &SchedulerOutput::finished_req_ids)
       .def_readonly("preempted_req_ids", &SchedulerOutput::preempted_req_ids)
@@ -162,7 +165,8 @@ void bind_scheduler(py::module_& m) {
       .def("add_request",
            [](Scheduler& s, std::string request_id, const py::object& prompt_token_ids, int32_t max_tokens,
               int32_t min_tokens, bool ignore_eos, int32_t eos_token_id, const py::object& stop_token_ids,
-              int32_t priority, double arrival_time, std::string cache_salt, py::object payload) {
+              int32_t priority, double arrival_time, std::string cache_salt, bool use_structured_output,
+              py::object payload) {
              EngineCoreRequest request;
              request.request_id = std::move(request_id);
              request.prompt_token_ids = to_int32_vector(prompt_token_ids, "prompt_token_ids", 0);
@@ -174,13 +178,15 @@ void bind_scheduler(py::module_& m) {
              request.priority = priority;
              request.arrival_time = arrival_time;
              request.cache_salt = std::move(cache_salt);
+             request.use_structured_output = use_structured_output;
              if (!payload.is_none()) request.payload = std::make_shared<PyPayload>(std::move(payload));
              s.add_request(std::move(request));
            },
            py::arg("request_id"), py::arg("prompt_token_ids"), py::kw_only(), py::arg("max_tokens"),
            py::arg("min_tokens") = 0, py::arg("ignore_eos") = false, py::arg("eos_token_id") = -1,
            py::arg("stop_token_ids") = py::tuple(), py::arg("priority") = 0,
-           py::arg("arrival_time") = 0.0, py::arg("cache_salt") = "", py::arg("payload") = py::none())
+           py::arg("arrival_time") = 0.0, py::arg("cache_salt") = "", py::arg("use_structured_output") = false,
+           py::arg("payload") = py::none())
       .def("schedule", &Scheduler::schedule, py::call_guard<py::gil_scoped_release>())
       .def("update_from_output",
            [](Scheduler& s, const SchedulerOutput& output, const py::object& sampled) {

@@ -72,6 +72,7 @@ void Scheduler::add_request(EngineCoreRequest new_request) {
   request->arrival_time = new_request.arrival_time;
   request->arrival_seq = next_arrival_seq_++;
   request->cache_salt = std::move(new_request.cache_salt);
+  request->use_structured_output = new_request.use_structured_output;
   request->payload = std::move(new_request.payload);
   request->token_ids.reserve(static_cast<size_t>(
       std::min<int64_t>(config_.max_model_len, num_prompt + request->max_tokens)));
@@ -128,12 +129,14 @@ std::shared_ptr<SchedulerOutput> Scheduler::schedule() {
   // 3. The step is planned: advance progress and note which requests sample.
   const size_t n = out->req_ids.size();
   out->samples_token.resize(n);
+  out->uses_grammar.resize(n);
   for (size_t i = 0; i < n; ++i) {
     Request* request = pending_requests_[i];
     request->num_computed_tokens += out->num_scheduled_tokens[i];
     CORELLM_DCHECK(request->num_computed_tokens <= request->num_tokens(), "over-scheduled ",
                    *request->request_id);
     out->samples_token[i] = request->num_computed_tokens == request->num_tokens() ? 1 : 0;
+    out->uses_grammar[i] = out->samples_token[i] && request->use_structured_output ? 1 : 0;
   }
   CORELLM_CHECK(out->total_num_scheduled_tokens <= config_.max_num_batched_tokens,
                 "scheduled ", out->total_num_scheduled_tokens, " tokens over the budget");

@@ -18,7 +18,7 @@ import torch  # noqa: F401
 from corellm.native import _core
 from corellm.config import EngineConfig, SchedulerConfig
 from corellm.outputs import CompletionOutput, Logprob, RequestOutput
-from corellm.sampling_params import RequestOutputKind, SamplingParams
+from corellm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 __version__ = "0.1.0"
 
@@ -33,4 +33,4 @@ def __getattr__(name: str):
 
 
 __all__ = ["LLM", "CompletionOutput", "EngineConfig", "Logprob", "RequestOutput", "RequestOutputKind",
-           "SamplingParams", "SchedulerConfig", "_core", "__version__"]
+           "SamplingParams", "SchedulerConfig", "StructuredOutputsParams", "_core", "__version__"]

@@ -104,6 +104,7 @@ class SchedulerOutput:
     num_computed_tokens: npt.NDArray[np.int32]
     batch_rows: npt.NDArray[np.int32]
     samples_token: npt.NDArray[np.bool_]
+    uses_grammar: npt.NDArray[np.bool_]  # samples this step under a grammar (structured output)
     total_num_scheduled_tokens: int
     finished_req_ids: list[str]
     preempted_req_ids: list[str]
@@ -147,6 +148,7 @@ class Scheduler:
         priority: int = 0,
         arrival_time: float = 0.0,
         cache_salt: str = "",
+        use_structured_output: bool = False,
         payload: Any = None,
     ) -> None: ...
     def schedule(self) -> SchedulerOutput: ...

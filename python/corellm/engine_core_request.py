@@ -23,3 +23,6 @@ class EngineCoreRequest:
     seed: int  # key of this request's random stream (from params.seed, or drawn by the engine)
     priority: int = 0  # lower runs first under scheduling_policy "priority"
     cache_salt: str = ""  # isolates this request's prefix-cache entries from other tenants'
+    # The compiled-grammar key (StructuredOutputsParams.key()) when a grammar constrains the
+    # output: the engine fetches the request's matcher from the compiler's cache by it.
+    grammar_key: str | None = None

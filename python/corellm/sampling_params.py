@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass
+from typing import Any
 
 
 class RequestOutputKind(enum.Enum):
@@ -15,6 +17,59 @@ class RequestOutputKind(enum.Enum):
 
 
 _GREEDY_EPS = 1e-5  # temperatures below this are greedy, as in vLLM
+
+
+@dataclass
+class StructuredOutputsParams:
+    """What a request's output must match: exactly one of a JSON schema (`json`, a dict or its
+    JSON text), any JSON object (`json_object=True`), a regular expression (`regex`), one of a
+    list of strings (`choice`), or a grammar (`grammar`: Lark, as llguidance reads it, or GBNF as
+    llama.cpp writes it). vLLM's names. The engine checks it against the model's tokenizer when the
+    request arrives: an invalid spec, or a JSON schema keyword it cannot enforce, is a ValueError
+    naming the field."""
+
+    json: str | dict[str, Any] | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        if self.json_object:
+            given.append("json_object")
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs needs exactly one of json, regex, choice, grammar or json_object, "
+                             f"got {given or 'none'}.")
+        if self.json is not None:
+            if isinstance(self.json, str):
+                try:
+                    self.json = json.loads(self.json)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"structured_outputs.json is not valid JSON: {e}.") from None
+            if not isinstance(self.json, dict):
+                raise ValueError(f"structured_outputs.json must be a JSON schema object, got {type(self.json).__name__}.")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string, got {value!r}.")
+        if self.choice is not None and (not isinstance(self.choice, list) or not self.choice
+                                        or any(not isinstance(c, str) for c in self.choice)):
+            raise ValueError(f"structured_outputs.choice must be a non-empty list of strings, got {self.choice!r}.")
+        if self.json_object is not None and not isinstance(self.json_object, bool):
+            raise ValueError(f"structured_outputs.json_object must be true or false, got {self.json_object!r}.")
+
+    @property
+    def kind(self) -> str:
+        """The one field given: "json", "json_object", "regex", "choice" or "grammar"."""
+        return "json_object" if self.json_object else next(
+            name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None)
+
+    def key(self) -> str:
+        """A canonical text of the spec: equal specs, equal keys (the compiled-grammar cache's key)."""
+        value = {"json": self.json, "regex": self.regex, "choice": self.choice, "grammar": self.grammar,
+                 "json_object": True}[self.kind]
+        return f"{self.kind}:{json.dumps(value, sort_keys=True, separators=(',', ':'))}"
 
 
 def _as_float32(value: float) -> float:
@@ -47,9 +102,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
-    # Set by the engine: the model's extra end-of-sequence ids (generation_config), checked like
-    # stop_token_ids but reported as EOS.
-    _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+    # Constrain the output to a JSON schema, a regex, a choice or a grammar (structured output).
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -113,6 +167,9 @@ class SamplingParams:
                     raise ValueError(f"logit_bias entries must map token ids to biases in [-100, 100], got {k!r}: {v!r}.")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got "
+                             f"{type(self.structured_outputs).__name__}.")
 
     @property
     def greedy(self) -> bool:

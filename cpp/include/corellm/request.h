@@ -51,6 +51,7 @@ struct EngineCoreRequest {
   int32_t priority = 0;  // lower runs first (PRIORITY policy)
   double arrival_time = 0.0;
   std::string cache_salt;  // isolates prefix-cache sharing between tenants
+  bool use_structured_output = false;  // a grammar constrains its tokens (SchedulerOutput.uses_grammar)
   std::shared_ptr<RequestPayload> payload;
 };
 
@@ -80,6 +81,7 @@ struct Request {
   double arrival_time = 0.0;
   uint64_t arrival_seq = 0;  // tie-breaker: order of add_request calls
   std::string cache_salt;
+  bool use_structured_output = false;
   std::shared_ptr<RequestPayload> payload;
 
   // KV state, owned by the KVCacheManager.

@@ -45,6 +45,9 @@ struct SchedulerOutput {
   // True where this step's forward reaches the request's last token, so its sample is kept
   // (false for a prefill chunk that stops short of the end of the prompt).
   std::vector<uint8_t> samples_token;
+  // True where the request samples this step under a grammar (structured output): the rows whose
+  // grammar bitmask the step computes while its forward runs.
+  std::vector<uint8_t> uses_grammar;
   int32_t total_num_scheduled_tokens = 0;
 
   // Requests that left the running set since the previous step (finished, aborted or
@@ -59,6 +62,7 @@ struct SchedulerOutput {
     num_computed_tokens.reserve(n);
     batch_rows.reserve(n);
     samples_token.reserve(n);
+    uses_grammar.reserve(n);
     scheduled_cached_reqs.req_ids.reserve(n);
     scheduled_cached_reqs.new_block_ids.reserve(n);
     scheduled_cached_reqs.num_computed_tokens.reserve(n);

@@ -1,5 +1,6 @@
 """EngineCore: the scheduler (C++) and the model runner, advanced one step at a time:
-schedule -> execute_model -> sample_tokens -> process aborts -> update_from_output.
+schedule -> execute_model (with the grammar bitmask filled meanwhile) -> sample_tokens -> process
+aborts -> update_from_output (then the grammars advance with the sampled tokens).
 
 Not thread-safe, except abort_requests: every other call comes from the one thread that steps
 the engine. Aborts take one path whoever sends them: a thread-safe queue, drained on that
@@ -17,6 +18,7 @@ from corellm.config import EngineConfig, SchedulerConfig
 from corellm.engine.engine_core_outputs import EngineCoreOutput, EngineCoreOutputs
 from corellm.engine_core_request import EngineCoreRequest
 from corellm.model.loader import LoadedModel
+from corellm.structured_output import GrammarCompiler, StructuredOutputManager
 from corellm.worker.kv_cache import bytes_per_block, kv_cache_budget
 from corellm.worker.model_runner import ModelRunner
 
@@ -47,24 +49,33 @@ def plan_scheduler_config(loaded: LoadedModel, config: EngineConfig) -> Schedule
 
 
 class EngineCore:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, grammar_compiler: GrammarCompiler):
         self.loaded = loaded
         self.scheduler_config = plan_scheduler_config(loaded, config)
         native = self.scheduler_config.to_native()
         self.scheduler = _core.Scheduler(native)
         self.model_runner = ModelRunner(loaded, native, enforce_eager=config.enforce_eager)
+        self.structured_output = StructuredOutputManager(grammar_compiler)
         self._aborts: queue.SimpleQueue[list[str]] = queue.SimpleQueue()
-        self._pending_errors: list[EngineCoreOutput] = []
+        self._pending_errors: list[EngineCoreOutput] = []  # reported by the next step
 
     @property
     def max_model_len(self) -> int:
         return self.scheduler_config.max_model_len
 
     def shutdown(self) -> None:
-        """Releases the model runner's CUDA graphs (nothing to do on the CPU)."""
+        """Releases the model runner's CUDA graphs and the grammar workers."""
         self.model_runner.shutdown()
+        self.structured_output.shutdown()
 
     def add_request(self, request: EngineCoreRequest) -> None:
+        """A request with a grammar enters the scheduler once its matcher is ready (see step)."""
+        if request.grammar_key is not None:
+            self.structured_output.add(request)
+        else:
+            self._schedule_request(request)
+
+    def _schedule_request(self, request: EngineCoreRequest) -> None:
         p = request.sampling_params
         # A request whose prompt logprobs are wanted must compute every prompt position: keep it
         # out of prefix-cache sharing with a salt of its own.
@@ -73,7 +84,17 @@ class EngineCore:
             request.request_id, request.prompt_token_ids, max_tokens=p.max_tokens, min_tokens=p.min_tokens,
             ignore_eos=p.ignore_eos, eos_token_id=-1 if request.eos_token_id is None else request.eos_token_id,
             stop_token_ids=request.stop_token_ids, priority=request.priority,
-            arrival_time=request.arrival_time, cache_salt=salt, payload=request)
+            arrival_time=request.arrival_time, cache_salt=salt,
+            use_structured_output=request.grammar_key is not None, payload=request)
+
+    def _admit_ready_grammars(self, wait: bool) -> None:
+        """Requests whose grammar is now compiled enter the scheduler (or fail, if it did not
+        compile). wait: nothing else to do, so wait briefly for the first one."""
+        for request, error in self.structured_output.ready(timeout=0.02 if wait else 0.0):
+            if error is None:
+                self._schedule_request(request)
+            else:
+                self._pending_errors.append(EngineCoreOutput(request.request_id, [], "error", error=error))
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Thread-safe: the requests end (aborted) at the next point the stepping thread drains
@@ -88,21 +109,26 @@ class EngineCore:
             except queue.Empty:
                 return
             self.scheduler.finish_requests(ids, _core.RequestStatus.FINISHED_ABORTED)
+            self.structured_output.remove(ids)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or bool(self.structured_output.awaiting)
 
     def stats(self) -> _core.SchedulerStats:
         return self.scheduler.stats()
 
     def step(self) -> EngineCoreOutputs:
         self._process_aborts()
+        self._admit_ready_grammars(wait=not self.scheduler.has_unfinished_requests())
+        errors, self._pending_errors = self._pending_errors, []
         if not self.scheduler.has_unfinished_requests():
-            return EngineCoreOutputs(scheduler_stats=self.stats())
+            return EngineCoreOutputs(errors, scheduler_stats=self.stats())
         so = self.scheduler.schedule()
+        self.structured_output.remove(so.finished_req_ids)
         try:
+            bitmask = self.structured_output.start_bitmask(so)  # filled while the forward runs
             self.model_runner.execute_model(so)
-            mro = self.model_runner.sample_tokens()
+            mro = self.model_runner.sample_tokens(bitmask.result() if bitmask is not None else None)
         except Exception as e:  # noqa: BLE001 - one failed step must not take the engine down
             logger.exception("step failed; its %d requests end with an error", so.num_reqs)
             self.model_runner.abandon_step()
@@ -110,9 +136,10 @@ class EngineCore:
             self.scheduler.finish_requests(ids, _core.RequestStatus.FINISHED_ERROR)
             self.scheduler.update_from_output(so, np.full(so.num_reqs, -1, np.int32))
             message = f"{type(e).__name__}: {e}"
-            return EngineCoreOutputs([EngineCoreOutput(r, [], "error", error=message) for r in ids], self.stats())
+            return EngineCoreOutputs(errors + [EngineCoreOutput(r, [], "error", error=message) for r in ids],
+                                     self.stats())
         self._process_aborts()
-        outputs: list[EngineCoreOutput] = []
+        outputs: list[EngineCoreOutput] = errors
         if mro.errors:
             self.scheduler.finish_requests(list(mro.errors), _core.RequestStatus.FINISHED_ERROR)
             outputs += [EngineCoreOutput(r, [], "error", error=msg) for r, msg in mro.errors.items()]
@@ -127,7 +154,16 @@ class EngineCore:
             if req_id in mro.logprobs:
                 out.new_logprobs = [mro.logprobs[req_id]]
             out.new_prompt_logprobs = mro.prompt_logprobs.pop(req_id, None)
+            self._advance_grammar(out, token)
             outputs.append(out)
         for req_id, plp in mro.prompt_logprobs.items():  # prompt chunks that sampled nothing yet
             outputs.append(EngineCoreOutput(req_id, [], new_prompt_logprobs=plp))
         return EngineCoreOutputs(outputs, self.stats(), so.total_num_scheduled_tokens)
+
+    def _advance_grammar(self, out: EngineCoreOutput, token: int) -> None:
+        """The request's grammar takes its new token; a token it refuses ends the request with an
+        error. (A complete grammar allows only EOS: the request then ends on it.)"""
+        error = self.structured_output.accept(out.req_id, token)
+        if error is not None and not out.finished:
+            self.scheduler.finish_requests([out.req_id], _core.RequestStatus.FINISHED_ERROR)
+            out.finish_reason, out.error = "error", error

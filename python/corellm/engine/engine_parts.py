@@ -10,6 +10,7 @@ from corellm.engine.engine_core import EngineCore
 from corellm.engine.input_processor import InputProcessor
 from corellm.engine.output_processor import OutputProcessor
 from corellm.model.loader import LoadedModel, load_model
+from corellm.structured_output import GrammarCompiler
 
 # generation_config.json fields that become a request's sampling defaults (vLLM's behaviour).
 GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -21,17 +22,20 @@ class EngineParts:
     engine_core: EngineCore
     input_processor: InputProcessor
     output_processor: OutputProcessor
+    grammar_compiler: GrammarCompiler
 
     @classmethod
     def build(cls, config: EngineConfig, loaded: LoadedModel | None = None) -> EngineParts:
         """Loads the model (unless given) and builds the engine core and both processors."""
         loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device)
-        engine_core = EngineCore(loaded, config)
         eos = loaded.generation_config.get("eos_token_id")
         extra_eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        eos_ids = [t for t in [loaded.tokenizer.eos_token_id, *extra_eos] if t is not None]
+        grammar_compiler = GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size, list(dict.fromkeys(eos_ids)))
+        engine_core = EngineCore(loaded, config, grammar_compiler)
         input_processor = InputProcessor(loaded.tokenizer, loaded.config.vocab_size, engine_core.max_model_len,
-                                         extra_eos, config.seed, config.scheduling_policy)
-        return cls(loaded, engine_core, input_processor, OutputProcessor(loaded.tokenizer))
+                                         extra_eos, config.seed, config.scheduling_policy, grammar_compiler)
+        return cls(loaded, engine_core, input_processor, OutputProcessor(loaded.tokenizer), grammar_compiler)
 
     def generation_defaults(self) -> dict:
         """The model's generation_config sampling defaults that are set."""

@@ -11,6 +11,7 @@ from typing import Any
 
 from corellm.engine_core_request import EngineCoreRequest
 from corellm.sampling_params import SamplingParams
+from corellm.structured_output import GrammarCompiler
 from corellm.tokenizer import Tokenizer
 
 PromptType = str | dict[str, Any]
@@ -38,12 +39,14 @@ class ProcessedRequest:
 
 class InputProcessor:
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_model_len: int,
-                 extra_eos_token_ids: list[int] | None = None, seed: int = 0, scheduling_policy: str = "fcfs"):
+                 extra_eos_token_ids: list[int] | None = None, seed: int = 0, scheduling_policy: str = "fcfs",
+                 grammar_compiler: GrammarCompiler | None = None):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.extra_eos = [t for t in (extra_eos_token_ids or []) if t != tokenizer.eos_token_id]
         self.scheduling_policy = scheduling_policy
+        self.grammar_compiler = grammar_compiler  # checks structured output specs (None: refused)
         self._rng = random.Random(seed)  # seeds for requests that bring none: reproducible per engine
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
@@ -91,6 +94,12 @@ class InputProcessor:
             raise ValueError(f"logprobs ({params.logprobs}) exceeds the vocabulary size {self.vocab_size}")
         self.check_priority(priority)
         stop_token_ids = self.stop_token_ids(params)
+        grammar_key = None
+        if params.structured_outputs is not None:
+            if self.grammar_compiler is None:
+                raise ValueError("structured_outputs: this engine has no grammar compiler")
+            self.grammar_compiler.check(params.structured_outputs)  # ValueError naming the field
+            grammar_key = params.structured_outputs.key()
         arrival = time.time() if arrival_time is None else arrival_time
         parent_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
         samples = []
@@ -110,6 +119,7 @@ class InputProcessor:
                 seed=seed,
                 priority=priority,
                 cache_salt=cache_salt,
+                grammar_key=grammar_key,
             ))
         return ProcessedRequest(request_id, text, ids, params, samples)
 

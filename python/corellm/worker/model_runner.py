@@ -20,6 +20,7 @@ from corellm.engine_core_request import EngineCoreRequest
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.loader import LoadedModel
 from corellm.model.native_stack import NativeDecoderStack, supports as native_stack_supports
+from corellm.structured_output.grammar_output import GrammarOutput
 from corellm.worker.cuda_graphs import CUDAGraphRunner
 from corellm.worker.kv_cache import allocate_kv_caches
 from corellm.worker.model_runner_output import ModelRunnerOutput, PromptLogprobs, SampledTokenLogprobs
@@ -144,7 +145,9 @@ class ModelRunner:
         return out
 
     # ------------------------------------------------------------------ phase 2
-    def sample_tokens(self) -> ModelRunnerOutput:
+    def sample_tokens(self, grammar_output: GrammarOutput | None = None) -> ModelRunnerOutput:
+        """Samples the step's tokens; grammar_output (structured output): the bitmasks of the
+        tokens each structured row may take, applied in the sample kernel."""
         state, self._state = self._state, None
         if state is None:
             raise RuntimeError("sample_tokens() called without a preceding execute_model()")
@@ -154,6 +157,9 @@ class ModelRunner:
         req_ids = so.req_ids
         rows = so.batch_rows
         md = self.sampling.metadata(req_ids, rows)
+        if grammar_output is not None:
+            md.allowed_token_bitmask = torch.from_numpy(grammar_output.bitmask)
+            md.bitmask_rows = torch.from_numpy(grammar_output.bitmask_rows)
         if self.device.type != "cpu":
             md = md.to(self.device)
         result = ops.sample(state.logits, md)
@@ -162,7 +168,9 @@ class ModelRunner:
         out = ModelRunnerOutput(req_ids, np.where(samples, sampled, -1).astype(np.int32),
                                 prompt_logprobs=state.prompt_logprobs)
         for i in np.nonzero(samples & (sampled < 0))[0]:
-            out.errors[req_ids[i]] = "the model produced NaN logits"
+            constrained = grammar_output is not None and grammar_output.bitmask_rows[i] >= 0
+            out.errors[req_ids[i]] = ("the grammar allows no token here" if constrained
+                                      else "the model produced NaN logits")
         if result.logprobs is not None:
             out.logprobs = self._sampled_logprobs(req_ids, sampled, samples, result)
         self.sampling.record(req_ids, rows, sampled, samples & (sampled >= 0))

@@ -1,0 +1,101 @@
+"""StructuredOutputManager: the engine's structured requests and their grammar matchers.
+
+Per step (EngineCore.step, seed 000 step 3):
+  1. start_bitmask(scheduler_output) begins filling the packed bitmask of allowed tokens for the
+     step's structured rows (the scheduler marks them: SchedulerOutput.uses_grammar) on a worker
+     thread, in llguidance's executor (which releases the GIL), while the forward runs;
+  2. the model runner's sampler applies the GrammarOutput;
+  3. accept(request id, token) advances the request's matcher with the token the step sampled
+     (a rejected token ends the request with an error). A complete grammar allows only EOS, so
+     the request then ends on EOS as any other does (vLLM's behaviour).
+
+A request whose grammar is still compiling waits here (awaiting) and enters the scheduler once
+its matcher is ready: the others are not held up."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import numpy as np
+
+from corellm.engine_core_request import EngineCoreRequest
+from corellm.structured_output.grammar_compiler import GrammarCompiler
+from corellm.structured_output.grammar_output import GrammarOutput
+from corellm.structured_output.grammar_spec import llguidance_module
+
+
+class StructuredOutputManager:
+    def __init__(self, compiler: GrammarCompiler):
+        self.compiler = compiler
+        self.words = (compiler.vocab_size + 31) // 32  # int32 words per bitmask row
+        self.matchers: dict = {}  # request id -> its llguidance.LLMatcher
+        self.awaiting: dict[str, tuple[EngineCoreRequest, concurrent.futures.Future]] = {}
+        self._executor = None  # llguidance.LLExecutor, made on first use (it starts threads)
+        self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="corellm-bitmask")
+
+    # ------------------------------------------------------------------ requests
+    def add(self, request: EngineCoreRequest) -> None:
+        """Starts getting the request's matcher; ready() hands it back once it exists."""
+        spec = request.sampling_params.structured_outputs
+        self.awaiting[request.request_id] = (request, self.compiler.matcher_future(spec))
+
+    def ready(self, timeout: float = 0.0) -> list[tuple[EngineCoreRequest, str | None]]:
+        """The awaiting requests whose matcher is done (waiting up to `timeout` seconds for the
+        first), each with None, or the error that ends it."""
+        if not self.awaiting:
+            return []
+        if timeout > 0:
+            concurrent.futures.wait([f for _, f in self.awaiting.values()], timeout,
+                                    return_when=concurrent.futures.FIRST_COMPLETED)
+        done = []
+        for req_id, (request, future) in list(self.awaiting.items()):
+            if not future.done():
+                continue
+            del self.awaiting[req_id]
+            try:
+                self.matchers[req_id] = future.result()
+                done.append((request, None))
+            except Exception as e:  # noqa: BLE001 - a grammar that fails to compile ends its request only
+                done.append((request, f"{type(e).__name__}: {e}"))
+        return done
+
+    def remove(self, request_ids) -> None:
+        for req_id in request_ids:
+            self.matchers.pop(req_id, None)
+            awaiting = self.awaiting.pop(req_id, None)
+            if awaiting is not None:
+                awaiting[1].cancel()
+
+    # ------------------------------------------------------------------ the step
+    def start_bitmask(self, so) -> concurrent.futures.Future | None:
+        """Begins filling the step's GrammarOutput (None when no row is structured)."""
+        flags = so.uses_grammar
+        if not flags.any():
+            return None
+        req_ids = so.req_ids
+        rows = np.flatnonzero(flags)
+        bitmask = np.empty((len(rows), self.words), dtype=np.int32)
+        bitmask_rows = np.full(len(req_ids), -1, dtype=np.int32)
+        bitmask_rows[rows] = np.arange(len(rows), dtype=np.int32)
+        matchers = [(self.matchers[req_ids[i]], k) for k, i in enumerate(rows.tolist())]
+        if self._executor is None:
+            self._executor = llguidance_module().LLExecutor()
+        from llguidance.numpy import fill_next_token_bitmask_par
+
+        def fill() -> GrammarOutput:
+            fill_next_token_bitmask_par(self._executor, matchers, bitmask)
+            return GrammarOutput(bitmask, bitmask_rows)
+
+        return self._worker.submit(fill)
+
+    def accept(self, req_id: str, token: int) -> str | None:
+        """Advances the request's matcher (if it has one) with its sampled token: None, or the
+        error that ends the request when the grammar refuses the token."""
+        matcher = self.matchers.get(req_id)
+        if matcher is None or matcher.consume_token(token):
+            return None
+        return f"the sampled token {token} does not follow the grammar: {matcher.get_error()}"
+
+    def shutdown(self) -> None:
+        self._worker.shutdown(wait=False, cancel_futures=True)
+        self.compiler.shutdown()
