@@ -50,7 +50,8 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
     params = req.sampling_params(serving.defaults(), max_tokens, top_n if req.logprobs else None)
     request_id = serving.new_id("chatcmpl")
     processed = serving.prepare(request_id, prompt_ids, text, params, max_tokens, kind="messages",
-                                cache_salt=req.cache_salt, priority=req.priority)
+                                cache_salt=req.cache_salt, priority=req.priority,
+                                structured_field=req.structured_output()[1])
     n = params.n
     if not req.stream:
         (out,) = await serving.run_all([processed])

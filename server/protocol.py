@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from corellm.sampling_params import RequestOutputKind, SamplingParams
+from corellm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 # Caps on the expensive asks; each refusal is a 400 naming the field.
 MAX_LOGPROBS = 20  # logprobs, top_logprobs, prompt_logprobs
@@ -27,6 +27,36 @@ class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True)
 
     include_usage: bool = False
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # absent: any JSON (OpenAI's rule)
+    strict: bool | None = None  # the schema is always enforced, strict or not
+    description: str | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsField(BaseModel):
+    """vLLM's structured_outputs: one of its fields (StructuredOutputsParams checks that)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
 
 
 class SamplingFields(BaseModel):
@@ -59,6 +89,13 @@ class SamplingFields(BaseModel):
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
     priority: int = Field(0, ge=-2**31, lt=2**31)  # lower runs first (--scheduling-policy priority)
+    # Structured output, in OpenAI's spelling, vLLM's, and vLLM's older one (at most one of them).
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @field_validator("stop")
     @classmethod
@@ -66,6 +103,41 @@ class SamplingFields(BaseModel):
         if isinstance(v, str) and len(v) > MAX_STOP_STRING_CHARS:
             raise ValueError(f"a stop string may hold at most {MAX_STOP_STRING_CHARS} characters")
         return v
+
+    def structured_output(self) -> tuple[StructuredOutputsParams | None, str | None]:
+        """The request's output constraint and the field it came from (for the 400s that name
+        it), or (None, None). More than one way of asking is a 400."""
+        from corellm.server.errors import bad_request
+
+        asked: list[tuple[str, dict[str, Any]]] = []
+        rf = self.response_format
+        if rf is not None and rf.type == "json_object":
+            asked.append(("response_format", {"json_object": True}))
+        elif rf is not None and rf.type == "json_schema":
+            if rf.json_schema is None:
+                raise bad_request("response_format of type json_schema needs json_schema", "response_format")
+            schema = rf.json_schema.schema_
+            asked.append(("response_format.json_schema.schema", {"json": schema} if schema else {"json_object": True}))
+        if self.structured_outputs is not None:
+            so = self.structured_outputs
+            given = {"json": so.json_, "regex": so.regex, "choice": so.choice, "grammar": so.grammar,
+                     "json_object": so.json_object}
+            asked.append(("structured_outputs", {k: v for k, v in given.items() if v is not None}))
+        for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
+                          ("guided_grammar", "grammar")):
+            if getattr(self, name) is not None:
+                asked.append((name, {key: getattr(self, name)}))
+        if not asked:
+            return None, None
+        if len(asked) > 1:
+            raise bad_request(f"give one of response_format, structured_outputs and guided_*, got "
+                              f"{', '.join(name for name, _ in asked)}", asked[1][0])
+        field, spec = asked[0]
+        try:
+            return StructuredOutputsParams(**spec), field
+        except ValueError as e:
+            raise bad_request(str(e).replace("structured_outputs", field, 1) if field != "structured_outputs"
+                              else str(e), field) from None
 
     def sampling_params(self, defaults: dict[str, Any], max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         def pick(name: str, fallback: Any) -> Any:
@@ -96,6 +168,7 @@ class SamplingFields(BaseModel):
             min_tokens=self.min_tokens, logprobs=logprobs, prompt_logprobs=self.prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output, logit_bias=logit_bias,
+            structured_outputs=self.structured_output()[0],
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
 
 

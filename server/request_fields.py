@@ -21,14 +21,15 @@ logger = logging.getLogger("corellm.server")
 NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     # OpenAI: tools and function calling, structured output, other modalities, server-side state.
     "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
-    "response_format": ({"type": "text"},), "audio": (), "modalities": (["text"],), "prediction": (),
+    "audio": (), "modalities": (["text"],), "prediction": (),
     "reasoning_effort": (), "web_search_options": (), "verbosity": (), "store": (False,),
     "service_tier": ("auto", "default"), "best_of": (1,),
     # In messages: tool calls and their results.
     "tool_calls": ([],), "tool_call_id": (), "refusal": (), "annotations": ([],),
-    # vLLM: structured output, beam search, token filters and output forms corellm lacks.
-    "structured_outputs": (), "guided_json": (), "guided_regex": (), "guided_choice": (), "guided_grammar": (),
-    "guided_decoding_backend": (), "guided_whitespace_pattern": (), "use_beam_search": (False,),
+    # vLLM: structured output's other knobs, beam search, token filters and output forms corellm lacks.
+    "guided_decoding_backend": ("auto", "llguidance", "guidance"), "guided_whitespace_pattern": (),
+    "disable_any_whitespace": (False,), "disable_fallback": (), "disable_additional_properties": (False,),
+    "whitespace_pattern": (), "structural_tag": (), "use_beam_search": (False,),
     "length_penalty": (1.0,), "allowed_token_ids": (), "bad_words": ([],), "logits_processors": ([],),
     "truncate_prompt_tokens": (), "spaces_between_special_tokens": (True,), "return_tokens_as_token_ids": (False,),
     "return_token_ids": (False,), "continue_final_message": (False,), "chat_template_kwargs": ({},),

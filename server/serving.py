@@ -58,8 +58,10 @@ class Serving:
 
     def prepare(self, request_id: str, prompt_ids: list[int], prompt_text: str | None, params: SamplingParams,
                 requested_max_tokens: int | None, kind: str = "prompt", cache_salt: str | None = None,
-                priority: int = 0) -> ProcessedRequest:
-        """Validates one prompt against the context; the messages name the numbers."""
+                priority: int = 0, structured_field: str | None = None) -> ProcessedRequest:
+        """Validates one prompt against the context; the messages name the numbers.
+        structured_field: the request field its output constraint came from (the engine checks
+        the constraint and its error then names that field)."""
         limit = self.engine.max_model_len
         if len(prompt_ids) >= limit:
             raise bad_request(f"This model's maximum context length is {limit} tokens. However, your {kind} has "
@@ -74,7 +76,11 @@ class Serving:
         try:
             return self.engine.process(request_id, prompt, params, priority=priority, cache_salt=cache_salt or "")
         except ValueError as e:
-            raise bad_request(str(e), _param_named_in(str(e))) from None
+            message = str(e)
+            if structured_field is not None and message.startswith("structured_outputs."):
+                message = structured_field + message[message.index(":"):]
+                raise bad_request(message, structured_field) from None
+            raise bad_request(message, _param_named_in(message)) from None
 
     @staticmethod
     def new_id(prefix: str) -> str:
