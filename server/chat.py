@@ -1,19 +1,23 @@
-"""POST /v1/chat/completions: chat through the model's template (jinja2 sandbox), streamed (SSE)
-or whole."""
+"""POST /v1/chat/completions: chat through the model's template (jinja2 sandbox), with tools and
+a reasoning model's reasoning_content, streamed (SSE) or whole."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import concurrent.futures
+import contextlib
+from typing import Any
 
 from aiohttp import web
 
-from corellm.tokenizer import ChatTemplateError
+from corellm.reasoning_parser import ReasoningParser
+from corellm.server.assistant_message import AssistantMessage
+from corellm.server.chat_tools import resolve_chat_tools
 from corellm.server.errors import bad_request
 from corellm.server.logprobs import chat_logprobs, prompt_logprobs
 from corellm.server.protocol import ChatCompletionRequest
 from corellm.server.serving import Serving, now, send_event, stream_errors, usage
+from corellm.tokenizer import ChatTemplateError
 
 # Template rendering runs in a worker thread, bounded in time and output by the sandbox itself
 # (corellm.chat_template), so a pathological template neither stalls the event loop nor keeps a
@@ -21,43 +25,71 @@ from corellm.server.serving import Serving, now, send_event, stream_errors, usag
 _RENDER_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="chat-template")
 
 
-async def render_prompt(serving: Serving, req: ChatCompletionRequest) -> str:
+async def render_prompt(serving: Serving, req: ChatCompletionRequest,
+                        tools: list[dict[str, Any]] | None = None) -> str:
+    """The conversation as the prompt text: the model's chat template (or --chat-template, or the
+    request's where allowed) with the messages, the tools and chat_template_kwargs; with
+    continue_final_message the last message is left open for the model to continue."""
     if req.chat_template is not None and not serving.config.allow_request_chat_template:
         raise bad_request("chat_template in a request is not allowed on this server (start it with "
                           "--allow-request-chat-template)", "chat_template")
     messages = [m.as_template_message() for m in req.messages]
+    kwargs = dict(req.chat_template_kwargs or {})
+    for reserved in ("messages", "tools", "add_generation_prompt"):
+        if reserved in kwargs:
+            raise bad_request(f"chat_template_kwargs may not set {reserved!r}", "chat_template_kwargs")
+    if tools is not None:
+        kwargs["tools"] = tools
     loop = asyncio.get_running_loop()
     limit = serving.config.chat_template_timeout_s
     render = lambda: serving.tokenizer.apply_chat_template(  # noqa: E731
-        messages, add_generation_prompt=req.add_generation_prompt, chat_template=req.chat_template,
-        max_render_seconds=limit)
+        messages, add_generation_prompt=req.add_generation_prompt,
+        chat_template=req.chat_template or serving.config.chat_template, max_render_seconds=limit,
+        continue_final_message=req.continue_final_message, **kwargs)
     try:
         return await asyncio.wait_for(loop.run_in_executor(_RENDER_POOL, render), limit + 1.0)
     except asyncio.TimeoutError:  # the pool was busy: the sandbox bounds the render itself
         raise bad_request("the chat template took too long to render", "messages") from None
     except ChatTemplateError as e:
-        raise bad_request(str(e), "messages") from None
+        param = "continue_final_message" if str(e).startswith("continue_final_message") else "messages"
+        raise bad_request(str(e), param) from None
 
 
 async def create_chat_completion(serving: Serving, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:
     model = serving.check_model(req.model)
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
-    text = await render_prompt(serving, req)
+    tools = resolve_chat_tools(req, serving.config, serving.tokenizer)
+    text = await render_prompt(serving, req, tools.template_tools)
     prompt_ids = serving.tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
     max_tokens = req.max_completion_tokens or req.max_tokens
     top_n = req.top_logprobs or 0
     params = req.sampling_params(serving.defaults(), max_tokens, top_n if req.logprobs else None)
+    structured_field = req.structured_output()[1]
+    if tools.constraint is not None:
+        params.structured_outputs, structured_field = tools.constraint, "tools"
+        params.skip_special_tokens = False  # a call may open with a special token the parser must see
+    await serving.check_constraint(params.structured_outputs, structured_field)
+    reasoning_parser = serving.engine.config.reasoning_parser
     request_id = serving.new_id("chatcmpl")
     processed = serving.prepare(request_id, prompt_ids, text, params, max_tokens, kind="messages",
-                                cache_salt=req.cache_salt, priority=req.priority,
-                                structured_field=req.structured_output()[1])
+                                cache_salt=req.cache_salt, priority=req.priority, structured_field=structured_field)
+
+    def reply() -> AssistantMessage:
+        return AssistantMessage(ReasoningParser(reasoning_parser) if reasoning_parser else None, tools.parser())
+
     n = params.n
     if not req.stream:
         (out,) = await serving.run_all([processed])
-        choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": chat_logprobs(c, serving.tokenizer, top_n) if req.logprobs else None,
-                    "finish_reason": c.finish_reason, "stop_reason": c.stop_reason} for c in out.outputs]
+        choices = []
+        for c in out.outputs:
+            message = reply()
+            message.feed(c.text)
+            message.finish()
+            finish = "tool_calls" if message.has_tool_calls and c.finish_reason == "stop" else c.finish_reason
+            choices.append({"index": c.index, "message": message.message(),
+                            "logprobs": chat_logprobs(c, serving.tokenizer, top_n) if req.logprobs else None,
+                            "finish_reason": finish, "stop_reason": c.stop_reason})
         completion_tokens = sum(len(c.token_ids) for c in out.outputs)
         return web.json_response({
             "id": request_id, "object": "chat.completion", "created": now(), "model": model, "choices": choices,
@@ -68,22 +100,32 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
     created = now()
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
     completion_tokens = cached_tokens = 0
+    messages = [reply() for _ in range(n)]
+
+    def chunk(index: int, delta: dict, finish_reason: str | None = None, logprobs=None) -> dict:
+        return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
+                                     "finish_reason": finish_reason}]}
+
     try:
         for i in range(n):  # the role comes first, once per choice
-            await send_event(resp, {**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""},
-                                                         "logprobs": None, "finish_reason": None}]})
+            await send_event(resp, chunk(i, {"role": "assistant", "content": ""}))
         async with contextlib.aclosing(outputs):  # closed at once on a disconnect
             async for _, out in outputs:
                 cached_tokens = out.num_cached_tokens
                 for c in out.outputs:
                     completion_tokens += len(c.token_ids)
-                    if not c.text and not c.token_ids and c.finish_reason is None:
-                        continue
-                    delta = {"content": c.text} if c.text or c.finish_reason is None else {}
-                    await send_event(resp, {**head, "choices": [{
-                        "index": c.index, "delta": delta,
-                        "logprobs": chat_logprobs(c, serving.tokenizer, top_n) if req.logprobs else None,
-                        "finish_reason": c.finish_reason}]})
+                    message = messages[c.index]
+                    deltas = message.feed(c.text) if c.text else []
+                    logprobs = chat_logprobs(c, serving.tokenizer, top_n) if req.logprobs and c.token_ids else None
+                    if logprobs is not None and not deltas:
+                        deltas = [{}]  # the logprobs of tokens whose text is held back
+                    for k, delta in enumerate(deltas):
+                        await send_event(resp, chunk(c.index, delta, logprobs=logprobs if k == 0 else None))
+                    if c.finish_reason is not None:
+                        for delta in message.finish():
+                            await send_event(resp, chunk(c.index, delta))
+                        finish = "tool_calls" if message.has_tool_calls and c.finish_reason == "stop" else c.finish_reason
+                        await send_event(resp, chunk(c.index, {}, finish))
         if req.stream_options and req.stream_options.include_usage:
             await send_event(resp, {**head, "choices": [],
                                     "usage": usage(len(prompt_ids), completion_tokens, cached_tokens)})

@@ -37,6 +37,7 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     params = req.sampling_params(serving.defaults(), req.max_tokens, req.logprobs)
     request_id = serving.new_id("cmpl")
     structured_field = req.structured_output()[1]
+    await serving.check_constraint(params.structured_outputs, structured_field)
     processed = [serving.prepare(f"{request_id}-{i}", ids, text, params, req.max_tokens,
                                  cache_salt=req.cache_salt, priority=req.priority, structured_field=structured_field)
                  for i, (ids, text) in enumerate(_prompts(req, serving))]

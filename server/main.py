@@ -18,6 +18,7 @@ from corellm.model.loader import DEFAULT_MODEL
 from corellm.server.admission import AdmissionLimits
 from corellm.server.app import SERVING, create_app
 from corellm.server.serving import ServerConfig
+from corellm.tool_calls import TOOL_CALL_FORMATS
 
 logger = logging.getLogger("corellm.server")
 
@@ -32,6 +33,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health")
     p.add_argument("--allow-request-chat-template", action="store_true",
                    help="let requests bring their own chat template (rendered in the sandbox)")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a Jinja chat template file, for models without one (or to replace theirs)")
+    p.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='let requests with tools use tool_choice "auto" (needs --tool-call-parser)')
+    p.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_CALL_FORMATS),
+                   help="how the model writes tool calls (hermes: Hermes / Qwen; llama3_json; mistral)")
     p.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024)
     limits = AdmissionLimits()
     p.add_argument("--max-queued-requests", type=int, default=limits.max_queued_requests,
@@ -67,14 +74,30 @@ async def serve(engine: AsyncLLM, config: ServerConfig, host: str, port: int, sh
     await runner.cleanup()
 
 
+def read_chat_template(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"--chat-template {path}: {e.strerror}") from None
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json or mistral)")
     started = time.perf_counter()
     engine = AsyncLLM(engine_config_from_args(args))
     name = args.served_model_name or engine.loaded.name
     logger.info("model %s (%s, %s), context %d tokens", name, engine.loaded.path, engine.loaded.model.dtype,
                    engine.max_model_len)
+    engine.parts.grammar_compiler.warm()  # the first structured request need not wait for it
     server_config = ServerConfig(served_model_name=name, api_key=args.api_key,
                                  allow_request_chat_template=args.allow_request_chat_template,
+                                 chat_template=read_chat_template(args.chat_template),
+                                 enable_auto_tool_choice=args.enable_auto_tool_choice,
+                                 tool_call_parser=args.tool_call_parser,
                                  max_body_bytes=args.max_body_bytes,
                                  admission=AdmissionLimits(args.max_queued_requests, args.max_queued_tokens))
     asyncio.run(serve(engine, server_config, args.host, args.port, args.shutdown_timeout, started))

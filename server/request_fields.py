@@ -1,7 +1,8 @@
 """Request fields corellm does not honour: never silently dropped. A field of the OpenAI or vLLM API
 that corellm does not implement yet is refused with 400 naming it — unless its value is one that
-means the same as leaving it out (`"tools": []`, `"best_of": 1`). A field no API defines is
-ignored and logged once per name (a client's own extension, or a typo worth seeing in the log).
+means the same as leaving it out (`"functions": []`, `"best_of": 1`). A field no API defines is
+ignored and logged once per name, for the first 64 names (a client's own extension, or a typo worth
+seeing in the log).
 
 The request models accept extra fields (pydantic keeps them in model_extra) so that they can be
 told apart here, after validation."""
@@ -19,20 +20,21 @@ logger = logging.getLogger("corellm.server")
 
 # Field -> the values that mean the same as leaving it out (None always does).
 NOT_HONOURED: dict[str, tuple[Any, ...]] = {
-    # OpenAI: tools and function calling, structured output, other modalities, server-side state.
-    "tools": ([],), "tool_choice": ("none",), "functions": ([],), "function_call": ("none",),
+    # OpenAI: the old function calling, other modalities, server-side state.
+    "functions": ([],), "function_call": ("none",),
+    "tools": ([],), "tool_choice": ("none",),  # on /v1/completions (chat declares and honours them)
     "audio": (), "modalities": (["text"],), "prediction": (),
     "reasoning_effort": (), "web_search_options": (), "verbosity": (), "store": (False,),
     "service_tier": ("auto", "default"), "best_of": (1,),
-    # In messages: tool calls and their results.
-    "tool_calls": ([],), "tool_call_id": (), "refusal": (), "annotations": ([],),
+    # In messages of the history.
+    "refusal": (), "annotations": ([],),
     # vLLM: structured output's other knobs, beam search, token filters and output forms corellm lacks.
     "guided_decoding_backend": ("auto", "llguidance", "guidance"), "guided_whitespace_pattern": (),
     "disable_any_whitespace": (False,), "disable_fallback": (), "disable_additional_properties": (False,),
     "whitespace_pattern": (), "structural_tag": (), "use_beam_search": (False,),
     "length_penalty": (1.0,), "allowed_token_ids": (), "bad_words": ([],), "logits_processors": ([],),
     "truncate_prompt_tokens": (), "spaces_between_special_tokens": (True,), "return_tokens_as_token_ids": (False,),
-    "return_token_ids": (False,), "continue_final_message": (False,), "chat_template_kwargs": ({},),
+    "return_token_ids": (False,),
     "documents": ([],), "mm_processor_kwargs": ({},), "prompt_embeds": (), "kv_transfer_params": (),
     "vllm_xargs": (), "request_id": (), "echo": (False,), "continuous_usage_stats": (False,),
     "thinking_token_budget": (), "reasoning_effort_budget": (),
@@ -42,6 +44,9 @@ NOT_HONOURED: dict[str, tuple[Any, ...]] = {
 INFORMATIONAL = {"user", "metadata", "prompt_cache_key", "safety_identifier", "parallel_tool_calls",
                  "include_obfuscation"}
 
+# Names already logged: each once, and at most this many (a client sending random names must fill
+# neither the log nor this set).
+_MAX_LOGGED_UNKNOWN = 64
 _logged_unknown: set[str] = set()
 
 
@@ -53,9 +58,10 @@ def check_request_fields(model: BaseModel, path: str = "") -> None:
         if name in NOT_HONOURED:
             if value is not None and not any(value == v for v in NOT_HONOURED[name]):
                 raise bad_request(f"{where} is not supported by corellm", where, "unsupported_field")
-        elif name not in INFORMATIONAL and name not in _logged_unknown:
+        elif name not in INFORMATIONAL and name not in _logged_unknown and len(_logged_unknown) < _MAX_LOGGED_UNKNOWN:
             _logged_unknown.add(name)
-            logger.warning("ignoring the request field %r: no API that corellm serves defines it", name)
+            logger.warning("ignoring the request field %r: no API that corellm serves defines it%s", name,
+                           "" if len(_logged_unknown) < _MAX_LOGGED_UNKNOWN else " (further unknown names are not logged)")
     for name in type(model).model_fields:
         _check_nested(getattr(model, name), f"{path}{name}")
 

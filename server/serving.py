@@ -5,6 +5,7 @@ outputs of several prompts."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import time
@@ -17,9 +18,13 @@ from aiohttp import web
 from corellm.engine.async_llm import AsyncLLM, EngineDeadError
 from corellm.engine.input_processor import ProcessedRequest
 from corellm.outputs import RequestOutput
-from corellm.sampling_params import SamplingParams
+from corellm.sampling_params import SamplingParams, StructuredOutputsParams
 from corellm.server.admission import Admission, AdmissionLimits
 from corellm.server.errors import APIError, bad_request, error_chunk
+
+
+# Grammars (structured output, tools) compile here, off the event loop.
+_GRAMMAR_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar-check")
 
 
 @dataclass
@@ -27,8 +32,12 @@ class ServerConfig:
     served_model_name: str
     api_key: str | None = None
     allow_request_chat_template: bool = False
+    chat_template: str | None = None  # --chat-template: replaces the model's
+    enable_auto_tool_choice: bool = False  # tool_choice "auto" allowed (with tool_call_parser)
+    tool_call_parser: str | None = None  # the model's tool call format (tool_calls.TOOL_CALL_FORMATS)
     max_body_bytes: int = 2 * 1024 * 1024
     chat_template_timeout_s: float = 2.0
+    grammar_compile_timeout_s: float = 10.0
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
 
 
@@ -81,6 +90,25 @@ class Serving:
                 message = structured_field + message[message.index(":"):]
                 raise bad_request(message, structured_field) from None
             raise bad_request(message, _param_named_in(message)) from None
+
+    async def check_constraint(self, spec: StructuredOutputsParams | None, field: str | None) -> None:
+        """Compiles a request's output constraint on a worker thread (a large grammar takes a while:
+        the event loop serves the other requests meanwhile), within grammar_compile_timeout_s; a
+        bad one is a 400 naming `field`. The compiled grammar is cached for the engine."""
+        if spec is None:
+            return
+        loop = asyncio.get_running_loop()
+        check = loop.run_in_executor(_GRAMMAR_POOL, self.engine.parts.grammar_compiler.check, spec)
+        try:
+            await asyncio.wait_for(check, self.config.grammar_compile_timeout_s)
+        except asyncio.TimeoutError:
+            raise bad_request(f"{field}: the grammar took more than {self.config.grammar_compile_timeout_s:g} s "
+                              f"to compile", field) from None
+        except ValueError as e:
+            message = str(e)
+            if message.startswith("structured_outputs."):
+                message = field + message[message.index(":"):]
+            raise bad_request(message, field) from None
 
     @staticmethod
     def new_id(prefix: str) -> str:

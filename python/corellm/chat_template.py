@@ -20,7 +20,9 @@ import time
 from datetime import datetime
 from typing import Any
 
+from jinja2 import nodes
 from jinja2.exceptions import SecurityError, TemplateError
+from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 DEFAULT_MAX_SECONDS = 2.0
@@ -46,6 +48,24 @@ class _BoundedSandbox(ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
 
+class _GenerationBlocks(Extension):
+    """`{% generation %} ... {% endgeneration %}`: templates mark the assistant's part with it (for
+    training masks); rendering keeps the block's contents as they are, as transformers does."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
+def _tojson(value: Any, indent: int | None = None, separators: tuple[str, str] | None = None,
+            sort_keys: bool = False, ensure_ascii: bool = False) -> str:
+    """transformers' tojson filter: json.dumps with the same keyword arguments, no HTML escaping."""
+    return json.dumps(value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
+
+
 def _deadline_tracer(deadline: float, seconds: float):
     def local(frame, event, arg):
         if event == "line" and time.monotonic() > deadline:
@@ -65,8 +85,9 @@ def render_chat_template(template: str, messages: list[dict[str, Any]], *, max_s
     def raise_exception(message: str) -> None:
         raise ChatTemplateError(f"chat template: {message}")
 
-    env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True)
-    env.filters["tojson"] = lambda value, indent=None, **_: json.dumps(value, indent=indent, ensure_ascii=False)
+    env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True,
+                          extensions=["jinja2.ext.loopcontrols", _GenerationBlocks])
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     deadline = time.monotonic() + max_seconds

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from corellm.native import _core
+from corellm.reasoning_parser import REASONING_PARSERS
 
 _POLICIES = {"fcfs": _core.SchedulingPolicy.FCFS, "priority": _core.SchedulingPolicy.PRIORITY}
 
@@ -79,6 +80,9 @@ class EngineConfig:
     seed: int = 0
     long_prefill_token_threshold: int = 0
     scheduling_policy: str = "fcfs"  # "fcfs" or "priority" (lower priority values run first)
+    # A reasoning model's <think> block format ("deepseek_r1", "qwen3"): structured output applies
+    # after the reasoning; the server splits reasoning_content from the answer.
+    reasoning_parser: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_model_len is not None:
@@ -102,3 +106,6 @@ class EngineConfig:
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.scheduling_policy not in _POLICIES:
             raise ValueError(f"scheduling_policy must be one of {sorted(_POLICIES)}, got {self.scheduling_policy!r}")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
+                             f"got {self.reasoning_parser!r}")

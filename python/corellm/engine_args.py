@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from corellm.config import EngineConfig
+from corellm.reasoning_parser import REASONING_PARSERS
 
 
 def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048) -> None:
@@ -19,6 +20,8 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num
     p.add_argument("--kv-cache-memory", type=float, default=None,
                    help="KV cache size: bytes if >= 1, else a fraction of free memory (default on the CPU: 2 GiB)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reasoning-parser", default=None, choices=list(REASONING_PARSERS),
+                   help="a reasoning model's <think> format: reasoning_content apart, structured output after it")
     p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                    help="fcfs: arrival order; priority: a request's `priority` first (lower runs first), then arrival")
 
@@ -29,4 +32,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         max_model_len=args.max_model_len,
                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                         block_size=args.block_size, seed=args.seed, scheduling_policy=args.scheduling_policy,
+                        reasoning_parser=args.reasoning_parser,
                         kv_cache_memory=None if kv is None else (int(kv) if kv >= 1 else float(kv)))

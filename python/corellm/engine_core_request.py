@@ -26,3 +26,6 @@ class EngineCoreRequest:
     # The compiled-grammar key (StructuredOutputsParams.key()) when a grammar constrains the
     # output: the engine fetches the request's matcher from the compiler's cache by it.
     grammar_key: str | None = None
+    # With a reasoning model: the grammar applies only once the output holds this text (the end
+    # of its reasoning block, "</think>"); None: from the first token.
+    grammar_starts_after: str | None = None

@@ -114,14 +114,23 @@ class LLM:
 
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
-             chat_template: str | None = None, add_generation_prompt: bool = True) -> list[RequestOutput]:
-        """Renders each conversation with the model's chat template (jinja2 sandbox), then generates."""
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, tools: list[dict[str, Any]] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """Renders each conversation with the model's chat template (jinja2 sandbox), then generates.
+        tools (OpenAI's format) and chat_template_kwargs reach the template; continue_final_message
+        leaves the last message open for the model to continue (then add_generation_prompt must be
+        False). As in vLLM's offline chat, calls are not parsed out of the text."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tok = self.loaded.tokenizer
+        extra = dict(chat_template_kwargs or {})
+        if tools is not None:
+            extra["tools"] = tools
         prompts = []
         for conv in conversations:
             text = tok.apply_chat_template(conv, add_generation_prompt=add_generation_prompt,
-                                           chat_template=chat_template)
+                                           chat_template=chat_template,
+                                           continue_final_message=continue_final_message, **extra)
             # The template writes the special tokens itself: do not add a BOS again.
             prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, use_tqdm)

@@ -131,8 +131,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
         if not 0 < _as_float32(self.top_p) <= 1:  # the kernels see float32: 1e-300 would be 0
             raise ValueError(f"top_p must be in (0, 1] (and representable as a float32), got {self.top_p}.")
-        if not is_int(self.top_k) or self.top_k < 0:
-            raise ValueError(f"top_k must be 0 or -1 (disable), or at least 1, got {self.top_k!r}.")
+        if not is_int(self.top_k) or not 0 <= self.top_k < 2**31:
+            raise ValueError(f"top_k must be 0 or -1 (disable), or in [1, 2**31), got {self.top_k!r}.")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}.")
         if not -2 <= self.presence_penalty <= 2:
@@ -142,8 +142,8 @@ class SamplingParams:
         if not 0 < _as_float32(self.repetition_penalty) <= 2:
             raise ValueError(f"repetition_penalty must be in (0, 2] (and representable as a float32), "
                              f"got {self.repetition_penalty}.")
-        if self.max_tokens is not None and (not is_int(self.max_tokens) or self.max_tokens < 1):
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens!r}.")
+        if self.max_tokens is not None and (not is_int(self.max_tokens) or not 1 <= self.max_tokens < 2**31):
+            raise ValueError(f"max_tokens must be in [1, 2**31), got {self.max_tokens!r}.")
         if not is_int(self.min_tokens) or self.min_tokens < 0:
             raise ValueError(f"min_tokens must be greater than or equal to 0, got {self.min_tokens!r}.")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:

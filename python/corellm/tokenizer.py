@@ -43,6 +43,11 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
 
+    def is_special(self, token_id: int) -> bool:
+        """Whether the token is a special added token (skipped by skip_special_tokens)."""
+        added = self.backend.get_added_tokens_decoder().get(token_id)
+        return added is not None and added.special
+
     @property
     def eos_token_id(self) -> int | None:
         return self.eos_token_ids[0] if self.eos_token_ids else None
@@ -54,12 +59,18 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         chat_template: str | None = None,
         max_render_seconds: float = DEFAULT_MAX_SECONDS,
+        continue_final_message: bool = False,
         **extra: Any,
     ) -> str:
+        """The conversation as prompt text; extra variables (tools, chat_template_kwargs) reach the
+        template. continue_final_message: the text ends right after the last message's content,
+        left open for the model to continue (as transformers does it)."""
         template = chat_template or self.chat_template
         if not template:
             raise ChatTemplateError(f"{self.source}: the model has no chat template; pass a prompt instead")
-        return render_chat_template(
+        if continue_final_message and add_generation_prompt:
+            raise ChatTemplateError("continue_final_message needs add_generation_prompt false")
+        text = render_chat_template(
             template,
             messages,
             max_seconds=max_render_seconds,
@@ -68,6 +79,13 @@ class Tokenizer:
             eos_token=self._token_text(self.eos_token_id),
             **extra,
         )
+        if continue_final_message:
+            final = messages[-1].get("content") or "" if messages else ""
+            at = text.rfind(final) if final else -1
+            if at < 0:
+                raise ChatTemplateError("continue_final_message: the template does not show the final message's content")
+            text = text[:at + len(final)]
+        return text
 
     def _token_text(self, token_id: int | None) -> str:
         return "" if token_id is None else (self.backend.id_to_token(token_id) or "")

@@ -68,3 +68,24 @@ def test_priority_needs_the_priority_policy(loaded):
     with pytest.raises(ValueError, match="priority must be a 32-bit integer"):
         make_llm(loaded, scheduling_policy="priority").generate("Hello", GREEDY, use_tqdm=False, priority=[2**40])
     assert not llm.engine_core.has_unfinished_requests()
+
+
+def test_a_request_the_scheduler_refuses_ends_alone(loaded):
+    """The scheduler's checks are the last word: a request that passed the InputProcessor but not
+    them (here one made by hand) ends with an error; the engine serves on."""
+    from corellm.engine_core_request import EngineCoreRequest
+
+    llm = make_llm(loaded)
+    bad = EngineCoreRequest("bad", [1, 2, 3], SamplingParams(max_tokens=4, min_tokens=0), None, [], 0.0, 0)
+    bad.sampling_params.min_tokens = 9  # past max_tokens: the scheduler refuses it
+    llm.engine_core.add_request(bad)
+    out = llm.engine_core.step()
+    assert [(o.req_id, o.finish_reason) for o in out.outputs] == [("bad", "error")]
+    assert "min_tokens" in out.outputs[0].error
+    assert llm.generate("Still serving", GREEDY, use_tqdm=False)[0].finished
+
+
+def test_min_tokens_beyond_the_context_left_is_refused(loaded):
+    llm = make_llm(loaded)
+    with pytest.raises(ValueError, match=r"min_tokens \(9999\) exceeds the .* tokens the context leaves"):
+        llm.generate("Hello", SamplingParams(max_tokens=None, min_tokens=9999), use_tqdm=False)

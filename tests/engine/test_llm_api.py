@@ -145,7 +145,8 @@ def test_max_tokens_defaults_to_the_context_left(llm):
     ({"temperature": -1.0}, "temperature must be non-negative"),
     ({"top_p": 1.5}, r"top_p must be in \(0, 1\]"),
     ({"top_k": -5}, "top_k must be 0 or -1"),
-    ({"max_tokens": 0}, "max_tokens must be at least 1"),
+    ({"max_tokens": 0}, r"max_tokens must be in \[1, 2\*\*31\)"),
+    ({"top_k": 2**40}, "top_k must be 0 or -1"),
     ({"min_tokens": 5, "max_tokens": 2}, "min_tokens must be less than or equal to max_tokens"),
     ({"logprobs": -1}, "logprobs must be non-negative"),
     ({"stop": [""]}, "stop must be a list of non-empty strings"),
@@ -195,3 +196,17 @@ def test_cli_generate():
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("The capital of France is") and "Paris" in r.stdout
+
+
+def test_chat_continues_the_final_message_and_passes_template_variables(llm):
+    conv = [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "The fruit is"}]
+    out = llm.chat(conv, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False,
+                   add_generation_prompt=False, continue_final_message=True)[0]
+    assert out.prompt.endswith("The fruit is") and len(out.outputs[0].token_ids) == 4
+    template = "{{ greeting }}{% for m in messages %}|{{ m.content }}{% endfor %}{{ tools | length }}"
+    out = llm.chat([{"role": "user", "content": "x"}], SamplingParams(max_tokens=1), use_tqdm=False,
+                   chat_template=template, tools=[{"type": "function", "function": {"name": "f"}}],
+                   chat_template_kwargs={"greeting": "hi"})[0]
+    assert out.prompt == "hi|x1"
+    with pytest.raises(ValueError, match="continue_final_message needs add_generation_prompt false"):
+        llm.chat(conv, continue_final_message=True, use_tqdm=False)

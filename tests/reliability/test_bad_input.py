@@ -117,19 +117,15 @@ def test_server_keeps_serving_after_bad_input(server):
 # Fields of the OpenAI or vLLM API that corellm does not honour yet: a 400 naming the field, never
 # a 200 that pretends (an agent asking for a tool call must not get plain text).
 NOT_HONOURED = [
-    ("/v1/chat/completions", "tools", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
-    ("/v1/chat/completions", "tool_choice", {"tool_choice": "required"}),
     ("/v1/chat/completions", "functions", {"functions": [{"name": "f", "parameters": {}}]}),
+    ("/v1/chat/completions", "function_call", {"function_call": {"name": "f"}}),
+    ("/v1/completions", "tools", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
     ("/v1/completions", "best_of", {"best_of": 3}),
     ("/v1/completions", "use_beam_search", {"use_beam_search": True}),
     ("/v1/completions", "allowed_token_ids", {"allowed_token_ids": [1, 2]}),
     ("/v1/completions", "structured_outputs.whitespace_pattern",
      {"structured_outputs": {"regex": "a+", "whitespace_pattern": " *"}}),
     ("/v1/completions", "guided_decoding_backend", {"guided_regex": "a+", "guided_decoding_backend": "xgrammar"}),
-    ("/v1/chat/completions", "messages[1].tool_calls", {"messages": [
-        {"role": "user", "content": "x"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "c", "type": "function",
-                                                               "function": {"name": "f", "arguments": "{}"}}]}]}),
     ("/v1/chat/completions", "stream_options.continuous_usage_stats",
      {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}),
 ]

@@ -76,6 +76,15 @@ class EngineCore:
             self._schedule_request(request)
 
     def _schedule_request(self, request: EngineCoreRequest) -> None:
+        """Into the scheduler; a request it refuses (its checks are the last word) ends with an
+        error reported by the next step, never by taking the engine down."""
+        try:
+            self._add_to_scheduler(request)
+        except ValueError as e:
+            logger.warning("request %s refused by the scheduler: %s", request.request_id, e)
+            self._pending_errors.append(EngineCoreOutput(request.request_id, [], "error", error=str(e)))
+
+    def _add_to_scheduler(self, request: EngineCoreRequest) -> None:
         p = request.sampling_params
         # A request whose prompt logprobs are wanted must compute every prompt position: keep it
         # out of prefix-cache sharing with a salt of its own.
@@ -112,7 +121,8 @@ class EngineCore:
             self.structured_output.remove(ids)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self.structured_output.awaiting)
+        return (self.scheduler.has_unfinished_requests() or bool(self.structured_output.awaiting)
+                or bool(self._pending_errors))
 
     def stats(self) -> _core.SchedulerStats:
         return self.scheduler.stats()

@@ -34,7 +34,8 @@ class EngineParts:
         grammar_compiler = GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size, list(dict.fromkeys(eos_ids)))
         engine_core = EngineCore(loaded, config, grammar_compiler)
         input_processor = InputProcessor(loaded.tokenizer, loaded.config.vocab_size, engine_core.max_model_len,
-                                         extra_eos, config.seed, config.scheduling_policy, grammar_compiler)
+                                         extra_eos, config.seed, config.scheduling_policy, grammar_compiler,
+                                         config.reasoning_parser)
         return cls(loaded, engine_core, input_processor, OutputProcessor(loaded.tokenizer), grammar_compiler)
 
     def generation_defaults(self) -> dict:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from corellm.engine_core_request import EngineCoreRequest
+from corellm.reasoning_parser import THINK_END, THINK_START
 from corellm.sampling_params import SamplingParams
 from corellm.structured_output import GrammarCompiler
 from corellm.tokenizer import Tokenizer
@@ -40,13 +41,14 @@ class ProcessedRequest:
 class InputProcessor:
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_model_len: int,
                  extra_eos_token_ids: list[int] | None = None, seed: int = 0, scheduling_policy: str = "fcfs",
-                 grammar_compiler: GrammarCompiler | None = None):
+                 grammar_compiler: GrammarCompiler | None = None, reasoning_parser: str | None = None):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.extra_eos = [t for t in (extra_eos_token_ids or []) if t != tokenizer.eos_token_id]
         self.scheduling_policy = scheduling_policy
         self.grammar_compiler = grammar_compiler  # checks structured output specs (None: refused)
+        self.reasoning_parser = reasoning_parser  # a reasoning model: grammars start after its reasoning
         self._rng = random.Random(seed)  # seeds for requests that bring none: reproducible per engine
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
@@ -83,6 +85,9 @@ class InputProcessor:
         params = params.clone()
         if params.max_tokens is None:
             params.max_tokens = self.max_model_len - len(ids)
+            if params.min_tokens > params.max_tokens:
+                raise ValueError(f"min_tokens ({params.min_tokens}) exceeds the {params.max_tokens} tokens the context "
+                                 f"leaves after the prompt")
         if params.logit_bias:
             bad = [t for t in params.logit_bias if t >= self.vocab_size]
             if bad:
@@ -100,6 +105,7 @@ class InputProcessor:
                 raise ValueError("structured_outputs: this engine has no grammar compiler")
             self.grammar_compiler.check(params.structured_outputs)  # ValueError naming the field
             grammar_key = params.structured_outputs.key()
+        grammar_starts_after = self._grammar_starts_after(ids) if grammar_key is not None else None
         arrival = time.time() if arrival_time is None else arrival_time
         parent_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
         samples = []
@@ -120,8 +126,19 @@ class InputProcessor:
                 priority=priority,
                 cache_salt=cache_salt,
                 grammar_key=grammar_key,
+                grammar_starts_after=grammar_starts_after,
             ))
         return ProcessedRequest(request_id, text, ids, params, samples)
+
+    def _grammar_starts_after(self, prompt_ids: list[int]) -> str | None:
+        """With a reasoning model, a grammar waits for the end of the reasoning block, unless the
+        prompt closed it already (thinking turned off in the template)."""
+        if self.reasoning_parser is None:
+            return None
+        tail = self.tokenizer.decode(prompt_ids[-32:], skip_special_tokens=False)
+        if THINK_END in tail and tail.rfind(THINK_END) > tail.rfind(THINK_START):
+            return None
+        return THINK_END
 
     def check_priority(self, priority: object) -> None:
         """ValueError unless priority is an int32, and 0 where the policy is FCFS (vLLM's rule: a

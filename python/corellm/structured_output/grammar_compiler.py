@@ -40,9 +40,15 @@ class GrammarCompiler:
         not wait for it. Otherwise it is built on first use."""
         with self._lock:
             if self._ll_tokenizer is None:
-                self._ll_tokenizer = self._pool.submit(
+                # Its own thread: a compile waiting for it on the pool's one worker would deadlock.
+                self._ll_tokenizer = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="corellm-ll-tokenizer").submit(
                     lambda: llguidance_module().LLTokenizer(self._tokenizer.backend.to_str(), n_vocab=self.vocab_size,
                                                             eos_token=self._eos_token_ids or None))
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
 
     @property
     def ll_tokenizer(self):  # -> llguidance.LLTokenizer

@@ -8,13 +8,17 @@ Per step (EngineCore.step, seed 000 step 3):
   3. accept(request id, token) advances the request's matcher with the token the step sampled
      (a rejected token ends the request with an error). A complete grammar allows only EOS, so
      the request then ends on EOS as any other does (vLLM's behaviour).
+A reasoning model's request (EngineCoreRequest.grammar_starts_after) samples freely until its
+output holds the end of its reasoning block; its grammar applies from the next token on.
 
 A request whose grammar is still compiling waits here (awaiting) and enters the scheduler once
 its matcher is ready: the others are not held up."""
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
+import time
 
 import numpy as np
 
@@ -30,8 +34,10 @@ class StructuredOutputManager:
         self.words = (compiler.vocab_size + 31) // 32  # int32 words per bitmask row
         self.matchers: dict = {}  # request id -> its llguidance.LLMatcher
         self.awaiting: dict[str, tuple[EngineCoreRequest, concurrent.futures.Future]] = {}
+        self.dormant: dict[str, tuple[str, str]] = {}  # request id -> (the text that wakes its grammar, output tail)
         self._executor = None  # llguidance.LLExecutor, made on first use (it starts threads)
         self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="corellm-bitmask")
+        self.fill_seconds: collections.deque[float] = collections.deque(maxlen=4096)  # recent bitmask fills (bench/structured.py)
 
     # ------------------------------------------------------------------ requests
     def add(self, request: EngineCoreRequest) -> None:
@@ -54,6 +60,8 @@ class StructuredOutputManager:
             del self.awaiting[req_id]
             try:
                 self.matchers[req_id] = future.result()
+                if request.grammar_starts_after:
+                    self.dormant[req_id] = (request.grammar_starts_after, "")
                 done.append((request, None))
             except Exception as e:  # noqa: BLE001 - a grammar that fails to compile ends its request only
                 done.append((request, f"{type(e).__name__}: {e}"))
@@ -62,6 +70,7 @@ class StructuredOutputManager:
     def remove(self, request_ids) -> None:
         for req_id in request_ids:
             self.matchers.pop(req_id, None)
+            self.dormant.pop(req_id, None)
             awaiting = self.awaiting.pop(req_id, None)
             if awaiting is not None:
                 awaiting[1].cancel()
@@ -74,6 +83,10 @@ class StructuredOutputManager:
             return None
         req_ids = so.req_ids
         rows = np.flatnonzero(flags)
+        if self.dormant:
+            rows = np.array([i for i in rows.tolist() if req_ids[i] not in self.dormant], dtype=np.int64)
+            if not len(rows):
+                return None
         bitmask = np.empty((len(rows), self.words), dtype=np.int32)
         bitmask_rows = np.full(len(req_ids), -1, dtype=np.int32)
         bitmask_rows[rows] = np.arange(len(rows), dtype=np.int32)
@@ -83,7 +96,9 @@ class StructuredOutputManager:
         from llguidance.numpy import fill_next_token_bitmask_par
 
         def fill() -> GrammarOutput:
+            t0 = time.perf_counter()
             fill_next_token_bitmask_par(self._executor, matchers, bitmask)
+            self.fill_seconds.append(time.perf_counter() - t0)
             return GrammarOutput(bitmask, bitmask_rows)
 
         return self._worker.submit(fill)
@@ -91,10 +106,23 @@ class StructuredOutputManager:
     def accept(self, req_id: str, token: int) -> str | None:
         """Advances the request's matcher (if it has one) with its sampled token: None, or the
         error that ends the request when the grammar refuses the token."""
+        if req_id in self.dormant:
+            self._watch(req_id, token)
+            return None
         matcher = self.matchers.get(req_id)
         if matcher is None or matcher.consume_token(token):
             return None
         return f"the sampled token {token} does not follow the grammar: {matcher.get_error()}"
+
+    def _watch(self, req_id: str, token: int) -> None:
+        """A dormant grammar wakes once the output holds its marker (the token after it is the
+        grammar's first)."""
+        marker, tail = self.dormant[req_id]
+        tail = (tail + self.compiler.tokenizer.decode([token], skip_special_tokens=False))[-4 * len(marker):]
+        if marker in tail:
+            del self.dormant[req_id]
+        else:
+            self.dormant[req_id] = (marker, tail)
 
     def shutdown(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)

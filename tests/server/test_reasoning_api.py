@@ -1,0 +1,42 @@
+"""A reasoning model's reply through the server (SmolLM2 standing in, --reasoning-parser
+deepseek_r1: the prompt opens the <think> block, so until the model writes </think> everything is
+reasoning): reasoning_content apart from content, whole and streamed; chat_template_kwargs may
+not replace the server's own template variables; the parser checks (ReasoningParser) and the grammar's wait for the end of the
+reasoning (StructuredOutputManager) have their own unit tests."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from tests.server.conftest import Server
+
+ASK = [{"role": "user", "content": "Is 7 prime?"}]
+
+
+@pytest.fixture(scope="module")
+def reasoning_client():
+    server = Server("--reasoning-parser", "deepseek_r1")
+    try:
+        yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    finally:
+        server.stop()
+
+
+def test_reasoning_content_apart_whole_and_streamed(reasoning_client):
+    args = dict(model="SmolLM2-135M-Instruct", messages=ASK, max_tokens=24, temperature=0)
+    whole = reasoning_client.chat.completions.create(**args).choices[0].message
+    reasoning = whole.model_extra["reasoning_content"]
+    assert reasoning and not whole.content  # no </think> came: all of it was reasoning
+    chunks = list(reasoning_client.chat.completions.create(stream=True, **args))
+    streamed = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks if c.choices)
+    assert streamed == reasoning
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ""
+
+
+def test_chat_template_kwargs_may_not_replace_the_servers_variables(reasoning_client):
+    """(That they reach the template: tests/engine/test_llm_api.py, through the same renderer.)"""
+    with pytest.raises(openai.BadRequestError) as err:
+        reasoning_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=ASK, max_tokens=1,
+                                                 extra_body={"chat_template_kwargs": {"tools": []}})
+    assert err.value.body["param"] == "chat_template_kwargs"
