@@ -30,7 +30,7 @@ def tok():
 
 @pytest.fixture
 def manager(tok):
-    m = StructuredOutputManager(GrammarCompiler(tok, 49152, [tok.eos_token_id]))
+    m = StructuredOutputManager(GrammarCompiler(tok, 49152, [tok.eos_token_id]), overlap=True)
     yield m
     m.shutdown()
 

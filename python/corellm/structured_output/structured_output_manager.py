@@ -2,8 +2,10 @@
 
 Per step (EngineCore.step, seed 000 step 3):
   1. start_bitmask(scheduler_output) begins filling the packed bitmask of allowed tokens for the
-     step's structured rows (the scheduler marks them: SchedulerOutput.uses_grammar) on a worker
-     thread, in llguidance's executor (which releases the GIL), while the forward runs;
+     step's structured rows (the scheduler marks them: SchedulerOutput.uses_grammar) in
+     llguidance's executor (which releases the GIL), on a worker thread while the forward runs
+     (overlap=False: at once, before it; bench/structured.py measures both: the overlap wins even
+     where the forward's threads occupy every core);
   2. the model runner's sampler applies the GrammarOutput;
   3. accept(request id, token) advances the request's matcher with the token the step sampled
      (a rejected token ends the request with an error). A complete grammar allows only EOS, so
@@ -29,8 +31,9 @@ from corellm.structured_output.grammar_spec import llguidance_module
 
 
 class StructuredOutputManager:
-    def __init__(self, compiler: GrammarCompiler):
+    def __init__(self, compiler: GrammarCompiler, overlap: bool = True):
         self.compiler = compiler
+        self.overlap = overlap  # fill the bitmask while the forward runs (see above)
         self.words = (compiler.vocab_size + 31) // 32  # int32 words per bitmask row
         self.matchers: dict = {}  # request id -> its llguidance.LLMatcher
         self.awaiting: dict[str, tuple[EngineCoreRequest, concurrent.futures.Future]] = {}
@@ -101,7 +104,11 @@ class StructuredOutputManager:
             self.fill_seconds.append(time.perf_counter() - t0)
             return GrammarOutput(bitmask, bitmask_rows)
 
-        return self._worker.submit(fill)
+        if self.overlap:
+            return self._worker.submit(fill)
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        done.set_result(fill())
+        return done
 
     def accept(self, req_id: str, token: int) -> str | None:
         """Advances the request's matcher (if it has one) with its sampled token: None, or the
