@@ -70,15 +70,10 @@ class Tokenizer:
             raise ChatTemplateError(f"{self.source}: the model has no chat template; pass a prompt instead")
         if continue_final_message and add_generation_prompt:
             raise ChatTemplateError("continue_final_message needs add_generation_prompt false")
-        text = render_chat_template(
-            template,
-            messages,
-            max_seconds=max_render_seconds,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self._token_text(self.bos_token_id),
-            eos_token=self._token_text(self.eos_token_id),
-            **extra,
-        )
+        variables = {"bos_token": self._token_text(self.bos_token_id), "eos_token": self._token_text(self.eos_token_id),
+                     **extra}
+        text = render_chat_template(template, messages, max_seconds=max_render_seconds,
+                                    add_generation_prompt=add_generation_prompt, **variables)
         if continue_final_message:
             final = messages[-1].get("content") or "" if messages else ""
             at = text.rfind(final) if final else -1
