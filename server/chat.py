@@ -80,7 +80,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
 
     n = params.n
     if not req.stream:
-        (out,) = await serving.run_all([processed])
+        (out,) = await serving.run_all([processed], structured_field)
         choices = []
         for c in out.outputs:
             message = reply()
@@ -96,7 +96,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
             "prompt_logprobs": prompt_logprobs(out.prompt_logprobs),
             "usage": usage(len(prompt_ids), completion_tokens, out.num_cached_tokens)})
 
-    resp, outputs = await serving.start_stream(request, [processed])
+    resp, outputs = await serving.start_stream(request, [processed], structured_field)
     created = now()
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
     completion_tokens = cached_tokens = 0

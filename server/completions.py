@@ -43,10 +43,10 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
                  for i, (ids, text) in enumerate(_prompts(req, serving))]
     n = params.n
     if not req.stream:
-        outputs = await serving.run_all(processed)
+        outputs = await serving.run_all(processed, structured_field)
         return web.json_response(_response(request_id, model, outputs, n, serving))
 
-    resp, outputs = await serving.start_stream(request, processed)
+    resp, outputs = await serving.start_stream(request, processed, structured_field)
     created = now()
     completion_tokens = [0] * (len(processed) * n)
     cached_tokens = [0] * len(processed)

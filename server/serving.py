@@ -132,18 +132,28 @@ class Serving:
             self.engine.abort(p.request_id)  # a no-op for finished requests
 
     @staticmethod
-    def _check(out: RequestOutput) -> RequestOutput:
-        if out.metrics.get("error"):
-            raise APIError(500, f"the request failed: {out.metrics['error']}", "internal_error")
-        return out
+    def _check(out: RequestOutput, structured_field: str | None) -> RequestOutput:
+        """The output, or the error that ended it: a 400 naming the field at fault (the output
+        cannot follow its constraint with this model's vocabulary: `structured_field`, the request
+        field the constraint came from), else a 500."""
+        error = out.metrics.get("error")
+        if not error:
+            return out
+        if out.metrics.get("error_field") == "structured_outputs":
+            field = structured_field or "structured_outputs"
+            raise bad_request(field + error[len("structured_outputs"):] if error.startswith("structured_outputs")
+                              else f"{field}: {error}", field)
+        raise APIError(500, f"the request failed: {error}", "internal_error")
 
-    async def run_all(self, processed: list[ProcessedRequest]) -> list[RequestOutput]:
-        """Runs requests to completion (FINAL_ONLY); cancelling aborts every one of them."""
+    async def run_all(self, processed: list[ProcessedRequest],
+                      structured_field: str | None = None) -> list[RequestOutput]:
+        """Runs requests to completion (FINAL_ONLY); cancelling aborts every one of them.
+        structured_field: as for prepare()."""
         async def one(outputs) -> RequestOutput:
             final = None
             async with contextlib.aclosing(outputs):
                 async for out in outputs:
-                    final = self._check(out)
+                    final = self._check(out, structured_field)
             return final
 
         tasks = [asyncio.ensure_future(one(s)) for s in self.submit(processed)]
@@ -156,30 +166,31 @@ class Serving:
                 t.cancel()
             self.abort(processed)
 
-    async def start_stream(self, request: web.Request,
-                           processed: list[ProcessedRequest]) -> tuple[web.StreamResponse, AsyncIterator]:
+    async def start_stream(self, request: web.Request, processed: list[ProcessedRequest],
+                           structured_field: str | None = None) -> tuple[web.StreamResponse, AsyncIterator]:
         """Admits and submits `processed` (a refusal is still a plain error response), then starts
         the SSE response; returns it with the merged outputs of the requests."""
-        outputs = self.merged(processed)
+        outputs = self.merged(processed, structured_field)
         try:
             return await start_sse(request), outputs
         except BaseException:
             self.abort(processed)
             raise
 
-    def merged(self, processed: list[ProcessedRequest]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    def merged(self, processed: list[ProcessedRequest],
+               structured_field: str | None = None) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Submits now; yields (prompt index, output) from the streaming requests as they come. The
         caller aborts `processed` when it is done with them (a generator never iterated cannot)."""
-        return self._merge(self.submit(processed))
+        return self._merge(self.submit(processed), structured_field)
 
-    async def _merge(self, streams: list) -> AsyncIterator[tuple[int, RequestOutput]]:
+    async def _merge(self, streams: list, structured_field: str | None) -> AsyncIterator[tuple[int, RequestOutput]]:
         q: asyncio.Queue = asyncio.Queue()
 
         async def pump(i: int, outputs) -> None:
             try:
                 async with contextlib.aclosing(outputs):
                     async for out in outputs:
-                        await q.put((i, self._check(out)))
+                        await q.put((i, self._check(out, structured_field)))
             except BaseException as e:  # noqa: BLE001 - forwarded to the consumer
                 await q.put((i, e))
                 return

@@ -131,6 +131,38 @@ def test_bad_specs_are_refused_naming_the_field(llm, spec, message):
     assert not llm.engine_core.has_unfinished_requests()
 
 
+# SmolLM2's vocabulary has no token holding the byte 0xF2 (nor 0xF1): the UTF-8 characters that
+# begin with it (U+80000 to U+BFFFF) cannot be produced by this model.
+UNSPELLABLE = "\U00080706"
+
+
+def test_the_vocabulary_lacks_the_bytes_these_tests_rely_on(llm):
+    spelled = llm.engine_core.structured_output.compiler.spelled_bytes
+    assert 0xF2 not in spelled and 0xF1 not in spelled and 0xF4 in spelled and ord("a") in spelled
+
+
+def test_a_choice_the_model_cannot_spell_is_refused_naming_it(llm):
+    with pytest.raises(ValueError, match=r"structured_outputs.choice\[1\]: .*cannot spell .*0xf2"):
+        llm.generate("x", SamplingParams(structured_outputs=constrained(choice=["ok", "H2" + UNSPELLABLE])),
+                     use_tqdm=False)
+    assert not llm.engine_core.has_unfinished_requests()
+
+
+@pytest.mark.parametrize("regex", [
+    f"H{UNSPELLABLE}",  # forced: llguidance's fast path tokenizes it, lossily, and allows a wrong token
+    f"({UNSPELLABLE}|\U00040000)",  # not forced: no token can continue, only EOS would be allowed
+])
+def test_a_grammar_the_model_cannot_spell_ends_with_an_error_naming_structured_outputs(llm, regex):
+    """Never a 'stop' with an output that does not follow the grammar, and never an engine fault."""
+    out = llm.generate("Say H:", SamplingParams(temperature=0, max_tokens=8, structured_outputs=constrained(
+        regex=regex)), use_tqdm=False)[0]
+    assert out.outputs[0].finish_reason == "error"
+    assert out.metrics["error_field"] == "structured_outputs"
+    assert out.metrics["error"].startswith("structured_outputs: ") and "vocabulary" in out.metrics["error"]
+    assert not llm.engine_core.has_unfinished_requests()
+    assert llm.generate("Still serving:", SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)[0].finished
+
+
 @pytest.mark.parametrize("spec, message", [
     (dict(), "exactly one of json, regex, choice, grammar or json_object"),
     (dict(json={}, regex="a"), "exactly one of"),

@@ -64,3 +64,28 @@ def test_bad_constraints_are_400s_naming_the_field(client, model_name, body, par
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model=model_name, messages=ASK, max_tokens=5, extra_body=body)
     assert err.value.body["param"] == param, err.value.body
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("body, param", [
+    # SmolLM2's vocabulary has no token holding the byte 0xF2 that begins U+80706 in UTF-8.
+    ({"structured_outputs": {"choice": ["H2\U00080706", "x"]}}, "structured_outputs"),  # refused at once
+    ({"guided_regex": "H\U00080706"}, "guided_regex"),  # found while generating
+    ({"structured_outputs": {"regex": "(\U00080706|\U00040000)"}}, "structured_outputs"),
+])
+def test_a_constraint_the_model_cannot_spell_is_a_400_naming_the_field(client, model_name, body, param, stream):
+    if not stream:
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model=model_name, messages=ASK, max_tokens=8, extra_body=body)
+        assert err.value.body["param"] == param and "vocabulary" in err.value.body["message"], err.value.body
+        return
+    try:
+        chunks = list(client.chat.completions.create(model=model_name, messages=ASK, max_tokens=8, extra_body=body,
+                                                     stream=True))
+    except openai.BadRequestError as err:  # refused before the stream started
+        assert err.body["param"] == param, err.body
+        return
+    except openai.APIError as err:  # the stream's error event
+        assert err.body["param"] == param and "vocabulary" in err.body["message"], err.body
+        return
+    raise AssertionError(f"the stream ended without an error: {chunks}")

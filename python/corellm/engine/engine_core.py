@@ -99,11 +99,13 @@ class EngineCore:
     def _admit_ready_grammars(self, wait: bool) -> None:
         """Requests whose grammar is now compiled enter the scheduler (or fail, if it did not
         compile). wait: nothing else to do, so wait briefly for the first one."""
-        for request, error in self.structured_output.ready(timeout=0.02 if wait else 0.0):
+        for request, error, spec_at_fault in self.structured_output.ready(timeout=0.02 if wait else 0.0):
             if error is None:
                 self._schedule_request(request)
             else:
-                self._pending_errors.append(EngineCoreOutput(request.request_id, [], "error", error=error))
+                self._pending_errors.append(EngineCoreOutput(
+                    request.request_id, [], "error", error=error,
+                    error_field="structured_outputs" if spec_at_fault else None))
 
     def abort_requests(self, request_ids: list[str]) -> None:
         """Thread-safe: the requests end (aborted) at the next point the stepping thread drains
@@ -174,6 +176,7 @@ class EngineCore:
         """The request's grammar takes its new token; a token it refuses ends the request with an
         error. (A complete grammar allows only EOS: the request then ends on it.)"""
         error = self.structured_output.accept(out.req_id, token)
-        if error is not None and not out.finished:
-            self.scheduler.finish_requests([out.req_id], _core.RequestStatus.FINISHED_ERROR)
-            out.finish_reason, out.error = "error", error
+        if error is not None:
+            if not out.finished:
+                self.scheduler.finish_requests([out.req_id], _core.RequestStatus.FINISHED_ERROR)
+            out.finish_reason, out.error, out.error_field = "error", error, "structured_outputs"

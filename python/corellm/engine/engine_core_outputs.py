@@ -20,6 +20,9 @@ class EngineCoreOutput:
     new_logprobs: list[SampledTokenLogprobs] | None = None  # the new tokens', if the request asked
     new_prompt_logprobs: PromptLogprobs | None = None  # prompt positions computed this step, if asked
     error: str | None = None  # why the request failed (finish_reason "error")
+    # The SamplingParams field whose content made the request fail ("structured_outputs": the
+    # output cannot follow its grammar with this model), None when the engine is at fault.
+    error_field: str | None = None
 
     @property
     def finished(self) -> bool:

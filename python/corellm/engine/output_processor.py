@@ -40,6 +40,7 @@ class RequestState:
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
     error: str | None = None
+    error_field: str | None = None  # EngineCoreOutput.error_field
 
     @property
     def finished(self) -> bool:
@@ -133,7 +134,7 @@ class OutputProcessor:
                 state.prompt_logprobs[plp.start + j] = self._position(
                     tid, plp.logprobs[j], plp.ranks[j], plp.top_token_ids[j], plp.top_logprobs[j])
         if out.error is not None:
-            state.error = out.error
+            state.error, state.error_field = out.error, out.error_field
         sample.token_ids.extend(out.new_token_ids)
         if sample.logprobs is not None and out.new_logprobs:
             for lp in out.new_logprobs:
@@ -165,7 +166,7 @@ class OutputProcessor:
         completions = [CompletionOutput(s.index, "", [], None, None, s.finish_reason, None)
                        for s in state.samples.values()]
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, None, completions, True,
-                             state.num_cached_tokens, metrics={"error": state.error})
+                             state.num_cached_tokens, metrics=self._error_metrics(state))
 
     def _make_output(self, state: RequestState) -> RequestOutput | None:
         kind = state.request.params.output_kind
@@ -190,4 +191,11 @@ class OutputProcessor:
         req = state.request
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, state.prompt_logprobs, completions,
                              finished, state.num_cached_tokens,
-                             metrics={"error": state.error} if state.error else {})
+                             metrics=self._error_metrics(state))
+
+    @staticmethod
+    def _error_metrics(state: RequestState) -> dict:
+        """RequestOutput.metrics of a failed request: the error, and the field at fault if any."""
+        if state.error is None:
+            return {}
+        return {"error": state.error, "error_field": state.error_field} if state.error_field else {"error": state.error}

@@ -33,6 +33,7 @@ class GrammarCompiler:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="corellm-grammar")
         self._tokenizer, self._eos_token_ids = tokenizer, list(eos_token_ids)
         self._ll_tokenizer: concurrent.futures.Future | None = None
+        self._spelled_bytes: frozenset[int] | None = None  # the bytes some ordinary token holds
 
     def warm(self) -> None:
         """Starts building llguidance's view of the tokenizer (a fraction of a second to a few
@@ -54,6 +55,17 @@ class GrammarCompiler:
     def ll_tokenizer(self):  # -> llguidance.LLTokenizer
         self.warm()
         return self._ll_tokenizer.result()
+
+    @property
+    def spelled_bytes(self) -> frozenset[int]:
+        """The byte values that occur in some ordinary token of the vocabulary: text holding any
+        other byte cannot be produced by this model (SmolLM2's vocabulary lacks 0xF1 and 0xF2,
+        which begin the UTF-8 characters U+40000 to U+BFFFF, and a few control characters)."""
+        if self._spelled_bytes is None:
+            ll = self.ll_tokenizer
+            ordinary = [t for t in range(self.vocab_size) if not ll.is_special_token(t)]
+            self._spelled_bytes = frozenset(ll.decode_bytes(ordinary))
+        return self._spelled_bytes
 
     def check(self, spec: StructuredOutputsParams) -> None:
         """Compiles the spec now (or finds it compiled): ValueError naming the field if it is bad."""
@@ -77,6 +89,8 @@ class GrammarCompiler:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
+        if spec.kind == "choice":
+            self._check_spelled(spec.choice)
         grammar = grammar_of(spec)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self.ll_tokenizer)
         if is_error:
@@ -91,6 +105,17 @@ class GrammarCompiler:
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return matcher
+
+    def _check_spelled(self, choices: list[str]) -> None:
+        """A choice this model cannot spell is a ValueError naming it (the grammar alone would let
+        the output start down its path and then find no token to go on with)."""
+        spelled = self.spelled_bytes
+        for i, choice in enumerate(choices):
+            for char in choice:
+                missing = [b for b in char.encode("utf-8", "surrogatepass") if b not in spelled]
+                if missing:
+                    raise ValueError(f"structured_outputs.choice[{i}]: this model's vocabulary cannot spell {char!r} "
+                                     f"(no token holds the byte 0x{missing[0]:02x})")
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

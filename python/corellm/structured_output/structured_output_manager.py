@@ -48,9 +48,10 @@ class StructuredOutputManager:
         spec = request.sampling_params.structured_outputs
         self.awaiting[request.request_id] = (request, self.compiler.matcher_future(spec))
 
-    def ready(self, timeout: float = 0.0) -> list[tuple[EngineCoreRequest, str | None]]:
+    def ready(self, timeout: float = 0.0) -> list[tuple[EngineCoreRequest, str | None, bool]]:
         """The awaiting requests whose matcher is done (waiting up to `timeout` seconds for the
-        first), each with None, or the error that ends it."""
+        first), each with None or the error that ends it, and whether that error is the spec's
+        fault (a grammar that does not compile) rather than the engine's."""
         if not self.awaiting:
             return []
         if timeout > 0:
@@ -65,9 +66,11 @@ class StructuredOutputManager:
                 self.matchers[req_id] = future.result()
                 if request.grammar_starts_after:
                     self.dormant[req_id] = (request.grammar_starts_after, "")
-                done.append((request, None))
-            except Exception as e:  # noqa: BLE001 - a grammar that fails to compile ends its request only
-                done.append((request, f"{type(e).__name__}: {e}"))
+                done.append((request, None, False))
+            except ValueError as e:  # the spec: named in the message (GrammarCompiler)
+                done.append((request, str(e), True))
+            except Exception as e:  # noqa: BLE001 - a compiler failure ends its request only
+                done.append((request, f"{type(e).__name__}: {e}", False))
         return done
 
     def remove(self, request_ids) -> None:
@@ -112,14 +115,29 @@ class StructuredOutputManager:
 
     def accept(self, req_id: str, token: int) -> str | None:
         """Advances the request's matcher (if it has one) with its sampled token: None, or the
-        error that ends the request when the grammar refuses the token."""
+        error that ends the request (the spec's fault: its message begins "structured_outputs").
+
+        Two ways the output can fail to follow the grammar, both when the grammar demands text
+        that this model's vocabulary cannot spell (SmolLM2's has no token for some bytes, such
+        as 0xF1 and 0xF2, which begin UTF-8 characters of planes 4 to 11):
+          - no token can continue the output: llguidance then flags the matcher while filling the
+            bitmask and allows only EOS, which would end the request as if its output were whole;
+          - llguidance's fast path for a forced string tokenizes it, and a tokenizer that drops
+            the bytes it cannot spell yields a token that the matcher then refuses (llguidance
+            issue 366)."""
         if req_id in self.dormant:
             self._watch(req_id, token)
             return None
         matcher = self.matchers.get(req_id)
-        if matcher is None or matcher.consume_token(token):
+        if matcher is None:
             return None
-        return f"the sampled token {token} does not follow the grammar: {matcher.get_error()}"
+        if matcher.is_error():
+            return (f"structured_outputs: no token of this model's vocabulary can continue the output as the grammar "
+                    f"requires ({_first_line(matcher.get_error())})")
+        if matcher.consume_token(token):
+            return None
+        return (f"structured_outputs: the output cannot follow the grammar with this model's vocabulary: the "
+                f"sampled token {token} was refused ({_first_line(matcher.get_error())})")
 
     def _watch(self, req_id: str, token: int) -> None:
         """A dormant grammar wakes once the output holds its marker (the token after it is the
@@ -134,3 +152,8 @@ class StructuredOutputManager:
     def shutdown(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)
         self.compiler.shutdown()
+
+
+def _first_line(llguidance_error: str) -> str:
+    """llguidance's error without the parser state it dumps after the first line."""
+    return llguidance_error.strip().split("\n", 1)[0]
