@@ -130,9 +130,11 @@ def attention_batch(num_seqs, seq_len, q_len, dtype):
 
 
 def add_linear_cases(add) -> None:
-    """corellm's packed bf16 GEMM against oneDNN's on a prepacked weight (torch's fastest CPU bf16
-    linear): every projection of a SmolLM2-sized model (30 layers of random weights, and the LM
-    head), so that the weights come from memory as in a real step."""
+    """corellm's packed bf16 GEMM, on each instruction-set path this CPU runs, against oneDNN's on
+    a prepacked weight (torch's fastest CPU bf16 linear): every projection of a SmolLM2-sized
+    model (30 layers of random weights, and the LM head), so that the weights come from memory
+    as in a real step. Each row also gives the fraction of the path's dot-product peak, measured
+    by a micro-kernel in the same run (peak_GFLOPps)."""
     shapes = [((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), (HIDDEN, HEADS * HEAD_DIM), (2 * INTER, HIDDEN),
               (HIDDEN, INTER)] * LAYERS + [(VOCAB, HIDDEN)]
     ours, onednn = [], []
@@ -143,20 +145,32 @@ def add_linear_cases(add) -> None:
         ours.append((packed, n, k))
         onednn.append(torch.ops.mkldnn._reorder_linear_weight(w, None))
     flops_per_row = 2 * sum(n * k for n, k in shapes)
-    for m in (1, 16, 64, 512):
-        xs = {k: torch.randn(m, k).bfloat16() for k in (HIDDEN, INTER)}
-        y = torch.empty(m * VOCAB, dtype=torch.bfloat16)
+    for isa in _core.kernels.supported_cpu_isas():
+        peak = dot_peak_gflops(isa)
+        for m in (1, 16, 64, 512, 2048):
+            xs = {k: torch.randn(m, k).bfloat16() for k in (HIDDEN, INTER)}
+            y = torch.empty(m * VOCAB, dtype=torch.bfloat16)
 
-        def corellm_linears():
-            for packed, n, k in ours:
-                x = xs[k]
-                _core.kernels.bf16_gemm(x.data_ptr(), k, packed.data_ptr(), 0, y.data_ptr(), n, m, n, k)
+            def corellm_linears():
+                for packed, n, k in ours:
+                    x = xs[k]
+                    _core.kernels.bf16_gemm(x.data_ptr(), k, packed.data_ptr(), 0, y.data_ptr(), n, m, n, k, isa=isa)
 
-        def onednn_linears():
-            for w, (n, k) in zip(onednn, shapes):
-                torch.ops.mkldnn._linear_pointwise(xs[k], w, None, "none", [], "")
+            def onednn_linears():
+                for w, (n, k) in zip(onednn, shapes):
+                    torch.ops.mkldnn._linear_pointwise(xs[k], w, None, "none", [], "")
 
-        add("linear (whole model)", f"{m} rows", corellm_linears, onednn_linears, flops=m * flops_per_row)
+            row = add(f"linear (whole model) [{isa}]", f"{m} rows", corellm_linears, onednn_linears,
+                      flops=m * flops_per_row)
+            row["peak_GFLOPps"] = peak
+            row["of_peak"] = row["corellm_GFLOPps"] / peak
+
+
+def dot_peak_gflops(isa: str) -> float:
+    """GFLOP/s of the path's dot-product micro-kernel on every thread (operands in registers)."""
+    iterations = 200_000
+    t = timeit(lambda: _core.kernels.bf16_dot_peak(isa, iterations), min_time=0.2, repeats=3)
+    return _core.kernels.bf16_dot_peak(isa, iterations) / t / 1e9
 
 
 def run(dtype: torch.dtype) -> list[dict]:
@@ -174,6 +188,7 @@ def run(dtype: torch.dtype) -> list[dict]:
             row["corellm_GFLOPps"] = flops / t_ours / 1e9
             row["torch_GFLOPps"] = flops / t_torch / 1e9
         rows.append(row)
+        return row
 
     for tokens, label in ((16, "decode 16"), (512, "prefill 512")):
         x = torch.randn(tokens, HIDDEN).to(dtype)
@@ -248,10 +263,13 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     bw = memory_bandwidth()
+    isa = _core.kernels.cpu_isa() if _core.kernels.bf16_gemm_available() else "none"
+    print(f"CPU: {_core.kernels.cpu_model_name()}   kernel path: {isa} (runs: "
+          f"{', '.join(_core.kernels.supported_cpu_isas()) or 'none'})")
     print(f"threads: {torch.get_num_threads()}   memory bandwidth (torch copy): {bw:.1f} GB/s\n")
     dtypes = [torch.bfloat16, torch.float32] if args.dtype == "both" else [getattr(torch, args.dtype)]
     rows = [row for dt in dtypes for row in run(dt)]
-    head = f"{'kernel':<26} {'shape':<22} {'dtype':<9} {'corellm us':>11} {'torch us':>10} {'speedup':>8}  achieved"
+    head = f"{'kernel':<34} {'shape':<22} {'dtype':<9} {'corellm us':>11} {'torch us':>10} {'speedup':>8}  achieved"
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -259,11 +277,14 @@ def main() -> None:
             extra = f"{r['corellm_GBps']:.1f} GB/s ({100 * r['corellm_GBps'] / bw:.0f}% of bw) vs {r['torch_GBps']:.1f}"
         else:
             extra = f"{r['corellm_GFLOPps']:.1f} GFLOP/s vs {r['torch_GFLOPps']:.1f}"
-        print(f"{r['kernel']:<26} {r['shape']:<22} {r['dtype']:<9} {r['corellm_us']:>11.1f} {r['torch_us']:>10.1f} "
+            if "of_peak" in r:
+                extra += f" ({100 * r['of_peak']:.0f}% of the path's {r['peak_GFLOPps']:.0f} peak)"
+        print(f"{r['kernel']:<34} {r['shape']:<22} {r['dtype']:<9} {r['corellm_us']:>11.1f} {r['torch_us']:>10.1f} "
               f"{r['speedup']:>7.2f}x  {extra}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": torch.get_num_threads(), "bandwidth_GBps": bw, "rows": rows}, f, indent=1)
+            json.dump({"cpu": _core.kernels.cpu_model_name(), "isa": isa, "threads": torch.get_num_threads(),
+                       "bandwidth_GBps": bw, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

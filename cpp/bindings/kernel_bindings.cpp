@@ -4,8 +4,11 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "corellm/check.h"
+#include "corellm/kernels/cpu_isa.h"
 #include "corellm/kernels/elementwise.h"
 #include "corellm/kernels/packed_gemm.h"
 #include "corellm/kernels/paged_attention.h"
@@ -115,6 +118,16 @@ void bind_kernels(py::module_& m) {
   bind_sampling_batch(k);
   k.def("sample", &sample, arg("batch"), py::call_guard<py::gil_scoped_release>());
   k.def("philox_uniform", &philox_uniform, arg("seed"), arg("counter"));
+  k.def("supported_cpu_isas", [] {
+    std::vector<std::string> names;
+    for (CpuIsa isa : supported_cpu_isas()) names.emplace_back(cpu_isa_name(isa));
+    return names;
+  }, "The instruction-set paths this CPU runs, best last.");
+  k.def("cpu_isa", [] { return std::string(cpu_isa_name(cpu_isa())); },
+        "The process's path: CORELLM_ISA if set, else the best this CPU runs (ValueError when it runs none).");
+  k.def("cpu_model_name", &cpu_model_name);
+  k.def("bf16_dot_peak", [](const std::string& isa, int64_t iterations) { return bf16_dot_peak(cpu_isa_named(isa), iterations); },
+        arg("isa"), arg("iterations"), py::call_guard<py::gil_scoped_release>());
   k.def("bf16_gemm_available", &bf16_gemm_available);
   k.def("bf16_gemm_packed_size", &bf16_gemm_packed_size, arg("n"), arg("k"));
   k.def("bf16_gemm_pack",
@@ -124,12 +137,13 @@ void bind_kernels(py::module_& m) {
         py::call_guard<py::gil_scoped_release>());
   k.def("bf16_gemm",
         [](uintptr_t x, int64_t x_stride, uintptr_t packed, uintptr_t bias, uintptr_t y, int64_t y_stride, int64_t m,
-           int64_t n, int64_t kk, int32_t y_dtype) {
+           int64_t n, int64_t kk, int32_t y_dtype, const std::string& isa) {
           bf16_gemm(ptr<const uint16_t>(x), x_stride, ptr<const uint16_t>(packed), ptr<const uint16_t>(bias),
-                    ptr<void>(y), y_stride, m, n, kk, dtype_of(y_dtype));
+                    ptr<void>(y), y_stride, m, n, kk, dtype_of(y_dtype), isa.empty() ? cpu_isa() : cpu_isa_named(isa));
         },
         arg("x"), arg("x_stride"), arg("packed"), arg("bias"), arg("y"), arg("y_stride"), arg("m"), arg("n"), arg("k"),
-        arg("y_dtype") = static_cast<int32_t>(DType::BF16), py::call_guard<py::gil_scoped_release>());
+        arg("y_dtype") = static_cast<int32_t>(DType::BF16), arg("isa") = std::string(),
+        py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace corellm::binding

@@ -18,4 +18,14 @@ try:
 except ImportError:  # built without nvcc, or a CPU-only installation
     _cuda = None
 
-__all__ = ["_core", "_cuda"]
+__all__ = ["_core", "_cuda", "cpu_kernel_path"]
+
+
+def cpu_kernel_path() -> str:
+    """The CPU kernels' instruction-set path and the CPU, for start-up logs and benchmark tables:
+    "amx on Intel(R) Xeon(R) Processor (runs avx512bf16, amx)". ValueError when CORELLM_ISA asks
+    for a path this CPU cannot run."""
+    k = _core.kernels
+    runs = k.supported_cpu_isas()
+    path = k.cpu_isa() if runs else "none (no AVX-512-BF16: oneDNN's GEMM, generic kernels)"
+    return f"{path} on {k.cpu_model_name()} (runs {', '.join(runs) or 'no corellm path'})"

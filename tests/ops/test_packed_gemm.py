@@ -1,9 +1,14 @@
-"""corellm's bf16 GEMM over a panel-packed weight against torch (float64): shapes with and
-without a 32-column panel tail and an odd k, with and without bias, 1 to 300 rows (every
-register-block remainder, more than one 128-row chunk), strided x and y; each row's result
-independent of the batch."""
+"""corellm's bf16 GEMM over a panel-packed weight against torch (float64), on every instruction-set
+path this CPU runs (avx512bf16, amx): shapes with and without a 32-column panel tail, an odd k
+and a k that is not a multiple of 32, with and without bias, 1 to 300 rows (every register-block
+and tile remainder, more than one 128-row chunk), strided x and y; each row's result independent
+of the batch on each path; CORELLM_ISA forces a path, and a path the CPU lacks is refused."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -12,6 +17,7 @@ from corellm import _core
 
 k = _core.kernels
 pytestmark = pytest.mark.skipif(not k.bf16_gemm_available(), reason="needs AVX512-BF16")
+ISAS = k.supported_cpu_isas() or ["avx512bf16"]  # (skipped when empty)
 
 
 def pack(w: torch.Tensor) -> torch.Tensor:
@@ -22,66 +28,72 @@ def pack(w: torch.Tensor) -> torch.Tensor:
 
 
 def gemm(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None = None,
-         y: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+         y: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16, isa: str = "") -> torch.Tensor:
     m, kk = x.shape
     if y is None:
         y = torch.empty(m, n, dtype=out_dtype)
     tag = k.DTYPE_F32 if y.dtype == torch.float32 else k.DTYPE_BF16
     k.bf16_gemm(x.data_ptr(), x.stride(0), packed.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(),
-                y.stride(0), m, n, kk, tag)
+                y.stride(0), m, n, kk, tag, isa=isa)
     return y
 
 
 def test_pack_layout():
     """Panels of 32 output columns; per pair of input columns, the panel's 32 (k, k+1) pairs side
-    by side; zero padding to whole panels and pairs."""
+    by side; zero padding to whole panels and to k a multiple of 32."""
     n, kk = 40, 7
     w = torch.arange(n * kk, dtype=torch.float32).view(n, kk).bfloat16()
-    p = pack(w).view(2, 4, 32, 2)  # panels, k pairs, columns, pair
-    padded = torch.zeros(64, 8, dtype=torch.bfloat16)
+    p = pack(w).view(2, 16, 32, 2)  # panels, k pairs, columns, pair
+    padded = torch.zeros(64, 32, dtype=torch.bfloat16)
     padded[:n, :kk] = w
-    assert torch.equal(p, padded.view(2, 32, 4, 2).permute(0, 2, 1, 3))
+    assert torch.equal(p, padded.view(2, 32, 16, 2).permute(0, 2, 1, 3))
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 9, 16, 23, 64, 129, 300])
-@pytest.mark.parametrize("n, kk", [(960, 576), (37, 70), (5, 31), (1000, 1536), (3, 1), (32, 2), (33, 3)])
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 23, 32, 33, 64, 129, 300])
+@pytest.mark.parametrize("n, kk", [(960, 576), (37, 70), (5, 31), (1000, 1536), (3, 1), (32, 2), (33, 3), (48, 96)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_gemm_matches_torch(m, n, kk, bias):
+def test_gemm_matches_torch(m, n, kk, bias, isa):
     g = torch.Generator().manual_seed(n * kk + m)
     x = torch.randn(m, kk, generator=g).bfloat16()
     w = torch.randn(n, kk, generator=g).bfloat16()
     b = torch.randn(n, generator=g).bfloat16() if bias else None
     packed = pack(w)  # held: a temporary's memory could be reused before the kernel reads it
-    y = gemm(x, packed, n, b)
+    y = gemm(x, packed, n, b, isa=isa)
     want = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
     torch.testing.assert_close(y.double(), want, atol=0.05 * want.abs().max().item() / 8, rtol=1e-2)
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("m", [1, 5, 130])
-def test_float32_output_is_the_unrounded_sum(m):
+def test_float32_output_is_the_unrounded_sum(m, isa):
     g = torch.Generator().manual_seed(m)
     n, kk = 77, 130
     x, w = torch.randn(m, kk, generator=g).bfloat16(), torch.randn(n, kk, generator=g).bfloat16()
     b = torch.randn(n, generator=g).bfloat16()
     packed = pack(w)
-    y32 = gemm(x, packed, n, b, out_dtype=torch.float32)
+    y32 = gemm(x, packed, n, b, out_dtype=torch.float32, isa=isa)
     want = torch.nn.functional.linear(x.double(), w.double(), b.double())
     torch.testing.assert_close(y32.double(), want, atol=1e-4, rtol=1e-4)  # fp32 accumulation error only
-    assert torch.equal(y32.bfloat16(), gemm(x, packed, n, b))  # the bf16 output is its rounding
+    assert torch.equal(y32.bfloat16(), gemm(x, packed, n, b, isa=isa))  # the bf16 output is its rounding
 
 
-def test_rows_are_independent_of_the_batch_and_strides_are_honoured():
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kk", [96, 100])  # tiles read x in place, or from the padded copy
+def test_rows_are_independent_of_the_batch_and_strides_are_honoured(isa, kk):
     g = torch.Generator().manual_seed(0)
-    n, kk = 100, 96
+    n = 100
     w = torch.randn(n, kk, generator=g).bfloat16()
     packed = pack(w)
-    x_wide = torch.randn(40, kk + 10, generator=g).bfloat16()
+    x_wide = torch.randn(300, kk + 10, generator=g).bfloat16()
     x = x_wide[:, 3 : 3 + kk]  # row stride kk + 10
-    y_wide = torch.zeros(40, n + 6, dtype=torch.bfloat16)
-    gemm(x, packed, n, y=y_wide[:, :n])
+    y_wide = torch.zeros(300, n + 6, dtype=torch.bfloat16)
+    gemm(x, packed, n, y=y_wide[:, :n], isa=isa)
     assert (y_wide[:, n:] == 0).all()  # nothing written past the row
-    for i in (0, 7, 8, 39):
-        assert torch.equal(gemm(x[i : i + 1].contiguous(), packed, n)[0], y_wide[i, :n])
+    for i in (0, 7, 8, 15, 16, 31, 39, 130, 299):
+        assert torch.equal(gemm(x[i : i + 1].contiguous(), packed, n, isa=isa)[0], y_wide[i, :n])
+    for m in (17, 40, 129):  # other batch sizes: the same rows
+        assert torch.equal(gemm(x[:m], packed, n, isa=isa), y_wide[:m, :n])
 
 
 def test_zero_rows_do_nothing_and_bad_shapes_are_refused():
@@ -91,3 +103,28 @@ def test_zero_rows_do_nothing_and_bad_shapes_are_refused():
     k.bf16_gemm(x.data_ptr(), 32, packed.data_ptr(), 0, x.data_ptr(), 8, 0, 8, 32)
     with pytest.raises(ValueError, match="bad shape"):
         k.bf16_gemm(x.data_ptr(), 32, packed.data_ptr(), 0, x.data_ptr(), 8, -1, 8, 32)
+
+
+def _cpu_isa_with(env_value: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, CORELLM_ISA=env_value)
+    return subprocess.run([sys.executable, "-c", "from corellm import _core; print(_core.kernels.cpu_isa())"],
+                          env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_corellm_isa_forces_a_path_the_cpu_runs(isa):
+    assert _cpu_isa_with(isa).stdout.strip() == isa
+    assert k.cpu_isa() == ISAS[-1] or os.environ.get("CORELLM_ISA")  # unforced: the best
+
+
+def test_an_unknown_or_unsupported_path_is_refused_naming_it():
+    bad = _cpu_isa_with("sse2")
+    assert bad.returncode != 0 and "unknown instruction-set path 'sse2'" in bad.stderr
+    missing = [isa for isa in ("avx512bf16", "amx") if isa not in k.supported_cpu_isas()]
+    for isa in missing:
+        refused = _cpu_isa_with(isa)
+        assert refused.returncode != 0 and f"CORELLM_ISA={isa}: this CPU" in refused.stderr
+        with pytest.raises(ValueError, match=f"cannot run the {isa} path"):
+            x = torch.zeros(1, 32, dtype=torch.bfloat16)
+            k.bf16_gemm(x.data_ptr(), 32, pack(torch.zeros(8, 32, dtype=torch.bfloat16)).data_ptr(), 0,
+                        x.data_ptr(), 8, 1, 8, 32, isa=isa)

@@ -1,37 +1,21 @@
-// bf16 GEMM over a panel-packed W (layout and loop order in packed_gemm.h). Per panel and block of
-// up to 8 x rows: for each k pair, two register loads of W, one broadcast of each row's x pair,
-// and a dpbf16 per (row, 16 columns) into fp32 registers; then the bias, and one rounding.
+// bf16 GEMM over a panel-packed W (layout in packed_gemm.h): the packing, and the dispatch to the
+// process's instruction-set path (cpu_isa.h; the paths in packed_gemm_paths.h).
 #include "corellm/kernels/packed_gemm.h"
 
 #include <algorithm>
 #include <cstring>
-
-#include <omp.h>
-
-#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
-#include <immintrin.h>
-#define CORELLM_HAVE_BF16_GEMM 1
-#endif
+#include <vector>
 
 #include "corellm/check.h"
-#include "corellm/kernels/dtype.h"
+#include "packed_gemm_paths.h"
 
 namespace corellm {
 
-namespace {
-
-constexpr int64_t kRowChunk = 128;
-
-int64_t num_panels(int64_t n) { return (n + kGemmPanelCols - 1) / kGemmPanelCols; }
-int64_t num_pairs(int64_t k) { return (k + 1) / 2; }
-
-}  // namespace
-
-int64_t bf16_gemm_packed_size(int64_t n, int64_t k) { return num_panels(n) * num_pairs(k) * kGemmPanelCols * 2; }
+int64_t bf16_gemm_packed_size(int64_t n, int64_t k) { return gemm_num_panels(n) * gemm_panel_elements(k); }
 
 void bf16_gemm_pack(const uint16_t* w, uint16_t* packed, int64_t n, int64_t k) {
   CORELLM_CHECK_ARG(n >= 1 && k >= 1, "bf16_gemm_pack: bad shape n=", n, " k=", k);
-  const int64_t pairs = num_pairs(k);
+  const int64_t pairs = gemm_padded_pairs(k);
   std::memset(packed, 0, static_cast<size_t>(bf16_gemm_packed_size(n, k)) * sizeof(uint16_t));
   for (int64_t row = 0; row < n; ++row) {
     const int64_t p = row / kGemmPanelCols, c = row % kGemmPanelCols;
@@ -41,127 +25,34 @@ void bf16_gemm_pack(const uint16_t* w, uint16_t* packed, int64_t n, int64_t k) {
   }
 }
 
-#if defined(CORELLM_HAVE_BF16_GEMM)
+bool bf16_gemm_available() { return !supported_cpu_isas().empty(); }
 
 namespace {
 
-// x row r's pair kp as one 32-bit lane (the high half zero past an odd k).
-inline int32_t x_pair(const uint16_t* x_row, int64_t kp, int64_t k) {
-  uint32_t v = x_row[2 * kp];
-  if (2 * kp + 1 < k) v |= static_cast<uint32_t>(x_row[2 * kp + 1]) << 16;
-  return static_cast<int32_t>(v);
-}
-
-// y[0..MR) x [columns of panel p) for MR rows of x. Every row is accumulated the same way
-// whatever MR (one fp32 chain per 16 columns, k pairs in order), so a row's result does not
-// depend on the rows computed beside it.
-template <int MR>
-void panel_rows(const uint16_t* x, int64_t x_stride, const uint16_t* panel, const uint16_t* bias, void* y,
-                int64_t y_stride, bool y_f32, int64_t col0, int64_t n, int64_t k) {
-  const int64_t pairs = num_pairs(k), full = k / 2;
-  __m512 acc[MR][2];
-  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-  for (int64_t kp = 0; kp < pairs; ++kp) {
-    const uint16_t* wp = panel + kp * kGemmPanelCols * 2;
-    const __m512bh w0 = (__m512bh)_mm512_loadu_si512(wp);
-    const __m512bh w1 = (__m512bh)_mm512_loadu_si512(wp + 32);
-    if (kp == full) {  // an odd k's last column: its pair's other half is zero
-      for (int r = 0; r < MR; ++r) {
-        const __m512bh xb = (__m512bh)_mm512_set1_epi32(x_pair(x + r * x_stride, kp, k));
-        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xb, w0);
-        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xb, w1);
-      }
-      break;
-    }
-    for (int r = 0; r < MR; ++r) {
-      int32_t xv;
-      std::memcpy(&xv, x + r * x_stride + 2 * kp, sizeof(xv));
-      const __m512bh xb = (__m512bh)_mm512_set1_epi32(xv);
-      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xb, w0);
-      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xb, w1);
-    }
-  }
-  const int64_t cols = std::min(kGemmPanelCols, n - col0);
-  for (int h = 0; h < 2; ++h) {
-    const int64_t c0 = 16 * h;
-    if (cols <= c0) break;
-    const __mmask16 mask = static_cast<__mmask16>(cols - c0 >= 16 ? 0xFFFFu : (1u << (cols - c0)) - 1u);
-    __m512 b = _mm512_setzero_ps();
-    if (bias) {
-      b = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bias + col0 + c0)), 16));
-    }
-    for (int r = 0; r < MR; ++r) {
-      const __m512 v = _mm512_add_ps(acc[r][h], b);
-      const int64_t at = r * y_stride + col0 + c0;
-      if (y_f32) {
-        _mm512_mask_storeu_ps(static_cast<float*>(y) + at, mask, v);
-      } else {
-        _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y) + at, mask, (__m256i)_mm512_cvtneps_pbh(v));
-      }
-    }
-  }
-}
-
-void panel_all_rows(const uint16_t* x, int64_t x_stride, const uint16_t* panel, const uint16_t* bias, void* y,
-                    int64_t y_stride, bool y_f32, int64_t m, int64_t col0, int64_t n, int64_t k) {
-  constexpr int64_t kBlock = 8;
-  const int64_t y_item = y_f32 ? 4 : 2;
-  auto rows_at = [&](int64_t r) { return static_cast<char*>(y) + r * y_stride * y_item; };
-  int64_t r = 0;
-  for (; r + kBlock <= m; r += kBlock) {
-    panel_rows<kBlock>(x + r * x_stride, x_stride, panel, bias, rows_at(r), y_stride, y_f32, col0, n, k);
-  }
-  const uint16_t* xr = x + r * x_stride;
-  void* yr = rows_at(r);
-  switch (m - r) {
-    case 7: return panel_rows<7>(xr, x_stride, panel, bias, yr, y_stride, y_f32, col0, n, k);
-    case 6: return panel_rows<6>(xr, x_stride, panel, bias, yr, y_stride, y_f32, col0, n, k);
-    case 5: return panel_rows<5>(xr, x_stride, panel, bias, yr, y_stride, y_f32, col0, n, k);
-    case 4: return panel_rows<4>(xr, x_stride, panel, bias, yr, y_stride, y_f32, col0, n, k);
-    case 3: return panel_rows<3>(xr, x_stride, panel, bias, yr, y_stride, y_f32, col0, n, k);
-    case 2: return panel_rows<2>(xr, x_stride, panel, bias, yr, y_stride, y_f32, col0, n, k);
-    case 1: return panel_rows<1>(xr, x_stride, panel, bias, yr, y_stride, y_f32, col0, n, k);
-    default: return;
-  }
+void check_runnable(CpuIsa isa, const char* what) {
+  const std::vector<CpuIsa>& runnable = supported_cpu_isas();
+  CORELLM_CHECK_ARG(std::find(runnable.begin(), runnable.end(), isa) != runnable.end(), what,
+                    ": this CPU cannot run the ", cpu_isa_name(isa), " path");
 }
 
 }  // namespace
 
-bool bf16_gemm_available() { return true; }
-
 void bf16_gemm(const uint16_t* x, int64_t x_stride, const uint16_t* packed, const uint16_t* bias, void* y,
-               int64_t y_stride, int64_t m, int64_t n, int64_t k, DType y_dtype) {
+               int64_t y_stride, int64_t m, int64_t n, int64_t k, DType y_dtype, CpuIsa isa) {
   CORELLM_CHECK_ARG(m >= 0 && n >= 1 && k >= 1, "bf16_gemm: bad shape m=", m, " n=", n, " k=", k);
-  const bool y_f32 = y_dtype == DType::F32;
-  const int64_t y_item = y_f32 ? 4 : 2;
-  const int64_t panels = num_panels(n), panel_size = num_pairs(k) * kGemmPanelCols * 2;
-  // Contiguous ranges of panels per thread (one sequential stream each); small products stay on
-  // one thread. Threads write disjoint columns: no barrier between chunks of rows.
-#pragma omp parallel if (n * k * m >= (1 << 16))
-  {
-    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    // Many rows: a chunk of rows at a time, so that the chunk of x stays in this core's L2 while
-    // the thread's panels stream past it.
-    for (int64_t r = 0; r < m; r += kRowChunk) {
-      const int64_t rows = std::min(kRowChunk, m - r);
-      for (int64_t p = panels * t / threads; p < panels * (t + 1) / threads; ++p) {
-        panel_all_rows(x + r * x_stride, x_stride, packed + p * panel_size, bias,
-                       static_cast<char*>(y) + r * y_stride * y_item, y_stride, y_f32, rows, p * kGemmPanelCols, n, k);
-      }
-    }
+  check_runnable(isa, "bf16_gemm");
+  if (m == 0) return;
+  const GemmArgs args{x, x_stride, packed, bias, y, y_stride, m, n, k, y_dtype};
+  switch (isa) {
+    case CpuIsa::kAmx: return bf16_gemm_amx(args);
+    case CpuIsa::kAvx512Bf16: return bf16_gemm_avx512bf16(args);
   }
+  CORELLM_CHECK_ARG(false, "bf16_gemm: unknown instruction-set path ", static_cast<int>(isa));
 }
 
-#else
-
-bool bf16_gemm_available() { return false; }
-
-void bf16_gemm(const uint16_t*, int64_t, const uint16_t*, const uint16_t*, void*, int64_t, int64_t, int64_t, int64_t,
-               DType) {
-  throw InvalidArgument("bf16_gemm needs a CPU with AVX512-BF16");
+double bf16_dot_peak(CpuIsa isa, int64_t iterations) {
+  check_runnable(isa, "bf16_dot_peak");
+  return isa == CpuIsa::kAmx ? bf16_dot_peak_amx(iterations) : bf16_dot_peak_avx512bf16(iterations);
 }
-
-#endif
 
 }  // namespace corellm

@@ -1,41 +1,57 @@
-// y = x W^T (+ b) in bf16 over a weight packed once, after loading: corellm's CPU linear layer.
-// It beats oneDNN's bf16 GEMM on a prepacked weight at decode sizes, where oneDNN's per-call cost
-// and its blocking for large M lose and one pass over W must serve every row, and on AVX-512-BF16
-// (no AMX) holds level beyond; bench/kernels.py ("linear (whole model)") measures both on this
-// machine.
+// y = x W^T (+ b) in bf16 over a weight packed once, after loading: corellm's CPU linear layer,
+// on the process's instruction-set path (cpu_isa.h):
+//   - amx: AMX-BF16 tiles. Per thread, 2 x 2 tiles of fp32 sums (32 rows x 32 columns: one
+//     panel) stay in the tile registers over the whole of k, fed per 32 input columns by two
+//     tiles of x rows and the panel's two 16-column halves, loaded straight from the packed
+//     layout (a row stride of 128 bytes); rows past the last whole 16, and x when k is not a
+//     multiple of 32, go through a zero-padded copy. One configuration of the tiles per thread
+//     and call.
+//   - avx512bf16: per panel and block of up to 8 rows of x it walks the k pairs, accumulating 32
+//     columns x the rows in fp32 registers (no horizontal reductions), and re-reads the panel
+//     from its caches for the next block of rows.
+// On both, beyond 128 rows x is taken 128 rows at a time, so that those rows stay in the core's
+// L2, and each thread streams a contiguous range of panels. bench/kernels.py ("linear (whole
+// model)") compares each path with oneDNN.
 //
 // Packing: panels of 32 output columns; in a panel, for each pair of input columns (k, k+1), the
 // 32 columns' two values side by side (128 bytes: two AVX-512 registers of (W[n][k], W[n][k+1])
-// pairs, the operand order of the dpbf16 instruction). A panel is one contiguous run of memory.
-// Each thread streams a contiguous range of panels; per panel and block of up to 8 rows of x it
-// walks the k pairs, accumulating 32 columns x the rows in fp32 registers (no horizontal
-// reductions), and re-reads the panel from its caches for the next block of rows. Beyond 128
-// rows, x is taken 128 rows at a time, so that those rows stay in the core's L2.
+// pairs, the operand order of the dpbf16 instruction, and two rows of AMX's B tiles, whose
+// 16 rows are 16 consecutive pairs). A panel is one contiguous run of memory, k padded with zeros
+// to a multiple of 32.
 #pragma once
 
 #include <cstdint>
 
+#include "corellm/kernels/cpu_isa.h"
 #include "corellm/kernels/dtype.h"
 
 namespace corellm {
 
 constexpr int64_t kGemmPanelCols = 32;
 
-// True when this build can run bf16_gemm (AVX512-BF16).
+// True when this CPU can run bf16_gemm (some path of cpu_isa.h).
 bool bf16_gemm_available();
 
-// Elements of the packed form of an [n, k] weight: n rounded up to 32, k to 2.
+// Elements of the packed form of an [n, k] weight: n rounded up to 32, k to 32.
 int64_t bf16_gemm_packed_size(int64_t n, int64_t k);
 
 // w [n, k] row-major -> packed (bf16_gemm_packed_size(n, k) elements, zero padding):
-// packed[((p * k_pairs + kp) * 32 + c) * 2 + j] = w[p * 32 + c][2 * kp + j].
+// packed[((p * k_pairs + kp) * 32 + c) * 2 + j] = w[p * 32 + c][2 * kp + j], k_pairs = k / 2
+// rounded up to 16.
 void bf16_gemm_pack(const uint16_t* w, uint16_t* packed, int64_t n, int64_t k);
 
 // x [m, k] (row stride x_stride), packed W of an [n, k] weight, bias [n] or null: bf16; fp32
 // accumulation. y [m, n] (row stride y_stride, in elements): bf16 (rounded to nearest even) or,
 // y_dtype F32, the fp32 sums themselves (logits, without a separate conversion pass). Each row's
-// result does not depend on m (every row is computed alike). m = 0: nothing.
+// result does not depend on m (every row is computed alike on one path). m = 0: nothing.
+// isa: the process's path unless a test or benchmark asks for another this CPU runs.
 void bf16_gemm(const uint16_t* x, int64_t x_stride, const uint16_t* packed, const uint16_t* bias, void* y,
-               int64_t y_stride, int64_t m, int64_t n, int64_t k, DType y_dtype = DType::BF16);
+               int64_t y_stride, int64_t m, int64_t n, int64_t k, DType y_dtype = DType::BF16,
+               CpuIsa isa = cpu_isa());
+
+// The path's bf16 dot-product peak, for benchmarks: `iterations` rounds of independent dot
+// products on operands already in registers (tiles) on every thread of the OpenMP team; returns
+// the flops done (time it to get the peak).
+double bf16_dot_peak(CpuIsa isa, int64_t iterations);
 
 }  // namespace corellm

@@ -1,0 +1,214 @@
+// The bf16 GEMM on AMX-BF16 tiles (the amx path of packed_gemm.h).
+//
+// Tiles: 0-3 hold the fp32 sums of a block of 32 rows x one 32-column panel (tile 2i + j: row
+// tile i, column half j), 4-5 two tiles of 16 x rows x 32 input columns (from x copied into
+// tile order: TiledX), 6-7 the panel's two 16-column halves for the same 32 input columns (16
+// rows of pairs, loaded straight from the packed layout with a row stride of 128 bytes). Per group of 32 input columns, four tile dot
+// products; after the last group the sums are stored to a buffer, the bias is added and the row
+// is rounded once, as on the avx512bf16 path. Every row's sums come from its own x row and the
+// panel alone, over the groups in order: a row's result does not depend on the rows beside it.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "packed_gemm_paths.h"
+
+namespace corellm {
+
+namespace {
+
+// Rows of x taken at a time: as many as fit in half of the core's L2 (2 MiB on every CPU with
+// AMX), at least 128 and a multiple of 32: W streams from memory once per chunk, and the tiles
+// go through W so fast that a small chunk would leave them waiting on it.
+constexpr int64_t kChunkBytes = 1 << 20;
+int64_t row_chunk(int64_t k) { return std::max<int64_t>(128, kChunkBytes / (k * 2) / 32 * 32); }
+constexpr int64_t kTileRows = 16;   // x rows (and rows of sums) per tile
+constexpr int64_t kTileK = 32;      // input columns per tile: kGemmPairGroup pairs
+constexpr int kPanelRowBytes = static_cast<int>(kGemmPanelCols * 2 * sizeof(uint16_t));  // one k pair
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+void configure_tiles() {
+  TileConfig cfg{};
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = kTileRows;
+    cfg.colsb[t] = 64;  // 16 fp32 sums, or 16 bf16 pairs
+  }
+  _tile_loadconfig(&cfg);
+}
+
+// x laid out as tiles: for each 16 rows, for each group of 32 input columns, the 16 x 32 block
+// as one contiguous kilobyte (zero past k and past the last row). A tile load then reads 16
+// consecutive cache lines, which the prefetchers follow; read in place, it would be 16 rows
+// k apart. Copying x is a pass over m x k values, small next to the m x n x k products.
+struct TiledX {
+  std::vector<uint16_t>& tiles;
+  int64_t groups;
+
+  static constexpr int64_t kTileElements = kTileRows * kTileK;
+  const uint16_t* tile(int64_t row_tile, int64_t group) const {
+    return tiles.data() + (row_tile * groups + group) * kTileElements;
+  }
+};
+
+void tile_x(const GemmArgs& a, int64_t groups, std::vector<uint16_t>& tiles) {
+  const int64_t row_tiles = (a.m + kTileRows - 1) / kTileRows;
+  tiles.resize(static_cast<size_t>(row_tiles * groups * TiledX::kTileElements));
+  for (int64_t rt = 0; rt < row_tiles; ++rt) {
+    for (int64_t g = 0; g < groups; ++g) {
+      uint16_t* dst = tiles.data() + (rt * groups + g) * TiledX::kTileElements;
+      const int64_t cols = std::min(kTileK, a.k - g * kTileK);
+      for (int64_t i = 0; i < kTileRows; ++i) {
+        const int64_t r = rt * kTileRows + i;
+        uint16_t* row = dst + i * kTileK;
+        if (r < a.m) {
+          std::memcpy(row, a.x + r * a.x_stride + g * kTileK, cols * sizeof(uint16_t));
+          std::memset(row + cols, 0, (kTileK - cols) * sizeof(uint16_t));
+        } else {
+          std::memset(row, 0, kTileK * sizeof(uint16_t));
+        }
+      }
+    }
+  }
+}
+
+constexpr int64_t kPrefetchGroups = 4;
+
+// sums[32][32] (row-major, fp32) for RowTiles (1 or 2) tiles of x rows from row tile rt x one panel.
+template <int RowTiles>
+void panel_sums(const TiledX& x, int64_t rt, const uint16_t* panel, float* sums) {
+  constexpr int kTileRowBytes = kTileK * sizeof(uint16_t);
+  _tile_zero(0);
+  _tile_zero(1);
+  if (RowTiles == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t g = 0; g < x.groups; ++g) {
+    if (g + kPrefetchGroups < x.groups) {  // x's tiles come from L2: ask for them ahead
+      for (int r = 0; r < RowTiles; ++r) {
+        const char* next = reinterpret_cast<const char*>(x.tile(rt + r, g + kPrefetchGroups));
+        for (int line = 0; line < 16; ++line) _mm_prefetch(next + 64 * line, _MM_HINT_T0);
+      }
+    }
+    // Each load as late as its first use, so that it overlaps the product before it (a tile
+    // is not renamed: loading one waits for the products that still read it).
+    const uint16_t* b = panel + g * kGemmPairGroup * kGemmPanelCols * 2;
+    _tile_loadd(4, x.tile(rt, g), kTileRowBytes);
+    _tile_loadd(6, b, kPanelRowBytes);
+    _tile_dpbf16ps(0, 4, 6);
+    if (RowTiles == 2) {
+      _tile_loadd(5, x.tile(rt + 1, g), kTileRowBytes);
+      _tile_dpbf16ps(2, 5, 6);
+    }
+    _tile_loadd(7, b + kGemmPanelCols, kPanelRowBytes);  // columns 16-31: the row's second 64 bytes
+    _tile_dpbf16ps(1, 4, 7);
+    if (RowTiles == 2) _tile_dpbf16ps(3, 5, 7);
+  }
+  constexpr int kSumRowBytes = kGemmPanelCols * sizeof(float);
+  _tile_stored(0, sums, kSumRowBytes);
+  _tile_stored(1, sums + 16, kSumRowBytes);
+  if (RowTiles == 2) {
+    _tile_stored(2, sums + kTileRows * kGemmPanelCols, kSumRowBytes);
+    _tile_stored(3, sums + kTileRows * kGemmPanelCols + 16, kSumRowBytes);
+  }
+}
+
+// y[rows][col0 .. col0 + 32) = sums + bias, rounded to bf16 or kept fp32.
+void store_rows(const float* sums, int64_t rows, const GemmArgs& a, int64_t row0, int64_t col0) {
+  const bool y_f32 = a.y_dtype == DType::F32;
+  const int64_t cols = std::min(kGemmPanelCols, a.n - col0);
+  for (int h = 0; h < 2; ++h) {
+    const int64_t c0 = 16 * h;
+    if (cols <= c0) break;
+    const __mmask16 mask = static_cast<__mmask16>(cols - c0 >= 16 ? 0xFFFFu : (1u << (cols - c0)) - 1u);
+    __m512 b = _mm512_setzero_ps();
+    if (a.bias) {
+      b = _mm512_castsi512_ps(_mm512_slli_epi32(
+          _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, a.bias + col0 + c0)), 16));
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const __m512 v = _mm512_add_ps(_mm512_loadu_ps(sums + r * kGemmPanelCols + c0), b);
+      const int64_t at = (row0 + r) * a.y_stride + col0 + c0;
+      if (y_f32) {
+        _mm512_mask_storeu_ps(static_cast<float*>(a.y) + at, mask, v);
+      } else {
+        _mm256_mask_storeu_epi16(static_cast<uint16_t*>(a.y) + at, mask, (__m256i)_mm512_cvtneps_pbh(v));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void bf16_gemm_amx(const GemmArgs& a) {
+  const int64_t groups = gemm_padded_pairs(a.k) * 2 / kTileK;
+  const int64_t panels = gemm_num_panels(a.n), panel_size = gemm_panel_elements(a.k);
+  thread_local std::vector<uint16_t> tiles;
+  tile_x(a, groups, tiles);
+  const TiledX x{tiles, groups};
+#pragma omp parallel if (a.n * a.k * a.m >= (1 << 16))
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    configure_tiles();
+    alignas(64) float sums[2 * kTileRows * kGemmPanelCols];
+    const int64_t chunk = row_chunk(a.k);
+    for (int64_t r0 = 0; r0 < a.m; r0 += chunk) {
+      const int64_t chunk_end = std::min(a.m, r0 + chunk);
+      for (int64_t p = panels * t / threads; p < panels * (t + 1) / threads; ++p) {
+        const uint16_t* panel = a.packed + p * panel_size;
+        for (int64_t r = r0; r < chunk_end; r += 2 * kTileRows) {
+          const int64_t rows = std::min(2 * kTileRows, chunk_end - r);
+          if (rows > kTileRows) {
+            panel_sums<2>(x, r / kTileRows, panel, sums);
+          } else {
+            panel_sums<1>(x, r / kTileRows, panel, sums);
+          }
+          store_rows(sums, rows, a, r, p * kGemmPanelCols);
+        }
+      }
+    }
+    _tile_release();
+  }
+}
+
+double bf16_dot_peak_amx(int64_t iterations) {
+  int64_t threads = 1;
+#pragma omp parallel
+  {
+#pragma omp single
+    threads = omp_get_num_threads();
+    configure_tiles();
+    alignas(64) uint16_t operand[kTileRows * 32] = {};
+    _tile_loadd(4, operand, 64);
+    _tile_loadd(5, operand, 64);
+    _tile_loadd(6, operand, 64);
+    _tile_loadd(7, operand, 64);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t i = 0; i < iterations; ++i) {
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    alignas(64) float sink[kTileRows * 16];
+    _tile_stored(0, sink, 64);
+    _tile_release();
+  }
+  return static_cast<double>(threads) * static_cast<double>(iterations) * 4 * (2.0 * kTileRows * 16 * kTileK);
+}
+
+}  // namespace corellm
