@@ -25,7 +25,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from server_process import free_port, wait_ready
+from server_process import free_port, serve_both, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "build" / "llamacpp"
@@ -119,32 +119,6 @@ def single_stream(bin_dir: Path, model: Path, threads: int, rounds: int = 2) -> 
     return best("corellm"), best("llamacpp"), rounds_seen
 
 
-def serve_both(servers: dict[str, list[str]], ports: dict[str, int], args) -> dict[str, list[dict]]:
-    """Starts every server, then for each concurrency level runs bench/serve.py against each in
-    turn with the same prompts (fresh ones per level: no prefix-cache hits across levels), so that
-    both engines meet the VM in the same state for a level."""
-    procs = {name: subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for name, cmd in servers.items()}
-    results: dict[str, list[dict]] = {name: [] for name in servers}
-    try:
-        for name, proc in procs.items():
-            wait_ready(f"http://127.0.0.1:{ports[name]}", proc)
-        for level, conc in enumerate(args.concurrency.split(",")):
-            for name in servers:
-                out = CACHE / f"serve-{name}-{conc}.json"
-                run([sys.executable, str(ROOT / "bench" / "serve.py"), "--base-url", f"http://127.0.0.1:{ports[name]}",
-                     "--num-prompts", str(args.num_prompts), "--concurrency", conc, "--seed", str(level),
-                     "--input-len", str(args.input_len), "--output-len", str(args.output_len), "--label", name,
-                     "--json", str(out)])
-                results[name] += json.loads(out.read_text())["results"]
-    finally:
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            proc.wait(timeout=60)
-    return results
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
@@ -172,7 +146,7 @@ def main() -> None:
         "llama-server": [str(bin_dir / "llama-server"), "-m", str(model), "-t", str(args.threads), "-c", str(ctx),
                          "-np", str(max_conc), "--host", "127.0.0.1", "--port", str(ports["llama-server"])],
     }
-    served = serve_both(servers, ports, args)
+    served = serve_both(servers, ports, args, CACHE)
     report["corellm_serve"], report["llamacpp_serve"] = served["corellm"], served["llama-server"]
 
     print(f"\ncorellm vs llama.cpp — {model.name}, {args.threads} threads")

