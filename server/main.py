@@ -10,13 +10,11 @@ import logging
 import signal
 import time
 
-import torch
 from aiohttp import web
 
 from corellm.engine.async_llm import AsyncLLM
 from corellm.engine_args import add_engine_args, engine_config_from_args
 from corellm.model.loader import DEFAULT_MODEL
-from corellm.native import cpu_kernel_path
 from corellm.server.admission import AdmissionLimits
 from corellm.server.app import SERVING, create_app
 from corellm.server.serving import ServerConfig
@@ -94,8 +92,6 @@ def run(args: argparse.Namespace) -> int:
     name = args.served_model_name or engine.loaded.name
     logger.info("model %s (%s, %s), context %d tokens", name, engine.loaded.path, engine.loaded.model.dtype,
                    engine.max_model_len)
-    if engine.loaded.model.device.type == "cpu":
-        logger.info("CPU kernels: %s, %d threads", cpu_kernel_path(), torch.get_num_threads())
     engine.parts.grammar_compiler.warm()  # the first structured request need not wait for it
     server_config = ServerConfig(served_model_name=name, api_key=args.api_key,
                                  allow_request_chat_template=args.allow_request_chat_template,

@@ -119,7 +119,11 @@ def test_corellm_isa_forces_a_path_the_cpu_runs(isa):
 
 def test_an_unknown_or_unsupported_path_is_refused_naming_it():
     bad = _cpu_isa_with("sse2")
-    assert bad.returncode != 0 and "unknown instruction-set path 'sse2'" in bad.stderr
+    assert bad.returncode != 0 and "CORELLM_ISA=sse2: unknown instruction-set path" in bad.stderr
+    with pytest.raises(ValueError, match="unknown instruction-set path 'sse2'"):
+        x = torch.zeros(1, 32, dtype=torch.bfloat16)
+        k.bf16_gemm(x.data_ptr(), 32, pack(torch.zeros(8, 32, dtype=torch.bfloat16)).data_ptr(), 0,
+                    x.data_ptr(), 8, 1, 8, 32, isa="sse2")
     missing = [isa for isa in ("avx512bf16", "amx") if isa not in k.supported_cpu_isas()]
     for isa in missing:
         refused = _cpu_isa_with(isa)
@@ -128,3 +132,11 @@ def test_an_unknown_or_unsupported_path_is_refused_naming_it():
             x = torch.zeros(1, 32, dtype=torch.bfloat16)
             k.bf16_gemm(x.data_ptr(), 32, pack(torch.zeros(8, 32, dtype=torch.bfloat16)).data_ptr(), 0,
                         x.data_ptr(), 8, 1, 8, 32, isa=isa)
+
+
+def test_an_engine_with_a_path_the_cpu_cannot_run_fails_before_loading():
+    env = dict(os.environ, CORELLM_ISA="sse2")
+    run = subprocess.run([sys.executable, "-c", "import logging; logging.basicConfig(level=logging.INFO)\n"
+                          "from corellm import LLM; LLM()"], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0 and "CORELLM_ISA=sse2: unknown instruction-set path" in run.stderr
+    assert "KV cache" not in run.stderr  # nothing was loaded or allocated

@@ -80,7 +80,11 @@ CpuIsa choose() {
   const std::vector<CpuIsa>& isas = supported_cpu_isas();
   const char* forced = std::getenv("CORELLM_ISA");
   if (forced != nullptr && *forced != '\0') {
-    const CpuIsa isa = cpu_isa_named(forced);
+    const std::string name(forced);
+    CORELLM_CHECK_ARG(name == cpu_isa_name(CpuIsa::kAvx512Bf16) || name == cpu_isa_name(CpuIsa::kAmx), "CORELLM_ISA=",
+                      name, ": unknown instruction-set path (the paths are avx512bf16 and amx; this CPU runs ",
+                      supported_names(), ")");
+    const CpuIsa isa = cpu_isa_named(name);
     CORELLM_CHECK_ARG(std::find(isas.begin(), isas.end(), isa) != isas.end(), "CORELLM_ISA=", forced,
                       ": this CPU (", cpu_model_name(), ") runs ", supported_names());
     return isa;

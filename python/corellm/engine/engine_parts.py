@@ -3,14 +3,20 @@ and output processors around it — wired from one EngineConfig, in this one pla
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+
+import torch
 
 from corellm.config import EngineConfig
 from corellm.engine.engine_core import EngineCore
 from corellm.engine.input_processor import InputProcessor
 from corellm.engine.output_processor import OutputProcessor
 from corellm.model.loader import LoadedModel, load_model
+from corellm.native import cpu_kernel_path
 from corellm.structured_output import GrammarCompiler
+
+logger = logging.getLogger("corellm")
 
 # generation_config.json fields that become a request's sampling defaults (vLLM's behaviour).
 GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -26,7 +32,11 @@ class EngineParts:
 
     @classmethod
     def build(cls, config: EngineConfig, loaded: LoadedModel | None = None) -> EngineParts:
-        """Loads the model (unless given) and builds the engine core and both processors."""
+        """Loads the model (unless given) and builds the engine core and both processors. On the
+        CPU the kernels' instruction-set path is settled first: a CORELLM_ISA this CPU cannot run
+        fails here, before anything is loaded."""
+        if torch.device(config.device).type == "cpu":
+            logger.info("CPU kernels: %s, %d threads", cpu_kernel_path(), torch.get_num_threads())
         loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device)
         eos = loaded.generation_config.get("eos_token_id")
         extra_eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
