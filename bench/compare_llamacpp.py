@@ -25,7 +25,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from server_process import free_port, serve_both, wait_ready
+from server_process import free_port, print_serving_table, serve_both, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "build" / "llamacpp"
@@ -155,13 +155,7 @@ def main() -> None:
         print(f"{'single stream':<22} {'corellm':>10} {'llama.cpp':>10} {'ratio':>7}")
         for key in ("pp512", "tg128"):
             print(f"{key + ' tok/s':<22} {c[key]:>10.1f} {l[key]:>10.1f} {c[key] / l[key]:>6.2f}x")
-    print(f"\n{'serving':<12} {'out tok/s corellm':>18} {'llama-server':>13} {'ratio':>7} {'TTFT med ms c/l':>18} "
-          f"{'TPOT med ms c/l':>18}")
-    for c, l in zip(report["corellm_serve"], report["llamacpp_serve"]):
-        print(f"conc {c['concurrency']:<7} {c['output_throughput']:>18.1f} {l['output_throughput']:>13.1f} "
-              f"{c['output_throughput'] / max(l['output_throughput'], 1e-9):>6.2f}x "
-              f"{c['ttft_ms']['median']:>8.0f}/{l['ttft_ms']['median']:<8.0f} "
-              f"{c['tpot_ms']['median']:>8.1f}/{l['tpot_ms']['median']:<8.1f}")
+    print_serving_table(report["corellm_serve"], report["llamacpp_serve"], "llama-server")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, default=str))
     if args.plot:

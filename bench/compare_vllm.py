@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from server_process import free_port, serve_both
+from server_process import free_port, print_serving_table, serve_both
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "build" / "vllm"
@@ -111,12 +111,7 @@ def main() -> None:
     print(f"\ncorellm vs vLLM CPU ({VLLM}) — {model.name} bf16, {cores} cores, "
           f"{args.num_prompts} requests x ({args.input_len} in, {args.output_len} out)")
     print(f"start-up to /health 200: vLLM {report['vllm_startup_s']:.1f} s, corellm {report['corellm_startup_s']:.1f} s")
-    print(f"{'conc':<6} {'out tok/s vLLM':>15} {'corellm':>9} {'ratio':>7} {'TTFT med ms v/c':>18} {'TPOT med ms v/c':>18}")
-    for v, c in zip(report["vllm_serve"], report["corellm_serve"]):
-        print(f"{c['concurrency']:<6} {v['output_throughput']:>15.1f} {c['output_throughput']:>9.1f} "
-              f"{c['output_throughput'] / max(v['output_throughput'], 1e-9):>6.2f}x "
-              f"{v['ttft_ms']['median']:>8.0f}/{c['ttft_ms']['median']:<8.0f} "
-              f"{v['tpot_ms']['median']:>8.1f}/{c['tpot_ms']['median']:<8.1f}")
+    print_serving_table(report["corellm_serve"], report["vllm_serve"], "vLLM")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, default=str))
 

@@ -68,3 +68,14 @@ def serve_both(servers: dict[str, list[str]], ports: dict[str, int], args, out_d
         for log in logs.values():
             log.close()
     return results
+
+
+def print_serving_table(corellm: list[dict], peer: list[dict], peer_name: str) -> None:
+    """One row per concurrency: output tok/s of both, corellm / peer, median TTFT and TPOT."""
+    print(f"\n{'serving':<12} {'out tok/s corellm':>18} {peer_name:>13} {'ratio':>7} {'TTFT med ms c/p':>18} "
+          f"{'TPOT med ms c/p':>18}")
+    for c, p in zip(corellm, peer):
+        print(f"conc {c['concurrency']:<7} {c['output_throughput']:>18.1f} {p['output_throughput']:>13.1f} "
+              f"{c['output_throughput'] / max(p['output_throughput'], 1e-9):>6.2f}x "
+              f"{c['ttft_ms']['median']:>8.0f}/{p['ttft_ms']['median']:<8.0f} "
+              f"{c['tpot_ms']['median']:>8.1f}/{p['tpot_ms']['median']:<8.1f}")
