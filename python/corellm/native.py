@@ -5,6 +5,8 @@ missing build fails in one place, with one message that says how to build it."""
 
 from __future__ import annotations
 
+import os
+
 import torch  # noqa: F401 - first: its libgomp is the OpenMP runtime the native kernels share
 
 try:
@@ -27,5 +29,6 @@ def cpu_kernel_path() -> str:
     for a path this CPU cannot run."""
     k = _core.kernels
     runs = k.supported_cpu_isas()
-    path = k.cpu_isa() if runs else "none (no AVX-512-BF16: oneDNN's GEMM, generic kernels)"
+    forced = os.environ.get("CORELLM_ISA")
+    path = k.cpu_isa() if runs or forced else "none (no AVX-512-BF16: oneDNN's GEMM, generic kernels)"
     return f"{path} on {k.cpu_model_name()} (runs {', '.join(runs) or 'no corellm path'})"
