@@ -24,14 +24,19 @@ MAX_CACHE_SALT_CHARS = 256
 TokenId = Annotated[int, Field(ge=0)]
 
 
-class StreamOptions(BaseModel):
+class RequestPart(BaseModel):
+    """A request body or a part of one: strict JSON types, unknown fields kept (model_extra) for
+    request_fields.py. Subclasses add to this configuration (pydantic merges it)."""
+
     model_config = ConfigDict(extra="allow", strict=True)
 
+
+class StreamOptions(RequestPart):
     include_usage: bool = False
 
 
-class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+class JsonSchemaFormat(RequestPart):
+    model_config = ConfigDict(populate_by_name=True)
 
     name: str = Field(min_length=1, max_length=64)
     schema_: dict[str, Any] | None = Field(None, alias="schema")  # absent: any JSON (OpenAI's rule)
@@ -39,19 +44,15 @@ class JsonSchemaFormat(BaseModel):
     description: str | None = None
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(RequestPart):
     """OpenAI's response_format."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class StructuredOutputsField(BaseModel):
+class StructuredOutputsField(RequestPart):
     """vLLM's structured_outputs: one of its fields (StructuredOutputsParams checks that)."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
 
     json_: dict[str, Any] | str | None = Field(None, alias="json")
     regex: str | None = None
@@ -60,10 +61,10 @@ class StructuredOutputsField(BaseModel):
     json_object: bool | None = None
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(RequestPart):
     """Fields shared by completions and chat completions."""
 
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False, strict=True)
+    model_config = ConfigDict(allow_inf_nan=False)
 
     model: str | None = None
     temperature: float | None = Field(None, ge=0, le=2)
@@ -184,33 +185,25 @@ class CompletionRequest(SamplingFields):
     add_special_tokens: bool = True  # (vLLM) e.g. a BOS before each prompt, where the tokenizer adds one
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
+class TextPart(RequestPart):
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
+class FunctionCall(RequestPart):
     name: str
     arguments: str  # a JSON object's text, as OpenAI sends it
 
 
-class MessageToolCall(BaseModel):
+class MessageToolCall(RequestPart):
     """A call in an assistant message of the history."""
-
-    model_config = ConfigDict(extra="allow", strict=True)
 
     id: str | None = None
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
+class ChatMessage(RequestPart):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -241,31 +234,23 @@ def _arguments_object(arguments: str) -> Any:
         return arguments  # as given: the template shows it as text
 
 
-class ToolFunction(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
+class ToolFunction(RequestPart):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
     strict: bool | None = None  # the arguments are always held to the schema when constrained
 
 
-class ChatTool(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
+class ChatTool(RequestPart):
     type: Literal["function"]
     function: ToolFunction
 
 
-class NamedFunction(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
+class NamedFunction(RequestPart):
     name: str
 
 
-class NamedToolChoice(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
+class NamedToolChoice(RequestPart):
     type: Literal["function"]
     function: NamedFunction
 
@@ -286,9 +271,7 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = None  # default true
 
 
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
+class TokenizeRequest(RequestPart):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -296,8 +279,6 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: bool = True
 
 
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
-
+class DetokenizeRequest(RequestPart):
     model: str | None = None
     tokens: list[TokenId]

@@ -86,9 +86,9 @@ class Serving:
             return self.engine.process(request_id, prompt, params, priority=priority, cache_salt=cache_salt or "")
         except ValueError as e:
             message = str(e)
-            if structured_field is not None and message.startswith("structured_outputs."):
-                message = structured_field + message[message.index(":"):]
-                raise bad_request(message, structured_field) from None
+            named = _in_client_terms(message, structured_field) if structured_field is not None else None
+            if named is not None:
+                raise bad_request(named, structured_field) from None
             raise bad_request(message, _param_named_in(message)) from None
 
     async def check_constraint(self, spec: StructuredOutputsParams | None, field: str | None) -> None:
@@ -105,10 +105,7 @@ class Serving:
             raise bad_request(f"{field}: the grammar took more than {self.config.grammar_compile_timeout_s:g} s "
                               f"to compile", field) from None
         except ValueError as e:
-            message = str(e)
-            if message.startswith("structured_outputs."):
-                message = field + message[message.index(":"):]
-            raise bad_request(message, field) from None
+            raise bad_request(_in_client_terms(str(e), field) or str(e), field) from None
 
     @staticmethod
     def new_id(prefix: str) -> str:
@@ -141,8 +138,7 @@ class Serving:
             return out
         if out.metrics.get("error_field") == "structured_outputs":
             field = structured_field or "structured_outputs"
-            raise bad_request(field + error[len("structured_outputs"):] if error.startswith("structured_outputs")
-                              else f"{field}: {error}", field)
+            raise bad_request(_in_client_terms(error, field) or f"{field}: {error}", field)
         raise APIError(500, f"the request failed: {error}", "internal_error")
 
     async def run_all(self, processed: list[ProcessedRequest],
@@ -248,6 +244,15 @@ async def stream_errors(resp: web.StreamResponse, err: BaseException) -> None:
         api = APIError(503, str(err), "service_unavailable")
     await resp.write(error_chunk(api))
     await resp.write(b"data: [DONE]\n\n")
+
+
+def _in_client_terms(message: str, field: str) -> str | None:
+    """An engine message about a request's output constraint ("structured_outputs[.part]: why")
+    with the request field the client used in its place ("guided_regex: why"); None for any other
+    message."""
+    if not message.startswith(("structured_outputs.", "structured_outputs:")) or ":" not in message:
+        return None
+    return field + message[message.index(":"):]
 
 
 def now() -> int:

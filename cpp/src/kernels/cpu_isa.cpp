@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "corellm/check.h"
 
@@ -70,6 +71,16 @@ std::vector<CpuIsa> detect() {
   return isas;
 }
 
+constexpr CpuIsa kAllIsas[] = {CpuIsa::kAvx512Bf16, CpuIsa::kAmx};
+
+// The path of that name, if it is one.
+std::optional<CpuIsa> isa_of_name(const std::string& name) {
+  for (CpuIsa isa : kAllIsas) {
+    if (name == cpu_isa_name(isa)) return isa;
+  }
+  return std::nullopt;
+}
+
 std::string supported_names() {
   std::string names;
   for (CpuIsa isa : supported_cpu_isas()) names += std::string(names.empty() ? "" : ", ") + cpu_isa_name(isa);
@@ -80,14 +91,13 @@ CpuIsa choose() {
   const std::vector<CpuIsa>& isas = supported_cpu_isas();
   const char* forced = std::getenv("CORELLM_ISA");
   if (forced != nullptr && *forced != '\0') {
-    const std::string name(forced);
-    CORELLM_CHECK_ARG(name == cpu_isa_name(CpuIsa::kAvx512Bf16) || name == cpu_isa_name(CpuIsa::kAmx), "CORELLM_ISA=",
-                      name, ": unknown instruction-set path (the paths are avx512bf16 and amx; this CPU runs ",
+    const std::optional<CpuIsa> isa = isa_of_name(forced);
+    CORELLM_CHECK_ARG(isa.has_value(), "CORELLM_ISA=", forced,
+                      ": unknown instruction-set path (the paths are avx512bf16 and amx; this CPU runs ",
                       supported_names(), ")");
-    const CpuIsa isa = cpu_isa_named(name);
-    CORELLM_CHECK_ARG(std::find(isas.begin(), isas.end(), isa) != isas.end(), "CORELLM_ISA=", forced,
+    CORELLM_CHECK_ARG(std::find(isas.begin(), isas.end(), *isa) != isas.end(), "CORELLM_ISA=", forced,
                       ": this CPU (", cpu_model_name(), ") runs ", supported_names());
-    return isa;
+    return *isa;
   }
   CORELLM_CHECK_ARG(!isas.empty(), "corellm's CPU kernels need AVX-512-BF16, which this CPU (", cpu_model_name(),
                     ") lacks");
@@ -115,11 +125,9 @@ const char* cpu_isa_name(CpuIsa isa) {
 }
 
 CpuIsa cpu_isa_named(const std::string& name) {
-  for (CpuIsa isa : {CpuIsa::kAvx512Bf16, CpuIsa::kAmx}) {
-    if (name == cpu_isa_name(isa)) return isa;
-  }
-  CORELLM_CHECK_ARG(false, "unknown instruction-set path '", name, "' (the paths are avx512bf16 and amx)");
-  return CpuIsa::kAvx512Bf16;
+  const std::optional<CpuIsa> isa = isa_of_name(name);
+  CORELLM_CHECK_ARG(isa.has_value(), "unknown instruction-set path '", name, "' (the paths are avx512bf16 and amx)");
+  return *isa;
 }
 
 std::string cpu_model_name() {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "packed_gemm_paths.h"
+#include "packed_gemm_store.h"
 
 namespace corellm {
 
@@ -129,24 +130,14 @@ void panel_sums(const TiledX& x, int64_t rt, const uint16_t* panel, float* sums)
 // y[rows][col0 .. col0 + 32) = sums + bias, rounded to bf16 or kept fp32.
 void store_rows(const float* sums, int64_t rows, const GemmArgs& a, int64_t row0, int64_t col0) {
   const bool y_f32 = a.y_dtype == DType::F32;
-  const int64_t cols = std::min(kGemmPanelCols, a.n - col0);
   for (int h = 0; h < 2; ++h) {
+    const __mmask16 mask = gemm_store::half_mask(a.n, col0, h);
+    if (mask == 0) break;
     const int64_t c0 = 16 * h;
-    if (cols <= c0) break;
-    const __mmask16 mask = static_cast<__mmask16>(cols - c0 >= 16 ? 0xFFFFu : (1u << (cols - c0)) - 1u);
-    __m512 b = _mm512_setzero_ps();
-    if (a.bias) {
-      b = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, a.bias + col0 + c0)), 16));
-    }
+    const __m512 b = gemm_store::bias_of(a.bias, col0 + c0, mask);
     for (int64_t r = 0; r < rows; ++r) {
-      const __m512 v = _mm512_add_ps(_mm512_loadu_ps(sums + r * kGemmPanelCols + c0), b);
-      const int64_t at = (row0 + r) * a.y_stride + col0 + c0;
-      if (y_f32) {
-        _mm512_mask_storeu_ps(static_cast<float*>(a.y) + at, mask, v);
-      } else {
-        _mm256_mask_storeu_epi16(static_cast<uint16_t*>(a.y) + at, mask, (__m256i)_mm512_cvtneps_pbh(v));
-      }
+      gemm_store::store(a.y, (row0 + r) * a.y_stride + col0 + c0, y_f32, mask,
+                        _mm512_add_ps(_mm512_loadu_ps(sums + r * kGemmPanelCols + c0), b));
     }
   }
 }

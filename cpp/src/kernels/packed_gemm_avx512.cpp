@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "packed_gemm_paths.h"
+#include "packed_gemm_store.h"
 
 namespace corellm {
 
@@ -52,24 +53,12 @@ void panel_rows(const uint16_t* x, int64_t x_stride, const uint16_t* panel, cons
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xb, w1);
     }
   }
-  const int64_t cols = std::min(kGemmPanelCols, n - col0);
   for (int h = 0; h < 2; ++h) {
-    const int64_t c0 = 16 * h;
-    if (cols <= c0) break;
-    const __mmask16 mask = static_cast<__mmask16>(cols - c0 >= 16 ? 0xFFFFu : (1u << (cols - c0)) - 1u);
-    __m512 b = _mm512_setzero_ps();
-    if (bias) {
-      b = _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bias + col0 + c0)), 16));
-    }
+    const __mmask16 mask = gemm_store::half_mask(n, col0, h);
+    if (mask == 0) break;
+    const __m512 b = gemm_store::bias_of(bias, col0 + 16 * h, mask);
     for (int r = 0; r < MR; ++r) {
-      const __m512 v = _mm512_add_ps(acc[r][h], b);
-      const int64_t at = r * y_stride + col0 + c0;
-      if (y_f32) {
-        _mm512_mask_storeu_ps(static_cast<float*>(y) + at, mask, v);
-      } else {
-        _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y) + at, mask, (__m256i)_mm512_cvtneps_pbh(v));
-      }
+      gemm_store::store(y, r * y_stride + col0 + 16 * h, y_f32, mask, _mm512_add_ps(acc[r][h], b));
     }
   }
 }
