@@ -60,7 +60,7 @@ def run_flops(config, lengths: list[tuple[int, int]]) -> float:
 
 def gemm_peak_flops() -> float:
     """corellm's bf16 GEMM at its best shape on this machine now (512 rows x a 576 x 1536 weight,
-    the MLP's), in FLOP/s: the compute floor's rate. float('nan') where the CPU lacks AVX512-BF16."""
+    the MLP's), in FLOP/s: the compute floor's rate. float('nan') where the CPU lacks AVX2 and FMA."""
     from corellm import _core
 
     if not _core.kernels.bf16_gemm_available():

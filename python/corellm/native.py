@@ -5,8 +5,6 @@ missing build fails in one place, with one message that says how to build it."""
 
 from __future__ import annotations
 
-import os
-
 import torch  # noqa: F401 - first: its libgomp is the OpenMP runtime the native kernels share
 
 try:
@@ -14,6 +12,10 @@ try:
 except ImportError as e:  # an installation whose extension was never built, or was built for another Python
     raise ImportError(f"corellm's native core (corellm._core) cannot be imported: {e}. Build it with `make build` "
                       f"(or `pip install -e .`) in this environment") from e
+
+if not _core.kernels.supported_cpu_isas():  # before any kernel runs: they are compiled for x86-64-v3
+    raise ImportError(f"corellm's CPU kernels need AVX2 and FMA (x86-64-v3, 2013 and later); this CPU "
+                      f"({_core.kernels.cpu_model_name()}) lacks them")
 
 try:
     from corellm import _cuda
@@ -25,10 +27,7 @@ __all__ = ["_core", "_cuda", "cpu_kernel_path"]
 
 def cpu_kernel_path() -> str:
     """The CPU kernels' instruction-set path and the CPU, for start-up logs and benchmark tables:
-    "amx on Intel(R) Xeon(R) Processor (runs avx512bf16, amx)". ValueError when CORELLM_ISA asks
-    for a path this CPU cannot run."""
+    "amx on Intel(R) Xeon(R) Processor (runs avx2, avx512, avx512bf16, amx)". ValueError when
+    CORELLM_ISA asks for a path this CPU cannot run."""
     k = _core.kernels
-    runs = k.supported_cpu_isas()
-    forced = os.environ.get("CORELLM_ISA")
-    path = k.cpu_isa() if runs or forced else "none (no AVX-512-BF16: oneDNN's GEMM, generic kernels)"
-    return f"{path} on {k.cpu_model_name()} (runs {', '.join(runs) or 'no corellm path'})"
+    return f"{k.cpu_isa()} on {k.cpu_model_name()} (runs {', '.join(k.supported_cpu_isas())})"

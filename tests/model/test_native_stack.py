@@ -14,7 +14,7 @@ from tests.model.runner import PagedRunner
 from tests.model.tiny_models import ARCHS, make_tiny_model
 
 pytest.importorskip("transformers")
-pytestmark = pytest.mark.skipif(not _core.kernels.bf16_gemm_available(), reason="needs AVX512-BF16")
+pytestmark = pytest.mark.skipif(not _core.kernels.bf16_gemm_available(), reason="needs AVX2 and FMA")
 
 
 @pytest.fixture(scope="module", params=sorted(ARCHS))

@@ -1,5 +1,7 @@
 """reshape_and_cache and paged_attention against the float64 torch reference, over block sizes,
-GQA ratios, head sizes, prefix (context) lengths, dtypes, sliding windows and batch mixes."""
+GQA ratios, head sizes, prefix (context) lengths, dtypes, sliding windows and batch mixes, on
+every instruction-set path this CPU runs (avx2: the generic fold; avx512: fp32 caches read in
+place; avx512bf16 and amx: bf16 caches read in place, per token and a span at a time)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,10 @@ import pytest
 import torch
 
 from corellm import ops
+from corellm.native import _core
 from tests.ops import reference as ref
+
+ISAS = _core.kernels.supported_cpu_isas()
 
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.bfloat16: dict(atol=1.5e-2, rtol=2e-2)}
 
@@ -50,27 +55,40 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", range(len(CASES)))
-def test_paged_attention_matches_reference(dtype, case):
+def test_paged_attention_matches_reference(dtype, case, isa):
     seqs, heads, kv_heads, head_size, block_size = CASES[case]
     kc, vc, table, seq_lens, qsl = make_batch(seqs, kv_heads, head_size, block_size, dtype, seed=case)
     q = torch.randn(int(qsl[-1]), heads * head_size).to(dtype)
     scale = head_size**-0.5
-    got = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, scale)
+    got = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, scale, cpu_isa=isa)
     want = ref.paged_attention(q, kc, vc, table, seq_lens, qsl, scale)
     torch.testing.assert_close(got.double(), want, **TOL[dtype])
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window", [1, 7, 16, 50, 150])
-def test_paged_attention_sliding_window(window, dtype):
+def test_paged_attention_sliding_window(window, dtype, isa):
     seqs = [(80, 80), (200, 1), (120, 30), (300, 300)]
     kc, vc, table, seq_lens, qsl = make_batch(seqs, 2, 64, 16, dtype, seed=window)
     q = torch.randn(int(qsl[-1]), 4 * 64).to(dtype)
-    got = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, sliding_window=window)
+    got = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, sliding_window=window, cpu_isa=isa)
     want = ref.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, sliding_window=window)
     torch.testing.assert_close(got.double(), want, **TOL[dtype])
+
+
+def test_a_path_this_cpu_cannot_run_or_an_unknown_one_is_refused():
+    kc, vc, table, seq_lens, qsl = make_batch([(5, 5)], 1, 64, 16, torch.bfloat16, seed=0)
+    q = torch.randn(5, 64).bfloat16()
+    with pytest.raises(ValueError, match="unknown instruction-set path 'sse2'"):
+        ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, cpu_isa="sse2")
+    for isa in ("avx2", "avx512", "avx512bf16", "amx"):
+        if isa not in ISAS:
+            with pytest.raises(ValueError, match=f"paged_attention: this CPU cannot run the {isa} path"):
+                ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, cpu_isa=isa)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,5 +1,5 @@
 """corellm's bf16 GEMM over a panel-packed weight against torch (float64), on every instruction-set
-path this CPU runs (avx512bf16, amx): shapes with and without a 32-column panel tail, an odd k
+path this CPU runs (avx2, avx512, avx512bf16, amx): shapes with and without a 32-column panel tail, an odd k
 and a k that is not a multiple of 32, with and without bias, 1 to 300 rows (every register-block
 and tile remainder, more than one 128-row chunk), strided x and y; each row's result independent
 of the batch on each path; CORELLM_ISA forces a path, and a path the CPU lacks is refused."""
@@ -16,8 +16,8 @@ import torch
 from corellm import _core
 
 k = _core.kernels
-pytestmark = pytest.mark.skipif(not k.bf16_gemm_available(), reason="needs AVX512-BF16")
-ISAS = k.supported_cpu_isas() or ["avx512bf16"]  # (skipped when empty)
+pytestmark = pytest.mark.skipif(not k.bf16_gemm_available(), reason="needs AVX2 and FMA")
+ISAS = k.supported_cpu_isas() or ["avx2"]  # (skipped when empty)
 
 
 def pack(w: torch.Tensor) -> torch.Tensor:
@@ -124,7 +124,7 @@ def test_an_unknown_or_unsupported_path_is_refused_naming_it():
         x = torch.zeros(1, 32, dtype=torch.bfloat16)
         k.bf16_gemm(x.data_ptr(), 32, pack(torch.zeros(8, 32, dtype=torch.bfloat16)).data_ptr(), 0,
                     x.data_ptr(), 8, 1, 8, 32, isa="sse2")
-    missing = [isa for isa in ("avx512bf16", "amx") if isa not in k.supported_cpu_isas()]
+    missing = [isa for isa in ("avx2", "avx512", "avx512bf16", "amx") if isa not in k.supported_cpu_isas()]
     for isa in missing:
         refused = _cpu_isa_with(isa)
         assert refused.returncode != 0 and f"CORELLM_ISA={isa}: this CPU" in refused.stderr

@@ -39,7 +39,7 @@ def test_protocol(loaded):
         del runner.forward
 
 
-@pytest.mark.skipif(not _core.kernels.bf16_gemm_available(), reason="the native stack needs AVX512-BF16")
+@pytest.mark.skipif(not _core.kernels.bf16_gemm_available(), reason="the native stack needs AVX2 and FMA")
 def test_one_choice_of_forward_path(loaded):
     """bf16 on this CPU: the native decoder stack; fp32: the per-op layers; CUDA graphs only on a
     GPU. Both CPU paths give the same tokens (the stack is bit-identical to the layers in bf16)."""

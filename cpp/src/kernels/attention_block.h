@@ -1,18 +1,19 @@
 // The inner step of paged attention: fold one KV block into one query row's online-softmax
-// state. Three implementations of the same arithmetic: portable C++ on fp32 copies of the block,
-// AVX-512 on fp32 caches (read in place), and AVX512-BF16 dot products on bf16 caches (read in
-// place; the probabilities are rounded to bf16 for the P.V product, as FlashAttention does).
-// Internal to paged_attention.cpp.
+// state. Three implementations of the same arithmetic: portable C++ on fp32 copies of the block
+// (the baseline, AVX2), AVX-512 on fp32 caches (read in place), and AVX512-BF16 dot products on
+// bf16 caches (read in place; the probabilities are rounded to bf16 for the P.V product, as
+// FlashAttention does). The last two are compiled for their instructions in regions of their own
+// (namespace attention::avx512) and chosen at run time by select_fold. Internal to
+// paged_attention.cpp.
 #pragma once
+
+#include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
+#include "corellm/kernels/cpu_isa.h"
 #include "fast_math.h"
 
 namespace corellm::attention {
@@ -59,7 +60,10 @@ inline void fold_block_generic(const RowState& row, const float* kf, const float
   }
 }
 
-#if defined(__AVX512F__)
+// ---- AVX-512 F/BW/VL/DQ: fp32 caches, and the helpers of the bf16 folds ----
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+namespace avx512 {
 
 // e^x on 16 lanes, the polynomial of fast_exp.
 inline __m512 exp16(__m512 x) {
@@ -130,9 +134,25 @@ void fold_block_fp32(const RowState& row, const float* kf, const float* vf, int6
   }
 }
 
-#endif
+template <int HD, int BS>
+void fold_fp32(const RowState* rows, int num_rows, const float* kf, const float* vf, int64_t lo, int64_t hi,
+               float scale) {
+  for (int r = 0; r < num_rows; ++r) fold_block_fp32<HD, BS>(rows[r], kf, vf, lo, hi, scale);
+}
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
+}  // namespace avx512
+#pragma GCC pop_options
+
+// A fold of up to kMaxRows rows of one query token (same visible keys); null: the generic path.
+constexpr int kMaxRows = 4;
+template <class T>
+using FoldFn = void (*)(const RowState* rows, int num_rows, const T* kb, const T* vb, int64_t lo, int64_t hi,
+                        float scale);
+
+// ---- AVX-512-BF16: bf16 caches ----
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
+namespace avx512 {
 
 // bf16 cache read in place, pairs packed in 32-bit lanes:
 //   kb [HD / 2, BS, 2]: for a dim pair, BS keys x (dim 2i, dim 2i+1)
@@ -199,15 +219,6 @@ void fold_rows_bf16(const RowState* rows, const uint16_t* kb, const uint16_t* vb
   }
 }
 
-#endif
-
-// A fold of up to kMaxRows rows of one query token (same visible keys); null: the generic path.
-constexpr int kMaxRows = 4;
-template <class T>
-using FoldFn = void (*)(const RowState* rows, int num_rows, const T* kb, const T* vb, int64_t lo, int64_t hi,
-                        float scale);
-
-#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
 template <int HD, int BS>
 void fold_bf16(const RowState* rows, int num_rows, const uint16_t* kb, const uint16_t* vb, int64_t lo, int64_t hi,
                float scale) {
@@ -219,20 +230,19 @@ void fold_bf16(const RowState* rows, int num_rows, const uint16_t* kb, const uin
   }
 }
 
-template <int HD, int BS>
-void fold_fp32(const RowState* rows, int num_rows, const float* kf, const float* vf, int64_t lo, int64_t hi,
-               float scale) {
-  for (int r = 0; r < num_rows; ++r) fold_block_fp32<HD, BS>(rows[r], kf, vf, lo, hi, scale);
-}
-#endif
+}  // namespace avx512
+#pragma GCC pop_options
 
+// The fold for this cache type and shape on path `isa`: AVX-512-BF16 for bf16 caches, AVX-512
+// for fp32 ones; null: the generic path (other shapes, or a CPU without those instructions).
 template <class T>
-FoldFn<T> select_fold(int64_t hd, int64_t bs) {
-#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
+FoldFn<T> select_fold(int64_t hd, int64_t bs, CpuIsa isa) {
+  constexpr bool is_bf16 = sizeof(T) == 2;
+  if (!isa_at_least(isa, is_bf16 ? CpuIsa::kAvx512Bf16 : CpuIsa::kAvx512)) return nullptr;
 #define CORELLM_FOLD(HD, BS)                                        \
   if (hd == HD && bs == BS) {                                       \
-    if constexpr (sizeof(T) == 2) return &fold_bf16<HD, BS>;        \
-    else return &fold_fp32<HD, BS>;                                 \
+    if constexpr (is_bf16) return &avx512::fold_bf16<HD, BS>;       \
+    else return &avx512::fold_fp32<HD, BS>;                         \
   }
   CORELLM_FOLD(64, 16)
   CORELLM_FOLD(64, 32)
@@ -245,10 +255,6 @@ FoldFn<T> select_fold(int64_t hd, int64_t bs) {
   CORELLM_FOLD(32, 16)
   CORELLM_FOLD(32, 32)
 #undef CORELLM_FOLD
-#else
-  (void)hd;
-  (void)bs;
-#endif
   return nullptr;
 }
 

@@ -4,7 +4,8 @@
 // kTileRows rows, and the softmax bookkeeping (max, rescale, sum) happens once per span of up to
 // 128 keys instead of once per 16: prefill attention is compute-bound, and this is where its
 // time went. Same arithmetic as fold_rows_bf16: dpbf16 scores scaled in fp32, probabilities
-// rounded to bf16 for P.V. Internal to paged_attention.cpp.
+// rounded to bf16 for P.V. Compiled for AVX-512-BF16 (namespace attention::avx512), run only
+// where the process's path has it (paged_attention.cpp). Internal to paged_attention.cpp.
 //
 // Per span [t0, t0 + keys):
 //   S[r, j] = scale * q_r . k_j                       (all rows, all keys of the span)
@@ -20,8 +21,6 @@
 #include "attention_block.h"
 
 namespace corellm::attention {
-
-#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
 
 constexpr int kTileRows = 8;        // rows sharing each K/V load (accumulators in registers)
 constexpr int64_t kSpanKeys = 128;  // the most keys one span holds (blocks of up to 128 keys)
@@ -54,6 +53,10 @@ struct TileScratch {
   uint32_t* p;        // [num_rows, kSpanKeys / 2]
   float* correction;  // [num_rows]
 };
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
+namespace avx512 {
 
 // S = q . K^T for rows [r0, r0 + R): each K load feeds R dot products. bs: keys per block (the
 // stride between dim pairs in a block's K).
@@ -212,19 +215,21 @@ void fold_span_bf16(const TileRows& rows, const Span& span, int64_t bs, float sc
   });
 }
 
+}  // namespace avx512
+#pragma GCC pop_options
+
 using SpanFoldFn = void (*)(const TileRows& rows, const Span& span, int64_t bs, float scale, const TileScratch& sc);
 
-// The span fold for this head size and block size, or null where the per-token fold serves.
-inline SpanFoldFn select_span_fold(int64_t hd, int64_t bs) {
-  if (bs % 16 != 0 || bs > kSpanKeys) return nullptr;
+// The span fold for this head size and block size on path `isa`, or null where the per-token
+// fold serves (other shapes, or a CPU without AVX-512-BF16).
+inline SpanFoldFn select_span_fold(int64_t hd, int64_t bs, CpuIsa isa) {
+  if (!isa_at_least(isa, CpuIsa::kAvx512Bf16) || bs % 16 != 0 || bs > kSpanKeys) return nullptr;
   switch (hd) {
-    case 32: return &fold_span_bf16<32>;
-    case 64: return &fold_span_bf16<64>;
-    case 128: return &fold_span_bf16<128>;
+    case 32: return &avx512::fold_span_bf16<32>;
+    case 64: return &avx512::fold_span_bf16<64>;
+    case 128: return &avx512::fold_span_bf16<128>;
     default: return nullptr;
   }
 }
-
-#endif
 
 }  // namespace corellm::attention

@@ -1,10 +1,12 @@
-// CPU feature detection for the kernels' run-time dispatch (cpu_isa.h).
+// CPU feature detection for the kernels' run-time dispatch (cpu_isa.h). Compiled for plain
+// x86-64 (CMakeLists.txt): it must run, and say what is missing, on a CPU below the baseline.
 //
-// AVX-512-BF16: CPUID.(7,1).EAX[5] with AVX-512 F/BW/VL (CPUID.(7,0).EBX[16,30,31]) and the OS
-// saving the opmask and ZMM state (XCR0 bits 5-7, with SSE/AVX bits 1-2). AMX-BF16:
-// CPUID.(7,0).EDX[22] and AMX-TILE EDX[24], XCR0 bits 17-18, and Linux's permission for this
-// process to use tile data (arch_prctl ARCH_REQ_XCOMP_PERM, once; a process that never asks
-// faults on its first tile load).
+// AVX2 + FMA (x86-64-v3): CPUID.1:ECX FMA[12], MOVBE[22], OSXSAVE[27], AVX[28], F16C[29];
+// CPUID.7:EBX BMI1[3], AVX2[5], BMI2[8]; CPUID.80000001h:ECX LZCNT[5]; the OS saving SSE and AVX
+// state (XCR0 bits 1-2). AVX-512: CPUID.7:EBX F[16], DQ[17], BW[30], VL[31] and the opmask and
+// ZMM state (XCR0 bits 5-7). AVX-512-BF16: CPUID.(7,1):EAX[5]. AMX-BF16: CPUID.7:EDX[22] and
+// AMX-TILE EDX[24], XCR0 bits 17-18, and Linux's permission for this process to use tile data
+// (arch_prctl ARCH_REQ_XCOMP_PERM, once; a process that never asks faults on its first tile load).
 #include "corellm/kernels/cpu_isa.h"
 
 #include <cpuid.h>
@@ -41,14 +43,22 @@ uint64_t xcr0() {
 
 bool bit(unsigned reg, int b) { return (reg >> b) & 1u; }
 
-bool has_avx512_bf16() {
-  if (!bit(cpuid(1, 0).ecx, 27)) return false;  // OSXSAVE: xgetbv is allowed
-  const uint64_t saved = xcr0();
-  if ((saved & 0xE6) != 0xE6) return false;  // SSE, AVX, opmask, ZMM0-15 high, ZMM16-31
+bool has_avx2_fma() {
+  const Cpuid f1 = cpuid(1, 0);
+  if (!(bit(f1.ecx, 12) && bit(f1.ecx, 22) && bit(f1.ecx, 27) && bit(f1.ecx, 28) && bit(f1.ecx, 29))) return false;
+  if ((xcr0() & 0x6) != 0x6) return false;  // SSE, AVX
   const Cpuid f7 = cpuid(7, 0);
-  if (!(bit(f7.ebx, 16) && bit(f7.ebx, 30) && bit(f7.ebx, 31))) return false;  // AVX-512 F, BW, VL
-  return bit(cpuid(7, 1).eax, 5);                                               // AVX512_BF16
+  if (!(bit(f7.ebx, 3) && bit(f7.ebx, 5) && bit(f7.ebx, 8))) return false;  // BMI1, AVX2, BMI2
+  return cpuid(0x80000000u, 0).eax >= 0x80000001u && bit(cpuid(0x80000001u, 0).ecx, 5);  // LZCNT
 }
+
+bool has_avx512() {
+  if ((xcr0() & 0xE0) != 0xE0) return false;  // opmask, ZMM0-15 high halves, ZMM16-31
+  const Cpuid f7 = cpuid(7, 0);
+  return bit(f7.ebx, 16) && bit(f7.ebx, 17) && bit(f7.ebx, 30) && bit(f7.ebx, 31);  // F, DQ, BW, VL
+}
+
+bool has_avx512_bf16() { return bit(cpuid(7, 1).eax, 5); }
 
 bool request_tile_data_permission() {
   constexpr long kArchReqXcompPerm = 0x1023;
@@ -63,15 +73,21 @@ bool has_amx_bf16() {
   return request_tile_data_permission();
 }
 
+// Each level only on top of the one before it (the kernels of a path use the paths below).
 std::vector<CpuIsa> detect() {
   std::vector<CpuIsa> isas;
+  if (!has_avx2_fma()) return isas;
+  isas.push_back(CpuIsa::kAvx2);
+  if (!has_avx512()) return isas;
+  isas.push_back(CpuIsa::kAvx512);
   if (!has_avx512_bf16()) return isas;
   isas.push_back(CpuIsa::kAvx512Bf16);
   if (has_amx_bf16()) isas.push_back(CpuIsa::kAmx);
   return isas;
 }
 
-constexpr CpuIsa kAllIsas[] = {CpuIsa::kAvx512Bf16, CpuIsa::kAmx};
+constexpr CpuIsa kAllIsas[] = {CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16, CpuIsa::kAmx};
+constexpr const char* kAllNames = "avx2, avx512, avx512bf16 and amx";
 
 // The path of that name, if it is one.
 std::optional<CpuIsa> isa_of_name(const std::string& name) {
@@ -93,14 +109,14 @@ CpuIsa choose() {
   if (forced != nullptr && *forced != '\0') {
     const std::optional<CpuIsa> isa = isa_of_name(forced);
     CORELLM_CHECK_ARG(isa.has_value(), "CORELLM_ISA=", forced,
-                      ": unknown instruction-set path (the paths are avx512bf16 and amx; this CPU runs ",
+                      ": unknown instruction-set path (the paths are ", kAllNames, "; this CPU runs ",
                       supported_names(), ")");
     CORELLM_CHECK_ARG(std::find(isas.begin(), isas.end(), *isa) != isas.end(), "CORELLM_ISA=", forced,
                       ": this CPU (", cpu_model_name(), ") runs ", supported_names());
     return *isa;
   }
-  CORELLM_CHECK_ARG(!isas.empty(), "corellm's CPU kernels need AVX-512-BF16, which this CPU (", cpu_model_name(),
-                    ") lacks");
+  CORELLM_CHECK_ARG(!isas.empty(), "corellm's CPU kernels need AVX2 and FMA (x86-64-v3), which this CPU (",
+                    cpu_model_name(), ") lacks");
   return isas.back();
 }
 
@@ -118,15 +134,23 @@ CpuIsa cpu_isa() {
 
 const char* cpu_isa_name(CpuIsa isa) {
   switch (isa) {
+    case CpuIsa::kAvx2: return "avx2";
+    case CpuIsa::kAvx512: return "avx512";
     case CpuIsa::kAvx512Bf16: return "avx512bf16";
     case CpuIsa::kAmx: return "amx";
   }
   return "unknown";
 }
 
+void check_cpu_runs(CpuIsa isa, const char* what) {
+  const std::vector<CpuIsa>& runnable = supported_cpu_isas();
+  CORELLM_CHECK_ARG(std::find(runnable.begin(), runnable.end(), isa) != runnable.end(), what,
+                    ": this CPU cannot run the ", cpu_isa_name(isa), " path");
+}
+
 CpuIsa cpu_isa_named(const std::string& name) {
   const std::optional<CpuIsa> isa = isa_of_name(name);
-  CORELLM_CHECK_ARG(isa.has_value(), "unknown instruction-set path '", name, "' (the paths are avx512bf16 and amx)");
+  CORELLM_CHECK_ARG(isa.has_value(), "unknown instruction-set path '", name, "' (the paths are ", kAllNames, ")");
   return *isa;
 }
 

@@ -1,102 +1,35 @@
-// RMSNorm, residual add + RMSNorm, SiLU-and-multiply and rotary embedding on the CPU.
+// RMSNorm, residual add + RMSNorm, SiLU-and-multiply and rotary embedding on the CPU: the loops
+// (elementwise_loops.h) compiled for AVX2 and for AVX-512, the process's path choosing (cpu_isa.h).
 #include "corellm/kernels/elementwise.h"
 
 #include <cmath>
 
 #include "corellm/check.h"
+#include "corellm/kernels/cpu_isa.h"
 #include "fast_math.h"
 
 namespace corellm {
 
+namespace elementwise_avx2 {
+#include "elementwise_loops.h"
+}  // namespace elementwise_avx2
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512")
+namespace elementwise_avx512 {
+#include "elementwise_loops.h"
+}  // namespace elementwise_avx512
+#pragma GCC pop_options
+
 namespace {
 
-// Work below this many elements runs on the calling thread: a parallel region costs more.
-constexpr int64_t kParallelMinElements = 1 << 15;
-
-template <class T>
-void rms_norm_row(T* out, const T* x, const T* w, int64_t n, float eps) {
-  float sum_sq = 0.0f;
-#pragma omp simd reduction(+ : sum_sq)
-  for (int64_t i = 0; i < n; ++i) {
-    const float v = load_f32(x + i);
-    sum_sq += v * v;
-  }
-  const float inv = 1.0f / std::sqrt(sum_sq / static_cast<float>(n) + eps);
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    // HF order: normalize in fp32, round to the dtype, then multiply by the weight.
-    const float normed = round_to(load_f32(x + i) * inv, x);
-    store_f32(out + i, load_f32(w + i) * normed);
-  }
-}
-
-template <class T>
-void rms_norm_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, const T* w,
-                   int64_t num_tokens, int64_t hidden, float eps) {
-#pragma omp parallel for schedule(static) if (num_tokens * hidden >= kParallelMinElements)
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    rms_norm_row(out + t * out_stride, x + t * x_stride, w, hidden, eps);
-  }
-}
-
-template <class T>
-void fused_add_rms_norm_impl(T* x, int64_t x_stride, T* residual, int64_t residual_stride, const T* w,
-                             int64_t num_tokens, int64_t hidden, float eps) {
-#pragma omp parallel for schedule(static) if (num_tokens * hidden >= kParallelMinElements)
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    T* xr = x + t * x_stride;
-    T* rr = residual + t * residual_stride;
-#pragma omp simd
-    for (int64_t i = 0; i < hidden; ++i) store_f32(rr + i, load_f32(xr + i) + load_f32(rr + i));
-    rms_norm_row(xr, rr, w, hidden, eps);
-  }
-}
-
-template <class T>
-void silu_and_mul_impl(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t num_tokens,
-                       int64_t d) {
-#pragma omp parallel for schedule(static) if (num_tokens * d >= kParallelMinElements)
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    const T* gate = x + t * x_stride;
-    const T* up = gate + d;
-    T* o = out + t * out_stride;
-#pragma omp simd
-    for (int64_t i = 0; i < d; ++i) store_f32(o + i, silu(load_f32(gate + i)) * load_f32(up + i));
-  }
-}
-
-template <class T>
-void rotate_head(T* x, const float* cos, const float* sin, int64_t rot_dim, bool is_neox) {
-  const int64_t half = rot_dim / 2;
-  if (is_neox) {
-#pragma omp simd
-    for (int64_t i = 0; i < half; ++i) {
-      const float x1 = load_f32(x + i);
-      const float x2 = load_f32(x + i + half);
-      store_f32(x + i, x1 * cos[i] - x2 * sin[i]);
-      store_f32(x + i + half, x2 * cos[i] + x1 * sin[i]);
-    }
+// Calls f with the loops of the process's path: 16-lane registers where it has AVX-512.
+template <class F>
+void with_loops(F&& f) {
+  if (isa_at_least(cpu_isa(), CpuIsa::kAvx512)) {
+    f(elementwise_avx512::Loops{});
   } else {
-    for (int64_t i = 0; i < half; ++i) {
-      const float x1 = load_f32(x + 2 * i);
-      const float x2 = load_f32(x + 2 * i + 1);
-      store_f32(x + 2 * i, x1 * cos[i] - x2 * sin[i]);
-      store_f32(x + 2 * i + 1, x2 * cos[i] + x1 * sin[i]);
-    }
-  }
-}
-
-template <class T>
-void rotary_impl(const int32_t* positions, T* q, int64_t q_stride, T* k, int64_t k_stride,
-                 const float* cache, int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
-                 int64_t head_size, int64_t rot_dim, bool is_neox) {
-  const int64_t work = num_tokens * (num_heads + num_kv_heads) * rot_dim;
-#pragma omp parallel for schedule(static) if (work >= kParallelMinElements)
-  for (int64_t t = 0; t < num_tokens; ++t) {
-    const float* cos = cache + static_cast<int64_t>(positions[t]) * rot_dim;
-    const float* sin = cos + rot_dim / 2;
-    for (int64_t h = 0; h < num_heads; ++h) rotate_head(q + t * q_stride + h * head_size, cos, sin, rot_dim, is_neox);
-    for (int64_t h = 0; h < num_kv_heads; ++h) rotate_head(k + t * k_stride + h * head_size, cos, sin, rot_dim, is_neox);
+    f(elementwise_avx2::Loops{});
   }
 }
 
@@ -104,35 +37,41 @@ void rotary_impl(const int32_t* positions, T* q, int64_t q_stride, T* k, int64_t
 
 void rms_norm(void* out, int64_t out_stride, const void* x, int64_t x_stride, const void* weight,
               int64_t num_tokens, int64_t hidden, float eps, DType dtype) {
-  if (dtype == DType::F32) {
-    rms_norm_impl(static_cast<float*>(out), out_stride, static_cast<const float*>(x), x_stride,
-                  static_cast<const float*>(weight), num_tokens, hidden, eps);
-  } else {
-    rms_norm_impl(static_cast<uint16_t*>(out), out_stride, static_cast<const uint16_t*>(x), x_stride,
-                  static_cast<const uint16_t*>(weight), num_tokens, hidden, eps);
-  }
+  with_loops([&](auto loops) {
+    if (dtype == DType::F32) {
+      loops.rms_norm(static_cast<float*>(out), out_stride, static_cast<const float*>(x), x_stride,
+                          static_cast<const float*>(weight), num_tokens, hidden, eps);
+    } else {
+      loops.rms_norm(static_cast<uint16_t*>(out), out_stride, static_cast<const uint16_t*>(x), x_stride,
+                          static_cast<const uint16_t*>(weight), num_tokens, hidden, eps);
+    }
+  });
 }
 
 void fused_add_rms_norm(void* x, int64_t x_stride, void* residual, int64_t residual_stride,
                         const void* weight, int64_t num_tokens, int64_t hidden, float eps, DType dtype) {
-  if (dtype == DType::F32) {
-    fused_add_rms_norm_impl(static_cast<float*>(x), x_stride, static_cast<float*>(residual),
-                            residual_stride, static_cast<const float*>(weight), num_tokens, hidden, eps);
-  } else {
-    fused_add_rms_norm_impl(static_cast<uint16_t*>(x), x_stride, static_cast<uint16_t*>(residual),
-                            residual_stride, static_cast<const uint16_t*>(weight), num_tokens, hidden, eps);
-  }
+  with_loops([&](auto loops) {
+    if (dtype == DType::F32) {
+      loops.fused_add_rms_norm(static_cast<float*>(x), x_stride, static_cast<float*>(residual),
+                                    residual_stride, static_cast<const float*>(weight), num_tokens, hidden, eps);
+    } else {
+      loops.fused_add_rms_norm(static_cast<uint16_t*>(x), x_stride, static_cast<uint16_t*>(residual),
+                                    residual_stride, static_cast<const uint16_t*>(weight), num_tokens, hidden, eps);
+    }
+  });
 }
 
 void silu_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride, int64_t num_tokens,
                   int64_t d, DType dtype) {
-  if (dtype == DType::F32) {
-    silu_and_mul_impl(static_cast<float*>(out), out_stride, static_cast<const float*>(x), x_stride,
-                      num_tokens, d);
-  } else {
-    silu_and_mul_impl(static_cast<uint16_t*>(out), out_stride, static_cast<const uint16_t*>(x),
-                      x_stride, num_tokens, d);
-  }
+  with_loops([&](auto loops) {
+    if (dtype == DType::F32) {
+      loops.silu_and_mul(static_cast<float*>(out), out_stride, static_cast<const float*>(x), x_stride,
+                              num_tokens, d);
+    } else {
+      loops.silu_and_mul(static_cast<uint16_t*>(out), out_stride, static_cast<const uint16_t*>(x),
+                              x_stride, num_tokens, d);
+    }
+  });
 }
 
 void rotary_embedding(const int32_t* positions, void* q, int64_t q_stride, void* k, int64_t k_stride,
@@ -145,13 +84,15 @@ void rotary_embedding(const int32_t* positions, void* q, int64_t q_stride, void*
     CORELLM_CHECK_ARG(positions[t] >= 0 && positions[t] < max_position, "positions[", t, "] = ",
                       positions[t], " is outside the rotary cache [0, ", max_position, ")");
   }
-  if (dtype == DType::F32) {
-    rotary_impl(positions, static_cast<float*>(q), q_stride, static_cast<float*>(k), k_stride,
-                cos_sin_cache, num_tokens, num_heads, num_kv_heads, head_size, rot_dim, is_neox);
-  } else {
-    rotary_impl(positions, static_cast<uint16_t*>(q), q_stride, static_cast<uint16_t*>(k), k_stride,
-                cos_sin_cache, num_tokens, num_heads, num_kv_heads, head_size, rot_dim, is_neox);
-  }
+  with_loops([&](auto loops) {
+    if (dtype == DType::F32) {
+      loops.rotary(positions, static_cast<float*>(q), q_stride, static_cast<float*>(k), k_stride,
+                        cos_sin_cache, num_tokens, num_heads, num_kv_heads, head_size, rot_dim, is_neox);
+    } else {
+      loops.rotary(positions, static_cast<uint16_t*>(q), q_stride, static_cast<uint16_t*>(k), k_stride,
+                        cos_sin_cache, num_tokens, num_heads, num_kv_heads, head_size, rot_dim, is_neox);
+    }
+  });
 }
 
 }  // namespace corellm

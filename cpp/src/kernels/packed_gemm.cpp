@@ -27,32 +27,31 @@ void bf16_gemm_pack(const uint16_t* w, uint16_t* packed, int64_t n, int64_t k) {
 
 bool bf16_gemm_available() { return !supported_cpu_isas().empty(); }
 
-namespace {
-
-void check_runnable(CpuIsa isa, const char* what) {
-  const std::vector<CpuIsa>& runnable = supported_cpu_isas();
-  CORELLM_CHECK_ARG(std::find(runnable.begin(), runnable.end(), isa) != runnable.end(), what,
-                    ": this CPU cannot run the ", cpu_isa_name(isa), " path");
-}
-
-}  // namespace
-
 void bf16_gemm(const uint16_t* x, int64_t x_stride, const uint16_t* packed, const uint16_t* bias, void* y,
                int64_t y_stride, int64_t m, int64_t n, int64_t k, DType y_dtype, CpuIsa isa) {
   CORELLM_CHECK_ARG(m >= 0 && n >= 1 && k >= 1, "bf16_gemm: bad shape m=", m, " n=", n, " k=", k);
-  check_runnable(isa, "bf16_gemm");
+  check_cpu_runs(isa, "bf16_gemm");
   if (m == 0) return;
   const GemmArgs args{x, x_stride, packed, bias, y, y_stride, m, n, k, y_dtype};
   switch (isa) {
     case CpuIsa::kAmx: return bf16_gemm_amx(args);
     case CpuIsa::kAvx512Bf16: return bf16_gemm_avx512bf16(args);
+    case CpuIsa::kAvx512: return bf16_gemm_avx512(args);
+    case CpuIsa::kAvx2: return bf16_gemm_avx2(args);
   }
   CORELLM_CHECK_ARG(false, "bf16_gemm: unknown instruction-set path ", static_cast<int>(isa));
 }
 
 double bf16_dot_peak(CpuIsa isa, int64_t iterations) {
-  check_runnable(isa, "bf16_dot_peak");
-  return isa == CpuIsa::kAmx ? bf16_dot_peak_amx(iterations) : bf16_dot_peak_avx512bf16(iterations);
+  check_cpu_runs(isa, "bf16_dot_peak");
+  switch (isa) {
+    case CpuIsa::kAmx: return bf16_dot_peak_amx(iterations);
+    case CpuIsa::kAvx512Bf16: return bf16_dot_peak_avx512bf16(iterations);
+    case CpuIsa::kAvx512: return bf16_dot_peak_avx512(iterations);
+    case CpuIsa::kAvx2: return bf16_dot_peak_avx2(iterations);
+  }
+  CORELLM_CHECK_ARG(false, "bf16_dot_peak: unknown instruction-set path ", static_cast<int>(isa));
+  return 0.0;
 }
 
 }  // namespace corellm

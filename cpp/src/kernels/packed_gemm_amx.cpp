@@ -15,6 +15,12 @@
 #include <vector>
 
 #include "packed_gemm_paths.h"
+
+// Everything below is compiled for AMX-BF16 (and AVX-512-BF16), whatever the build's baseline;
+// it runs only where cpu_isa() found those instructions and the OS's permission for tile data.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")
+
 #include "packed_gemm_store.h"
 
 namespace corellm {
@@ -131,12 +137,13 @@ void panel_sums(const TiledX& x, int64_t rt, const uint16_t* panel, float* sums)
 void store_rows(const float* sums, int64_t rows, const GemmArgs& a, int64_t row0, int64_t col0) {
   const bool y_f32 = a.y_dtype == DType::F32;
   for (int h = 0; h < 2; ++h) {
-    const __mmask16 mask = gemm_store::half_mask(a.n, col0, h);
-    if (mask == 0) break;
+    const int cols = gemm_store::half_columns(a.n, col0, h);
+    if (cols == 0) break;
+    const __mmask16 mask = gemm_store::mask_of(cols);
     const int64_t c0 = 16 * h;
     const __m512 b = gemm_store::bias_of(a.bias, col0 + c0, mask);
     for (int64_t r = 0; r < rows; ++r) {
-      gemm_store::store(a.y, (row0 + r) * a.y_stride + col0 + c0, y_f32, mask,
+      gemm_store::store<true>(a.y, (row0 + r) * a.y_stride + col0 + c0, y_f32, mask,
                         _mm512_add_ps(_mm512_loadu_ps(sums + r * kGemmPanelCols + c0), b));
     }
   }
@@ -205,3 +212,5 @@ double bf16_dot_peak_amx(int64_t iterations) {
 }
 
 }  // namespace corellm
+
+#pragma GCC pop_options

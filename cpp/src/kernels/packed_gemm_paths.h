@@ -27,11 +27,15 @@ inline int64_t gemm_num_panels(int64_t n) { return (n + kGemmPanelCols - 1) / kG
 inline int64_t gemm_padded_pairs(int64_t k) { return ((k + 1) / 2 + kGemmPairGroup - 1) / kGemmPairGroup * kGemmPairGroup; }
 inline int64_t gemm_panel_elements(int64_t k) { return gemm_padded_pairs(k) * kGemmPanelCols * 2; }
 
-void bf16_gemm_avx512bf16(const GemmArgs& a);  // packed_gemm_avx512.cpp
+void bf16_gemm_avx2(const GemmArgs& a);        // packed_gemm_avx2.cpp
+void bf16_gemm_avx512(const GemmArgs& a);      // packed_gemm_avx512.cpp
+void bf16_gemm_avx512bf16(const GemmArgs& a);  // packed_gemm_avx512bf16.cpp
 void bf16_gemm_amx(const GemmArgs& a);         // packed_gemm_amx.cpp
 
 // The path's bf16 dot-product peak: `iterations` rounds of independent dot products on operands
 // in registers (tiles), on every thread of the OpenMP team; returns the flops done.
+double bf16_dot_peak_avx2(int64_t iterations);
+double bf16_dot_peak_avx512(int64_t iterations);
 double bf16_dot_peak_avx512bf16(int64_t iterations);
 double bf16_dot_peak_amx(int64_t iterations);
 

@@ -1,20 +1,22 @@
-// The last step of the bf16 GEMM's paths (packed_gemm_avx512.cpp, packed_gemm_amx.cpp): a row's
-// fp32 sums for 16 columns of a panel, plus the bias, stored as fp32 or rounded once to bf16.
-// Needs AVX-512-BF16: included only by the paths' sources, which are compiled for it.
+// The last step of the bf16 GEMM's AVX-512 paths (packed_gemm_avx512*.cpp, packed_gemm_amx.cpp):
+// a row's fp32 sums for 16 columns of a panel, plus the bias, stored as fp32 or rounded once to
+// bf16 (to nearest even: by the AVX-512-BF16 instruction, or in integer arithmetic on plain
+// AVX-512, which keeps denormals the instruction flushes).
+//
+// Include it inside the path's target region (packed_gemm_target.h), after every system header:
+// its functions are compiled for that path's instructions, each source its own copy (anonymous
+// namespace), so that no other source can end up calling them.
 #pragma once
 
-#include <immintrin.h>
-
-#include <algorithm>
-#include <cstdint>
-
 namespace corellm::gemm_store {
+namespace {
 
 // The columns of panel half h (16 columns from col0 + 16 h) inside an n-column output; 0: none.
-inline __mmask16 half_mask(int64_t n, int64_t col0, int h) {
-  const int64_t cols = std::min<int64_t>(16, n - col0 - 16 * h);
-  return cols <= 0 ? 0 : static_cast<__mmask16>(cols == 16 ? 0xFFFFu : (1u << cols) - 1u);
+inline int half_columns(int64_t n, int64_t col0, int h) {
+  return static_cast<int>(std::clamp<int64_t>(n - col0 - 16 * h, 0, 16));
 }
+
+inline __mmask16 mask_of(int cols) { return static_cast<__mmask16>(cols >= 16 ? 0xFFFFu : (1u << cols) - 1u); }
 
 // bias[col .. col + 16) under mask, as fp32; zero without a bias.
 inline __m512 bias_of(const uint16_t* bias, int64_t col, __mmask16 mask) {
@@ -22,13 +24,28 @@ inline __m512 bias_of(const uint16_t* bias, int64_t col, __mmask16 mask) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bias + col)), 16));
 }
 
-// y[at .. at + 16) under mask = v: fp32, or bf16 rounded to nearest even.
+// fp32 -> bf16 to nearest even in integer arithmetic (NaN stays a quiet NaN).
+inline __m256i round_to_bf16(__m512 v) {
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))), 16);
+  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+  r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(r);
+}
+
+// y[at .. at + 16) under mask = v: fp32, or bf16 rounded to nearest even (HardwareBf16: by
+// the AVX-512-BF16 conversion).
+template <bool HardwareBf16>
 inline void store(void* y, int64_t at, bool y_f32, __mmask16 mask, __m512 v) {
   if (y_f32) {
     _mm512_mask_storeu_ps(static_cast<float*>(y) + at, mask, v);
-  } else {
+  } else if constexpr (HardwareBf16) {
     _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y) + at, mask, (__m256i)_mm512_cvtneps_pbh(v));
+  } else {
+    _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y) + at, mask, round_to_bf16(v));
   }
 }
 
+}  // namespace
 }  // namespace corellm::gemm_store

@@ -104,7 +104,6 @@ struct Scratch {
 // streaming better (bench/kernels.py compares the two on decode batches).
 constexpr int64_t kSpanFoldMinTokens = 2;
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
 // The item's blocks folded a span (up to kSpanKeys keys) at a time into all its rows at once.
 void run_spans(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, attention::SpanFoldFn fold_span) {
   using attention::kSpanKeys;
@@ -159,7 +158,6 @@ void run_spans(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, atte
     fold_span(tile, span, bs, a.scale, scratch);
   }
 }
-#endif
 
 // The item's blocks one at a time, each folded into the rows of every query token that sees it
 // (attention_block.h), with the blocks kPrefetchBlocks ahead asked for meanwhile.
@@ -226,7 +224,7 @@ void run_item(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, float
   const int64_t q0 = a.query_start_loc[w.seq];
   const int64_t rows = (w.q_end - w.q_begin) * group;
   const T* q = static_cast<const T*>(a.q);
-  const attention::FoldFn<T> fold = attention::select_fold<T>(hd, bs);  // null: generic
+  const attention::FoldFn<T> fold = attention::select_fold<T>(hd, bs, a.isa);  // null: generic
   const bool bf16_path = is_bf16 && fold != nullptr;
 
   sc.q.resize(static_cast<size_t>(rows * hd));
@@ -252,17 +250,13 @@ void run_item(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, float
     }
   }
 
-#if defined(__AVX512F__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
   const attention::SpanFoldFn fold_span =
-      bf16_path && w.q_end - w.q_begin >= kSpanFoldMinTokens ? attention::select_span_fold(hd, bs) : nullptr;
+      bf16_path && w.q_end - w.q_begin >= kSpanFoldMinTokens ? attention::select_span_fold(hd, bs, a.isa) : nullptr;
   if (fold_span != nullptr) {
     run_spans(a, w, sc, fold_span);
   } else {
     run_blocks<T>(a, w, sc, fold);
   }
-#else
-  run_blocks<T>(a, w, sc, fold);
-#endif
 
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = w.q_begin + r / group, g = r % group;
@@ -387,6 +381,7 @@ void reshape_and_cache(const void* key, int64_t key_stride, const void* value, i
 
 void paged_attention(const PagedAttentionArgs& a) {
   const KVCacheShape& c = a.cache;
+  check_cpu_runs(a.isa, "paged_attention");
   CORELLM_CHECK_ARG(a.num_heads > 0 && c.num_kv_heads > 0 && a.num_heads % c.num_kv_heads == 0,
                     "num_heads (", a.num_heads, ") must be a multiple of num_kv_heads (", c.num_kv_heads, ")");
   CORELLM_CHECK_ARG(a.dtype == DType::F32 || c.block_size % 2 == 0,

@@ -11,9 +11,7 @@
 // Top-p sorts only the tokens around its boundary, not the vocabulary (sample_top_p).
 #include "corellm/kernels/sampler.h"
 
-#if defined(__AVX512F__)
 #include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -61,16 +59,14 @@ float row_max(const float* x, int64_t v, bool* has_nan = nullptr) {
   return mx;
 }
 
-// The lowest id holding the largest logit mx (16 lanes compared at a time where AVX-512 is built).
+// The lowest id holding the largest logit mx (8 lanes compared at a time: AVX2, the baseline).
 int32_t argmax(const float* x, int64_t v, float mx) {
   int64_t t = 0;
-#if defined(__AVX512F__)
-  const __m512 m = _mm512_set1_ps(mx);
-  for (; t + 16 <= v; t += 16) {
-    const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + t), m, _CMP_EQ_OQ);
-    if (hit) return static_cast<int32_t>(t + __builtin_ctz(hit));
+  const __m256 m = _mm256_set1_ps(mx);
+  for (; t + 8 <= v; t += 8) {
+    const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + t), m, _CMP_EQ_OQ));
+    if (hit) return static_cast<int32_t>(t + __builtin_ctz(static_cast<unsigned>(hit)));
   }
-#endif
   for (; t < v; ++t) {
     if (x[t] == mx) return static_cast<int32_t>(t);
   }

@@ -14,7 +14,7 @@ namespace corellm {
 DecoderStack::DecoderStack(const DecoderDims& dims, const uint16_t* embed, std::vector<DecoderLayerWeights> layers,
                            const uint16_t* final_norm, const KVCacheShape& cache)
     : dims_(dims), embed_(embed), layers_(std::move(layers)), final_norm_(final_norm), cache_(cache) {
-  CORELLM_CHECK_ARG(bf16_gemm_available(), "DecoderStack needs a CPU with AVX512-BF16");
+  CORELLM_CHECK_ARG(bf16_gemm_available(), "DecoderStack needs a CPU with AVX2 and FMA");
   CORELLM_CHECK_ARG(dims.hidden > 0 && dims.num_heads > 0 && dims.num_kv_heads > 0 && dims.head_size > 0 &&
                         dims.intermediate > 0 && dims.vocab_size > 0,
                     "DecoderStack: every dimension must be positive");

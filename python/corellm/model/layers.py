@@ -31,8 +31,9 @@ _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_r
 class Linear:
     """y = x W^T (+ b). On the CPU in bf16 the weight is packed once, after loading, for corellm's
     GEMM (cpp/include/corellm/kernels/packed_gemm.h: each row's result independent of the batch;
-    bench/kernels.py compares it with oneDNN); where that kernel is missing (no AVX512-BF16)
-    oneDNN's blocked layout is used instead, as torch's CPU freezing pass does."""
+    bench/kernels.py compares it with oneDNN); where that kernel is missing (not bf16, or a
+    weight too large to pack twice) oneDNN's blocked layout is used instead, as torch's CPU
+    freezing pass does."""
 
     def __init__(self, out_features: int, in_features: int, bias: bool, dtype: torch.dtype, device: torch.device):
         self.weight: torch.Tensor | None = torch.empty(out_features, in_features, dtype=dtype, device=device)

@@ -19,8 +19,8 @@ def _address(t: torch.Tensor | None) -> int:
 
 
 def supports(model) -> bool:
-    """Whether the model's weights are in the form the native stack reads (bf16 on a CPU with
-    AVX512-BF16, every projection packed for bf16_gemm)."""
+    """Whether the model's weights are in the form the native stack reads (bf16 on the CPU,
+    every projection packed for bf16_gemm)."""
     return (model.device.type == "cpu" and model.dtype == torch.bfloat16 and _core.kernels.bf16_gemm_available()
             and all(linear.packed is not None for layer in model.layers for linear in layer.linears()))
 
@@ -29,7 +29,7 @@ class NativeDecoderStack:
     def __init__(self, model, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]):
         if not supports(model):
             raise ValueError("NativeDecoderStack: the model's weights are not bf16 packed for corellm's GEMM "
-                             "(a CPU with AVX512-BF16 is needed)")
+                             "(bf16 on the CPU is needed)")
         if len(kv_caches) != len(model.layers):
             raise ValueError(f"NativeDecoderStack: {len(kv_caches)} KV caches for {len(model.layers)} layers")
         c = model.config

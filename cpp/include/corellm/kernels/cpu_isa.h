@@ -9,11 +9,20 @@
 
 namespace corellm {
 
-// Best last. kAvx512Bf16: AVX-512 with the bf16 dot product (AMD Zen 4+, Intel Cooper Lake+);
-// kAmx: AVX-512-BF16 plus AMX-BF16 tiles (Intel Sapphire Rapids+) for the GEMM.
-enum class CpuIsa : int { kAvx512Bf16 = 0, kAmx = 1 };
+// Best last; each path's CPU has every instruction of the paths before it.
+//   kAvx2: AVX2 + FMA (x86-64-v3: Haswell, Zen 1 and later), the baseline every kernel is
+//     compiled for; bf16 widened to fp32 for the dot products.
+//   kAvx512: AVX-512 F/BW/VL/DQ (Skylake-SP, Ice Lake), same arithmetic on 16 lanes.
+//   kAvx512Bf16: AVX-512 with the bf16 dot product (AMD Zen 4+, Intel Cooper Lake+), also used
+//     by attention on bf16 caches.
+//   kAmx: AVX-512-BF16 plus AMX-BF16 tiles (Intel Sapphire Rapids+) for the GEMM.
+enum class CpuIsa : int { kAvx2 = 0, kAvx512 = 1, kAvx512Bf16 = 2, kAmx = 3 };
 
-// The paths this CPU (and OS) can run, best last; empty when it has no AVX-512-BF16.
+// True when path `isa` includes the instructions of path `level` (they are ordered).
+inline bool isa_at_least(CpuIsa isa, CpuIsa level) { return static_cast<int>(isa) >= static_cast<int>(level); }
+
+// The paths this CPU (and OS) can run, best last; empty when it lacks AVX2 + FMA, the baseline
+// (then the kernels cannot run at all: the library is compiled for it).
 const std::vector<CpuIsa>& supported_cpu_isas();
 
 // The process's path: CORELLM_ISA if set (InvalidArgument naming the value and the supported
@@ -22,7 +31,11 @@ CpuIsa cpu_isa();
 
 const char* cpu_isa_name(CpuIsa isa);
 
-// The path of that name ("avx512bf16", "amx"); InvalidArgument naming the known ones otherwise.
+// InvalidArgument "<what>: this CPU cannot run the <isa> path" unless it can (a test or benchmark
+// asking a kernel for a path by name).
+void check_cpu_runs(CpuIsa isa, const char* what);
+
+// The path of that name ("avx2", "avx512", "avx512bf16", "amx"); InvalidArgument naming the known ones otherwise.
 CpuIsa cpu_isa_named(const std::string& name);
 
 // The CPU's model name (CPUID brand string), for logs and benchmark tables.

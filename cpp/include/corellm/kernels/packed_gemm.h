@@ -2,14 +2,15 @@
 // on the process's instruction-set path (cpu_isa.h):
 //   - amx: AMX-BF16 tiles. Per thread, 2 x 2 tiles of fp32 sums (32 rows x 32 columns: one
 //     panel) stay in the tile registers over the whole of k, fed per 32 input columns by two
-//     tiles of x rows and the panel's two 16-column halves, loaded straight from the packed
-//     layout (a row stride of 128 bytes); rows past the last whole 16, and x when k is not a
-//     multiple of 32, go through a zero-padded copy. One configuration of the tiles per thread
-//     and call.
+//     tiles of x rows (x copied once into tile order, zero-padded) and the panel's two 16-column
+//     halves, loaded straight from the packed layout (a row stride of 128 bytes). One
+//     configuration of the tiles per thread and call.
 //   - avx512bf16: per panel and block of up to 8 rows of x it walks the k pairs, accumulating 32
 //     columns x the rows in fp32 registers (no horizontal reductions), and re-reads the panel
 //     from its caches for the next block of rows.
-// On both, beyond 128 rows x is taken 128 rows at a time, so that those rows stay in the core's
+//   - avx512, avx2: the same loops with each k pair widened to fp32 and two fused multiply-adds
+//     (blocks of 8 rows on 16-lane registers, of 2 on 8-lane ones).
+// On every path, beyond 128 rows x is taken 128 rows at a time, so that those rows stay in the core's
 // L2, and each thread streams a contiguous range of panels. bench/kernels.py ("linear (whole
 // model)") compares each path with oneDNN.
 //

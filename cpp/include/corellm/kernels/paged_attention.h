@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "corellm/kernels/cpu_isa.h"
 #include "corellm/kernels/dtype.h"
 
 namespace corellm {
@@ -49,6 +50,7 @@ struct PagedAttentionArgs {
   float scale;
   int64_t sliding_window;
   DType dtype;
+  CpuIsa isa = cpu_isa();  // the instruction-set path (tests and benchmarks may ask for another)
 };
 
 void paged_attention(const PagedAttentionArgs& args);

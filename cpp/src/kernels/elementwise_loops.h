@@ -1,0 +1,100 @@
+// The loops of RMSNorm, residual add + RMSNorm, SiLU-and-multiply and rotary embedding, written
+// once and compiled once per register width: elementwise.cpp includes this file twice, inside
+// namespace elementwise_avx2 (the baseline) and inside namespace elementwise_avx512 under an
+// AVX-512 target region, and calls the one of the process's path. Every loop is lane-wise except
+// RMSNorm's sum of squares, whose order follows the register width: each path is batch-invariant
+// on its own. No include guard and no includes: the includer provides dtype.h, fast_math.h and
+// <cmath> first.
+
+struct Loops {
+  // Work below this many elements runs on the calling thread: a parallel region costs more.
+  static constexpr int64_t kParallelMinElements = 1 << 15;
+
+  template <class T>
+  static void rms_norm_row(T* out, const T* x, const T* w, int64_t n, float eps) {
+    float sum_sq = 0.0f;
+#pragma omp simd reduction(+ : sum_sq)
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = load_f32(x + i);
+      sum_sq += v * v;
+    }
+    const float inv = 1.0f / std::sqrt(sum_sq / static_cast<float>(n) + eps);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) {
+      // HF order: normalize in fp32, round to the dtype, then multiply by the weight.
+      const float normed = round_to(load_f32(x + i) * inv, x);
+      store_f32(out + i, load_f32(w + i) * normed);
+    }
+  }
+
+  template <class T>
+  static void rms_norm(T* out, int64_t out_stride, const T* x, int64_t x_stride, const T* w,
+                       int64_t num_tokens, int64_t hidden, float eps) {
+#pragma omp parallel for schedule(static) if (num_tokens * hidden >= kParallelMinElements)
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      rms_norm_row(out + t * out_stride, x + t * x_stride, w, hidden, eps);
+    }
+  }
+
+  template <class T>
+  static void fused_add_rms_norm(T* x, int64_t x_stride, T* residual, int64_t residual_stride, const T* w,
+                                 int64_t num_tokens, int64_t hidden, float eps) {
+#pragma omp parallel for schedule(static) if (num_tokens * hidden >= kParallelMinElements)
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      T* xr = x + t * x_stride;
+      T* rr = residual + t * residual_stride;
+#pragma omp simd
+      for (int64_t i = 0; i < hidden; ++i) store_f32(rr + i, load_f32(xr + i) + load_f32(rr + i));
+      rms_norm_row(xr, rr, w, hidden, eps);
+    }
+  }
+
+  template <class T>
+  static void silu_and_mul(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t num_tokens,
+                           int64_t d) {
+#pragma omp parallel for schedule(static) if (num_tokens * d >= kParallelMinElements)
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      const T* gate = x + t * x_stride;
+      const T* up = gate + d;
+      T* o = out + t * out_stride;
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) store_f32(o + i, silu(load_f32(gate + i)) * load_f32(up + i));
+    }
+  }
+
+  template <class T>
+  static void rotate_head(T* x, const float* cos, const float* sin, int64_t rot_dim, bool is_neox) {
+    const int64_t half = rot_dim / 2;
+    if (is_neox) {
+#pragma omp simd
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = load_f32(x + i);
+        const float x2 = load_f32(x + i + half);
+        store_f32(x + i, x1 * cos[i] - x2 * sin[i]);
+        store_f32(x + i + half, x2 * cos[i] + x1 * sin[i]);
+      }
+    } else {
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = load_f32(x + 2 * i);
+        const float x2 = load_f32(x + 2 * i + 1);
+        store_f32(x + 2 * i, x1 * cos[i] - x2 * sin[i]);
+        store_f32(x + 2 * i + 1, x2 * cos[i] + x1 * sin[i]);
+      }
+    }
+  }
+
+  template <class T>
+  static void rotary(const int32_t* positions, T* q, int64_t q_stride, T* k, int64_t k_stride,
+                     const float* cache, int64_t num_tokens, int64_t num_heads, int64_t num_kv_heads,
+                     int64_t head_size, int64_t rot_dim, bool is_neox) {
+    const int64_t work = num_tokens * (num_heads + num_kv_heads) * rot_dim;
+#pragma omp parallel for schedule(static) if (work >= kParallelMinElements)
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      const float* cos = cache + static_cast<int64_t>(positions[t]) * rot_dim;
+      const float* sin = cos + rot_dim / 2;
+      for (int64_t h = 0; h < num_heads; ++h) rotate_head(q + t * q_stride + h * head_size, cos, sin, rot_dim, is_neox);
+      for (int64_t h = 0; h < num_kv_heads; ++h) rotate_head(k + t * k_stride + h * head_size, cos, sin, rot_dim, is_neox);
+    }
+  }
+};
+

@@ -1,0 +1,50 @@
+// The bf16 GEMM on AVX-512-BF16 (the avx512bf16 path of packed_gemm.h): per panel and block of
+// up to 8 x rows, for each k pair, two register loads of W, one broadcast of each row's x pair, and
+// a dpbf16 per (row, 16 columns) into fp32 registers; then the bias, and one rounding
+// (packed_gemm_vector.h has the loops).
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "packed_gemm_paths.h"
+
+// Everything below is compiled for AVX-512-BF16, whatever the build's baseline; it runs only
+// where cpu_isa() found those instructions.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
+
+#include "packed_gemm_store.h"
+#include "packed_gemm_vector.h"
+
+namespace corellm {
+
+namespace {
+
+struct Avx512Bf16Lanes {
+  using Acc = __m512;
+  using W = __m512bh;  // the 16 columns' (k, k + 1) pairs: dpbf16's operand as it is
+  using X = __m512bh;
+  static constexpr int kMaxRows = 8;
+  static constexpr int kPeakChains = 12;  // independent accumulators: enough to cover the latency
+  static Acc zero() { return _mm512_setzero_ps(); }
+  static W load_w(const uint16_t* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  static X broadcast_x(int32_t pair) { return (__m512bh)_mm512_set1_epi32(pair); }
+  static Acc dot(Acc acc, X x, W w) { return _mm512_dpbf16_ps(acc, x, w); }
+  static void store(void* y, int64_t at, bool y_f32, int cols, Acc v, const uint16_t* bias, int64_t col) {
+    const __mmask16 mask = gemm_store::mask_of(cols);
+    gemm_store::store<true>(y, at, y_f32, mask, _mm512_add_ps(v, gemm_store::bias_of(bias, col, mask)));
+  }
+  static void opaque(Acc& v) { __asm__ volatile("" : "+v"(v)); }
+};
+
+}  // namespace
+
+void bf16_gemm_avx512bf16(const GemmArgs& a) { gemm_vector::gemm<Avx512Bf16Lanes>(a); }
+
+double bf16_dot_peak_avx512bf16(int64_t iterations) { return gemm_vector::dot_peak<Avx512Bf16Lanes>(iterations); }
+
+}  // namespace corellm
+
+#pragma GCC pop_options

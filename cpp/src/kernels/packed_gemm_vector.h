@@ -1,0 +1,150 @@
+// The bf16 GEMM on vector registers (the avx2, avx512 and avx512bf16 paths of packed_gemm.h),
+// written once over a Lanes policy that says how one row times one 16-column half of a panel is
+// multiplied on that path:
+//   Lanes::Acc                   the row's fp32 sums for the 16 columns
+//   Lanes::W  load_w(p)          one k pair of the 16 columns (32 bf16 at p), ready to multiply
+//   Lanes::X  broadcast_x(pair)  one k pair of the row (two bf16 in 32 bits) on every lane
+//   dot(acc, x, w)               acc + x0 w0 + x1 w1 on each column
+//   zero(), store(y, at, y_f32, cols, acc, bias) (the bias added, then one rounding), opaque(acc)
+//   kMaxRows                     rows of x per block: their sums stay in registers
+//
+// Per panel and block of up to kMaxRows x rows it walks the k pairs, accumulating 32 columns x
+// the rows, and re-reads the panel from its caches for the next block of rows. Every row is
+// accumulated the same way whatever the block (one chain per 16 columns, k pairs in order), so
+// a row's result does not depend on the rows computed beside it.
+//
+// Include it inside the path's target region, after every system header (and packed_gemm_paths.h):
+// its templates are compiled for that path's instructions, in each source its own copy.
+#pragma once
+
+namespace corellm::gemm_vector {
+namespace {
+
+constexpr int64_t kRowChunk = 128;
+
+// x row's pair kp as one 32-bit lane (the high half zero past an odd k).
+inline int32_t x_pair(const uint16_t* x_row, int64_t kp, int64_t k) {
+  uint32_t v = x_row[2 * kp];
+  if (2 * kp + 1 < k) v |= static_cast<uint32_t>(x_row[2 * kp + 1]) << 16;
+  return static_cast<int32_t>(v);
+}
+
+struct PanelRows {
+  const uint16_t* x;  // the block's first row
+  int64_t x_stride;
+  const uint16_t* panel;
+  const uint16_t* bias;
+  void* y;  // the block's first row
+  int64_t y_stride;
+  bool y_f32;
+  int64_t col0, n, k;
+};
+
+template <class Lanes, int MR>
+void panel_rows(const PanelRows& b) {
+  const int64_t pairs = (b.k + 1) / 2, full = b.k / 2;
+  typename Lanes::Acc acc[MR][2];
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = Lanes::zero();
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    const uint16_t* wp = b.panel + kp * kGemmPanelCols * 2;
+    const typename Lanes::W w0 = Lanes::load_w(wp);
+    const typename Lanes::W w1 = Lanes::load_w(wp + 32);
+    for (int r = 0; r < MR; ++r) {
+      int32_t xv;
+      if (kp == full) {  // an odd k's last column: its pair's other half is zero
+        xv = x_pair(b.x + r * b.x_stride, kp, b.k);
+      } else {
+        std::memcpy(&xv, b.x + r * b.x_stride + 2 * kp, sizeof(xv));
+      }
+      const typename Lanes::X xb = Lanes::broadcast_x(xv);
+      acc[r][0] = Lanes::dot(acc[r][0], xb, w0);
+      acc[r][1] = Lanes::dot(acc[r][1], xb, w1);
+    }
+  }
+  for (int h = 0; h < 2; ++h) {
+    const int cols = static_cast<int>(std::clamp<int64_t>(b.n - b.col0 - 16 * h, 0, 16));
+    if (cols == 0) break;
+    for (int r = 0; r < MR; ++r) {
+      Lanes::store(b.y, r * b.y_stride + b.col0 + 16 * h, b.y_f32, cols, acc[r][h], b.bias, b.col0 + 16 * h);
+    }
+  }
+}
+
+// Rows [0, m) of the block's panel: blocks of kMaxRows, then one of the rows left.
+template <class Lanes, int MR = Lanes::kMaxRows>
+void panel_tail_rows(PanelRows b, int64_t m) {
+  if constexpr (MR >= 1) {
+    if (m == MR) return panel_rows<Lanes, MR>(b);
+    return panel_tail_rows<Lanes, MR - 1>(b, m);
+  }
+}
+
+template <class Lanes>
+void panel_all_rows(PanelRows b, int64_t m) {
+  const int64_t y_item = b.y_f32 ? 4 : 2;
+  int64_t r = 0;
+  for (; r + Lanes::kMaxRows <= m; r += Lanes::kMaxRows) {
+    PanelRows block = b;
+    block.x = b.x + r * b.x_stride;
+    block.y = static_cast<char*>(b.y) + r * b.y_stride * y_item;
+    panel_rows<Lanes, Lanes::kMaxRows>(block);
+  }
+  if (r == m) return;
+  b.x += r * b.x_stride;
+  b.y = static_cast<char*>(b.y) + r * b.y_stride * y_item;
+  panel_tail_rows<Lanes>(b, m - r);
+}
+
+// Contiguous ranges of panels per thread (one sequential stream each); small products stay on
+// one thread. Threads write disjoint columns: no barrier between chunks of rows. Many rows: a
+// chunk of rows at a time, so that the chunk of x stays in this core's L2 while the thread's
+// panels stream past it.
+template <class Lanes>
+void gemm(const GemmArgs& a) {
+  const bool y_f32 = a.y_dtype == DType::F32;
+  const int64_t y_item = y_f32 ? 4 : 2;
+  const int64_t panels = gemm_num_panels(a.n), panel_size = gemm_panel_elements(a.k);
+#pragma omp parallel if (a.n * a.k * a.m >= (1 << 16))
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    for (int64_t r = 0; r < a.m; r += kRowChunk) {
+      const int64_t rows = std::min(kRowChunk, a.m - r);
+      for (int64_t p = panels * t / threads; p < panels * (t + 1) / threads; ++p) {
+        const PanelRows b{a.x + r * a.x_stride, a.x_stride, a.packed + p * panel_size, a.bias,
+                          static_cast<char*>(a.y) + r * a.y_stride * y_item, a.y_stride, y_f32,
+                          p * kGemmPanelCols, a.n, a.k};
+        panel_all_rows<Lanes>(b, rows);
+      }
+    }
+  }
+}
+
+// `iterations` rounds of kPeakChains independent dot products on operands in registers, on every
+// thread of the team; returns the flops done (2 x 2 per column of each dot).
+template <class Lanes>
+double dot_peak(int64_t iterations) {
+  int64_t threads = 1;
+#pragma omp parallel
+  {
+#pragma omp single
+    threads = omp_get_num_threads();
+    typename Lanes::Acc acc[Lanes::kPeakChains];
+    for (auto& c : acc) c = Lanes::zero();
+    const uint16_t ones[32] = {0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80,
+                               0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80,
+                               0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80};
+    const typename Lanes::W w = Lanes::load_w(ones);
+    const typename Lanes::X x = Lanes::broadcast_x(0x3f803f80);
+    for (int64_t i = 0; i < iterations; ++i) {
+      for (auto& c : acc) c = Lanes::dot(c, x, w);
+      Lanes::opaque(acc[0]);
+    }
+    float sink[16];
+    for (auto& c : acc) Lanes::store(sink, 0, true, 16, c, nullptr, 0);
+    __asm__ volatile("" : : "r"(sink) : "memory");
+  }
+  return static_cast<double>(threads) * static_cast<double>(iterations) * Lanes::kPeakChains * 64.0;
+}
+
+}  // namespace
+}  // namespace corellm::gemm_vector

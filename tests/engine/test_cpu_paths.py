@@ -1,0 +1,79 @@
+"""The engine on every instruction-set path this CPU runs (CORELLM_ISA=avx2, avx512, avx512bf16,
+amx; each in its own process, as a user would force it): SmolLM2 in bf16 through the native stack,
+greedy. On each path a batch gives every prompt exactly the tokens and logprobs of its run alone
+(batch invariance holds within a path), and each token is HF transformers' argmax (fp32, same GGUF,
+given the same preceding tokens) wherever its top-2 margin is clear of bf16's rounding; the path
+the engine logs is the one asked for."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from corellm.model import load_model
+from corellm.model.loader import default_model_path
+from corellm.native import _core
+from tests.engine.prompts import PROMPTS
+
+transformers = pytest.importorskip("transformers")
+
+NUM_PROMPTS, NUM_TOKENS = 6, 16
+MARGIN = 0.5  # bf16 weights and activations move logits by ~0.1 against fp32
+
+RUN_ON_PATH = """
+import json, logging, sys
+logging.basicConfig(level=logging.INFO)
+from corellm import LLM, SamplingParams
+prompts = json.loads(sys.argv[1])
+llm = LLM(max_model_len=256, kv_cache_memory=64 * 1024**2, max_num_seqs=16)
+params = SamplingParams(temperature=0, max_tokens=%d, ignore_eos=True, logprobs=1)
+def run(batch):
+    outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
+    return [[o.outputs[0].token_ids, [sorted((t, l.logprob) for t, l in step.items()) for step in o.outputs[0].logprobs]]
+            for o in outs]
+print(json.dumps({"together": run(prompts), "alone": [run([p])[0] for p in prompts]}))
+""" % NUM_TOKENS
+
+
+@pytest.fixture(scope="module")
+def prompt_ids():
+    tok = load_model(progress=False).tokenizer
+    return [tok.encode(p) for p in PROMPTS[:NUM_PROMPTS]]
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    path = default_model_path()
+    return transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                             dtype=torch.float32).eval()
+
+
+def reference_next_tokens(model, prompt: list[int], generated: list[int]) -> tuple[list[int], list[float]]:
+    """HF's argmax and top-2 margin at each generated position, given the tokens before it (one
+    teacher-forced forward over the prompt and what the engine generated)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + generated])).logits[0, len(prompt) - 1 : -1].float()
+    top2 = torch.topk(logits, 2, dim=-1).values
+    return logits.argmax(-1).tolist(), (top2[:, 0] - top2[:, 1]).tolist()
+
+
+@pytest.mark.parametrize("isa", _core.kernels.supported_cpu_isas())
+def test_each_path_is_batch_invariant_and_follows_transformers(isa, prompt_ids, hf_model):
+    run = subprocess.run([sys.executable, "-c", RUN_ON_PATH, json.dumps(prompt_ids)],
+                         env=dict(os.environ, CORELLM_ISA=isa), capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"CPU kernels: {isa} on" in run.stderr  # the engine took (and logged) the path asked for
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["together"] == got["alone"], f"{isa}: a prompt's tokens or logprobs depend on the batch"
+    compared = 0
+    for prompt, (tokens, _) in zip(prompt_ids, got["together"]):
+        for step, (mine, theirs, margin) in enumerate(zip(tokens, *reference_next_tokens(hf_model, prompt, tokens))):
+            if margin >= MARGIN:  # a near-tie for bf16 may go either way
+                assert mine == theirs, f"{isa}: step {step}: {mine} != {theirs} (margin {margin:.2f})"
+                compared += 1
+    assert compared >= NUM_PROMPTS * NUM_TOKENS // 2, f"{isa}: only {compared} positions had a clear margin"
