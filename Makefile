@@ -39,11 +39,18 @@ $(VENV)/.deps: $(VENV)/.created pyproject.toml build/.sysdeps
 	touch $@
 
 # System packages the C++ side needs (GoogleTest, OpenSSL headers); installed only when missing.
+# qemu-user lets a test run the kernels on an emulated CPU without AVX-512 (tests/ops/test_avx2_machine.py);
+# without it that test is skipped, so a failed install of it stops nothing.
 build/.sysdeps:
 	@mkdir -p build
 	@if [ ! -f /usr/include/gtest/gtest.h ] || [ ! -f /usr/include/openssl/evp.h ]; then \
 	  echo "installing libgtest-dev and libssl-dev (apt-get)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libgtest-dev libssl-dev cmake >/dev/null; \
+	fi
+	@if ! command -v qemu-x86_64 >/dev/null; then \
+	  echo "installing qemu-user (apt-get), for the emulated AVX2 machine test"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qemu-user >/dev/null) \
+	    || echo "qemu-user could not be installed: tests/ops/test_avx2_machine.py will be skipped"; \
 	fi
 	touch $@
 
