@@ -13,14 +13,25 @@ namespace corellm {
 
 int64_t bf16_gemm_packed_size(int64_t n, int64_t k) { return gemm_num_panels(n) * gemm_panel_elements(k); }
 
+// One panel at a time (panels in parallel): its 32 rows of w are read side by side, k pair by k
+// pair, and the panel is written in order, one 32-bit (W[n][k], W[n][k+1]) pair per column.
 void bf16_gemm_pack(const uint16_t* w, uint16_t* packed, int64_t n, int64_t k) {
   CORELLM_CHECK_ARG(n >= 1 && k >= 1, "bf16_gemm_pack: bad shape n=", n, " k=", k);
-  const int64_t pairs = gemm_padded_pairs(k);
-  std::memset(packed, 0, static_cast<size_t>(bf16_gemm_packed_size(n, k)) * sizeof(uint16_t));
-  for (int64_t row = 0; row < n; ++row) {
-    const int64_t p = row / kGemmPanelCols, c = row % kGemmPanelCols;
-    for (int64_t col = 0; col < k; ++col) {
-      packed[((p * pairs + col / 2) * kGemmPanelCols + c) * 2 + col % 2] = w[row * k + col];
+  const int64_t full_pairs = k / 2, panel_size = gemm_panel_elements(k);
+  const int64_t panels = gemm_num_panels(n);
+#pragma omp parallel for schedule(static) if (n * k >= (1 << 16))
+  for (int64_t p = 0; p < panels; ++p) {
+    uint16_t* panel = packed + p * panel_size;
+    std::memset(panel, 0, static_cast<size_t>(panel_size) * sizeof(uint16_t));  // k and column padding
+    const int64_t rows = std::min<int64_t>(kGemmPanelCols, n - p * kGemmPanelCols);
+    const uint16_t* w_panel = w + p * kGemmPanelCols * k;
+    for (int64_t kp = 0; kp < full_pairs; ++kp) {
+      uint16_t* out = panel + kp * kGemmPanelCols * 2;
+      for (int64_t c = 0; c < rows; ++c) std::memcpy(out + 2 * c, w_panel + c * k + 2 * kp, 2 * sizeof(uint16_t));
+    }
+    if (k % 2 != 0) {  // the last column alone: the pair's other half stays zero
+      uint16_t* out = panel + full_pairs * kGemmPanelCols * 2;
+      for (int64_t c = 0; c < rows; ++c) out[2 * c] = w_panel[c * k + k - 1];
     }
   }
 }
