@@ -27,10 +27,13 @@ def _commit_thread() -> threading.Thread | None:
 
 def test_the_cache_is_committed_in_the_background_and_writes_meanwhile_are_kept():
     config = ModelConfig(architecture="LlamaForCausalLM", vocab_size=64, hidden_size=256, intermediate_size=512,
-                         num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                          rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=512,
                          tie_word_embeddings=True)
-    num_blocks, block_size = 2048, 16  # 8 layers x 2 x 2048 x 2 x 64 x 16 x 2 bytes = 128 MiB
+    # 2 layers x (K, V) x 16384 blocks x 2 heads x 64 x 16 x 2 bytes: 64 MiB a tensor, more than
+    # glibc's largest threshold for serving an allocation from the heap, so each is fresh memory
+    # (not pages an earlier test already made resident) and the resident size shows the commit.
+    num_blocks, block_size = 16384, 16
     before = _resident_bytes()
     caches = allocate_kv_caches(config, num_blocks, block_size, torch.bfloat16, torch.device("cpu"))
     for i, (k, v) in enumerate(caches):  # the engine's first writes, racing the commit
