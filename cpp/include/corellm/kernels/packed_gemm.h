@@ -9,7 +9,7 @@
 //     columns x the rows in fp32 registers (no horizontal reductions), and re-reads the panel
 //     from its caches for the next block of rows.
 //   - avx512, avx2: the same loops with each k pair widened to fp32 and two fused multiply-adds
-//     (blocks of 8 rows on 16-lane registers, of 2 on 8-lane ones).
+//     (blocks of 8 rows on 16-lane registers, of 4 on 8-lane ones).
 // On every path, beyond 128 rows x is taken 128 rows at a time, so that those rows stay in the core's
 // L2, and each thread streams a contiguous range of panels. bench/kernels.py ("linear (whole
 // model)") compares each path with oneDNN.
