@@ -40,10 +40,10 @@ void rms_norm(void* out, int64_t out_stride, const void* x, int64_t x_stride, co
   with_loops([&](auto loops) {
     if (dtype == DType::F32) {
       loops.rms_norm(static_cast<float*>(out), out_stride, static_cast<const float*>(x), x_stride,
-                          static_cast<const float*>(weight), num_tokens, hidden, eps);
+                     static_cast<const float*>(weight), num_tokens, hidden, eps);
     } else {
       loops.rms_norm(static_cast<uint16_t*>(out), out_stride, static_cast<const uint16_t*>(x), x_stride,
-                          static_cast<const uint16_t*>(weight), num_tokens, hidden, eps);
+                     static_cast<const uint16_t*>(weight), num_tokens, hidden, eps);
     }
   });
 }
@@ -53,10 +53,10 @@ void fused_add_rms_norm(void* x, int64_t x_stride, void* residual, int64_t resid
   with_loops([&](auto loops) {
     if (dtype == DType::F32) {
       loops.fused_add_rms_norm(static_cast<float*>(x), x_stride, static_cast<float*>(residual),
-                                    residual_stride, static_cast<const float*>(weight), num_tokens, hidden, eps);
+                               residual_stride, static_cast<const float*>(weight), num_tokens, hidden, eps);
     } else {
       loops.fused_add_rms_norm(static_cast<uint16_t*>(x), x_stride, static_cast<uint16_t*>(residual),
-                                    residual_stride, static_cast<const uint16_t*>(weight), num_tokens, hidden, eps);
+                               residual_stride, static_cast<const uint16_t*>(weight), num_tokens, hidden, eps);
     }
   });
 }
@@ -66,10 +66,10 @@ void silu_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride
   with_loops([&](auto loops) {
     if (dtype == DType::F32) {
       loops.silu_and_mul(static_cast<float*>(out), out_stride, static_cast<const float*>(x), x_stride,
-                              num_tokens, d);
+                         num_tokens, d);
     } else {
       loops.silu_and_mul(static_cast<uint16_t*>(out), out_stride, static_cast<const uint16_t*>(x),
-                              x_stride, num_tokens, d);
+                         x_stride, num_tokens, d);
     }
   });
 }
@@ -87,10 +87,10 @@ void rotary_embedding(const int32_t* positions, void* q, int64_t q_stride, void*
   with_loops([&](auto loops) {
     if (dtype == DType::F32) {
       loops.rotary(positions, static_cast<float*>(q), q_stride, static_cast<float*>(k), k_stride,
-                        cos_sin_cache, num_tokens, num_heads, num_kv_heads, head_size, rot_dim, is_neox);
+                   cos_sin_cache, num_tokens, num_heads, num_kv_heads, head_size, rot_dim, is_neox);
     } else {
       loops.rotary(positions, static_cast<uint16_t*>(q), q_stride, static_cast<uint16_t*>(k), k_stride,
-                        cos_sin_cache, num_tokens, num_heads, num_kv_heads, head_size, rot_dim, is_neox);
+                   cos_sin_cache, num_tokens, num_heads, num_kv_heads, head_size, rot_dim, is_neox);
     }
   });
 }

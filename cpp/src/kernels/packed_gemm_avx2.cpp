@@ -75,7 +75,8 @@ struct Avx2Lanes {
       return;
     }
     // packus interleaves the 128-bit halves: (lo 0-3, hi 0-3, lo 4-7, hi 4-7) -> reorder them.
-    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(round_to_bf16(v.lo), round_to_bf16(v.hi)), 0xD8);
+    const __m256i halves = _mm256_packus_epi32(round_to_bf16(v.lo), round_to_bf16(v.hi));
+    const __m256i packed = _mm256_permute4x64_epi64(halves, 0xD8);
     uint16_t* out = static_cast<uint16_t*>(y) + at;
     if (cols == 16) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), packed);

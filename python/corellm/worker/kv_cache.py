@@ -48,8 +48,8 @@ def kv_cache_budget(kv_cache_memory: int | float | None, device: torch.device) -
 def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
                        device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """One (key, value) cache per layer. Attention never reads a slot it has not written, but every
-    page is committed at start-up, so that a machine short of memory fails then rather than later
-    under load, and the resident size stays flat while serving. On the CPU the pages are committed
+    page is committed as the engine starts, so that a machine short of memory fails then rather than
+    later under load, and the resident size stays flat while serving. On the CPU the pages are committed
     by the kernel (madvise MADV_POPULATE_WRITE) on a background thread: that leaves the contents as
     they are, so the engine may serve meanwhile, and start-up does not wait the ~0.5 s that 2 GiB
     takes; where the kernel lacks it (Linux < 5.14) every page is zeroed before this returns."""
