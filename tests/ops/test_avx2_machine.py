@@ -11,10 +11,12 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
+ROOT = Path(__file__).resolve().parents[2]
 QEMU = shutil.which("qemu-x86_64")
 pytestmark = pytest.mark.skipif(QEMU is None, reason="needs qemu-user (apt-get install qemu-user; make test does)")
 
@@ -61,7 +63,7 @@ torch.save(out, sys.argv[1])
 
 def _run(command: list[str], result: str, **env) -> dict:
     run = subprocess.run(command + ["-c", KERNELS, result], env=dict(os.environ, **env), capture_output=True,
-                         text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+                         text=True, timeout=600, cwd=ROOT)
     assert run.returncode == 0, run.stderr[-3000:]
     return torch.load(result)
 

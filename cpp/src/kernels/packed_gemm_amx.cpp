@@ -137,7 +137,7 @@ void panel_sums(const TiledX& x, int64_t rt, const uint16_t* panel, float* sums)
 void store_rows(const float* sums, int64_t rows, const GemmArgs& a, int64_t row0, int64_t col0) {
   const bool y_f32 = a.y_dtype == DType::F32;
   for (int h = 0; h < 2; ++h) {
-    const int cols = gemm_store::half_columns(a.n, col0, h);
+    const int cols = gemm_half_columns(a.n, col0, h);
     if (cols == 0) break;
     const __mmask16 mask = gemm_store::mask_of(cols);
     const int64_t c0 = 16 * h;

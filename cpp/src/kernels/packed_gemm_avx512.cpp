@@ -40,8 +40,7 @@ struct Avx512Lanes {
   static X broadcast_x(int32_t pair) { return widen(_mm512_set1_epi32(pair)); }
   static Acc dot(Acc acc, X x, W w) { return _mm512_fmadd_ps(x.odd, w.odd, _mm512_fmadd_ps(x.even, w.even, acc)); }
   static void store(void* y, int64_t at, bool y_f32, int cols, Acc v, const uint16_t* bias, int64_t col) {
-    const __mmask16 mask = gemm_store::mask_of(cols);
-    gemm_store::store<false>(y, at, y_f32, mask, _mm512_add_ps(v, gemm_store::bias_of(bias, col, mask)));
+    gemm_store::store_with_bias<false>(y, at, y_f32, cols, v, bias, col);
   }
   static void opaque(Acc& v) { __asm__ volatile("" : "+v"(v)); }
 };

@@ -33,8 +33,7 @@ struct Avx512Bf16Lanes {
   static X broadcast_x(int32_t pair) { return (__m512bh)_mm512_set1_epi32(pair); }
   static Acc dot(Acc acc, X x, W w) { return _mm512_dpbf16_ps(acc, x, w); }
   static void store(void* y, int64_t at, bool y_f32, int cols, Acc v, const uint16_t* bias, int64_t col) {
-    const __mmask16 mask = gemm_store::mask_of(cols);
-    gemm_store::store<true>(y, at, y_f32, mask, _mm512_add_ps(v, gemm_store::bias_of(bias, col, mask)));
+    gemm_store::store_with_bias<true>(y, at, y_f32, cols, v, bias, col);
   }
   static void opaque(Acc& v) { __asm__ volatile("" : "+v"(v)); }
 };

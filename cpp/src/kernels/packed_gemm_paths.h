@@ -2,6 +2,7 @@
 // layout. Private to the kernels library.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "corellm/kernels/dtype.h"
@@ -26,6 +27,11 @@ constexpr int64_t kGemmPairGroup = 16;
 inline int64_t gemm_num_panels(int64_t n) { return (n + kGemmPanelCols - 1) / kGemmPanelCols; }
 inline int64_t gemm_padded_pairs(int64_t k) { return ((k + 1) / 2 + kGemmPairGroup - 1) / kGemmPairGroup * kGemmPairGroup; }
 inline int64_t gemm_panel_elements(int64_t k) { return gemm_padded_pairs(k) * kGemmPanelCols * 2; }
+
+// The columns of panel half h (16 columns from col0 + 16 h) inside an n-column output; 0: none.
+inline int gemm_half_columns(int64_t n, int64_t col0, int h) {
+  return static_cast<int>(std::clamp<int64_t>(n - col0 - 16 * h, 0, 16));
+}
 
 void bf16_gemm_avx2(const GemmArgs& a);        // packed_gemm_avx2.cpp
 void bf16_gemm_avx512(const GemmArgs& a);      // packed_gemm_avx512.cpp

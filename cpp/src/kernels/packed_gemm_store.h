@@ -11,11 +11,6 @@
 namespace corellm::gemm_store {
 namespace {
 
-// The columns of panel half h (16 columns from col0 + 16 h) inside an n-column output; 0: none.
-inline int half_columns(int64_t n, int64_t col0, int h) {
-  return static_cast<int>(std::clamp<int64_t>(n - col0 - 16 * h, 0, 16));
-}
-
 inline __mmask16 mask_of(int cols) { return static_cast<__mmask16>(cols >= 16 ? 0xFFFFu : (1u << cols) - 1u); }
 
 // bias[col .. col + 16) under mask, as fp32; zero without a bias.
@@ -45,6 +40,13 @@ inline void store(void* y, int64_t at, bool y_f32, __mmask16 mask, __m512 v) {
   } else {
     _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y) + at, mask, round_to_bf16(v));
   }
+}
+
+// The vector paths' last step for one row: y[at .. at + cols) = v + bias[col .. col + cols).
+template <bool HardwareBf16>
+inline void store_with_bias(void* y, int64_t at, bool y_f32, int cols, __m512 v, const uint16_t* bias, int64_t col) {
+  const __mmask16 mask = mask_of(cols);
+  store<HardwareBf16>(y, at, y_f32, mask, _mm512_add_ps(v, bias_of(bias, col, mask)));
 }
 
 }  // namespace

@@ -62,7 +62,7 @@ void panel_rows(const PanelRows& b) {
     }
   }
   for (int h = 0; h < 2; ++h) {
-    const int cols = static_cast<int>(std::clamp<int64_t>(b.n - b.col0 - 16 * h, 0, 16));
+    const int cols = gemm_half_columns(b.n, b.col0, h);
     if (cols == 0) break;
     for (int r = 0; r < MR; ++r) {
       Lanes::store(b.y, r * b.y_stride + b.col0 + 16 * h, b.y_f32, cols, acc[r][h], b.bias, b.col0 + 16 * h);
@@ -130,9 +130,8 @@ double dot_peak(int64_t iterations) {
     threads = omp_get_num_threads();
     typename Lanes::Acc acc[Lanes::kPeakChains];
     for (auto& c : acc) c = Lanes::zero();
-    const uint16_t ones[32] = {0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80,
-                               0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80,
-                               0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80, 0x3f80};
+    uint16_t ones[32];
+    std::fill(ones, ones + 32, uint16_t{0x3f80});  // bf16 1.0
     const typename Lanes::W w = Lanes::load_w(ones);
     const typename Lanes::X x = Lanes::broadcast_x(0x3f803f80);
     for (int64_t i = 0; i < iterations; ++i) {
