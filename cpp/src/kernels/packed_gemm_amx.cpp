@@ -12,7 +12,8 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
+#include <memory>
+#include <new>
 
 #include "packed_gemm_paths.h"
 
@@ -55,25 +56,41 @@ void configure_tiles() {
 }
 
 // x laid out as tiles: for each 16 rows, for each group of 32 input columns, the 16 x 32 block
-// as one contiguous kilobyte (zero past k and past the last row). A tile load then reads 16
-// consecutive cache lines, which the prefetchers follow; read in place, it would be 16 rows
-// k apart. Copying x is a pass over m x k values, small next to the m x n x k products.
+// as one contiguous kilobyte (zero past k and past the last row), each aligned to a cache line.
+// A tile load then reads 16 whole, consecutive cache lines, which the prefetchers follow; read in
+// place, it would be 16 rows k apart, and each row split across two lines wherever x's rows are
+// not 64-byte aligned (a split tile load costs about three aligned ones). Copying x is a pass
+// over m x k values, small next to the m x n x k products.
 struct TiledX {
-  std::vector<uint16_t>& tiles;
+  const uint16_t* tiles;
   int64_t groups;
 
   static constexpr int64_t kTileElements = kTileRows * kTileK;
   const uint16_t* tile(int64_t row_tile, int64_t group) const {
-    return tiles.data() + (row_tile * groups + group) * kTileElements;
+    return tiles + (row_tile * groups + group) * kTileElements;
   }
 };
 
-void tile_x(const GemmArgs& a, int64_t groups, std::vector<uint16_t>& tiles) {
-  const int64_t row_tiles = (a.m + kTileRows - 1) / kTileRows;
-  tiles.resize(static_cast<size_t>(row_tiles * groups * TiledX::kTileElements));
-  for (int64_t rt = 0; rt < row_tiles; ++rt) {
+// The calling thread's buffer for TiledX, 64-byte aligned (a std::vector's storage is only
+// 16-byte aligned), grown as needed and kept for the next call.
+uint16_t* tiled_x_buffer(int64_t elements) {
+  struct FreeAligned {
+    void operator()(uint16_t* p) const { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  thread_local std::unique_ptr<uint16_t[], FreeAligned> buffer;
+  thread_local int64_t capacity = 0;
+  if (elements > capacity) {
+    buffer.reset(static_cast<uint16_t*>(::operator new[](elements * sizeof(uint16_t), std::align_val_t{64})));
+    capacity = elements;
+  }
+  return buffer.get();
+}
+
+// Row tiles [begin, end) of x into `tiles` (TiledX's layout).
+void tile_x(const GemmArgs& a, int64_t groups, int64_t begin, int64_t end, uint16_t* tiles) {
+  for (int64_t rt = begin; rt < end; ++rt) {
     for (int64_t g = 0; g < groups; ++g) {
-      uint16_t* dst = tiles.data() + (rt * groups + g) * TiledX::kTileElements;
+      uint16_t* dst = tiles + (rt * groups + g) * TiledX::kTileElements;
       const int64_t cols = std::min(kTileK, a.k - g * kTileK);
       for (int64_t i = 0; i < kTileRows; ++i) {
         const int64_t r = rt * kTileRows + i;
@@ -133,9 +150,22 @@ void panel_sums(const TiledX& x, int64_t rt, const uint16_t* panel, float* sums)
   }
 }
 
-// y[rows][col0 .. col0 + 32) = sums + bias, rounded to bf16 or kept fp32.
+// y[rows][col0 .. col0 + 32) = sums + bias, rounded to bf16 or kept fp32. A whole panel of bf16
+// goes out one 64-byte store per row (two 32-byte halves would cost a third more: y is written
+// to memory, and every partial line is read first).
 void store_rows(const float* sums, int64_t rows, const GemmArgs& a, int64_t row0, int64_t col0) {
   const bool y_f32 = a.y_dtype == DType::F32;
+  if (!y_f32 && gemm_half_columns(a.n, col0, 1) == 16) {
+    const __m512 b0 = gemm_store::bias_of(a.bias, col0, 0xFFFF), b1 = gemm_store::bias_of(a.bias, col0 + 16, 0xFFFF);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* s = sums + r * kGemmPanelCols;
+      const __m256i lo = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(s), b0));
+      const __m256i hi = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(s + 16), b1));
+      _mm512_storeu_si512(static_cast<uint16_t*>(a.y) + (row0 + r) * a.y_stride + col0,
+                          _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+    }
+    return;
+  }
   for (int h = 0; h < 2; ++h) {
     const int cols = gemm_half_columns(a.n, col0, h);
     if (cols == 0) break;
@@ -154,12 +184,14 @@ void store_rows(const float* sums, int64_t rows, const GemmArgs& a, int64_t row0
 void bf16_gemm_amx(const GemmArgs& a) {
   const int64_t groups = gemm_padded_pairs(a.k) * 2 / kTileK;
   const int64_t panels = gemm_num_panels(a.n), panel_size = gemm_panel_elements(a.k);
-  thread_local std::vector<uint16_t> tiles;
-  tile_x(a, groups, tiles);
+  const int64_t row_tiles = (a.m + kTileRows - 1) / kTileRows;
+  uint16_t* tiles = tiled_x_buffer(row_tiles * groups * TiledX::kTileElements);
   const TiledX x{tiles, groups};
 #pragma omp parallel if (a.n * a.k * a.m >= (1 << 16))
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    tile_x(a, groups, row_tiles * t / threads, row_tiles * (t + 1) / threads, tiles);
+#pragma omp barrier
     configure_tiles();
     alignas(64) float sums[2 * kTileRows * kGemmPanelCols];
     const int64_t chunk = row_chunk(a.k);
