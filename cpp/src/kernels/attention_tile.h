@@ -218,18 +218,4 @@ void fold_span_bf16(const TileRows& rows, const Span& span, int64_t bs, float sc
 }  // namespace avx512
 #pragma GCC pop_options
 
-using SpanFoldFn = void (*)(const TileRows& rows, const Span& span, int64_t bs, float scale, const TileScratch& sc);
-
-// The span fold for this head size and block size on path `isa`, or null where the per-token
-// fold serves (other shapes, or a CPU without AVX-512-BF16).
-inline SpanFoldFn select_span_fold(int64_t hd, int64_t bs, CpuIsa isa) {
-  if (!isa_at_least(isa, CpuIsa::kAvx512Bf16) || bs % 16 != 0 || bs > kSpanKeys) return nullptr;
-  switch (hd) {
-    case 32: return &avx512::fold_span_bf16<32>;
-    case 64: return &avx512::fold_span_bf16<64>;
-    case 128: return &avx512::fold_span_bf16<128>;
-    default: return nullptr;
-  }
-}
-
 }  // namespace corellm::attention

@@ -18,8 +18,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <new>
 #include <vector>
 
+#include "attention_amx.h"
 #include "attention_block.h"
 #include "attention_tile.h"
 #include "corellm/check.h"
@@ -90,13 +92,31 @@ struct WorkItem {
   int64_t partial;                 // index of its partial-result slot, or -1: write `out`
 };
 
-// Per-thread scratch, reused across items.
+// Storage aligned to a cache line: the amx span fold loads its rows as tiles, and a tile row
+// split across two lines costs about three whole ones.
+template <class T>
+struct CacheLineAllocator {
+  using value_type = T;
+  CacheLineAllocator() = default;
+  template <class U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}  // NOLINT: rebinding
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  bool operator==(const CacheLineAllocator&) const { return true; }
+};
+template <class T>
+using AlignedVector = std::vector<T, CacheLineAllocator<T>>;
+
+// Per-thread scratch, reused across items. The span fold's row buffers (qb, acc, tile_s,
+// tile_p) hold attention::tile_padded_rows(rows) rows.
 struct Scratch {
-  std::vector<float> q, k, v, s, m, l, acc;
-  std::vector<uint32_t> qb;
+  std::vector<float> q, k, v, s, m, l;
+  AlignedVector<float> acc;
+  AlignedVector<uint32_t> qb;
   std::vector<int64_t> lo, hi;  // the span fold's rows: visible key positions
-  std::vector<float> tile_s, tile_correction;
-  std::vector<uint32_t> tile_p;
+  AlignedVector<float> tile_s;
+  std::vector<float> tile_correction;
+  AlignedVector<uint32_t> tile_p;
 };
 
 // Query tokens from which an item's rows are folded a span at a time (attention_tile.h): below,
@@ -121,8 +141,9 @@ void run_spans(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, atte
     sc.lo[static_cast<size_t>(r)] = first_visible(pos, a.sliding_window);
     sc.hi[static_cast<size_t>(r)] = pos + 1;
   }
-  sc.tile_s.resize(static_cast<size_t>(rows * kSpanKeys));
-  sc.tile_p.resize(static_cast<size_t>(rows * kSpanKeys / 2));
+  const int64_t padded_rows = attention::tile_padded_rows(rows);
+  sc.tile_s.resize(static_cast<size_t>(padded_rows * kSpanKeys));
+  sc.tile_p.resize(static_cast<size_t>(padded_rows * kSpanKeys / 2));
   sc.tile_correction.resize(static_cast<size_t>(rows));
   const attention::TileRows tile{sc.qb.data(), sc.m.data(), sc.l.data(), sc.acc.data(), sc.lo.data(), sc.hi.data(),
                                  rows};
@@ -227,14 +248,15 @@ void run_item(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, float
   const attention::FoldFn<T> fold = attention::select_fold<T>(hd, bs, a.isa);  // null: generic
   const bool bf16_path = is_bf16 && fold != nullptr;
 
+  const int64_t padded_rows = attention::tile_padded_rows(rows);
   sc.q.resize(static_cast<size_t>(rows * hd));
-  sc.qb.resize(static_cast<size_t>(rows * hd / 2));
+  sc.qb.resize(static_cast<size_t>(padded_rows * hd / 2));
   sc.k.resize(static_cast<size_t>(hd * bs));
   sc.v.resize(static_cast<size_t>(bs * hd));
   sc.s.resize(static_cast<size_t>(bs));
   sc.m.assign(static_cast<size_t>(rows), attention::kNegInf);
   sc.l.assign(static_cast<size_t>(rows), 0.0f);
-  sc.acc.assign(static_cast<size_t>(rows * hd), 0.0f);
+  sc.acc.assign(static_cast<size_t>(padded_rows * hd), 0.0f);
 
   // Gather the rows: row r = (token i, head g of the group).
   for (int64_t i = w.q_begin; i < w.q_end; ++i) {
