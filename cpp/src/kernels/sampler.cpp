@@ -219,11 +219,67 @@ int32_t sample_top_p(const float* x, int64_t v, float top_p, float u, std::vecto
   return chosen;  // rounding: u * kept reached the end
 }
 
-// Samples from logits x (already divided by the temperature) under top-k / top-p / min-p.
-int32_t sample_row(const SamplingBatch& b, int64_t i, float* x, std::vector<std::pair<float, int32_t>>& cand,
-                   std::vector<double>& mass) {
+// Tokens per chunk of the kept weights' mass (kept_weights, draw_by_mass).
+constexpr int64_t kMassChunk = 256;
+
+// x[t] = e^(x[t] - mx) for the kept tokens (x[t] >= threshold, finite), 0 for the others, in
+// one vectorized pass; chunk_mass[c] = the weights of tokens [c kMassChunk, (c + 1) kMassChunk)
+// summed. Returns the total, the chunks' masses summed in order.
+float kept_weights(float* x, int64_t v, float mx, float threshold, std::vector<float>& chunk_mass) {
+  const int64_t chunks = (v + kMassChunk - 1) / kMassChunk;
+  chunk_mass.resize(static_cast<size_t>(chunks));
+  float total = 0.0f;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t end = std::min(v, (c + 1) * kMassChunk);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t t = c * kMassChunk; t < end; ++t) {
+      const float w = x[t] >= threshold && x[t] != kNegInf ? fast_exp(x[t] - mx) : 0.0f;
+      x[t] = w;
+      sum += w;
+    }
+    chunk_mass[static_cast<size_t>(c)] = sum;
+    total += sum;
+  }
+  return total;
+}
+
+// Inverse CDF over the weights x in vocabulary order: the token where the running mass first
+// exceeds pick (= u x total). Whole chunks are passed by their mass (kept_weights); only the
+// chunk where the mass crosses pick is walked token by token. Where rounding keeps that walk
+// from crossing (its sum in another order than the chunk's), the chunk's last kept token; with
+// no kept token at all, -1.
+int32_t draw_by_mass(const float* x, int64_t v, const std::vector<float>& chunk_mass, float pick) {
+  const auto chunks = static_cast<int64_t>(chunk_mass.size());
+  int64_t last_kept_chunk = -1;
+  for (int64_t c = 0; c < chunks; ++c) {
+    if (chunk_mass[static_cast<size_t>(c)] > 0.0f) last_kept_chunk = c;
+  }
+  float acc = 0.0f;
+  for (int64_t c = 0; c <= last_kept_chunk; ++c) {
+    const float m = chunk_mass[static_cast<size_t>(c)];
+    if (m <= 0.0f) continue;
+    if (pick >= acc + m && c < last_kept_chunk) {
+      acc += m;
+      continue;
+    }
+    int32_t last = -1;
+    for (int64_t t = c * kMassChunk; t < std::min(v, (c + 1) * kMassChunk); ++t) {
+      if (x[t] <= 0.0f) continue;
+      acc += x[t];
+      last = static_cast<int32_t>(t);
+      if (pick < acc) return last;
+    }
+    return last;
+  }
+  return -1;
+}
+
+// Samples from logits x (already divided by the temperature; mx: their largest) under top-k /
+// top-p / min-p.
+int32_t sample_row(const SamplingBatch& b, int64_t i, float* x, float mx, std::vector<std::pair<float, int32_t>>& cand,
+                   std::vector<double>& mass, std::vector<float>& chunk_mass) {
   const int64_t v = b.vocab_size;
-  const float mx = row_max(x, v);
   // Kept set, step 1: min_p (prob >= min_p * max prob <=> logit >= mx + log(min_p)).
   float threshold = kNegInf;
   const float min_p = b.min_p ? b.min_p[i] : 0.0f;
@@ -237,29 +293,11 @@ int32_t sample_row(const SamplingBatch& b, int64_t i, float* x, std::vector<std:
                      [](const auto& a, const auto& c) { return a.first > c.first; });
     threshold = std::max(threshold, cand[static_cast<size_t>(k - 1)].first);
   }
-  // Weights of the kept tokens.
-  float total = 0.0f;
-  for (int64_t t = 0; t < v; ++t) {
-    if (x[t] >= threshold && x[t] != kNegInf) {
-      x[t] = fast_exp(x[t] - mx);
-      total += x[t];
-    } else {
-      x[t] = 0.0f;
-    }
-  }
+  const float total = kept_weights(x, v, mx, threshold, chunk_mass);
   const float u = philox_uniform(b.seeds[i], static_cast<uint64_t>(b.steps[i]));
   const float top_p = b.top_p ? b.top_p[i] : 1.0f;
   if (top_p < 1.0f) return sample_top_p(x, v, top_p, u, cand, mass);
-  const float pick = u * total;
-  float acc = 0.0f;
-  int32_t last = -1;
-  for (int64_t t = 0; t < v; ++t) {
-    if (x[t] <= 0.0f) continue;
-    acc += x[t];
-    last = static_cast<int32_t>(t);
-    if (pick < acc) return last;
-  }
-  return last;  // rounding: u * total reached the end
+  return draw_by_mass(x, v, chunk_mass, u * total);
 }
 
 }  // namespace
@@ -305,6 +343,7 @@ void sample(const SamplingBatch& b) {
     std::vector<std::pair<float, int32_t>> cand;
     std::vector<float> raw;  // the raw row, kept for the sampled token's logprob and rank
     std::vector<double> mass;  // top-p's bucket masses
+    std::vector<float> chunk_mass;  // the kept weights' mass per chunk of tokens
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < b.num_reqs; ++i) {
       float* x = b.logits + i * b.vocab_size;
@@ -330,14 +369,17 @@ void sample(const SamplingBatch& b) {
       const bool processed = apply_processors(b, i, x, scratch);
       int32_t token;
       const float temp = b.temperature[i];
+      const float mx = processed ? row_max(x, b.vocab_size) : raw_max;
       if (temp == 0.0f) {
-        const float mx = processed ? row_max(x, b.vocab_size) : raw_max;
         token = mx == kNegInf ? -1 : argmax(x, b.vocab_size, mx);  // -1: nothing allowed
       } else {
         const float inv_t = 1.0f / temp;
+        if (inv_t != 1.0f) {  // (x * 1 = x)
 #pragma omp simd
-        for (int64_t t = 0; t < b.vocab_size; ++t) x[t] *= inv_t;
-        token = sample_row(b, i, x, cand, mass);
+          for (int64_t t = 0; t < b.vocab_size; ++t) x[t] *= inv_t;
+        }
+        // Rounding is monotonic: the largest scaled logit is the largest logit, scaled.
+        token = sample_row(b, i, x, mx * inv_t, cand, mass, chunk_mass);
       }
       b.sampled[i] = token;
       if (b.num_logprobs >= 0 && token < 0) {  // nothing was allowed: the caller fails the request
