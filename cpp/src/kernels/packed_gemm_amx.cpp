@@ -108,9 +108,10 @@ void tile_x(const GemmArgs& a, int64_t groups, int64_t begin, int64_t end, uint1
 
 constexpr int64_t kPrefetchGroups = 4;
 
-// sums[32][32] (row-major, fp32) for RowTiles (1 or 2) tiles of x rows from row tile rt x one panel.
+// sums[16 RowTiles][32] (fp32, rows `stride` bytes apart) for RowTiles (1 or 2) tiles of x rows
+// from row tile rt x one panel.
 template <int RowTiles>
-void panel_sums(const TiledX& x, int64_t rt, const uint16_t* panel, float* sums) {
+void panel_sums(const TiledX& x, int64_t rt, const uint16_t* panel, float* sums, int stride) {
   constexpr int kTileRowBytes = kTileK * sizeof(uint16_t);
   _tile_zero(0);
   _tile_zero(1);
@@ -141,12 +142,12 @@ void panel_sums(const TiledX& x, int64_t rt, const uint16_t* panel, float* sums)
     _tile_dpbf16ps(1, 4, 7);
     if (RowTiles == 2) _tile_dpbf16ps(3, 5, 7);
   }
-  constexpr int kSumRowBytes = kGemmPanelCols * sizeof(float);
-  _tile_stored(0, sums, kSumRowBytes);
-  _tile_stored(1, sums + 16, kSumRowBytes);
+  _tile_stored(0, sums, stride);
+  _tile_stored(1, sums + 16, stride);
   if (RowTiles == 2) {
-    _tile_stored(2, sums + kTileRows * kGemmPanelCols, kSumRowBytes);
-    _tile_stored(3, sums + kTileRows * kGemmPanelCols + 16, kSumRowBytes);
+    float* lower = reinterpret_cast<float*>(reinterpret_cast<char*>(sums) + kTileRows * stride);
+    _tile_stored(2, lower, stride);
+    _tile_stored(3, lower + 16, stride);
   }
 }
 
@@ -195,18 +196,23 @@ void bf16_gemm_amx(const GemmArgs& a) {
     configure_tiles();
     alignas(64) float sums[2 * kTileRows * kGemmPanelCols];
     const int64_t chunk = row_chunk(a.k);
+    const bool direct_f32 = a.y_dtype == DType::F32 && a.bias == nullptr;
     for (int64_t r0 = 0; r0 < a.m; r0 += chunk) {
       const int64_t chunk_end = std::min(a.m, r0 + chunk);
       for (int64_t p = panels * t / threads; p < panels * (t + 1) / threads; ++p) {
         const uint16_t* panel = a.packed + p * panel_size;
         for (int64_t r = r0; r < chunk_end; r += 2 * kTileRows) {
           const int64_t rows = std::min(2 * kTileRows, chunk_end - r);
+          // fp32 out (logits) without a bias, whole tiles: the tiles are the result, stored in place.
+          const bool in_place = direct_f32 && rows % kTileRows == 0 && gemm_half_columns(a.n, p * kGemmPanelCols, 1) == 16;
+          float* out = in_place ? static_cast<float*>(a.y) + r * a.y_stride + p * kGemmPanelCols : sums;
+          const int stride = in_place ? static_cast<int>(a.y_stride * sizeof(float)) : kGemmPanelCols * sizeof(float);
           if (rows > kTileRows) {
-            panel_sums<2>(x, r / kTileRows, panel, sums);
+            panel_sums<2>(x, r / kTileRows, panel, out, stride);
           } else {
-            panel_sums<1>(x, r / kTileRows, panel, sums);
+            panel_sums<1>(x, r / kTileRows, panel, out, stride);
           }
-          store_rows(sums, rows, a, r, p * kGemmPanelCols);
+          if (!in_place) store_rows(sums, rows, a, r, p * kGemmPanelCols);
         }
       }
     }
