@@ -79,6 +79,23 @@ def test_float32_output_is_the_unrounded_sum(m, isa):
 
 
 @pytest.mark.parametrize("isa", ISAS)
+def test_float32_output_without_bias_into_a_strided_y(isa):
+    """Logits: fp32 without a bias, which the amx path stores from its tiles straight into y
+    (whole 16-row tiles of whole panels; the rest through its buffer)."""
+    g = torch.Generator().manual_seed(3)
+    m, n, kk = 130, 100, 64
+    x, w = torch.randn(m, kk, generator=g).bfloat16(), torch.randn(n, kk, generator=g).bfloat16()
+    packed = pack(w)
+    y_wide = torch.full((m, n + 6), 7.0)
+    gemm(x, packed, n, y=y_wide[:, :n], isa=isa)
+    assert (y_wide[:, n:] == 7.0).all()  # nothing written past the row
+    want = torch.nn.functional.linear(x.double(), w.double())
+    torch.testing.assert_close(y_wide[:, :n].double(), want, atol=1e-4, rtol=1e-4)
+    for i in (0, 15, 16, 127, 129):  # alone (through the buffer): the same sums
+        assert torch.equal(gemm(x[i : i + 1], packed, n, out_dtype=torch.float32, isa=isa)[0], y_wide[i, :n])
+
+
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("kk", [96, 100])  # tiles read x in place, or from the padded copy
 def test_rows_are_independent_of_the_batch_and_strides_are_honoured(isa, kk):
     g = torch.Generator().manual_seed(0)
