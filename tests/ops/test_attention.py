@@ -91,6 +91,20 @@ def test_a_path_this_cpu_cannot_run_or_an_unknown_one_is_refused():
                 ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, cpu_isa=isa)
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("context", [100, 300, 1000, 2048])
+def test_a_decode_is_the_same_alone_and_in_a_batch(context, isa):
+    """A long decode's KV range is split across threads at fixed points: alone (few work items)
+    or beside others, its row gets the same bits."""
+    kc, vc, table, seq_lens, qsl = make_batch([(context, 1), (50, 1), (700, 1)], 3, 64, 16, torch.bfloat16, seed=1)
+    q = torch.randn(3, 9 * 64, generator=torch.Generator().manual_seed(2)).bfloat16()
+    batch = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, cpu_isa=isa)
+    alone = ops.paged_attention(q[:1], kc, vc, table[:1], seq_lens[:1], qsl[:2], 0.125, cpu_isa=isa)
+    assert torch.equal(alone[0], batch[0])
+    want = ref.paged_attention(q[:1], kc, vc, table[:1], seq_lens[:1], qsl[:2], 0.125)
+    torch.testing.assert_close(alone.double(), want, **TOL[torch.bfloat16])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_paged_attention_random_batches(dtype):
     """Random shapes; in bf16 they reach the per-token fold (one query token), the span fold

@@ -7,9 +7,10 @@
 // state (running max m, running sum l, accumulator acc[head_size]):
 //   s = q . K^T (masked to the row's causal / sliding-window range)
 //   m' = max(m, max s);  acc = acc * e^(m - m') + sum_t e^(s_t - m') V_t;  l likewise
-// and writes acc / l (attention_block.h has the per-block fold). When there are fewer items than
-// the threads can share (a few long decodes), the KV range is split and the partial (m, l, acc)
-// of the splits are combined at the end.
+// and writes acc / l (attention_block.h has the per-block fold). A decode's KV range is split
+// at fixed points (kSplitKeys), whatever the batch, and the partial (m, l, acc) of the splits
+// are combined at the end: one long decode keeps every thread busy, and a row's arithmetic
+// depends on its own sequence only.
 #include "corellm/kernels/paged_attention.h"
 
 #include <omp.h>
@@ -33,7 +34,10 @@ namespace {
 using attention::RowState;
 
 constexpr int64_t kQueryChunk = 16;
-constexpr int64_t kMinBlocksPerSplit = 8;
+// Keys per split of a decode's KV range (paged_attention_impl): at 256, a decode alone over a
+// few hundred keys gives the two threads of a small machine work, and a batch of decodes short
+// of that is not split at all.
+constexpr int64_t kSplitKeys = 256;
 // Blocks prefetched ahead, into L2: the L1 has too few miss buffers for a block's 64 lines, and
 // dropped prefetches slow decode from memory; 3-4 ahead measured no faster than 2 (bench/kernels.py,
 // "paged_attention decode").
@@ -342,31 +346,29 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
       }
     }
   }
-  // Split long KV ranges when there are too few items to keep every thread busy.
-  const int64_t threads = omp_get_max_threads();
+  // A decode's KV range is split at fixed points (every kSplitKeys keys, from position 0), so that
+  // one long decode keeps every thread busy; fixed, so that the split, and with it the
+  // arithmetic, is the same alone, in any batch and on any number of threads.
+  const int64_t split_blocks = std::max<int64_t>(1, kSplitKeys / bs);
   int64_t num_partials = 0;
   std::vector<std::pair<size_t, int64_t>> split_groups;  // (first item index, number of splits)
-  if (threads > 1 && !items.empty() && static_cast<int64_t>(items.size()) < 2 * threads) {
-    std::vector<WorkItem> split_items;
-    const int64_t want = (4 * threads + static_cast<int64_t>(items.size()) - 1) / static_cast<int64_t>(items.size());
-    for (const WorkItem& w : items) {
-      const int64_t num_blocks = w.block_end - w.block_begin;
-      const int64_t splits = std::min(want, std::max<int64_t>(1, num_blocks / kMinBlocksPerSplit));
-      if (splits <= 1) {
-        split_items.push_back(w);
-        continue;
-      }
-      split_groups.emplace_back(split_items.size(), splits);
-      for (int64_t sp = 0; sp < splits; ++sp) {
-        WorkItem part = w;
-        part.block_begin = w.block_begin + num_blocks * sp / splits;
-        part.block_end = w.block_begin + num_blocks * (sp + 1) / splits;
-        part.partial = num_partials++;
-        split_items.push_back(part);
-      }
+  std::vector<WorkItem> split_items;
+  for (const WorkItem& w : items) {
+    const int64_t first_segment = w.block_begin / split_blocks, last_segment = (w.block_end - 1) / split_blocks;
+    if (w.q_end - w.q_begin != 1 || first_segment == last_segment) {
+      split_items.push_back(w);
+      continue;
     }
-    items.swap(split_items);
+    split_groups.emplace_back(split_items.size(), last_segment - first_segment + 1);
+    for (int64_t seg = first_segment; seg <= last_segment; ++seg) {
+      WorkItem part = w;
+      part.block_begin = std::max(w.block_begin, seg * split_blocks);
+      part.block_end = std::min(w.block_end, (seg + 1) * split_blocks);
+      part.partial = num_partials++;
+      split_items.push_back(part);
+    }
   }
+  items.swap(split_items);
   const int64_t group = a.num_heads / a.cache.num_kv_heads;
   std::vector<float> partials(static_cast<size_t>(num_partials * kQueryChunk * group * (a.cache.head_size + 2)));
   const auto n = static_cast<int64_t>(items.size());
