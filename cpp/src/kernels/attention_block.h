@@ -10,7 +10,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 
 #include "corellm/kernels/cpu_isa.h"
@@ -233,16 +235,34 @@ void fold_bf16(const RowState* rows, int num_rows, const uint16_t* kb, const uin
 }  // namespace avx512
 #pragma GCC pop_options
 
-// The fold for this cache type and shape on path `isa`: AVX-512-BF16 for bf16 caches, AVX-512
-// for fp32 ones; null: the generic path (other shapes, or a CPU without those instructions).
+// ---- AVX2 and AVX-512F: bf16 caches, each pair widened to fp32 (attention_widened.h) ----
+namespace widened_avx2 {
+#include "attention_widened.h"
+}  // namespace widened_avx2
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512")
+namespace widened_avx512 {
+#include "attention_widened.h"
+}  // namespace widened_avx512
+#pragma GCC pop_options
+
+// The fold for this cache type and shape on path `isa`: for bf16 caches AVX-512-BF16 dot
+// products, or pairs widened to fp32 on AVX-512F or AVX2; for fp32 ones AVX-512. Null: the
+// generic path (other shapes, or fp32 caches on an AVX2 CPU).
 template <class T>
 FoldFn<T> select_fold(int64_t hd, int64_t bs, CpuIsa isa) {
   constexpr bool is_bf16 = sizeof(T) == 2;
-  if (!isa_at_least(isa, is_bf16 ? CpuIsa::kAvx512Bf16 : CpuIsa::kAvx512)) return nullptr;
-#define CORELLM_FOLD(HD, BS)                                        \
-  if (hd == HD && bs == BS) {                                       \
-    if constexpr (is_bf16) return &avx512::fold_bf16<HD, BS>;       \
-    else return &avx512::fold_fp32<HD, BS>;                         \
+  if (!is_bf16 && !isa_at_least(isa, CpuIsa::kAvx512)) return nullptr;
+#define CORELLM_FOLD(HD, BS)                                                        \
+  if (hd == HD && bs == BS) {                                                       \
+    if constexpr (is_bf16) {                                                        \
+      if (isa_at_least(isa, CpuIsa::kAvx512Bf16)) return &avx512::fold_bf16<HD, BS>; \
+      if (isa == CpuIsa::kAvx512) return &widened_avx512::fold<HD, BS>;             \
+      return &widened_avx2::fold<HD, BS>;                                           \
+    } else {                                                                        \
+      return &avx512::fold_fp32<HD, BS>;                                            \
+    }                                                                               \
   }
   CORELLM_FOLD(64, 16)
   CORELLM_FOLD(64, 32)
