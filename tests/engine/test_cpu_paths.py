@@ -1,7 +1,8 @@
 """The engine on every instruction-set path this CPU runs (CORELLM_ISA=avx2, avx512, avx512bf16,
 amx; each in its own process, as a user would force it): SmolLM2 in bf16 through the native stack,
 greedy. On each path a batch gives every prompt exactly the tokens and logprobs of its run alone
-(batch invariance holds within a path), and each token is HF transformers' argmax (fp32, same GGUF,
+and of its run with its prompt cut into chunks of 4 tokens (the prompts, of 5-13 tokens, leave a token alone,
+whose attention is then computed as a decode's: invariance holds within a path), and each token is HF transformers' argmax (fp32, same GGUF,
 given the same preceding tokens) wherever its top-2 margin is clear of bf16's rounding; the path
 the engine logs is the one asked for."""
 
@@ -30,13 +31,16 @@ import json, logging, sys
 logging.basicConfig(level=logging.INFO)
 from corellm import LLM, SamplingParams
 prompts = json.loads(sys.argv[1])
-llm = LLM(max_model_len=256, kv_cache_memory=64 * 1024**2, max_num_seqs=16)
 params = SamplingParams(temperature=0, max_tokens=%d, ignore_eos=True, logprobs=1)
-def run(batch):
+def run(llm, batch):
     outs = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
     return [[o.outputs[0].token_ids, [sorted((t, l.logprob) for t, l in step.items()) for step in o.outputs[0].logprobs]]
             for o in outs]
-print(json.dumps({"together": run(prompts), "alone": [run([p])[0] for p in prompts]}))
+llm = LLM(max_model_len=256, kv_cache_memory=64 * 1024**2, max_num_seqs=16)
+together, alone = run(llm, prompts), [run(llm, [p])[0] for p in prompts]
+del llm
+chunked_llm = LLM(max_model_len=256, kv_cache_memory=64 * 1024**2, max_num_seqs=16, max_num_batched_tokens=4)
+print(json.dumps({"together": together, "alone": alone, "chunked": [run(chunked_llm, [p])[0] for p in prompts]}))
 """ % NUM_TOKENS
 
 
@@ -70,6 +74,7 @@ def test_each_path_is_batch_invariant_and_follows_transformers(isa, prompt_ids, 
     assert f"CPU kernels: {isa} on" in run.stderr  # the engine took (and logged) the path asked for
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert got["together"] == got["alone"], f"{isa}: a prompt's tokens or logprobs depend on the batch"
+    assert got["chunked"] == got["alone"], f"{isa}: a prompt's tokens or logprobs depend on its prefill chunks"
     compared = 0
     for prompt, (tokens, _) in zip(prompt_ids, got["together"]):
         for step, (mine, theirs, margin) in enumerate(zip(tokens, *reference_next_tokens(hf_model, prompt, tokens))):

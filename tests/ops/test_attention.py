@@ -105,6 +105,23 @@ def test_a_decode_is_the_same_alone_and_in_a_batch(context, isa):
     torch.testing.assert_close(alone.double(), want, **TOL[torch.bfloat16])
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_a_token_is_the_same_in_any_chunk(block_size, isa):
+    """A prefill of 300 tokens at once, and the same tokens in chunks of 5, 1, 17, 17, 1, 259
+    (a chunk's queries see the keys up to them): every token's row gets the same bits, whether
+    it shares its work item with 15 others or is alone like a decode."""
+    L = 300
+    kc, vc, table, seq_lens, qsl = make_batch([(L, L)], 3, 64, block_size, torch.bfloat16, seed=5)
+    q = torch.randn(L, 9 * 64, generator=torch.Generator().manual_seed(6)).bfloat16()
+    whole = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, cpu_isa=isa)
+    bounds = [0, 5, 6, 23, 40, 41, L]
+    for a, b in zip(bounds, bounds[1:]):
+        chunk = ops.paged_attention(q[a:b], kc, vc, table, torch.tensor([b], dtype=torch.int32),
+                                    torch.tensor([0, b - a], dtype=torch.int32), 0.125, cpu_isa=isa)
+        assert torch.equal(chunk, whole[a:b]), f"tokens [{a}, {b})"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_paged_attention_random_batches(dtype):
     """Random shapes; in bf16 they reach the per-token fold (one query token), the span fold

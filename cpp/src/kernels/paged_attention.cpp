@@ -7,10 +7,11 @@
 // state (running max m, running sum l, accumulator acc[head_size]):
 //   s = q . K^T (masked to the row's causal / sliding-window range)
 //   m' = max(m, max s);  acc = acc * e^(m - m') + sum_t e^(s_t - m') V_t;  l likewise
-// and writes acc / l (attention_block.h has the per-block fold). A decode's KV range is split
-// at fixed points (kSplitKeys), whatever the batch, and the partial (m, l, acc) of the splits
-// are combined at the end: one long decode keeps every thread busy, and a row's arithmetic
-// depends on its own sequence only.
+// and writes acc / l (attention_block.h has the per-block fold; attention_tile.h and
+// attention_amx.h fold a span of keys into many rows at once). Every item's KV range is split at
+// fixed points (kSplitKeys), whatever the batch, and the partial (m, l, acc) of the splits are
+// combined at the end: one long decode keeps every thread busy, and a row's arithmetic depends on
+// its own token only, not on the item, chunk or batch it came in.
 #include "corellm/kernels/paged_attention.h"
 
 #include <omp.h>
@@ -34,10 +35,11 @@ namespace {
 using attention::RowState;
 
 constexpr int64_t kQueryChunk = 16;
-// Keys per split of a decode's KV range (paged_attention_impl): at 256, a decode alone over a
+// Keys per split of an item's KV range (paged_attention_impl): at 256, a decode alone over a
 // few hundred keys gives the two threads of a small machine work, and a batch of decodes short
-// of that is not split at all.
+// of that is not split at all. A multiple of the span fold's kSpanKeys.
 constexpr int64_t kSplitKeys = 256;
+static_assert(kSplitKeys % attention::kSpanKeys == 0, "a split boundary must be a span boundary");
 // Blocks prefetched ahead, into L2: the L1 has too few miss buffers for a block's 64 lines, and
 // dropped prefetches slow decode from memory; 3-4 ahead measured no faster than 2 (bench/kernels.py,
 // "paged_attention decode").
@@ -123,12 +125,9 @@ struct Scratch {
   AlignedVector<uint32_t> tile_p;
 };
 
-// Query tokens from which an item's rows are folded a span at a time (attention_tile.h): below,
-// the per-token fold, whose one-block-at-a-time prefetch keeps a decode's scattered blocks
-// streaming better (bench/kernels.py compares the two on decode batches).
-constexpr int64_t kSpanFoldMinTokens = 2;
-
 // The item's blocks folded a span (up to kSpanKeys keys) at a time into all its rows at once.
+// Spans start at multiples of kSpanKeys from position 0, whatever the item's first block (a
+// sliding window's), so that a row's spans, like its arithmetic, do not depend on its item.
 void run_spans(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, attention::SpanFoldFn fold_span) {
   using attention::kSpanKeys;
   const KVCacheShape& c = a.cache;
@@ -156,11 +155,11 @@ void run_spans(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, atte
   const auto* value_cache = static_cast<const uint16_t*>(a.value_cache);
   const int32_t* table = a.block_table + w.seq * a.block_table_stride;
   const int64_t blocks_per_span = kSpanKeys / bs;
-  for (int64_t blk = w.block_begin; blk < w.block_end; blk += blocks_per_span) {
+  for (int64_t blk = w.block_begin, end = 0; blk < w.block_end; blk = end) {
     attention::Span span{};
     span.t0 = blk * bs;
     span.valid_end = seq_len;
-    const int64_t end = std::min(w.block_end, blk + blocks_per_span);
+    end = std::min(w.block_end, (blk / blocks_per_span + 1) * blocks_per_span);
     // Into L2 (the blocks are scattered): this span's values (needed after its scores) when it
     // is the item's first, and the next span's keys and values, so that memory works while this
     // span is computed.
@@ -276,8 +275,10 @@ void run_item(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, float
     }
   }
 
-  const attention::SpanFoldFn fold_span =
-      bf16_path && w.q_end - w.q_begin >= kSpanFoldMinTokens ? attention::select_span_fold(hd, bs, a.isa) : nullptr;
+  // The path's span fold serves every item where it has one, decodes included: a token gets the
+  // same arithmetic in a prefill, in a chunk of any size, as a decode and when recomputed after
+  // a preemption (the per-token fold rounds otherwise).
+  const attention::SpanFoldFn fold_span = bf16_path ? attention::select_span_fold(hd, bs, a.isa) : nullptr;
   if (fold_span != nullptr) {
     run_spans(a, w, sc, fold_span);
   } else {
@@ -346,16 +347,16 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
       }
     }
   }
-  // A decode's KV range is split at fixed points (every kSplitKeys keys, from position 0), so that
-  // one long decode keeps every thread busy; fixed, so that the split, and with it the
-  // arithmetic, is the same alone, in any batch and on any number of threads.
+  // Every item's KV range is split at fixed points (every kSplitKeys keys, from position 0), so
+  // that one long decode keeps every thread busy; fixed, so that the split, and with it a row's
+  // arithmetic, is the same alone, in any batch, in any chunk and on any number of threads.
   const int64_t split_blocks = std::max<int64_t>(1, kSplitKeys / bs);
   int64_t num_partials = 0;
   std::vector<std::pair<size_t, int64_t>> split_groups;  // (first item index, number of splits)
   std::vector<WorkItem> split_items;
   for (const WorkItem& w : items) {
     const int64_t first_segment = w.block_begin / split_blocks, last_segment = (w.block_end - 1) / split_blocks;
-    if (w.q_end - w.q_begin != 1 || first_segment == last_segment) {
+    if (first_segment == last_segment) {
       split_items.push_back(w);
       continue;
     }
