@@ -1,10 +1,11 @@
 // The inner step of paged attention: fold one KV block into one query row's online-softmax
-// state. Three implementations of the same arithmetic: portable C++ on fp32 copies of the block
-// (the baseline, AVX2), AVX-512 on fp32 caches (read in place), and AVX512-BF16 dot products on
-// bf16 caches (read in place; the probabilities are rounded to bf16 for the P.V product, as
-// FlashAttention does). The last two are compiled for their instructions in regions of their own
-// (namespace attention::avx512) and chosen at run time by select_fold. Internal to
-// paged_attention.cpp.
+// state. Implementations of the same algorithm: portable C++ on fp32 copies of the block (the
+// baseline, AVX2), AVX-512 on fp32 caches (read in place), and bf16 caches read in place with
+// each pair widened to fp32 (attention_widened.h, for AVX2 and AVX-512F). The AVX-512 ones are
+// compiled for their instructions in regions of their own (namespaces attention::avx512 and
+// widened_avx512) and chosen at run time by select_fold; the helpers here (exp16,
+// softmax_step, visible_lanes) serve the span folds too (attention_tile.h, attention_amx.h).
+// Internal to paged_attention.cpp.
 #pragma once
 
 #include <immintrin.h>
@@ -151,90 +152,6 @@ template <class T>
 using FoldFn = void (*)(const RowState* rows, int num_rows, const T* kb, const T* vb, int64_t lo, int64_t hi,
                         float scale);
 
-// ---- AVX-512-BF16: bf16 caches ----
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
-namespace avx512 {
-
-// bf16 cache read in place, pairs packed in 32-bit lanes:
-//   kb [HD / 2, BS, 2]: for a dim pair, BS keys x (dim 2i, dim 2i+1)
-//   vb [BS / 2, HD, 2]: for a key pair, HD dims x (key 2j, key 2j+1)
-// R rows of the same query token (heads sharing the KV head: same visible keys) are folded
-// together, so each K and V load serves all of them and their dependency chains interleave.
-// Scores come from dpbf16 (bf16 x bf16 summed in fp32) and are scaled in fp32.
-template <int HD, int BS, int R>
-void fold_rows_bf16(const RowState* rows, const uint16_t* kb, const uint16_t* vb, int64_t lo, int64_t hi,
-                    float scale) {
-  constexpr int kChunks = HD / 16;
-  for (int64_t t0 = lo - lo % 16; t0 < hi; t0 += 16) {
-    // Two accumulators per row (even and odd dim pairs): with a few rows, one chain per row
-    // would wait on the dot product's latency.
-    __m512 s[R], s_odd[R];
-    for (int r = 0; r < R; ++r) s[r] = s_odd[r] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-    for (int dp = 0; dp < HD / 2; dp += 2) {
-      const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kb + (dp * BS + t0) * 2);
-      const __m512bh k1 = (__m512bh)_mm512_loadu_si512(kb + ((dp + 1) * BS + t0) * 2);
-      for (int r = 0; r < R; ++r) {
-        s[r] = _mm512_dpbf16_ps(s[r], (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(rows[r].qb[dp])), k0);
-        s_odd[r] =
-            _mm512_dpbf16_ps(s_odd[r], (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(rows[r].qb[dp + 1])), k1);
-      }
-    }
-    for (int r = 0; r < R; ++r) s[r] = _mm512_add_ps(s[r], s_odd[r]);
-    int64_t first, last;
-    const __mmask16 visible = visible_lanes(t0, lo, hi, first, last);
-    alignas(64) uint32_t pairs[R][8];  // probabilities as bf16 pairs (key 2j low, key 2j+1 high)
-    __m512 corr[R];
-    for (int r = 0; r < R; ++r) {
-      float correction;
-      const __m512 p = softmax_step(rows[r], _mm512_mul_ps(s[r], _mm512_set1_ps(scale)), visible, correction);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(pairs[r]), (__m256i)_mm512_cvtneps_pbh(p));
-      corr[r] = _mm512_set1_ps(correction);
-    }
-    const int64_t pair_begin = first / 2, pair_end = (last + 1) / 2;
-    // kGroup chunks of the head at once (R x kGroup accumulators, at most 16 registers), so that
-    // the chains of consecutive key pairs interleave.
-    constexpr int kGroup = std::min(kChunks, R <= 1 ? 8 : R == 2 ? 8 : 4);
-    for (int c0 = 0; c0 < kChunks; c0 += kGroup) {
-      __m512 acc[R][kGroup];
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < kGroup; ++c)
-          acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(rows[r].acc + 16 * (c0 + c)), corr[r]);
-      for (int64_t kp = pair_begin; kp < pair_end; ++kp) {
-        // A pair half outside [first, last) may hold stale or unwritten values: load it as zero
-        // so that its zero probability cannot meet a NaN.
-        __mmask32 keep = 0xFFFFFFFFu;
-        if (2 * kp < first) keep &= 0xAAAAAAAAu;
-        if (2 * kp + 1 >= last) keep &= 0x55555555u;
-        __m512bh v[kGroup];
-        for (int c = 0; c < kGroup; ++c)
-          v[c] = (__m512bh)_mm512_maskz_loadu_epi16(keep, vb + ((t0 / 2 + kp) * HD + 16 * (c0 + c)) * 2);
-        for (int r = 0; r < R; ++r) {
-          const __m512bh p = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(pairs[r][kp]));
-          for (int c = 0; c < kGroup; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], p, v[c]);
-        }
-      }
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < kGroup; ++c) _mm512_storeu_ps(rows[r].acc + 16 * (c0 + c), acc[r][c]);
-    }
-  }
-}
-
-template <int HD, int BS>
-void fold_bf16(const RowState* rows, int num_rows, const uint16_t* kb, const uint16_t* vb, int64_t lo, int64_t hi,
-               float scale) {
-  switch (num_rows) {
-    case 1: return fold_rows_bf16<HD, BS, 1>(rows, kb, vb, lo, hi, scale);
-    case 2: return fold_rows_bf16<HD, BS, 2>(rows, kb, vb, lo, hi, scale);
-    case 3: return fold_rows_bf16<HD, BS, 3>(rows, kb, vb, lo, hi, scale);
-    default: return fold_rows_bf16<HD, BS, 4>(rows, kb, vb, lo, hi, scale);
-  }
-}
-
-}  // namespace avx512
-#pragma GCC pop_options
-
 // ---- AVX2 and AVX-512F: bf16 caches, each pair widened to fp32 (attention_widened.h) ----
 namespace widened_avx2 {
 #include "attention_widened.h"
@@ -247,22 +164,21 @@ namespace widened_avx512 {
 }  // namespace widened_avx512
 #pragma GCC pop_options
 
-// The fold for this cache type and shape on path `isa`: for bf16 caches AVX-512-BF16 dot
-// products, or pairs widened to fp32 on AVX-512F or AVX2; for fp32 ones AVX-512. Null: the
-// generic path (other shapes, or fp32 caches on an AVX2 CPU).
+// The per-token fold for this cache type and shape on path `isa`: for bf16 caches each pair
+// widened to fp32 (AVX-512F where the CPU has it, else AVX2; the avx512bf16 and amx paths fold
+// spans instead, attention_amx.h's select_span_fold); for fp32 ones AVX-512. Null: the generic
+// path (other shapes, or fp32 caches on an AVX2 CPU).
 template <class T>
 FoldFn<T> select_fold(int64_t hd, int64_t bs, CpuIsa isa) {
   constexpr bool is_bf16 = sizeof(T) == 2;
   if (!is_bf16 && !isa_at_least(isa, CpuIsa::kAvx512)) return nullptr;
-#define CORELLM_FOLD(HD, BS)                                                        \
-  if (hd == HD && bs == BS) {                                                       \
-    if constexpr (is_bf16) {                                                        \
-      if (isa_at_least(isa, CpuIsa::kAvx512Bf16)) return &avx512::fold_bf16<HD, BS>; \
-      if (isa == CpuIsa::kAvx512) return &widened_avx512::fold<HD, BS>;             \
-      return &widened_avx2::fold<HD, BS>;                                           \
-    } else {                                                                        \
-      return &avx512::fold_fp32<HD, BS>;                                            \
-    }                                                                               \
+#define CORELLM_FOLD(HD, BS)                                                               \
+  if (hd == HD && bs == BS) {                                                              \
+    if constexpr (is_bf16) {                                                               \
+      return isa_at_least(isa, CpuIsa::kAvx512) ? &widened_avx512::fold<HD, BS> : &widened_avx2::fold<HD, BS>; \
+    } else {                                                                               \
+      return &avx512::fold_fp32<HD, BS>;                                                   \
+    }                                                                                      \
   }
   CORELLM_FOLD(64, 16)
   CORELLM_FOLD(64, 32)

@@ -1,11 +1,13 @@
-// The prefill step of paged attention on bf16 caches: fold a span of KV blocks into the
-// online-softmax state of many query rows at once (the rows of several query tokens, all heads
-// sharing one KV head). Versus the per-token fold (attention_block.h), each K/V load serves up to
-// kTileRows rows, and the softmax bookkeeping (max, rescale, sum) happens once per span of up to
-// 128 keys instead of once per 16: prefill attention is compute-bound, and this is where its
-// time went. Same arithmetic as fold_rows_bf16: dpbf16 scores scaled in fp32, probabilities
-// rounded to bf16 for P.V. Compiled for AVX-512-BF16 (namespace attention::avx512), run only
-// where the process's path has it (paged_attention.cpp). Internal to paged_attention.cpp.
+// Paged attention on bf16 caches, the avx512bf16 path: fold a span of KV blocks into the
+// online-softmax state of many query rows at once (the rows of up to 16 query tokens, all heads
+// sharing one KV head; a decode's are the rows of its one token). Versus a per-token fold
+// (attention_block.h), each K/V load serves up to kTileRows rows, and the softmax bookkeeping
+// (max, rescale, sum) happens once per span of up to 128 keys instead of once per 16. The
+// path uses it for every token, so that a token's bits never depend on the tokens beside it.
+// dpbf16 scores scaled in fp32, probabilities rounded to bf16 for P.V. Compiled for
+// AVX-512-BF16 (namespace attention::avx512), run only where the process's path has it
+// (paged_attention.cpp; the amx path's tile version: attention_amx.h). Internal to
+// paged_attention.cpp.
 //
 // Per span [t0, t0 + keys):
 //   S[r, j] = scale * q_r . k_j                       (all rows, all keys of the span)

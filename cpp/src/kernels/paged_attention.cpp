@@ -14,8 +14,6 @@
 // its own token only, not on the item, chunk or batch it came in.
 #include "corellm/kernels/paged_attention.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -248,8 +246,12 @@ void run_item(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, float
   const int64_t q0 = a.query_start_loc[w.seq];
   const int64_t rows = (w.q_end - w.q_begin) * group;
   const T* q = static_cast<const T*>(a.q);
-  const attention::FoldFn<T> fold = attention::select_fold<T>(hd, bs, a.isa);  // null: generic
-  const bool bf16_path = is_bf16 && fold != nullptr;
+  // The path's span fold serves every item where it has one, decodes included: a token gets the
+  // same arithmetic in a prefill, in a chunk of any size, as a decode and when recomputed after
+  // a preemption. Elsewhere the per-token fold, or the generic one (null).
+  const attention::SpanFoldFn fold_span = is_bf16 ? attention::select_span_fold(hd, bs, a.isa) : nullptr;
+  const attention::FoldFn<T> fold = fold_span != nullptr ? nullptr : attention::select_fold<T>(hd, bs, a.isa);
+  const bool bf16_path = is_bf16 && (fold_span != nullptr || fold != nullptr);  // q kept as bf16 pairs
 
   const int64_t padded_rows = attention::tile_padded_rows(rows);
   sc.q.resize(static_cast<size_t>(rows * hd));
@@ -275,10 +277,6 @@ void run_item(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, float
     }
   }
 
-  // The path's span fold serves every item where it has one, decodes included: a token gets the
-  // same arithmetic in a prefill, in a chunk of any size, as a decode and when recomputed after
-  // a preemption (the per-token fold rounds otherwise).
-  const attention::SpanFoldFn fold_span = bf16_path ? attention::select_span_fold(hd, bs, a.isa) : nullptr;
   if (fold_span != nullptr) {
     run_spans(a, w, sc, fold_span);
   } else {
