@@ -29,26 +29,16 @@ inline int64_t tile_padded_rows(int64_t rows) { return (rows + kAmxTileRows - 1)
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")
+}  // namespace corellm::attention
+#include "amx_tile_config.h"
+namespace corellm::attention {
 namespace amx {
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
 inline void configure_tiles() {
-  TileConfig cfg{};
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
+  amx_tiles::TileConfig cfg = amx_tiles::uniform_config();
   cfg.colsb[5] = 32;  // P: 8 key pairs per row
   cfg.rows[7] = 8;    // V: 8 key pairs
-  _tile_loadconfig(&cfg);
+  amx_tiles::load_amx_config(cfg);
 }
 
 // Sums tile j (0-3) stored to p with a row stride of `stride` bytes. (Tile numbers are
@@ -166,26 +156,13 @@ void tile_values(const TileRows& rows, const Span& span, int64_t r0, int64_t r_b
 // tiles).
 template <int HD>
 void fold_span_bf16(const TileRows& rows, const Span& span, int64_t bs, float scale, const TileScratch& sc) {
-  int64_t r_begin = rows.num_rows, r_end = 0, key_lo = span.keys, key_hi = 0;
-  for (int64_t r = 0; r < rows.num_rows; ++r) {
-    const int64_t lo = std::max<int64_t>(rows.lo[r] - span.t0, 0);
-    const int64_t hi = std::min<int64_t>(rows.hi[r] - span.t0, span.keys);
-    if (hi <= lo) continue;
-    r_begin = std::min(r_begin, r);
-    r_end = r + 1;
-    key_lo = std::min(key_lo, lo);
-    key_hi = std::max(key_hi, hi);
-  }
+  const auto [r_begin, r_end, key_lo, key_hi] = span_reach(rows, span);
   if (r_end <= r_begin) return;
   configure_tiles();
   const int64_t tile_begin = r_begin / kAmxTileRows * kAmxTileRows;
   for (int64_t r0 = tile_begin; r0 < r_end; r0 += kAmxTileRows) tile_scores<HD>(rows, span, bs, r0, sc.s);
-  const int64_t vectors = span.keys / 16;
-  for (int64_t r = r_begin; r < r_end; ++r) {
-    if (vectors > 4) avx512::tile_softmax_row<8>(rows, span, r, scale, sc);
-    else if (vectors > 2) avx512::tile_softmax_row<4>(rows, span, r, scale, sc);
-    else if (vectors > 1) avx512::tile_softmax_row<2>(rows, span, r, scale, sc);
-    else avx512::tile_softmax_row<1>(rows, span, r, scale, sc);
+  avx512::tile_softmax_rows(rows, span, r_begin, r_end, scale, sc);
+  for (int64_t r = r_begin; r < r_end; ++r) {  // acc rescaled here, before the tile products
     const __m512 correction = _mm512_set1_ps(sc.correction[r]);
     float* acc = rows.acc + r * HD;
     for (int c = 0; c < HD / 16; ++c) _mm512_storeu_ps(acc + 16 * c, _mm512_mul_ps(_mm512_loadu_ps(acc + 16 * c), correction));

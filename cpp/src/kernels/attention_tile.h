@@ -56,6 +56,26 @@ struct TileScratch {
   float* correction;  // [num_rows]
 };
 
+// The rows of a span fold that see a key of the span, [r_begin, r_end), and the keys (relative
+// to the span) any of them sees, [key_lo, key_hi); r_end <= r_begin: none.
+struct SpanReach {
+  int64_t r_begin, r_end, key_lo, key_hi;
+};
+
+inline SpanReach span_reach(const TileRows& rows, const Span& span) {
+  SpanReach reach{rows.num_rows, 0, span.keys, 0};
+  for (int64_t r = 0; r < rows.num_rows; ++r) {
+    const int64_t lo = std::max<int64_t>(rows.lo[r] - span.t0, 0);
+    const int64_t hi = std::min<int64_t>(rows.hi[r] - span.t0, span.keys);
+    if (hi <= lo) continue;
+    reach.r_begin = std::min(reach.r_begin, r);
+    reach.r_end = r + 1;
+    reach.key_lo = std::min(reach.key_lo, lo);
+    reach.key_hi = std::max(reach.key_hi, hi);
+  }
+  return reach;
+}
+
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")
 namespace avx512 {
@@ -127,6 +147,18 @@ void tile_softmax_row(const TileRows& rows, const Span& span, int64_t r, float s
   sc.correction[r] = correction;
 }
 
+// tile_softmax_row for rows [r_begin, r_end), with as many registers as the span has vectors.
+inline void tile_softmax_rows(const TileRows& rows, const Span& span, int64_t r_begin, int64_t r_end, float scale,
+                              const TileScratch& sc) {
+  const int64_t vectors = span.keys / 16;
+  for (int64_t r = r_begin; r < r_end; ++r) {
+    if (vectors > 4) tile_softmax_row<8>(rows, span, r, scale, sc);
+    else if (vectors > 2) tile_softmax_row<4>(rows, span, r, scale, sc);
+    else if (vectors > 1) tile_softmax_row<2>(rows, span, r, scale, sc);
+    else tile_softmax_row<1>(rows, span, r, scale, sc);
+  }
+}
+
 // acc = acc * correction + P V for rows [r0, r0 + R), over the span's 16-key vectors that hold
 // key pairs [pair_begin, pair_end) (pairs outside have P = 0 for these rows and finite V).
 // V pairs holding a key never written (>= valid_end) are loaded as zero, so that a stale NaN
@@ -190,27 +222,12 @@ void for_row_blocks(int64_t begin, int64_t end, F&& f) {
 // Folds the span into every row that sees a key of it.
 template <int HD>
 void fold_span_bf16(const TileRows& rows, const Span& span, int64_t bs, float scale, const TileScratch& sc) {
-  int64_t r_begin = rows.num_rows, r_end = 0, key_lo = span.keys, key_hi = 0;
-  for (int64_t r = 0; r < rows.num_rows; ++r) {
-    const int64_t lo = std::max<int64_t>(rows.lo[r] - span.t0, 0);
-    const int64_t hi = std::min<int64_t>(rows.hi[r] - span.t0, span.keys);
-    if (hi <= lo) continue;
-    r_begin = std::min(r_begin, r);
-    r_end = r + 1;
-    key_lo = std::min(key_lo, lo);
-    key_hi = std::max(key_hi, hi);
-  }
+  const auto [r_begin, r_end, key_lo, key_hi] = span_reach(rows, span);
   if (r_end <= r_begin) return;
   for_row_blocks(r_begin, r_end, [&](auto rows_in_block, int64_t r0) {
     tile_scores<HD, decltype(rows_in_block)::value>(rows, span, bs, r0, sc.s);
   });
-  for (int64_t r = r_begin; r < r_end; ++r) {
-    const int64_t vectors = span.keys / 16;
-    if (vectors > 4) tile_softmax_row<8>(rows, span, r, scale, sc);
-    else if (vectors > 2) tile_softmax_row<4>(rows, span, r, scale, sc);
-    else if (vectors > 1) tile_softmax_row<2>(rows, span, r, scale, sc);
-    else tile_softmax_row<1>(rows, span, r, scale, sc);
-  }
+  tile_softmax_rows(rows, span, r_begin, r_end, scale, sc);
   const int64_t pair_begin = key_lo / 2, pair_end = (key_hi + 1) / 2;
   for_row_blocks(r_begin, r_end, [&](auto rows_in_block, int64_t r0) {
     tile_values<HD, decltype(rows_in_block)::value>(rows, span, r0, pair_begin, pair_end, sc);

@@ -22,6 +22,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")
 
+#include "amx_tile_config.h"
 #include "packed_gemm_store.h"
 
 namespace corellm {
@@ -37,23 +38,8 @@ constexpr int64_t kTileRows = 16;   // x rows (and rows of sums) per tile
 constexpr int64_t kTileK = 32;      // input columns per tile: kGemmPairGroup pairs
 constexpr int kPanelRowBytes = static_cast<int>(kGemmPanelCols * 2 * sizeof(uint16_t));  // one k pair
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id;
-  uint8_t start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-void configure_tiles() {
-  TileConfig cfg{};
-  cfg.palette_id = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = kTileRows;
-    cfg.colsb[t] = 64;  // 16 fp32 sums, or 16 bf16 pairs
-  }
-  _tile_loadconfig(&cfg);
-}
+// Every tile 16 rows (kTileRows) x 64 bytes: 16 fp32 sums, or 16 bf16 pairs.
+void configure_tiles() { amx_tiles::load_amx_config(amx_tiles::uniform_config()); }
 
 // x laid out as tiles: for each 16 rows, for each group of 32 input columns, the 16 x 32 block
 // as one contiguous kilobyte (zero past k and past the last row), each aligned to a cache line.
