@@ -97,4 +97,8 @@ PYBIND11_MODULE(_cuda, m) {
   m.def("sample", [](const corellm::SamplingBatch& batch, std::uintptr_t stream) {
     corellm::cuda::sample(batch, stream);
   }, py::arg("batch"), py::arg("stream"), release);
+  // Likewise corellm._core.kernels.RejectionBatch, then the stream.
+  m.def("rejection_sample", [](const corellm::RejectionBatch& batch, std::uintptr_t stream) {
+    corellm::cuda::rejection_sample(batch, stream);
+  }, py::arg("batch"), py::arg("stream"), release);
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "corellm/kernels/rejection_sampler.h"
 #include "corellm/kernels/sampler.h"
 
 namespace corellm::cuda {
@@ -75,5 +76,9 @@ int64_t paged_attention_workspace_size(int64_t num_seqs, int64_t num_heads, int6
 // ignored. num_logprobs is at most 1024 here. Scratch (the raw rows for logprobs, the marks for
 // penalties) comes from the stream-ordered allocator and is freed on the stream.
 void sample(const SamplingBatch& batch, std::uintptr_t stream);
+
+// The CPU rejection sampler's contract (cpp/include/corellm/kernels/rejection_sampler.h) with every
+// array in device memory; the arrays' values are the model runner's, not checked on the device.
+void rejection_sample(const RejectionBatch& batch, std::uintptr_t stream);
 
 }  // namespace corellm::cuda

@@ -26,14 +26,16 @@ void bind_batch_builder(py::module_& m) {
       .def("prepare_inputs", &BatchBuilder::prepare_inputs, py::call_guard<py::gil_scoped_release>())
       .def("record_sampled",
            [](BatchBuilder& b, const SchedulerOutput& output, const py::object& sampled) {
-             auto ids = to_int32_vector(sampled, "sampled_token_ids", -1);
+             TokenMatrix m = to_token_matrix(sampled, "sampled_token_ids");
              py::gil_scoped_release release;
-             b.record_sampled(output, ids.data(), ids.size());
-           })
+             b.record_sampled(output, m.values.data(), m.rows, m.width);
+           },
+           py::arg("scheduler_output"), py::arg("sampled_token_ids"))
       .def_property_readonly("num_tokens", &BatchBuilder::num_tokens)
       .def_property_readonly("num_reqs", &BatchBuilder::num_reqs)
       .def_property_readonly("max_query_len", &BatchBuilder::max_query_len)
       .def_property_readonly("max_seq_len", &BatchBuilder::max_seq_len)
+      .def_property_readonly("num_logits", &BatchBuilder::num_logits)
       .def_property_readonly("input_ids", [](py::object self) {
         auto& b = self.cast<BatchBuilder&>();
         return view(b.input_ids(), static_cast<size_t>(b.num_tokens()), self); })
@@ -51,7 +53,7 @@ void bind_batch_builder(py::module_& m) {
         return view(b.seq_lens(), static_cast<size_t>(b.num_reqs()), self); })
       .def_property_readonly("logits_indices", [](py::object self) {
         auto& b = self.cast<BatchBuilder&>();
-        return view(b.logits_indices(), static_cast<size_t>(b.num_reqs()), self); })
+        return view(b.logits_indices(), static_cast<size_t>(b.num_logits()), self); })
       .def_property_readonly("block_table", [](py::object self) {
         auto& b = self.cast<BatchBuilder&>();
         const auto width = static_cast<py::ssize_t>(b.max_num_blocks_per_req());

@@ -63,6 +63,26 @@ inline std::vector<int32_t> to_int32_vector(const py::handle& obj, const char* w
   return out;
 }
 
+// Per-request token ids, one row each, -1 after a row's last: a 2-D integer array [rows, width],
+// or a 1-D one (width 1: one token per request). Values must be in [-1, int32 max].
+struct TokenMatrix {
+  std::vector<int32_t> values;  // [rows * width]
+  size_t rows = 0;
+  size_t width = 1;
+};
+
+inline TokenMatrix to_token_matrix(const py::handle& obj, const char* what) {
+  py::array arr = py::array::ensure(obj);
+  CORELLM_CHECK_ARG(arr, what, " must be an array of integers");
+  CORELLM_CHECK_ARG(arr.ndim() == 1 || arr.ndim() == 2, what, " must be 1-D or 2-D, got ", arr.ndim(),
+                    " dimensions");
+  TokenMatrix m;
+  m.rows = static_cast<size_t>(arr.shape(0));
+  m.width = arr.ndim() == 2 ? static_cast<size_t>(arr.shape(1)) : 1;
+  m.values = to_int32_vector(arr.attr("reshape")(-1), what, -1);
+  return m;
+}
+
 // A NumPy view of `n` values owned by `owner` (kept alive by the view): no copy.
 template <class T>
 py::array_t<T> view(const T* data, size_t n, py::handle owner) {

@@ -12,6 +12,7 @@
 #include "corellm/kernels/elementwise.h"
 #include "corellm/kernels/packed_gemm.h"
 #include "corellm/kernels/paged_attention.h"
+#include "corellm/kernels/rejection_sampler.h"
 #include "corellm/kernels/sampler.h"
 #include "glue.h"
 
@@ -54,6 +55,17 @@ void bind_sampling_batch(py::module_& k) {
   def_address(b, "sampled_rank", &SamplingBatch::sampled_rank);
   def_address(b, "top_ids", &SamplingBatch::top_ids);
   def_address(b, "top_logprobs", &SamplingBatch::top_logprobs);
+}
+
+void bind_rejection_batch(py::module_& k) {
+  py::class_<RejectionBatch> b(k, "RejectionBatch", "The rejection sampler's arrays, by name (addresses; 0: null)");
+  b.def(py::init<>());
+  b.def_readwrite("num_reqs", &RejectionBatch::num_reqs);
+  b.def_readwrite("width", &RejectionBatch::width);
+  def_address(b, "num_draft_tokens", &RejectionBatch::num_draft_tokens);
+  def_address(b, "draft_token_ids", &RejectionBatch::draft_token_ids);
+  def_address(b, "target_token_ids", &RejectionBatch::target_token_ids);
+  def_address(b, "output_token_ids", &RejectionBatch::output_token_ids);
 }
 
 }  // namespace
@@ -122,6 +134,8 @@ void bind_kernels(py::module_& m) {
   bind_sampling_batch(k);
   k.def("sample", &sample, arg("batch"), py::call_guard<py::gil_scoped_release>());
   k.def("philox_uniform", &philox_uniform, arg("seed"), arg("counter"));
+  bind_rejection_batch(k);
+  k.def("rejection_sample", &rejection_sample, arg("batch"), py::call_guard<py::gil_scoped_release>());
   k.def("supported_cpu_isas", [] {
     std::vector<std::string> names;
     for (CpuIsa isa : supported_cpu_isas()) names.emplace_back(cpu_isa_name(isa));

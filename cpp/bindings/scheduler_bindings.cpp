@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "corellm/ngram_proposer.h"
 #include "corellm/scheduler.h"
 #include "corellm/scheduler_output.h"
 #include "corellm/scheduler_update.h"
@@ -50,16 +51,36 @@ py::dict request_info(const Request& r) {
   d["block_ids"] = r.block_ids;
   d["batch_row"] = r.batch_row;
   d["num_preemptions"] = r.num_preemptions;
+  d["draft_token_ids"] = r.draft_token_ids;
+  d["draft_limit"] = r.draft_backoff.limit;
+  d["draft_pause_steps"] = r.draft_backoff.pause_steps;
   return d;
 }
 
 }  // namespace
 
 void bind_scheduler(py::module_& m) {
+  m.def("propose_ngram_drafts",
+        [](const py::object& token_ids, int32_t prompt_lookup_min, int32_t prompt_lookup_max, int32_t max_drafts) {
+          auto tokens = to_int32_vector(token_ids, "token_ids", 0);
+          NgramParams params{prompt_lookup_min, prompt_lookup_max};
+          params.validate();
+          CORELLM_CHECK_ARG(max_drafts >= 0, "max_drafts must be >= 0, got ", max_drafts);
+          std::vector<int32_t> drafts(static_cast<size_t>(max_drafts)), z;
+          const int32_t n = propose_ngram_drafts(tokens.data(), static_cast<int32_t>(tokens.size()), params,
+                                                 max_drafts, drafts.data(), z);
+          drafts.resize(static_cast<size_t>(n));
+          return drafts;
+        },
+        py::arg("token_ids"), py::kw_only(), py::arg("prompt_lookup_min"), py::arg("prompt_lookup_max"),
+        py::arg("max_drafts"),
+        "The n-gram proposer's drafts for one token sequence (the scheduler's own, exposed for tests).");
+
   py::class_<SchedulerConfig>(m, "SchedulerConfig")
       .def(py::init([](int32_t max_num_seqs, int32_t max_num_batched_tokens, int32_t max_model_len,
                        int32_t block_size, int32_t num_blocks, int32_t long_prefill_token_threshold,
-                       bool enable_prefix_caching, bool enable_chunked_prefill, SchedulingPolicy scheduling_policy) {
+                       bool enable_prefix_caching, bool enable_chunked_prefill, SchedulingPolicy scheduling_policy,
+                       int32_t num_speculative_tokens, int32_t prompt_lookup_min, int32_t prompt_lookup_max) {
              SchedulerConfig c;
              c.max_num_seqs = max_num_seqs;
              c.max_num_batched_tokens = max_num_batched_tokens;
@@ -70,13 +91,17 @@ void bind_scheduler(py::module_& m) {
              c.enable_prefix_caching = enable_prefix_caching;
              c.enable_chunked_prefill = enable_chunked_prefill;
              c.scheduling_policy = scheduling_policy;
+             c.num_speculative_tokens = num_speculative_tokens;
+             c.prompt_lookup_min = prompt_lookup_min;
+             c.prompt_lookup_max = prompt_lookup_max;
              c.validate();
              return c;
            }),
            py::kw_only(), py::arg("max_num_seqs") = 256, py::arg("max_num_batched_tokens") = 2048,
            py::arg("max_model_len") = 2048, py::arg("block_size") = 16, py::arg("num_blocks"),
            py::arg("long_prefill_token_threshold") = 0, py::arg("enable_prefix_caching") = true,
-           py::arg("enable_chunked_prefill") = true, py::arg("scheduling_policy") = SchedulingPolicy::FCFS)
+           py::arg("enable_chunked_prefill") = true, py::arg("scheduling_policy") = SchedulingPolicy::FCFS,
+           py::arg("num_speculative_tokens") = 0, py::arg("prompt_lookup_min") = 0, py::arg("prompt_lookup_max") = 0)
       .def_readonly("max_num_seqs", &SchedulerConfig::max_num_seqs)
       .def_readonly("max_num_batched_tokens", &SchedulerConfig::max_num_batched_tokens)
       .def_readonly("max_model_len", &SchedulerConfig::max_model_len)
@@ -85,7 +110,10 @@ void bind_scheduler(py::module_& m) {
       .def_readonly("long_prefill_token_threshold", &SchedulerConfig::long_prefill_token_threshold)
       .def_readonly("enable_prefix_caching", &SchedulerConfig::enable_prefix_caching)
       .def_readonly("enable_chunked_prefill", &SchedulerConfig::enable_chunked_prefill)
-      .def_readonly("scheduling_policy", &SchedulerConfig::scheduling_policy);
+      .def_readonly("scheduling_policy", &SchedulerConfig::scheduling_policy)
+      .def_readonly("num_speculative_tokens", &SchedulerConfig::num_speculative_tokens)
+      .def_readonly("prompt_lookup_min", &SchedulerConfig::prompt_lookup_min)
+      .def_readonly("prompt_lookup_max", &SchedulerConfig::prompt_lookup_max);
 
   py::class_<NewRequestData>(m, "NewRequestData")
       .def_readonly("req_id", &NewRequestData::req_id)
@@ -122,6 +150,12 @@ void bind_scheduler(py::module_& m) {
       .def_property_readonly("uses_grammar", [](py::object self) {
         auto& o = self.cast<const SchedulerOutput&>();
         return view(o.uses_grammar.data(), o.uses_grammar.size(), self).attr("view")("bool"); })
+      .def_property_readonly("num_draft_tokens", [](py::object self) {
+        auto& o = self.cast<const SchedulerOutput&>();
+        return view(o.num_draft_tokens.data(), o.num_draft_tokens.size(), self); })
+      .def_property_readonly("draft_token_ids", [](py::object self) {
+        auto& o = self.cast<const SchedulerOutput&>();
+        return view(o.draft_token_ids.data(), o.draft_token_ids.size(), self); })
       .def_readonly("total_num_scheduled_tokens", &SchedulerOutput::total_num_scheduled_tokens)
       .def_readonly("finished_req_ids", &SchedulerOutput::finished_req_ids)
       .def_readonly("preempted_req_ids", &SchedulerOutput::preempted_req_ids)
@@ -138,9 +172,20 @@ void bind_scheduler(py::module_& m) {
       .def_readonly("num_preemptions", &SchedulerStats::num_preemptions)
       .def_readonly("num_free_blocks", &SchedulerStats::num_free_blocks);
 
+  py::class_<SpecDecodingStats>(m, "SpecDecodingStats")
+      .def(py::init<>())
+      .def_readonly("num_drafts", &SpecDecodingStats::num_drafts)
+      .def_readonly("num_draft_tokens", &SpecDecodingStats::num_draft_tokens)
+      .def_readonly("num_accepted_tokens", &SpecDecodingStats::num_accepted_tokens)
+      .def_readonly("num_draft_tokens_per_pos", &SpecDecodingStats::num_draft_tokens_per_pos)
+      .def_readonly("num_accepted_tokens_per_pos", &SpecDecodingStats::num_accepted_tokens_per_pos);
+
   py::class_<SchedulerUpdate>(m, "SchedulerUpdate")
       .def_readonly("step_id", &SchedulerUpdate::step_id)
       .def_property_readonly("req_ids", [](const SchedulerUpdate& o) { return id_list(o.req_ids); })
+      .def_property_readonly("num_new_tokens", [](py::object self) {
+        auto& o = self.cast<const SchedulerUpdate&>();
+        return view(o.num_new_tokens.data(), o.num_new_tokens.size(), self); })
       .def_property_readonly("new_token_ids", [](py::object self) {
         auto& o = self.cast<const SchedulerUpdate&>();
         return view(o.new_token_ids.data(), o.new_token_ids.size(), self); })
@@ -154,6 +199,7 @@ void bind_scheduler(py::module_& m) {
         auto& o = self.cast<const SchedulerUpdate&>();
         return view(o.num_cached_tokens.data(), o.num_cached_tokens.size(), self); })
       .def_readonly("scheduler_stats", &SchedulerUpdate::scheduler_stats)
+      .def_readonly("spec_decoding_stats", &SchedulerUpdate::spec_decoding_stats)
       .def("__len__", &SchedulerUpdate::size);
 
   py::class_<Scheduler>(m, "Scheduler")
@@ -190,11 +236,17 @@ void bind_scheduler(py::module_& m) {
       .def("schedule", &Scheduler::schedule, py::call_guard<py::gil_scoped_release>())
       .def("update_from_output",
            [](Scheduler& s, const SchedulerOutput& output, const py::object& sampled) {
-             auto ids = to_int32_vector(sampled, "sampled_token_ids", -1);
+             TokenMatrix m = to_token_matrix(sampled, "sampled_token_ids");
              py::gil_scoped_release release;
-             return s.update_from_output(output, ids.data(), ids.size());
+             return s.update_from_output(output, m.values.data(), m.rows, m.width);
            },
            py::arg("scheduler_output"), py::arg("sampled_token_ids"))
+      .def("set_draft_token_ids",
+           [](Scheduler& s, const std::string& request_id, const py::object& draft_token_ids) {
+             auto ids = to_int32_vector(draft_token_ids, "draft_token_ids", 0);
+             s.set_draft_token_ids(request_id, ids.data(), ids.size());
+           },
+           py::arg("request_id"), py::arg("draft_token_ids"))
       .def("finish_requests", &Scheduler::finish_requests, py::arg("request_ids"), py::arg("status"),
            py::call_guard<py::gil_scoped_release>())
       .def("has_unfinished_requests", &Scheduler::has_unfinished_requests)

@@ -34,7 +34,8 @@ BatchBuilder::BatchBuilder(const BatchBuilderConfig& config)
       query_start_loc_(static_cast<size_t>(config.max_num_reqs) + 1, 0),
       seq_lens_(static_cast<size_t>(config.max_num_reqs), 0),
       block_table_(static_cast<size_t>(config.max_num_reqs) * max_blocks_per_req_, 0),
-      logits_indices_(static_cast<size_t>(config.max_num_reqs), 0) {}
+      logits_indices_(static_cast<size_t>(config.max_num_reqs) + static_cast<size_t>(config.max_num_batched_tokens),
+                      0) {}
 
 void BatchBuilder::check_row(int32_t row) const {
   CORELLM_CHECK_ARG(row >= 0 && row < config_.max_num_reqs, "batch row ", row,
@@ -76,8 +77,12 @@ void BatchBuilder::prepare_inputs(const SchedulerOutput& output) {
   CORELLM_CHECK_ARG(output.total_num_scheduled_tokens <= config_.max_num_batched_tokens,
                     output.total_num_scheduled_tokens, " scheduled tokens over max_num_batched_tokens ",
                     config_.max_num_batched_tokens);
+  CORELLM_CHECK_ARG(output.num_draft_tokens.size() == n, "num_draft_tokens has ", output.num_draft_tokens.size(),
+                    " entries for ", n, " requests");
   const int32_t bs = config_.block_size;
   int32_t offset = 0;
+  size_t draft_offset = 0;
+  num_logits_ = 0;
   max_query_len_ = 0;
   max_seq_len_ = 0;
   query_start_loc_[0] = 0;
@@ -87,9 +92,18 @@ void BatchBuilder::prepare_inputs(const SchedulerOutput& output) {
     const int32_t start = output.num_computed_tokens[i];
     const int32_t len = output.num_scheduled_tokens[i];
     const int32_t end = start + len;
-    CORELLM_CHECK_ARG(len > 0 && start >= 0 && end <= row_num_tokens_[static_cast<size_t>(row)],
-                      "request '", *output.req_ids[i], "': tokens [", start, ", ", end,
-                      ") scheduled but its row knows ", row_num_tokens_[static_cast<size_t>(row)]);
+    const int32_t known = row_num_tokens_[static_cast<size_t>(row)];
+    const int32_t num_drafts = output.num_draft_tokens[i];
+    CORELLM_CHECK_ARG(num_drafts >= 0 && num_drafts < len && known + num_drafts <= config_.max_model_len &&
+                          draft_offset + static_cast<size_t>(num_drafts) <= output.draft_token_ids.size(),
+                      "request '", *output.req_ids[i], "': ", num_drafts, " draft tokens for ", len,
+                      " scheduled tokens");
+    std::copy_n(output.draft_token_ids.begin() + static_cast<std::ptrdiff_t>(draft_offset), num_drafts,
+                row_tokens(row) + known);
+    draft_offset += static_cast<size_t>(num_drafts);
+    CORELLM_CHECK_ARG(len > 0 && start >= 0 && end <= known + num_drafts, "request '", *output.req_ids[i],
+                      "': tokens [", start, ", ", end, ") scheduled but its row knows ", known, " and ",
+                      num_drafts, " drafts");
     const int32_t num_blocks = row_num_blocks_[static_cast<size_t>(row)];
     CORELLM_CHECK_ARG((end + bs - 1) / bs <= num_blocks, "request '", *output.req_ids[i],
                       "': ", end, " tokens need more than its ", num_blocks, " blocks");
@@ -108,7 +122,7 @@ void BatchBuilder::prepare_inputs(const SchedulerOutput& output) {
     offset += len;
     query_start_loc_[i + 1] = offset;
     seq_lens_[i] = end;
-    logits_indices_[i] = offset - 1;
+    for (int32_t j = num_drafts; j >= 0; --j) logits_indices_[static_cast<size_t>(num_logits_++)] = offset - 1 - j;
     max_query_len_ = std::max(max_query_len_, len);
     max_seq_len_ = std::max(max_seq_len_, end);
   }
@@ -118,17 +132,20 @@ void BatchBuilder::prepare_inputs(const SchedulerOutput& output) {
                 " tokens, the scheduler planned ", output.total_num_scheduled_tokens);
 }
 
-void BatchBuilder::record_sampled(const SchedulerOutput& output, const int32_t* sampled_token_ids,
-                                  size_t num_sampled) {
-  CORELLM_CHECK_ARG(num_sampled == output.req_ids.size(), "got ", num_sampled,
-                    " sampled tokens for ", output.req_ids.size(), " scheduled requests");
-  for (size_t i = 0; i < num_sampled; ++i) {
+void BatchBuilder::record_sampled(const SchedulerOutput& output, const int32_t* sampled_token_ids, size_t num_reqs,
+                                  size_t width) {
+  CORELLM_CHECK_ARG(num_reqs == output.req_ids.size(), "got sampled tokens for ", num_reqs, " requests, ",
+                    output.req_ids.size(), " were scheduled");
+  for (size_t i = 0; i < num_reqs; ++i) {
     if (!output.samples_token[i]) continue;
     const int32_t row = output.batch_rows[i];
     check_row(row);
     int32_t& num_tokens = row_num_tokens_[static_cast<size_t>(row)];
-    // A request at max_model_len finishes with this token; it is never an input again.
-    if (num_tokens < config_.max_model_len) row_tokens(row)[num_tokens++] = sampled_token_ids[i];
+    const int32_t* tokens = sampled_token_ids + i * width;
+    // A request at max_model_len finishes with its last token; that one is never an input again.
+    for (size_t j = 0; j < width && tokens[j] >= 0 && num_tokens < config_.max_model_len; ++j) {
+      row_tokens(row)[num_tokens++] = tokens[j];
+    }
   }
 }
 

@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "corellm/check.h"
+#include "corellm/ngram_proposer.h"
 
 namespace corellm {
 
@@ -21,6 +22,12 @@ void SchedulerConfig::validate() const {
   CORELLM_CHECK_ARG(max_model_len <= capacity, "max_model_len (", max_model_len,
                     ") exceeds the KV cache capacity of ", capacity, " tokens (", num_blocks,
                     " blocks x ", block_size, "): one request could never fit");
+  CORELLM_CHECK_ARG(num_speculative_tokens >= 0, "num_speculative_tokens must be >= 0, got ",
+                    num_speculative_tokens);
+  if (prompt_lookup_max > 0) {
+    CORELLM_CHECK_ARG(num_speculative_tokens > 0, "prompt_lookup_max needs num_speculative_tokens > 0");
+    NgramParams{prompt_lookup_min, prompt_lookup_max}.validate();
+  }
   CORELLM_CHECK_ARG(enable_chunked_prefill || max_num_batched_tokens >= max_model_len,
                     "without chunked prefill max_num_batched_tokens (", max_num_batched_tokens,
                     ") must be >= max_model_len (", max_model_len, ")");
@@ -74,6 +81,7 @@ void Scheduler::add_request(EngineCoreRequest new_request) {
   request->cache_salt = std::move(new_request.cache_salt);
   request->use_structured_output = new_request.use_structured_output;
   request->payload = std::move(new_request.payload);
+  request->draft_backoff.limit = config_.num_speculative_tokens;
   request->token_ids.reserve(static_cast<size_t>(
       std::min<int64_t>(config_.max_model_len, num_prompt + request->max_tokens)));
   Request* raw = request.get();
@@ -90,8 +98,10 @@ void Scheduler::add_request(EngineCoreRequest new_request) {
 // budget is short); a running request "decodes" by computing its one newest token. Each step:
 //
 //   token_budget = max_num_batched_tokens
-//   1. RUNNING requests, in order: want = num_tokens - num_computed_tokens, capped by
-//      long_prefill_token_threshold and the budget. Allocate KV slots for them; when the pool
+//   1. RUNNING requests, in order: want = num_tokens - num_computed_tokens, plus the request's
+//      draft tokens when it is decoding (speculative decoding: want = 1 + drafts, the drafts'
+//      KV in lookahead slots; at most its back-off limit, and no more than its max_tokens can
+//      still use), capped by long_prefill_token_threshold and the budget (drafts go first). Allocate KV slots for them; when the pool
 //      is short, preempt the lowest-priority running request (FCFS: the most recently
 //      started; PRIORITY: the largest (priority, arrival)): free its blocks, reset its progress
 //      to 0 and put it at the front of WAITING, then retry. If the victim is the request
@@ -104,10 +114,13 @@ void Scheduler::add_request(EngineCoreRequest new_request) {
 //   3. Advance num_computed_tokens by what was scheduled, so that the next schedule() sees the
 //      step as done, and record which requests reach their last token (they sample).
 //
-// update_from_output() then registers the full blocks the step computed in the prefix cache (only
-// now, once their KV is written: a failed step leaves nothing findable), appends each sampling
-// request's token and checks its stop conditions; finished requests release their blocks and
-// batch rows.
+// update_from_output() then rolls num_computed_tokens back past the drafts the step rejected,
+// appends each sampling request's tokens (accepted drafts, then the one sampled after them),
+// checking the stop conditions after each, and registers the full blocks of accepted tokens in
+// the prefix cache (only now, once their KV is written: a failed step leaves nothing findable,
+// and a block holding a rejected draft's KV is never registered: its slots are rewritten when
+// the request computes them again). Finished requests release their blocks and batch rows; the
+// others get their next drafts (n-gram proposer).
 // ---------------------------------------------------------------------------------------------
 
 std::shared_ptr<SchedulerOutput> Scheduler::schedule() {
@@ -133,9 +146,9 @@ std::shared_ptr<SchedulerOutput> Scheduler::schedule() {
   for (size_t i = 0; i < n; ++i) {
     Request* request = pending_requests_[i];
     request->num_computed_tokens += out->num_scheduled_tokens[i];
-    CORELLM_DCHECK(request->num_computed_tokens <= request->num_tokens(), "over-scheduled ",
-                   *request->request_id);
-    out->samples_token[i] = request->num_computed_tokens == request->num_tokens() ? 1 : 0;
+    const int32_t end = request->num_tokens() + out->num_draft_tokens[i];
+    CORELLM_DCHECK(request->num_computed_tokens <= end, "over-scheduled ", *request->request_id);
+    out->samples_token[i] = request->num_computed_tokens == end ? 1 : 0;
     out->uses_grammar[i] = out->samples_token[i] && request->use_structured_output ? 1 : 0;
   }
   CORELLM_CHECK(out->total_num_scheduled_tokens <= config_.max_num_batched_tokens,
@@ -158,10 +171,24 @@ int32_t Scheduler::cap_new_tokens(const Request& request, int32_t num_new_tokens
   return std::min(num_new_tokens, config_.max_model_len - 1 - request.num_computed_tokens);
 }
 
+int32_t Scheduler::num_drafts_to_schedule(const Request& request) const {
+  if (request.draft_token_ids.empty() || request.draft_backoff.pause_steps > 0 ||
+      request.num_tokens() - request.num_computed_tokens != 1) {
+    return 0;
+  }
+  // The step emits drafts + 1 tokens at most: drafts past what max_tokens allows are wasted.
+  const int32_t usable = request.max_tokens - request.num_output_tokens() - 1;
+  return std::max(0, std::min({static_cast<int32_t>(request.draft_token_ids.size()),
+                               request.draft_backoff.limit, usable}));
+}
+
 static void append_scheduled(SchedulerOutput& out, std::vector<Request*>& pending,
-                             Request* request, int32_t num_tokens) {
+                             Request* request, int32_t num_tokens, int32_t num_drafts = 0) {
   out.req_ids.push_back(request->request_id);
   out.num_scheduled_tokens.push_back(num_tokens);
+  out.num_draft_tokens.push_back(num_drafts);
+  out.draft_token_ids.insert(out.draft_token_ids.end(), request->draft_token_ids.begin(),
+                             request->draft_token_ids.begin() + num_drafts);
   out.num_computed_tokens.push_back(request->num_computed_tokens);
   out.batch_rows.push_back(request->batch_row);
   out.total_num_scheduled_tokens += num_tokens;
@@ -174,8 +201,10 @@ void Scheduler::schedule_running(SchedulerOutput& out, int32_t& token_budget, bo
   size_t index = 0;
   while (index < running_.size() && token_budget > 0) {
     Request* request = running_[index];
+    const int32_t num_uncomputed = request->num_tokens() - request->num_computed_tokens;
     const int32_t num_new_tokens =
-        cap_new_tokens(*request, request->num_tokens() - request->num_computed_tokens, token_budget);
+        cap_new_tokens(*request, num_uncomputed + num_drafts_to_schedule(*request), token_budget);
+    const int32_t num_drafts = std::max(0, num_new_tokens - num_uncomputed);
     if (num_new_tokens <= 0) {
       ++index;
       continue;
@@ -196,6 +225,11 @@ void Scheduler::schedule_running(SchedulerOutput& out, int32_t& token_budget, bo
         const auto p = static_cast<size_t>(pos);
         token_budget += out.num_scheduled_tokens[p];
         out.total_num_scheduled_tokens -= out.num_scheduled_tokens[p];
+        int32_t drafts_before = 0;
+        for (size_t j = 0; j < p; ++j) drafts_before += out.num_draft_tokens[j];
+        const auto first_draft = out.draft_token_ids.begin() + drafts_before;
+        out.draft_token_ids.erase(first_draft, first_draft + out.num_draft_tokens[p]);
+        out.num_draft_tokens.erase(out.num_draft_tokens.begin() + pos);
         out.req_ids.erase(out.req_ids.begin() + pos);
         out.num_scheduled_tokens.erase(out.num_scheduled_tokens.begin() + pos);
         out.num_computed_tokens.erase(out.num_computed_tokens.begin() + pos);
@@ -217,7 +251,7 @@ void Scheduler::schedule_running(SchedulerOutput& out, int32_t& token_budget, bo
     // The request was its own victim (PRIORITY: the lowest priority running): it left running_,
     // so running_[index] is already the next one, whose blocks may still suffice.
     if (!scheduled) continue;
-    append_scheduled(out, pending_requests_, request, num_new_tokens);
+    append_scheduled(out, pending_requests_, request, num_new_tokens, num_drafts);
     auto& cached = out.scheduled_cached_reqs;
     cached.req_ids.push_back(request->request_id);
     cached.new_block_ids.emplace_back(new_blocks.begin(), new_blocks.end());
@@ -277,6 +311,7 @@ void Scheduler::preempt(Request* request, SchedulerOutput& out) {
   running_.erase(std::find(running_.begin(), running_.end(), request));
   request->status = RequestStatus::PREEMPTED;
   request->num_computed_tokens = 0;
+  request->draft_token_ids.clear();  // proposed for KV it no longer has
   request->num_preemptions += 1;
   ++num_preemptions_;
   waiting_.add_preempted(request);
@@ -322,11 +357,11 @@ bool Scheduler::check_stop(Request& request) const {
   return false;
 }
 
-SchedulerUpdate Scheduler::update_from_output(const SchedulerOutput& output,
-                                                const int32_t* sampled_token_ids,
-                                                size_t num_sampled) {
-  CORELLM_CHECK_ARG(num_sampled == output.req_ids.size(), "got ", num_sampled,
-                    " sampled tokens for ", output.req_ids.size(), " scheduled requests");
+SchedulerUpdate Scheduler::update_from_output(const SchedulerOutput& output, const int32_t* sampled_token_ids,
+                                              size_t num_reqs, size_t width) {
+  CORELLM_CHECK_ARG(num_reqs == output.req_ids.size(), "got sampled tokens for ", num_reqs, " requests, ",
+                    output.req_ids.size(), " were scheduled");
+  CORELLM_CHECK_ARG(width >= 1 || num_reqs == 0, "sampled_token_ids needs at least one column");
   SchedulerUpdate result;
   result.step_id = output.step_id;
   if (output.req_ids.empty() && pending_step_id_ == 0) {  // an empty plan is a step with nothing to apply
@@ -337,26 +372,29 @@ SchedulerUpdate Scheduler::update_from_output(const SchedulerOutput& output,
                     "update_from_output() for step ", output.step_id,
                     " but the step awaiting its results is ", pending_step_id_);
   result.reserve(pending_requests_.size());
+  SpecDecodingStats& spec = result.spec_decoding_stats;
+  if (config_.num_speculative_tokens > 0) {
+    spec.num_draft_tokens_per_pos.assign(static_cast<size_t>(config_.num_speculative_tokens), 0);
+    spec.num_accepted_tokens_per_pos.assign(static_cast<size_t>(config_.num_speculative_tokens), 0);
+  }
   bool any_finished = false;
   for (size_t i = 0; i < pending_requests_.size(); ++i) {
     Request* request = pending_requests_[i];
     if (is_finished(request->status)) continue;  // aborted or failed since schedule(): nothing cached
-    // The step's KV is written: its full blocks become findable by later prefix lookups.
-    kv_.cache_full_blocks(*request, request->num_computed_tokens);
-    if (!output.samples_token[i]) continue;
-    CORELLM_CHECK(request->status == RequestStatus::RUNNING, "request ", *request->request_id,
-                  " is ", to_string(request->status), " at update_from_output");
-    const int32_t token = sampled_token_ids[i];
-    CORELLM_CHECK_ARG(token >= 0, "request '", *request->request_id,
-                      "': invalid sampled token id ", token);
-    request->token_ids.push_back(token);
-    const bool stopped = check_stop(*request);
-    result.req_ids.push_back(request->request_id);
-    result.new_token_ids.push_back(token);
-    result.finish_reasons.push_back(static_cast<uint8_t>(finish_reason_of(request->status)));
-    result.stop_reasons.push_back(request->stop_reason);
-    result.num_cached_tokens.push_back(std::max(request->num_cached_tokens, 0));
-    if (stopped) {
+    if (!output.samples_token[i]) {  // a prompt chunk: its KV is written, its full blocks findable
+      kv_.cache_full_blocks(*request, request->num_computed_tokens);
+      continue;
+    }
+    CORELLM_CHECK(request->status == RequestStatus::RUNNING, "request ", *request->request_id, " is ",
+                  to_string(request->status), " at update_from_output");
+    const int32_t* row = sampled_token_ids + i * width;
+    int32_t num_tokens = 0;
+    while (static_cast<size_t>(num_tokens) < width && row[num_tokens] >= 0) ++num_tokens;
+    CORELLM_CHECK_ARG(num_tokens >= 1, "request '", *request->request_id, "': invalid sampled token id ", row[0]);
+    const int32_t num_drafts = output.num_draft_tokens[i];
+    CORELLM_CHECK_ARG(num_tokens <= num_drafts + 1, "request '", *request->request_id, "': ", num_tokens,
+                      " tokens for a step that verified ", num_drafts, " drafts");
+    if (apply_sampled(*request, num_drafts, row, num_tokens, result)) {
       retire(request, request->status);
       any_finished = true;
     }
@@ -370,6 +408,75 @@ SchedulerUpdate Scheduler::update_from_output(const SchedulerOutput& output,
   pending_requests_.clear();
   result.scheduler_stats = stats();
   return result;
+}
+
+bool Scheduler::apply_sampled(Request& request, int32_t num_drafts, const int32_t* tokens, int32_t num_tokens,
+                              SchedulerUpdate& result) {
+  // Tokens [0, num_tokens - 1) are accepted drafts (their KV was written by this step); the last
+  // one was sampled after them. The rejected drafts' KV is left behind: roll back past it.
+  const int32_t num_accepted = num_tokens - 1;
+  request.num_computed_tokens -= num_drafts - num_accepted;
+  request.draft_token_ids.clear();
+  if (num_drafts > 0) {
+    SpecDecodingStats& spec = result.spec_decoding_stats;
+    spec.num_drafts += 1;
+    spec.num_draft_tokens += num_drafts;
+    spec.num_accepted_tokens += num_accepted;
+    for (int32_t j = 0; j < num_drafts; ++j) spec.num_draft_tokens_per_pos[static_cast<size_t>(j)] += 1;
+    for (int32_t j = 0; j < num_accepted; ++j) spec.num_accepted_tokens_per_pos[static_cast<size_t>(j)] += 1;
+    DraftBackoff& b = request.draft_backoff;
+    if (num_accepted == 0) {
+      b.limit = 1;
+      b.misses += 1;
+      if (b.misses >= 2) b.pause_steps = std::min(1 << std::min(b.misses - 1, 5), 32);
+    } else {
+      b.limit = num_accepted == num_drafts ? std::min(config_.num_speculative_tokens, 2 * b.limit) : num_accepted + 1;
+      b.misses = 0;
+    }
+  } else if (request.draft_backoff.pause_steps > 0) {
+    request.draft_backoff.pause_steps -= 1;
+  }
+  bool stopped = false;
+  int32_t num_appended = 0;
+  while (num_appended < num_tokens && !stopped) {
+    request.token_ids.push_back(tokens[num_appended++]);
+    stopped = check_stop(request);  // a stop drops the tokens after it
+  }
+  // The step's KV is written for the accepted tokens: their full blocks become findable.
+  kv_.cache_full_blocks(request, std::min(request.num_computed_tokens, request.num_tokens()));
+  result.req_ids.push_back(request.request_id);
+  result.num_new_tokens.push_back(num_appended);
+  result.new_token_ids.insert(result.new_token_ids.end(), tokens, tokens + num_appended);
+  result.finish_reasons.push_back(static_cast<uint8_t>(finish_reason_of(request.status)));
+  result.stop_reasons.push_back(request.stop_reason);
+  result.num_cached_tokens.push_back(std::max(request.num_cached_tokens, 0));
+  if (!stopped) propose_drafts(request);
+  return stopped;
+}
+
+void Scheduler::propose_drafts(Request& request) {
+  if (config_.prompt_lookup_max <= 0 || request.use_structured_output || request.draft_backoff.pause_steps > 0) {
+    return;
+  }
+  const NgramParams params{config_.prompt_lookup_min, config_.prompt_lookup_max};
+  request.draft_token_ids.resize(static_cast<size_t>(config_.num_speculative_tokens));
+  const int32_t n = propose_ngram_drafts(request.token_ids.data(), request.num_tokens(), params,
+                                         config_.num_speculative_tokens, request.draft_token_ids.data(),
+                                         ngram_scratch_);
+  request.draft_token_ids.resize(static_cast<size_t>(n));
+}
+
+void Scheduler::set_draft_token_ids(const std::string& request_id, const int32_t* draft_token_ids, size_t n) {
+  auto it = requests_.find(request_id);
+  if (config_.num_speculative_tokens <= 0 || it == requests_.end()) return;
+  Request& request = *it->second;
+  if (request.status != RequestStatus::RUNNING || request.use_structured_output) return;
+  for (size_t j = 0; j < n; ++j) {
+    CORELLM_CHECK_ARG(draft_token_ids[j] >= 0, "request '", request_id, "': negative draft token id ",
+                      draft_token_ids[j]);
+  }
+  const size_t kept = std::min(n, static_cast<size_t>(config_.num_speculative_tokens));
+  request.draft_token_ids.assign(draft_token_ids, draft_token_ids + kept);
 }
 
 void Scheduler::retire(Request* request, RequestStatus status) {
@@ -436,8 +543,8 @@ void Scheduler::check_integrity() const {
     CORELLM_CHECK(r->batch_row >= 0 && r->batch_row < config_.max_num_seqs, "request ",
                   *r->request_id, " has batch row ", r->batch_row);
     CORELLM_CHECK(rows.insert(r->batch_row).second, "batch row ", r->batch_row, " used twice");
-    CORELLM_CHECK(r->num_computed_tokens <= r->num_tokens(), "request ", *r->request_id,
-                  " computed past its tokens");
+    CORELLM_CHECK(r->num_computed_tokens <= r->num_tokens() + static_cast<int32_t>(r->draft_token_ids.size()),
+                  "request ", *r->request_id, " computed past its tokens and drafts");
     owners.push_back(r);
   }
   for (const Request* r : waiting_.requests()) {

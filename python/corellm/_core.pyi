@@ -69,6 +69,9 @@ class SchedulerConfig:
         enable_prefix_caching: bool = True,
         enable_chunked_prefill: bool = True,
         scheduling_policy: SchedulingPolicy = ...,
+        num_speculative_tokens: int = 0,
+        prompt_lookup_min: int = 0,
+        prompt_lookup_max: int = 0,
     ) -> None: ...
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -79,6 +82,9 @@ class SchedulerConfig:
     enable_prefix_caching: bool
     enable_chunked_prefill: bool
     scheduling_policy: SchedulingPolicy
+    num_speculative_tokens: int  # draft tokens verified per request per step at most (0: off)
+    prompt_lookup_min: int  # the n-gram proposer's (prompt_lookup_max 0: drafts from set_draft_token_ids)
+    prompt_lookup_max: int
 
 class NewRequestData:
     req_id: str
@@ -105,6 +111,8 @@ class SchedulerOutput:
     batch_rows: npt.NDArray[np.int32]
     samples_token: npt.NDArray[np.bool_]
     uses_grammar: npt.NDArray[np.bool_]  # samples this step under a grammar (structured output)
+    num_draft_tokens: npt.NDArray[np.int32]  # per request: drafts verified this step
+    draft_token_ids: npt.NDArray[np.int32]  # the drafts, flat in batch order
     total_num_scheduled_tokens: int
     finished_req_ids: list[str]
     preempted_req_ids: list[str]
@@ -121,15 +129,29 @@ class SchedulerStats:
     num_preemptions: int
     num_free_blocks: int
 
+class SpecDecodingStats:
+    def __init__(self) -> None: ...
+    num_drafts: int  # requests that verified drafts this step
+    num_draft_tokens: int
+    num_accepted_tokens: int
+    num_draft_tokens_per_pos: list[int]
+    num_accepted_tokens_per_pos: list[int]
+
 class SchedulerUpdate:
     step_id: int
     req_ids: list[str]
-    new_token_ids: npt.NDArray[np.int32]
+    num_new_tokens: npt.NDArray[np.int32]  # per request: its run of new_token_ids
+    new_token_ids: npt.NDArray[np.int32]  # flat
     finish_reasons: npt.NDArray[np.uint8]  # FinishReason values: index FINISH_REASON_NAMES
     stop_reasons: npt.NDArray[np.int32]
     num_cached_tokens: npt.NDArray[np.int32]
     scheduler_stats: SchedulerStats
+    spec_decoding_stats: SpecDecodingStats
     def __len__(self) -> int: ...
+
+def propose_ngram_drafts(
+    token_ids: _Ids, *, prompt_lookup_min: int, prompt_lookup_max: int, max_drafts: int
+) -> list[int]: ...
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, hasher: PrefixHasher | None = None) -> None: ...
@@ -153,8 +175,9 @@ class Scheduler:
     ) -> None: ...
     def schedule(self) -> SchedulerOutput: ...
     def update_from_output(
-        self, scheduler_output: SchedulerOutput, sampled_token_ids: _Ids
-    ) -> SchedulerUpdate: ...
+        self, scheduler_output: SchedulerOutput, sampled_token_ids: _Ids | npt.NDArray[np.int32]
+    ) -> SchedulerUpdate: ...  # [num_reqs] or [num_reqs, width], -1 after each row's last token
+    def set_draft_token_ids(self, request_id: str, draft_token_ids: _Ids) -> None: ...
     def finish_requests(self, request_ids: list[str], status: RequestStatus) -> int: ...
     def has_unfinished_requests(self) -> bool: ...
     @property
@@ -180,11 +203,14 @@ class BatchBuilder:
     def max_num_blocks_per_req(self) -> int: ...
     def update_states(self, scheduler_output: SchedulerOutput) -> None: ...
     def prepare_inputs(self, scheduler_output: SchedulerOutput) -> None: ...
-    def record_sampled(self, scheduler_output: SchedulerOutput, sampled_token_ids: _Ids) -> None: ...
+    def record_sampled(
+        self, scheduler_output: SchedulerOutput, sampled_token_ids: _Ids | npt.NDArray[np.int32]
+    ) -> None: ...
     num_tokens: int
     num_reqs: int
     max_query_len: int
     max_seq_len: int
+    num_logits: int  # logits rows: one per request, d + 1 for a request verifying d drafts
     input_ids: npt.NDArray[np.int32]
     positions: npt.NDArray[np.int32]
     slot_mapping: npt.NDArray[np.int32]
@@ -196,5 +222,5 @@ class BatchBuilder:
     def row_block_ids(self, row: int) -> list[int]: ...
 
 # Submodules, typed loosely: they take raw addresses (use corellm.ops and corellm.model instead).
-kernels: Any  # the CPU kernels and their SamplingBatch (cpp/bindings/kernel_bindings.cpp)
+kernels: Any  # the CPU kernels, their SamplingBatch and RejectionBatch (cpp/bindings/kernel_bindings.cpp)
 model: Any  # the native decoder stack: DecoderDims, DecoderLayerWeights, KVCacheShape, DecoderStack

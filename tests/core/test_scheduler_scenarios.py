@@ -267,7 +267,7 @@ def test_step_protocol_errors_are_value_errors() -> None:
     plan = h.scheduler.schedule()
     with pytest.raises(ValueError, match="before update_from_output"):
         h.scheduler.schedule()
-    with pytest.raises(ValueError, match="got 1 sampled tokens for 2 scheduled requests"):
+    with pytest.raises(ValueError, match="got sampled tokens for 1 requests, 2 were scheduled"):
         h.scheduler.update_from_output(plan, [1])
     with pytest.raises(ValueError, match="invalid sampled token id -1"):
         h.scheduler.update_from_output(plan, np.array([-1, 3], dtype=np.int32))

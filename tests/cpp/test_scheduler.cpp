@@ -86,7 +86,7 @@ TEST(Scheduler, PrefillThenDecodeUntilMaxTokens) {
   EXPECT_EQ(plan->scheduled_new_reqs.size(), 1u);
   EXPECT_EQ(plan->num_scheduled_tokens[0], 10);
   EXPECT_EQ(out.size(), 1u);
-  EXPECT_EQ(out.at(0).new_token_id, 7);
+  EXPECT_EQ(out.at(0).new_token_ids, std::vector<int32_t>{7});
   out = step(s, 8, &plan);
   EXPECT_EQ(plan->scheduled_cached_reqs.req_ids.size(), 1u);
   EXPECT_EQ(plan->num_scheduled_tokens[0], 1);

@@ -25,7 +25,17 @@ struct BatchBuilderConfig {
 //   query_start_loc[i] .. query_start_loc[i+1]       request i's query tokens, i < num_reqs
 //   seq_lens[i]                                      tokens in request i's KV after this step
 //   block_table[i, :]                                request i's block table
-//   logits_indices[i]                                its last query token (where logits go)
+//   logits_indices[l]                                l < num_logits: the query tokens whose
+//                                                    logits the step computes
+//
+// A request's logits rows: its last query token, or, when it verifies d draft tokens
+// (speculative decoding), its last d + 1 query tokens — its newest token and each draft:
+//
+//   query tokens  | ... newest | draft 1 | ... | draft d |
+//   logits rows               | row 0   | row 1 | ... | row d |   (row j decides draft j + 1)
+//
+// The drafts are written into the row's token buffer past its known tokens (scratch space: they
+// become known tokens only when record_sampled() appends them as accepted).
 //
 // The arrays are buffers owned by the builder, overwritten by the next prepare_inputs().
 class BatchBuilder {
@@ -37,13 +47,16 @@ class BatchBuilder {
 
   void update_states(const SchedulerOutput& output);
   void prepare_inputs(const SchedulerOutput& output);
-  void record_sampled(const SchedulerOutput& output, const int32_t* sampled_token_ids,
-                      size_t num_sampled);
+  // sampled_token_ids: [num_reqs, width], row i the new tokens of output.req_ids[i], -1 after the
+  // last (Scheduler::update_from_output's layout).
+  void record_sampled(const SchedulerOutput& output, const int32_t* sampled_token_ids, size_t num_reqs,
+                      size_t width = 1);
 
   int32_t num_tokens() const { return num_tokens_; }
   int32_t num_reqs() const { return num_reqs_; }
   int32_t max_query_len() const { return max_query_len_; }
   int32_t max_seq_len() const { return max_seq_len_; }
+  int32_t num_logits() const { return num_logits_; }
 
   int32_t* input_ids() { return input_ids_.data(); }
   int32_t* positions() { return positions_.data(); }
@@ -76,13 +89,14 @@ class BatchBuilder {
   int32_t num_reqs_ = 0;
   int32_t max_query_len_ = 0;
   int32_t max_seq_len_ = 0;
+  int32_t num_logits_ = 0;
   std::vector<int32_t> input_ids_;        // [max_num_batched_tokens]
   std::vector<int32_t> positions_;        // [max_num_batched_tokens]
   std::vector<int32_t> slot_mapping_;     // [max_num_batched_tokens]
   std::vector<int32_t> query_start_loc_;  // [max_num_reqs + 1]
   std::vector<int32_t> seq_lens_;         // [max_num_reqs]
   std::vector<int32_t> block_table_;      // [max_num_reqs, max_blocks_per_req]
-  std::vector<int32_t> logits_indices_;   // [max_num_reqs]
+  std::vector<int32_t> logits_indices_;   // [max_num_reqs + max_num_batched_tokens]
 };
 
 }  // namespace corellm

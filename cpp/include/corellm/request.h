@@ -59,11 +59,27 @@ struct EngineCoreRequest {
 // thousands of requests copies pointers, not strings.
 using RequestId = std::shared_ptr<const std::string>;
 
+// How many of a request's proposed draft tokens the scheduler takes (speculative decoding): a
+// request whose drafts keep missing costs verification rows for nothing, so it gets fewer drafts,
+// then none for a while. After a verification of d > 0 drafts that accepted a:
+//   a == d      -> limit doubles (up to num_speculative_tokens); misses = 0
+//   0 < a < d   -> limit = a + 1; misses = 0
+//   a == 0      -> limit = 1; misses += 1; from the second miss in a row, no drafts for
+//                  min(2^(misses - 1), 32) steps
+struct DraftBackoff {
+  int32_t limit = 0;        // drafts per step at most (starts at num_speculative_tokens)
+  int32_t misses = 0;       // verifications in a row that accepted nothing
+  int32_t pause_steps = 0;  // steps left without drafts
+};
+
 struct Request {
   // Token range of a request, as the scheduler sees it:
-  //   | prompt tokens ............ | output tokens .... |
-  //   | num_computed_tokens (KV written) | to compute  |
+  //   | prompt tokens ............ | output tokens .... | draft tokens (proposed) |
+  //   | num_computed_tokens (KV written) | to compute  | lookahead               |
   // num_tokens() = prompt + output; a new token is sampled when num_computed_tokens reaches it.
+  // Draft tokens are not part of token_ids: a step that verifies them computes past num_tokens()
+  // (their KV goes into lookahead slots), and update_from_output rolls num_computed_tokens back
+  // to the last accepted one.
   RequestId request_id;
   std::vector<int32_t> token_ids;  // prompt then outputs
   int32_t num_prompt_tokens = 0;
@@ -88,6 +104,11 @@ struct Request {
   std::vector<int32_t> block_ids;          // block table: logical block i -> physical block
   std::vector<BlockHash> block_hashes;     // hashes of the full blocks of token_ids
   int32_t num_cached_blocks = 0;           // leading blocks already registered in the cache
+
+  // Speculative decoding: the tokens proposed to follow token_ids, verified by the next step that
+  // schedules them (cleared by every update and by preemption), and the request's back-off.
+  std::vector<int32_t> draft_token_ids;
+  DraftBackoff draft_backoff;
 
   int32_t batch_row = -1;  // row in the persistent input batch while RUNNING, else -1
   int32_t num_preemptions = 0;

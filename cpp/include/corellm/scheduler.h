@@ -25,6 +25,12 @@ struct SchedulerConfig {
   bool enable_prefix_caching = true;
   bool enable_chunked_prefill = true;
   SchedulingPolicy scheduling_policy = SchedulingPolicy::FCFS;
+  // Speculative decoding: draft tokens verified per request per step at most (0: off). With
+  // prompt_lookup_max > 0 the scheduler proposes them itself (n-gram prompt lookup over each
+  // request's tokens, ngram_proposer.h); otherwise they come from set_draft_token_ids (a draft model).
+  int32_t num_speculative_tokens = 0;
+  int32_t prompt_lookup_min = 0;
+  int32_t prompt_lookup_max = 0;
 
   // Throws InvalidArgument naming the offending field and value.
   void validate() const;
@@ -45,13 +51,22 @@ class Scheduler {
   // may be empty (every running request preempted, nothing admissible): a normal step.
   std::shared_ptr<SchedulerOutput> schedule();
 
-  // Applies the tokens sampled in the step `output` planned: sampled_token_ids[i] belongs to
-  // output.req_ids[i] (ignored where !output.samples_token[i], or the request finished since).
-  // Registers the full blocks the step computed in the prefix cache; checks EOS (unless
-  // ignore_eos), stop_token_ids, min_tokens, max_tokens and max_model_len; frees finished
-  // requests' blocks. An empty plan's update returns no outputs (and needs no sampled tokens).
-  SchedulerUpdate update_from_output(const SchedulerOutput& output,
-                                       const int32_t* sampled_token_ids, size_t num_sampled);
+  // Applies the tokens sampled in the step `output` planned. sampled_token_ids is [num_reqs,
+  // width]: row i belongs to output.req_ids[i] (ignored where !output.samples_token[i], or the
+  // request finished since) and holds its new tokens, -1 after the last: the accepted draft
+  // tokens, then the token sampled after them (width 1 without speculative decoding). Rolls
+  // num_computed_tokens back past rejected drafts; registers the full blocks the step computed
+  // (accepted tokens only) in the prefix cache; appends the tokens one by one, checking EOS
+  // (unless ignore_eos), stop_token_ids, min_tokens, max_tokens and max_model_len after each (a
+  // stop drops the tokens after it); frees finished requests' blocks; proposes the next drafts
+  // (n-gram). An empty plan's update returns no outputs (and needs no sampled tokens).
+  SchedulerUpdate update_from_output(const SchedulerOutput& output, const int32_t* sampled_token_ids,
+                                     size_t num_reqs, size_t width = 1);
+
+  // Draft tokens proposed for a running request (a draft model's), verified by the next step that
+  // schedules it; replaces any it had. Ignored for unknown, finished or structured-output
+  // requests, and when speculative decoding is off. At most num_speculative_tokens are kept.
+  void set_draft_token_ids(const std::string& request_id, const int32_t* draft_token_ids, size_t n);
 
   // Finishes requests wherever they are (waiting or running), e.g. on abort, freeing their
   // blocks. Unknown or already finished ids are ignored. Returns how many were finished.
@@ -74,6 +89,11 @@ class Scheduler {
   void schedule_running(SchedulerOutput& out, int32_t& token_budget, bool& preempted_any);
   void schedule_waiting(SchedulerOutput& out, int32_t& token_budget);
   int32_t cap_new_tokens(const Request& request, int32_t num_new_tokens, int32_t token_budget) const;
+  int32_t num_drafts_to_schedule(const Request& request) const;
+  // Appends the step's tokens for a request that sampled; returns whether it finished.
+  bool apply_sampled(Request& request, int32_t num_drafts, const int32_t* tokens, int32_t num_tokens,
+                     SchedulerUpdate& result);
+  void propose_drafts(Request& request);
   Request* choose_preemption_victim() const;
   void preempt(Request* request, SchedulerOutput& out);
   // Stops a finished request: frees its blocks and row, forgets it (deleted at the next step).
@@ -96,6 +116,7 @@ class Scheduler {
   uint64_t pending_step_id_ = 0;            // step awaiting update_from_output (0: none)
   std::vector<Request*> pending_requests_;  // its requests, in batch order
   int64_t num_preemptions_ = 0;
+  std::vector<int32_t> ngram_scratch_;  // the n-gram proposer's work space
 };
 
 }  // namespace corellm

@@ -48,6 +48,11 @@ struct SchedulerOutput {
   // True where the request samples this step under a grammar (structured output): the rows whose
   // grammar bitmask the step computes while its forward runs.
   std::vector<uint8_t> uses_grammar;
+  // Speculative decoding: per request the draft tokens this step verifies (0 for most), and the
+  // drafts themselves, flat in batch order. A request with d drafts is scheduled 1 + d tokens
+  // (its newest token and the drafts, their KV in lookahead slots) and gets d + 1 logits rows.
+  std::vector<int32_t> num_draft_tokens;
+  std::vector<int32_t> draft_token_ids;
   int32_t total_num_scheduled_tokens = 0;
 
   // Requests that left the running set since the previous step (finished, aborted or
@@ -63,6 +68,7 @@ struct SchedulerOutput {
     batch_rows.reserve(n);
     samples_token.reserve(n);
     uses_grammar.reserve(n);
+    num_draft_tokens.reserve(n);
     scheduled_cached_reqs.req_ids.reserve(n);
     scheduled_cached_reqs.new_block_ids.reserve(n);
     scheduled_cached_reqs.num_computed_tokens.reserve(n);
