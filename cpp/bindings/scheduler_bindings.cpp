@@ -80,7 +80,8 @@ void bind_scheduler(py::module_& m) {
       .def(py::init([](int32_t max_num_seqs, int32_t max_num_batched_tokens, int32_t max_model_len,
                        int32_t block_size, int32_t num_blocks, int32_t long_prefill_token_threshold,
                        bool enable_prefix_caching, bool enable_chunked_prefill, SchedulingPolicy scheduling_policy,
-                       int32_t num_speculative_tokens, int32_t prompt_lookup_min, int32_t prompt_lookup_max) {
+                       int32_t num_speculative_tokens, int32_t prompt_lookup_min, int32_t prompt_lookup_max,
+                       int32_t num_lookahead_tokens) {
              SchedulerConfig c;
              c.max_num_seqs = max_num_seqs;
              c.max_num_batched_tokens = max_num_batched_tokens;
@@ -94,6 +95,7 @@ void bind_scheduler(py::module_& m) {
              c.num_speculative_tokens = num_speculative_tokens;
              c.prompt_lookup_min = prompt_lookup_min;
              c.prompt_lookup_max = prompt_lookup_max;
+             c.num_lookahead_tokens = num_lookahead_tokens;
              c.validate();
              return c;
            }),
@@ -101,7 +103,8 @@ void bind_scheduler(py::module_& m) {
            py::arg("max_model_len") = 2048, py::arg("block_size") = 16, py::arg("num_blocks"),
            py::arg("long_prefill_token_threshold") = 0, py::arg("enable_prefix_caching") = true,
            py::arg("enable_chunked_prefill") = true, py::arg("scheduling_policy") = SchedulingPolicy::FCFS,
-           py::arg("num_speculative_tokens") = 0, py::arg("prompt_lookup_min") = 0, py::arg("prompt_lookup_max") = 0)
+           py::arg("num_speculative_tokens") = 0, py::arg("prompt_lookup_min") = 0, py::arg("prompt_lookup_max") = 0,
+           py::arg("num_lookahead_tokens") = 0)
       .def_readonly("max_num_seqs", &SchedulerConfig::max_num_seqs)
       .def_readonly("max_num_batched_tokens", &SchedulerConfig::max_num_batched_tokens)
       .def_readonly("max_model_len", &SchedulerConfig::max_model_len)
@@ -113,7 +116,8 @@ void bind_scheduler(py::module_& m) {
       .def_readonly("scheduling_policy", &SchedulerConfig::scheduling_policy)
       .def_readonly("num_speculative_tokens", &SchedulerConfig::num_speculative_tokens)
       .def_readonly("prompt_lookup_min", &SchedulerConfig::prompt_lookup_min)
-      .def_readonly("prompt_lookup_max", &SchedulerConfig::prompt_lookup_max);
+      .def_readonly("prompt_lookup_max", &SchedulerConfig::prompt_lookup_max)
+      .def_readonly("num_lookahead_tokens", &SchedulerConfig::num_lookahead_tokens);
 
   py::class_<NewRequestData>(m, "NewRequestData")
       .def_readonly("req_id", &NewRequestData::req_id)

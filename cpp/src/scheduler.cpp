@@ -24,6 +24,7 @@ void SchedulerConfig::validate() const {
                     " blocks x ", block_size, "): one request could never fit");
   CORELLM_CHECK_ARG(num_speculative_tokens >= 0, "num_speculative_tokens must be >= 0, got ",
                     num_speculative_tokens);
+  CORELLM_CHECK_ARG(num_lookahead_tokens >= 0, "num_lookahead_tokens must be >= 0, got ", num_lookahead_tokens);
   if (prompt_lookup_max > 0) {
     CORELLM_CHECK_ARG(num_speculative_tokens > 0, "prompt_lookup_max needs num_speculative_tokens > 0");
     NgramParams{prompt_lookup_min, prompt_lookup_max}.validate();
@@ -171,6 +172,11 @@ int32_t Scheduler::cap_new_tokens(const Request& request, int32_t num_new_tokens
   return std::min(num_new_tokens, config_.max_model_len - 1 - request.num_computed_tokens);
 }
 
+int32_t Scheduler::num_lookahead(const Request& request, int32_t num_new_tokens) const {
+  const int32_t room = config_.max_model_len - (request.num_computed_tokens + num_new_tokens);
+  return std::max(0, std::min(config_.num_lookahead_tokens, room));
+}
+
 int32_t Scheduler::num_drafts_to_schedule(const Request& request) const {
   if (request.draft_token_ids.empty() || request.draft_backoff.pause_steps > 0 ||
       request.num_tokens() - request.num_computed_tokens != 1) {
@@ -212,7 +218,7 @@ void Scheduler::schedule_running(SchedulerOutput& out, int32_t& token_budget, bo
     bool scheduled = false;
     while (true) {
       new_blocks.clear();
-      if (kv_.allocate_slots(*request, num_new_tokens, nullptr, 0, &new_blocks)) {
+      if (kv_.allocate_slots(*request, num_new_tokens, nullptr, num_lookahead(*request, num_new_tokens), &new_blocks)) {
         scheduled = true;
         break;
       }
@@ -275,7 +281,10 @@ void Scheduler::schedule_waiting(SchedulerOutput& out, int32_t& token_budget) {
     const int32_t num_new_tokens = cap_new_tokens(*request, num_new_tokens_wanted, token_budget);
     request->num_computed_tokens = 0;
     CORELLM_CHECK(num_new_tokens > 0, "nothing to compute for waiting request ", *request->request_id);
-    if (!kv_.allocate_slots(*request, num_new_tokens, &computed)) break;
+    request->num_computed_tokens = computed.num_computed_tokens;
+    const int32_t lookahead = num_lookahead(*request, num_new_tokens);
+    request->num_computed_tokens = 0;
+    if (!kv_.allocate_slots(*request, num_new_tokens, &computed, lookahead)) break;
 
     waiting_.pop();
     request->status = RequestStatus::RUNNING;

@@ -72,6 +72,7 @@ class SchedulerConfig:
         num_speculative_tokens: int = 0,
         prompt_lookup_min: int = 0,
         prompt_lookup_max: int = 0,
+        num_lookahead_tokens: int = 0,
     ) -> None: ...
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -85,6 +86,7 @@ class SchedulerConfig:
     num_speculative_tokens: int  # draft tokens verified per request per step at most (0: off)
     prompt_lookup_min: int  # the n-gram proposer's (prompt_lookup_max 0: drafts from set_draft_token_ids)
     prompt_lookup_max: int
+    num_lookahead_tokens: int  # KV slots past each scheduled request's tokens (a draft model's)
 
 class NewRequestData:
     req_id: str

@@ -17,7 +17,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     llm = LLM(c.model, dtype=c.dtype, device=c.device, enforce_eager=c.enforce_eager,
               max_model_len=c.max_model_len, max_num_seqs=c.max_num_seqs,
               max_num_batched_tokens=c.max_num_batched_tokens, block_size=c.block_size,
-              kv_cache_memory=c.kv_cache_memory, seed=c.seed)
+              kv_cache_memory=c.kv_cache_memory, seed=c.seed, speculative_config=c.speculative_config)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.sampling_seed, n=args.n)
     prompts = args.prompt

@@ -35,6 +35,10 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"  # "fcfs" or "priority"
+    num_speculative_tokens: int = 0  # draft tokens verified per request per step at most (0: off)
+    prompt_lookup_min: int = 0  # the scheduler's n-gram proposer (prompt_lookup_max 0: none)
+    prompt_lookup_max: int = 0
+    num_lookahead_tokens: int = 0  # KV slots past each scheduled request's tokens (a draft model's)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -55,11 +59,75 @@ class SchedulerConfig:
             enable_prefix_caching=self.enable_prefix_caching,
             enable_chunked_prefill=self.enable_chunked_prefill,
             scheduling_policy=_POLICIES[self.scheduling_policy],
+            num_speculative_tokens=self.num_speculative_tokens,
+            prompt_lookup_min=self.prompt_lookup_min,
+            prompt_lookup_max=self.prompt_lookup_max,
+            num_lookahead_tokens=self.num_lookahead_tokens,
         )
         object.__setattr__(self, "_native", native)
 
     def to_native(self) -> _core.SchedulerConfig:
         return self._native
+
+
+_SPEC_METHODS = ("ngram", "draft_model")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding, as vLLM's speculative_config names it:
+      {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": n, "prompt_lookup_min": m}
+        drafts copied from earlier in the request's own tokens (prompt lookup); a missing bound
+        takes the other's value, both missing: 5 (vLLM's defaults);
+      {"method": "draft_model", "model": PATH, "num_speculative_tokens": k}
+        drafts from a smaller model with the same tokenizer ("model" alone implies this method).
+    Each step verifies up to k drafts per request; greedy outputs are the same as without."""
+
+    method: str
+    num_speculative_tokens: int
+    prompt_lookup_max: int | None = None
+    prompt_lookup_min: int | None = None
+    model: str | None = None
+
+    @classmethod
+    def from_dict(cls, spec: "dict | SpeculativeConfig") -> "SpeculativeConfig":
+        """From the JSON object a user wrote (ValueError naming an unknown or missing key)."""
+        if isinstance(spec, SpeculativeConfig):
+            return spec
+        if not isinstance(spec, dict):
+            raise ValueError(f"speculative_config must be a JSON object (a dict), got {type(spec).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(spec) - known)
+        if unknown:
+            raise ValueError(f"speculative_config: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        spec = dict(spec)
+        if "method" not in spec and spec.get("model") is not None:
+            spec["method"] = "draft_model"
+        for key in ("method", "num_speculative_tokens"):
+            if key not in spec:
+                raise ValueError(f"speculative_config needs {key!r}")
+        return cls(**spec)
+
+    def __post_init__(self) -> None:
+        if self.method not in _SPEC_METHODS:
+            raise ValueError(f"speculative_config: method must be one of {', '.join(_SPEC_METHODS)}, got {self.method!r}")
+        _check_int("speculative_config: num_speculative_tokens", self.num_speculative_tokens, 1)
+        if self.method == "ngram":
+            if self.model is not None:
+                raise ValueError("speculative_config: method 'ngram' takes no 'model'")
+            lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+            lo, hi = (5, 5) if lo is None and hi is None else (hi if lo is None else lo, lo if hi is None else hi)
+            _check_int("speculative_config: prompt_lookup_min", lo, 1)
+            _check_int("speculative_config: prompt_lookup_max", hi, 1)
+            if lo > hi:
+                raise ValueError(f"speculative_config: prompt_lookup_min ({lo}) must be <= prompt_lookup_max ({hi})")
+            object.__setattr__(self, "prompt_lookup_min", lo)
+            object.__setattr__(self, "prompt_lookup_max", hi)
+        else:
+            if not isinstance(self.model, str) or not self.model:
+                raise ValueError("speculative_config: method 'draft_model' needs 'model' (a path or the default's name)")
+            if self.prompt_lookup_min is not None or self.prompt_lookup_max is not None:
+                raise ValueError("speculative_config: prompt_lookup_min/max belong to method 'ngram'")
 
 
 @dataclass(frozen=True)
@@ -83,8 +151,12 @@ class EngineConfig:
     # A reasoning model's <think> block format ("deepseek_r1", "qwen3"): structured output applies
     # after the reasoning; the server splits reasoning_content from the answer.
     reasoning_parser: str | None = None
+    # Speculative decoding (None: off); a dict is read by SpeculativeConfig.from_dict.
+    speculative_config: SpeculativeConfig | dict | None = None
 
     def __post_init__(self) -> None:
+        if self.speculative_config is not None:
+            object.__setattr__(self, "speculative_config", SpeculativeConfig.from_dict(self.speculative_config))
         if self.max_model_len is not None:
             _check_int("max_model_len", self.max_model_len, 2)
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):

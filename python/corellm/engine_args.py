@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from corellm.config import EngineConfig
 from corellm.reasoning_parser import REASONING_PARSERS
@@ -22,8 +23,25 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reasoning-parser", default=None, choices=list(REASONING_PARSERS),
                    help="a reasoning model's <think> format: reasoning_content apart, structured output after it")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+                        '"prompt_lookup_max": 4}\' or \'{"method": "draft_model", "model": PATH, '
+                        '"num_speculative_tokens": 4}\'')
     p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                    help="fcfs: arrival order; priority: a request's `priority` first (lower runs first), then arrival")
+
+
+def speculative_config_from_arg(text: str | None) -> dict | None:
+    """--speculative-config's JSON (ValueError saying what is wrong with it)."""
+    if text is None:
+        return None
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--speculative-config is not valid JSON: {e}") from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"--speculative-config must be a JSON object, got {text!r}")
+    return spec
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -33,4 +51,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                         block_size=args.block_size, seed=args.seed, scheduling_policy=args.scheduling_policy,
                         reasoning_parser=args.reasoning_parser,
+                        speculative_config=speculative_config_from_arg(args.speculative_config),
                         kv_cache_memory=None if kv is None else (int(kv) if kv >= 1 else float(kv)))

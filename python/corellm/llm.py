@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from corellm.config import EngineConfig
+from corellm.config import EngineConfig, SpeculativeConfig
 from corellm.engine.engine_parts import EngineParts
 from corellm.engine.input_processor import PromptType
 from corellm.model.loader import LoadedModel
@@ -24,14 +24,17 @@ class LLM:
                  max_num_batched_tokens: int = 2048,
                  block_size: int = 16, enable_prefix_caching: bool = True,
                  kv_cache_memory: int | float | None = None, seed: int = 0, long_prefill_token_threshold: int = 0,
-                 scheduling_policy: str = "fcfs", loaded_model: LoadedModel | None = None):
+                 scheduling_policy: str = "fcfs", speculative_config: dict | SpeculativeConfig | None = None,
+                 loaded_model: LoadedModel | None = None):
+        """speculative_config: speculative decoding, as vLLM names it (see SpeculativeConfig), e.g.
+        {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}."""
         self.config = EngineConfig(model=model, dtype=dtype, device=device, enforce_eager=enforce_eager,
                                    max_model_len=max_model_len,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                    block_size=block_size, enable_prefix_caching=enable_prefix_caching,
                                    kv_cache_memory=kv_cache_memory, seed=seed,
                                    long_prefill_token_threshold=long_prefill_token_threshold,
-                                   scheduling_policy=scheduling_policy)
+                                   scheduling_policy=scheduling_policy, speculative_config=speculative_config)
         t0 = time.perf_counter()
         self.parts = EngineParts.build(self.config, loaded_model)
         self.loaded, self.engine_core = self.parts.loaded, self.parts.engine_core

@@ -31,6 +31,9 @@ struct SchedulerConfig {
   int32_t num_speculative_tokens = 0;
   int32_t prompt_lookup_min = 0;
   int32_t prompt_lookup_max = 0;
+  // KV slots reserved past each scheduled request's tokens (within max_model_len), where a draft
+  // model writes its own KV while it proposes the next step's drafts.
+  int32_t num_lookahead_tokens = 0;
 
   // Throws InvalidArgument naming the offending field and value.
   void validate() const;
@@ -90,6 +93,7 @@ class Scheduler {
   void schedule_waiting(SchedulerOutput& out, int32_t& token_budget);
   int32_t cap_new_tokens(const Request& request, int32_t num_new_tokens, int32_t token_budget) const;
   int32_t num_drafts_to_schedule(const Request& request) const;
+  int32_t num_lookahead(const Request& request, int32_t num_new_tokens) const;
   // Appends the step's tokens for a request that sampled; returns whether it finished.
   bool apply_sampled(Request& request, int32_t num_drafts, const int32_t* tokens, int32_t num_tokens,
                      SchedulerUpdate& result);

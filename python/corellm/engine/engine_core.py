@@ -1,6 +1,7 @@
 """EngineCore: the scheduler (C++) and the model runner, advanced one step at a time:
 schedule -> execute_model (with the grammar bitmask filled meanwhile) -> sample_tokens -> process
-aborts -> update_from_output (then the grammars advance with the sampled tokens).
+aborts -> update_from_output (then the grammars advance with the sampled tokens; with speculative
+decoding by a draft model, it proposes the next step's drafts).
 
 Not thread-safe, except abort_requests: every other call comes from the one thread that steps
 the engine. Aborts take one path whoever sends them: a thread-safe queue, drained on that
@@ -20,19 +21,23 @@ from corellm.engine_core_request import EngineCoreRequest
 from corellm.model.loader import LoadedModel
 from corellm.structured_output import GrammarCompiler, StructuredOutputManager
 from corellm.worker.kv_cache import bytes_per_block, kv_cache_budget
+from corellm.worker.draft_model_proposer import DraftModelProposer, load_draft_model
 from corellm.worker.model_runner import ModelRunner
 
 logger = logging.getLogger("corellm")
 
 
-def plan_scheduler_config(loaded: LoadedModel, config: EngineConfig) -> SchedulerConfig:
-    """Sizes the KV cache from the memory budget and derives max_model_len when not given."""
+def plan_scheduler_config(loaded: LoadedModel, config: EngineConfig, draft: LoadedModel | None = None) -> SchedulerConfig:
+    """Sizes the KV cache from the memory budget (shared with a draft model's KV cache, which has
+    as many blocks) and derives max_model_len when not given."""
     model_len = loaded.config.max_position_embeddings
     if config.max_model_len is not None and config.max_model_len > model_len:
         raise ValueError(f"max_model_len ({config.max_model_len}) exceeds the model's context length "
                          f"({model_len} positions)")
     budget = kv_cache_budget(config.kv_cache_memory, loaded.model.device)
     per_block = bytes_per_block(loaded.config, config.block_size, loaded.model.dtype)
+    if draft is not None:
+        per_block += bytes_per_block(draft.config, config.block_size, draft.model.dtype)
     num_blocks = budget // per_block
     if num_blocks < 1:
         raise ValueError(f"the KV cache budget of {budget} bytes holds no block ({per_block} bytes each)")
@@ -40,21 +45,36 @@ def plan_scheduler_config(loaded: LoadedModel, config: EngineConfig) -> Schedule
     max_model_len = config.max_model_len or min(model_len, capacity)
     logger.info("KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s)", num_blocks, config.block_size,
                 capacity, num_blocks * per_block / 1024**3, loaded.model.dtype)
+    spec = config.speculative_config
+    if spec is not None and spec.num_speculative_tokens >= config.max_num_batched_tokens:
+        raise ValueError(f"speculative_config: num_speculative_tokens ({spec.num_speculative_tokens}) must be below "
+                         f"max_num_batched_tokens ({config.max_num_batched_tokens})")
+    ngram = spec is not None and spec.method == "ngram"
     return SchedulerConfig(num_blocks=int(num_blocks), max_num_seqs=config.max_num_seqs,
                            max_num_batched_tokens=max(config.max_num_batched_tokens, 1),
                            max_model_len=max_model_len, block_size=config.block_size,
                            long_prefill_token_threshold=config.long_prefill_token_threshold,
                            enable_prefix_caching=config.enable_prefix_caching,
-                           scheduling_policy=config.scheduling_policy)
+                           scheduling_policy=config.scheduling_policy,
+                           num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
+                           prompt_lookup_min=spec.prompt_lookup_min if ngram else 0,
+                           prompt_lookup_max=spec.prompt_lookup_max if ngram else 0,
+                           num_lookahead_tokens=spec.num_speculative_tokens if draft is not None else 0)
 
 
 class EngineCore:
     def __init__(self, loaded: LoadedModel, config: EngineConfig, grammar_compiler: GrammarCompiler):
         self.loaded = loaded
-        self.scheduler_config = plan_scheduler_config(loaded, config)
+        # Speculative decoding: the n-gram proposer runs inside the scheduler; a draft model here.
+        spec = config.speculative_config
+        self.speculative = spec is not None
+        draft = load_draft_model(spec, loaded) if spec is not None and spec.method == "draft_model" else None
+        self.scheduler_config = plan_scheduler_config(loaded, config, draft)
         native = self.scheduler_config.to_native()
         self.scheduler = _core.Scheduler(native)
         self.model_runner = ModelRunner(loaded, native, enforce_eager=config.enforce_eager)
+        self.drafter = None if draft is None else DraftModelProposer(draft, spec.num_speculative_tokens, native,
+                                                                      self.model_runner)
         self.structured_output = StructuredOutputManager(grammar_compiler)
         self._aborts: queue.SimpleQueue[list[str]] = queue.SimpleQueue()
         self._pending_errors: list[EngineCoreOutput] = []  # reported by the next step
@@ -146,7 +166,7 @@ class EngineCore:
             self.model_runner.abandon_step()
             ids = list(so.req_ids)
             self.scheduler.finish_requests(ids, _core.RequestStatus.FINISHED_ERROR)
-            self.scheduler.update_from_output(so, np.full(so.num_reqs, -1, np.int32))
+            self.scheduler.update_from_output(so, np.full((so.num_reqs, 1), -1, np.int32))
             message = f"{type(e).__name__}: {e}"
             return EngineCoreOutputs(errors + [EngineCoreOutput(r, [], "error", error=message) for r in ids],
                                      self.stats())
@@ -158,19 +178,27 @@ class EngineCore:
         result = self.scheduler.update_from_output(so, mro.sampled_token_ids)
         req_ids = result.req_ids
         tokens = result.new_token_ids.tolist()
+        counts = result.num_new_tokens.tolist()
         finish = result.finish_reasons.tolist()
         stops = result.stop_reasons.tolist()
         cached = result.num_cached_tokens.tolist()
-        for req_id, token, f, stop, n_cached in zip(req_ids, tokens, finish, stops, cached):
-            out = EngineCoreOutput(req_id, [token], _core.FINISH_REASON_NAMES[f], stop if stop >= 0 else None, n_cached)
+        start = 0
+        for req_id, n, f, stop, n_cached in zip(req_ids, counts, finish, stops, cached):
+            new = tokens[start:start + n]  # accepted drafts and the token after them (a stop cuts them)
+            start += n
+            out = EngineCoreOutput(req_id, new, _core.FINISH_REASON_NAMES[f], stop if stop >= 0 else None, n_cached)
             if req_id in mro.logprobs:
-                out.new_logprobs = [mro.logprobs[req_id]]
+                out.new_logprobs = mro.logprobs[req_id][:n]
             out.new_prompt_logprobs = mro.prompt_logprobs.pop(req_id, None)
-            self._advance_grammar(out, token)
+            for token in new:  # structured requests get no drafts: one token
+                self._advance_grammar(out, token)
             outputs.append(out)
         for req_id, plp in mro.prompt_logprobs.items():  # prompt chunks that sampled nothing yet
             outputs.append(EngineCoreOutput(req_id, [], new_prompt_logprobs=plp))
-        return EngineCoreOutputs(outputs, self.stats(), so.total_num_scheduled_tokens)
+        if self.drafter is not None:
+            self.drafter.propose(so, result, self.scheduler)
+        return EngineCoreOutputs(outputs, self.stats(), so.total_num_scheduled_tokens,
+                                 spec_decoding_stats=result.spec_decoding_stats if self.speculative else None)
 
     def _advance_grammar(self, out: EngineCoreOutput, token: int) -> None:
         """The request's grammar takes its new token; a token it refuses ends the request with an

@@ -13,7 +13,9 @@ from corellm.worker.model_runner_output import PromptLogprobs, SampledTokenLogpr
 @dataclass
 class EngineCoreOutput:
     req_id: str  # the engine-core request (one sample of a user's request)
-    new_token_ids: list[int]  # appended this step: one token, or none (a prompt chunk, an error)
+    # Appended this step: one token, several (speculative decoding: accepted drafts and the token
+    # after them), or none (a prompt chunk, an error).
+    new_token_ids: list[int]
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"; None while running
     stop_reason: int | None = None  # the stop token id that finished the request (vLLM's stop_reason)
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage's cached_tokens)
@@ -35,3 +37,5 @@ class EngineCoreOutputs:
     # The scheduler's own statistics type (corellm._core.SchedulerStats), after the step.
     scheduler_stats: _core.SchedulerStats = field(default_factory=_core.SchedulerStats)
     num_scheduled_tokens: int = 0  # tokens the step computed (0: no forward ran)
+    # Speculative decoding's drafts verified and accepted this step (None when it is off).
+    spec_decoding_stats: _core.SpecDecodingStats | None = None

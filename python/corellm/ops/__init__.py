@@ -4,6 +4,7 @@ then dispatching on the tensors' device (CPU: corellm._core's C++ kernels)."""
 from corellm.ops.activation import silu_and_mul
 from corellm.ops.attention import kv_cache_shapes, kv_pack, paged_attention, reshape_and_cache, unpack_kv_cache
 from corellm.ops.norm import fused_add_rms_norm, rms_norm
+from corellm.ops.rejection_sampler import rejection_sample
 from corellm.ops.rotary import rotary_embedding
 from corellm.ops.sampler import SamplerOutput, SamplingMetadata, TokenLists, sample
 
@@ -15,6 +16,7 @@ __all__ = [
     "kv_cache_shapes",
     "kv_pack",
     "paged_attention",
+    "rejection_sample",
     "reshape_and_cache",
     "rms_norm",
     "rotary_embedding",

@@ -147,7 +147,10 @@ class ModelRunner:
     # ------------------------------------------------------------------ phase 2
     def sample_tokens(self, grammar_output: GrammarOutput | None = None) -> ModelRunnerOutput:
         """Samples the step's tokens; grammar_output (structured output): the bitmasks of the
-        tokens each structured row may take, applied in the sample kernel."""
+        tokens each structured row may take, applied in the sample kernel. A request verifying
+        draft tokens has one logits row per draft plus one: each row is sampled as that output
+        position would be, and the rejection sampler keeps the drafts up to the first one the
+        target disagrees with, plus the target's own token there (or after the last draft)."""
         state, self._state = self._state, None
         if state is None:
             raise RuntimeError("sample_tokens() called without a preceding execute_model()")
@@ -156,39 +159,57 @@ class ModelRunner:
             return ModelRunnerOutput.empty()
         req_ids = so.req_ids
         rows = so.batch_rows
-        md = self.sampling.metadata(req_ids, rows)
-        if grammar_output is not None:
+        num_drafts = so.num_draft_tokens
+        speculative = bool(num_drafts.any())
+        md = self.sampling.metadata(req_ids, rows, num_drafts, so.draft_token_ids) if speculative \
+            else self.sampling.metadata(req_ids, rows)
+        if grammar_output is not None:  # structured requests verify no drafts: one row each
             md.allowed_token_bitmask = torch.from_numpy(grammar_output.bitmask)
-            md.bitmask_rows = torch.from_numpy(grammar_output.bitmask_rows)
+            md.bitmask_rows = torch.from_numpy(np.repeat(grammar_output.bitmask_rows, num_drafts + 1)
+                                               if speculative else grammar_output.bitmask_rows)
         if self.device.type != "cpu":
             md = md.to(self.device)
         result = ops.sample(state.logits, md)
-        sampled = result.sampled_token_ids.cpu().numpy()
+        if speculative:
+            as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(self.device)  # noqa: E731
+            new_tokens = ops.rejection_sample(result.sampled_token_ids, as_tensor(num_drafts),
+                                              as_tensor(so.draft_token_ids)).cpu().numpy()
+        else:
+            new_tokens = result.sampled_token_ids.cpu().numpy()[:, None]
         samples = so.samples_token
-        out = ModelRunnerOutput(req_ids, np.where(samples, sampled, -1).astype(np.int32),
-                                prompt_logprobs=state.prompt_logprobs)
-        for i in np.nonzero(samples & (sampled < 0))[0]:
+        new_tokens[~samples] = -1
+        out = ModelRunnerOutput(req_ids, new_tokens, prompt_logprobs=state.prompt_logprobs)
+        for i in np.nonzero(samples & (new_tokens[:, 0] < 0))[0]:
             constrained = grammar_output is not None and grammar_output.bitmask_rows[i] >= 0
             out.errors[req_ids[i]] = ("the grammar allows no token here" if constrained
                                       else "the model produced NaN logits")
         if result.logprobs is not None:
-            out.logprobs = self._sampled_logprobs(req_ids, sampled, samples, result)
-        self.sampling.record(req_ids, rows, sampled, samples & (sampled >= 0))
-        self.builder.record_sampled(so, np.where(sampled >= 0, sampled, 0).astype(np.int32))
+            out.logprobs = self._sampled_logprobs(req_ids, new_tokens, num_drafts, result)
+        self.sampling.record(req_ids, rows, new_tokens)
+        self.builder.record_sampled(so, new_tokens)
         return out
 
-    def _sampled_logprobs(self, req_ids: list[str], sampled: np.ndarray, samples: np.ndarray,
-                          result: ops.SamplerOutput) -> dict[str, SampledTokenLogprobs]:
-        """Each sampling request's logprobs, its top-n cut to the n it asked for."""
+    def _sampled_logprobs(self, req_ids: list[str], new_tokens: np.ndarray, num_drafts: np.ndarray,
+                          result: ops.SamplerOutput) -> dict[str, list[SampledTokenLogprobs]]:
+        """Each sampling request's logprobs, one per new token (token j from its logits row j), its
+        top-n cut to the n it asked for."""
         logprobs, ranks = result.logprobs.cpu().numpy(), result.ranks.cpu().numpy()
         top_ids, top_lps = result.top_token_ids.cpu().numpy(), result.top_logprobs.cpu().numpy()
+        first_rows = np.cumsum(num_drafts + 1) - (num_drafts + 1)
         out = {}
         for i, req_id in enumerate(req_ids):
             k = self.sampling.requests[req_id].request.sampling_params.logprobs
-            if k is None or not samples[i] or sampled[i] < 0:
+            if k is None:
                 continue
-            out[req_id] = SampledTokenLogprobs(int(sampled[i]), float(logprobs[i]), int(ranks[i]),
-                                               top_ids[i, :k].tolist(), top_lps[i, :k].tolist())
+            entries = []
+            for j, token in enumerate(new_tokens[i].tolist()):
+                if token < 0:
+                    break
+                r = first_rows[i] + j
+                entries.append(SampledTokenLogprobs(token, float(logprobs[r]), int(ranks[r]),
+                                                    top_ids[r, :k].tolist(), top_lps[r, :k].tolist()))
+            if entries:
+                out[req_id] = entries
         return out
 
     def abandon_step(self) -> None:

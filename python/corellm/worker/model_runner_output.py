@@ -35,12 +35,15 @@ class PromptLogprobs:
 @dataclass
 class ModelRunnerOutput:
     req_ids: list[str]  # the step's requests, in the SchedulerOutput's order
-    sampled_token_ids: np.ndarray  # int32 [n]; -1 where the request samples nothing this step
-    # Per request that asked for logprobs and sampled this step: its token's, cut to its own n.
-    logprobs: dict[str, SampledTokenLogprobs] = field(default_factory=dict)
+    # int32 [n, width]: row i the new tokens of request i, -1 after the last (all -1 where it
+    # samples nothing this step). Width 1 without speculative decoding; with it, a request's
+    # accepted draft tokens, then the token sampled after them.
+    sampled_token_ids: np.ndarray
+    # Per request that asked for logprobs and sampled this step: one per new token, cut to its own n.
+    logprobs: dict[str, list[SampledTokenLogprobs]] = field(default_factory=dict)
     prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)  # prompt chunks computed now
     errors: dict[str, str] = field(default_factory=dict)  # request id -> why it failed this step
 
     @classmethod
     def empty(cls) -> "ModelRunnerOutput":
-        return cls([], np.zeros(0, dtype=np.int32))
+        return cls([], np.zeros((0, 1), dtype=np.int32))

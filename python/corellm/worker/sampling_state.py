@@ -52,12 +52,30 @@ class SamplingState:
     def remove(self, req_id: str) -> None:
         self.requests.pop(req_id, None)
 
-    def metadata(self, req_ids: list[str], rows: np.ndarray) -> SamplingMetadata:
-        """Parameters of this step's requests, in the given (scheduler) order."""
+    def metadata(self, req_ids: list[str], rows: np.ndarray, num_draft_tokens: np.ndarray | None = None,
+                 draft_token_ids: np.ndarray | None = None) -> SamplingMetadata:
+        """Parameters of this step's logits rows, in the given (scheduler) order: one row per
+        request, or, for a request verifying d draft tokens (speculative decoding), d + 1 rows, row
+        j sampled as the request's output position steps + j with the drafts before it counted
+        as outputs (penalties, min_tokens): exactly what decoding them one by one would use."""
         rows = rows.astype(np.int64)
+        drafts_before: list[list[int]] | None = None  # per logits row: the drafts it follows
+        if num_draft_tokens is not None and num_draft_tokens.any():
+            per_req = num_draft_tokens.astype(np.int64) + 1
+            starts = np.cumsum(per_req) - per_req
+            offsets = np.arange(int(per_req.sum())) - np.repeat(starts, per_req)
+            rows = np.repeat(rows, per_req)
+            req_ids = [r for r, k in zip(req_ids, per_req.tolist()) for _ in range(k)]
+            flat = draft_token_ids.tolist()
+            draft_starts = (starts - np.arange(len(per_req))).tolist()  # drafts of the requests before
+            drafts_before = [flat[ds:ds + j] for ds, k in zip(draft_starts, per_req.tolist()) for j in range(k)]
+        else:
+            offsets = np.zeros(len(rows), np.int64)
         t = lambda a: torch.from_numpy(np.ascontiguousarray(a[rows]))  # noqa: E731
         temperature = self.temperature[rows]
-        md = SamplingMetadata(temperature=torch.from_numpy(temperature), seeds=t(self.seeds), steps=t(self.steps))
+        steps = self.steps[rows] + offsets
+        md = SamplingMetadata(temperature=torch.from_numpy(temperature), seeds=t(self.seeds),
+                              steps=torch.from_numpy(steps))
         if (temperature > 0).any():
             if (self.top_k[rows] > 0).any():
                 md.top_k = t(self.top_k)
@@ -70,13 +88,16 @@ class SamplingState:
         if (pres != 0).any() or (freq != 0).any() or (rep != 1).any():
             md.presence_penalty, md.frequency_penalty = torch.from_numpy(pres), torch.from_numpy(freq)
             md.repetition_penalty = torch.from_numpy(rep)
-            md.output_token_ids = TokenLists.from_lists([r.output_token_ids for r in reqs])
+            outputs = [r.output_token_ids for r in reqs]
+            if drafts_before is not None:
+                outputs = [o + d for o, d in zip(outputs, drafts_before)]
+            md.output_token_ids = TokenLists.from_lists(outputs)
             md.prompt_token_ids = TokenLists.from_lists(
                 [r.request.prompt_token_ids if r.request.sampling_params.repetition_penalty != 1 else [] for r in reqs])
         if any(r.request.sampling_params.logit_bias for r in reqs):
             biases = [r.request.sampling_params.logit_bias or {} for r in reqs]
             md.logit_bias = TokenLists.from_lists([list(b) for b in biases], [list(b.values()) for b in biases])
-        steps, min_tokens = self.steps[rows], self.min_tokens[rows]
+        min_tokens = self.min_tokens[rows]
         if (steps < min_tokens).any():
             banned = []
             for r, s, m in zip(reqs, steps, min_tokens):
@@ -90,13 +111,14 @@ class SamplingState:
         md.num_logprobs = int(self.num_logprobs[rows].max()) if len(rows) else -1
         return md
 
-    def record(self, req_ids: list[str], rows: np.ndarray, sampled: np.ndarray, samples: np.ndarray) -> None:
-        """Counts the tokens sampled this step (and keeps them where penalties need them)."""
-        kept = rows[samples].astype(np.int64)
-        self.steps[kept] += 1
-        for req_id, token, keep in zip(req_ids, sampled.tolist(), samples.tolist()):
-            if keep and token >= 0:
+    def record(self, req_ids: list[str], rows: np.ndarray, new_tokens: np.ndarray) -> None:
+        """Counts the tokens each request got this step (and keeps them where penalties need
+        them). new_tokens: int32 [num_reqs, width], -1 after a row's last token."""
+        counts = (np.cumprod(new_tokens >= 0, axis=1)).sum(axis=1)
+        np.add.at(self.steps, rows.astype(np.int64), counts)
+        for req_id, row_tokens, n in zip(req_ids, new_tokens.tolist(), counts.tolist()):
+            if n:
                 r = self.requests[req_id]
                 p = r.request.sampling_params
                 if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1:
-                    r.output_token_ids.append(token)
+                    r.output_token_ids.extend(row_tokens[:n])
