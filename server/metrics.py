@@ -41,6 +41,17 @@ class ServerMetrics:
                               registry=r)
         self.open_states = Gauge("corellm:open_request_states", "Requests each layer holds state for",
                                  labels + ["layer"], registry=r)
+        # Speculative decoding (vLLM's spec_decode counters): drafts verified, and accepted, in all
+        # and per draft position (acceptance at position j = accepted_per_pos{position=j} / drafts).
+        self.spec_drafts = Counter("corellm:spec_decode_num_drafts", "Requests that verified draft tokens in a step",
+                                   labels, registry=r)
+        self.spec_draft_tokens = Counter("corellm:spec_decode_num_draft_tokens", "Draft tokens verified", labels,
+                                         registry=r)
+        self.spec_accepted_tokens = Counter("corellm:spec_decode_num_accepted_tokens", "Draft tokens accepted",
+                                            labels, registry=r)
+        self.spec_accepted_per_pos = Counter("corellm:spec_decode_num_accepted_tokens_per_pos",
+                                             "Draft tokens accepted, by position in the draft", labels + ["position"],
+                                             registry=r)
         self.model = model_name
         for metric in (self.running, self.waiting, self.kv_usage, self.prefix_queries, self.prefix_hits,
                        self.preemptions, self.prompt_tokens, self.generation_tokens, self.ttft, self.e2e,
@@ -62,6 +73,13 @@ class ServerMetrics:
                 counter.labels(m).inc(value - self._last[key])
                 self._last[key] = value
         self.generation_tokens.labels(m).inc(sum(len(o.new_token_ids) for o in core_outputs.outputs))
+        spec = core_outputs.spec_decoding_stats
+        if spec is not None:
+            self.spec_drafts.labels(m).inc(spec.num_drafts)
+            self.spec_draft_tokens.labels(m).inc(spec.num_draft_tokens)
+            self.spec_accepted_tokens.labels(m).inc(spec.num_accepted_tokens)
+            for position, n in enumerate(spec.num_accepted_tokens_per_pos):
+                self.spec_accepted_per_pos.labels(m, str(position)).inc(n)
 
     def on_request_done(self, prompt_tokens: int, finish_reasons: list[str], ttft: float | None, e2e: float) -> None:
         m = self.model

@@ -50,6 +50,18 @@ class LLM:
         """Releases the engine's CUDA graphs now rather than at exit (the LLM is unusable after)."""
         self.engine_core.shutdown()
 
+    def get_metrics(self) -> dict[str, int | float | list[int]]:
+        """The engine's counters since it started, by their Prometheus names: prefix-cache queries
+        and hits, preemptions and, with speculative decoding, drafts and accepted drafts (in all
+        and per draft position)."""
+        s = self.engine_core.stats()
+        metrics: dict[str, int | float | list[int]] = {
+            "corellm:prefix_cache_queries": s.prefix_cache_queries, "corellm:prefix_cache_hits": s.prefix_cache_hits,
+            "corellm:num_preemptions": s.num_preemptions, "corellm:kv_cache_usage_perc": s.kv_cache_usage}
+        if self.engine_core.speculative:
+            metrics.update(self.engine_core.spec_totals.as_metrics())
+        return metrics
+
     def get_tokenizer(self) -> Tokenizer:
         return self.loaded.tokenizer
 

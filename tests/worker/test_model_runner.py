@@ -72,10 +72,10 @@ def test_logprobs_are_cut_to_each_requests_n(loaded):
     core.model_runner.execute_model(so)
     mro = core.model_runner.sample_tokens()
     core.scheduler.update_from_output(so, mro.sampled_token_ids)
-    by_name = {req_id.split("-")[0]: lp for req_id, lp in mro.logprobs.items()}
+    by_name = {req_id.split("-")[0]: lps[0] for req_id, lps in mro.logprobs.items()}  # one token each
     assert set(by_name) == {"zero", "two", "five"}
     for name, lp in by_name.items():
         assert len(lp.top_token_ids) == len(lp.top_logprobs) == asks[name]
         i = list(mro.req_ids).index(next(r for r in mro.req_ids if r.startswith(name)))
-        assert lp.token_id == int(mro.sampled_token_ids[i]) and lp.rank == 1  # greedy: the top token
+        assert lp.token_id == int(mro.sampled_token_ids[i, 0]) and lp.rank == 1  # greedy: the top token
         assert np.isfinite(lp.logprob)

@@ -38,7 +38,7 @@ def test_min_tokens_bans_stop_tokens_and_eos_until_reached():
     banned = state.metadata(["a", "b"], rows).banned_token_ids
     assert banned.offsets.tolist() == [0, 3, 3] and banned.ids.tolist() == [5, 6, 2]
     for _ in range(2):
-        state.record(["a", "b"], rows, np.array([11, 12]), np.array([True, True]))
+        state.record(["a", "b"], rows, np.array([[11], [12]]))
     assert state.metadata(["a", "b"], rows).banned_token_ids is None  # min_tokens reached
 
 
@@ -53,8 +53,7 @@ def test_penalties_carry_the_lists_they_need():
     # Prompts only where the repetition penalty reads them; outputs kept only where a penalty does.
     assert md.prompt_token_ids.ids.tolist() == [4, 4, 8] and md.prompt_token_ids.offsets.tolist() == [0, 3, 3, 3]
     assert md.output_token_ids.offsets.tolist() == [0, 1, 3, 4]
-    state.record(["rep", "freq", "plain"], np.array([0, 1, 2], dtype=np.int32), np.array([9, 9, 9]),
-                 np.array([True, False, True]))
+    state.record(["rep", "freq", "plain"], np.array([0, 1, 2], dtype=np.int32), np.array([[9], [-1], [9]]))
     assert state.requests["rep"].output_token_ids == [1, 9]
     assert state.requests["freq"].output_token_ids == [2, 2]  # it sampled nothing this step
     assert state.requests["plain"].output_token_ids == [3]  # no penalty: nothing kept
@@ -69,3 +68,22 @@ def test_logit_bias_and_logprobs():
     assert md.logit_bias.ids.tolist() == [3, 7] and md.logit_bias.values.tolist() == [1.5, -2.0]
     assert md.logit_bias.offsets.tolist() == [0, 2, 2]
     assert md.num_logprobs == 4  # the batch's largest; each request's own n is cut by the runner
+
+
+def test_draft_rows_are_sampled_as_their_output_positions():
+    """A request verifying d drafts gets d + 1 rows: row j at output position steps + j, with the
+    drafts before it counted as outputs (penalties) and toward min_tokens."""
+    state = SamplingState(max_rows=4)
+    state.add(request("a", [4], presence_penalty=0.5, stop_token_ids=[5], eos=2, min_tokens=3, max_tokens=9), row=2,
+              output_token_ids=[7])
+    state.add(request("b", [4]), row=0, output_token_ids=[])
+    md = state.metadata(["a", "b"], np.array([2, 0], dtype=np.int32), np.array([2, 0], dtype=np.int32),
+                        np.array([8, 9], dtype=np.int32))
+    assert md.steps.tolist() == [1, 2, 3, 0]
+    assert md.presence_penalty.tolist() == [0.5, 0.5, 0.5, 0.0]
+    assert md.output_token_ids.offsets.tolist() == [0, 1, 3, 6, 6]
+    assert md.output_token_ids.ids.tolist() == [7, 7, 8, 7, 8, 9]
+    assert md.banned_token_ids.offsets.tolist() == [0, 2, 4, 4, 4]  # positions 1 and 2 are below min_tokens 3
+    state.record(["a", "b"], np.array([2, 0], dtype=np.int32), np.array([[8, 1, -1], [3, -1, -1]]))
+    assert state.steps[[2, 0]].tolist() == [3, 1]
+    assert state.requests["a"].output_token_ids == [7, 8, 1]

@@ -30,7 +30,9 @@ class IncrementalDetokenizer:
 
     def update(self, new_token_ids: list[int], stop_terminated: bool = False) -> str | None:
         """Appends the tokens' text; returns the stop string when one now appears in the output
-        (the text is then cut at it, or just after it with include_stop_str_in_output).
+        (the text is then cut at it, or just after it with include_stop_str_in_output). The tokens
+        after the one that completed it (several arrive at once with speculative decoding) are
+        not taken: num_tokens counts the output's tokens up to that one.
         stop_terminated: the engine ended the request on the last of these tokens (a stop token
         or EOS), whose text is then left out unless include_stop_str_in_output."""
         seen = self.num_tokens
@@ -38,8 +40,6 @@ class IncrementalDetokenizer:
         if stop_terminated and not self.include_stop:
             new_token_ids = new_token_ids[:-1]
         for i, token_id in enumerate(new_token_ids):
-            if self.stop_reason is not None:
-                break
             piece = self.stream.step(self.tokenizer.backend, token_id)
             if not piece:
                 continue
@@ -48,6 +48,9 @@ class IncrementalDetokenizer:
             # Stop strings count from the output's (min_tokens + 1)-th token on (vLLM's rule).
             if self.stop and seen + i + 1 > self.min_tokens:
                 self._check_stop(start)
+                if self.stop_reason is not None:
+                    self.num_tokens = seen + i + 1
+                    break
         return self.stop_reason
 
     def _check_stop(self, search_from: int) -> None:

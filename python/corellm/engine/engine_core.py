@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import queue
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -62,6 +63,33 @@ def plan_scheduler_config(loaded: LoadedModel, config: EngineConfig, draft: Load
                            num_lookahead_tokens=spec.num_speculative_tokens if draft is not None else 0)
 
 
+@dataclass
+class SpecDecodingTotals:
+    """Speculative decoding's counts since the engine started (vLLM's spec_decode metrics)."""
+
+    num_speculative_tokens: int
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def add(self, step: _core.SpecDecodingStats) -> None:
+        self.num_drafts += step.num_drafts
+        self.num_draft_tokens += step.num_draft_tokens
+        self.num_accepted_tokens += step.num_accepted_tokens
+        per_pos = step.num_accepted_tokens_per_pos
+        if len(self.num_accepted_tokens_per_pos) < len(per_pos):
+            self.num_accepted_tokens_per_pos += [0] * (len(per_pos) - len(self.num_accepted_tokens_per_pos))
+        for j, n in enumerate(per_pos):
+            self.num_accepted_tokens_per_pos[j] += n
+
+    def as_metrics(self) -> dict[str, int | list[int]]:
+        return {"corellm:spec_decode_num_drafts": self.num_drafts,
+                "corellm:spec_decode_num_draft_tokens": self.num_draft_tokens,
+                "corellm:spec_decode_num_accepted_tokens": self.num_accepted_tokens,
+                "corellm:spec_decode_num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos)}
+
+
 class EngineCore:
     def __init__(self, loaded: LoadedModel, config: EngineConfig, grammar_compiler: GrammarCompiler):
         self.loaded = loaded
@@ -76,6 +104,7 @@ class EngineCore:
         self.drafter = None if draft is None else DraftModelProposer(draft, spec.num_speculative_tokens, native,
                                                                       self.model_runner)
         self.structured_output = StructuredOutputManager(grammar_compiler)
+        self.spec_totals = SpecDecodingTotals(spec.num_speculative_tokens if spec else 0)
         self._aborts: queue.SimpleQueue[list[str]] = queue.SimpleQueue()
         self._pending_errors: list[EngineCoreOutput] = []  # reported by the next step
 
@@ -197,6 +226,8 @@ class EngineCore:
             outputs.append(EngineCoreOutput(req_id, [], new_prompt_logprobs=plp))
         if self.drafter is not None:
             self.drafter.propose(so, result, self.scheduler)
+        if self.speculative:
+            self.spec_totals.add(result.spec_decoding_stats)
         return EngineCoreOutputs(outputs, self.stats(), so.total_num_scheduled_tokens,
                                  spec_decoding_stats=result.spec_decoding_stats if self.speculative else None)
 

@@ -135,14 +135,16 @@ class OutputProcessor:
                     tid, plp.logprobs[j], plp.ranks[j], plp.top_token_ids[j], plp.top_logprobs[j])
         if out.error is not None:
             state.error, state.error_field = out.error, out.error_field
-        sample.token_ids.extend(out.new_token_ids)
+        stop_terminated = out.finished and out.finish_reason == "stop"  # a stop token or EOS ended it
+        seen = sample.detokenizer.num_tokens
+        stop_str = sample.detokenizer.update(out.new_token_ids, stop_terminated) if out.new_token_ids else None
+        kept = sample.detokenizer.num_tokens - seen  # a stop string drops the tokens after it
+        sample.token_ids.extend(out.new_token_ids[:kept])
         if sample.logprobs is not None and out.new_logprobs:
-            for lp in out.new_logprobs:
+            for lp in out.new_logprobs[:kept]:
                 sample.logprobs.append(self._position(lp.token_id, lp.logprob, lp.rank, lp.top_token_ids,
                                                       lp.top_logprobs))
                 sample.cumulative_logprob += lp.logprob
-        stop_terminated = out.finished and out.finish_reason == "stop"  # a stop token or EOS ended it
-        stop_str = sample.detokenizer.update(out.new_token_ids, stop_terminated) if out.new_token_ids else None
         if stop_str is not None:
             sample.finish_reason, sample.stop_reason = "stop", stop_str
             if not out.finished:
