@@ -52,8 +52,7 @@ py::dict request_info(const Request& r) {
   d["batch_row"] = r.batch_row;
   d["num_preemptions"] = r.num_preemptions;
   d["draft_token_ids"] = r.draft_token_ids;
-  d["draft_limit"] = r.draft_backoff.limit;
-  d["draft_pause_steps"] = r.draft_backoff.pause_steps;
+  d["draft_acceptance_rate"] = r.draft_acceptance.acceptance_rate();
   return d;
 }
 
@@ -251,6 +250,7 @@ void bind_scheduler(py::module_& m) {
              s.set_draft_token_ids(request_id, ids.data(), ids.size());
            },
            py::arg("request_id"), py::arg("draft_token_ids"))
+      .def("set_step_cost", &Scheduler::set_step_cost, py::arg("fixed_seconds"), py::arg("per_token_seconds"))
       .def("finish_requests", &Scheduler::finish_requests, py::arg("request_ids"), py::arg("status"),
            py::call_guard<py::gil_scoped_release>())
       .def("has_unfinished_requests", &Scheduler::has_unfinished_requests)

@@ -2,6 +2,7 @@
 #include "corellm/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <unordered_set>
 
 #include "corellm/check.h"
@@ -82,7 +83,6 @@ void Scheduler::add_request(EngineCoreRequest new_request) {
   request->cache_salt = std::move(new_request.cache_salt);
   request->use_structured_output = new_request.use_structured_output;
   request->payload = std::move(new_request.payload);
-  request->draft_backoff.limit = config_.num_speculative_tokens;
   request->token_ids.reserve(static_cast<size_t>(
       std::min<int64_t>(config_.max_model_len, num_prompt + request->max_tokens)));
   Request* raw = request.get();
@@ -101,8 +101,10 @@ void Scheduler::add_request(EngineCoreRequest new_request) {
 //   token_budget = max_num_batched_tokens
 //   1. RUNNING requests, in order: want = num_tokens - num_computed_tokens, plus the request's
 //      draft tokens when it is decoding (speculative decoding: want = 1 + drafts, the drafts'
-//      KV in lookahead slots; at most its back-off limit, and no more than its max_tokens can
-//      still use), capped by long_prefill_token_threshold and the budget (drafts go first). Allocate KV slots for them; when the pool
+//      KV in lookahead slots; only the drafts worth verifying — draft j when the request's
+//      acceptance rate^j beats what a token costs the step, see set_step_cost — and no more than
+//      its max_tokens can still use), capped by long_prefill_token_threshold and the budget
+//      (drafts go first). Allocate KV slots for them; when the pool
 //      is short, preempt the lowest-priority running request (FCFS: the most recently
 //      started; PRIORITY: the largest (priority, arrival)): free its blocks, reset its progress
 //      to 0 and put it at the front of WAITING, then retry. If the victim is the request
@@ -177,15 +179,29 @@ int32_t Scheduler::num_lookahead(const Request& request, int32_t num_new_tokens)
   return std::max(0, std::min(config_.num_lookahead_tokens, room));
 }
 
-int32_t Scheduler::num_drafts_to_schedule(const Request& request) const {
-  if (request.draft_token_ids.empty() || request.draft_backoff.pause_steps > 0 ||
-      request.num_tokens() - request.num_computed_tokens != 1) {
-    return 0;
-  }
+void Scheduler::set_step_cost(double fixed_seconds, double per_token_seconds) {
+  CORELLM_CHECK_ARG(fixed_seconds >= 0.0 && per_token_seconds >= 0.0 && std::isfinite(fixed_seconds) &&
+                        std::isfinite(per_token_seconds),
+                    "step cost must be finite and >= 0, got ", fixed_seconds, " + ", per_token_seconds, " per token");
+  step_fixed_seconds_ = fixed_seconds;
+  step_per_token_seconds_ = per_token_seconds;
+}
+
+int32_t Scheduler::num_drafts_worth_verifying(const Request& request, double threshold) const {
+  const int32_t k = config_.num_speculative_tokens;
+  if (threshold <= 0.0) return k;
+  const double rate = request.draft_acceptance.acceptance_rate();
+  if (rate <= threshold) return 0;
+  // rate^j >= threshold  <=>  j <= log(threshold) / log(rate)   (0 < threshold < rate < 1)
+  return std::min(k, static_cast<int32_t>(std::floor(std::log(threshold) / std::log(rate) + 1e-9)));
+}
+
+int32_t Scheduler::num_drafts_to_schedule(const Request& request, double threshold) const {
+  if (request.draft_token_ids.empty() || request.num_tokens() - request.num_computed_tokens != 1) return 0;
   // The step emits drafts + 1 tokens at most: drafts past what max_tokens allows are wasted.
   const int32_t usable = request.max_tokens - request.num_output_tokens() - 1;
   return std::max(0, std::min({static_cast<int32_t>(request.draft_token_ids.size()),
-                               request.draft_backoff.limit, usable}));
+                               num_drafts_worth_verifying(request, threshold), usable}));
 }
 
 static void append_scheduled(SchedulerOutput& out, std::vector<Request*>& pending,
@@ -203,13 +219,19 @@ static void append_scheduled(SchedulerOutput& out, std::vector<Request*>& pendin
 
 void Scheduler::schedule_running(SchedulerOutput& out, int32_t& token_budget, bool& preempted_any) {
   pending_requests_.clear();
+  // What one more token costs this step, in output tokens: with R requests decoding, a step
+  // costs fixed + per_token * R for R tokens out, so a draft token (per_token) is worth its
+  // place when the chance it is accepted beats per_token * R / (fixed + per_token * R).
+  const double r = static_cast<double>(running_.size());
+  const double cost = step_fixed_seconds_ + step_per_token_seconds_ * r;
+  const double draft_threshold = cost > 0.0 ? step_per_token_seconds_ * r / cost : 0.0;
   std::vector<int32_t> new_blocks;
   size_t index = 0;
   while (index < running_.size() && token_budget > 0) {
     Request* request = running_[index];
     const int32_t num_uncomputed = request->num_tokens() - request->num_computed_tokens;
     const int32_t num_new_tokens =
-        cap_new_tokens(*request, num_uncomputed + num_drafts_to_schedule(*request), token_budget);
+        cap_new_tokens(*request, num_uncomputed + num_drafts_to_schedule(*request, draft_threshold), token_budget);
     const int32_t num_drafts = std::max(0, num_new_tokens - num_uncomputed);
     if (num_new_tokens <= 0) {
       ++index;
@@ -433,17 +455,12 @@ bool Scheduler::apply_sampled(Request& request, int32_t num_drafts, const int32_
     spec.num_accepted_tokens += num_accepted;
     for (int32_t j = 0; j < num_drafts; ++j) spec.num_draft_tokens_per_pos[static_cast<size_t>(j)] += 1;
     for (int32_t j = 0; j < num_accepted; ++j) spec.num_accepted_tokens_per_pos[static_cast<size_t>(j)] += 1;
-    DraftBackoff& b = request.draft_backoff;
-    if (num_accepted == 0) {
-      b.limit = 1;
-      b.misses += 1;
-      if (b.misses >= 2) b.pause_steps = std::min(1 << std::min(b.misses - 1, 5), 32);
-    } else {
-      b.limit = num_accepted == num_drafts ? std::min(config_.num_speculative_tokens, 2 * b.limit) : num_accepted + 1;
-      b.misses = 0;
-    }
-  } else if (request.draft_backoff.pause_steps > 0) {
-    request.draft_backoff.pause_steps -= 1;
+    DraftAcceptance& acc = request.draft_acceptance;
+    acc.accepted = acc.accepted * DraftAcceptance::kDecay + static_cast<float>(num_accepted);
+    acc.rejected = acc.rejected * DraftAcceptance::kDecay + (num_accepted < num_drafts ? 1.0f : 0.0f);
+  } else {
+    request.draft_acceptance.accepted *= DraftAcceptance::kIdleDecay;
+    request.draft_acceptance.rejected *= DraftAcceptance::kIdleDecay;
   }
   bool stopped = false;
   int32_t num_appended = 0;
@@ -464,7 +481,7 @@ bool Scheduler::apply_sampled(Request& request, int32_t num_drafts, const int32_
 }
 
 void Scheduler::propose_drafts(Request& request) {
-  if (config_.prompt_lookup_max <= 0 || request.use_structured_output || request.draft_backoff.pause_steps > 0) {
+  if (config_.prompt_lookup_max <= 0 || request.use_structured_output) {
     return;
   }
   const NgramParams params{config_.prompt_lookup_min, config_.prompt_lookup_max};

@@ -3,10 +3,12 @@
 // preemption with drafts, and the batch builder's draft rows.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <numeric>
 #include <random>
 
 #include "corellm/batch_builder.h"
+#include "corellm/check.h"
 #include "corellm/ngram_proposer.h"
 #include "corellm/scheduler.h"
 
@@ -124,7 +126,7 @@ TEST(SpeculativeScheduler, VerifiesDraftsAndRollsBackRejectedOnes) {
   EXPECT_EQ(out.spec_decoding_stats.num_draft_tokens, 3);
   EXPECT_EQ(out.spec_decoding_stats.num_accepted_tokens, 1);
   EXPECT_EQ(out.spec_decoding_stats.num_accepted_tokens_per_pos, (std::vector<int64_t>{1, 0, 0}));
-  EXPECT_EQ(r->draft_backoff.limit, 2);  // a partial acceptance: accepted + 1
+  EXPECT_FLOAT_EQ(r->draft_acceptance.acceptance_rate(), (1 + 1.4f) / (2 + 2.0f));  // 1 accepted, 1 refused
 }
 
 TEST(SpeculativeScheduler, DraftsCountInTheBudgetAndRespectMaxTokens) {
@@ -190,33 +192,48 @@ TEST(SpeculativeScheduler, RejectedDraftsNeverEnterThePrefixCache) {
   EXPECT_EQ(plan->scheduled_new_reqs[0].num_computed_tokens, 4);  // only block 0
 }
 
-TEST(SpeculativeScheduler, BackoffPausesARequestWhoseDraftsMiss) {
+TEST(SpeculativeScheduler, DraftsWorthVerifyingFollowAcceptanceAndStepCost) {
   Scheduler s(spec_config(4));
   s.add_request(make_request("a", {1, 2, 3}, 60));
   auto plan = s.schedule();
   close(s, *plan, {{4}});
   const Request* r = s.find_request("a");
   std::vector<int32_t> drafts{9, 9, 9, 9};
-  int32_t token = 100;
-  for (int miss = 1; miss <= 2; ++miss) {
-    s.set_draft_token_ids("a", drafts.data(), drafts.size());
-    plan = s.schedule();
-    EXPECT_EQ(plan->num_draft_tokens[0], miss == 1 ? 4 : 1);  // limit 1 after the first miss
-    close(s, *plan, {{token++}});
-  }
-  EXPECT_EQ(r->draft_backoff.pause_steps, 2);
-  for (int paused = 0; paused < 2; ++paused) {
-    s.set_draft_token_ids("a", drafts.data(), drafts.size());
-    plan = s.schedule();
-    EXPECT_EQ(plan->num_draft_tokens[0], 0);
-    close(s, *plan, {{token++}});
-  }
+  // Free tokens (the default cost): every draft is verified.
   s.set_draft_token_ids("a", drafts.data(), drafts.size());
   plan = s.schedule();
-  EXPECT_EQ(plan->num_draft_tokens[0], 1);
-  close(s, *plan, {{9, 9}});  // accepted: the limit doubles
-  EXPECT_EQ(r->draft_backoff.limit, 2);
-  EXPECT_EQ(r->draft_backoff.misses, 0);
+  EXPECT_EQ(plan->num_draft_tokens[0], 4);
+  close(s, *plan, {{9, 9, 9, 9, 9}});
+  // One running request and a token costing 2/3 of the step's fixed part: a draft must pass with
+  // probability 0.4, and draft j is verified while rate^j >= 0.4.
+  s.set_step_cost(1.0, 2.0 / 3.0);
+  int32_t token = 100;
+  const float rate = r->draft_acceptance.acceptance_rate();  // (4 + 1.4) / (4 + 2): 0.9
+  s.set_draft_token_ids("a", drafts.data(), drafts.size());
+  plan = s.schedule();
+  EXPECT_EQ(plan->num_draft_tokens[0], std::min(4, static_cast<int32_t>(std::floor(std::log(0.4) / std::log(rate)))));
+  close(s, *plan, {{token++}});  // all refused
+  int32_t misses = 1;
+  while (true) {
+    s.set_draft_token_ids("a", drafts.data(), drafts.size());
+    plan = s.schedule();
+    if (plan->num_draft_tokens[0] == 0) break;
+    close(s, *plan, {{token++}});
+    ASSERT_LT(++misses, 10) << "drafts that keep missing must stop being verified";
+  }
+  EXPECT_LT(r->draft_acceptance.acceptance_rate(), 0.4f);
+  close(s, *plan, {{token++}});
+  // Idle steps let the evidence fade: drafts are tried again after a while.
+  int32_t idle = 1;
+  while (true) {
+    s.set_draft_token_ids("a", drafts.data(), drafts.size());
+    plan = s.schedule();
+    if (plan->num_draft_tokens[0] > 0) break;
+    close(s, *plan, {{token++}});
+    ASSERT_LT(++idle, 100);
+  }
+  EXPECT_GT(idle, 2);
+  EXPECT_THROW(s.set_step_cost(-1.0, 0.0), InvalidArgument);
 }
 
 TEST(SpeculativeScheduler, PreemptionDropsDrafts) {

@@ -59,17 +59,20 @@ struct EngineCoreRequest {
 // thousands of requests copies pointers, not strings.
 using RequestId = std::shared_ptr<const std::string>;
 
-// How many of a request's proposed draft tokens the scheduler takes (speculative decoding): a
-// request whose drafts keep missing costs verification rows for nothing, so it gets fewer drafts,
-// then none for a while. After a verification of d > 0 drafts that accepted a:
-//   a == d      -> limit doubles (up to num_speculative_tokens); misses = 0
-//   0 < a < d   -> limit = a + 1; misses = 0
-//   a == 0      -> limit = 1; misses += 1; from the second miss in a row, no drafts for
-//                  min(2^(misses - 1), 32) steps
-struct DraftBackoff {
-  int32_t limit = 0;        // drafts per step at most (starts at num_speculative_tokens)
-  int32_t misses = 0;       // verifications in a row that accepted nothing
-  int32_t pause_steps = 0;  // steps left without drafts
+// How often a request's drafts are accepted (speculative decoding), as decayed counts: each
+// verification of d drafts that accepted a adds a acceptances and, when a < d, one rejection
+// (draft a + 1 was refused); older evidence fades, and fades on its own while the request
+// verifies nothing, so a request whose drafts stopped being worth it is tried again later.
+// acceptance_rate() estimates the chance that a draft is accepted given the one before it was.
+struct DraftAcceptance {
+  static constexpr float kPriorAccepted = 1.4f, kPriorRejected = 0.6f;  // a fresh request: 0.7
+  static constexpr float kDecay = 0.8f;       // per verification
+  static constexpr float kIdleDecay = 0.97f;  // per step without drafts
+  float accepted = 0.0f;
+  float rejected = 0.0f;
+  float acceptance_rate() const {
+    return (accepted + kPriorAccepted) / (accepted + rejected + kPriorAccepted + kPriorRejected);
+  }
 };
 
 struct Request {
@@ -106,9 +109,9 @@ struct Request {
   int32_t num_cached_blocks = 0;           // leading blocks already registered in the cache
 
   // Speculative decoding: the tokens proposed to follow token_ids, verified by the next step that
-  // schedules them (cleared by every update and by preemption), and the request's back-off.
+  // schedules them (cleared by every update and by preemption), and how often its drafts pass.
   std::vector<int32_t> draft_token_ids;
-  DraftBackoff draft_backoff;
+  DraftAcceptance draft_acceptance;
 
   int32_t batch_row = -1;  // row in the persistent input batch while RUNNING, else -1
   int32_t num_preemptions = 0;

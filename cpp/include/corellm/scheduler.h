@@ -71,6 +71,12 @@ class Scheduler {
   // requests, and when speculative decoding is off. At most num_speculative_tokens are kept.
   void set_draft_token_ids(const std::string& request_id, const int32_t* draft_token_ids, size_t n);
 
+  // What a step costs, as measured by the caller: fixed_seconds + per_token_seconds * tokens.
+  // Speculative decoding verifies a draft only where its chance of acceptance beats what one
+  // more token costs the step relative to an output token; the default (0 per token) verifies
+  // every draft. InvalidArgument on a negative or non-finite cost.
+  void set_step_cost(double fixed_seconds, double per_token_seconds);
+
   // Finishes requests wherever they are (waiting or running), e.g. on abort, freeing their
   // blocks. Unknown or already finished ids are ignored. Returns how many were finished.
   size_t finish_requests(const std::vector<std::string>& request_ids, RequestStatus status);
@@ -92,7 +98,8 @@ class Scheduler {
   void schedule_running(SchedulerOutput& out, int32_t& token_budget, bool& preempted_any);
   void schedule_waiting(SchedulerOutput& out, int32_t& token_budget);
   int32_t cap_new_tokens(const Request& request, int32_t num_new_tokens, int32_t token_budget) const;
-  int32_t num_drafts_to_schedule(const Request& request) const;
+  int32_t num_drafts_to_schedule(const Request& request, double threshold) const;
+  int32_t num_drafts_worth_verifying(const Request& request, double threshold) const;
   int32_t num_lookahead(const Request& request, int32_t num_new_tokens) const;
   // Appends the step's tokens for a request that sampled; returns whether it finished.
   bool apply_sampled(Request& request, int32_t num_drafts, const int32_t* tokens, int32_t num_tokens,
@@ -121,6 +128,8 @@ class Scheduler {
   std::vector<Request*> pending_requests_;  // its requests, in batch order
   int64_t num_preemptions_ = 0;
   std::vector<int32_t> ngram_scratch_;  // the n-gram proposer's work space
+  double step_fixed_seconds_ = 1.0;       // set_step_cost
+  double step_per_token_seconds_ = 0.0;
 };
 
 }  // namespace corellm

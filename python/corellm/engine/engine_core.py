@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +19,7 @@ import numpy as np
 from corellm.native import _core
 from corellm.config import EngineConfig, SchedulerConfig
 from corellm.engine.engine_core_outputs import EngineCoreOutput, EngineCoreOutputs
+from corellm.engine.step_cost_model import StepCostModel
 from corellm.engine_core_request import EngineCoreRequest
 from corellm.model.loader import LoadedModel
 from corellm.structured_output import GrammarCompiler, StructuredOutputManager
@@ -105,6 +107,7 @@ class EngineCore:
                                                                       self.model_runner)
         self.structured_output = StructuredOutputManager(grammar_compiler)
         self.spec_totals = SpecDecodingTotals(spec.num_speculative_tokens if spec else 0)
+        self.step_cost = StepCostModel() if spec is not None else None
         self._aborts: queue.SimpleQueue[list[str]] = queue.SimpleQueue()
         self._pending_errors: list[EngineCoreOutput] = []  # reported by the next step
 
@@ -187,9 +190,12 @@ class EngineCore:
         so = self.scheduler.schedule()
         self.structured_output.remove(so.finished_req_ids)
         try:
+            started = time.perf_counter()
             bitmask = self.structured_output.start_bitmask(so)  # filled while the forward runs
             self.model_runner.execute_model(so)
             mro = self.model_runner.sample_tokens(bitmask.result() if bitmask is not None else None)
+            if self.step_cost is not None:
+                self._observe_step_cost(so, time.perf_counter() - started)
         except Exception as e:  # noqa: BLE001 - one failed step must not take the engine down
             logger.exception("step failed; its %d requests end with an error", so.num_reqs)
             self.model_runner.abandon_step()
@@ -230,6 +236,16 @@ class EngineCore:
             self.spec_totals.add(result.spec_decoding_stats)
         return EngineCoreOutputs(outputs, self.stats(), so.total_num_scheduled_tokens,
                                  spec_decoding_stats=result.spec_decoding_stats if self.speculative else None)
+
+    def _observe_step_cost(self, so: _core.SchedulerOutput, seconds: float) -> None:
+        """A step where every request decodes (its newest token and its drafts) teaches the cost
+        model, whose fit then sets which drafts the scheduler finds worth verifying."""
+        if so.total_num_scheduled_tokens != so.num_reqs + int(so.num_draft_tokens.sum()):
+            return  # a prompt chunk's cost is not a decode token's
+        self.step_cost.observe(so.total_num_scheduled_tokens, seconds)
+        fit = self.step_cost.estimate()
+        if fit is not None:
+            self.scheduler.set_step_cost(*fit)
 
     def _advance_grammar(self, out: EngineCoreOutput, token: int) -> None:
         """The request's grammar takes its new token; a token it refuses ends the request with an
