@@ -160,3 +160,14 @@ def test_bitmask_matches_the_cpu():
     for i, row in enumerate(md.bitmask_rows.tolist()):
         if row >= 0:
             assert allowed[row, int(tokens[i])]
+
+
+@pytest.mark.parametrize("num_reqs", [1, 37, 2500])  # 2500: past one block's 1024 requests per chunk
+def test_rejection_sample_matches_the_cpu(num_reqs: int) -> None:
+    g = torch.Generator().manual_seed(num_reqs)
+    num_drafts = torch.randint(0, 5, (num_reqs,), generator=g, dtype=torch.int32)
+    drafts = torch.randint(0, 4, (int(num_drafts.sum()),), generator=g, dtype=torch.int32)
+    target = torch.randint(-1, 4, (int(num_drafts.sum()) + num_reqs,), generator=g, dtype=torch.int32)
+    cpu = ops.rejection_sample(target, num_drafts, drafts)
+    gpu = ops.rejection_sample(target.cuda(), num_drafts.cuda(), drafts.cuda())
+    assert torch.equal(gpu.cpu(), cpu)
