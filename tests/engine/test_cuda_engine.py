@@ -98,3 +98,19 @@ def first_near_tie(logprobs, margin: float = 1e-3) -> int:
         if len(top) > 1 and top[0] - top[1] < margin:
             return i
     return len(logprobs)
+
+
+def test_cuda_speculative_decoding_matches_plain(tiny_dir):
+    """n-gram speculation on the GPU (eager verification steps, the CUDA rejection sampler):
+    greedy fp32 tokens equal the plain GPU engine's up to the first near-tie, and drafts ran."""
+    pattern = list(range(40, 72))
+    prompts = [{"prompt_token_ids": pattern * 3}, {"prompt_token_ids": pattern[5:] * 2 + pattern[:9]}]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)
+    plain = cuda_llm(tiny_dir).generate(prompts, params, use_tqdm=False)
+    spec_llm = cuda_llm(tiny_dir, speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                                      "prompt_lookup_max": 3, "prompt_lookup_min": 1})
+    spec = spec_llm.generate(prompts, params, use_tqdm=False)
+    for p, s in zip(plain, spec):
+        n = first_near_tie(p.outputs[0].logprobs)
+        assert s.outputs[0].token_ids[:n] == p.outputs[0].token_ids[:n]
+    assert spec_llm.get_metrics()["corellm:spec_decode_num_draft_tokens"] > 0
