@@ -29,15 +29,8 @@ __global__ void rejection_sample_kernel(RejectionBatch b) {
     if (i < b.num_reqs) {
       const int64_t draft = base_draft + scan[threadIdx.x] - d;  // exclusive
       const int64_t row = draft + i;                             // each request before has d + 1 rows
-      int32_t* out = b.output_token_ids + i * b.width;
-      int64_t n = 0;
-      for (int32_t j = 0; j <= d; ++j) {
-        const int32_t token = b.target_token_ids[row + j];
-        if (token < 0) break;
-        out[n++] = token;
-        if (j == d || token != b.draft_token_ids[draft + j]) break;
-      }
-      for (int64_t j = n; j < b.width; ++j) out[j] = -1;
+      accept_drafts(b.target_token_ids + row, b.draft_token_ids + draft, d, b.output_token_ids + i * b.width,
+                    b.width);
     }
     base_draft += scan[kThreads - 1];
     __syncthreads();

@@ -16,15 +16,8 @@ void rejection_sample(const RejectionBatch& b) {
     CORELLM_CHECK_ARG(d >= 0 && d + 1 <= b.width, "rejection_sample: request ", i, " has ", d,
                       " drafts, the output has ", b.width, " columns");
     CORELLM_CHECK_ARG(d == 0 || b.draft_token_ids, "rejection_sample: draft_token_ids is required");
-    int32_t* out = b.output_token_ids + i * b.width;
-    int64_t n = 0;
-    for (int32_t j = 0; j <= d; ++j) {
-      const int32_t token = b.target_token_ids[row + j];
-      if (token < 0) break;
-      out[n++] = token;
-      if (j == d || token != b.draft_token_ids[draft + j]) break;
-    }
-    for (int64_t j = n; j < b.width; ++j) out[j] = -1;
+    accept_drafts(b.target_token_ids + row, d > 0 ? b.draft_token_ids + draft : nullptr, d,
+                  b.output_token_ids + i * b.width, b.width);
     row += d + 1;
     draft += d;
   }

@@ -32,6 +32,26 @@ struct RejectionBatch {
   int32_t* output_token_ids = nullptr;        // [num_reqs, width]: new tokens, -1 after the last
 };
 
+#if defined(__CUDACC__)
+#define CORELLM_HOST_DEVICE __host__ __device__
+#else
+#define CORELLM_HOST_DEVICE
+#endif
+
+// The rule for one request (shared by the CPU and CUDA kernels): its d + 1 row tokens and d
+// drafts -> its new tokens in out[0, width), -1 after the last.
+CORELLM_HOST_DEVICE inline void accept_drafts(const int32_t* row_tokens, const int32_t* drafts, int32_t d,
+                                              int32_t* out, int64_t width) {
+  int64_t n = 0;
+  for (int32_t j = 0; j <= d; ++j) {
+    const int32_t token = row_tokens[j];
+    if (token < 0) break;
+    out[n++] = token;
+    if (j == d || token != drafts[j]) break;
+  }
+  for (int64_t j = n; j < width; ++j) out[j] = -1;
+}
+
 // Validates the batch (InvalidArgument naming the field) and fills output_token_ids. A row
 // token of -1 ends the request's tokens before it (the engine reports a request whose first
 // token is -1 as failed).
