@@ -1,7 +1,8 @@
 """Speculative decoding against none, same run, same loaded model, offline API: copy-heavy
 prompts (copy a paragraph, rename a function in code, quote an answer from a passage) and
 free-writing ones (stories, explanations), one request at a time and 16 at a time (48 requests
-through max_num_seqs 16: a finished request's place is taken at once, as when serving), greedy. Each
+through max_num_seqs 16: a finished request's place is taken at once, as when serving; --rounds 1:
+one fixed batch of 16, whose time is its slowest request's), greedy. Each
 cell runs the plain engine and the speculative one in turn, `--repeats` times (a noisy VM moves
 both alike), and keeps the median; the table gives output tok/s, the ratio, the drafts' acceptance
 rate and mean accepted length, and whether the outputs were identical (they must be, greedy).
@@ -105,6 +106,7 @@ def main() -> None:
         {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}))
     parser.add_argument("--max-tokens", type=int, default=192)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3, help="requests per batch cell = rounds x batch")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
@@ -125,7 +127,7 @@ def main() -> None:
           f"{'identical':>9}")
     for name, make in (("copy", copy_prompts), ("free", free_prompts)):
         for batch in (1, args.batch):
-            convs = make(4 if batch == 1 else 3 * batch)
+            convs = make(4 if batch == 1 else args.rounds * batch)
             groups = [convs[i:i + 1] for i in range(4)] if batch == 1 else [convs]  # 1: four prompts in turn
             plain_rates, spec_rates, identical = [], [], True
             before = speculative.get_metrics()
