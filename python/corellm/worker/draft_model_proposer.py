@@ -35,9 +35,11 @@ logger = logging.getLogger("corellm")
 
 
 def load_draft_model(spec: SpeculativeConfig, target: LoadedModel) -> LoadedModel:
-    """Loads the draft model on the target's device and dtype; ValueError when its tokenizer is
-    not the target's (its drafts would be other tokens)."""
-    draft = load_model(spec.model, dtype=target.model.dtype, device=str(target.model.device))
+    """Loads the draft model on the target's device and dtype, its rotary table as long as the
+    target's (drafts sit at the target's positions); ValueError when its tokenizer is not the
+    target's (its drafts would be other tokens)."""
+    draft = load_model(spec.model, dtype=target.model.dtype, device=str(target.model.device),
+                       max_position=target.model.cos_sin_cache.shape[0])
     mine, theirs = target.tokenizer.backend.get_vocab(), draft.tokenizer.backend.get_vocab()
     if mine != theirs:
         differing = len(set(mine.items()) ^ set(theirs.items()))

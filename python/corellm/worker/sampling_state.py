@@ -59,18 +59,21 @@ class SamplingState:
         j sampled as the request's output position steps + j with the drafts before it counted
         as outputs (penalties, min_tokens): exactly what decoding them one by one would use."""
         rows = rows.astype(np.int64)
-        drafts_before: list[list[int]] | None = None  # per logits row: the drafts it follows
+        row_reqs = None  # per logits row, its request's index in req_ids (None: one row each)
         if num_draft_tokens is not None and num_draft_tokens.any():
             per_req = num_draft_tokens.astype(np.int64) + 1
             starts = np.cumsum(per_req) - per_req
             offsets = np.arange(int(per_req.sum())) - np.repeat(starts, per_req)
-            rows = np.repeat(rows, per_req)
-            req_ids = [r for r, k in zip(req_ids, per_req.tolist()) for _ in range(k)]
-            flat = draft_token_ids.tolist()
-            draft_starts = (starts - np.arange(len(per_req))).tolist()  # drafts of the requests before
-            drafts_before = [flat[ds:ds + j] for ds, k in zip(draft_starts, per_req.tolist()) for j in range(k)]
+            row_reqs = np.repeat(np.arange(len(per_req)), per_req)
+            rows = rows[row_reqs]
         else:
             offsets = np.zeros(len(rows), np.int64)
+
+        def drafts_before() -> list[list[int]]:  # per logits row: the drafts it follows
+            flat = draft_token_ids.tolist()
+            draft_starts = (starts - np.arange(len(per_req))).tolist()  # drafts of the requests before
+            return [flat[ds:ds + j] for ds, k in zip(draft_starts, per_req.tolist()) for j in range(k)]
+
         t = lambda a: torch.from_numpy(np.ascontiguousarray(a[rows]))  # noqa: E731
         temperature = self.temperature[rows]
         steps = self.steps[rows] + offsets
@@ -84,13 +87,15 @@ class SamplingState:
             if (self.min_p[rows] > 0).any():
                 md.min_p = t(self.min_p)
         reqs = [self.requests[r] for r in req_ids]
+        if row_reqs is not None:
+            reqs = [reqs[i] for i in row_reqs.tolist()]
         pres, freq, rep = self.presence[rows], self.frequency[rows], self.repetition[rows]
         if (pres != 0).any() or (freq != 0).any() or (rep != 1).any():
             md.presence_penalty, md.frequency_penalty = torch.from_numpy(pres), torch.from_numpy(freq)
             md.repetition_penalty = torch.from_numpy(rep)
             outputs = [r.output_token_ids for r in reqs]
-            if drafts_before is not None:
-                outputs = [o + d for o, d in zip(outputs, drafts_before)]
+            if row_reqs is not None:
+                outputs = [o + d for o, d in zip(outputs, drafts_before())]
             md.output_token_ids = TokenLists.from_lists(outputs)
             md.prompt_token_ids = TokenLists.from_lists(
                 [r.request.prompt_token_ids if r.request.sampling_params.repetition_penalty != 1 else [] for r in reqs])
