@@ -190,3 +190,23 @@ def test_configuration_errors(loaded, tmp_path) -> None:
     other.write_text(other.read_text().replace('"<|endoftext|>"', '"<|end|>"', 1))
     with pytest.raises(ValueError, match="another tokenizer"):
         LLM(loaded_model=loaded, speculative_config={"model": str(tmp_path), "num_speculative_tokens": 2}, **ENGINE)
+
+
+def test_small_budget_chunked_prefill_n_and_max_model_len(loaded, plain) -> None:
+    """Drafts cut by a 6-token budget while prompts are chunked; n = 2 samples; requests that
+    run into max_model_len with drafts in flight; prompt logprobs alongside: all as without."""
+    spec = LLM(loaded_model=loaded, speculative_config=NGRAM, max_model_len=96, kv_cache_memory=96 * 1024**2,
+               max_num_seqs=8, max_num_batched_tokens=6)
+    base = LLM(loaded_model=loaded, max_model_len=96, kv_cache_memory=96 * 1024**2, max_num_seqs=8,
+               max_num_batched_tokens=6)
+    params = SamplingParams(temperature=0, max_tokens=200, n=2, prompt_logprobs=1)
+    prompts = [COPY[1][:200], PROMPTS[0]]
+    got, want = spec.generate(prompts, params, use_tqdm=False), base.generate(prompts, params, use_tqdm=False)
+    for g, w in zip(got, want):
+        assert [c.token_ids for c in g.outputs] == [c.token_ids for c in w.outputs]
+        assert [c.finish_reason for c in g.outputs] == [c.finish_reason for c in w.outputs]
+        assert [None if p is None else sorted(p) for p in g.prompt_logprobs] == \
+            [None if p is None else sorted(p) for p in w.prompt_logprobs]
+    assert any(c.finish_reason == "length" for o in got for c in o.outputs)  # max_model_len reached
+    assert spec.get_metrics()["corellm:spec_decode_num_accepted_tokens"] > 0
+    spec.engine_core.scheduler.check_integrity()
