@@ -14,6 +14,19 @@ from tests.reliability.conftest import assert_error, call
 from tests.server.conftest import Server
 
 
+def wait_until_running(url: str, timeout: float = 30.0) -> None:
+    """Returns once the server's /metrics shows a request running (a fixed sleep is not enough
+    on a loaded machine: the request may not have arrived yet)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("corellm:num_requests_running{") and float(line.rsplit(" ", 1)[1]) >= 1:
+                    return
+        time.sleep(0.05)
+    raise AssertionError("no request started running")
+
+
 def test_sigterm_drains_in_flight_requests_and_refuses_new_ones():
     s = Server("--shutdown-timeout", "30")
     result = {}
@@ -25,7 +38,7 @@ def test_sigterm_drains_in_flight_requests_and_refuses_new_ones():
 
     t = threading.Thread(target=long_request)
     t.start()
-    time.sleep(0.5)  # the request is running
+    wait_until_running(s.url)
     s.proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     code, out, _ = call(s.url + "/v1/completions", {"prompt": "late", "max_tokens": 2})
@@ -55,7 +68,7 @@ def test_shutdown_timeout_bounds_the_drain():
 
     t = threading.Thread(target=endless)
     t.start()
-    time.sleep(0.5)
+    wait_until_running(s.url)
     started = time.monotonic()
     s.proc.send_signal(signal.SIGTERM)
     assert s.proc.wait(timeout=30) == 0
