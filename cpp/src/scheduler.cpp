@@ -2,7 +2,6 @@
 #include "corellm/scheduler.h"
 
 #include <algorithm>
-#include <cmath>
 #include <unordered_set>
 
 #include "corellm/check.h"
@@ -174,34 +173,8 @@ int32_t Scheduler::cap_new_tokens(const Request& request, int32_t num_new_tokens
   return std::min(num_new_tokens, config_.max_model_len - 1 - request.num_computed_tokens);
 }
 
-int32_t Scheduler::num_lookahead(const Request& request, int32_t num_new_tokens) const {
-  const int32_t room = config_.max_model_len - (request.num_computed_tokens + num_new_tokens);
-  return std::max(0, std::min(config_.num_lookahead_tokens, room));
-}
-
-void Scheduler::set_step_cost(double fixed_seconds, double per_token_seconds) {
-  CORELLM_CHECK_ARG(fixed_seconds >= 0.0 && per_token_seconds >= 0.0 && std::isfinite(fixed_seconds) &&
-                        std::isfinite(per_token_seconds),
-                    "step cost must be finite and >= 0, got ", fixed_seconds, " + ", per_token_seconds, " per token");
-  step_fixed_seconds_ = fixed_seconds;
-  step_per_token_seconds_ = per_token_seconds;
-}
-
-int32_t Scheduler::num_drafts_worth_verifying(const Request& request, double threshold) const {
-  const int32_t k = config_.num_speculative_tokens;
-  if (threshold <= 0.0) return k;
-  const double rate = request.draft_acceptance.acceptance_rate();
-  if (rate <= threshold) return 0;
-  // rate^j >= threshold  <=>  j <= log(threshold) / log(rate)   (0 < threshold < rate < 1)
-  return std::min(k, static_cast<int32_t>(std::floor(std::log(threshold) / std::log(rate) + 1e-9)));
-}
-
-int32_t Scheduler::num_drafts_to_schedule(const Request& request, double threshold) const {
-  if (request.draft_token_ids.empty() || request.num_tokens() - request.num_computed_tokens != 1) return 0;
-  // The step emits drafts + 1 tokens at most: drafts past what max_tokens allows are wasted.
-  const int32_t usable = request.max_tokens - request.num_output_tokens() - 1;
-  return std::max(0, std::min({static_cast<int32_t>(request.draft_token_ids.size()),
-                               num_drafts_worth_verifying(request, threshold), usable}));
+int32_t Scheduler::num_lookahead(int32_t end) const {
+  return std::max(0, std::min(config_.num_lookahead_tokens, config_.max_model_len - end));
 }
 
 static void append_scheduled(SchedulerOutput& out, std::vector<Request*>& pending,
@@ -219,12 +192,7 @@ static void append_scheduled(SchedulerOutput& out, std::vector<Request*>& pendin
 
 void Scheduler::schedule_running(SchedulerOutput& out, int32_t& token_budget, bool& preempted_any) {
   pending_requests_.clear();
-  // What one more token costs this step, in output tokens: with R requests decoding, a step
-  // costs fixed + per_token * R for R tokens out, so a draft token (per_token) is worth its
-  // place when the chance it is accepted beats per_token * R / (fixed + per_token * R).
-  const double r = static_cast<double>(running_.size());
-  const double cost = step_fixed_seconds_ + step_per_token_seconds_ * r;
-  const double draft_threshold = cost > 0.0 ? step_per_token_seconds_ * r / cost : 0.0;
+  const double draft_threshold = draft_acceptance_threshold();
   std::vector<int32_t> new_blocks;
   size_t index = 0;
   while (index < running_.size() && token_budget > 0) {
@@ -240,7 +208,8 @@ void Scheduler::schedule_running(SchedulerOutput& out, int32_t& token_budget, bo
     bool scheduled = false;
     while (true) {
       new_blocks.clear();
-      if (kv_.allocate_slots(*request, num_new_tokens, nullptr, num_lookahead(*request, num_new_tokens), &new_blocks)) {
+      if (kv_.allocate_slots(*request, num_new_tokens, nullptr,
+                             num_lookahead(request->num_computed_tokens + num_new_tokens), &new_blocks)) {
         scheduled = true;
         break;
       }
@@ -303,9 +272,7 @@ void Scheduler::schedule_waiting(SchedulerOutput& out, int32_t& token_budget) {
     const int32_t num_new_tokens = cap_new_tokens(*request, num_new_tokens_wanted, token_budget);
     request->num_computed_tokens = 0;
     CORELLM_CHECK(num_new_tokens > 0, "nothing to compute for waiting request ", *request->request_id);
-    request->num_computed_tokens = computed.num_computed_tokens;
-    const int32_t lookahead = num_lookahead(*request, num_new_tokens);
-    request->num_computed_tokens = 0;
+    const int32_t lookahead = num_lookahead(computed.num_computed_tokens + num_new_tokens);
     if (!kv_.allocate_slots(*request, num_new_tokens, &computed, lookahead)) break;
 
     waiting_.pop();
@@ -448,20 +415,7 @@ bool Scheduler::apply_sampled(Request& request, int32_t num_drafts, const int32_
   const int32_t num_accepted = num_tokens - 1;
   request.num_computed_tokens -= num_drafts - num_accepted;
   request.draft_token_ids.clear();
-  if (num_drafts > 0) {
-    SpecDecodingStats& spec = result.spec_decoding_stats;
-    spec.num_drafts += 1;
-    spec.num_draft_tokens += num_drafts;
-    spec.num_accepted_tokens += num_accepted;
-    for (int32_t j = 0; j < num_drafts; ++j) spec.num_draft_tokens_per_pos[static_cast<size_t>(j)] += 1;
-    for (int32_t j = 0; j < num_accepted; ++j) spec.num_accepted_tokens_per_pos[static_cast<size_t>(j)] += 1;
-    DraftAcceptance& acc = request.draft_acceptance;
-    acc.accepted = acc.accepted * DraftAcceptance::kDecay + static_cast<float>(num_accepted);
-    acc.rejected = acc.rejected * DraftAcceptance::kDecay + (num_accepted < num_drafts ? 1.0f : 0.0f);
-  } else {
-    request.draft_acceptance.accepted *= DraftAcceptance::kIdleDecay;
-    request.draft_acceptance.rejected *= DraftAcceptance::kIdleDecay;
-  }
+  record_verification(request, num_drafts, num_accepted, result.spec_decoding_stats);
   bool stopped = false;
   int32_t num_appended = 0;
   while (num_appended < num_tokens && !stopped) {
@@ -478,31 +432,6 @@ bool Scheduler::apply_sampled(Request& request, int32_t num_drafts, const int32_
   result.num_cached_tokens.push_back(std::max(request.num_cached_tokens, 0));
   if (!stopped) propose_drafts(request);
   return stopped;
-}
-
-void Scheduler::propose_drafts(Request& request) {
-  if (config_.prompt_lookup_max <= 0 || request.use_structured_output) {
-    return;
-  }
-  const NgramParams params{config_.prompt_lookup_min, config_.prompt_lookup_max};
-  request.draft_token_ids.resize(static_cast<size_t>(config_.num_speculative_tokens));
-  const int32_t n = propose_ngram_drafts(request.token_ids.data(), request.num_tokens(), params,
-                                         config_.num_speculative_tokens, request.draft_token_ids.data(),
-                                         ngram_scratch_);
-  request.draft_token_ids.resize(static_cast<size_t>(n));
-}
-
-void Scheduler::set_draft_token_ids(const std::string& request_id, const int32_t* draft_token_ids, size_t n) {
-  auto it = requests_.find(request_id);
-  if (config_.num_speculative_tokens <= 0 || it == requests_.end()) return;
-  Request& request = *it->second;
-  if (request.status != RequestStatus::RUNNING || request.use_structured_output) return;
-  for (size_t j = 0; j < n; ++j) {
-    CORELLM_CHECK_ARG(draft_token_ids[j] >= 0, "request '", request_id, "': negative draft token id ",
-                      draft_token_ids[j]);
-  }
-  const size_t kept = std::min(n, static_cast<size_t>(config_.num_speculative_tokens));
-  request.draft_token_ids.assign(draft_token_ids, draft_token_ids + kept);
 }
 
 void Scheduler::retire(Request* request, RequestStatus status) {

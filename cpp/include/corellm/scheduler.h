@@ -98,9 +98,14 @@ class Scheduler {
   void schedule_running(SchedulerOutput& out, int32_t& token_budget, bool& preempted_any);
   void schedule_waiting(SchedulerOutput& out, int32_t& token_budget);
   int32_t cap_new_tokens(const Request& request, int32_t num_new_tokens, int32_t token_budget) const;
+  // Speculative decoding (scheduler_drafts.cpp).
+  double draft_acceptance_threshold() const;
   int32_t num_drafts_to_schedule(const Request& request, double threshold) const;
   int32_t num_drafts_worth_verifying(const Request& request, double threshold) const;
-  int32_t num_lookahead(const Request& request, int32_t num_new_tokens) const;
+  void record_verification(Request& request, int32_t num_drafts, int32_t num_accepted,
+                           SpecDecodingStats& spec) const;
+  // Lookahead slots for a request whose scheduled tokens end at position `end` (exclusive).
+  int32_t num_lookahead(int32_t end) const;
   // Appends the step's tokens for a request that sampled; returns whether it finished.
   bool apply_sampled(Request& request, int32_t num_drafts, const int32_t* tokens, int32_t num_tokens,
                      SchedulerUpdate& result);

@@ -161,8 +161,7 @@ class ModelRunner:
         rows = so.batch_rows
         num_drafts = so.num_draft_tokens
         speculative = bool(num_drafts.any())
-        md = self.sampling.metadata(req_ids, rows, num_drafts, so.draft_token_ids) if speculative \
-            else self.sampling.metadata(req_ids, rows)
+        md = self.sampling.metadata(req_ids, rows, num_drafts, so.draft_token_ids)
         if grammar_output is not None:  # structured requests verify no drafts: one row each
             md.allowed_token_bitmask = torch.from_numpy(grammar_output.bitmask)
             md.bitmask_rows = torch.from_numpy(np.repeat(grammar_output.bitmask_rows, num_drafts + 1)
