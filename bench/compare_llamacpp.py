@@ -1,9 +1,14 @@
 """corellm vs llama.cpp on this machine, same model (the default SmolLM2-135M-Instruct re-encoded
-as BF16 GGUF), same threads, same prompts, one after the other in one run:
+as BF16 GGUF, or with --quant quantized from it by llama-quantize), same threads, same prompts,
+one after the other in one run:
 
-  1. builds llama.cpp's llama-server and llama-bench from the llama-cpp-python==0.3.36 sdist on
-     PyPI (its vendor/llama.cpp; CMake, -DGGML_NATIVE=ON), cached under build/llamacpp/;
-  2. writes the BF16 GGUF (corellm's own export, build/llamacpp/*.BF16.gguf);
+  1. builds llama.cpp's llama-server, llama-bench and llama-quantize from the
+     llama-cpp-python==0.3.36 sdist on PyPI (its vendor/llama.cpp; CMake with GGML_NATIVE=OFF and
+     explicit AVX2 / AVX-512 / VNNI / BF16 flags: a native build dies with an illegal instruction on
+     quantized types on the AMX VM), cached under build/llamacpp/;
+  2. writes the BF16 GGUF (corellm's own export, build/llamacpp/*.BF16.gguf), and with --quant TYPE
+     (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K_M, Q5_K_M, Q6_K, ...) quantizes it: both engines then run
+     that file, corellm on its quantized kernels (quantization "gguf");
   3. single stream: llama-bench pp512 / tg128 vs corellm's prefill of 512 tokens and decode of 128,
      alternately, twice; each engine's best round;
   4. serving: both servers up; at each concurrency bench/serve.py against `corellm serve`, then
@@ -11,6 +16,7 @@ as BF16 GGUF), same threads, same prompts, one after the other in one run:
   5. prints one table with the ratios (and --json writes everything).
 
     .venv/bin/python bench/compare_llamacpp.py --threads 2 --concurrency 1,4,16,64
+    .venv/bin/python bench/compare_llamacpp.py --quant Q4_K_M --concurrency 16
 """
 
 from __future__ import annotations
@@ -37,9 +43,17 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=True, **kw)
 
 
+# x86-64 instruction sets llama.cpp is built for, named (not GGML_NATIVE): every CPU corellm
+# develops on has them (AVX-512 with VNNI and BF16).
+_GGML_ISA_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
+                   "-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON", "-DGGML_AVX_VNNI=ON"]
+_TOOLS = ("llama-server", "llama-bench", "llama-quantize")
+
+
 def build_llamacpp() -> Path:
-    bin_dir = CACHE / "build" / "bin"
-    if (bin_dir / "llama-server").exists() and (bin_dir / "llama-bench").exists():
+    build = CACHE / "build-portable"
+    bin_dir = build / "bin"
+    if all((bin_dir / tool).exists() for tool in _TOOLS):
         return bin_dir
     CACHE.mkdir(parents=True, exist_ok=True)
     src = next(CACHE.glob("llama_cpp_python-*/vendor/llama.cpp"), None)
@@ -49,11 +63,10 @@ def build_llamacpp() -> Path:
             tar.extractall(CACHE, filter="data")
         src = next(CACHE.glob("llama_cpp_python-*/vendor/llama.cpp"))
     ninja = shutil.which("ninja") or str(Path(sys.executable).parent / "ninja")
-    run(["cmake", "-S", str(src), "-B", str(CACHE / "build"), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}",
-         "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+    run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}",
+         "-DCMAKE_BUILD_TYPE=Release", *_GGML_ISA_FLAGS, "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
          "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON"], stdout=subprocess.DEVNULL)
-    run(["cmake", "--build", str(CACHE / "build"), "-j", str(os.cpu_count() or 2), "--target", "llama-server",
-         "llama-bench"], stdout=subprocess.DEVNULL)
+    run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", *_TOOLS], stdout=subprocess.DEVNULL)
     return bin_dir
 
 
@@ -66,6 +79,16 @@ def bf16_model() -> Path:
         CACHE.mkdir(parents=True, exist_ok=True)
         export_bf16(default_model_path(), out.with_suffix(".tmp"))
         out.with_suffix(".tmp").rename(out)
+    return out
+
+
+def quantized_model(bin_dir: Path, quant: str) -> Path:
+    """The BF16 export quantized to `quant` by llama-quantize (cached)."""
+    out = CACHE / f"SmolLM2-135M-Instruct.{quant}.gguf"
+    if not out.exists():
+        tmp = out.with_suffix(".tmp")
+        run([str(bin_dir / "llama-quantize"), str(bf16_model()), str(tmp), quant], stdout=subprocess.DEVNULL)
+        tmp.rename(out)
     return out
 
 
@@ -127,13 +150,15 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--skip-single-stream", action="store_true")
+    p.add_argument("--quant", help="run both engines on the model quantized to this llama-quantize type "
+                                   "(Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K_M, Q5_K_M, Q6_K, ...)")
     p.add_argument("--json", help="write all results here")
     p.add_argument("--plot", help="draw both engines' serving throughput and latencies into this PNG (matplotlib)")
     args = p.parse_args()
 
     bin_dir = build_llamacpp()
-    model = bf16_model()
-    report: dict = {"threads": args.threads, "model": str(model)}
+    model = quantized_model(bin_dir, args.quant) if args.quant else bf16_model()
+    report: dict = {"threads": args.threads, "model": str(model), "file_bytes": model.stat().st_size}
     if not args.skip_single_stream:
         report["corellm_single"], report["llamacpp_single"], report["single_rounds"] = single_stream(
             bin_dir, model, args.threads)
@@ -149,7 +174,11 @@ def main() -> None:
     served = serve_both(servers, ports, args, CACHE)
     report["corellm_serve"], report["llamacpp_serve"] = served["corellm"], served["llama-server"]
 
-    print(f"\ncorellm vs llama.cpp — {model.name}, {args.threads} threads")
+    from corellm.model.quantized_tensor import quant_path
+    from corellm.native import cpu_kernel_path
+
+    print(f"\ncorellm vs llama.cpp — {model.name} ({model.stat().st_size / 2**20:.1f} MiB), {args.threads} threads; "
+          f"corellm's kernels: {cpu_kernel_path()}, quantized GEMM {quant_path()}")
     if "corellm_single" in report:
         c, l = report["corellm_single"], report["llamacpp_single"]
         print(f"{'single stream':<22} {'corellm':>10} {'llama.cpp':>10} {'ratio':>7}")

@@ -12,6 +12,7 @@
 #include "corellm/kernels/elementwise.h"
 #include "corellm/kernels/packed_gemm.h"
 #include "corellm/kernels/paged_attention.h"
+#include "corellm/kernels/quant_gemm.h"
 #include "corellm/kernels/rejection_sampler.h"
 #include "corellm/kernels/sampler.h"
 #include "glue.h"
@@ -152,6 +153,50 @@ void bind_kernels(py::module_& m) {
         [](uintptr_t w, uintptr_t packed, int64_t n, int64_t kk) {
           bf16_gemm_pack(ptr<const uint16_t>(w), ptr<uint16_t>(packed), n, kk);
         },
+        py::call_guard<py::gil_scoped_release>());
+  k.def("quant_type_supported", &quant_type_supported, arg("ggml_type"));
+  k.def("quant_type_name", [](int32_t t) { return std::string(quant_type_name(quant_type_of(t))); }, arg("ggml_type"));
+  k.def("quant_block_elements", [](int32_t t) { return quant_block_elements(quant_type_of(t)); }, arg("ggml_type"));
+  k.def("quant_block_bytes", [](int32_t t) { return quant_block_bytes(quant_type_of(t)); }, arg("ggml_type"));
+  k.def("quant_path", [] { return std::string(quant_path_name(quant_path())); },
+        "quant_gemm's path on this CPU: avx512vnni or avx2 (CORELLM_ISA=avx2 forces avx2).");
+  k.def("quant_gemm_packed_size", [](int32_t t, int64_t n, int64_t kk) { return quant_gemm_packed_size(quant_type_of(t), n, kk); },
+        arg("ggml_type"), arg("n"), arg("k"));
+  k.def("quant_gemm_pack",
+        [](int32_t t, uintptr_t rows, uintptr_t packed, int64_t n, int64_t kk, uintptr_t row_order) {
+          quant_gemm_pack(quant_type_of(t), ptr<const uint8_t>(rows), ptr<uint8_t>(packed), n, kk,
+                          ptr<const int32_t>(row_order));
+        },
+        arg("ggml_type"), arg("rows"), arg("packed"), arg("n"), arg("k"), arg("row_order") = 0,
+        py::call_guard<py::gil_scoped_release>());
+  k.def("quant_gemm",
+        [](uintptr_t x, int64_t x_stride, int32_t x_dtype, int32_t t, uintptr_t packed, uintptr_t bias, uintptr_t y,
+           int64_t y_stride, int32_t y_dtype, int64_t m, int64_t n, int64_t kk, const std::string& path) {
+          QuantGemmArgs a;
+          a.x = ptr<const void>(x);
+          a.x_stride = x_stride;
+          a.x_dtype = dtype_of(x_dtype);
+          a.type = quant_type_of(t);
+          a.packed = ptr<const uint8_t>(packed);
+          a.bias = ptr<const uint16_t>(bias);
+          a.y = ptr<void>(y);
+          a.y_stride = y_stride;
+          a.y_dtype = dtype_of(y_dtype);
+          a.m = m;
+          a.n = n;
+          a.k = kk;
+          quant_gemm(a, path.empty() ? quant_path() : quant_path_named(path));
+        },
+        arg("x"), arg("x_stride"), arg("x_dtype"), arg("ggml_type"), arg("packed"), arg("bias"), arg("y"),
+        arg("y_stride"), arg("y_dtype"), arg("m"), arg("n"), arg("k"), arg("path") = std::string(),
+        py::call_guard<py::gil_scoped_release>());
+  k.def("quant_dequantize_rows",
+        [](int32_t t, uintptr_t packed, int64_t n, int64_t kk, uintptr_t ids, int64_t count, uintptr_t out,
+           int32_t out_dtype) {
+          quant_dequantize_rows(quant_type_of(t), ptr<const uint8_t>(packed), n, kk, ptr<const int32_t>(ids), count,
+                                ptr<void>(out), dtype_of(out_dtype));
+        },
+        arg("ggml_type"), arg("packed"), arg("n"), arg("k"), arg("ids"), arg("count"), arg("out"), arg("out_dtype"),
         py::call_guard<py::gil_scoped_release>());
   k.def("bf16_gemm",
         [](uintptr_t x, int64_t x_stride, uintptr_t packed, uintptr_t bias, uintptr_t y, int64_t y_stride, int64_t m,

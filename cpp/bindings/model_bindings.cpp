@@ -32,18 +32,34 @@ void bind_model(py::module_& m) {
       .def_readwrite("rot_dim", &DecoderDims::rot_dim);
   def_address(dims, "cos_sin_cache", &DecoderDims::cos_sin_cache);
 
+  model.attr("BF16_PACKED") = kBf16Packed;
+  py::class_<LinearPart> part(model, "LinearPart", "Rows of a linear weight, packed for one GEMM (linear_weight.h)");
+  part.def(py::init<>())
+      .def_readwrite("ggml_type", &LinearPart::ggml_type)
+      .def_readwrite("row_offset", &LinearPart::row_offset)
+      .def_readwrite("rows", &LinearPart::rows);
+  def_address(part, "data", &LinearPart::data);
+  py::class_<LinearWeight> linear(model, "LinearWeight", "A linear layer's packed parts and bias (linear_weight.h)");
+  linear.def(py::init<>())
+      .def_readwrite("parts", &LinearWeight::parts)
+      .def_readwrite("n", &LinearWeight::n)
+      .def_readwrite("k", &LinearWeight::k);
+  def_address(linear, "bias", &LinearWeight::bias);
+  py::class_<EmbeddingWeight> embedding(model, "EmbeddingWeight", "The embedding table: bf16 rows or quantized");
+  embedding.def(py::init<>()).def_readwrite("ggml_type", &EmbeddingWeight::ggml_type);
+  def_address(embedding, "data", &EmbeddingWeight::data);
+
   py::class_<DecoderLayerWeights> layer(model, "DecoderLayerWeights",
                                         "One layer's weights and KV cache, by address (0: absent)");
-  layer.def(py::init<>());
+  layer.def(py::init<>())
+      .def_readwrite("qkv", &DecoderLayerWeights::qkv)
+      .def_readwrite("o", &DecoderLayerWeights::o)
+      .def_readwrite("gate_up", &DecoderLayerWeights::gate_up)
+      .def_readwrite("down", &DecoderLayerWeights::down);
   def_address(layer, "input_norm", &DecoderLayerWeights::input_norm);
   def_address(layer, "post_attention_norm", &DecoderLayerWeights::post_attention_norm);
-  def_address(layer, "qkv", &DecoderLayerWeights::qkv);
-  def_address(layer, "qkv_bias", &DecoderLayerWeights::qkv_bias);
   def_address(layer, "q_norm", &DecoderLayerWeights::q_norm);
   def_address(layer, "k_norm", &DecoderLayerWeights::k_norm);
-  def_address(layer, "o", &DecoderLayerWeights::o);
-  def_address(layer, "gate_up", &DecoderLayerWeights::gate_up);
-  def_address(layer, "down", &DecoderLayerWeights::down);
   def_address(layer, "key_cache", &DecoderLayerWeights::key_cache);
   def_address(layer, "value_cache", &DecoderLayerWeights::value_cache);
 
@@ -58,10 +74,9 @@ void bind_model(py::module_& m) {
       .def_readonly("block_size", &KVCacheShape::block_size);
 
   py::class_<DecoderStack>(model, "DecoderStack", "A decoder stack run for a step's tokens in one call (decoder_stack.h)")
-      .def(py::init([](const DecoderDims& dims, uintptr_t embed, std::vector<DecoderLayerWeights> layers,
+      .def(py::init([](const DecoderDims& dims, const EmbeddingWeight& embed, std::vector<DecoderLayerWeights> layers,
                        uintptr_t final_norm, const KVCacheShape& cache) {
-             return new DecoderStack(dims, ptr<const uint16_t>(embed), std::move(layers), ptr<const uint16_t>(final_norm),
-                                     cache);
+             return new DecoderStack(dims, embed, std::move(layers), ptr<const uint16_t>(final_norm), cache);
            }),
            py::kw_only(), arg("dims"), arg("embed"), arg("layers"), arg("final_norm"), arg("cache"))
       .def("forward",

@@ -7,6 +7,11 @@ from dataclasses import dataclass, fields
 from corellm.native import _core
 from corellm.reasoning_parser import REASONING_PARSERS
 
+# quantization= values: "gguf" keeps a GGUF file's quantized tensors as they are (CPU kernels,
+# quant_gemm.h); "none" dequantizes them to the dtype. Unset: "gguf" for a GGUF file on the CPU,
+# else "none" (model/loader.py).
+QUANTIZATION_METHODS = ("gguf", "none")
+
 _POLICIES = {"fcfs": _core.SchedulingPolicy.FCFS, "priority": _core.SchedulingPolicy.PRIORITY}
 
 
@@ -137,6 +142,7 @@ class EngineConfig:
 
     model: str | None = None  # an HF directory, a .gguf file, or the default's short name
     dtype: str = "auto"
+    quantization: str | None = None  # QUANTIZATION_METHODS, or None: chosen by the model and device
     device: str = "cpu"
     enforce_eager: bool = False  # CUDA: no CUDA graphs (every step eager)
     max_model_len: int | None = None  # default: the model's context, capped by the KV cache
@@ -176,6 +182,9 @@ class EngineConfig:
                 raise ValueError(f"kv_cache_memory must be > 0 bytes, got {kv}")
         if self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.quantization not in (None, "auto", *QUANTIZATION_METHODS):
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_METHODS)} (or unset), "
+                             f"got {self.quantization!r}")
         if self.scheduling_policy not in _POLICIES:
             raise ValueError(f"scheduling_policy must be one of {sorted(_POLICIES)}, got {self.scheduling_policy!r}")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:

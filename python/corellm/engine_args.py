@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from corellm.config import EngineConfig
+from corellm.config import QUANTIZATION_METHODS, EngineConfig
 from corellm.reasoning_parser import REASONING_PARSERS
 
 
@@ -14,6 +14,9 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num
     p.add_argument("--device", default="cpu", help="cpu or cuda (a GPU and corellm's CUDA module)")
     p.add_argument("--enforce-eager", action="store_true", help="CUDA: run every step eagerly (no CUDA graphs)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    p.add_argument("--quantization", "-q", default=None, choices=list(QUANTIZATION_METHODS),
+                   help="gguf: compute on a GGUF file's quantized weights as they are (the default for a .gguf "
+                        "on the CPU); none: dequantize them to --dtype")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
     p.add_argument("--max-num-batched-tokens", type=int, default=max_num_batched_tokens)
@@ -46,7 +49,7 @@ def speculative_config_from_arg(text: str | None) -> dict | None:
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     kv = args.kv_cache_memory
-    return EngineConfig(model=args.model, dtype=args.dtype, device=args.device, enforce_eager=args.enforce_eager,
+    return EngineConfig(model=args.model, dtype=args.dtype, quantization=args.quantization, device=args.device, enforce_eager=args.enforce_eager,
                         max_model_len=args.max_model_len,
                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                         block_size=args.block_size, seed=args.seed, scheduling_policy=args.scheduling_policy,

@@ -19,16 +19,19 @@ from corellm.tokenizer import Tokenizer
 logger = logging.getLogger("corellm")
 
 class LLM:
-    def __init__(self, model: str | None = None, *, dtype: str = "auto", device: str = "cpu",
+    def __init__(self, model: str | None = None, *, dtype: str = "auto", quantization: str | None = None,
+                 device: str = "cpu",
                  enforce_eager: bool = False, max_model_len: int | None = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048,
                  block_size: int = 16, enable_prefix_caching: bool = True,
                  kv_cache_memory: int | float | None = None, seed: int = 0, long_prefill_token_threshold: int = 0,
                  scheduling_policy: str = "fcfs", speculative_config: dict | SpeculativeConfig | None = None,
                  loaded_model: LoadedModel | None = None):
-        """speculative_config: speculative decoding, as vLLM names it (see SpeculativeConfig), e.g.
+        """quantization: "gguf" (a GGUF file's quantized weights computed as they are; the default for
+        a .gguf on the CPU) or "none" (dequantized to dtype).
+        speculative_config: speculative decoding, as vLLM names it (see SpeculativeConfig), e.g.
         {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}."""
-        self.config = EngineConfig(model=model, dtype=dtype, device=device, enforce_eager=enforce_eager,
+        self.config = EngineConfig(model=model, dtype=dtype, quantization=quantization, device=device, enforce_eager=enforce_eager,
                                    max_model_len=max_model_len,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                    block_size=block_size, enable_prefix_caching=enable_prefix_caching,

@@ -12,6 +12,7 @@ from corellm.model import UnsupportedModelError, load_model
 from corellm.model.gguf_file import GGUFModelFile
 from corellm.model.loader import default_model_path
 from tests.model.runner import PagedRunner
+from tests import quant_blocks
 from tests.model.tiny_models import make_tiny_model
 
 transformers = pytest.importorskip("transformers")
@@ -72,8 +73,7 @@ def write_llama_gguf(hf_model, path, tensor_type=gguf.GGMLQuantizationType.F32):
         else:
             gname = names[name]
         if tensor_type != gguf.GGMLQuantizationType.F32 and a.ndim == 2:
-            q = gguf.quants.quantize(a, tensor_type)
-            w.add_tensor(gname, q, raw_dtype=tensor_type)
+            w.add_tensor(gname, quant_blocks.quantize(a, tensor_type.name), raw_dtype=tensor_type)
         else:
             w.add_tensor(gname, a)
     w.write_header_to_file()

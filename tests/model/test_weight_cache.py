@@ -12,6 +12,11 @@ from corellm.model import load_model
 from corellm.model.loader import default_model_path
 
 
+def _embedding(loaded) -> torch.Tensor:
+    embed = loaded.model.embed
+    return embed.quantized.packed if embed.quantized is not None else embed.weight
+
+
 def test_cache_round_trip_and_invalidation(tmp_path, monkeypatch):
     monkeypatch.setenv("CORELLM_CACHE_DIR", str(tmp_path / "cache"))
     gguf = tmp_path / "model.gguf"
@@ -21,7 +26,11 @@ def test_cache_round_trip_and_invalidation(tmp_path, monkeypatch):
     assert len(entries) == 1 and (entries[0] / "weights.safetensors").exists()
     second = load_model(str(gguf), progress=False)
     assert second.config == first.config
-    assert torch.equal(second.model.embed, first.model.embed)
+    assert torch.equal(_embedding(second), _embedding(first))
+    first_qkv, second_qkv = first.model.layers[3].attn.qkv_proj, second.model.layers[3].attn.qkv_proj
+    assert [(o, q.ggml_type, q.shape) for o, q in second_qkv.quantized] == \
+        [(o, q.ggml_type, q.shape) for o, q in first_qkv.quantized]
+    assert all(torch.equal(a.packed, b.packed) for (_, a), (_, b) in zip(first_qkv.quantized, second_qkv.quantized))
     assert torch.equal(second.model.norm, first.model.norm)
     text = "Hello 🎉 world, 12345!"
     assert second.tokenizer.encode(text) == first.tokenizer.encode(text)
@@ -35,4 +44,16 @@ def test_cache_round_trip_and_invalidation(tmp_path, monkeypatch):
     for entry in (tmp_path / "cache").iterdir():
         (entry / "weights.safetensors").write_bytes(b"garbage")
     third = load_model(str(gguf), progress=False)
-    assert torch.equal(third.model.embed, first.model.embed)
+    assert torch.equal(_embedding(third), _embedding(first))
+
+
+def test_dense_and_quantized_loads_have_their_own_entries(tmp_path, monkeypatch):
+    monkeypatch.setenv("CORELLM_CACHE_DIR", str(tmp_path / "cache"))
+    quantized = load_model(progress=False)
+    dense = load_model(progress=False, quantization="none")
+    assert quantized.quantization == "gguf" and dense.quantization == "none"
+    assert len(list((tmp_path / "cache").iterdir())) == 2
+    again = load_model(progress=False, quantization="none")
+    assert again.model.embed.quantized is None and torch.equal(_embedding(again), _embedding(dense))
+    # The dense weights are the quantized ones dequantized.
+    assert torch.equal(quantized.model.embed.quantized.dequantize(torch.bfloat16), dense.model.embed.weight)

@@ -4,7 +4,8 @@
 // AVX2 + FMA (x86-64-v3): CPUID.1:ECX FMA[12], MOVBE[22], OSXSAVE[27], AVX[28], F16C[29];
 // CPUID.7:EBX BMI1[3], AVX2[5], BMI2[8]; CPUID.80000001h:ECX LZCNT[5]; the OS saving SSE and AVX
 // state (XCR0 bits 1-2). AVX-512: CPUID.7:EBX F[16], DQ[17], BW[30], VL[31] and the opmask and
-// ZMM state (XCR0 bits 5-7). AVX-512-BF16: CPUID.(7,1):EAX[5]. AMX-BF16: CPUID.7:EDX[22] and
+// ZMM state (XCR0 bits 5-7). AVX-512-BF16: CPUID.(7,1):EAX[5]. AVX-512-VNNI
+// (the int8 dot products of quant_gemm.h): CPUID.7:ECX[11]. AMX-BF16: CPUID.7:EDX[22] and
 // AMX-TILE EDX[24], XCR0 bits 17-18, and Linux's permission for this process to use tile data
 // (arch_prctl ARCH_REQ_XCOMP_PERM, once; a process that never asks faults on its first tile load).
 #include "corellm/kernels/cpu_isa.h"
@@ -59,6 +60,8 @@ bool has_avx512() {
 }
 
 bool has_avx512_bf16() { return bit(cpuid(7, 1).eax, 5); }
+
+bool has_avx512_vnni() { return has_avx2_fma() && has_avx512() && bit(cpuid(7, 0).ecx, 11); }
 
 bool request_tile_data_permission() {
   constexpr long kArchReqXcompPerm = 0x1023;
@@ -130,6 +133,11 @@ const std::vector<CpuIsa>& supported_cpu_isas() {
 CpuIsa cpu_isa() {
   static const CpuIsa isa = choose();  // a throw leaves it unset: the next call throws again
   return isa;
+}
+
+bool cpu_has_avx512_vnni() {
+  static const bool vnni = has_avx512_vnni();
+  return vnni;
 }
 
 const char* cpu_isa_name(CpuIsa isa) {

@@ -11,7 +11,7 @@
 
 namespace corellm {
 
-DecoderStack::DecoderStack(const DecoderDims& dims, const uint16_t* embed, std::vector<DecoderLayerWeights> layers,
+DecoderStack::DecoderStack(const DecoderDims& dims, const EmbeddingWeight& embed, std::vector<DecoderLayerWeights> layers,
                            const uint16_t* final_norm, const KVCacheShape& cache)
     : dims_(dims), embed_(embed), layers_(std::move(layers)), final_norm_(final_norm), cache_(cache) {
   CORELLM_CHECK_ARG(bf16_gemm_available(), "DecoderStack needs a CPU with AVX2 and FMA");
@@ -23,15 +23,23 @@ DecoderStack::DecoderStack(const DecoderDims& dims, const uint16_t* embed, std::
   CORELLM_CHECK_ARG(cache.num_kv_heads == dims.num_kv_heads && cache.head_size == dims.head_size,
                     "DecoderStack: the KV cache's heads (", cache.num_kv_heads, " x ", cache.head_size,
                     ") differ from the model's (", dims.num_kv_heads, " x ", dims.head_size, ")");
-  CORELLM_CHECK_ARG(embed && final_norm && dims.cos_sin_cache, "DecoderStack: null embedding, norm or rope cache");
-  for (const DecoderLayerWeights& w : layers_) {
-    CORELLM_CHECK_ARG(w.input_norm && w.post_attention_norm && w.qkv && w.o && w.gate_up && w.down &&
-                          w.key_cache && w.value_cache && (w.q_norm == nullptr) == (w.k_norm == nullptr),
-                      "DecoderStack: a layer lacks a weight or its KV cache");
-  }
+  CORELLM_CHECK_ARG(embed.data && final_norm && dims.cos_sin_cache, "DecoderStack: null embedding, norm or rope cache");
   q_size_ = dims.num_heads * dims.head_size;
   kv_size_ = dims.num_kv_heads * dims.head_size;
   qkv_size_ = q_size_ + 2 * kv_size_;
+  for (const DecoderLayerWeights& w : layers_) {
+    CORELLM_CHECK_ARG(w.input_norm && w.post_attention_norm && w.key_cache && w.value_cache &&
+                          (w.q_norm == nullptr) == (w.k_norm == nullptr),
+                      "DecoderStack: a layer lacks a norm or its KV cache");
+    w.qkv.check("DecoderStack: qkv");
+    w.o.check("DecoderStack: o");
+    w.gate_up.check("DecoderStack: gate_up");
+    w.down.check("DecoderStack: down");
+    CORELLM_CHECK_ARG(w.qkv.n == qkv_size_ && w.qkv.k == dims.hidden && w.o.n == dims.hidden && w.o.k == q_size_ &&
+                          w.gate_up.n == 2 * dims.intermediate && w.gate_up.k == dims.hidden &&
+                          w.down.n == dims.hidden && w.down.k == dims.intermediate,
+                      "DecoderStack: a projection's shape differs from the model's dimensions");
+  }
 }
 
 void DecoderStack::reserve(int64_t num_tokens) {
@@ -52,12 +60,7 @@ void DecoderStack::forward(const DecoderStepArgs& step) {
                     "DecoderStack: query_start_loc must run from 0 to num_tokens (", n, ") over ", step.num_seqs,
                     " sequences");
   reserve(n);
-  for (int64_t t = 0; t < n; ++t) {  // the embedding lookup, into the residual stream
-    const int32_t id = step.input_ids[t];
-    CORELLM_CHECK_ARG(id >= 0 && id < dims_.vocab_size, "token id ", id, " is outside the vocabulary [0, ",
-                      dims_.vocab_size, ")");
-    std::memcpy(&residual_[t * hidden], embed_ + static_cast<int64_t>(id) * hidden, hidden * sizeof(uint16_t));
-  }
+  embed_.lookup(step.input_ids, n, dims_.vocab_size, hidden, residual_.data());  // into the residual stream
   for (size_t i = 0; i < layers_.size(); ++i) layer(layers_[i], step, i == 0);
   fused_add_rms_norm(h_.data(), hidden, residual_.data(), hidden, final_norm_, n, hidden, dims_.eps, DType::BF16);
   std::memcpy(step.out, h_.data(), n * hidden * sizeof(uint16_t));
@@ -72,7 +75,7 @@ void DecoderStack::layer(const DecoderLayerWeights& w, const DecoderStepArgs& st
   } else {
     fused_add_rms_norm(h, hidden, x, hidden, w.input_norm, n, hidden, dims_.eps, bf16);
   }
-  bf16_gemm(h, hidden, w.qkv, w.qkv_bias, qkv, qkv_size_, n, qkv_size_, hidden);
+  w.qkv.forward(h, hidden, qkv, qkv_size_, n);
   uint16_t *q = qkv, *k = qkv + q_size_, *v = qkv + q_size_ + kv_size_;
   if (w.q_norm != nullptr) {  // per head, in place: each token's heads are contiguous rows
     for (int64_t t = 0; t < n; ++t) {
@@ -89,11 +92,11 @@ void DecoderStack::layer(const DecoderLayerWeights& w, const DecoderStepArgs& st
                        step.block_table_stride, step.seq_lens, step.query_start_loc, step.num_seqs,
                        dims_.num_heads, dims_.scale, dims_.sliding_window, bf16};
   paged_attention(a);
-  bf16_gemm(attn_.data(), q_size_, w.o, nullptr, h, hidden, n, hidden, q_size_);
+  w.o.forward(attn_.data(), q_size_, h, hidden, n);
   fused_add_rms_norm(h, hidden, x, hidden, w.post_attention_norm, n, hidden, dims_.eps, bf16);
-  bf16_gemm(h, hidden, w.gate_up, nullptr, gate_up_.data(), 2 * inter, n, 2 * inter, hidden);
+  w.gate_up.forward(h, hidden, gate_up_.data(), 2 * inter, n);
   silu_and_mul(act_.data(), inter, gate_up_.data(), 2 * inter, n, inter, bf16);
-  bf16_gemm(act_.data(), inter, w.down, nullptr, h, hidden, n, hidden, inter);
+  w.down.forward(act_.data(), inter, h, hidden, n);
 }
 
 }  // namespace corellm

@@ -37,7 +37,12 @@ class EngineParts:
         fails here, before anything is loaded."""
         if torch.device(config.device).type == "cpu":
             logger.info("CPU kernels: %s, %d threads", cpu_kernel_path(), torch.get_num_threads())
-        loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device)
+        loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device,
+                                      quantization=config.quantization)
+        weights = loaded.model.weight_bytes()
+        logger.info("weights: %.1f MiB (%s), quantization %s", sum(weights.values()) / 2**20,
+                    ", ".join(f"{kind} {size / 2**20:.1f} MiB" for kind, size in sorted(weights.items())),
+                    loaded.quantization)
         eos = loaded.generation_config.get("eos_token_id")
         extra_eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         eos_ids = [t for t in [loaded.tokenizer.eos_token_id, *extra_eos] if t is not None]

@@ -1,5 +1,6 @@
-"""A GGUF model file: its hyper-parameters, its tokenizer and its tensors (dequantized with the
-`gguf` package, Q/K un-permuted back to the HF layout), under HF tensor names."""
+"""A GGUF model file: its hyper-parameters, its tokenizer and its tensors under HF tensor names,
+Q/K un-permuted back to the HF layout: dequantized with the `gguf` package, or, where corellm
+has a kernel for the type, kept quantized (QuantizedTensor: the file's blocks, packed)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from corellm.model import quantized_tensor
 from corellm.model.model_config import GGUF_ARCHITECTURES, ModelConfig, UnsupportedModelError
+from corellm.model.quantized_tensor import QuantizedTensor
 from corellm.tokenizer import Tokenizer, byte_level_bpe, sentencepiece_bpe
 
 _LAYER_NAMES = {
@@ -146,8 +149,10 @@ class GGUFModelFile:
                          pad_token_id=self.field("tokenizer.ggml.padding_token_id"),
                          chat_template=self.field("tokenizer.chat_template"), source=str(self.path))
 
-    def weights(self, dtype: torch.dtype, progress: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, tensor) for every model tensor, dequantized to `dtype`."""
+    def weights(self, dtype: torch.dtype, progress: bool = True,
+                quantized: bool = False) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
+        """(HF name, tensor) for every model tensor: dequantized to `dtype`, or with `quantized`,
+        a QuantizedTensor for each 2-D tensor in a type quant_gemm computes on."""
         from gguf.quants import dequantize
         from tqdm import tqdm
 
@@ -158,6 +163,16 @@ class GGUFModelFile:
             name = hf_name(t.name)
             if name is None:
                 raise UnsupportedModelError(f"{self.path}: unexpected tensor {t.name!r}")
+            heads = None
+            if permute and name.endswith(("q_proj.weight", "q_proj.bias")):
+                heads = config.num_attention_heads
+            elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
+                heads = config.num_key_value_heads
+            if quantized and len(t.shape) == 2 and quantized_tensor.supported(int(t.tensor_type)):
+                n, k = int(t.shape[1]), int(t.shape[0])
+                order = None if heads is None else unpermute_qk(np.arange(n), heads)
+                yield name, QuantizedTensor.pack(int(t.tensor_type), t.data, (n, k), order)
+                continue
             try:
                 array = dequantize(t.data, t.tensor_type)
             except NotImplementedError:
@@ -167,8 +182,6 @@ class GGUFModelFile:
             array = np.asarray(array, dtype=np.float32)
             if not array.flags.writeable:  # a memory-mapped F32 tensor
                 array = array.copy()
-            if permute and name.endswith(("q_proj.weight", "q_proj.bias")):
-                array = unpermute_qk(array, config.num_attention_heads)
-            elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
-                array = unpermute_qk(array, config.num_key_value_heads)
+            if heads is not None:
+                array = unpermute_qk(array, heads)
             yield name, torch.from_numpy(np.ascontiguousarray(array)).to(dtype)

@@ -15,6 +15,7 @@ from corellm import ops
 from corellm.native import _core
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.model_config import ModelConfig
+from corellm.model.quantized_tensor import QuantizedTensor
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (key_cache, value_cache) of one layer
 
@@ -29,24 +30,45 @@ _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_r
 
 
 class Linear:
-    """y = x W^T (+ b). On the CPU in bf16 the weight is packed once, after loading, for corellm's
-    GEMM (cpp/include/corellm/kernels/packed_gemm.h: each row's result independent of the batch;
-    bench/kernels.py compares it with oneDNN); where that kernel is missing (not bf16, or a
-    weight too large to pack twice) oneDNN's blocked layout is used instead, as torch's CPU
-    freezing pass does."""
+    """y = x W^T (+ b). The weight is loaded in parts (q, k and v rows of a fused qkv), each dense
+    or a QuantizedTensor (a GGUF quantized type kept as it is, on the CPU). After loading:
+    - every part quantized: y is computed part by part by the quantized GEMM (quant_gemm.h),
+      parts of one type fused into one;
+    - else dense: on the CPU in bf16 the weight is packed once for corellm's GEMM
+      (cpp/include/corellm/kernels/packed_gemm.h: each row's result independent of the batch;
+      bench/kernels.py compares it with oneDNN); where that kernel is missing (not bf16, or a
+      weight too large to pack twice) oneDNN's blocked layout is used instead, as torch's CPU
+      freezing pass does. Quantized parts beside dense ones are dequantized into it."""
 
     def __init__(self, out_features: int, in_features: int, bias: bool, dtype: torch.dtype, device: torch.device):
-        self.weight: torch.Tensor | None = torch.empty(out_features, in_features, dtype=dtype, device=device)
-        self.bias = torch.empty(out_features, dtype=dtype, device=device) if bias else None
         self.shape = (out_features, in_features)
+        self.dtype, self.device = dtype, device
+        # The dense weight [out, in], allocated when a dense part arrives (or shared: a tied LM head's embedding).
+        self.weight: torch.Tensor | None = None
+        self.bias = torch.empty(out_features, dtype=dtype, device=device) if bias else None
         # The weight in corellm's GEMM panel layout (bf16_gemm_pack), or None; public: the native
         # decoder stack (model/native_stack.py) runs on it too.
         self.packed: torch.Tensor | None = None
         self._onednn_packed: torch.Tensor | None = None  # oneDNN's blocked layout (fallback)
+        # (first output row, tensor) per quantized part, in row order; public for the native stack.
+        self.quantized: list[tuple[int, QuantizedTensor]] = []
+
+    def load(self, offset: int, tensor: torch.Tensor | QuantizedTensor) -> None:
+        """Rows [offset, offset + len) of the weight (the caller checked the shape)."""
+        if isinstance(tensor, QuantizedTensor):
+            self.quantized.append((offset, tensor))
+            return
+        if self.weight is None:
+            self.weight = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        self.weight[offset : offset + tensor.shape[0]].copy_(tensor)
 
     def finalize(self, keep_weight: bool = False) -> None:
         """Lays the loaded weight out for the kernels, then drops the row-major form unless
         keep_weight (it is shared: a tied LM head's embedding)."""
+        if self.quantized:
+            self._finalize_quantized()
+            if self.quantized:
+                return
         w = self.weight
         if w is None or w.device.type != "cpu" or w.dtype != torch.bfloat16:
             return
@@ -59,9 +81,26 @@ class Linear:
         elif _ONEDNN:
             self._onednn_packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
 
+    def _finalize_quantized(self) -> None:
+        parts = sorted(self.quantized, key=lambda p: p[0])
+        if self.weight is not None or self.device.type != "cpu":  # beside dense rows, or not on the CPU
+            for offset, q in parts:
+                self.load(offset, q.dequantize(torch.float32))
+            self.quantized = []
+            return
+        covered = 0
+        for offset, q in parts:
+            if offset != covered:
+                raise ValueError(f"quantized linear {self.shape}: rows from {covered} to {offset} were not loaded")
+            covered += q.shape[0]
+        fused = QuantizedTensor.concat([q for _, q in parts]) if len(parts) > 1 else None
+        self.quantized = [(0, fused)] if fused is not None else parts
+
     def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        """x [m, in] -> [m, out] in the weight's dtype, or out_dtype (float32 from the packed GEMM:
-        its fp32 sums, not rounded to bf16 first)."""
+        """x [m, in] -> [m, out] in the weight's dtype, or out_dtype (float32 from the packed and
+        quantized GEMMs: their fp32 sums, not rounded to bf16 first)."""
+        if self.quantized:
+            return self._quantized_call(x, out_dtype or self.dtype)
         if self.packed is not None:
             n, k = self.shape
             if x.stride(-1) != 1 or x.dtype != torch.bfloat16:
@@ -77,6 +116,44 @@ class Linear:
         else:
             y = F.linear(x, self.weight, self.bias)
         return y if out_dtype is None else y.to(out_dtype)
+
+    def _quantized_call(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        y = torch.empty((x.shape[0], self.shape[0]), dtype=out_dtype)
+        # A bf16 bias is added by the kernel before its one rounding; an fp32 one after, the same sum.
+        in_kernel = self.bias is not None and self.bias.dtype == torch.bfloat16
+        for offset, q in self.quantized:
+            rows = q.shape[0]
+            bias = self.bias[offset : offset + rows] if in_kernel else None
+            q.matmul_into(x, y[:, offset : offset + rows], bias)
+        if self.bias is not None and not in_kernel:
+            y += self.bias.to(out_dtype)
+        return y
+
+
+class Embedding:
+    """The token embedding table [vocab, hidden]: dense, or a QuantizedTensor whose rows are
+    dequantized on lookup."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype, device: torch.device):
+        self.shape = (vocab_size, hidden_size)
+        self.dtype, self.device = dtype, device
+        self.weight: torch.Tensor | None = None
+        self.quantized: QuantizedTensor | None = None
+
+    def load(self, offset: int, tensor: torch.Tensor | QuantizedTensor) -> None:
+        if isinstance(tensor, QuantizedTensor):
+            if self.device.type == "cpu":
+                self.quantized = tensor
+                return
+            tensor = tensor.dequantize(torch.float32)
+        if self.weight is None:
+            self.weight = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        self.weight[offset : offset + tensor.shape[0]].copy_(tensor)
+
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.quantized is not None:
+            return self.quantized.dequantize_rows(input_ids, self.dtype)
+        return F.embedding(input_ids, self.weight)
 
 
 class Attention:

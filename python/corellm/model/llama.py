@@ -7,13 +7,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 
 from corellm import ops
 from corellm.model.attention_metadata import AttentionMetadata
-from corellm.model.layers import DecoderLayer, KVCache, Linear
+from corellm.model.layers import DecoderLayer, Embedding, KVCache, Linear
 from corellm.model.model_config import ModelConfig
+from corellm.model.quantized_tensor import QuantizedTensor
 from corellm.model.rope import cos_sin_cache, inverse_frequencies
+
+# Where a checkpoint tensor goes: a linear layer or the embedding (which keep quantized tensors as
+# they are), or a plain tensor (norms, biases).
+Destination = Linear | Embedding | torch.Tensor
 
 # Tensors some checkpoints carry that the model recomputes.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -25,12 +29,10 @@ class LlamaForCausalLM:
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
-        self.embed = torch.empty(config.vocab_size, config.hidden_size, dtype=dtype, device=self.device)
+        self.embed = Embedding(config.vocab_size, config.hidden_size, dtype, self.device)
         self.layers = [DecoderLayer(config, dtype, self.device) for _ in range(config.num_hidden_layers)]
         self.norm = torch.empty(config.hidden_size, dtype=dtype, device=self.device)
         self.lm_head = Linear(config.vocab_size, config.hidden_size, False, dtype, self.device)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.embed
         inv_freq = inverse_frequencies(config)
         if rope_factors is not None:  # llama3-style factors stored in a GGUF file
             inv_freq = inv_freq / rope_factors.float()
@@ -38,15 +40,15 @@ class LlamaForCausalLM:
         self.cos_sin_cache = cos_sin_cache(config, positions, inv_freq).to(self.device)
 
     # ------------------------------------------------------------------ weights
-    def _destinations(self) -> dict[str, tuple[torch.Tensor, int, int]]:
+    def _destinations(self) -> dict[str, tuple[Destination, int, int]]:
         """HF tensor name -> (fused destination, row offset, rows)."""
         c = self.config
-        dest: dict[str, tuple[torch.Tensor, int, int]] = {
+        dest: dict[str, tuple[Destination, int, int]] = {
             "model.embed_tokens.weight": (self.embed, 0, c.vocab_size),
             "model.norm.weight": (self.norm, 0, c.hidden_size),
         }
         if not c.tie_word_embeddings:
-            dest["lm_head.weight"] = (self.lm_head.weight, 0, c.vocab_size)
+            dest["lm_head.weight"] = (self.lm_head, 0, c.vocab_size)
         q, kv = c.q_size, c.kv_size
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
@@ -54,10 +56,10 @@ class LlamaForCausalLM:
             dest[p + "input_layernorm.weight"] = (layer.input_norm, 0, c.hidden_size)
             dest[p + "post_attention_layernorm.weight"] = (layer.post_attention_norm, 0, c.hidden_size)
             qkv = a.qkv_proj
-            dest[p + "self_attn.q_proj.weight"] = (qkv.weight, 0, q)
-            dest[p + "self_attn.k_proj.weight"] = (qkv.weight, q, kv)
-            dest[p + "self_attn.v_proj.weight"] = (qkv.weight, q + kv, kv)
-            dest[p + "self_attn.o_proj.weight"] = (a.o_proj.weight, 0, c.hidden_size)
+            dest[p + "self_attn.q_proj.weight"] = (qkv, 0, q)
+            dest[p + "self_attn.k_proj.weight"] = (qkv, q, kv)
+            dest[p + "self_attn.v_proj.weight"] = (qkv, q + kv, kv)
+            dest[p + "self_attn.o_proj.weight"] = (a.o_proj, 0, c.hidden_size)
             if qkv.bias is not None:
                 dest[p + "self_attn.q_proj.bias"] = (qkv.bias, 0, q)
                 dest[p + "self_attn.k_proj.bias"] = (qkv.bias, q, kv)
@@ -65,14 +67,15 @@ class LlamaForCausalLM:
             if a.q_norm is not None:
                 dest[p + "self_attn.q_norm.weight"] = (a.q_norm, 0, c.head_dim)
                 dest[p + "self_attn.k_norm.weight"] = (a.k_norm, 0, c.head_dim)
-            dest[p + "mlp.gate_proj.weight"] = (layer.mlp.gate_up_proj.weight, 0, c.intermediate_size)
-            dest[p + "mlp.up_proj.weight"] = (layer.mlp.gate_up_proj.weight, c.intermediate_size, c.intermediate_size)
-            dest[p + "mlp.down_proj.weight"] = (layer.mlp.down_proj.weight, 0, c.hidden_size)
+            dest[p + "mlp.gate_proj.weight"] = (layer.mlp.gate_up_proj, 0, c.intermediate_size)
+            dest[p + "mlp.up_proj.weight"] = (layer.mlp.gate_up_proj, c.intermediate_size, c.intermediate_size)
+            dest[p + "mlp.down_proj.weight"] = (layer.mlp.down_proj, 0, c.hidden_size)
         return dest
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], source: str) -> None:
-        """Copies every tensor to its place; raises ValueError naming the file and the tensor for
-        an unknown name, a shape that does not match the config, or a tensor that is missing."""
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]], source: str) -> None:
+        """Copies every tensor to its place (a quantized one is kept by the linear layer or the
+        embedding); raises ValueError naming the file and the tensor for an unknown name, a shape
+        that does not match the config, or a tensor that is missing."""
         dest = self._destinations()
         loaded: set[str] = set()
         for name, tensor in weights:
@@ -87,7 +90,12 @@ class LlamaForCausalLM:
             if tuple(tensor.shape) != expected:
                 raise ValueError(f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, but the config "
                                  f"implies {expected}")
-            target[offset : offset + rows].copy_(tensor)
+            if isinstance(target, torch.Tensor):
+                if isinstance(tensor, QuantizedTensor):
+                    tensor = tensor.dequantize(torch.float32)
+                target[offset : offset + rows].copy_(tensor)
+            else:
+                target.load(offset, tensor)
             loaded.add(name)
         missing = sorted(set(dest) - loaded)
         if missing:
@@ -96,7 +104,39 @@ class LlamaForCausalLM:
         for layer in self.layers:
             for linear in layer.linears():
                 linear.finalize()
-        self.lm_head.finalize(keep_weight=self.config.tie_word_embeddings)  # tied: it is the embedding too
+        if self.config.tie_word_embeddings:  # the embedding serves as the output projection too
+            if self.embed.quantized is not None:
+                self.lm_head.quantized = [(0, self.embed.quantized)]
+            else:
+                self.lm_head.weight = self.embed.weight
+        self.lm_head.finalize(keep_weight=self.config.tie_word_embeddings)
+
+    def weight_bytes(self) -> dict[str, int]:
+        """Bytes of the model's weights by storage type (a quantized type's name, or the dtype),
+        each tensor counted once (a tied LM head is the embedding)."""
+        seen: set[int] = set()
+        totals: dict[str, int] = {}
+
+        def count(kind: str, t: torch.Tensor | None) -> None:
+            if t is None or t.data_ptr() in seen:
+                return
+            seen.add(t.data_ptr())
+            totals[kind] = totals.get(kind, 0) + t.numel() * t.element_size()
+
+        dense = str(self.dtype).replace("torch.", "")
+        linears = [self.lm_head] + [linear for layer in self.layers for linear in layer.linears()]
+        count(self.embed.quantized.type_name if self.embed.quantized else dense,
+              self.embed.quantized.packed if self.embed.quantized else self.embed.weight)
+        for linear in linears:
+            for _, q in linear.quantized:
+                count(q.type_name, q.packed)
+            count(dense, linear.weight if linear.packed is None else linear.packed)
+            count(dense, linear.bias)
+        for layer in self.layers:
+            for t in (layer.input_norm, layer.post_attention_norm, layer.attn.q_norm, layer.attn.k_norm):
+                count(dense, t)
+        count(dense, self.norm)
+        return totals
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
@@ -105,7 +145,7 @@ class LlamaForCausalLM:
         op by op (the reference the native decoder stack is held to; which of the two runs a step
         is the model runner's choice). `hidden_states`, when given, receives the residual stream
         after each layer (HF's output_hidden_states[1:], before the final norm)."""
-        h = F.embedding(input_ids, self.embed)
+        h = self.embed(input_ids)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
             h, residual = layer.forward(positions, h, residual, attn, kv_cache, self.cos_sin_cache)

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from corellm.config import QUANTIZATION_METHODS
 from corellm.model.gguf_file import GGUFModelFile
 from corellm.model.hf_dir import HFModelDir
 from corellm.model.llama import LlamaForCausalLM
@@ -32,6 +33,7 @@ class LoadedModel:
     generation_config: dict[str, Any] = field(default_factory=dict)
     name: str = ""
     path: str = ""
+    quantization: str = "none"
 
 
 def default_model_path() -> Path:
@@ -70,15 +72,32 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return _DTYPES[key]
 
 
-def _load_gguf(path: Path, dtype: torch.dtype, progress: bool, use_cache: bool):
+def resolve_quantization(quantization: str | None, path: Path, device: torch.device) -> str:
+    """The quantization method a load uses (QUANTIZATION_METHODS); ValueError naming the value and
+    why when it cannot apply to this model or device."""
+    gguf = path.suffix.lower() == ".gguf"
+    if quantization is None or quantization == "auto":
+        return "gguf" if gguf and device.type == "cpu" else "none"
+    if quantization not in QUANTIZATION_METHODS:
+        raise ValueError(f"quantization {quantization!r} is not supported: use one of "
+                         f"{', '.join(QUANTIZATION_METHODS)} (or leave it unset)")
+    if quantization == "gguf" and not gguf:
+        raise ValueError(f"quantization 'gguf' needs a .gguf file; {path} is not one")
+    if quantization == "gguf" and device.type != "cpu":
+        raise ValueError(f"quantization 'gguf' runs on the CPU only (device {str(device)!r}); use quantization "
+                         f"'none' to dequantize the file's weights")
+    return quantization
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, progress: bool, use_cache: bool, quantized: bool):
     """(config, tokenizer, rope factors, weights) of a GGUF file, from the weight cache when it has them."""
-    cache = GGUFWeightCache(path, dtype) if use_cache else None
+    cache = GGUFWeightCache(path, dtype, quantized) if use_cache else None
     cached = cache.load() if cache else None
     if cached is not None:
         return cached
     source = GGUFModelFile(path)
     config, tokenizer, rope_factors = source.config(), source.tokenizer(), source.rope_factors()
-    weights = dict(source.weights(dtype, progress))
+    weights = dict(source.weights(dtype, progress, quantized))
     if cache is not None:
         cache.store(config, tokenizer, rope_factors, weights)
     return config, tokenizer, rope_factors, weights
@@ -118,17 +137,21 @@ def check_head_size_on_device(config: ModelConfig, device: torch.device) -> None
 
 
 def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto", device: str = "cpu",
-               max_position: int | None = None, progress: bool = True, use_cache: bool = True) -> LoadedModel:
+               max_position: int | None = None, progress: bool = True, use_cache: bool = True,
+               quantization: str | None = None) -> LoadedModel:
+    """quantization: see QUANTIZATION_METHODS (None: a GGUF file's quantized tensors stay
+    quantized on the CPU)."""
     device_ = torch.device(device)
     check_device(device_)
     torch_dtype = resolve_dtype(dtype, device_)
     path = resolve_model_path(model)
+    method = resolve_quantization(quantization, path, device_)
     if path.is_dir():
         source = HFModelDir(path)
         config, tokenizer, generation_config = source.config(), source.tokenizer(), source.generation_config()
         rope_factors, weights = None, source.weights(torch_dtype, progress)
     elif path.suffix.lower() == ".gguf":
-        config, tokenizer, rope_factors, weights = _load_gguf(path, torch_dtype, progress, use_cache)
+        config, tokenizer, rope_factors, weights = _load_gguf(path, torch_dtype, progress, use_cache, method == "gguf")
         generation_config = {}
     else:
         raise ValueError(f"{path}: not an HF model directory or a .gguf file")
@@ -139,7 +162,7 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
     with torch.inference_mode():
         llm.load_weights(weights.items() if isinstance(weights, dict) else weights, str(path))
     name = DEFAULT_MODEL if path == default_model_path_or_none() else path.name
-    return LoadedModel(llm, tokenizer, config, generation_config, name=name, path=str(path))
+    return LoadedModel(llm, tokenizer, config, generation_config, name=name, path=str(path), quantization=method)
 
 
 def default_model_path_or_none() -> Path | None:

@@ -20,15 +20,41 @@ def _address(t: torch.Tensor | None) -> int:
 
 def supports(model) -> bool:
     """Whether the model's weights are in the form the native stack reads (bf16 on the CPU,
-    every projection packed for bf16_gemm)."""
+    every projection packed for bf16_gemm or quantized for quant_gemm)."""
     return (model.device.type == "cpu" and model.dtype == torch.bfloat16 and _core.kernels.bf16_gemm_available()
-            and all(linear.packed is not None for layer in model.layers for linear in layer.linears()))
+            and all(linear.packed is not None or linear.quantized
+                    for layer in model.layers for linear in layer.linears()))
+
+
+def linear_weight(linear):
+    """A Linear's packed parts as the native stack's LinearWeight (linear_weight.h)."""
+    w = _core.model.LinearWeight()
+    w.n, w.k = linear.shape
+    w.bias = _address(linear.bias)
+    parts = []
+    stored = [(offset, q.ggml_type, q.packed, q.shape[0]) for offset, q in linear.quantized] or \
+        [(0, _core.model.BF16_PACKED, linear.packed, linear.shape[0])]
+    for offset, ggml_type, packed, rows in stored:
+        part = _core.model.LinearPart()
+        part.ggml_type, part.data, part.row_offset, part.rows = ggml_type, packed.data_ptr(), offset, rows
+        parts.append(part)
+    w.parts = parts
+    return w
+
+
+def embedding_weight(embed):
+    w = _core.model.EmbeddingWeight()
+    if embed.quantized is not None:
+        w.ggml_type, w.data = embed.quantized.ggml_type, embed.quantized.packed.data_ptr()
+    else:
+        w.data = embed.weight.data_ptr()
+    return w
 
 
 class NativeDecoderStack:
     def __init__(self, model, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]):
         if not supports(model):
-            raise ValueError("NativeDecoderStack: the model's weights are not bf16 packed for corellm's GEMM "
+            raise ValueError("NativeDecoderStack: the model's weights are not packed for corellm's GEMMs "
                              "(bf16 on the CPU is needed)")
         if len(kv_caches) != len(model.layers):
             raise ValueError(f"NativeDecoderStack: {len(kv_caches)} KV caches for {len(model.layers)} layers")
@@ -45,7 +71,7 @@ class NativeDecoderStack:
         key_cache = kv_caches[0][0]  # [num_blocks, num_kv_heads, head_size / x, block_size, x]
         cache = _core.model.KVCacheShape(num_blocks=key_cache.shape[0], num_kv_heads=c.num_key_value_heads,
                                          head_size=c.head_dim, block_size=key_cache.shape[3])
-        self._stack = _core.model.DecoderStack(dims=dims, embed=model.embed.data_ptr(), layers=layers,
+        self._stack = _core.model.DecoderStack(dims=dims, embed=embedding_weight(model.embed), layers=layers,
                                                final_norm=model.norm.data_ptr(), cache=cache)
         self.kv_caches = kv_caches
         self.hidden_size = c.hidden_size
@@ -55,10 +81,9 @@ class NativeDecoderStack:
         a, m = layer.attn, layer.mlp
         w = _core.model.DecoderLayerWeights()
         w.input_norm, w.post_attention_norm = layer.input_norm.data_ptr(), layer.post_attention_norm.data_ptr()
-        w.qkv, w.qkv_bias = a.qkv_proj.packed.data_ptr(), _address(a.qkv_proj.bias)
+        w.qkv, w.o = linear_weight(a.qkv_proj), linear_weight(a.o_proj)
         w.q_norm, w.k_norm = _address(a.q_norm), _address(a.k_norm)
-        w.o = a.o_proj.packed.data_ptr()
-        w.gate_up, w.down = m.gate_up_proj.packed.data_ptr(), m.down_proj.packed.data_ptr()
+        w.gate_up, w.down = linear_weight(m.gate_up_proj), linear_weight(m.down_proj)
         w.key_cache, w.value_cache = key_cache.data_ptr(), value_cache.data_ptr()
         return w
 

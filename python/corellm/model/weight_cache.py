@@ -1,10 +1,12 @@
-"""A cache of what loading a GGUF file produces — its config, tokenizer and dequantized weights in
-the target dtype — as safetensors + JSON, so that later starts skip parsing and dequantizing
-(seconds for the default model) and map the weights from disk instead.
+"""A cache of what loading a GGUF file produces — its config, tokenizer and weights (dequantized
+to the target dtype, or quantized tensors packed for quant_gemm) — as safetensors + JSON, so that
+later starts skip parsing, dequantizing and packing (seconds for the default model) and map the
+weights from disk instead.
 
-The key covers the file's path, size and modification time, the dtype and the cache format: a
-changed file is read afresh. The cache lives in $CORELLM_CACHE_DIR (default ~/.cache/corellm);
-a cache that cannot be written is skipped with a log line, never an error."""
+The key covers the file's path, size and modification time, the dtype, whether weights stay
+quantized, and the cache format: a changed file is read afresh. The cache lives in
+$CORELLM_CACHE_DIR (default ~/.cache/corellm); a cache that cannot be written is skipped with a
+log line, never an error."""
 
 from __future__ import annotations
 
@@ -21,10 +23,11 @@ import tokenizers
 import torch
 
 from corellm.model.model_config import ModelConfig
+from corellm.model.quantized_tensor import QuantizedTensor
 from corellm.tokenizer import Tokenizer
 
 logger = logging.getLogger("corellm")
-_FORMAT = "corellm-gguf-cache-1"
+_FORMAT = "corellm-gguf-cache-2"
 
 
 def cache_root() -> Path:
@@ -32,13 +35,14 @@ def cache_root() -> Path:
 
 
 class GGUFWeightCache:
-    def __init__(self, gguf_path: Path, dtype: torch.dtype):
+    def __init__(self, gguf_path: Path, dtype: torch.dtype, quantized: bool = False):
         st = gguf_path.stat()
-        key = f"{_FORMAT}|{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{dtype}"
+        key = f"{_FORMAT}|{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{dtype}|{'gguf' if quantized else 'dense'}"
         digest = hashlib.sha256(key.encode()).hexdigest()[:20]
-        self.dir = cache_root() / f"{gguf_path.stem}-{str(dtype).replace('torch.', '')}-{digest}"
+        kind = "gguf" if quantized else str(dtype).replace("torch.", "")
+        self.dir = cache_root() / f"{gguf_path.stem}-{kind}-{digest}"
 
-    def load(self) -> tuple[ModelConfig, Tokenizer, torch.Tensor | None, dict[str, torch.Tensor]] | None:
+    def load(self) -> tuple[ModelConfig, Tokenizer, torch.Tensor | None, dict[str, torch.Tensor | QuantizedTensor]] | None:
         meta_path = self.dir / "meta.json"
         if not meta_path.exists():
             return None
@@ -51,21 +55,24 @@ class GGUFWeightCache:
             backend = tokenizers.Tokenizer.from_file(str(self.dir / "tokenizer.json"))
             tokenizer = Tokenizer(backend, bos_token_id=t["bos_token_id"], eos_token_ids=t["eos_token_ids"],
                                   pad_token_id=t["pad_token_id"], chat_template=t["chat_template"], source=t["source"])
-            weights = load_file(str(self.dir / "weights.safetensors"))
+            weights: dict[str, torch.Tensor | QuantizedTensor] = load_file(str(self.dir / "weights.safetensors"))
             rope_factors = weights.pop("__rope_factors__", None)
+            for name, (ggml_type, n, k) in meta.get("quantized", {}).items():
+                weights[name] = QuantizedTensor(ggml_type, (n, k), weights[name])
             return config, tokenizer, rope_factors, weights
         except Exception as e:  # noqa: BLE001 - a damaged cache is read afresh, not fatal
             logger.warning("ignoring the weight cache %s: %s", self.dir, e)
             return None
 
     def store(self, config: ModelConfig, tokenizer: Tokenizer, rope_factors: torch.Tensor | None,
-              weights: dict[str, torch.Tensor]) -> None:
+              weights: dict[str, torch.Tensor | QuantizedTensor]) -> None:
         try:
             from safetensors.torch import save_file
 
             self.dir.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(dir=self.dir.parent, prefix=".tmp-"))
-            tensors = dict(weights)
+            tensors = {k: v.packed if isinstance(v, QuantizedTensor) else v for k, v in weights.items()}
+            quantized = {k: [v.ggml_type, *v.shape] for k, v in weights.items() if isinstance(v, QuantizedTensor)}
             if rope_factors is not None:
                 tensors["__rope_factors__"] = rope_factors
             save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "weights.safetensors"))
@@ -73,7 +80,8 @@ class GGUFWeightCache:
             meta = {"config": dataclasses.asdict(config),
                     "tokenizer": {"bos_token_id": tokenizer.bos_token_id, "eos_token_ids": tokenizer.eos_token_ids,
                                   "pad_token_id": tokenizer.pad_token_id, "chat_template": tokenizer.chat_template,
-                                  "source": tokenizer.source}}
+                                  "source": tokenizer.source},
+                    "quantized": quantized}
             (tmp / "meta.json").write_text(json.dumps(meta))
             if self.dir.exists():
                 shutil.rmtree(tmp)

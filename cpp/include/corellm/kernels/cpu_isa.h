@@ -31,6 +31,10 @@ CpuIsa cpu_isa();
 
 const char* cpu_isa_name(CpuIsa isa);
 
+// AVX-512-VNNI (vpdpbusd, the int8 dot product of quant_gemm.h): on top of the avx512 path, in
+// every CPU of the avx512bf16 and amx paths, and in Cascade Lake / Ice Lake before them.
+bool cpu_has_avx512_vnni();
+
 // InvalidArgument "<what>: this CPU cannot run the <isa> path" unless it can (a test or benchmark
 // asking a kernel for a path by name).
 void check_cpu_runs(CpuIsa isa, const char* what);

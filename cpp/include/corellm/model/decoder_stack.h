@@ -4,8 +4,9 @@
 //
 // It chains the same kernels, in the same order, as the Python layers (python/corellm/model/
 // layers.py), so its result is bit-identical to theirs, and each token's projections do not
-// depend on how many tokens share the step (packed_gemm.h computes every row alike). bf16 only;
-// projections packed by bf16_gemm_pack. A change to the layer math goes here and in layers.py
+// depend on how many tokens share the step (packed_gemm.h and quant_gemm.h compute every row
+// alike). bf16 activations; projections packed by bf16_gemm_pack or quant_gemm_pack
+// (linear_weight.h). A change to the layer math goes here and in layers.py
 // alike: tests/model/test_native_stack.py holds the two bit-identical.
 //
 // Per layer, for x the residual stream (un-normalized, as in the Python layers):
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "corellm/kernels/paged_attention.h"
+#include "corellm/model/linear_weight.h"
 
 namespace corellm {
 
@@ -43,17 +45,16 @@ struct DecoderDims {
   int64_t rot_dim = 0;
 };
 
-// One layer's weights (bf16) and KV cache. Projections are packed by bf16_gemm_pack.
+// One layer's weights (norms bf16, projections as linear_weight.h) and KV cache.
 struct DecoderLayerWeights {
   const uint16_t* input_norm = nullptr;           // [hidden]
   const uint16_t* post_attention_norm = nullptr;  // [hidden]
-  const uint16_t* qkv = nullptr;                  // packed [q + 2kv, hidden]
-  const uint16_t* qkv_bias = nullptr;             // [q + 2kv] or null
+  LinearWeight qkv;                               // [q + 2kv, hidden] (with the qkv bias, if any)
   const uint16_t* q_norm = nullptr;               // [head_size] or null (no q/k norms)
   const uint16_t* k_norm = nullptr;               // [head_size] or null
-  const uint16_t* o = nullptr;                    // packed [hidden, q]
-  const uint16_t* gate_up = nullptr;              // packed [2 * intermediate, hidden], gate rows first
-  const uint16_t* down = nullptr;                 // packed [hidden, intermediate]
+  LinearWeight o;                                 // [hidden, q]
+  LinearWeight gate_up;                           // [2 * intermediate, hidden], gate rows first
+  LinearWeight down;                              // [hidden, intermediate]
   void* key_cache = nullptr;                      // layout of paged_attention.h
   void* value_cache = nullptr;
 };
@@ -75,7 +76,7 @@ struct DecoderStepArgs {
 class DecoderStack {
  public:
   // embed [vocab_size, hidden], final_norm [hidden]; every pointer must outlive the stack.
-  DecoderStack(const DecoderDims& dims, const uint16_t* embed, std::vector<DecoderLayerWeights> layers,
+  DecoderStack(const DecoderDims& dims, const EmbeddingWeight& embed, std::vector<DecoderLayerWeights> layers,
                const uint16_t* final_norm, const KVCacheShape& cache);
 
   // Runs the whole stack for the step's tokens. Not reentrant (one set of scratch buffers, grown
@@ -87,7 +88,7 @@ class DecoderStack {
   void layer(const DecoderLayerWeights& w, const DecoderStepArgs& step, bool first);
 
   DecoderDims dims_;
-  const uint16_t* embed_;
+  EmbeddingWeight embed_;
   std::vector<DecoderLayerWeights> layers_;
   const uint16_t* final_norm_;
   KVCacheShape cache_;

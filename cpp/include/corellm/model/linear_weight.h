@@ -1,0 +1,45 @@
+// A linear layer's weight as the native models take it: parts along the output rows (q, k and v
+// of a fused qkv may be stored in different types), each packed for one of the CPU GEMMs —
+// bf16 (packed_gemm.h) or a GGUF quantized type (quant_gemm.h) — and an optional bf16 bias.
+// python/corellm/model/layers.py's Linear holds the same parts; model/native_stack.py fills this
+// from it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace corellm {
+
+constexpr int32_t kBf16Packed = -1;  // LinearPart::ggml_type of a part packed by bf16_gemm_pack
+
+struct LinearPart {
+  int32_t ggml_type = kBf16Packed;  // or a QuantType (GGUF's ggml_type number)
+  const void* data = nullptr;       // the packed part; must outlive the weight's users
+  int64_t row_offset = 0;           // its first output row
+  int64_t rows = 0;
+};
+
+struct LinearWeight {
+  std::vector<LinearPart> parts;    // in row order, covering [0, n)
+  const uint16_t* bias = nullptr;   // [n] bf16, or null
+  int64_t n = 0, k = 0;
+
+  // InvalidArgument naming `what` unless the parts cover rows [0, n) in order with known types.
+  void check(const char* what) const;
+
+  // y [m, n] (row stride y_stride) = x [m, k] (row stride x_stride) W^T (+ b), bf16; each part
+  // by its GEMM, into its columns of y.
+  void forward(const uint16_t* x, int64_t x_stride, uint16_t* y, int64_t y_stride, int64_t m) const;
+};
+
+// The token embedding table [vocab, hidden]: bf16 row-major (kBf16Packed here meaning plain
+// rows), or a quantized type packed by quant_gemm_pack whose rows are dequantized on lookup.
+struct EmbeddingWeight {
+  int32_t ggml_type = kBf16Packed;
+  const void* data = nullptr;
+
+  // Rows ids[0 .. count) into out [count, hidden] bf16 (InvalidArgument for an id outside the vocabulary).
+  void lookup(const int32_t* ids, int64_t count, int64_t vocab_size, int64_t hidden, uint16_t* out) const;
+};
+
+}  // namespace corellm

@@ -1,0 +1,260 @@
+// The quantized types' blocks: as the GGUF file stores them (ggml's block_q4_0 ... block_q6_K),
+// decoded into one plain form (QuantBlock: unsigned integers and scale bits), and where each
+// value and scale lives in quant_gemm's packed panel-block (layout in quant_gemm.h). Private to
+// the kernels library; plain C++, compiled for the baseline.
+//
+// Panel-block layouts, per 16 rows (bytes):
+//   Q4_0  d 32 | nibbles 256                                   288
+//   Q4_1  d 32 | m 32 | nibbles 256                            320
+//   Q5_0  d 32 | nibbles 256 | 5th bits 64                     352
+//   Q5_1  d 32 | m 32 | nibbles 256 | 5th bits 64              384
+//   Q8_0  d 32 | values 512                                    544
+//   Q4_K  d 32 | dmin 32 | sc 128 | mn 128 | nibbles 2048      2368
+//   Q5_K  d 32 | dmin 32 | sc 128 | mn 128 | nibbles 2048 | 5th bits 512   2880
+//   Q6_K  d 32 | sc 256 | nibbles 2048 | 2-bit highs 1024      3360
+// Nibbles come in runs of R values (R = 32; 64 for the K types): vector g of a run (64 bytes)
+// holds, at byte 4c + i, row c's values 4g + i (low nibble) and R/2 + 4g + i (high nibble).
+// Q5_0/Q5_1's 5th bits: one vector, byte 4c + i, bit g (value 4g + i) and bit 4 + g (value
+// 16 + 4g + i). Q5_K's: two vectors per run (low half, high half), byte 4c + i, bit g. Q6_K's two
+// high bits: four vectors per run, vector g / 2, byte 4c + i, bits 4 (g % 2) (low half's value)
+// and 4 (g % 2) + 2 (high half's). Q8_0: vector g, byte 4c + i, value 4g + i.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "corellm/kernels/quant_gemm.h"
+
+namespace corellm::quant {
+
+// One row's block, decoded: the unsigned integer values and the scale bits.
+struct QuantBlock {
+  uint8_t u[256];      // Q4: 0..15, Q5: 0..31, Q6_K: 0..63, Q8_0: q + 128
+  uint16_t d = 0;      // fp16 scale
+  uint16_t m = 0;      // fp16: the min (Q4_1, Q5_1) or dmin (Q4_K, Q5_K)
+  uint8_t sc[16] = {};  // Q4_K, Q5_K: 6-bit scale per 32 values; Q6_K: int8 scale per 16 values
+  uint8_t mn[16] = {};  // Q4_K, Q5_K: 6-bit min per 32 values
+};
+
+struct Layout {
+  int block;      // values per block
+  int run;        // values per nibble run (32 or 64); 0: 8-bit values (Q8_0)
+  int offset;     // the integer to subtract: w = d (u - offset) for Q4_0, Q5_0, Q8_0, Q6_K
+  bool has_min;   // Q4_1, Q5_1, Q4_K, Q5_K: the m / dmin scale
+  bool k_scales;  // Q4_K, Q5_K: sc and mn per 32 values; Q6_K: sc per 16
+  int d_off, m_off, sc_off, mn_off, q_off, h_off;  // byte offsets in a panel-block (-1: none)
+  int bytes;      // a panel-block's bytes
+};
+
+constexpr Layout layout_of(QuantType t) {
+  switch (t) {
+    case QuantType::kQ4_0: return {32, 32, 8, false, false, 0, -1, -1, -1, 32, -1, 288};
+    case QuantType::kQ4_1: return {32, 32, 0, true, false, 0, 32, -1, -1, 64, -1, 320};
+    case QuantType::kQ5_0: return {32, 32, 16, false, false, 0, -1, -1, -1, 32, 288, 352};
+    case QuantType::kQ5_1: return {32, 32, 0, true, false, 0, 32, -1, -1, 64, 320, 384};
+    case QuantType::kQ8_0: return {32, 0, 128, false, false, 0, -1, -1, -1, 32, -1, 544};
+    case QuantType::kQ4_K: return {256, 64, 0, true, true, 0, 32, 64, 192, 320, -1, 2368};
+    case QuantType::kQ5_K: return {256, 64, 0, true, true, 0, 32, 64, 192, 320, 2368, 2880};
+    case QuantType::kQ6_K: return {256, 64, 32, false, true, 0, -1, 32, -1, 288, 2336, 3360};
+  }
+  return {32, 0, 128, false, false, 0, -1, -1, -1, 32, -1, 544};  // unreachable: types are checked on entry
+}
+
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// ggml's get_scale_min_k4: sub-block j's 6-bit scale and min from the 12 packed bytes.
+inline void k4_scale_min(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *mn = q[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    *mn = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+// A block as the file stores it -> QuantBlock.
+inline void decode_file_block(QuantType t, const uint8_t* b, QuantBlock* out) {
+  switch (t) {
+    case QuantType::kQ4_0:
+    case QuantType::kQ4_1: {
+      const bool min = t == QuantType::kQ4_1;
+      out->d = load_u16(b);
+      if (min) out->m = load_u16(b + 2);
+      const uint8_t* qs = b + (min ? 4 : 2);
+      for (int i = 0; i < 16; ++i) {
+        out->u[i] = qs[i] & 0xF;
+        out->u[i + 16] = qs[i] >> 4;
+      }
+      return;
+    }
+    case QuantType::kQ5_0:
+    case QuantType::kQ5_1: {
+      const bool min = t == QuantType::kQ5_1;
+      out->d = load_u16(b);
+      if (min) out->m = load_u16(b + 2);
+      const uint32_t qh = load_u32(b + (min ? 4 : 2));
+      const uint8_t* qs = b + (min ? 8 : 6);
+      for (int i = 0; i < 16; ++i) {
+        out->u[i] = static_cast<uint8_t>((qs[i] & 0xF) | (((qh >> i) & 1u) << 4));
+        out->u[i + 16] = static_cast<uint8_t>((qs[i] >> 4) | (((qh >> (i + 16)) & 1u) << 4));
+      }
+      return;
+    }
+    case QuantType::kQ8_0:
+      out->d = load_u16(b);
+      for (int i = 0; i < 32; ++i) out->u[i] = static_cast<uint8_t>(b[2 + i] ^ 0x80u);
+      return;
+    case QuantType::kQ4_K:
+    case QuantType::kQ5_K: {
+      const bool five = t == QuantType::kQ5_K;
+      out->d = load_u16(b);
+      out->m = load_u16(b + 2);
+      const uint8_t* scales = b + 4;
+      for (int j = 0; j < 8; ++j) k4_scale_min(j, scales, &out->sc[j], &out->mn[j]);
+      const uint8_t* qh = b + 16;
+      const uint8_t* qs = b + (five ? 48 : 16);
+      for (int c = 0; c < 4; ++c) {  // 64 values per chunk: 32 low nibbles, then 32 high
+        for (int l = 0; l < 32; ++l) {
+          int lo = qs[32 * c + l] & 0xF, hi = qs[32 * c + l] >> 4;
+          if (five) {
+            lo |= ((qh[l] >> (2 * c)) & 1) << 4;
+            hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+          }
+          out->u[64 * c + l] = static_cast<uint8_t>(lo);
+          out->u[64 * c + 32 + l] = static_cast<uint8_t>(hi);
+        }
+      }
+      return;
+    }
+    case QuantType::kQ6_K: {
+      const uint8_t *ql = b, *qh = b + 128, *scales = b + 192;
+      out->d = load_u16(b + 208);
+      std::memcpy(out->sc, scales, 16);
+      for (int h = 0; h < 2; ++h) {  // two halves of 128 values
+        const uint8_t *l4 = ql + 64 * h, *h2 = qh + 32 * h;
+        uint8_t* u = out->u + 128 * h;
+        for (int l = 0; l < 32; ++l) {
+          u[l] = static_cast<uint8_t>((l4[l] & 0xF) | ((h2[l] & 3) << 4));
+          u[l + 32] = static_cast<uint8_t>((l4[l + 32] & 0xF) | (((h2[l] >> 2) & 3) << 4));
+          u[l + 64] = static_cast<uint8_t>((l4[l] >> 4) | (((h2[l] >> 4) & 3) << 4));
+          u[l + 96] = static_cast<uint8_t>((l4[l + 32] >> 4) | (((h2[l] >> 6) & 3) << 4));
+        }
+      }
+      return;
+    }
+  }
+}
+
+// Where value e of row c's block sits in a panel-block: the byte of its low bits (nibble or
+// whole byte), and whether it is the high nibble.
+struct ValuePlace {
+  int byte;
+  int nibble;  // 0: low, 1: high (8-bit values: 0)
+  int g, i, half, run;
+};
+
+inline ValuePlace place_of(const Layout& L, int c, int e) {
+  ValuePlace p{};
+  if (L.run == 0) {  // Q8_0
+    p.g = e / 4;
+    p.i = e % 4;
+    p.byte = L.q_off + p.g * 64 + 4 * c + p.i;
+    return p;
+  }
+  p.run = e / L.run;
+  const int w = e % L.run, half_len = L.run / 2;
+  p.half = w / half_len;
+  p.g = (w % half_len) / 4;
+  p.i = w % 4;
+  p.nibble = p.half;
+  p.byte = L.q_off + p.run * 8 * L.run + p.g * 64 + 4 * c + p.i;
+  return p;
+}
+
+// The byte and bit of value e's high bit(s): Q5 (one bit) and Q6_K (two).
+inline void high_place(QuantType t, const Layout& L, const ValuePlace& p, int c, int* byte, int* bit) {
+  if (t == QuantType::kQ6_K) {
+    *byte = L.h_off + p.run * 256 + (p.g / 2) * 64 + 4 * c + p.i;
+    *bit = 4 * (p.g % 2) + 2 * p.half;
+  } else if (L.block == 256) {  // Q5_K
+    *byte = L.h_off + p.run * 128 + p.half * 64 + 4 * c + p.i;
+    *bit = p.g;
+  } else {  // Q5_0, Q5_1
+    *byte = L.h_off + 4 * c + p.i;
+    *bit = 4 * p.half + p.g;
+  }
+}
+
+inline bool has_high_bits(QuantType t) {
+  return t == QuantType::kQ5_0 || t == QuantType::kQ5_1 || t == QuantType::kQ5_K || t == QuantType::kQ6_K;
+}
+
+// Writes row c's block into the panel-block pb (zeroed beforehand).
+inline void encode_panel_block(QuantType t, const QuantBlock& q, int c, uint8_t* pb) {
+  const Layout L = layout_of(t);
+  std::memcpy(pb + L.d_off + 2 * c, &q.d, 2);
+  if (L.m_off >= 0) std::memcpy(pb + L.m_off + 2 * c, &q.m, 2);
+  if (L.k_scales) {
+    const int subs = t == QuantType::kQ6_K ? 16 : 8;
+    for (int j = 0; j < subs; ++j) pb[L.sc_off + 16 * j + c] = q.sc[j];
+    if (L.mn_off >= 0)
+      for (int j = 0; j < 8; ++j) pb[L.mn_off + 16 * j + c] = q.mn[j];
+  }
+  const bool high = has_high_bits(t);
+  const int high_bits = t == QuantType::kQ6_K ? 2 : 1;
+  for (int e = 0; e < L.block; ++e) {
+    const ValuePlace p = place_of(L, c, e);
+    if (L.run == 0) {
+      pb[p.byte] = q.u[e];
+      continue;
+    }
+    pb[p.byte] = static_cast<uint8_t>(pb[p.byte] | ((q.u[e] & 0xF) << (4 * p.nibble)));
+    if (high) {
+      int byte, bit;
+      high_place(t, L, p, c, &byte, &bit);
+      const int hv = (q.u[e] >> 4) & ((1 << high_bits) - 1);
+      pb[byte] = static_cast<uint8_t>(pb[byte] | (hv << bit));
+    }
+  }
+}
+
+// Reads row c's block back from the panel-block.
+inline void decode_panel_block(QuantType t, const uint8_t* pb, int c, QuantBlock* q) {
+  const Layout L = layout_of(t);
+  q->d = load_u16(pb + L.d_off + 2 * c);
+  q->m = L.m_off >= 0 ? load_u16(pb + L.m_off + 2 * c) : 0;
+  if (L.k_scales) {
+    const int subs = t == QuantType::kQ6_K ? 16 : 8;
+    for (int j = 0; j < subs; ++j) q->sc[j] = pb[L.sc_off + 16 * j + c];
+    if (L.mn_off >= 0)
+      for (int j = 0; j < 8; ++j) q->mn[j] = pb[L.mn_off + 16 * j + c];
+  }
+  const bool high = has_high_bits(t);
+  const int high_bits = t == QuantType::kQ6_K ? 2 : 1;
+  for (int e = 0; e < L.block; ++e) {
+    const ValuePlace p = place_of(L, c, e);
+    if (L.run == 0) {
+      q->u[e] = pb[p.byte];
+      continue;
+    }
+    int v = (pb[p.byte] >> (4 * p.nibble)) & 0xF;
+    if (high) {
+      int byte, bit;
+      high_place(t, L, p, c, &byte, &bit);
+      v |= ((pb[byte] >> bit) & ((1 << high_bits) - 1)) << 4;
+    }
+    q->u[e] = static_cast<uint8_t>(v);
+  }
+}
+
+}  // namespace corellm::quant

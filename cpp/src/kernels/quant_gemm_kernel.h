@@ -1,0 +1,231 @@
+// quant_gemm's vector loops (quant_gemm.h), written once over a Lanes policy that holds one
+// 32-bit lane per panel row (16 lanes: one AVX-512 register, or two AVX2 ones):
+//   Lanes::I, Lanes::F         16 int32 / fp32 lanes
+//   load(p)                    64 bytes: 4 bytes per lane
+//   low_nibbles(v), high_nibbles(v), shift16<S>(v) (S > 0 left, < 0 right, in 16-bit lanes),
+//   and_bytes(v, b), or_(a, b), add, sub, mullo, set1_i
+//   dot(acc, u, x4)            acc + sum over the lane's 4 bytes of u (unsigned, < 128) times
+//                              x4's 4 bytes (signed): vpdpbusd
+//   q8_block(p, xq, xsum)      sum over a Q8_0 panel-block's 8 vectors of (u - 128) times xq
+//                              (xsum: the sum of xq)
+//   f16(p), u8(p), i8(p)       16 fp16 / unsigned bytes / signed bytes -> lanes
+//   cvt, fmadd, fnmadd, mul, set1_f, zero_f, store16(float*, F)
+// Per panel and block of MR rows, for each weight block: the block's unsigned values are built
+// once in registers (nibbles masked, high bits moved in), then for each row the integer dot
+// products and the type's epilogue (quant_gemm.h), lane by lane the same float operations as the
+// reference path. The integer sums are split into two chains (integers add exactly).
+//
+// Include it inside the path's target region, after every system header: its templates are
+// compiled for that path's instructions, in each source its own copy.
+#pragma once
+
+namespace corellm::quant::kernel {
+namespace {
+
+template <class Lanes>
+using I = typename Lanes::I;
+template <class Lanes>
+using F = typename Lanes::F;
+
+// Sum over vectors v of dot(V[v], xq + 4 v), for `count` vectors.
+template <class Lanes, int Count>
+inline I<Lanes> dots(const I<Lanes>* V, const int8_t* xq) {
+  I<Lanes> a = Lanes::set1_i(0), b = Lanes::set1_i(0);
+  for (int v = 0; v < Count; v += 2) {
+    int32_t x0, x1;
+    std::memcpy(&x0, xq + 4 * v, 4);
+    std::memcpy(&x1, xq + 4 * v + 4, 4);
+    a = Lanes::dot(a, V[v], x0);
+    b = Lanes::dot(b, V[v + 1], x1);
+  }
+  return Lanes::add(a, b);
+}
+
+// Bit `From` of each byte moved to bit `To` (masked to that bit, or to the 2-bit field at To when
+// Width is 2): a 16-bit shift, then a byte mask (no bit crosses into the other byte for the
+// shifts used here, at most 4).
+template <class Lanes, int From, int To, int Width>
+inline I<Lanes> move_bits(I<Lanes> h) {
+  constexpr int mask = ((1 << Width) - 1) << To;
+  return Lanes::and_bytes(Lanes::template shift16<To - From>(h), static_cast<uint8_t>(mask));
+}
+
+// The 32 (legacy types) values of one row's block in the panel as 8 vectors V, V[v] pairing with
+// activation values 4v .. 4v + 3.
+template <class Lanes, QuantType T>
+inline void legacy_values(const uint8_t* pb, I<Lanes>* V) {
+  constexpr Layout L = layout_of(T);
+  I<Lanes> h{};
+  if constexpr (L.h_off >= 0) h = Lanes::load(pb + L.h_off);
+  for (int g = 0; g < 4; ++g) {
+    const I<Lanes> v = Lanes::load(pb + L.q_off + 64 * g);
+    V[g] = Lanes::low_nibbles(v);
+    V[4 + g] = Lanes::high_nibbles(v);
+  }
+  if constexpr (L.h_off >= 0) {  // 5th bits: value 4g + i at bit g, 16 + 4g + i at bit 4 + g
+    V[0] = Lanes::or_(V[0], move_bits<Lanes, 0, 4, 1>(h));
+    V[1] = Lanes::or_(V[1], move_bits<Lanes, 1, 4, 1>(h));
+    V[2] = Lanes::or_(V[2], move_bits<Lanes, 2, 4, 1>(h));
+    V[3] = Lanes::or_(V[3], move_bits<Lanes, 3, 4, 1>(h));
+    V[4] = Lanes::or_(V[4], move_bits<Lanes, 4, 4, 1>(h));
+    V[5] = Lanes::or_(V[5], move_bits<Lanes, 5, 4, 1>(h));
+    V[6] = Lanes::or_(V[6], move_bits<Lanes, 6, 4, 1>(h));
+    V[7] = Lanes::or_(V[7], move_bits<Lanes, 7, 4, 1>(h));
+  }
+}
+
+template <class Lanes, QuantType T, int MR>
+inline void legacy_block(const uint8_t* pb, const QuantizedRows& x, int64_t r0, int64_t b, F<Lanes>* acc) {
+  constexpr Layout L = layout_of(T);
+  const F<Lanes> d = Lanes::f16(pb + L.d_off);
+  I<Lanes> V[8];
+  if constexpr (T != QuantType::kQ8_0) legacy_values<Lanes, T>(pb, V);
+  for (int r = 0; r < MR; ++r) {
+    const int8_t* xq = x.row_q(r0 + r) + 32 * b;
+    const float xd = x.row_d(r0 + r)[b];
+    if constexpr (T == QuantType::kQ8_0) {
+      const int32_t* sum16 = x.row_sum16(r0 + r) + 2 * b;
+      const I<Lanes> t = Lanes::q8_block(pb + L.q_off, xq, sum16[0] + sum16[1]);
+      acc[r] = Lanes::fmadd(Lanes::cvt(t), Lanes::mul(d, Lanes::set1_f(xd)), acc[r]);
+      continue;
+    }
+    const I<Lanes> S = dots<Lanes, 8>(V, xq);
+    if constexpr (L.has_min) {
+      acc[r] = Lanes::fmadd(Lanes::cvt(S), Lanes::mul(d, Lanes::set1_f(xd)), acc[r]);
+      acc[r] = Lanes::fmadd(Lanes::f16(pb + L.m_off), Lanes::set1_f(x.row_s(r0 + r)[b]), acc[r]);
+    } else {
+      const int32_t* sum16 = x.row_sum16(r0 + r) + 2 * b;
+      const I<Lanes> t = Lanes::sub(S, Lanes::set1_i(L.offset * (sum16[0] + sum16[1])));
+      acc[r] = Lanes::fmadd(Lanes::cvt(t), Lanes::mul(d, Lanes::set1_f(xd)), acc[r]);
+    }
+  }
+}
+
+// Run t (64 values) of a K-type block: V[g] pairs with values 4g .. (low half), V[8 + g] with
+// 32 + 4g .. (high half).
+template <class Lanes, QuantType T>
+inline void k_run_values(const uint8_t* pb, int t, I<Lanes>* V) {
+  constexpr Layout L = layout_of(T);
+  for (int g = 0; g < 8; ++g) {
+    const I<Lanes> v = Lanes::load(pb + L.q_off + 512 * t + 64 * g);
+    V[g] = Lanes::low_nibbles(v);
+    V[8 + g] = Lanes::high_nibbles(v);
+  }
+  if constexpr (T == QuantType::kQ5_K) {  // 5th bits: two vectors, bit g of byte 4c + i
+    const I<Lanes> h0 = Lanes::load(pb + L.h_off + 128 * t), h1 = Lanes::load(pb + L.h_off + 128 * t + 64);
+#define CORELLM_Q5K_BIT(g)                                              \
+  V[g] = Lanes::or_(V[g], move_bits<Lanes, g, 4, 1>(h0));               \
+  V[8 + g] = Lanes::or_(V[8 + g], move_bits<Lanes, g, 4, 1>(h1));
+    CORELLM_Q5K_BIT(0) CORELLM_Q5K_BIT(1) CORELLM_Q5K_BIT(2) CORELLM_Q5K_BIT(3)
+    CORELLM_Q5K_BIT(4) CORELLM_Q5K_BIT(5) CORELLM_Q5K_BIT(6) CORELLM_Q5K_BIT(7)
+#undef CORELLM_Q5K_BIT
+  } else if constexpr (T == QuantType::kQ6_K) {  // two high bits: vector g / 2, bits 4 (g % 2) (+ 2)
+    for (int v = 0; v < 4; ++v) {
+      const I<Lanes> h = Lanes::load(pb + L.h_off + 256 * t + 64 * v);
+      V[2 * v] = Lanes::or_(V[2 * v], move_bits<Lanes, 0, 4, 2>(h));
+      V[8 + 2 * v] = Lanes::or_(V[8 + 2 * v], move_bits<Lanes, 2, 4, 2>(h));
+      V[2 * v + 1] = Lanes::or_(V[2 * v + 1], move_bits<Lanes, 4, 4, 2>(h));
+      V[8 + 2 * v + 1] = Lanes::or_(V[8 + 2 * v + 1], move_bits<Lanes, 6, 4, 2>(h));
+    }
+  }
+}
+
+template <class Lanes, QuantType T, int MR>
+inline void k_block(const uint8_t* pb, const QuantizedRows& x, int64_t r0, int64_t b, F<Lanes>* acc) {
+  constexpr Layout L = layout_of(T);
+  const F<Lanes> d = Lanes::f16(pb + L.d_off);
+  for (int t = 0; t < 4; ++t) {
+    I<Lanes> V[16];
+    k_run_values<Lanes, T>(pb, t, V);
+    if constexpr (T == QuantType::kQ6_K) {
+      I<Lanes> sc[4];  // sub-blocks of 16: 4t (V 0-3), 4t + 1 (V 4-7), 4t + 2 (V 8-11), 4t + 3 (V 12-15)
+      for (int s = 0; s < 4; ++s) sc[s] = Lanes::i8(pb + L.sc_off + 16 * (4 * t + s));
+      for (int r = 0; r < MR; ++r) {
+        for (int h = 0; h < 2; ++h) {  // activation block 8b + 2t + h
+          const int64_t a = 8 * b + 2 * t + h;
+          const int8_t* xq = x.row_q(r0 + r) + 32 * a;
+          const int32_t* sum16 = x.row_sum16(r0 + r) + 2 * a;
+          const I<Lanes> Sa = Lanes::sub(dots<Lanes, 4>(V + 8 * h, xq), Lanes::set1_i(32 * sum16[0]));
+          const I<Lanes> Sb = Lanes::sub(dots<Lanes, 4>(V + 8 * h + 4, xq + 16), Lanes::set1_i(32 * sum16[1]));
+          const I<Lanes> T6 = Lanes::add(Lanes::mullo(sc[2 * h], Sa), Lanes::mullo(sc[2 * h + 1], Sb));
+          acc[r] = Lanes::fmadd(Lanes::cvt(T6), Lanes::mul(d, Lanes::set1_f(x.row_d(r0 + r)[a])), acc[r]);
+        }
+      }
+    } else {
+      const F<Lanes> dmin = Lanes::f16(pb + L.m_off);
+      F<Lanes> scale[2], mins[2];  // sub-blocks 2t (V 0-7) and 2t + 1 (V 8-15)
+      for (int h = 0; h < 2; ++h) {
+        scale[h] = Lanes::mul(d, Lanes::u8(pb + L.sc_off + 16 * (2 * t + h)));
+        mins[h] = Lanes::mul(dmin, Lanes::u8(pb + L.mn_off + 16 * (2 * t + h)));
+      }
+      for (int r = 0; r < MR; ++r) {
+        for (int h = 0; h < 2; ++h) {
+          const int64_t a = 8 * b + 2 * t + h;
+          const I<Lanes> S = dots<Lanes, 8>(V + 8 * h, x.row_q(r0 + r) + 32 * a);
+          acc[r] = Lanes::fmadd(Lanes::cvt(S), Lanes::mul(scale[h], Lanes::set1_f(x.row_d(r0 + r)[a])), acc[r]);
+          acc[r] = Lanes::fnmadd(mins[h], Lanes::set1_f(x.row_s(r0 + r)[a]), acc[r]);
+        }
+      }
+    }
+  }
+}
+
+// Rows [r0, r0 + MR) x panel p.
+template <class Lanes, QuantType T, int MR>
+void panel_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int64_t p) {
+  constexpr Layout L = layout_of(T);
+  const int64_t nb = a.k / L.block;
+  const uint8_t* panel = a.packed + p * nb * L.bytes;
+  F<Lanes> acc[MR];
+  for (int r = 0; r < MR; ++r) acc[r] = Lanes::zero_f();
+  for (int64_t b = 0; b < nb; ++b) {
+    if constexpr (L.block == 32) {
+      legacy_block<Lanes, T, MR>(panel + b * L.bytes, x, r0, b, acc);
+    } else {
+      k_block<Lanes, T, MR>(panel + b * L.bytes, x, r0, b, acc);
+    }
+  }
+  const int64_t col0 = p * kQuantPanelRows;
+  const int cols = static_cast<int>(std::min<int64_t>(kQuantPanelRows, a.n - col0));
+  for (int r = 0; r < MR; ++r) {  // the bias, then one rounding: as the reference path
+    float sums[16];
+    Lanes::store16(sums, acc[r]);
+    for (int c = 0; c < cols; ++c) {
+      float v = sums[c];
+      if (a.bias != nullptr) v += bf16_to_f32(a.bias[col0 + c]);
+      const int64_t at = (r0 + r) * a.y_stride + col0 + c;
+      if (a.y_dtype == DType::F32) {
+        static_cast<float*>(a.y)[at] = v;
+      } else {
+        static_cast<uint16_t*>(a.y)[at] = f32_to_bf16(v);
+      }
+    }
+  }
+}
+
+template <class Lanes, QuantType T>
+void panels(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range) {
+  constexpr int kRows = Lanes::kMaxRows;
+  for (int64_t p = range.p0; p < range.p1; ++p) {
+    int64_t r = range.r0;
+    for (; r + kRows <= range.r1; r += kRows) panel_rows<Lanes, T, kRows>(a, x, r, p);
+    for (; r < range.r1; ++r) panel_rows<Lanes, T, 1>(a, x, r, p);
+  }
+}
+
+template <class Lanes>
+void run(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range) {
+  switch (a.type) {
+    case QuantType::kQ4_0: return panels<Lanes, QuantType::kQ4_0>(a, x, range);
+    case QuantType::kQ4_1: return panels<Lanes, QuantType::kQ4_1>(a, x, range);
+    case QuantType::kQ5_0: return panels<Lanes, QuantType::kQ5_0>(a, x, range);
+    case QuantType::kQ5_1: return panels<Lanes, QuantType::kQ5_1>(a, x, range);
+    case QuantType::kQ8_0: return panels<Lanes, QuantType::kQ8_0>(a, x, range);
+    case QuantType::kQ4_K: return panels<Lanes, QuantType::kQ4_K>(a, x, range);
+    case QuantType::kQ5_K: return panels<Lanes, QuantType::kQ5_K>(a, x, range);
+    case QuantType::kQ6_K: return panels<Lanes, QuantType::kQ6_K>(a, x, range);
+  }
+}
+
+}  // namespace
+}  // namespace corellm::quant::kernel

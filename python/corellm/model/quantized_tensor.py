@@ -1,0 +1,94 @@
+"""A weight kept in a GGUF quantized type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K), its
+blocks packed once for corellm's quantized GEMM (cpp/include/corellm/kernels/quant_gemm.h: the
+file's bits rearranged into panels of 16 rows; activations quantized per row to int8 in blocks of
+32, integer dot products, a fixed float epilogue — each row's result independent of the batch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from corellm.native import _core
+
+_K = _core.kernels
+_DTYPE_CODES = {torch.float32: _K.DTYPE_F32, torch.bfloat16: _K.DTYPE_BF16}
+_GGML_TYPE_NAMES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+
+
+def supported(ggml_type: int) -> bool:
+    """Whether quant_gemm computes on this ggml type."""
+    return bool(_K.quant_type_supported(int(ggml_type)))
+
+
+def quant_path() -> str:
+    """The instruction-set path of the quantized GEMM on this CPU (avx512vnni or avx2)."""
+    return _K.quant_path()
+
+
+@dataclass
+class QuantizedTensor:
+    ggml_type: int
+    shape: tuple[int, int]  # (n, k): n output rows of k values
+    packed: torch.Tensor  # uint8, quant_gemm_pack's layout
+
+    @property
+    def type_name(self) -> str:
+        return _GGML_TYPE_NAMES[self.ggml_type]
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel()
+
+    @classmethod
+    def pack(cls, ggml_type: int, rows: np.ndarray, shape: tuple[int, int],
+             row_order: np.ndarray | None = None) -> QuantizedTensor:
+        """rows: the file's blocks, [n, row bytes] uint8 (a memory map is fine: it is read once).
+        Packed row i is file row row_order[i] when given."""
+        n, k = shape
+        blocks = np.ascontiguousarray(rows, dtype=np.uint8)
+        expected = k // _K.quant_block_elements(ggml_type) * _K.quant_block_bytes(ggml_type)
+        if blocks.shape != (n, expected):
+            raise ValueError(f"{_GGML_TYPE_NAMES.get(ggml_type, ggml_type)} tensor of shape {shape}: expected "
+                             f"{n} rows of {expected} bytes, got {blocks.shape}")
+        packed = torch.empty(_K.quant_gemm_packed_size(ggml_type, n, k), dtype=torch.uint8)
+        order = None if row_order is None else np.ascontiguousarray(row_order, dtype=np.int32)
+        _K.quant_gemm_pack(ggml_type, blocks.ctypes.data, packed.data_ptr(), n, k,
+                           0 if order is None else order.ctypes.data)
+        return cls(int(ggml_type), (int(n), int(k)), packed)
+
+    def dequantize_rows(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows `ids` (int32 [m], each in [0, n)) dequantized: [m, k] in dtype (an embedding lookup)."""
+        ids = ids.to(torch.int32).contiguous()
+        out = torch.empty((ids.numel(), self.shape[1]), dtype=dtype)
+        _K.quant_dequantize_rows(self.ggml_type, self.packed.data_ptr(), self.shape[0], self.shape[1],
+                                 ids.data_ptr(), ids.numel(), out.data_ptr(), _DTYPE_CODES[dtype])
+        return out
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return self.dequantize_rows(torch.arange(self.shape[0], dtype=torch.int32), dtype)
+
+    def matmul_into(self, x: torch.Tensor, y: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        """y[:, :n] = x W^T (+ bias): x [m, k] fp32 or bf16 (unit column stride), y [m, >= n] a view
+        with unit column stride, fp32 or bf16 (y may be a column slice of a wider output)."""
+        n, k = self.shape
+        if x.shape[-1] != k or y.shape[0] != x.shape[0] or y.shape[1] < n:
+            raise ValueError(f"quantized matmul: x {tuple(x.shape)}, y {tuple(y.shape)} for a weight {self.shape}")
+        if x.stride(-1) != 1 or x.dtype not in _DTYPE_CODES:
+            x = x.float().contiguous()
+        _K.quant_gemm(x.data_ptr(), x.stride(0), _DTYPE_CODES[x.dtype], self.ggml_type, self.packed.data_ptr(),
+                      0 if bias is None else bias.data_ptr(), y.data_ptr(), y.stride(0), _DTYPE_CODES[y.dtype],
+                      x.shape[0], n, k)
+
+    @staticmethod
+    def concat(parts: list[QuantizedTensor]) -> QuantizedTensor | None:
+        """The parts stacked along n as one tensor (q, k, v -> qkv), or None when they cannot be:
+        different types or k, or a part whose rows do not fill whole panels of 16."""
+        first = parts[0]
+        if any(p.ggml_type != first.ggml_type or p.shape[1] != first.shape[1] for p in parts):
+            return None
+        if any(p.shape[0] % 16 for p in parts[:-1]):
+            return None
+        n = sum(p.shape[0] for p in parts)
+        return QuantizedTensor(first.ggml_type, (n, first.shape[1]), torch.cat([p.packed for p in parts]))

@@ -1,0 +1,89 @@
+"""GGUF quantized blocks for tests: the `gguf` package quantizes Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1;
+the K types (Q4_K, Q5_K, Q6_K), which it only dequantizes, are made here in ggml's block layout
+with a plain min/max rule (not llama.cpp's search: these are test weights, and the reference for
+every test is the `gguf` package's dequantization of the very same blocks)."""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import quants
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
+
+ALL_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+K_TYPES = {"Q4_K", "Q5_K", "Q6_K"}
+
+
+_TINY = 2.0**-14  # fp16's smallest normal: a scale that survives the fp16 rounding
+
+
+def _f16(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float16).view(np.uint8).reshape(*a.shape, 2)
+
+
+def _q45_k(x: np.ndarray, bits: int) -> np.ndarray:
+    """Q4_K / Q5_K blocks of x [blocks, 256]: per 32 values a 6-bit scale and min."""
+    top = (1 << bits) - 1
+    sub = x.reshape(-1, 8, 32)
+    mins = np.maximum(0.0, -sub.min(-1))
+    scales = (sub.max(-1) + mins) / top
+    d = np.maximum(scales.max(-1) / 63, _TINY)
+    dmin = np.maximum(mins.max(-1) / 63, _TINY)
+    d, dmin = d.astype(np.float16).astype(np.float32), dmin.astype(np.float16).astype(np.float32)
+    sc = np.clip(np.rint(scales / d[:, None]), 0, 63).astype(np.uint8)
+    mn = np.clip(np.rint(mins / dmin[:, None]), 0, 63).astype(np.uint8)
+    step = d[:, None] * sc
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(step[..., None] > 0, np.rint((sub + (dmin[:, None] * mn)[..., None]) / step[..., None]), 0)
+    q = np.clip(q, 0, top).astype(np.uint8).reshape(-1, 256)
+    packed = np.zeros((x.shape[0], 12), np.uint8)
+    for j in range(4):
+        packed[:, j] = (sc[:, j] & 63) | ((sc[:, j + 4] >> 4) << 6)
+        packed[:, j + 4] = (mn[:, j] & 63) | ((mn[:, j + 4] >> 4) << 6)
+        packed[:, j + 8] = (sc[:, j + 4] & 0xF) | ((mn[:, j + 4] & 0xF) << 4)
+    chunks = q.reshape(-1, 4, 2, 32)  # chunk c: values 64c .. 64c + 31 (low nibbles), then 32 more (high)
+    qs = ((chunks[:, :, 0] & 0xF) | ((chunks[:, :, 1] & 0xF) << 4)).reshape(-1, 128).astype(np.uint8)
+    parts = [_f16(d).reshape(-1, 2), _f16(dmin).reshape(-1, 2), packed]
+    if bits == 5:
+        qh = np.zeros((x.shape[0], 32), np.uint8)
+        for c in range(4):
+            qh |= ((chunks[:, c, 0] >> 4) << (2 * c)).astype(np.uint8)
+            qh |= ((chunks[:, c, 1] >> 4) << (2 * c + 1)).astype(np.uint8)
+        parts.append(qh)
+    parts.append(qs)
+    return np.concatenate(parts, axis=1)
+
+
+def _q6_k(x: np.ndarray) -> np.ndarray:
+    """Q6_K blocks of x [blocks, 256]: per 16 values an int8 scale, values 0..63 around 32."""
+    sub = x.reshape(-1, 16, 16)
+    scales = np.abs(sub).max(-1) / 31
+    d = np.maximum(scales.max(-1) / 127, _TINY).astype(np.float16).astype(np.float32)
+    sc = np.clip(np.rint(scales / d[:, None]), -128, 127).astype(np.int8)
+    step = d[:, None] * sc
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(step[..., None] != 0, np.rint(sub / step[..., None]), 0) + 32
+    u = np.clip(q, 0, 63).astype(np.uint8).reshape(-1, 2, 4, 32)  # halves of 128, quarters of 32
+    ql = np.zeros((x.shape[0], 2, 64), np.uint8)
+    qh = np.zeros((x.shape[0], 2, 32), np.uint8)
+    ql[:, :, :32] = (u[:, :, 0] & 0xF) | ((u[:, :, 2] & 0xF) << 4)
+    ql[:, :, 32:] = (u[:, :, 1] & 0xF) | ((u[:, :, 3] & 0xF) << 4)
+    for quarter in range(4):
+        qh |= ((u[:, :, quarter] >> 4) << (2 * quarter)).astype(np.uint8)
+    return np.concatenate([ql.reshape(-1, 128), qh.reshape(-1, 64), sc.view(np.uint8), _f16(d).reshape(-1, 2)], axis=1)
+
+
+def quantize(x: np.ndarray, type_name: str) -> np.ndarray:
+    """x [n, k] float -> the file's blocks [n, row bytes] uint8."""
+    t = getattr(T, type_name)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if type_name not in K_TYPES:
+        return quants.quantize(x, t)
+    n, k = x.shape
+    flat = x.reshape(-1, 256)
+    blocks = _q6_k(flat) if type_name == "Q6_K" else _q45_k(flat, 4 if type_name == "Q4_K" else 5)
+    assert blocks.shape[1] == GGML_QUANT_SIZES[t][1]
+    return blocks.reshape(n, -1)
+
+
+def dequantize(blocks: np.ndarray, type_name: str) -> np.ndarray:
+    return quants.dequantize(blocks, getattr(T, type_name)).astype(np.float32)
