@@ -16,7 +16,8 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     p.add_argument("--quantization", "-q", default=None, choices=list(QUANTIZATION_METHODS),
                    help="gguf: compute on a GGUF file's quantized weights as they are (the default for a .gguf "
-                        "on the CPU); none: dequantize them to --dtype")
+                        "on the CPU); int8: quantize an HF checkpoint's projections to int8 at load (W8A8); "
+                        "none: keep or dequantize to --dtype")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
     p.add_argument("--max-num-batched-tokens", type=int, default=max_num_batched_tokens)

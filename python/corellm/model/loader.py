@@ -83,10 +83,30 @@ def resolve_quantization(quantization: str | None, path: Path, device: torch.dev
                          f"{', '.join(QUANTIZATION_METHODS)} (or leave it unset)")
     if quantization == "gguf" and not gguf:
         raise ValueError(f"quantization 'gguf' needs a .gguf file; {path} is not one")
-    if quantization == "gguf" and device.type != "cpu":
-        raise ValueError(f"quantization 'gguf' runs on the CPU only (device {str(device)!r}); use quantization "
-                         f"'none' to dequantize the file's weights")
+    if quantization == "int8" and gguf:
+        raise ValueError(f"quantization 'int8' quantizes an HF checkpoint's weights; {path} is a GGUF file "
+                         f"(use 'gguf' to run its quantized tensors as they are, or 'none')")
+    if quantization != "none" and device.type != "cpu":
+        raise ValueError(f"quantization {quantization!r} runs on the CPU only (device {str(device)!r}); use "
+                         f"quantization 'none'")
     return quantization
+
+
+# The HF tensors --quantization int8 quantizes: the decoder layers' projections (vLLM's W8A8
+# leaves the embedding and the LM head in the model's dtype too).
+_INT8_SUFFIXES = ("_proj.weight",)
+
+
+def quantize_int8(weights):
+    """The checkpoint's projections as int8 QuantizedTensors, everything else as it is."""
+    from corellm.model.quantized_tensor import QuantizedTensor
+
+    for name, tensor in weights:
+        if name.startswith("model.layers.") and name.endswith(_INT8_SUFFIXES) and tensor.ndim == 2 \
+                and tensor.shape[1] % 32 == 0:
+            yield name, QuantizedTensor.int8_per_channel(tensor)
+        else:
+            yield name, tensor
 
 
 def _load_gguf(path: Path, dtype: torch.dtype, progress: bool, use_cache: bool, quantized: bool):
@@ -150,6 +170,8 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
         source = HFModelDir(path)
         config, tokenizer, generation_config = source.config(), source.tokenizer(), source.generation_config()
         rope_factors, weights = None, source.weights(torch_dtype, progress)
+        if method == "int8":
+            weights = quantize_int8(weights)
     elif path.suffix.lower() == ".gguf":
         config, tokenizer, rope_factors, weights = _load_gguf(path, torch_dtype, progress, use_cache, method == "gguf")
         generation_config = {}

@@ -14,6 +14,7 @@ from corellm.native import _core
 
 _K = _core.kernels
 _DTYPE_CODES = {torch.float32: _K.DTYPE_F32, torch.bfloat16: _K.DTYPE_BF16}
+_Q8_0 = 8
 _GGML_TYPE_NAMES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 
 
@@ -80,6 +81,23 @@ class QuantizedTensor:
         _K.quant_gemm(x.data_ptr(), x.stride(0), _DTYPE_CODES[x.dtype], self.ggml_type, self.packed.data_ptr(),
                       0 if bias is None else bias.data_ptr(), y.data_ptr(), y.stride(0), _DTYPE_CODES[y.dtype],
                       x.shape[0], n, k)
+
+    @classmethod
+    def int8_per_channel(cls, w: torch.Tensor) -> QuantizedTensor:
+        """w [n, k] (k a multiple of 32) quantized to int8 with one scale per output row
+        (--quantization int8, vLLM's W8A8 weights): scale = max |w_row| / 127 (rounded to fp16),
+        q = round(w / scale) in [-127, 127], stored in Q8_0's blocks with the row's scale in each."""
+        n, k = w.shape
+        if k % 32:
+            raise ValueError(f"int8 quantization needs k a multiple of 32, got a weight of shape {tuple(w.shape)}")
+        w = w.float()
+        scale = (w.abs().amax(dim=1) / 127).to(torch.float16)
+        inverse = torch.where(scale > 0, 1.0 / scale.float(), torch.zeros_like(scale, dtype=torch.float32))
+        q = torch.clamp(torch.round(w * inverse[:, None]), -127, 127).to(torch.int8)
+        blocks = torch.empty((n, k // 32, 34), dtype=torch.uint8)
+        blocks[:, :, :2] = scale.view(torch.uint8).view(n, 1, 2)
+        blocks[:, :, 2:] = q.view(torch.uint8).view(n, k // 32, 32)
+        return cls.pack(_Q8_0, blocks.view(n, -1).numpy(), (n, k))
 
     @staticmethod
     def concat(parts: list[QuantizedTensor]) -> QuantizedTensor | None:
