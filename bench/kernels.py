@@ -11,8 +11,10 @@ import argparse
 import json
 import math
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -166,6 +168,47 @@ def add_linear_cases(add) -> None:
             row["of_peak"] = row["corellm_GFLOPps"] / peak
 
 
+def add_quantized_linear_cases(add) -> None:
+    """corellm's quantized GEMM (quant_gemm.h) on a model's worth of weights in a GGUF type
+    (random values; the K types on the down projections only, whose k is a multiple of 256),
+    against oneDNN's bf16 linear on the same shapes: GB/s counts the quantized weight's bytes."""
+    import gguf
+    import numpy as np
+
+    from corellm.model.quantized_tensor import QuantizedTensor, quant_path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/quant_blocks.py makes the K types
+    from tests.quant_blocks import quantize
+
+    legacy = [((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), (HIDDEN, HEADS * HEAD_DIM), (2 * INTER, HIDDEN),
+              (HIDDEN, INTER)] * LAYERS
+    for type_name in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"):
+        shapes = [(HIDDEN, INTER)] * LAYERS if type_name in ("Q4_K", "Q6_K") else legacy
+        rng = np.random.default_rng(0)
+        ggml_type = int(getattr(gguf.GGMLQuantizationType, type_name))
+        first = [QuantizedTensor.pack(ggml_type, quantize(rng.standard_normal((n, k)).astype(np.float32) * 0.05,
+                                                          type_name), (n, k)) for n, k in shapes[:4]]
+        # One layer's weights quantized, copied to every layer (each from memory in a step, as in a model).
+        weights = [QuantizedTensor(t.ggml_type, t.shape, t.packed.clone()) for _ in range(LAYERS) for t in first]
+        weights = weights[: len(shapes)]
+        onednn = [torch.ops.mkldnn._reorder_linear_weight(torch.randn(n, k).bfloat16(), None) for n, k in shapes]
+        nbytes = sum(w.nbytes for w in weights)
+        for m in (1, 16, 64, 512):
+            xs = {k: torch.randn(m, k).bfloat16() for k in (HIDDEN, INTER)}
+            ys = {n: torch.empty(m, n, dtype=torch.bfloat16) for n, _ in shapes}
+
+            def corellm_linears():
+                for w in weights:
+                    w.matmul_into(xs[w.shape[1]], ys[w.shape[0]])
+
+            def onednn_linears():
+                for w, (n, k) in zip(onednn, shapes):
+                    torch.ops.mkldnn._linear_pointwise(xs[k], w, None, "none", [], "")
+
+            add(f"quantized linear [{type_name}, {quant_path()}]", f"{m} rows", corellm_linears, onednn_linears,
+                nbytes=nbytes, flops=2 * m * sum(n * k for n, k in shapes))
+
+
 def dot_peak_gflops(isa: str) -> float:
     """GFLOP/s of the path's dot-product micro-kernel on every thread (operands in registers)."""
     iterations = 200_000
@@ -230,6 +273,7 @@ def run(dtype: torch.dtype) -> list[dict]:
 
     if dtype == torch.bfloat16 and _core.kernels.bf16_gemm_available():
         add_linear_cases(add)
+        add_quantized_linear_cases(add)
 
     for n in (1, 16, 64):
         logits = torch.randn(n, VOCAB) * 3

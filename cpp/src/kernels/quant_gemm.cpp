@@ -168,7 +168,7 @@ const char* quant_path_name(QuantPath path) {
 QuantPath quant_path_named(const std::string& name) {
   for (QuantPath p : {QuantPath::kReference, QuantPath::kAvx2, QuantPath::kAvx512Vnni}) {
     if (name != quant_path_name(p)) continue;
-    CORELLM_CHECK_ARG(p != QuantPath::kAvx512Vnni || (supported_cpu_isas().size() >= 2 && cpu_has_avx512_vnni()),
+    CORELLM_CHECK_ARG(p != QuantPath::kAvx512Vnni || cpu_has_avx512_vnni(),
                       "quant_gemm: this CPU cannot run the avx512vnni path");
     CORELLM_CHECK_ARG(p == QuantPath::kReference || !supported_cpu_isas().empty(),
                       "quant_gemm: this CPU cannot run the ", name, " path");

@@ -13,7 +13,7 @@
 // Per panel and block of MR rows, for each weight block: the block's unsigned values are built
 // once in registers (nibbles masked, high bits moved in), then for each row the integer dot
 // products and the type's epilogue (quant_gemm.h), lane by lane the same float operations as the
-// reference path. The integer sums are split into two chains (integers add exactly).
+// reference path. The integer sums are split into independent chains (integers add exactly).
 //
 // Include it inside the path's target region, after every system header: its templates are
 // compiled for that path's instructions, in each source its own copy.
@@ -27,18 +27,20 @@ using I = typename Lanes::I;
 template <class Lanes>
 using F = typename Lanes::F;
 
-// Sum over vectors v of dot(V[v], xq + 4 v), for `count` vectors.
+// Sum over vectors v of dot(V[v], xq + 4 v), for Count vectors (4 or 8), in up to four
+// independent chains (a lone row is bound by the dot product's latency otherwise).
 template <class Lanes, int Count>
 inline I<Lanes> dots(const I<Lanes>* V, const int8_t* xq) {
-  I<Lanes> a = Lanes::set1_i(0), b = Lanes::set1_i(0);
-  for (int v = 0; v < Count; v += 2) {
-    int32_t x0, x1;
-    std::memcpy(&x0, xq + 4 * v, 4);
-    std::memcpy(&x1, xq + 4 * v + 4, 4);
-    a = Lanes::dot(a, V[v], x0);
-    b = Lanes::dot(b, V[v + 1], x1);
+  constexpr int kChains = Count >= 8 ? 4 : 2;
+  I<Lanes> acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = Lanes::set1_i(0);
+  for (int v = 0; v < Count; ++v) {
+    int32_t x4;
+    std::memcpy(&x4, xq + 4 * v, 4);
+    acc[v % kChains] = Lanes::dot(acc[v % kChains], V[v], x4);
   }
-  return Lanes::add(a, b);
+  if constexpr (kChains == 4) return Lanes::add(Lanes::add(acc[0], acc[1]), Lanes::add(acc[2], acc[3]));
+  return Lanes::add(acc[0], acc[1]);
 }
 
 // Bit `From` of each byte moved to bit `To` (masked to that bit, or to the 2-bit field at To when
@@ -78,6 +80,8 @@ template <class Lanes, QuantType T, int MR>
 inline void legacy_block(const uint8_t* pb, const QuantizedRows& x, int64_t r0, int64_t b, F<Lanes>* acc) {
   constexpr Layout L = layout_of(T);
   const F<Lanes> d = Lanes::f16(pb + L.d_off);
+  F<Lanes> m{};
+  if constexpr (L.has_min) m = Lanes::f16(pb + L.m_off);
   I<Lanes> V[8];
   if constexpr (T != QuantType::kQ8_0) legacy_values<Lanes, T>(pb, V);
   for (int r = 0; r < MR; ++r) {
@@ -92,7 +96,7 @@ inline void legacy_block(const uint8_t* pb, const QuantizedRows& x, int64_t r0, 
     const I<Lanes> S = dots<Lanes, 8>(V, xq);
     if constexpr (L.has_min) {
       acc[r] = Lanes::fmadd(Lanes::cvt(S), Lanes::mul(d, Lanes::set1_f(xd)), acc[r]);
-      acc[r] = Lanes::fmadd(Lanes::f16(pb + L.m_off), Lanes::set1_f(x.row_s(r0 + r)[b]), acc[r]);
+      acc[r] = Lanes::fmadd(m, Lanes::set1_f(x.row_s(r0 + r)[b]), acc[r]);
     } else {
       const int32_t* sum16 = x.row_sum16(r0 + r) + 2 * b;
       const I<Lanes> t = Lanes::sub(S, Lanes::set1_i(L.offset * (sum16[0] + sum16[1])));
