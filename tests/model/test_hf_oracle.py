@@ -36,7 +36,7 @@ def test_prefill_hidden_states_and_logits_match_transformers(arch, tmp_path, tok
     torch.testing.assert_close(logits, ref.logits[0], atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["llama3", "qwen2", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama3", "qwen2", "qwen3", "gemma3"])
 def test_batched_chunked_prefill_and_decode_match_transformers(arch, tmp_path, tokenizer_json):
     hf = make_tiny_model(arch, tmp_path, tokenizer_json, seed=3)
     ours = load_model(str(tmp_path), dtype="float32", progress=False)
@@ -63,7 +63,8 @@ def test_batched_chunked_prefill_and_decode_match_transformers(arch, tmp_path, t
             t.append(n[0])
     with torch.no_grad():
         for s, t in zip(seqs, tokens):
-            full = hf.generate(torch.tensor([s]), max_new_tokens=7, do_sample=False)[0].tolist()
+            ids = torch.tensor([s])  # an explicit mask: Gemma's pad id 0 would otherwise mask the 0 token out
+            full = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=7, do_sample=False)[0].tolist()
             assert full[len(s):] == t[len(s) : len(s) + 7]
 
 

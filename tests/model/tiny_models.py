@@ -19,6 +19,11 @@ ARCHS = {
     "mistral_window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=16, tie_word_embeddings=False)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True, rope_theta=1e6)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(tie_word_embeddings=False, head_dim=32)),
+    # Gemma 3: sliding-window layers (window 16, rope base 10k) around a global one (rope 1M),
+    # attention scaled by query_pre_attn_scalar, GeGLU, sandwich norms, scaled embeddings.
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(head_dim=16, sliding_window=16, query_pre_attn_scalar=24, tie_word_embeddings=True,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
 }
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from corellm.model import quantized_tensor
-from corellm.model.model_config import GGUF_ARCHITECTURES, ModelConfig, UnsupportedModelError
+from corellm.model.model_config import GEMMA3_SLIDING_PATTERN, GGUF_ARCHITECTURES, ModelConfig, UnsupportedModelError
 from corellm.model.quantized_tensor import QuantizedTensor
 from corellm.tokenizer import Tokenizer, byte_level_bpe, sentencepiece_bpe
 
@@ -38,16 +38,31 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# Gemma 3 names its norms after where they sit: after attention, before and after the MLP.
+_GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm.weight": "post_attention_layernorm.weight",
+                       "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+                       "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
+# Gemma's chat format, for GGUF files that carry no tokenizer.chat_template (a system message
+# opens the first user turn, as Gemma's own template does).
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% set ns = namespace(system='') %}"
+    "{% for message in messages %}{% if message['role'] == 'system' %}"
+    "{% set ns.system = message['content'] + '\n\n' %}{% else %}"
+    "{% set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "<start_of_turn>{{ role }}\n{{ (ns.system if role == 'user' else '') + message['content'] | trim }}"
+    "<end_of_turn>\n{% if role == 'user' %}{% set ns.system = '' %}{% endif %}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 ROPE_FACTORS = "rope_freqs.weight"  # llama3-style scaling precomputed by the converter
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
     m = _BLOCK.match(gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}"
+    if m and m.group(2) in names:
+        return f"model.layers.{m.group(1)}.{names[m.group(2)]}"
     return None
 
 
@@ -99,6 +114,7 @@ class GGUFModelFile:
         elif kind not in (None, "none"):
             raise UnsupportedModelError(f"{self.path}: rope scaling type {kind!r} is not supported")
         eos = self.field("tokenizer.ggml.eos_token_id")
+        gemma = self._gemma3_fields(hidden, heads) if self.arch == "gemma3" else {}
         return ModelConfig(
             architecture=GGUF_ARCHITECTURES[self.arch],
             vocab_size=int(vocab),
@@ -117,9 +133,28 @@ class GGUFModelFile:
             rope_scaling=scaling,
             sliding_window=int(self._arch_field("attention.sliding_window", 0) or 0),
             bos_token_id=self.field("tokenizer.ggml.bos_token_id"),
-            eos_token_id=[] if eos is None else [int(eos)],
+            eos_token_id=([] if eos is None else [int(eos)]) + gemma.pop("extra_eos", []),
             source=str(self.path),
+            **gemma,
         )
+
+    def _gemma3_fields(self, hidden: int, heads: int) -> dict[str, Any]:
+        """What a Gemma 3 file implies as llama.cpp reads it: every sixth layer global (the rest
+        sliding, rope base 10000 there), attention scaled by the head size (27B: hidden / heads),
+        GeGLU, sandwich norms stored as 1 + w, embeddings times sqrt(hidden); <end_of_turn> ends a
+        turn as EOS does."""
+        layers = int(self._arch_field("block_count"))
+        pattern = int(self._arch_field("attention.sliding_window_pattern", GEMMA3_SLIDING_PATTERN) or
+                      GEMMA3_SLIDING_PATTERN)
+        head_dim = int(self._arch_field("attention.key_length", hidden // heads))
+        tokens = self.field("tokenizer.ggml.tokens") or []
+        end_of_turn = [i for i, t in enumerate(tokens[:1024]) if t == "<end_of_turn>"]
+        return dict(
+            hidden_activation="gelu_pytorch_tanh", embedding_multiplier=hidden**0.5, sandwich_norms=True,
+            layer_types=tuple("full_attention" if i % pattern == pattern - 1 else "sliding_attention"
+                              for i in range(layers)),
+            rope_local_theta=10000.0, query_pre_attn_scalar=float(hidden // heads if layers == 62 else head_dim),
+            norm_weight_offset=1.0, extra_eos=end_of_turn)
 
     def rope_factors(self) -> torch.Tensor | None:
         for t in self.reader.tensors:
@@ -147,7 +182,8 @@ class GGUFModelFile:
             raise UnsupportedModelError(f"{self.path}: tokenizer model {kind!r} is not supported (gpt2, llama)")
         return Tokenizer(backend, bos_token_id=bos, eos_token_ids=[] if eos is None else [int(eos)],
                          pad_token_id=self.field("tokenizer.ggml.padding_token_id"),
-                         chat_template=self.field("tokenizer.chat_template"), source=str(self.path))
+                         chat_template=self.field("tokenizer.chat_template") or
+                         (GEMMA_CHAT_TEMPLATE if self.arch == "gemma3" else None), source=str(self.path))
 
     def weights(self, dtype: torch.dtype, progress: bool = True,
                 quantized: bool = False) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
@@ -160,7 +196,7 @@ class GGUFModelFile:
         permute = self.arch in ("llama", "mistral")
         tensors = [t for t in self.reader.tensors if t.name != ROPE_FACTORS]
         for t in tqdm(tensors, desc=f"Loading {self.path.name}", unit="tensor", disable=not progress, leave=False):
-            name = hf_name(t.name)
+            name = hf_name(t.name, self.arch)
             if name is None:
                 raise UnsupportedModelError(f"{self.path}: unexpected tensor {t.name!r}")
             heads = None
@@ -184,4 +220,6 @@ class GGUFModelFile:
                 array = array.copy()
             if heads is not None:
                 array = unpermute_qk(array, heads)
+            if self.arch == "gemma3" and name.endswith("norm.weight"):  # stored as 1 + w: back to HF's w
+                array = array - np.float32(1.0)
             yield name, torch.from_numpy(np.ascontiguousarray(array)).to(dtype)

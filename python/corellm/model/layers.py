@@ -157,14 +157,14 @@ class Embedding:
 
 
 class Attention:
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer: int = 0):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.q_size, self.kv_size = config.q_size, config.kv_size
-        self.scale = self.head_dim**-0.5
+        self.scale = config.attention_scale
         self.eps = config.rms_norm_eps
-        self.sliding_window = config.sliding_window
+        self.sliding_window = config.layer_window(layer)
         empty = lambda *shape: torch.empty(shape, dtype=dtype, device=device)  # noqa: E731
         # qkv [q+2kv, hidden] (q, k, v projections fused), o [hidden, q]
         self.qkv_proj = Linear(self.q_size + 2 * self.kv_size, config.hidden_size, config.attention_bias, dtype, device)
@@ -179,7 +179,7 @@ class Attention:
         q = qkv[:, : self.q_size]
         k = qkv[:, self.q_size : self.q_size + self.kv_size]
         v = qkv[:, self.q_size + self.kv_size :]
-        if self.q_norm is not None:  # Qwen3: RMSNorm over each head's dims
+        if self.q_norm is not None:  # Qwen3, Gemma 3: RMSNorm over each head's dims
             q = ops.rms_norm(q.reshape(-1, self.head_dim), self.q_norm, self.eps).view(num_tokens, -1)
             k = ops.rms_norm(k.reshape(-1, self.head_dim), self.k_norm, self.eps).view(num_tokens, -1)
         ops.rotary_embedding(positions, q, k, self.head_dim, cos_sin_cache, is_neox=True)
@@ -196,17 +196,26 @@ class MLP:
         # gate_up [2 * intermediate, hidden] (gate and up fused), down [hidden, intermediate]
         self.gate_up_proj = Linear(2 * config.intermediate_size, config.hidden_size, False, dtype, device)
         self.down_proj = Linear(config.hidden_size, config.intermediate_size, False, dtype, device)
+        self.gelu = config.hidden_activation == "gelu_pytorch_tanh"  # GeGLU (Gemma) instead of SwiGLU
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(h)))
+        gate_up = self.gate_up_proj(h)
+        if self.gelu:  # as transformers computes it: tanh-approximated GELU of the gate, times up, in the dtype
+            d = gate_up.shape[-1] // 2
+            return self.down_proj(F.gelu(gate_up[:, :d], approximate="tanh") * gate_up[:, d:])
+        return self.down_proj(ops.silu_and_mul(gate_up))
 
 
 class DecoderLayer:
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer: int = 0):
         self.eps = config.rms_norm_eps
-        self.input_norm = torch.empty(config.hidden_size, dtype=dtype, device=device)
-        self.post_attention_norm = torch.empty(config.hidden_size, dtype=dtype, device=device)
-        self.attn = Attention(config, dtype, device)
+        norm = lambda: torch.empty(config.hidden_size, dtype=dtype, device=device)  # noqa: E731
+        self.input_norm = norm()
+        self.post_attention_norm = norm()  # before the MLP (Gemma's pre_feedforward_layernorm)
+        # Gemma's sandwich norms: on the attention's output and on the MLP's, before each joins the stream.
+        self.attention_output_norm = norm() if config.sandwich_norms else None
+        self.mlp_output_norm = norm() if config.sandwich_norms else None
+        self.attn = Attention(config, dtype, device, layer)
         self.mlp = MLP(config, dtype, device)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,
@@ -219,8 +228,17 @@ class DecoderLayer:
         else:
             h, residual = ops.fused_add_rms_norm(h, residual, self.input_norm, self.eps)
         h = self.attn.forward(positions, h, attn, kv_cache, cos_sin_cache)
+        if self.attention_output_norm is not None:
+            h = ops.rms_norm(h, self.attention_output_norm, self.eps)
         h, residual = ops.fused_add_rms_norm(h, residual, self.post_attention_norm, self.eps)
-        return self.mlp.forward(h), residual
+        h = self.mlp.forward(h)
+        if self.mlp_output_norm is not None:
+            h = ops.rms_norm(h, self.mlp_output_norm, self.eps)
+        return h, residual
+
+    def norms(self) -> list[torch.Tensor]:
+        return [t for t in (self.input_norm, self.post_attention_norm, self.attention_output_norm,
+                            self.mlp_output_norm, self.attn.q_norm, self.attn.k_norm) if t is not None]
 
     def linears(self) -> list[Linear]:
         return [self.attn.qkv_proj, self.attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj]

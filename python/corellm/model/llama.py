@@ -1,6 +1,7 @@
-"""LlamaForCausalLM: the Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) as decoder
-layers over corellm's ops, its weight loading (fusing q/k/v and gate/up, checking every shape
-against the config) and its logits."""
+"""LlamaForCausalLM: the Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, and Gemma 3's
+variant of it: GeGLU, sandwich norms, scaled embeddings, sliding-window layers with their own rope
+base) as decoder layers over corellm's ops, its weight loading (fusing q/k/v and gate/up, checking
+every shape against the config) and its logits."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ class LlamaForCausalLM:
         self.dtype = dtype
         self.device = torch.device(device)
         self.embed = Embedding(config.vocab_size, config.hidden_size, dtype, self.device)
-        self.layers = [DecoderLayer(config, dtype, self.device) for _ in range(config.num_hidden_layers)]
+        self.layers = [DecoderLayer(config, dtype, self.device, i) for i in range(config.num_hidden_layers)]
         self.norm = torch.empty(config.hidden_size, dtype=dtype, device=self.device)
         self.lm_head = Linear(config.vocab_size, config.hidden_size, False, dtype, self.device)
         inv_freq = inverse_frequencies(config)
@@ -38,6 +39,13 @@ class LlamaForCausalLM:
             inv_freq = inv_freq / rope_factors.float()
         positions = max_position or config.max_position_embeddings
         self.cos_sin_cache = cos_sin_cache(config, positions, inv_freq).to(self.device)
+        # Per layer: the global cache, or (Gemma 3's sliding layers) one for their own rope base, unscaled.
+        self.layer_cos_sin_caches = [self.cos_sin_cache] * config.num_hidden_layers
+        if config.rope_local_theta and config.layer_types:
+            local = cos_sin_cache(config, positions, inverse_frequencies(config, config.rope_local_theta, scaled=False))
+            local = local.to(self.device)
+            self.layer_cos_sin_caches = [local if t == "sliding_attention" else self.cos_sin_cache
+                                         for t in config.layer_types]
 
     # ------------------------------------------------------------------ weights
     def _destinations(self) -> dict[str, tuple[Destination, int, int]]:
@@ -54,7 +62,12 @@ class LlamaForCausalLM:
             p = f"model.layers.{i}."
             a = layer.attn
             dest[p + "input_layernorm.weight"] = (layer.input_norm, 0, c.hidden_size)
-            dest[p + "post_attention_layernorm.weight"] = (layer.post_attention_norm, 0, c.hidden_size)
+            if c.sandwich_norms:  # Gemma: post_attention_layernorm is on the attention's output
+                dest[p + "post_attention_layernorm.weight"] = (layer.attention_output_norm, 0, c.hidden_size)
+                dest[p + "pre_feedforward_layernorm.weight"] = (layer.post_attention_norm, 0, c.hidden_size)
+                dest[p + "post_feedforward_layernorm.weight"] = (layer.mlp_output_norm, 0, c.hidden_size)
+            else:
+                dest[p + "post_attention_layernorm.weight"] = (layer.post_attention_norm, 0, c.hidden_size)
             qkv = a.qkv_proj
             dest[p + "self_attn.q_proj.weight"] = (qkv, 0, q)
             dest[p + "self_attn.k_proj.weight"] = (qkv, q, kv)
@@ -93,6 +106,8 @@ class LlamaForCausalLM:
             if isinstance(target, torch.Tensor):
                 if isinstance(tensor, QuantizedTensor):
                     tensor = tensor.dequantize(torch.float32)
+                if name.endswith("norm.weight") and self.config.norm_weight_offset:  # Gemma: x * (1 + w)
+                    tensor = tensor.float() + self.config.norm_weight_offset
                 target[offset : offset + rows].copy_(tensor)
             else:
                 target.load(offset, tensor)
@@ -133,7 +148,7 @@ class LlamaForCausalLM:
             count(dense, linear.weight if linear.packed is None else linear.packed)
             count(dense, linear.bias)
         for layer in self.layers:
-            for t in (layer.input_norm, layer.post_attention_norm, layer.attn.q_norm, layer.attn.k_norm):
+            for t in layer.norms():
                 count(dense, t)
         count(dense, self.norm)
         return totals
@@ -146,9 +161,11 @@ class LlamaForCausalLM:
         is the model runner's choice). `hidden_states`, when given, receives the residual stream
         after each layer (HF's output_hidden_states[1:], before the final norm)."""
         h = self.embed(input_ids)
+        if self.config.embedding_multiplier != 1.0:  # Gemma: times sqrt(hidden), rounded to the dtype as HF does
+            h = h * torch.tensor(self.config.embedding_multiplier, dtype=h.dtype)
         residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            h, residual = layer.forward(positions, h, residual, attn, kv_cache, self.cos_sin_cache)
+        for layer, kv_cache, cache in zip(self.layers, kv_caches, self.layer_cos_sin_caches):
+            h, residual = layer.forward(positions, h, residual, attn, kv_cache, cache)
             if hidden_states is not None:
                 hidden_states.append(h + residual)
         h, _ = ops.fused_add_rms_norm(h, residual, self.norm, self.config.rms_norm_eps)

@@ -174,7 +174,9 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
             weights = quantize_int8(weights)
     elif path.suffix.lower() == ".gguf":
         config, tokenizer, rope_factors, weights = _load_gguf(path, torch_dtype, progress, use_cache, method == "gguf")
-        generation_config = {}
+        # More than one end token (Gemma's <end_of_turn>): the engine stops on each, as with an HF
+        # directory's generation_config.
+        generation_config = {"eos_token_id": config.eos_token_id} if len(config.eos_token_id) > 1 else {}
     else:
         raise ValueError(f"{path}: not an HF model directory or a .gguf file")
     check_head_size_on_device(config, device_)

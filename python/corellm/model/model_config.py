@@ -12,6 +12,7 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3",
 }
 # GGUF general.architecture -> the HF architecture it stores.
 GGUF_ARCHITECTURES = {
@@ -19,7 +20,11 @@ GGUF_ARCHITECTURES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
 }
+_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+GEMMA3_SLIDING_PATTERN = 6  # Gemma 3: five sliding-window layers, then one global
 
 
 class UnsupportedModelError(ValueError):
@@ -44,6 +49,14 @@ class ModelConfig:
     qk_norm: bool = False  # RMSNorm on each head of q and k before RoPE (Qwen3)
     rope_scaling: dict[str, Any] | None = None  # {"rope_type": "llama3", ...} or None
     sliding_window: int = 0  # 0: none
+    # Gemma 3's differences from Llama (the defaults are Llama's):
+    hidden_activation: str = "silu"  # the MLP's gate activation: silu, or gelu_pytorch_tanh
+    embedding_multiplier: float = 1.0  # embedding rows times this (Gemma: sqrt(hidden), rounded to the dtype)
+    sandwich_norms: bool = False  # RMSNorm on the attention's and the MLP's outputs too
+    layer_types: tuple[str, ...] = ()  # per layer full_attention / sliding_attention; (): sliding_window everywhere
+    rope_local_theta: float = 0.0  # rope base of the sliding_attention layers (0: rope_theta)
+    query_pre_attn_scalar: float = 0.0  # attention scale = this ** -0.5 (0: head_dim)
+    norm_weight_offset: float = 0.0  # RMSNorm scales by (offset + weight) (Gemma: 1)
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
     source: str = ""  # file the config came from, for error messages
@@ -64,6 +77,14 @@ class ModelConfig:
                              f"multiple of num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             raise ValueError(f"{self.source}: head_dim must be even for rotary embeddings, got {self.head_dim}")
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if self.layer_types and (len(self.layer_types) != self.num_hidden_layers
+                                 or any(t not in _LAYER_TYPES for t in self.layer_types)):
+            raise UnsupportedModelError(f"{self.source}: layer_types must name {self.num_hidden_layers} layers, each "
+                                        f"one of {_LAYER_TYPES}; got {list(self.layer_types)}")
+        if self.hidden_activation not in _ACTIVATIONS:
+            raise UnsupportedModelError(f"{self.source}: activation {self.hidden_activation!r} is not supported "
+                                        f"({', '.join(_ACTIVATIONS)})")
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
             if kind not in ("llama3", "default", "linear"):
@@ -73,6 +94,21 @@ class ModelConfig:
     @property
     def family(self) -> str:
         return SUPPORTED_ARCHITECTURES[self.architecture]
+
+    def layer_window(self, layer: int) -> int:
+        """Layer `layer`'s sliding window (0: it attends to the whole context)."""
+        if self.layer_types and self.layer_types[layer] == "full_attention":
+            return 0
+        return self.sliding_window
+
+    def layer_rope_theta(self, layer: int) -> float:
+        if self.layer_types and self.layer_types[layer] == "sliding_attention" and self.rope_local_theta:
+            return self.rope_local_theta
+        return self.rope_theta
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def q_size(self) -> int:
@@ -93,6 +129,8 @@ class ModelConfig:
                 f"{source}: architecture {arch!r} is not supported; corellm runs {sorted(SUPPORTED_ARCHITECTURES)}"
             )
         family = SUPPORTED_ARCHITECTURES[arch]
+        if family == "gemma3":
+            return cls._from_gemma3_config(cfg, source)
         heads = cfg["num_attention_heads"]
         # transformers >= 5 nests rope settings in rope_parameters; older files use rope_theta/rope_scaling.
         rope_params = dict(cfg.get("rope_parameters") or {})
@@ -123,6 +161,52 @@ class ModelConfig:
             qk_norm=family == "qwen3",
             rope_scaling=dict(scaling) if scaling else None,
             sliding_window=sliding,
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
+            source=source,
+        )
+
+    @classmethod
+    def _from_gemma3_config(cls, cfg: dict[str, Any], source: str) -> "ModelConfig":
+        """Gemma3ForCausalLM (model_type gemma3_text): rope per layer type, sandwich norms, GeGLU."""
+        for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+            if cfg.get(key) is not None:
+                raise UnsupportedModelError(f"{source}: {key} is not supported (Gemma 3 sets none)")
+        if cfg.get("use_bidirectional_attention"):
+            raise UnsupportedModelError(f"{source}: use_bidirectional_attention is not supported")
+        rope = dict(cfg.get("rope_parameters") or {})
+        full, local = dict(rope.get("full_attention") or {}), dict(rope.get("sliding_attention") or {})
+        scaling = full if full.get("rope_type", "default") != "default" else (cfg.get("rope_scaling") or None)
+        layers = cfg["num_hidden_layers"]
+        layer_types = cfg.get("layer_types") or [
+            "full_attention" if (i + 1) % cfg.get("sliding_window_pattern", GEMMA3_SLIDING_PATTERN) == 0
+            else "sliding_attention" for i in range(layers)]
+        heads, eos = cfg["num_attention_heads"], cfg.get("eos_token_id")
+        hidden = cfg["hidden_size"]
+        return cls(
+            architecture="Gemma3ForCausalLM",
+            vocab_size=cfg["vocab_size"],
+            hidden_size=hidden,
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or hidden // heads,
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(full.get("rope_theta", cfg.get("rope_theta", 1e6))),
+            max_position_embeddings=cfg.get("max_position_embeddings", 32768),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            qk_norm=True,
+            rope_scaling=dict(scaling) if scaling else None,
+            sliding_window=int(cfg.get("sliding_window") or 0),
+            hidden_activation=cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh",
+            embedding_multiplier=hidden**0.5,
+            sandwich_norms=True,
+            layer_types=tuple(layer_types),
+            rope_local_theta=float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0))),
+            query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar") or 0.0),
+            norm_weight_offset=1.0,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             source=source,

@@ -19,9 +19,14 @@ def _address(t: torch.Tensor | None) -> int:
 
 
 def supports(model) -> bool:
-    """Whether the model's weights are in the form the native stack reads (bf16 on the CPU,
-    every projection packed for bf16_gemm or quantized for quant_gemm)."""
-    return (model.device.type == "cpu" and model.dtype == torch.bfloat16 and _core.kernels.bf16_gemm_available()
+    """Whether the native stack computes this model (the Llama layer; not Gemma 3's variant, which
+    runs op by op) and its weights are in the form it reads (bf16 on the CPU, every projection
+    packed for bf16_gemm or quantized for quant_gemm)."""
+    c = model.config
+    llama_layer = (not c.sandwich_norms and c.hidden_activation == "silu" and c.embedding_multiplier == 1.0
+                   and not c.layer_types and not c.query_pre_attn_scalar and not c.norm_weight_offset)
+    return (llama_layer and model.device.type == "cpu" and model.dtype == torch.bfloat16
+            and _core.kernels.bf16_gemm_available()
             and all(linear.packed is not None or linear.quantized
                     for layer in model.layers for linear in layer.linears()))
 

