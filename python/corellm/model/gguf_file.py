@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from corellm.model import quantized_tensor
+from corellm.model.gguf_reader import GGUFContents
 from corellm.model.model_config import GEMMA3_SLIDING_PATTERN, GGUF_ARCHITECTURES, ModelConfig, UnsupportedModelError
 from corellm.model.quantized_tensor import QuantizedTensor
 from corellm.tokenizer import Tokenizer, byte_level_bpe, sentencepiece_bpe
@@ -74,14 +75,12 @@ def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
 
 class GGUFModelFile:
     def __init__(self, path: str | Path):
-        import gguf
-
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: no such GGUF file")
         try:
-            self.reader = gguf.GGUFReader(str(self.path))
-        except Exception as e:  # noqa: BLE001 - the gguf package raises many kinds
+            self.reader = GGUFContents(self.path)
+        except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
             raise ValueError(f"{self.path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
         self.arch = self.field("general.architecture")
         if self.arch not in GGUF_ARCHITECTURES:
@@ -90,8 +89,7 @@ class GGUFModelFile:
                 f"{sorted(GGUF_ARCHITECTURES)}")
 
     def field(self, key: str, default: Any = None) -> Any:
-        f = self.reader.fields.get(key)
-        return default if f is None else f.contents()
+        return self.reader.fields.get(key, default)
 
     def _arch_field(self, key: str, default: Any = None) -> Any:
         return self.field(f"{self.arch}.{key}", default)
@@ -106,7 +104,7 @@ class GGUFModelFile:
         hidden = int(self._arch_field("embedding_length"))
         vocab = self._arch_field("vocab_size")
         if vocab is None:
-            vocab = len(self.reader.fields["tokenizer.ggml.tokens"].data)
+            vocab = len(self.field("tokenizer.ggml.tokens"))
         scaling = None
         kind = self._arch_field("rope.scaling.type")
         if kind == "linear":
