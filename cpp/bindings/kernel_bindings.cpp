@@ -159,7 +159,7 @@ void bind_kernels(py::module_& m) {
   k.def("quant_block_elements", [](int32_t t) { return quant_block_elements(quant_type_of(t)); }, arg("ggml_type"));
   k.def("quant_block_bytes", [](int32_t t) { return quant_block_bytes(quant_type_of(t)); }, arg("ggml_type"));
   k.def("quant_path", [] { return std::string(quant_path_name(quant_path())); },
-        "quant_gemm's path on this CPU: avx512vnni or avx2 (CORELLM_ISA=avx2 forces avx2).");
+        "quant_gemm's path on this CPU: amx, avx512vnni or avx2 (CORELLM_ISA forces a lower one).");
   k.def("quant_gemm_packed_size", [](int32_t t, int64_t n, int64_t kk) { return quant_gemm_packed_size(quant_type_of(t), n, kk); },
         arg("ggml_type"), arg("n"), arg("k"));
   k.def("quant_gemm_pack",

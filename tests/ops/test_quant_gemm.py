@@ -18,7 +18,7 @@ from tests.quant_blocks import ALL_TYPES, K_TYPES, dequantize, quantize
 
 gguf = pytest.importorskip("gguf")
 K = _core.kernels
-PATHS = ["reference", "avx2"] + (["avx512vnni"] if K.quant_path() == "avx512vnni" else [])
+PATHS = ["reference", "avx2"] + {"amx": ["avx512vnni", "amx"], "avx512vnni": ["avx512vnni"]}.get(K.quant_path(), [])
 DTYPES = {torch.float32: K.DTYPE_F32, torch.bfloat16: K.DTYPE_BF16}
 
 
@@ -61,7 +61,7 @@ def test_packing_keeps_the_values(type_name):
 
 @pytest.mark.parametrize("type_name", ALL_TYPES)
 def test_paths_agree_and_are_within_the_activation_bound(type_name):
-    n, k, m = 40, 512, 7
+    n, k, m = 40, 512, 37  # the amx path: two tiles of 16 rows, 5 rows on the vector loops
     q, w = weight(type_name, n, k, seed=1)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(2))
     got = {path: gemm(q, x, path=path) for path in PATHS}

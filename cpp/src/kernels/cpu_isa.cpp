@@ -5,7 +5,7 @@
 // CPUID.7:EBX BMI1[3], AVX2[5], BMI2[8]; CPUID.80000001h:ECX LZCNT[5]; the OS saving SSE and AVX
 // state (XCR0 bits 1-2). AVX-512: CPUID.7:EBX F[16], DQ[17], BW[30], VL[31] and the opmask and
 // ZMM state (XCR0 bits 5-7). AVX-512-BF16: CPUID.(7,1):EAX[5]. AVX-512-VNNI
-// (the int8 dot products of quant_gemm.h): CPUID.7:ECX[11]. AMX-BF16: CPUID.7:EDX[22] and
+// (the int8 dot products of quant_gemm.h): CPUID.7:ECX[11]. AMX-INT8: CPUID.7:EDX[25]. AMX-BF16: CPUID.7:EDX[22] and
 // AMX-TILE EDX[24], XCR0 bits 17-18, and Linux's permission for this process to use tile data
 // (arch_prctl ARCH_REQ_XCOMP_PERM, once; a process that never asks faults on its first tile load).
 #include "corellm/kernels/cpu_isa.h"
@@ -138,6 +138,14 @@ CpuIsa cpu_isa() {
 bool cpu_has_avx512_vnni() {
   static const bool vnni = has_avx512_vnni();
   return vnni;
+}
+
+bool cpu_has_amx_int8() {
+  static const bool amx_int8 = [] {
+    const std::vector<CpuIsa>& isas = supported_cpu_isas();  // kAmx: tiles usable, permission granted
+    return std::find(isas.begin(), isas.end(), CpuIsa::kAmx) != isas.end() && bit(cpuid(7, 0).edx, 25);
+  }();
+  return amx_int8;
 }
 
 const char* cpu_isa_name(CpuIsa isa) {

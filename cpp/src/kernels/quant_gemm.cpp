@@ -151,6 +151,7 @@ int64_t quant_block_bytes(QuantType type) {
 QuantPath quant_path() {
   static const QuantPath path = [] {
     const CpuIsa isa = cpu_isa();  // honours CORELLM_ISA: avx2 forces the avx2 path here too
+    if (isa == CpuIsa::kAmx && cpu_has_amx_int8()) return QuantPath::kAmx;
     return isa_at_least(isa, CpuIsa::kAvx512) && cpu_has_avx512_vnni() ? QuantPath::kAvx512Vnni : QuantPath::kAvx2;
   }();
   return path;
@@ -161,20 +162,22 @@ const char* quant_path_name(QuantPath path) {
     case QuantPath::kReference: return "reference";
     case QuantPath::kAvx2: return "avx2";
     case QuantPath::kAvx512Vnni: return "avx512vnni";
+    case QuantPath::kAmx: return "amx";
   }
   return "unknown";
 }
 
 QuantPath quant_path_named(const std::string& name) {
-  for (QuantPath p : {QuantPath::kReference, QuantPath::kAvx2, QuantPath::kAvx512Vnni}) {
+  for (QuantPath p : {QuantPath::kReference, QuantPath::kAvx2, QuantPath::kAvx512Vnni, QuantPath::kAmx}) {
     if (name != quant_path_name(p)) continue;
     CORELLM_CHECK_ARG(p != QuantPath::kAvx512Vnni || cpu_has_avx512_vnni(),
                       "quant_gemm: this CPU cannot run the avx512vnni path");
+    CORELLM_CHECK_ARG(p != QuantPath::kAmx || cpu_has_amx_int8(), "quant_gemm: this CPU cannot run the amx path");
     CORELLM_CHECK_ARG(p == QuantPath::kReference || !supported_cpu_isas().empty(),
                       "quant_gemm: this CPU cannot run the ", name, " path");
     return p;
   }
-  CORELLM_CHECK_ARG(false, "unknown quant_gemm path '", name, "' (reference, avx2, avx512vnni)");
+  CORELLM_CHECK_ARG(false, "unknown quant_gemm path '", name, "' (reference, avx2, avx512vnni, amx)");
   return QuantPath::kReference;
 }
 
@@ -271,7 +274,8 @@ void quant_gemm(const QuantGemmArgs& a, QuantPath path) {
   CORELLM_CHECK_ARG(a.x && a.packed && a.y, "quant_gemm: null x, weight or y");
   const quant::QuantizedRows x = quantized_rows_buffer(a.m, a.k);
   void (*run)(const QuantGemmArgs&, const quant::QuantizedRows&, const quant::PanelRange&) =
-      path == QuantPath::kAvx512Vnni ? quant::quant_gemm_avx512vnni
+      path == QuantPath::kAmx          ? quant::quant_gemm_amx
+      : path == QuantPath::kAvx512Vnni ? quant::quant_gemm_avx512vnni
       : path == QuantPath::kAvx2     ? quant::quant_gemm_avx2
                                      : quant::quant_gemm_reference;
   const int64_t panels = num_panels(a.n);

@@ -2,7 +2,8 @@
 // panel as two 8-lane registers (rows 0-7: bytes 0-31 of each 64-byte vector, rows 8-15: bytes
 // 32-63). The 4-byte dot product is maddubs (u8 x s8 -> pairs of int16) then madd with ones
 // (-> int32): exact, as no pair sum of u < 128 times |x| <= 127 reaches 32767. Q8_0's 8-bit
-// values would, so its block is the signed product |q| x sign(x, q) instead, the same integers.
+// values would, so its block is the signed product |q| x sign(x, q) instead, plus 128 times the
+// sum of x: the same integers.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -54,15 +55,18 @@ struct Avx2Lanes {
     const __m256i q = _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80)));
     return dot8(acc, _mm256_abs_epi8(q), _mm256_sign_epi8(x, q));
   }
-  static I q8_block(const uint8_t* p, const int8_t* xq, int32_t /*xsum*/) {
+  // Sum of u x = sum of q x + 128 sum of x (u = q + 128): the signed products, then the offset.
+  static I q8_block(const uint8_t* p, const int8_t* xq) {
     I s = set1_i(0);
+    int32_t xsum = 0;
+    for (int e = 0; e < 32; ++e) xsum += xq[e];
     for (int v = 0; v < 8; ++v) {
       int32_t x4;
       std::memcpy(&x4, xq + 4 * v, 4);
       const __m256i x = _mm256_set1_epi32(x4);
       s = {signed_dot8(s.lo, load32(p + 64 * v), x), signed_dot8(s.hi, load32(p + 64 * v + 32), x)};
     }
-    return s;
+    return add(s, set1_i(128 * xsum));
   }
   static F f16(const uint8_t* p) {
     return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),

@@ -6,8 +6,8 @@
 //   and_bytes(v, b), or_(a, b), add, sub, mullo, set1_i
 //   dot(acc, u, x4)            acc + sum over the lane's 4 bytes of u (unsigned, < 128) times
 //                              x4's 4 bytes (signed): vpdpbusd
-//   q8_block(p, xq, xsum)      sum over a Q8_0 panel-block's 8 vectors of (u - 128) times xq
-//                              (xsum: the sum of xq)
+//   q8_block(p, xq)            sum over a Q8_0 panel-block's 8 vectors of u times xq (u = q + 128
+//                              up to 255: too wide for maddubs, so a path's own way)
 //   f16(p), u8(p), i8(p)       16 fp16 / unsigned bytes / signed bytes -> lanes
 //   cvt, fmadd, fnmadd, mul, set1_f, zero_f, store16(float*, F)
 // Per panel and block of MR rows, for each weight block: the block's unsigned values are built
@@ -76,6 +76,42 @@ inline void legacy_values(const uint8_t* pb, I<Lanes>* V) {
   }
 }
 
+// The epilogues of quant_gemm.h on one row's 16 lanes, from the integer sums S of a weight block
+// (legacy types; Q8_0's values are u = q + 128, its offset 128) or sub-block: every path (the
+// vector loops here, the AMX tiles of quant_gemm_amx.cpp) ends in these same float operations.
+template <class Lanes, QuantType T>
+inline F<Lanes> legacy_epilogue(F<Lanes> acc, I<Lanes> S, F<Lanes> d, F<Lanes> m, const QuantizedRows& x,
+                                int64_t row, int64_t b) {
+  constexpr Layout L = layout_of(T);
+  const F<Lanes> scale = Lanes::mul(d, Lanes::set1_f(x.row_d(row)[b]));
+  if constexpr (L.has_min) {
+    acc = Lanes::fmadd(Lanes::cvt(S), scale, acc);
+    return Lanes::fmadd(m, Lanes::set1_f(x.row_s(row)[b]), acc);
+  }
+  const int32_t* sum16 = x.row_sum16(row) + 2 * b;
+  const I<Lanes> t = Lanes::sub(S, Lanes::set1_i(L.offset * (sum16[0] + sum16[1])));
+  return Lanes::fmadd(Lanes::cvt(t), scale, acc);
+}
+
+// Q4_K / Q5_K sub-block of activation block a: scale = d sc_j, mins = dmin mn_j (per lane).
+template <class Lanes>
+inline F<Lanes> k_epilogue(F<Lanes> acc, I<Lanes> S, F<Lanes> scale, F<Lanes> mins, const QuantizedRows& x,
+                           int64_t row, int64_t a) {
+  acc = Lanes::fmadd(Lanes::cvt(S), Lanes::mul(scale, Lanes::set1_f(x.row_d(row)[a])), acc);
+  return Lanes::fnmadd(mins, Lanes::set1_f(x.row_s(row)[a]), acc);
+}
+
+// Q6_K over activation block a: its two sub-blocks of 16 (sums Sa, Sb; int8 scales sc_a, sc_b).
+template <class Lanes>
+inline F<Lanes> q6_epilogue(F<Lanes> acc, I<Lanes> Sa, I<Lanes> Sb, I<Lanes> sc_a, I<Lanes> sc_b, F<Lanes> d,
+                            const QuantizedRows& x, int64_t row, int64_t a) {
+  const int32_t* sum16 = x.row_sum16(row) + 2 * a;
+  const I<Lanes> ta = Lanes::sub(Sa, Lanes::set1_i(32 * sum16[0]));
+  const I<Lanes> tb = Lanes::sub(Sb, Lanes::set1_i(32 * sum16[1]));
+  const I<Lanes> T6 = Lanes::add(Lanes::mullo(sc_a, ta), Lanes::mullo(sc_b, tb));
+  return Lanes::fmadd(Lanes::cvt(T6), Lanes::mul(d, Lanes::set1_f(x.row_d(row)[a])), acc);
+}
+
 template <class Lanes, QuantType T, int MR>
 inline void legacy_block(const uint8_t* pb, const QuantizedRows& x, int64_t r0, int64_t b, F<Lanes>* acc) {
   constexpr Layout L = layout_of(T);
@@ -86,22 +122,13 @@ inline void legacy_block(const uint8_t* pb, const QuantizedRows& x, int64_t r0, 
   if constexpr (T != QuantType::kQ8_0) legacy_values<Lanes, T>(pb, V);
   for (int r = 0; r < MR; ++r) {
     const int8_t* xq = x.row_q(r0 + r) + 32 * b;
-    const float xd = x.row_d(r0 + r)[b];
+    I<Lanes> S;
     if constexpr (T == QuantType::kQ8_0) {
-      const int32_t* sum16 = x.row_sum16(r0 + r) + 2 * b;
-      const I<Lanes> t = Lanes::q8_block(pb + L.q_off, xq, sum16[0] + sum16[1]);
-      acc[r] = Lanes::fmadd(Lanes::cvt(t), Lanes::mul(d, Lanes::set1_f(xd)), acc[r]);
-      continue;
-    }
-    const I<Lanes> S = dots<Lanes, 8>(V, xq);
-    if constexpr (L.has_min) {
-      acc[r] = Lanes::fmadd(Lanes::cvt(S), Lanes::mul(d, Lanes::set1_f(xd)), acc[r]);
-      acc[r] = Lanes::fmadd(m, Lanes::set1_f(x.row_s(r0 + r)[b]), acc[r]);
+      S = Lanes::q8_block(pb + L.q_off, xq);
     } else {
-      const int32_t* sum16 = x.row_sum16(r0 + r) + 2 * b;
-      const I<Lanes> t = Lanes::sub(S, Lanes::set1_i(L.offset * (sum16[0] + sum16[1])));
-      acc[r] = Lanes::fmadd(Lanes::cvt(t), Lanes::mul(d, Lanes::set1_f(xd)), acc[r]);
+      S = dots<Lanes, 8>(V, xq);
     }
+    acc[r] = legacy_epilogue<Lanes, T>(acc[r], S, d, m, x, r0 + r, b);
   }
 }
 
@@ -148,11 +175,8 @@ inline void k_block(const uint8_t* pb, const QuantizedRows& x, int64_t r0, int64
         for (int h = 0; h < 2; ++h) {  // activation block 8b + 2t + h
           const int64_t a = 8 * b + 2 * t + h;
           const int8_t* xq = x.row_q(r0 + r) + 32 * a;
-          const int32_t* sum16 = x.row_sum16(r0 + r) + 2 * a;
-          const I<Lanes> Sa = Lanes::sub(dots<Lanes, 4>(V + 8 * h, xq), Lanes::set1_i(32 * sum16[0]));
-          const I<Lanes> Sb = Lanes::sub(dots<Lanes, 4>(V + 8 * h + 4, xq + 16), Lanes::set1_i(32 * sum16[1]));
-          const I<Lanes> T6 = Lanes::add(Lanes::mullo(sc[2 * h], Sa), Lanes::mullo(sc[2 * h + 1], Sb));
-          acc[r] = Lanes::fmadd(Lanes::cvt(T6), Lanes::mul(d, Lanes::set1_f(x.row_d(r0 + r)[a])), acc[r]);
+          acc[r] = q6_epilogue<Lanes>(acc[r], dots<Lanes, 4>(V + 8 * h, xq), dots<Lanes, 4>(V + 8 * h + 4, xq + 16),
+                                      sc[2 * h], sc[2 * h + 1], d, x, r0 + r, a);
         }
       }
     } else {
@@ -166,9 +190,30 @@ inline void k_block(const uint8_t* pb, const QuantizedRows& x, int64_t r0, int64
         for (int h = 0; h < 2; ++h) {
           const int64_t a = 8 * b + 2 * t + h;
           const I<Lanes> S = dots<Lanes, 8>(V + 8 * h, x.row_q(r0 + r) + 32 * a);
-          acc[r] = Lanes::fmadd(Lanes::cvt(S), Lanes::mul(scale[h], Lanes::set1_f(x.row_d(r0 + r)[a])), acc[r]);
-          acc[r] = Lanes::fnmadd(mins[h], Lanes::set1_f(x.row_s(r0 + r)[a]), acc[r]);
+          acc[r] = k_epilogue<Lanes>(acc[r], S, scale[h], mins[h], x, r0 + r, a);
         }
+      }
+    }
+  }
+}
+
+// Rows [r0, r0 + rows) of panel p's 16 columns of y from their fp32 sums: the bias, then one
+// rounding, as the reference path.
+template <class Lanes>
+void store_rows(const QuantGemmArgs& a, const F<Lanes>* acc, int64_t r0, int rows, int64_t p) {
+  const int64_t col0 = p * kQuantPanelRows;
+  const int cols = static_cast<int>(std::min<int64_t>(kQuantPanelRows, a.n - col0));
+  for (int r = 0; r < rows; ++r) {
+    float sums[16];
+    Lanes::store16(sums, acc[r]);
+    for (int c = 0; c < cols; ++c) {
+      float v = sums[c];
+      if (a.bias != nullptr) v += bf16_to_f32(a.bias[col0 + c]);
+      const int64_t at = (r0 + r) * a.y_stride + col0 + c;
+      if (a.y_dtype == DType::F32) {
+        static_cast<float*>(a.y)[at] = v;
+      } else {
+        static_cast<uint16_t*>(a.y)[at] = f32_to_bf16(v);
       }
     }
   }
@@ -189,22 +234,7 @@ void panel_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int6
       k_block<Lanes, T, MR>(panel + b * L.bytes, x, r0, b, acc);
     }
   }
-  const int64_t col0 = p * kQuantPanelRows;
-  const int cols = static_cast<int>(std::min<int64_t>(kQuantPanelRows, a.n - col0));
-  for (int r = 0; r < MR; ++r) {  // the bias, then one rounding: as the reference path
-    float sums[16];
-    Lanes::store16(sums, acc[r]);
-    for (int c = 0; c < cols; ++c) {
-      float v = sums[c];
-      if (a.bias != nullptr) v += bf16_to_f32(a.bias[col0 + c]);
-      const int64_t at = (r0 + r) * a.y_stride + col0 + c;
-      if (a.y_dtype == DType::F32) {
-        static_cast<float*>(a.y)[at] = v;
-      } else {
-        static_cast<uint16_t*>(a.y)[at] = f32_to_bf16(v);
-      }
-    }
-  }
+  store_rows<Lanes>(a, acc, r0, MR, p);
 }
 
 template <class Lanes, QuantType T>

@@ -34,12 +34,14 @@ struct QuantizedRows {
 void quantize_rows(const void* x, int64_t x_stride, DType x_dtype, int64_t r0, int64_t r1, const QuantizedRows& out);
 
 // One thread's share: rows [r0, r1) x panels [p0, p1) of y, from the quantized rows (each path's
-// source: quant_gemm.cpp's reference, quant_gemm_avx2.cpp, quant_gemm_avx512vnni.cpp).
+// source: quant_gemm.cpp's reference, quant_gemm_avx2.cpp, quant_gemm_avx512vnni.cpp,
+// quant_gemm_amx.cpp).
 struct PanelRange {
   int64_t r0, r1, p0, p1;
 };
 void quant_gemm_reference(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range);
 void quant_gemm_avx2(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range);
 void quant_gemm_avx512vnni(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range);
+void quant_gemm_amx(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range);
 
 }  // namespace corellm::quant

@@ -24,7 +24,7 @@ def supported(ggml_type: int) -> bool:
 
 
 def quant_path() -> str:
-    """The instruction-set path of the quantized GEMM on this CPU (avx512vnni or avx2)."""
+    """The instruction-set path of the quantized GEMM on this CPU (amx, avx512vnni or avx2)."""
     return _K.quant_path()
 
 

@@ -35,6 +35,9 @@ const char* cpu_isa_name(CpuIsa isa);
 // every CPU of the avx512bf16 and amx paths, and in Cascade Lake / Ice Lake before them.
 bool cpu_has_avx512_vnni();
 
+// AMX-INT8 (TDPBSUD, quant_gemm.h's amx path), with the tile-data permission the amx path holds.
+bool cpu_has_amx_int8();
+
 // InvalidArgument "<what>: this CPU cannot run the <isa> path" unless it can (a test or benchmark
 // asking a kernel for a path by name).
 void check_cpu_runs(CpuIsa isa, const char* what);

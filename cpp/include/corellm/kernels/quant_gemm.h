@@ -45,8 +45,9 @@ enum class QuantType : int32_t { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8
 // How the integer dot products are done. Every path gives the same bits (see above).
 //   kReference: plain loops (the specification, for tests);
 //   kAvx2: maddubs/madd on 8 lanes (any x86-64-v3 CPU);
-//   kAvx512Vnni: vpdpbusd on 16 lanes (Cascade Lake, Ice Lake, Sapphire Rapids, Zen 4 and later).
-enum class QuantPath : int32_t { kReference = 0, kAvx2 = 1, kAvx512Vnni = 2 };
+//   kAvx512Vnni: vpdpbusd on 16 lanes (Cascade Lake, Ice Lake, Sapphire Rapids, Zen 4 and later);
+//   kAmx: AMX-INT8 tiles for whole tiles of 16 rows, the rest as kAvx512Vnni (Sapphire Rapids+).
+enum class QuantPath : int32_t { kReference = 0, kAvx2 = 1, kAvx512Vnni = 2, kAmx = 3 };
 
 constexpr int64_t kQuantPanelRows = 16;
 
@@ -57,8 +58,9 @@ const char* quant_type_name(QuantType type);
 int64_t quant_block_elements(QuantType type);  // values per block: 32, or 256 (K types)
 int64_t quant_block_bytes(QuantType type);     // bytes per block in the file
 
-// The best path this CPU runs (CORELLM_ISA=avx2 forces kAvx2), its name, and the one named
-// ("reference", "avx2", "avx512vnni"; InvalidArgument when unknown or not runnable here).
+// The best path this CPU runs (CORELLM_ISA=avx2 forces kAvx2; a path below amx, kAvx512Vnni at
+// most), its name, and the one named ("reference", "avx2", "avx512vnni", "amx"; InvalidArgument
+// when unknown or not runnable here).
 QuantPath quant_path();
 const char* quant_path_name(QuantPath path);
 QuantPath quant_path_named(const std::string& name);

@@ -1,0 +1,180 @@
+// quant_gemm on AMX-INT8 tiles (the amx path of quant_gemm.h), for whole tiles of 16 x rows; rows
+// left over go to the avx512vnni loops, and every epilogue is theirs (quant_gemm_kernel.h).
+//
+// Per panel (16 rows of W) and chunk of x rows, the panel's values are first laid out as B tiles:
+// for each group of 32 values (a legacy block, or a K type's sub-block of 32) 8 rows of 64
+// bytes, row v holding values 4v .. 4v + 3 of each of the 16 panel rows — the vector paths'
+// operand order, unpacked to bytes (Q8_0's panel-blocks already are that). Then per 16 x rows
+// and group: TDPBSUD (x int8, signed; values unsigned) into a 16 x 16 int32 tile, the group's
+// exact integer sums; stored, and the type's epilogue applied row by row to 16 accumulators.
+// Integer sums are exact whatever computes them and the epilogue is the same float operations,
+// so a row's result is the other paths' bit for bit: batch invariance holds across the tiles and
+// the leftover rows. The epilogue, not the tiles, bounds the speed: 1.1-1.4x the avx512vnni loops
+// on 16-512 rows (Q4_1, Q8_0, Q4_K); Q6_K, whose sub-blocks of 16 need two dot products of depth
+// 16 and two stores per 32 values, gains nothing (0.9-1.1x) and stays on the vector loops.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <new>
+
+#include "quant_formats.h"
+#include "quant_gemm_paths.h"
+
+// Compiled for AMX-INT8 and AVX-512-VNNI whatever the build's baseline; it runs only where
+// quant_path() found them and the OS granted tile data.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,amx-tile,amx-int8")
+
+#include "amx_tile_config.h"
+#include "quant_gemm_kernel.h"
+#include "quant_lanes_avx512.h"
+
+namespace corellm::quant {
+
+namespace {
+
+using Lanes = Avx512VnniLanes;
+using kernel::I;
+using kernel::F;
+
+constexpr int kTileRows = 16;
+constexpr int kGroupBytes = 512;  // one group's B tile: 8 rows x 64 bytes
+// Tiles (the tile intrinsics take literal numbers): 0 the sums (16 x 16 int32), 1 x (16 rows x 32
+// values), 2 the values (8 x 64 bytes).
+enum Tile { kSums = 0, kX = 1, kValues = 2 };
+
+void configure_tiles() {
+  amx_tiles::TileConfig cfg{};
+  cfg.palette_id = 1;
+  auto set = [&](int t, int rows, int bytes) {
+    cfg.rows[t] = static_cast<uint8_t>(rows);
+    cfg.colsb[t] = static_cast<uint16_t>(bytes);
+  };
+  set(kSums, 16, 64);
+  set(kX, 16, 32);
+  set(kValues, 8, 64);
+  amx_tiles::load_amx_config(cfg);
+}
+
+// A thread's 64-byte aligned scratch, grown as needed and kept.
+uint8_t* scratch(int64_t bytes) {
+  struct FreeAligned {
+    void operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  thread_local std::unique_ptr<uint8_t[], FreeAligned> buffer;
+  thread_local int64_t capacity = 0;
+  if (bytes > capacity) {
+    buffer.reset(static_cast<uint8_t*>(::operator new[](bytes, std::align_val_t{64})));
+    capacity = bytes;
+  }
+  return buffer.get();
+}
+
+void store_vectors(uint8_t* out, const I<Lanes>* V, int count) {
+  for (int v = 0; v < count; ++v) _mm512_store_si512(out + 64 * v, V[v]);
+}
+
+// The panel's values as B tiles, group after group (group g: values 32g .. 32g + 31 along k);
+// Q4_K / Q5_K runs of 64 values give two groups each.
+template <QuantType T>
+void lay_out_values(const uint8_t* panel, int64_t blocks, uint8_t* out) {
+  constexpr Layout L = layout_of(T);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* pb = panel + b * L.bytes;
+    if constexpr (L.block == 32) {
+      I<Lanes> V[8];
+      kernel::legacy_values<Lanes, T>(pb, V);
+      store_vectors(out + b * kGroupBytes, V, 8);
+    } else {
+      for (int t = 0; t < 4; ++t) {
+        I<Lanes> V[16];
+        kernel::k_run_values<Lanes, T>(pb, t, V);
+        store_vectors(out + (8 * b + 2 * t) * kGroupBytes, V, 16);  // groups 8b + 2t and 8b + 2t + 1
+      }
+    }
+  }
+}
+
+// 16 x rows from r0: the integer sums of group g (x at values 32 g + offset) into `sums`.
+inline void tile_sums(const QuantizedRows& x, int64_t r0, int64_t g, const uint8_t* values, int32_t* sums) {
+  _tile_zero(0);                                   // kSums
+  _tile_loadd(1, x.row_q(r0) + 32 * g, x.k);       // kX
+  _tile_loadd(2, values, 64);                      // kValues
+  _tile_dpbsud(0, 1, 2);
+  _tile_stored(0, sums, 64);
+}
+
+inline I<Lanes> sums_row(const int32_t* sums, int r) { return _mm512_load_si512(sums + 16 * r); }
+
+// Rows [r0, r0 + 16) x panel p.
+template <QuantType T>
+void tile_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int64_t p, const uint8_t* values,
+               int32_t* sums) {
+  constexpr Layout L = layout_of(T);
+  const int64_t blocks = a.k / L.block;
+  const uint8_t* panel = a.packed + p * blocks * L.bytes;
+  F<Lanes> acc[kTileRows];
+  for (auto& v : acc) v = Lanes::zero_f();
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* pb = panel + b * L.bytes;
+    const F<Lanes> d = Lanes::f16(pb + L.d_off);
+    if constexpr (L.block == 32) {
+      F<Lanes> m{};
+      if constexpr (L.has_min) m = Lanes::f16(pb + L.m_off);
+      tile_sums(x, r0, b, T == QuantType::kQ8_0 ? pb + L.q_off : values + b * kGroupBytes, sums);
+      for (int r = 0; r < kTileRows; ++r) {
+        acc[r] = kernel::legacy_epilogue<Lanes, T>(acc[r], sums_row(sums, r), d, m, x, r0 + r, b);
+      }
+    } else {
+      const F<Lanes> dmin = Lanes::f16(pb + L.m_off);
+      for (int j = 0; j < 8; ++j) {
+        const int64_t g = 8 * b + j;
+        const F<Lanes> scale = Lanes::mul(d, Lanes::u8(pb + L.sc_off + 16 * j));
+        const F<Lanes> mins = Lanes::mul(dmin, Lanes::u8(pb + L.mn_off + 16 * j));
+        tile_sums(x, r0, g, values + g * kGroupBytes, sums);
+        for (int r = 0; r < kTileRows; ++r) {
+          acc[r] = kernel::k_epilogue<Lanes>(acc[r], sums_row(sums, r), scale, mins, x, r0 + r, g);
+        }
+      }
+    }
+  }
+  kernel::store_rows<Lanes>(a, acc, r0, kTileRows, p);
+}
+
+template <QuantType T>
+void run_type(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range) {
+  constexpr Layout L = layout_of(T);
+  const int64_t blocks = a.k / L.block, tiled_end = range.r0 + (range.r1 - range.r0) / kTileRows * kTileRows;
+  if (tiled_end > range.r0) {
+    configure_tiles();
+    uint8_t* values = scratch(a.k / 32 * kGroupBytes + 2 * 1024);
+    auto* sums = reinterpret_cast<int32_t*>(values + a.k / 32 * kGroupBytes);
+    for (int64_t p = range.p0; p < range.p1; ++p) {
+      if constexpr (T != QuantType::kQ8_0) lay_out_values<T>(a.packed + p * blocks * L.bytes, blocks, values);
+      for (int64_t r = range.r0; r < tiled_end; r += kTileRows) tile_rows<T>(a, x, r, p, values, sums);
+    }
+    _tile_release();
+  }
+  if (tiled_end < range.r1) kernel::panels<Lanes, T>(a, x, {tiled_end, range.r1, range.p0, range.p1});
+}
+
+}  // namespace
+
+void quant_gemm_amx(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range) {
+  switch (a.type) {
+    case QuantType::kQ4_0: return run_type<QuantType::kQ4_0>(a, x, range);
+    case QuantType::kQ4_1: return run_type<QuantType::kQ4_1>(a, x, range);
+    case QuantType::kQ5_0: return run_type<QuantType::kQ5_0>(a, x, range);
+    case QuantType::kQ5_1: return run_type<QuantType::kQ5_1>(a, x, range);
+    case QuantType::kQ8_0: return run_type<QuantType::kQ8_0>(a, x, range);
+    case QuantType::kQ4_K: return run_type<QuantType::kQ4_K>(a, x, range);
+    case QuantType::kQ5_K: return run_type<QuantType::kQ5_K>(a, x, range);
+    case QuantType::kQ6_K: return kernel::panels<Lanes, QuantType::kQ6_K>(a, x, range);
+  }
+}
+
+}  // namespace corellm::quant
+
+#pragma GCC pop_options
