@@ -12,10 +12,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <memory>
-#include <new>
 
 #include "packed_gemm_paths.h"
+#include "thread_scratch.h"
 
 // Everything below is compiled for AMX-BF16 (and AVX-512-BF16), whatever the build's baseline;
 // it runs only where cpu_isa() found those instructions and the OS's permission for tile data.
@@ -56,21 +55,6 @@ struct TiledX {
     return tiles + (row_tile * groups + group) * kTileElements;
   }
 };
-
-// The calling thread's buffer for TiledX, 64-byte aligned (a std::vector's storage is only
-// 16-byte aligned), grown as needed and kept for the next call.
-uint16_t* tiled_x_buffer(int64_t elements) {
-  struct FreeAligned {
-    void operator()(uint16_t* p) const { ::operator delete[](p, std::align_val_t{64}); }
-  };
-  thread_local std::unique_ptr<uint16_t[], FreeAligned> buffer;
-  thread_local int64_t capacity = 0;
-  if (elements > capacity) {
-    buffer.reset(static_cast<uint16_t*>(::operator new[](elements * sizeof(uint16_t), std::align_val_t{64})));
-    capacity = elements;
-  }
-  return buffer.get();
-}
 
 // Row tiles [begin, end) of x into `tiles` (TiledX's layout).
 void tile_x(const GemmArgs& a, int64_t groups, int64_t begin, int64_t end, uint16_t* tiles) {
@@ -172,7 +156,7 @@ void bf16_gemm_amx(const GemmArgs& a) {
   const int64_t groups = gemm_padded_pairs(a.k) * 2 / kTileK;
   const int64_t panels = gemm_num_panels(a.n), panel_size = gemm_panel_elements(a.k);
   const int64_t row_tiles = (a.m + kTileRows - 1) / kTileRows;
-  uint16_t* tiles = tiled_x_buffer(row_tiles * groups * TiledX::kTileElements);
+  uint16_t* tiles = thread_scratch<TiledX, uint16_t>(row_tiles * groups * TiledX::kTileElements);
   const TiledX x{tiles, groups};
 #pragma omp parallel if (a.n * a.k * a.m >= (1 << 16))
   {

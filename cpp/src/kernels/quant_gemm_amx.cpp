@@ -16,11 +16,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <memory>
-#include <new>
 
 #include "quant_formats.h"
 #include "quant_gemm_paths.h"
+#include "thread_scratch.h"
 
 // Compiled for AMX-INT8 and AVX-512-VNNI whatever the build's baseline; it runs only where
 // quant_path() found them and the OS granted tile data.
@@ -56,20 +55,6 @@ void configure_tiles() {
   set(kX, 16, 32);
   set(kValues, 8, 64);
   amx_tiles::load_amx_config(cfg);
-}
-
-// A thread's 64-byte aligned scratch, grown as needed and kept.
-uint8_t* scratch(int64_t bytes) {
-  struct FreeAligned {
-    void operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t{64}); }
-  };
-  thread_local std::unique_ptr<uint8_t[], FreeAligned> buffer;
-  thread_local int64_t capacity = 0;
-  if (bytes > capacity) {
-    buffer.reset(static_cast<uint8_t*>(::operator new[](bytes, std::align_val_t{64})));
-    capacity = bytes;
-  }
-  return buffer.get();
 }
 
 void store_vectors(uint8_t* out, const I<Lanes>* V, int count) {
@@ -149,7 +134,7 @@ void run_type(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& 
   const int64_t blocks = a.k / L.block, tiled_end = range.r0 + (range.r1 - range.r0) / kTileRows * kTileRows;
   if (tiled_end > range.r0) {
     configure_tiles();
-    uint8_t* values = scratch(a.k / 32 * kGroupBytes + 2 * 1024);
+    uint8_t* values = thread_scratch<struct LaidOutValues, uint8_t>(a.k / 32 * kGroupBytes + 1024);
     auto* sums = reinterpret_cast<int32_t*>(values + a.k / 32 * kGroupBytes);
     for (int64_t p = range.p0; p < range.p1; ++p) {
       if constexpr (T != QuantType::kQ8_0) lay_out_values<T>(a.packed + p * blocks * L.bytes, blocks, values);
