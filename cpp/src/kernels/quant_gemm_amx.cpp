@@ -30,7 +30,9 @@
 #include "quant_gemm_kernel.h"
 #include "quant_lanes_avx512.h"
 
-namespace corellm::quant {
+// Its own namespace: every function of this path carries "amx" in its name (tests/ops/
+// test_portable_build.py tells the paths' functions from the baseline's by their names).
+namespace corellm::quant::amx {
 
 namespace {
 
@@ -146,8 +148,12 @@ void run_type(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& 
 }
 
 }  // namespace
+}  // namespace corellm::quant::amx
+
+namespace corellm::quant {
 
 void quant_gemm_amx(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range) {
+  using amx::run_type;
   switch (a.type) {
     case QuantType::kQ4_0: return run_type<QuantType::kQ4_0>(a, x, range);
     case QuantType::kQ4_1: return run_type<QuantType::kQ4_1>(a, x, range);
@@ -156,7 +162,7 @@ void quant_gemm_amx(const QuantGemmArgs& a, const QuantizedRows& x, const PanelR
     case QuantType::kQ8_0: return run_type<QuantType::kQ8_0>(a, x, range);
     case QuantType::kQ4_K: return run_type<QuantType::kQ4_K>(a, x, range);
     case QuantType::kQ5_K: return run_type<QuantType::kQ5_K>(a, x, range);
-    case QuantType::kQ6_K: return kernel::panels<Lanes, QuantType::kQ6_K>(a, x, range);
+    case QuantType::kQ6_K: return kernel::panels<Avx512VnniLanes, QuantType::kQ6_K>(a, x, range);
   }
 }
 
