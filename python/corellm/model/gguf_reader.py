@@ -90,12 +90,12 @@ class GGUFContents:
         return bool(value) if kind == _BOOL else value
 
     def _strings(self, count: int) -> list[str]:
-        raw, pos, out = bytes(self._buf[self._pos :]), 0, []
+        raw, pos, out = memoryview(self._map), self._pos, []  # a view: the file's bytes are not copied
         for _ in range(count):
             n = int.from_bytes(raw[pos : pos + 8], "little")
-            out.append(raw[pos + 8 : pos + 8 + n].decode("utf-8", errors="replace"))
+            out.append(str(raw[pos + 8 : pos + 8 + n], "utf-8", errors="replace"))
             pos += 8 + n
-        self._pos += pos
+        self._pos = pos
         return out
 
     def _tensor(self, name: str, kind: GGMLQuantizationType, dims: list[int], at: int) -> GGUFTensor:
