@@ -14,8 +14,7 @@ from corellm.native import _core
 
 _K = _core.kernels
 _DTYPE_CODES = {torch.float32: _K.DTYPE_F32, torch.bfloat16: _K.DTYPE_BF16}
-_Q8_0 = 8
-_GGML_TYPE_NAMES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+_Q8_0 = 8  # GGUF's ggml_type number (the kernels name every type: quant_type_name)
 
 
 def supported(ggml_type: int) -> bool:
@@ -36,7 +35,7 @@ class QuantizedTensor:
 
     @property
     def type_name(self) -> str:
-        return _GGML_TYPE_NAMES[self.ggml_type]
+        return _K.quant_type_name(self.ggml_type)
 
     @property
     def nbytes(self) -> int:
@@ -51,7 +50,7 @@ class QuantizedTensor:
         blocks = np.ascontiguousarray(rows, dtype=np.uint8)
         expected = k // _K.quant_block_elements(ggml_type) * _K.quant_block_bytes(ggml_type)
         if blocks.shape != (n, expected):
-            raise ValueError(f"{_GGML_TYPE_NAMES.get(ggml_type, ggml_type)} tensor of shape {shape}: expected "
+            raise ValueError(f"{_K.quant_type_name(ggml_type)} tensor of shape {shape}: expected "
                              f"{n} rows of {expected} bytes, got {blocks.shape}")
         packed = torch.empty(_K.quant_gemm_packed_size(ggml_type, n, k), dtype=torch.uint8)
         order = None if row_order is None else np.ascontiguousarray(row_order, dtype=np.int32)
