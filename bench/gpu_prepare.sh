@@ -5,7 +5,8 @@
 #     SHA-256; the GPU image has the library, maybe not its development headers).
 #     bench/gpu_check.sh uses each only where the machine lacks its own.
 #   - the wheels of the Python packages corellm needs that the GPU image lacks (llguidance, for
-#     structured output; abi3 wheels, any CPython >= 3.9), installed there with pip --no-index.
+#     structured output: abi3 wheels, any CPython >= 3.9; nvidia-cutlass, whose headers build the
+#     scaled fp8 / int8 GEMMs), installed there with pip --no-index --no-deps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dest=build/device-deps/openssl
@@ -18,5 +19,5 @@ cp -L /usr/lib/x86_64-linux-gnu/libcrypto.so.3 "$dest/lib/"
 rm -rf build/device-deps/wheels
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-  -d build/device-deps/wheels "llguidance>=1.9,<2"
+  -d build/device-deps/wheels "llguidance>=1.9,<2" "nvidia-cutlass==$(sed -n 's/^CUTLASS_VERSION := //p' Makefile)"
 du -sh build/device-deps

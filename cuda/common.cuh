@@ -61,6 +61,25 @@ __device__ __forceinline__ float block_sum(float v) {
   return v;
 }
 
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
+// The maximum of v over the block (as block_sum; v >= 0: the missing warps count as 0).
+__device__ __forceinline__ float block_max_nonnegative(float v) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = warp_max(v);
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x / 32) ? partial[lane] : 0.0f;
+  v = warp_max(v);
+  __syncthreads();
+  return v;
+}
+
 // Online-softmax states kept per warp in shared memory (max m, sum l, unnormalised output acc
 // over dims), merged for row r at dim d: {the merged max, the sum and the output at d relative to
 // it}. A warp that saw no key (m = -inf) adds nothing.

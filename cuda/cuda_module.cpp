@@ -11,6 +11,7 @@
 
 namespace py = pybind11;
 using corellm::cuda::DType;
+using corellm::cuda::ScaledType;
 
 namespace {
 
@@ -26,6 +27,12 @@ DType dtype_of(int32_t tag) {
   return static_cast<DType>(tag);
 }
 
+ScaledType scaled_type_of(int32_t tag) {
+  CORELLM_CHECK_ARG(tag == static_cast<int32_t>(ScaledType::FP8_E4M3) || tag == static_cast<int32_t>(ScaledType::INT8),
+                    "unknown scaled type tag ", tag, " (SCALED_FP8_E4M3 or SCALED_INT8)");
+  return static_cast<ScaledType>(tag);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_cuda, m) {
@@ -38,6 +45,8 @@ PYBIND11_MODULE(_cuda, m) {
     head_sizes[i] = corellm::cuda::kAttentionHeadSizes[i];
   }
   m.attr("ATTENTION_HEAD_SIZES") = head_sizes;  // paged_attention's (corellm.ops checks models against them)
+  m.attr("SCALED_FP8_E4M3") = static_cast<int32_t>(ScaledType::FP8_E4M3);
+  m.attr("SCALED_INT8") = static_cast<int32_t>(ScaledType::INT8);
   const auto release = py::call_guard<py::gil_scoped_release>();
 
   m.def("rms_norm", [](std::uintptr_t out, int64_t out_stride, std::uintptr_t x, int64_t x_stride, std::uintptr_t w,
@@ -92,6 +101,33 @@ PYBIND11_MODULE(_cuda, m) {
     return corellm::cuda::paged_attention_workspace_size(num_seqs, num_heads, num_kv_heads, head_size, block_size,
                                                          max_query_len, max_seq_len, dtype_of(dtype));
   });
+  m.def("scaled_gemm_built", &corellm::cuda::scaled_gemm_built);
+  m.def("scaled_gemm", [](int32_t type, std::uintptr_t a, std::uintptr_t b, std::uintptr_t a_scales,
+                          bool a_scales_per_row, std::uintptr_t b_scales, bool b_scales_per_column, std::uintptr_t out,
+                          int64_t out_stride, int64_t m, int64_t n, int64_t k, std::uintptr_t stream) {
+    corellm::cuda::ScaledGemmProblem problem;
+    problem.type = scaled_type_of(type);
+    problem.a = ptr<const void>(a);
+    problem.b = ptr<const void>(b);
+    problem.a_scales = ptr<const float>(a_scales);
+    problem.a_scales_per_row = a_scales_per_row;
+    problem.b_scales = ptr<const float>(b_scales);
+    problem.b_scales_per_column = b_scales_per_column;
+    problem.out = ptr<void>(out);
+    problem.out_stride = out_stride;
+    problem.m = m;
+    problem.n = n;
+    problem.k = k;
+    corellm::cuda::scaled_gemm(problem, stream);
+  }, py::kw_only(), py::arg("type"), py::arg("a"), py::arg("b"), py::arg("a_scales"), py::arg("a_scales_per_row"),
+     py::arg("b_scales"), py::arg("b_scales_per_column"), py::arg("out"), py::arg("out_stride"), py::arg("m"),
+     py::arg("n"), py::arg("k"), py::arg("stream"), release);
+  m.def("quantize_rows", [](std::uintptr_t q, std::uintptr_t scales, std::uintptr_t x, int64_t x_stride, int64_t m,
+                            int64_t k, int32_t type, int32_t dtype, std::uintptr_t stream) {
+    corellm::cuda::quantize_rows(ptr<void>(q), ptr<float>(scales), ptr<const void>(x), x_stride, m, k,
+                                 scaled_type_of(type), dtype_of(dtype), stream);
+  }, py::kw_only(), py::arg("q"), py::arg("scales"), py::arg("x"), py::arg("x_stride"), py::arg("m"), py::arg("k"),
+     py::arg("type"), py::arg("dtype"), py::arg("stream"), release);
   // The batch is corellm._core.kernels.SamplingBatch itself (its fields by name: the type _core
   // registers, shared between the two modules), then the stream.
   m.def("sample", [](const corellm::SamplingBatch& batch, std::uintptr_t stream) {

@@ -70,6 +70,38 @@ void paged_attention(void* out, const void* q, int64_t q_stride, const void* key
 int64_t paged_attention_workspace_size(int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_size,
                                        int64_t block_size, int64_t max_query_len, int64_t max_seq_len, DType dtype);
 
+// The scaled low-precision GEMM (W8A8): out[i, j] = bf16(a_scales[i] * b_scales[j] * sum_k a[i, k] b[j, k]),
+// the sum exact in int32 for int8, in the tensor cores' fp32 for fp8 e4m3. a holds the activations
+// (quantize_rows makes them), b the weight's rows; a scale vector has a value per row (column) or
+// one for all (a per-tensor scale). Built on CUTLASS 3.x for Hopper (sm_90a); needs k a multiple of
+// 16, n and out_stride multiples of 8, 16-byte aligned a and b, and a device of compute capability
+// 9.0 (corellm::InvalidArgument naming what is wrong otherwise).
+enum class ScaledType : int32_t { FP8_E4M3 = 0, INT8 = 1 };
+
+struct ScaledGemmProblem {
+  ScaledType type = ScaledType::FP8_E4M3;
+  const void* a = nullptr;  // [m, k] row-major, contiguous
+  const void* b = nullptr;  // [n, k] row-major, contiguous
+  const float* a_scales = nullptr;
+  bool a_scales_per_row = true;  // a_scales [m], else [1]
+  const float* b_scales = nullptr;
+  bool b_scales_per_column = true;  // b_scales [n], else [1]
+  void* out = nullptr;              // bf16 [m, n] with row stride out_stride
+  int64_t out_stride = 0;
+  int64_t m = 0, n = 0, k = 0;
+};
+
+// Whether this build holds the CUTLASS kernels (CUTLASS's headers were found and sm_90a was built).
+bool scaled_gemm_built();
+void scaled_gemm(const ScaledGemmProblem& problem, std::uintptr_t stream);
+
+// Dynamic per-row quantization of activations for scaled_gemm: scales[i] = max_k |x[i, k]| / R
+// (R = 448 for fp8 e4m3, 127 for int8; 1 for a row of zeros), q[i, k] = x[i, k] / scales[i]
+// rounded to the type (fp8: to nearest, saturating; int8: to nearest even, in [-127, 127]).
+// x [m, k] with row stride x_stride in dtype; q [m, k] contiguous.
+void quantize_rows(void* q, float* scales, const void* x, int64_t x_stride, int64_t m, int64_t k, ScaledType type,
+                   DType dtype, std::uintptr_t stream);
+
 // The CPU sampler's contract (cpp/include/corellm/kernels/sampler.h) with every array in device
 // memory: one row per request, logits processed in place. Parameter values are validated before
 // they reach the device (the engine's InputProcessor); token ids outside the vocabulary are

@@ -9,9 +9,11 @@ from corellm.reasoning_parser import REASONING_PARSERS
 
 # quantization= values: "gguf" keeps a GGUF file's quantized tensors as they are (CPU kernels,
 # quant_gemm.h); "int8" quantizes an HF checkpoint's linear layers to int8 at load (one scale per
-# output row, activations quantized to int8 as they come); "none" keeps (or dequantizes to) the
-# dtype. Unset: "gguf" for a GGUF file on the CPU, else "none" (model/loader.py).
-QUANTIZATION_METHODS = ("gguf", "int8", "none")
+# output row, activations quantized to int8 as they come; on the CPU quant_gemm.h, on a GPU the
+# CUTLASS scaled GEMM); "fp8" does the same in fp8 e4m3 on a Hopper GPU (cuda/scaled_gemm.cu);
+# "none" keeps (or dequantizes to) the dtype. Unset: "gguf" for a GGUF file on the CPU, else
+# "none" (model/loader.py).
+QUANTIZATION_METHODS = ("gguf", "int8", "fp8", "none")
 
 _POLICIES = {"fcfs": _core.SchedulingPolicy.FCFS, "priority": _core.SchedulingPolicy.PRIORITY}
 

@@ -28,8 +28,9 @@ class LLM:
                  scheduling_policy: str = "fcfs", speculative_config: dict | SpeculativeConfig | None = None,
                  loaded_model: LoadedModel | None = None):
         """quantization: "gguf" (a GGUF file's quantized weights computed as they are; the default for
-        a .gguf on the CPU), "int8" (an HF checkpoint's projections quantized to int8 at load) or
-        "none" (weights in dtype).
+        a .gguf on the CPU), "int8" (an HF checkpoint's projections quantized to int8 at load: W8A8
+        on the CPU or a Hopper GPU), "fp8" (the projections in fp8 e4m3 on a Hopper GPU) or "none"
+        (weights in dtype).
         speculative_config: speculative decoding, as vLLM names it (see SpeculativeConfig), e.g.
         {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}."""
         self.config = EngineConfig(model=model, dtype=dtype, quantization=quantization, device=device, enforce_eager=enforce_eager,

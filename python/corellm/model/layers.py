@@ -16,6 +16,7 @@ from corellm.native import _core
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.model_config import ModelConfig
 from corellm.model.quantized_tensor import QuantizedTensor
+from corellm.model.scaled_weight import ScaledWeight
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (key_cache, value_cache) of one layer
 
@@ -34,6 +35,8 @@ class Linear:
     or a QuantizedTensor (a GGUF quantized type kept as it is, on the CPU). After loading:
     - every part quantized: y is computed part by part by the quantized GEMM (quant_gemm.h),
       parts of one type fused into one;
+    - on a GPU with --quantization fp8 / int8: quantized at load per output channel for the
+      scaled GEMM (ScaledWeight: CUTLASS's W8A8 kernels), activations quantized per token;
     - else dense: on the CPU in bf16 the weight is packed once for corellm's GEMM
       (cpp/include/corellm/kernels/packed_gemm.h: each row's result independent of the batch;
       bench/kernels.py compares it with oneDNN); where that kernel is missing (not bf16, or a
@@ -52,6 +55,7 @@ class Linear:
         self._onednn_packed: torch.Tensor | None = None  # oneDNN's blocked layout (fallback)
         # (first output row, tensor) per quantized part, in row order; public for the native stack.
         self.quantized: list[tuple[int, QuantizedTensor]] = []
+        self.scaled: ScaledWeight | None = None  # the GPU's fp8 / int8 weight (finalize's scaled_type)
 
     def load(self, offset: int, tensor: torch.Tensor | QuantizedTensor) -> None:
         """Rows [offset, offset + len) of the weight (the caller checked the shape)."""
@@ -62,14 +66,20 @@ class Linear:
             self.weight = torch.empty(self.shape, dtype=self.dtype, device=self.device)
         self.weight[offset : offset + tensor.shape[0]].copy_(tensor)
 
-    def finalize(self, keep_weight: bool = False) -> None:
+    def finalize(self, keep_weight: bool = False, scaled_type: str | None = None) -> None:
         """Lays the loaded weight out for the kernels, then drops the row-major form unless
-        keep_weight (it is shared: a tied LM head's embedding)."""
+        keep_weight (it is shared: a tied LM head's embedding). scaled_type ("fp8" / "int8", on a
+        GPU): the weight is quantized for the scaled GEMM instead, when its shape allows
+        (ScaledWeight.supports; otherwise it stays dense, and weight_bytes shows it)."""
         if self.quantized:
             self._finalize_quantized()
             if self.quantized:
                 return
         w = self.weight
+        if scaled_type is not None and w is not None and not keep_weight and ScaledWeight.supports(self.shape):
+            self.scaled = ScaledWeight.quantize(w, scaled_type)
+            self.weight = None
+            return
         if w is None or w.device.type != "cpu" or w.dtype != torch.bfloat16:
             return
         n, k = self.shape
@@ -101,6 +111,11 @@ class Linear:
         quantized GEMMs: their fp32 sums, not rounded to bf16 first)."""
         if self.quantized:
             return self._quantized_call(x, out_dtype or self.dtype)
+        if self.scaled is not None:
+            y = self.scaled.matmul(x)
+            if self.bias is not None:
+                y += self.bias
+            return y.to(out_dtype or self.dtype)
         if self.packed is not None:
             n, k = self.shape
             if x.stride(-1) != 1 or x.dtype != torch.bfloat16:

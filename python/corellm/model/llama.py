@@ -85,10 +85,13 @@ class LlamaForCausalLM:
             dest[p + "mlp.down_proj.weight"] = (layer.mlp.down_proj, 0, c.hidden_size)
         return dest
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]], source: str) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]], source: str,
+                     scaled_type: str | None = None) -> None:
         """Copies every tensor to its place (a quantized one is kept by the linear layer or the
         embedding); raises ValueError naming the file and the tensor for an unknown name, a shape
-        that does not match the config, or a tensor that is missing."""
+        that does not match the config, or a tensor that is missing. scaled_type ("fp8" / "int8",
+        on a GPU): the decoder layers' projections are then quantized for the scaled GEMM (the
+        embedding and the LM head stay in the dtype, as in vLLM)."""
         dest = self._destinations()
         loaded: set[str] = set()
         for name, tensor in weights:
@@ -118,7 +121,7 @@ class LlamaForCausalLM:
             raise ValueError(f"{source}: missing tensors {missing[:3]}{more}")
         for layer in self.layers:
             for linear in layer.linears():
-                linear.finalize()
+                linear.finalize(scaled_type=scaled_type)
         if self.config.tie_word_embeddings:  # the embedding serves as the output projection too
             if self.embed.quantized is not None:
                 self.lm_head.quantized = [(0, self.embed.quantized)]
@@ -145,6 +148,9 @@ class LlamaForCausalLM:
         for linear in linears:
             for _, q in linear.quantized:
                 count(q.type_name, q.packed)
+            if linear.scaled is not None:
+                count(linear.scaled.type_name, linear.scaled.weight)
+                count("float32 (scales)", linear.scaled.scales)
             count(dense, linear.weight if linear.packed is None else linear.packed)
             count(dense, linear.bias)
         for layer in self.layers:

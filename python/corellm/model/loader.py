@@ -86,10 +86,28 @@ def resolve_quantization(quantization: str | None, path: Path, device: torch.dev
     if quantization == "int8" and gguf:
         raise ValueError(f"quantization 'int8' quantizes an HF checkpoint's weights; {path} is a GGUF file "
                          f"(use 'gguf' to run its quantized tensors as they are, or 'none')")
-    if quantization != "none" and device.type != "cpu":
-        raise ValueError(f"quantization {quantization!r} runs on the CPU only (device {str(device)!r}); use "
-                         f"quantization 'none'")
+    if quantization == "gguf" and device.type != "cpu":
+        raise ValueError(f"quantization 'gguf' runs on the CPU only (device {str(device)!r}); on a GPU use "
+                         f"'none' (dequantized to the dtype) or 'fp8'")
+    if quantization == "fp8" and device.type != "cuda":
+        raise ValueError(f"quantization 'fp8' runs on a Hopper GPU (device='cuda'); on the CPU use 'int8' "
+                         f"(an HF checkpoint) or a GGUF file's own types")
+    if quantization in ("fp8", "int8") and device.type == "cuda":
+        check_scaled_gemm(quantization, device)
     return quantization
+
+
+def check_scaled_gemm(quantization: str, device: torch.device) -> None:
+    """ValueError naming what is missing when the GPU cannot run the scaled GEMM."""
+    from corellm.ops.scaled_gemm import scaled_gemm_built
+
+    if not scaled_gemm_built():
+        raise ValueError(f"quantization {quantization!r} on a GPU needs corellm._cuda built with CUTLASS's sm_90a "
+                         f"kernels (pip install --no-deps nvidia-cutlass, then rebuild)")
+    capability = torch.cuda.get_device_capability(device)
+    if capability != (9, 0):
+        raise ValueError(f"quantization {quantization!r} on a GPU runs on Hopper (compute capability 9.0); "
+                         f"{torch.cuda.get_device_name(device)} has {capability[0]}.{capability[1]}")
 
 
 # The HF tensors --quantization int8 quantizes: the decoder layers' projections (vLLM's W8A8
@@ -170,7 +188,7 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
         source = HFModelDir(path)
         config, tokenizer, generation_config = source.config(), source.tokenizer(), source.generation_config()
         rope_factors, weights = None, source.weights(torch_dtype, progress)
-        if method == "int8":
+        if method == "int8" and device_.type == "cpu":
             weights = quantize_int8(weights)
     elif path.suffix.lower() == ".gguf":
         config, tokenizer, rope_factors, weights = _load_gguf(path, torch_dtype, progress, use_cache, method == "gguf")
@@ -184,7 +202,8 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
         tokenizer.eos_token_ids = list(config.eos_token_id)
     llm = LlamaForCausalLM(config, torch_dtype, device_, rope_factors=rope_factors, max_position=max_position)
     with torch.inference_mode():
-        llm.load_weights(weights.items() if isinstance(weights, dict) else weights, str(path))
+        scaled_type = method if method in ("fp8", "int8") and device_.type == "cuda" else None
+        llm.load_weights(weights.items() if isinstance(weights, dict) else weights, str(path), scaled_type=scaled_type)
     name = DEFAULT_MODEL if path == default_model_path_or_none() else path.name
     return LoadedModel(llm, tokenizer, config, generation_config, name=name, path=str(path), quantization=method)
 

@@ -7,6 +7,7 @@ from corellm.ops.norm import fused_add_rms_norm, rms_norm
 from corellm.ops.rejection_sampler import rejection_sample
 from corellm.ops.rotary import rotary_embedding
 from corellm.ops.sampler import SamplerOutput, SamplingMetadata, TokenLists, sample
+from corellm.ops.scaled_gemm import quantize_rows, scaled_gemm
 
 __all__ = [
     "SamplerOutput",
@@ -16,11 +17,13 @@ __all__ = [
     "kv_cache_shapes",
     "kv_pack",
     "paged_attention",
+    "quantize_rows",
     "rejection_sample",
     "reshape_and_cache",
     "rms_norm",
     "rotary_embedding",
     "sample",
+    "scaled_gemm",
     "silu_and_mul",
     "unpack_kv_cache",
 ]
