@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 from typing import Any
 
 from aiohttp import web
@@ -15,7 +16,7 @@ from corellm.server.assistant_message import AssistantMessage
 from corellm.server.chat_tools import resolve_chat_tools
 from corellm.server.errors import bad_request
 from corellm.server.logprobs import chat_logprobs, prompt_logprobs
-from corellm.server.protocol import ChatCompletionRequest
+from corellm.server.protocol import ChatCompletionRequest, ImagePart
 from corellm.server.serving import Serving, now, send_event, stream_errors, usage
 from corellm.tokenizer import ChatTemplateError
 
@@ -23,6 +24,7 @@ from corellm.tokenizer import ChatTemplateError
 # (corellm.chat_template), so a pathological template neither stalls the event loop nor keeps a
 # worker busy after its request was refused.
 _RENDER_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="chat-template")
+_IMAGE_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="images")
 
 
 async def render_prompt(serving: Serving, req: ChatCompletionRequest,
@@ -33,7 +35,7 @@ async def render_prompt(serving: Serving, req: ChatCompletionRequest,
     if req.chat_template is not None and not serving.config.allow_request_chat_template:
         raise bad_request("chat_template in a request is not allowed on this server (start it with "
                           "--allow-request-chat-template)", "chat_template")
-    messages = [m.as_template_message() for m in req.messages]
+    messages = [m.as_template_message(content_parts=serving.takes_images) for m in req.messages]
     kwargs = dict(req.chat_template_kwargs or {})
     for reserved in ("messages", "tools", "add_generation_prompt"):
         if reserved in kwargs:
@@ -72,8 +74,18 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
     await serving.check_constraint(params.structured_outputs, structured_field)
     reasoning_parser = serving.engine.config.reasoning_parser
     request_id = serving.new_id("chatcmpl")
-    processed = serving.prepare(request_id, prompt_ids, text, params, max_tokens, kind="messages",
-                                cache_salt=req.cache_salt, priority=req.priority, structured_field=structured_field)
+    images = [(f"messages[{i}].content[{j}]", part.image_url) for i, m in enumerate(req.messages)
+              if isinstance(m.content, list) for j, part in enumerate(m.content) if isinstance(part, ImagePart)]
+    for name, image_url in images:
+        if image_url.detail not in (None, "auto"):
+            raise bad_request(f"{name}.image_url.detail {image_url.detail!r} is not supported: the model sees every "
+                              f"image at its encoder's resolution (use 'auto' or leave it out)", "messages")
+    images = [(name, image_url.url) for name, image_url in images]
+    prepare = functools.partial(serving.prepare, request_id, prompt_ids, text, params, max_tokens, kind="messages",
+                                cache_salt=req.cache_salt, priority=req.priority, structured_field=structured_field,
+                                images=images)
+    # Images are decoded (and fetched, where allowed) on a worker thread: the event loop serves on.
+    processed = await asyncio.get_running_loop().run_in_executor(_IMAGE_POOL, prepare) if images else prepare()
 
     def reply() -> AssistantMessage:
         return AssistantMessage(ReasoningParser(reasoning_parser) if reasoning_parser else None, tools.parser())
@@ -94,7 +106,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
         return web.json_response({
             "id": request_id, "object": "chat.completion", "created": now(), "model": model, "choices": choices,
             "prompt_logprobs": prompt_logprobs(out.prompt_logprobs),
-            "usage": usage(len(prompt_ids), completion_tokens, out.num_cached_tokens)})
+            "usage": usage(len(processed.prompt_token_ids), completion_tokens, out.num_cached_tokens)})
 
     resp, outputs = await serving.start_stream(request, [processed], structured_field)
     created = now()
@@ -128,7 +140,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
                         await send_event(resp, chunk(c.index, {}, finish))
         if req.stream_options and req.stream_options.include_usage:
             await send_event(resp, {**head, "choices": [],
-                                    "usage": usage(len(prompt_ids), completion_tokens, cached_tokens)})
+                                    "usage": usage(len(processed.prompt_token_ids), completion_tokens, cached_tokens)})
         await resp.write(b"data: [DONE]\n\n")
     except (ConnectionResetError, asyncio.CancelledError):
         raise

@@ -190,6 +190,19 @@ class TextPart(RequestPart):
     text: str
 
 
+class ImageURL(RequestPart):
+    url: str  # a data URL (data:image/png;base64,...), or http(s) where the server allows the host
+    detail: str | None = None  # only "auto": "low" / "high" are not honoured (the handler's 400)
+
+
+class ImagePart(RequestPart):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
 class FunctionCall(RequestPart):
     name: str
     arguments: str  # a JSON object's text, as OpenAI sends it
@@ -205,16 +218,32 @@ class MessageToolCall(RequestPart):
 
 class ChatMessage(RequestPart):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None  # assistant: the calls it made
     tool_call_id: str | None = None  # tool: the call this is the result of
     reasoning_content: str | None = None  # assistant: its reasoning (templates may show or drop it)
 
-    def as_template_message(self) -> dict[str, Any]:
-        """The message as chat templates read it (HF's convention: a call's arguments as a dict)."""
-        content = self.content
-        if isinstance(content, list):
+    def image_urls(self) -> list[str]:
+        return [p.image_url.url for p in self.content if isinstance(p, ImagePart)] if isinstance(self.content, list) else []
+
+    def as_template_message(self, content_parts: bool = False) -> dict[str, Any]:
+        """The message as chat templates read it (HF's convention: a call's arguments as a dict).
+        content_parts (a model that takes images): the content as a list of parts, {"type": "text",
+        "text": ...} and {"type": "image"} (HF's multimodal templates); else one string."""
+        content: Any = self.content
+        if content_parts:
+            if not isinstance(content, list):
+                content = [{"type": "text", "text": content}] if content else []
+            else:
+                content = [{"type": "text", "text": p.text} if isinstance(p, TextPart) else {"type": "image"}
+                           for p in content]
+        elif isinstance(content, list):
+            if any(isinstance(p, ImagePart) for p in content):
+                from corellm.server.errors import bad_request
+
+                raise bad_request("this model takes no images: image_url content parts need a LLaVA-style model",
+                                  "messages")
             content = "".join(part.text for part in content)
         message: dict[str, Any] = {"role": self.role, "content": content or ""}
         for key in ("name", "tool_call_id", "reasoning_content"):

@@ -65,12 +65,20 @@ class Serving:
         """The model's generation_config sampling defaults (fields a request leaves out)."""
         return self.engine.parts.generation_defaults()
 
+    @property
+    def takes_images(self) -> bool:
+        """Whether the model takes images (a LLaVA model): chat templates then get content parts."""
+        return self.engine.parts.input_processor.image_inputs is not None
+
     def prepare(self, request_id: str, prompt_ids: list[int], prompt_text: str | None, params: SamplingParams,
                 requested_max_tokens: int | None, kind: str = "prompt", cache_salt: str | None = None,
-                priority: int = 0, structured_field: str | None = None) -> ProcessedRequest:
+                priority: int = 0, structured_field: str | None = None,
+                images: list[tuple[str, str]] | None = None) -> ProcessedRequest:
         """Validates one prompt against the context; the messages name the numbers.
         structured_field: the request field its output constraint came from (the engine checks
-        the constraint and its error then names that field)."""
+        the constraint and its error then names that field). images: (the part's name, its URL)
+        for each image of the messages, in order. The context check counts an image's placeholder
+        tokens once they are expanded (the engine's own check)."""
         limit = self.engine.max_model_len
         if len(prompt_ids) >= limit:
             raise bad_request(f"This model's maximum context length is {limit} tokens. However, your {kind} has "
@@ -82,6 +90,9 @@ class Serving:
                               f"{requested_max_tokens} in the completion). Please reduce the length of the {kind} "
                               f"or the completion.", "max_tokens", "context_length_exceeded")
         prompt = {"prompt_token_ids": prompt_ids, "prompt": prompt_text}
+        if images:
+            prompt["multi_modal_data"] = {"image": [url for _, url in images]}
+            prompt["multi_modal_names"] = [name for name, _ in images]
         try:
             return self.engine.process(request_id, prompt, params, priority=priority, cache_salt=cache_salt or "")
         except ValueError as e:

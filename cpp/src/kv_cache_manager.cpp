@@ -2,6 +2,7 @@
 #include "corellm/kv_cache_manager.h"
 
 #include <algorithm>
+#include <string>
 #include <string_view>
 #include <unordered_set>
 
@@ -18,13 +19,32 @@ KVCacheManager::KVCacheManager(int32_t num_blocks, int32_t block_size, bool enab
   if (!hasher_) hasher_ = std::make_shared<const PrefixHasher>();
 }
 
+// A block's extra keys: the cache salt in the first block (the chain carries it to every later
+// one), and each image whose placeholders the block covers — its hash and where its placeholders
+// start relative to the block. Every field is length-prefixed, so no two sets of keys serialize to
+// the same bytes. Empty for a block of plain text (most blocks: no string is built).
+static std::string block_extra_keys(const Request& request, int32_t block, int32_t block_size) {
+  std::string extra;
+  if (block == 0 && !request.cache_salt.empty()) {
+    extra += "s" + std::to_string(request.cache_salt.size()) + ":" + request.cache_salt;
+  }
+  const int32_t start = block * block_size, end = start + block_size;
+  for (const MultiModalRange& range : request.mm_ranges) {
+    if (range.offset >= end) break;  // ranges are in prompt order
+    if (range.offset + range.length <= start) continue;
+    extra += "m" + std::to_string(range.hash.size()) + ":" + range.hash + "@" +
+             std::to_string(range.offset - start) + ";";
+  }
+  return extra;
+}
+
 void KVCacheManager::update_block_hashes(Request& request) const {
   const int32_t num_full_blocks = request.num_tokens() / block_size_;
   while (static_cast<int32_t>(request.block_hashes.size()) < num_full_blocks) {
     const size_t i = request.block_hashes.size();
     const BlockHash& parent = i == 0 ? hasher_->root() : request.block_hashes[i - 1];
-    // The cache salt enters the first block; the chain carries it to every later block.
-    const std::string_view extra = i == 0 ? std::string_view(request.cache_salt) : std::string_view();
+    const bool keyed = (i == 0 && !request.cache_salt.empty()) || !request.mm_ranges.empty();
+    const std::string extra = keyed ? block_extra_keys(request, static_cast<int32_t>(i), block_size_) : std::string();
     request.block_hashes.push_back(hasher_->hash_block(
         parent, request.token_ids.data() + i * static_cast<size_t>(block_size_),
         static_cast<size_t>(block_size_), extra));

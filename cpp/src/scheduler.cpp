@@ -68,6 +68,16 @@ void Scheduler::add_request(EngineCoreRequest new_request) {
   CORELLM_CHECK_ARG(new_request.min_tokens >= 0 && new_request.min_tokens <= new_request.max_tokens, "request '",
                     new_request.request_id, "': min_tokens must be in [0, max_tokens=", new_request.max_tokens,
                     "], got ", new_request.min_tokens);
+  int64_t previous_end = 0;
+  for (const MultiModalRange& range : new_request.mm_ranges) {
+    CORELLM_CHECK_ARG(range.length > 0 && range.offset >= previous_end &&
+                          static_cast<int64_t>(range.offset) + range.length <= num_prompt,
+                      "request '", new_request.request_id, "': image placeholders [", range.offset, ", ",
+                      static_cast<int64_t>(range.offset) + range.length, ") must be non-empty, in order, ",
+                      "apart and within the ", num_prompt, "-token prompt");
+    CORELLM_CHECK_ARG(!range.hash.empty(), "request '", new_request.request_id, "': an image without a hash");
+    previous_end = static_cast<int64_t>(range.offset) + range.length;
+  }
 
   auto request = std::make_unique<Request>();
   request->request_id = std::make_shared<const std::string>(std::move(new_request.request_id));
@@ -82,6 +92,7 @@ void Scheduler::add_request(EngineCoreRequest new_request) {
   request->arrival_time = new_request.arrival_time;
   request->arrival_seq = next_arrival_seq_++;
   request->cache_salt = std::move(new_request.cache_salt);
+  request->mm_ranges = std::move(new_request.mm_ranges);
   request->use_structured_output = new_request.use_structured_output;
   request->payload = std::move(new_request.payload);
   request->token_ids.reserve(static_cast<size_t>(

@@ -14,10 +14,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from corellm import LLM, SamplingParams
 
     c = engine_config_from_args(args)
-    llm = LLM(c.model, dtype=c.dtype, device=c.device, enforce_eager=c.enforce_eager,
+    llm = LLM(c.model, dtype=c.dtype, quantization=c.quantization, device=c.device, enforce_eager=c.enforce_eager,
               max_model_len=c.max_model_len, max_num_seqs=c.max_num_seqs,
               max_num_batched_tokens=c.max_num_batched_tokens, block_size=c.block_size,
-              kv_cache_memory=c.kv_cache_memory, seed=c.seed, speculative_config=c.speculative_config)
+              kv_cache_memory=c.kv_cache_memory, seed=c.seed, scheduling_policy=c.scheduling_policy,
+              speculative_config=c.speculative_config, limit_mm_per_prompt=c.limit_mm_per_prompt,
+              allowed_media_domains=c.allowed_media_domains)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.sampling_seed, n=args.n)
     prompts = args.prompt

@@ -162,8 +162,18 @@ class EngineConfig:
     reasoning_parser: str | None = None
     # Speculative decoding (None: off); a dict is read by SpeculativeConfig.from_dict.
     speculative_config: SpeculativeConfig | dict | None = None
+    # Image inputs (a LLaVA model): at most this many images per prompt (vLLM's
+    # limit_mm_per_prompt={"image": N}), and the hosts remote image URLs may name (none: data URLs only).
+    limit_mm_per_prompt: dict | None = None
+    allowed_media_domains: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        limits = self.limit_mm_per_prompt
+        if limits is not None:
+            if not isinstance(limits, dict) or set(limits) - {"image"}:
+                raise ValueError(f"limit_mm_per_prompt takes {{'image': N}}, got {limits!r}")
+            _check_int("limit_mm_per_prompt['image']", limits.get("image", 1), 0)
+        object.__setattr__(self, "allowed_media_domains", tuple(self.allowed_media_domains))
         if self.speculative_config is not None:
             object.__setattr__(self, "speculative_config", SpeculativeConfig.from_dict(self.speculative_config))
         if self.max_model_len is not None:

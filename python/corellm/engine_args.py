@@ -34,19 +34,37 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num
                         '"num_speculative_tokens": 4}\'')
     p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                    help="fcfs: arrival order; priority: a request's `priority` first (lower runs first), then arrival")
+    p.add_argument("--limit-mm-per-prompt", default=None, metavar="JSON",
+                   help='a LLaVA model\'s images per prompt at most, e.g. \'{"image": 2}\' or image=2 (default 1)')
+    p.add_argument("--allowed-media-domains", nargs="+", default=[], metavar="HOST",
+                   help="hosts whose http(s) image URLs the server may fetch (default: none; data URLs only)")
 
 
-def speculative_config_from_arg(text: str | None) -> dict | None:
-    """--speculative-config's JSON (ValueError saying what is wrong with it)."""
+def json_object_arg(flag: str, text: str | None) -> dict | None:
+    """A flag's JSON object (ValueError naming the flag and what is wrong)."""
     if text is None:
         return None
     try:
-        spec = json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"--speculative-config is not valid JSON: {e}") from None
-    if not isinstance(spec, dict):
-        raise ValueError(f"--speculative-config must be a JSON object, got {text!r}")
-    return spec
+        raise ValueError(f"{flag} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag} must be a JSON object, got {text!r}")
+    return value
+
+
+def speculative_config_from_arg(text: str | None) -> dict | None:
+    return json_object_arg("--speculative-config", text)
+
+
+def limit_mm_from_arg(text: str | None) -> dict | None:
+    """--limit-mm-per-prompt: JSON ({"image": 2}) or vLLM's older image=2."""
+    if text is not None and "=" in text and not text.lstrip().startswith("{"):
+        key, _, value = text.partition("=")
+        if not value.strip().isdigit():
+            raise ValueError(f"--limit-mm-per-prompt: {text!r} is not KIND=N")
+        return {key.strip(): int(value)}
+    return json_object_arg("--limit-mm-per-prompt", text)
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -57,4 +75,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         block_size=args.block_size, seed=args.seed, scheduling_policy=args.scheduling_policy,
                         reasoning_parser=args.reasoning_parser,
                         speculative_config=speculative_config_from_arg(args.speculative_config),
+                        limit_mm_per_prompt=limit_mm_from_arg(args.limit_mm_per_prompt),
+                        allowed_media_domains=tuple(args.allowed_media_domains),
                         kv_cache_memory=None if kv is None else (int(kv) if kv >= 1 else float(kv)))

@@ -4,8 +4,9 @@ as the scheduler's payload, so it lives outside both engine/ and worker/."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from corellm.multimodal.features import MultiModalFeature
 from corellm.sampling_params import SamplingParams
 
 
@@ -29,3 +30,7 @@ class EngineCoreRequest:
     # With a reasoning model: the grammar applies only once the output holds this text (the end
     # of its reasoning block, "</think>"); None: from the first token.
     grammar_starts_after: str | None = None
+    # One per image in the prompt (a LLaVA model): its pixels, placeholder range and content hash.
+    # The hashes key the prefix-cache blocks over the placeholders; the model runner encodes the
+    # images (or finds them in its encoder cache) and merges their rows into the embeddings.
+    mm_features: list[MultiModalFeature] = field(default_factory=list)

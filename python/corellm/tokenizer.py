@@ -114,6 +114,8 @@ class Tokenizer:
         template = config.get("chat_template")
         if template is None and (path / "chat_template.jinja").exists():
             template = (path / "chat_template.jinja").read_text()
+        if template is None and (path / "chat_template.json").exists():  # a processor's (LLaVA models)
+            template = _read_json(path / "chat_template.json").get("chat_template")
         if isinstance(template, list):  # named templates: take the default one
             template = next((t["template"] for t in template if t.get("name") == "default"), template[0]["template"])
         eos = token_id("eos_token")

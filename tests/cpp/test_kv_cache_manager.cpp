@@ -137,6 +137,29 @@ TEST(KVCacheManager, CacheSaltIsolatesTenants) {
   EXPECT_EQ(kv.get_computed_blocks(c).num_computed_tokens, 8);
 }
 
+// Blocks covering an image's placeholders are keyed by its hash: another image never hits them,
+// the same image does, and the text blocks before the image are shared either way.
+TEST(KVCacheManager, ImageHashesKeyTheBlocksThatCoverThem) {
+  KVCacheManager kv(16, 4, true, fixed_hasher());
+  auto with_image = [](const char* id, const char* hash) {
+    Request r = make_request(id, 17);
+    r.mm_ranges.push_back({6, 5, hash});  // placeholders 6..10: blocks 1 and 2
+    return r;
+  };
+  Request a = with_image("a", "cafe01");
+  ASSERT_TRUE(kv.allocate_slots(a, 17));
+  kv.cache_full_blocks(a, 17);
+  Request other = with_image("b", "beef02");
+  EXPECT_EQ(kv.get_computed_blocks(other).num_computed_tokens, 4);  // block 0 only
+  Request same = with_image("c", "cafe01");
+  EXPECT_EQ(kv.get_computed_blocks(same).num_computed_tokens, 16);
+  Request moved = make_request("d", 17);
+  moved.mm_ranges.push_back({7, 4, "cafe01"});  // the same image's placeholders elsewhere
+  EXPECT_EQ(kv.get_computed_blocks(moved).num_computed_tokens, 4);
+  Request text = make_request("e", 17);  // the same token ids, no image
+  EXPECT_EQ(kv.get_computed_blocks(text).num_computed_tokens, 4);
+}
+
 TEST(KVCacheManager, DisabledCachingNeverHits) {
   KVCacheManager kv(8, 4, false, fixed_hasher());
   Request a = make_request("a", 9);

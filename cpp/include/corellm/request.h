@@ -37,6 +37,15 @@ struct RequestPayload {
 
 enum class SchedulingPolicy : uint8_t { FCFS, PRIORITY };
 
+// An image (or another encoder input) in the prompt: the placeholder tokens [offset, offset +
+// length) stand for it, and `hash` (its content's blake3, hex) enters the prefix-cache keys of the
+// blocks that cover them, so that two images never share KV however alike their prompts.
+struct MultiModalRange {
+  int32_t offset = 0;
+  int32_t length = 0;
+  std::string hash;
+};
+
 // The C++ side of the first boundary structure, EngineCoreRequest (its Python type in
 // python/corellm/engine_core_request.py): the fields the scheduler reads, and the Python object
 // itself as the payload. The scheduler validates it in add_request().
@@ -51,6 +60,7 @@ struct EngineCoreRequest {
   int32_t priority = 0;  // lower runs first (PRIORITY policy)
   double arrival_time = 0.0;
   std::string cache_salt;  // isolates prefix-cache sharing between tenants
+  std::vector<MultiModalRange> mm_ranges;  // its images' placeholders, in prompt order
   bool use_structured_output = false;  // a grammar constrains its tokens (SchedulerOutput.uses_grammar)
   std::shared_ptr<RequestPayload> payload;
 };
@@ -100,6 +110,7 @@ struct Request {
   double arrival_time = 0.0;
   uint64_t arrival_seq = 0;  // tie-breaker: order of add_request calls
   std::string cache_salt;
+  std::vector<MultiModalRange> mm_ranges;
   bool use_structured_output = false;
   std::shared_ptr<RequestPayload> payload;
 

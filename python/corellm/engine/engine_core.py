@@ -146,6 +146,7 @@ class EngineCore:
             ignore_eos=p.ignore_eos, eos_token_id=-1 if request.eos_token_id is None else request.eos_token_id,
             stop_token_ids=request.stop_token_ids, priority=request.priority,
             arrival_time=request.arrival_time, cache_salt=salt,
+            mm_ranges=[(f.offset, f.length, f.hash) for f in request.mm_features],
             use_structured_output=request.grammar_key is not None, payload=request)
 
     def _admit_ready_grammars(self, wait: bool) -> None:

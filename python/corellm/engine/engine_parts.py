@@ -13,6 +13,8 @@ from corellm.engine.engine_core import EngineCore
 from corellm.engine.input_processor import InputProcessor
 from corellm.engine.output_processor import OutputProcessor
 from corellm.model.loader import LoadedModel, load_model
+from corellm.multimodal.image_inputs import ImageInputs
+from corellm.multimodal.image_loader import ImageLimits
 from corellm.native import cpu_kernel_path
 from corellm.structured_output import GrammarCompiler
 
@@ -50,10 +52,20 @@ class EngineParts:
         engine_core = EngineCore(loaded, config, grammar_compiler)
         input_processor = InputProcessor(loaded.tokenizer, loaded.config.vocab_size, engine_core.max_model_len,
                                          extra_eos, config.seed, config.scheduling_policy, grammar_compiler,
-                                         config.reasoning_parser)
+                                         config.reasoning_parser, image_inputs=image_inputs_of(loaded, config))
         return cls(loaded, engine_core, input_processor, OutputProcessor(loaded.tokenizer), grammar_compiler)
 
     def generation_defaults(self) -> dict:
         """The model's generation_config sampling defaults that are set."""
         gen = self.loaded.generation_config
         return {k: gen[k] for k in GENERATION_DEFAULTS if gen.get(k) is not None}
+
+
+def image_inputs_of(loaded: LoadedModel, config: EngineConfig) -> ImageInputs | None:
+    """The image path of a model that takes images (None for a text model)."""
+    llava = getattr(loaded.model, "llava", None)
+    if llava is None or loaded.image_processor is None:
+        return None
+    limit = (config.limit_mm_per_prompt or {}).get("image", 1)
+    return ImageInputs(loaded.image_processor, llava.image_token_id, llava.tokens_per_image, limit_per_prompt=limit,
+                       limits=ImageLimits(allowed_media_domains=config.allowed_media_domains))

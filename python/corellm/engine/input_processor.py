@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from corellm.engine_core_request import EngineCoreRequest
+from corellm.multimodal.image_inputs import ImageInputs
 from corellm.reasoning_parser import THINK_END, THINK_START
 from corellm.sampling_params import SamplingParams
 from corellm.structured_output import GrammarCompiler
@@ -41,7 +42,8 @@ class ProcessedRequest:
 class InputProcessor:
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_model_len: int,
                  extra_eos_token_ids: list[int] | None = None, seed: int = 0, scheduling_policy: str = "fcfs",
-                 grammar_compiler: GrammarCompiler | None = None, reasoning_parser: str | None = None):
+                 grammar_compiler: GrammarCompiler | None = None, reasoning_parser: str | None = None,
+                 image_inputs: ImageInputs | None = None):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -50,6 +52,27 @@ class InputProcessor:
         self.grammar_compiler = grammar_compiler  # checks structured output specs (None: refused)
         self.reasoning_parser = reasoning_parser  # a reasoning model: grammars start after its reasoning
         self._rng = random.Random(seed)  # seeds for requests that bring none: reproducible per engine
+        self.image_inputs = image_inputs  # a model that takes images (LLaVA); None: text only
+
+    def images(self, prompt: PromptType, ids: list[int]):
+        """(ids with each image's placeholders expanded, its MultiModalFeatures) for a prompt's
+        multi_modal_data {"image": one image or a list} (vLLM's form)."""
+        data = prompt.get("multi_modal_data") if isinstance(prompt, dict) else None
+        if data is None:
+            images = []
+        elif not isinstance(data, dict) or set(data) - {"image"}:
+            kinds = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"multi_modal_data takes {{'image': an image or a list of images}}, got {kinds}")
+        else:
+            images = data["image"] if isinstance(data["image"], (list, tuple)) else [data["image"]]
+        if self.image_inputs is None:
+            if images:
+                raise ValueError("this model takes no images (multi_modal_data needs a LLaVA-style model)")
+            return ids, []
+        if not images and self.image_inputs.image_token_id not in ids:
+            return ids, []
+        names = prompt.get("multi_modal_names") if isinstance(prompt, dict) else None
+        return self.image_inputs.apply(ids, images, names)
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -77,6 +100,7 @@ class InputProcessor:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
         text, ids = self.tokenize(prompt)
+        ids, mm_features = self.images(prompt, ids)
         if not ids:
             raise ValueError("The prompt is empty: at least one token is needed")
         if len(ids) >= self.max_model_len:
@@ -127,6 +151,7 @@ class InputProcessor:
                 cache_salt=cache_salt,
                 grammar_key=grammar_key,
                 grammar_starts_after=grammar_starts_after,
+                mm_features=mm_features,
             ))
         return ProcessedRequest(request_id, text, ids, params, samples)
 

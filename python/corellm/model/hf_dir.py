@@ -10,7 +10,9 @@ from typing import Any
 
 import torch
 
+from corellm.model.llava import LlavaSpec, is_llava_config
 from corellm.model.model_config import ModelConfig
+from corellm.multimodal.image_processor import ImageProcessor
 from corellm.tokenizer import Tokenizer
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -47,7 +49,19 @@ class HFModelDir:
         return files
 
     def config(self) -> ModelConfig:
+        """The decoder's configuration (a LLaVA's text_config)."""
+        llava = self.llava_spec()
+        if llava is not None:
+            return llava.text
         return ModelConfig.from_hf_config(_read_json(self.path / "config.json"), str(self.path / "config.json"))
+
+    def llava_spec(self) -> LlavaSpec | None:
+        """The image path of a LLaVA-style model (model_type "llava"), or None."""
+        cfg = _read_json(self.path / "config.json")
+        return LlavaSpec.from_hf_config(cfg, str(self.path / "config.json")) if is_llava_config(cfg) else None
+
+    def image_processor(self, image_size: int) -> ImageProcessor:
+        return ImageProcessor.from_dir(self.path, image_size)
 
     def generation_config(self) -> dict[str, Any]:
         path = self.path / "generation_config.json"

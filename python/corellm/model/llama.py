@@ -160,15 +160,22 @@ class LlamaForCausalLM:
         return totals
 
     # ------------------------------------------------------------------ forward
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
-                kv_caches: list[KVCache], hidden_states: list[torch.Tensor] | None = None) -> torch.Tensor:
-        """input_ids, positions: int32 [num_tokens] -> final hidden states [num_tokens, hidden],
-        op by op (the reference the native decoder stack is held to; which of the two runs a step
-        is the model runner's choice). `hidden_states`, when given, receives the residual stream
-        after each layer (HF's output_hidden_states[1:], before the final norm)."""
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """int32 [num_tokens] -> the decoder's input rows [num_tokens, hidden]."""
         h = self.embed(input_ids)
         if self.config.embedding_multiplier != 1.0:  # Gemma: times sqrt(hidden), rounded to the dtype as HF does
             h = h * torch.tensor(self.config.embedding_multiplier, dtype=h.dtype)
+        return h
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
+                kv_caches: list[KVCache], hidden_states: list[torch.Tensor] | None = None,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids, positions: int32 [num_tokens] -> final hidden states [num_tokens, hidden],
+        op by op (the reference the native decoder stack is held to; which of the two runs a step
+        is the model runner's choice). `hidden_states`, when given, receives the residual stream
+        after each layer (HF's output_hidden_states[1:], before the final norm). inputs_embeds
+        [num_tokens, hidden], when given, replaces embed_input_ids(input_ids) (image rows merged in)."""
+        h = self.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
         residual = None
         for layer, kv_cache, cache in zip(self.layers, kv_caches, self.layer_cos_sin_caches):
             h, residual = layer.forward(positions, h, residual, attn, kv_cache, cache)

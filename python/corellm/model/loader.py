@@ -14,8 +14,10 @@ from corellm.config import QUANTIZATION_METHODS
 from corellm.model.gguf_file import GGUFModelFile
 from corellm.model.hf_dir import HFModelDir
 from corellm.model.llama import LlamaForCausalLM
+from corellm.model.llava import LlavaForConditionalGeneration
 from corellm.model.model_config import ModelConfig
 from corellm.model.weight_cache import GGUFWeightCache
+from corellm.multimodal.image_processor import ImageProcessor
 from corellm.tokenizer import Tokenizer
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -34,6 +36,7 @@ class LoadedModel:
     name: str = ""
     path: str = ""
     quantization: str = "none"
+    image_processor: ImageProcessor | None = None  # a model that takes images (LLaVA): its preprocessing
 
 
 def default_model_path() -> Path:
@@ -184,9 +187,13 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
     torch_dtype = resolve_dtype(dtype, device_)
     path = resolve_model_path(model)
     method = resolve_quantization(quantization, path, device_)
+    llava, image_processor = None, None
     if path.is_dir():
         source = HFModelDir(path)
         config, tokenizer, generation_config = source.config(), source.tokenizer(), source.generation_config()
+        llava = source.llava_spec()
+        if llava is not None:
+            image_processor = source.image_processor(llava.vision.image_size)
         rope_factors, weights = None, source.weights(torch_dtype, progress)
         if method == "int8" and device_.type == "cpu":
             weights = quantize_int8(weights)
@@ -200,12 +207,16 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
     check_head_size_on_device(config, device_)
     if not tokenizer.eos_token_ids:
         tokenizer.eos_token_ids = list(config.eos_token_id)
-    llm = LlamaForCausalLM(config, torch_dtype, device_, rope_factors=rope_factors, max_position=max_position)
+    if llava is not None:
+        llm = LlavaForConditionalGeneration(llava, torch_dtype, device_, max_position=max_position)
+    else:
+        llm = LlamaForCausalLM(config, torch_dtype, device_, rope_factors=rope_factors, max_position=max_position)
     with torch.inference_mode():
         scaled_type = method if method in ("fp8", "int8") and device_.type == "cuda" else None
         llm.load_weights(weights.items() if isinstance(weights, dict) else weights, str(path), scaled_type=scaled_type)
     name = DEFAULT_MODEL if path == default_model_path_or_none() else path.name
-    return LoadedModel(llm, tokenizer, config, generation_config, name=name, path=str(path), quantization=method)
+    return LoadedModel(llm, tokenizer, config, generation_config, name=name, path=str(path), quantization=method,
+                       image_processor=image_processor)
 
 
 def default_model_path_or_none() -> Path | None:

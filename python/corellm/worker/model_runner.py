@@ -21,7 +21,9 @@ from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.loader import LoadedModel
 from corellm.model.native_stack import NativeDecoderStack, supports as native_stack_supports
 from corellm.structured_output.grammar_output import GrammarOutput
+from corellm.multimodal.features import MultiModalFeature
 from corellm.worker.cuda_graphs import CUDAGraphRunner
+from corellm.worker.encoder_cache import EncoderCache
 from corellm.worker.kv_cache import allocate_kv_caches
 from corellm.worker.model_runner_output import ModelRunnerOutput, PromptLogprobs, SampledTokenLogprobs
 from corellm.worker.sampling_state import SamplingState
@@ -48,6 +50,9 @@ class ModelRunner:
         self.builder = _core.BatchBuilder(max_num_reqs=c.max_num_seqs, max_model_len=c.max_model_len,
                                           block_size=c.block_size, max_num_batched_tokens=c.max_num_batched_tokens)
         self.sampling = SamplingState(c.max_num_seqs)
+        # Image inputs (a LLaVA model): each running request's images, and their encoder outputs.
+        self.mm_features: dict[str, list[MultiModalFeature]] = {}
+        self.encoder_cache = EncoderCache()
         self._state: ExecuteModelState | None = None
         # The ways a step's forward can run besides the model's per-op layers (see forward).
         self.cuda_graphs: CUDAGraphRunner | None = None
@@ -92,7 +97,10 @@ class ModelRunner:
           3. the model's per-op layers: everything else (fp32, a GPU's prefill and mixed batches).
         2 and 3 are bit-identical; 1 runs 3's kernels."""
         b = self.builder
-        graph_size = self.cuda_graphs.dispatch(so.num_reqs, so.total_num_scheduled_tokens) if self.cuda_graphs else None
+        inputs_embeds = self._embeds_with_images(so) if self.mm_features else None
+        graph_size = None
+        if self.cuda_graphs is not None and inputs_embeds is None:
+            graph_size = self.cuda_graphs.dispatch(so.num_reqs, so.total_num_scheduled_tokens)
         if graph_size is not None:
             return self.cuda_graphs.run(graph_size, b.input_ids, b.positions, b.slot_mapping, b.block_table,
                                         b.seq_lens)
@@ -103,17 +111,67 @@ class ModelRunner:
         attn = AttentionMetadata(slot_mapping=i32(b.slot_mapping), block_table=i32(b.block_table),
                                  seq_lens=i32(b.seq_lens), query_start_loc=i32(b.query_start_loc),
                                  max_query_len=b.max_query_len, max_seq_len=b.max_seq_len)
-        if self.native_stack is not None:
+        if self.native_stack is not None and inputs_embeds is None:
             return self.native_stack.forward(i32(b.input_ids), i32(b.positions), attn)
-        return self.model.forward(i32(b.input_ids), i32(b.positions), attn, self.kv_caches)
+        return self.model.forward(i32(b.input_ids), i32(b.positions), attn, self.kv_caches,
+                                  inputs_embeds=inputs_embeds)
+
+    def _embeds_with_images(self, so: _core.SchedulerOutput) -> torch.Tensor | None:
+        """The step's input rows with image rows in place of the placeholders it computes, or None
+        when it computes no placeholder (seed 003's _execute_mm_encoder + _gather_mm_embeddings):
+        the step's images not in the encoder cache are encoded (each alone, so that its rows are
+        the same whatever else the step holds) and cached; each
+        scheduled placeholder takes its image's row; a request whose computed tokens pass an image
+        releases it.
+            | computed | this step's tokens |        (a request's prompt positions)
+                  | image placeholders |               -> rows [lo - offset, hi - offset) of its output"""
+        computed, scheduled = so.num_computed_tokens, so.num_scheduled_tokens
+        query_start = self.builder.query_start_loc
+        wanted = []  # (first flat row, image hash, first image row, end image row)
+        to_encode: dict[str, MultiModalFeature] = {}
+        passed, done = [], []
+        for i, req_id in enumerate(so.req_ids):
+            features = self.mm_features.get(req_id)
+            if not features:
+                continue
+            start = int(computed[i])
+            end = start + int(scheduled[i])
+            for f in features:
+                lo, hi = max(start, f.offset), min(end, f.end)
+                if lo < hi:
+                    if self.encoder_cache.acquire(req_id, f.hash):
+                        to_encode[f.hash] = f
+                    wanted.append((int(query_start[i]) + lo - start, f.hash, lo - f.offset, hi - f.offset))
+                if end >= f.end:
+                    passed.append((req_id, f.hash))
+            if end >= features[-1].end:  # past its last image: later steps need nothing of it
+                done.append(req_id)
+        for req_id in done:
+            del self.mm_features[req_id]
+        if not wanted:
+            for req_id, image_hash in passed:
+                self.encoder_cache.release(req_id, image_hash)
+            return None
+        for image_hash, f in to_encode.items():  # one at a time: an image's rows never depend on the step
+            self.encoder_cache.put(image_hash, self.model.encode_images(f.pixel_values[None].to(self.device))[0])
+        embeds = self.model.embed_input_ids(torch.from_numpy(self.builder.input_ids).to(self.device))
+        for row, image_hash, first, last in wanted:
+            embeds[row : row + last - first] = self.encoder_cache.get(image_hash)[first:last]
+        for req_id, image_hash in passed:
+            self.encoder_cache.release(req_id, image_hash)
+        return embeds
 
     def _update_states(self, so: _core.SchedulerOutput) -> None:
         for req_id in list(so.finished_req_ids) + list(so.preempted_req_ids):
             self.sampling.remove(req_id)
+            for f in self.mm_features.pop(req_id, ()):
+                self.encoder_cache.release(req_id, f.hash)
         for new in so.scheduled_new_reqs:
             request: EngineCoreRequest = new.payload
             outputs = list(new.token_ids[new.num_prompt_tokens:])
             self.sampling.add(request, new.batch_row, outputs)
+            if request.mm_features:
+                self.mm_features[request.request_id] = request.mm_features
         self.builder.update_states(so)
 
     def _prompt_logprobs(self, so: _core.SchedulerOutput, hidden: torch.Tensor) -> dict[str, PromptLogprobs]:
