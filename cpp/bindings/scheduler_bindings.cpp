@@ -80,7 +80,8 @@ void bind_scheduler(py::module_& m) {
                        int32_t block_size, int32_t num_blocks, int32_t long_prefill_token_threshold,
                        bool enable_prefix_caching, bool enable_chunked_prefill, SchedulingPolicy scheduling_policy,
                        int32_t num_speculative_tokens, int32_t prompt_lookup_min, int32_t prompt_lookup_max,
-                       int32_t num_lookahead_tokens) {
+                       int32_t num_lookahead_tokens, int32_t max_num_encoder_input_tokens,
+                       int32_t encoder_cache_size) {
              SchedulerConfig c;
              c.max_num_seqs = max_num_seqs;
              c.max_num_batched_tokens = max_num_batched_tokens;
@@ -95,6 +96,8 @@ void bind_scheduler(py::module_& m) {
              c.prompt_lookup_min = prompt_lookup_min;
              c.prompt_lookup_max = prompt_lookup_max;
              c.num_lookahead_tokens = num_lookahead_tokens;
+             c.max_num_encoder_input_tokens = max_num_encoder_input_tokens;
+             c.encoder_cache_size = encoder_cache_size;
              c.validate();
              return c;
            }),
@@ -103,7 +106,8 @@ void bind_scheduler(py::module_& m) {
            py::arg("long_prefill_token_threshold") = 0, py::arg("enable_prefix_caching") = true,
            py::arg("enable_chunked_prefill") = true, py::arg("scheduling_policy") = SchedulingPolicy::FCFS,
            py::arg("num_speculative_tokens") = 0, py::arg("prompt_lookup_min") = 0, py::arg("prompt_lookup_max") = 0,
-           py::arg("num_lookahead_tokens") = 0)
+           py::arg("num_lookahead_tokens") = 0, py::arg("max_num_encoder_input_tokens") = 0,
+           py::arg("encoder_cache_size") = 0)
       .def_readonly("max_num_seqs", &SchedulerConfig::max_num_seqs)
       .def_readonly("max_num_batched_tokens", &SchedulerConfig::max_num_batched_tokens)
       .def_readonly("max_model_len", &SchedulerConfig::max_model_len)
@@ -116,7 +120,9 @@ void bind_scheduler(py::module_& m) {
       .def_readonly("num_speculative_tokens", &SchedulerConfig::num_speculative_tokens)
       .def_readonly("prompt_lookup_min", &SchedulerConfig::prompt_lookup_min)
       .def_readonly("prompt_lookup_max", &SchedulerConfig::prompt_lookup_max)
-      .def_readonly("num_lookahead_tokens", &SchedulerConfig::num_lookahead_tokens);
+      .def_readonly("num_lookahead_tokens", &SchedulerConfig::num_lookahead_tokens)
+      .def_readonly("max_num_encoder_input_tokens", &SchedulerConfig::max_num_encoder_input_tokens)
+      .def_readonly("encoder_cache_size", &SchedulerConfig::encoder_cache_size);
 
   py::class_<NewRequestData>(m, "NewRequestData")
       .def_readonly("req_id", &NewRequestData::req_id)
@@ -137,6 +143,8 @@ void bind_scheduler(py::module_& m) {
       .def_readonly("step_id", &SchedulerOutput::step_id)
       .def_readonly("scheduled_new_reqs", &SchedulerOutput::scheduled_new_reqs)
       .def_readonly("scheduled_cached_reqs", &SchedulerOutput::scheduled_cached_reqs)
+      .def_readonly("encoder_hashes", &SchedulerOutput::encoder_hashes)
+      .def_readonly("freed_encoder_hashes", &SchedulerOutput::freed_encoder_hashes)
       .def_property_readonly("req_ids", [](const SchedulerOutput& o) { return id_list(o.req_ids); })
       .def_property_readonly("num_scheduled_tokens", [](py::object self) {
         auto& o = self.cast<const SchedulerOutput&>();

@@ -31,6 +31,9 @@ void SchedulerConfig::validate() const {
     CORELLM_CHECK_ARG(num_speculative_tokens > 0, "prompt_lookup_max needs num_speculative_tokens > 0");
     NgramParams{prompt_lookup_min, prompt_lookup_max}.validate();
   }
+  CORELLM_CHECK_ARG(max_num_encoder_input_tokens >= 0 && encoder_cache_size >= 0,
+                    "max_num_encoder_input_tokens and encoder_cache_size must be >= 0, got ",
+                    max_num_encoder_input_tokens, " and ", encoder_cache_size);
   CORELLM_CHECK_ARG(enable_chunked_prefill || max_num_batched_tokens >= max_model_len,
                     "without chunked prefill max_num_batched_tokens (", max_num_batched_tokens,
                     ") must be >= max_model_len (", max_model_len, ")");
@@ -44,6 +47,7 @@ static const SchedulerConfig& validated(const SchedulerConfig& config) {
 Scheduler::Scheduler(const SchedulerConfig& config, std::shared_ptr<const PrefixHasher> hasher)
     : config_(validated(config)),
       kv_(config.num_blocks, config.block_size, config.enable_prefix_caching, std::move(hasher)),
+      encoder_cache_(config.encoder_cache_size),
       waiting_(config.scheduling_policy) {
   free_batch_rows_.reserve(static_cast<size_t>(config_.max_num_seqs));
   for (int32_t row = config_.max_num_seqs - 1; row >= 0; --row) free_batch_rows_.push_back(row);
@@ -76,6 +80,11 @@ void Scheduler::add_request(EngineCoreRequest new_request) {
                       static_cast<int64_t>(range.offset) + range.length, ") must be non-empty, in order, ",
                       "apart and within the ", num_prompt, "-token prompt");
     CORELLM_CHECK_ARG(!range.hash.empty(), "request '", new_request.request_id, "': an image without a hash");
+    const int32_t limit = std::min(config_.max_num_encoder_input_tokens, config_.encoder_cache_size);
+    CORELLM_CHECK_ARG(range.length <= limit, "request '", new_request.request_id, "': an image of ", range.length,
+                      " placeholder tokens exceeds what the encoder may take in one step (",
+                      config_.max_num_encoder_input_tokens, " tokens) or hold (", config_.encoder_cache_size,
+                      limit == 0 ? " tokens: this model takes no images)" : " tokens)");
     previous_end = static_cast<int64_t>(range.offset) + range.length;
   }
 
@@ -126,8 +135,12 @@ void Scheduler::add_request(EngineCoreRequest new_request) {
 //      = num_tokens - cached (capped as above; without chunked prefill a prompt that does not
 //      fit the remaining budget waits), allocate; stop at the first request the pool cannot
 //      serve (strict queue order: no overtaking).
+//   With images, 1 and 2 also stop a request's tokens short of an image the encoder cannot take
+//      this step (its budget, max_num_encoder_input_tokens, or the encoder cache's room), and
+//      plan the images the step encodes (scheduler_encoder.cpp).
 //   3. Advance num_computed_tokens by what was scheduled, so that the next schedule() sees the
-//      step as done, and record which requests reach their last token (they sample).
+//      step as done, and record which requests reach their last token (they sample); requests
+//      whose tokens passed an image drop their hold on its encoder output.
 //
 // update_from_output() then rolls num_computed_tokens back past the drafts the step rejected,
 // appends each sampling request's tokens (accepted drafts, then the one sampled after them),
@@ -150,9 +163,11 @@ std::shared_ptr<SchedulerOutput> Scheduler::schedule() {
   out->finished_req_ids.swap(finished_since_last_step_);
 
   int32_t token_budget = config_.max_num_batched_tokens;
+  encoder_budget_ = config_.max_num_encoder_input_tokens;
   bool preempted_any = false;
   schedule_running(*out, token_budget, preempted_any);
   if (!preempted_any) schedule_waiting(*out, token_budget);
+  encoder_cache_.end_step();  // the planned encodings will run: from here on their outputs are held
 
   // 3. The step is planned: advance progress and note which requests sample.
   const size_t n = out->req_ids.size();
@@ -165,7 +180,9 @@ std::shared_ptr<SchedulerOutput> Scheduler::schedule() {
     CORELLM_DCHECK(request->num_computed_tokens <= end, "over-scheduled ", *request->request_id);
     out->samples_token[i] = request->num_computed_tokens == end ? 1 : 0;
     out->uses_grammar[i] = out->samples_token[i] && request->use_structured_output ? 1 : 0;
+    if (!request->mm_ranges.empty()) release_passed_images(*request);
   }
+  out->freed_encoder_hashes = encoder_cache_.take_freed();
   CORELLM_CHECK(out->total_num_scheduled_tokens <= config_.max_num_batched_tokens,
                 "scheduled ", out->total_num_scheduled_tokens, " tokens over the budget");
   CORELLM_CHECK(running_.size() <= static_cast<size_t>(config_.max_num_seqs), "running ",
@@ -211,8 +228,13 @@ void Scheduler::schedule_running(SchedulerOutput& out, int32_t& token_budget, bo
   while (index < running_.size() && token_budget > 0) {
     Request* request = running_[index];
     const int32_t num_uncomputed = request->num_tokens() - request->num_computed_tokens;
-    const int32_t num_new_tokens =
+    int32_t num_new_tokens =
         cap_new_tokens(*request, num_uncomputed + num_drafts_to_schedule(*request, draft_threshold), token_budget);
+    EncoderPlan encoder_plan;
+    if (!request->mm_ranges.empty() && num_new_tokens > 0) {
+      num_new_tokens = plan_encoder_inputs(*request, request->num_computed_tokens, num_new_tokens, encoder_budget_,
+                                           encoder_plan);
+    }
     const int32_t num_drafts = std::max(0, num_new_tokens - num_uncomputed);
     if (num_new_tokens <= 0) {
       ++index;
@@ -261,6 +283,7 @@ void Scheduler::schedule_running(SchedulerOutput& out, int32_t& token_budget, bo
     // The request was its own victim (PRIORITY: the lowest priority running): it left running_,
     // so running_[index] is already the next one, whose blocks may still suffice.
     if (!scheduled) continue;
+    commit_encoder_inputs(*request, encoder_plan, out, encoder_budget_);
     append_scheduled(out, pending_requests_, request, num_new_tokens, num_drafts);
     auto& cached = out.scheduled_cached_reqs;
     cached.req_ids.push_back(request->request_id);
@@ -282,9 +305,15 @@ void Scheduler::schedule_waiting(SchedulerOutput& out, int32_t& token_budget) {
     const int32_t num_new_tokens_wanted = request->num_tokens() - computed.num_computed_tokens;
     if (!config_.enable_chunked_prefill && num_new_tokens_wanted > token_budget) break;
     request->num_computed_tokens = computed.num_computed_tokens;  // for the cap below
-    const int32_t num_new_tokens = cap_new_tokens(*request, num_new_tokens_wanted, token_budget);
+    int32_t num_new_tokens = cap_new_tokens(*request, num_new_tokens_wanted, token_budget);
     request->num_computed_tokens = 0;
     CORELLM_CHECK(num_new_tokens > 0, "nothing to compute for waiting request ", *request->request_id);
+    EncoderPlan encoder_plan;
+    if (!request->mm_ranges.empty()) {
+      num_new_tokens = plan_encoder_inputs(*request, computed.num_computed_tokens, num_new_tokens, encoder_budget_,
+                                           encoder_plan);
+      if (num_new_tokens <= 0) break;  // its next image must wait for the encoder: so does the queue
+    }
     const int32_t lookahead = num_lookahead(computed.num_computed_tokens + num_new_tokens);
     if (!kv_.allocate_slots(*request, num_new_tokens, &computed, lookahead)) break;
 
@@ -304,6 +333,7 @@ void Scheduler::schedule_waiting(SchedulerOutput& out, int32_t& token_budget) {
     data.batch_row = request->batch_row;
     data.payload = request->payload;
     out.scheduled_new_reqs.push_back(std::move(data));
+    commit_encoder_inputs(*request, encoder_plan, out, encoder_budget_);
     append_scheduled(out, pending_requests_, request, num_new_tokens);
     token_budget -= num_new_tokens;
   }
@@ -318,6 +348,7 @@ Request* Scheduler::choose_preemption_victim() const {
 
 void Scheduler::preempt(Request* request, SchedulerOutput& out) {
   kv_.free(*request);
+  if (!request->mm_ranges.empty()) release_images(*request, &out);
   release_batch_row(*request);
   running_.erase(std::find(running_.begin(), running_.end(), request));
   request->status = RequestStatus::PREEMPTED;
@@ -386,6 +417,7 @@ void Scheduler::check_integrity() const {
   CORELLM_CHECK(rows.size() + free_batch_rows_.size() == static_cast<size_t>(config_.max_num_seqs),
                 "batch rows leaked: ", rows.size(), " used + ", free_batch_rows_.size(), " free");
   kv_.check_integrity(owners);
+  encoder_cache_.check_integrity();
 }
 
 }  // namespace corellm

@@ -115,6 +115,7 @@ bool Scheduler::apply_sampled(Request& request, int32_t num_drafts, const int32_
 void Scheduler::retire(Request* request, RequestStatus status) {
   request->status = status;
   kv_.free(*request);
+  if (!request->mm_ranges.empty()) release_images(*request, nullptr);
   release_batch_row(*request);
   finished_since_last_step_.push_back(*request->request_id);
   auto it = requests_.find(*request->request_id);

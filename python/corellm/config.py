@@ -47,6 +47,10 @@ class SchedulerConfig:
     prompt_lookup_min: int = 0  # the scheduler's n-gram proposer (prompt_lookup_max 0: none)
     prompt_lookup_max: int = 0
     num_lookahead_tokens: int = 0  # KV slots past each scheduled request's tokens (a draft model's)
+    # Image inputs, in placeholder tokens: the encoder's work per step at most, and the encoder
+    # outputs held at once (0, 0: a text model).
+    max_num_encoder_input_tokens: int = 0
+    encoder_cache_size: int = 0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -71,6 +75,8 @@ class SchedulerConfig:
             prompt_lookup_min=self.prompt_lookup_min,
             prompt_lookup_max=self.prompt_lookup_max,
             num_lookahead_tokens=self.num_lookahead_tokens,
+            max_num_encoder_input_tokens=self.max_num_encoder_input_tokens,
+            encoder_cache_size=self.encoder_cache_size,
         )
         object.__setattr__(self, "_native", native)
 

@@ -125,16 +125,22 @@ def test_a_batch_of_image_and_text_requests_equals_the_solo_runs(tiny):
         assert [p for p in s.outputs[0].logprobs] == [p for p in b.outputs[0].logprobs]
 
 
-def test_the_encoder_cache_serves_an_image_twice_in_one_step(tiny):
+def test_the_encoder_cache_serves_an_image_to_every_request_that_carries_it(tiny):
+    """Two requests with the same image in one step: one encoding. A later one (no prefix cache)
+    finds the output still held: no encoding either. The outputs equal a fresh engine's."""
     path, _, _ = tiny
     llm = engine(path, enable_prefix_caching=False)
     image = random_image(11)
-    outs = llm.generate([request([1, IMAGE_TOKEN, 2], image)[0], request([3, IMAGE_TOKEN, 4], image.copy())[0]],
-                        SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    prompts = [request([1, IMAGE_TOKEN, 2], image)[0], request([3, IMAGE_TOKEN, 4], image.copy())[0]]
+    outs = llm.generate(prompts, params, use_tqdm=False)
     cache = llm.engine_core.model_runner.encoder_cache
-    assert cache.images_encoded == 1 and cache.hits == 1
-    assert len(cache) == 0  # freed once both requests passed the image
-    assert all(len(o.outputs[0].token_ids) == 2 for o in outs)
+    assert cache.images_encoded == 1
+    later = llm.generate(request([5, IMAGE_TOKEN], image)[0], params, use_tqdm=False)[0]
+    assert cache.images_encoded == 1 and len(cache) == 1
+    fresh = engine(path, enable_prefix_caching=False)
+    for got, prompt in zip([*outs, later], [*prompts, request([5, IMAGE_TOKEN], image)[0]]):
+        assert got.outputs[0].token_ids == fresh.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
 
 
 def png_bytes(image) -> bytes:

@@ -7,8 +7,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "corellm/scheduler_update.h"
+#include "corellm/encoder_cache_manager.h"
 #include "corellm/kv_cache_manager.h"
+#include "corellm/scheduler_update.h"
 #include "corellm/request.h"
 #include "corellm/request_queue.h"
 #include "corellm/scheduler_output.h"
@@ -34,6 +35,11 @@ struct SchedulerConfig {
   // KV slots reserved past each scheduled request's tokens (within max_model_len), where a draft
   // model writes its own KV while it proposes the next step's drafts.
   int32_t num_lookahead_tokens = 0;
+  // Image inputs (0 for a text model: a request with images is refused). The encoder's work per
+  // step at most, in placeholder tokens (its output rows), and the encoder outputs the model
+  // runner holds at once (EncoderCacheManager's capacity), in the same unit.
+  int32_t max_num_encoder_input_tokens = 0;
+  int32_t encoder_cache_size = 0;
 
   // Throws InvalidArgument naming the offending field and value.
   void validate() const;
@@ -87,6 +93,7 @@ class Scheduler {
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
   SchedulerStats stats() const;
   const KVCacheManager& kv_cache_manager() const { return kv_; }
+  const EncoderCacheManager& encoder_cache_manager() const { return encoder_cache_; }
   const Request* find_request(const std::string& request_id) const;
   bool reset_prefix_cache() { return kv_.reset_prefix_cache(); }
 
@@ -104,6 +111,22 @@ class Scheduler {
   int32_t num_drafts_worth_verifying(const Request& request, double threshold) const;
   void record_verification(Request& request, int32_t num_drafts, int32_t num_accepted,
                            SpecDecodingStats& spec) const;
+  // Image inputs (scheduler_encoder.cpp): how many of num_new_tokens a request computes this step
+  // given the images its tokens reach, and the plan of those to encode; committed once its KV
+  // slots are allocated; references dropped as its computed tokens pass its images.
+  struct EncoderPlan {
+    std::vector<const MultiModalRange*> encode;  // not held: the step encodes them
+    std::vector<const MultiModalRange*> reuse;   // held (a hit), or planned by this step already
+    int32_t num_tokens = 0;                      // the encoder work of `encode`
+  };
+  int32_t plan_encoder_inputs(const Request& request, int32_t start, int32_t num_new_tokens,
+                              int32_t encoder_budget, EncoderPlan& plan) const;
+  void commit_encoder_inputs(const Request& request, const EncoderPlan& plan, SchedulerOutput& out,
+                             int32_t& encoder_budget);
+  void release_passed_images(const Request& request);
+  // Every reference the request holds (it finished or was preempted); an encoding this step
+  // planned for it alone is taken back out of `out`.
+  void release_images(const Request& request, SchedulerOutput* out);
   // Lookahead slots for a request whose scheduled tokens end at position `end` (exclusive).
   int32_t num_lookahead(int32_t end) const;
   // Appends the step's tokens for a request that sampled; returns whether it finished.
@@ -120,6 +143,7 @@ class Scheduler {
 
   SchedulerConfig config_;
   KVCacheManager kv_;
+  EncoderCacheManager encoder_cache_;
   std::unordered_map<std::string, std::unique_ptr<Request>> requests_;  // all unfinished
   RequestQueue waiting_;
   std::vector<Request*> running_;
@@ -135,6 +159,7 @@ class Scheduler {
   std::vector<int32_t> ngram_scratch_;  // the n-gram proposer's work space
   double step_fixed_seconds_ = 1.0;       // set_step_cost
   double step_per_token_seconds_ = 0.0;
+  int32_t encoder_budget_ = 0;  // what is left of the step's max_num_encoder_input_tokens
 };
 
 }  // namespace corellm

@@ -54,6 +54,11 @@ struct SchedulerOutput {
   std::vector<int32_t> num_draft_tokens;
   std::vector<int32_t> draft_token_ids;
   int32_t total_num_scheduled_tokens = 0;
+  // Image inputs: the images (by hash) the runner encodes this step — each reached by a scheduled
+  // request's tokens and not held — and those whose outputs it drops (evicted from the
+  // EncoderCacheManager), to be dropped before encoding.
+  std::vector<std::string> encoder_hashes;
+  std::vector<std::string> freed_encoder_hashes;
 
   // Requests that left the running set since the previous step (finished, aborted or
   // preempted): the runner drops their per-request state.

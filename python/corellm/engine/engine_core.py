@@ -53,6 +53,10 @@ def plan_scheduler_config(loaded: LoadedModel, config: EngineConfig, draft: Load
         raise ValueError(f"speculative_config: num_speculative_tokens ({spec.num_speculative_tokens}) must be below "
                          f"max_num_batched_tokens ({config.max_num_batched_tokens})")
     ngram = spec is not None and spec.method == "ngram"
+    # Images (a LLaVA model): as vLLM sizes them, the encoder may take a step's token budget's worth
+    # of placeholder tokens per step (at least one image), and hold as much.
+    llava = getattr(loaded.model, "llava", None)
+    encoder_tokens = max(config.max_num_batched_tokens, llava.tokens_per_image) if llava is not None else 0
     return SchedulerConfig(num_blocks=int(num_blocks), max_num_seqs=config.max_num_seqs,
                            max_num_batched_tokens=max(config.max_num_batched_tokens, 1),
                            max_model_len=max_model_len, block_size=config.block_size,
@@ -62,7 +66,8 @@ def plan_scheduler_config(loaded: LoadedModel, config: EngineConfig, draft: Load
                            num_speculative_tokens=spec.num_speculative_tokens if spec else 0,
                            prompt_lookup_min=spec.prompt_lookup_min if ngram else 0,
                            prompt_lookup_max=spec.prompt_lookup_max if ngram else 0,
-                           num_lookahead_tokens=spec.num_speculative_tokens if draft is not None else 0)
+                           num_lookahead_tokens=spec.num_speculative_tokens if draft is not None else 0,
+                           max_num_encoder_input_tokens=encoder_tokens, encoder_cache_size=encoder_tokens)
 
 
 @dataclass

@@ -118,18 +118,18 @@ class ModelRunner:
 
     def _embeds_with_images(self, so: _core.SchedulerOutput) -> torch.Tensor | None:
         """The step's input rows with image rows in place of the placeholders it computes, or None
-        when it computes no placeholder (seed 003's _execute_mm_encoder + _gather_mm_embeddings):
-        the step's images not in the encoder cache are encoded (each alone, so that its rows are
-        the same whatever else the step holds) and cached; each
-        scheduled placeholder takes its image's row; a request whose computed tokens pass an image
-        releases it.
+        when it computes no placeholder (seed 003's _execute_mm_encoder + _gather_mm_embeddings).
+        The images the scheduler planned for this step are encoded (each alone, so that its rows
+        are the same whatever else the step holds) into the encoder cache; each scheduled
+        placeholder takes its image's row from there.
             | computed | this step's tokens |        (a request's prompt positions)
                   | image placeholders |               -> rows [lo - offset, hi - offset) of its output"""
         computed, scheduled = so.num_computed_tokens, so.num_scheduled_tokens
         query_start = self.builder.query_start_loc
         wanted = []  # (first flat row, image hash, first image row, end image row)
-        to_encode: dict[str, MultiModalFeature] = {}
-        passed, done = [], []
+        to_encode = set(so.encoder_hashes)
+        sources: dict[str, MultiModalFeature] = {}
+        done = []
         for i, req_id in enumerate(so.req_ids):
             features = self.mm_features.get(req_id)
             if not features:
@@ -139,33 +139,29 @@ class ModelRunner:
             for f in features:
                 lo, hi = max(start, f.offset), min(end, f.end)
                 if lo < hi:
-                    if self.encoder_cache.acquire(req_id, f.hash):
-                        to_encode[f.hash] = f
                     wanted.append((int(query_start[i]) + lo - start, f.hash, lo - f.offset, hi - f.offset))
-                if end >= f.end:
-                    passed.append((req_id, f.hash))
+                    if f.hash in to_encode:
+                        sources[f.hash] = f
             if end >= features[-1].end:  # past its last image: later steps need nothing of it
                 done.append(req_id)
         for req_id in done:
             del self.mm_features[req_id]
         if not wanted:
-            for req_id, image_hash in passed:
-                self.encoder_cache.release(req_id, image_hash)
             return None
-        for image_hash, f in to_encode.items():  # one at a time: an image's rows never depend on the step
-            self.encoder_cache.put(image_hash, self.model.encode_images(f.pixel_values[None].to(self.device))[0])
+        for image_hash in so.encoder_hashes:
+            pixels = sources[image_hash].pixel_values[None].to(self.device)
+            self.encoder_cache.put(image_hash, self.model.encode_images(pixels)[0])
         embeds = self.model.embed_input_ids(torch.from_numpy(self.builder.input_ids).to(self.device))
         for row, image_hash, first, last in wanted:
             embeds[row : row + last - first] = self.encoder_cache.get(image_hash)[first:last]
-        for req_id, image_hash in passed:
-            self.encoder_cache.release(req_id, image_hash)
         return embeds
 
     def _update_states(self, so: _core.SchedulerOutput) -> None:
         for req_id in list(so.finished_req_ids) + list(so.preempted_req_ids):
             self.sampling.remove(req_id)
-            for f in self.mm_features.pop(req_id, ()):
-                self.encoder_cache.release(req_id, f.hash)
+            self.mm_features.pop(req_id, None)
+        for image_hash in so.freed_encoder_hashes:
+            self.encoder_cache.drop(image_hash)
         for new in so.scheduled_new_reqs:
             request: EngineCoreRequest = new.payload
             outputs = list(new.token_ids[new.num_prompt_tokens:])
