@@ -82,9 +82,10 @@ void bind_model(py::module_& m) {
       .def("forward",
            [](DecoderStack& s, uintptr_t input_ids, uintptr_t positions, int64_t num_tokens, uintptr_t slot_mapping,
               uintptr_t block_table, int64_t block_table_stride, uintptr_t seq_lens, uintptr_t query_start_loc,
-              int64_t num_seqs, uintptr_t out) {
+              int64_t num_seqs, uintptr_t out, uintptr_t inputs_embeds) {
              DecoderStepArgs step;
              step.input_ids = ptr<const int32_t>(input_ids);
+             step.inputs_embeds = ptr<const uint16_t>(inputs_embeds);
              step.positions = ptr<const int32_t>(positions);
              step.num_tokens = num_tokens;
              step.slot_mapping = ptr<const int32_t>(slot_mapping);
@@ -98,7 +99,7 @@ void bind_model(py::module_& m) {
            },
            py::kw_only(), arg("input_ids"), arg("positions"), arg("num_tokens"), arg("slot_mapping"),
            arg("block_table"), arg("block_table_stride"), arg("seq_lens"), arg("query_start_loc"), arg("num_seqs"),
-           arg("out"), py::call_guard<py::gil_scoped_release>());
+           arg("out"), arg("inputs_embeds") = 0, py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace corellm::binding

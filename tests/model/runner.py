@@ -28,9 +28,11 @@ class PagedRunner:
         self.lengths = [0] * num_seqs
         self.native_stack = NativeDecoderStack(model, self.kv_caches) if native else None
 
-    def step(self, chunks: list[list[int]], hidden_states: list | None = None) -> torch.Tensor:
+    def step(self, chunks: list[list[int]], hidden_states: list | None = None,
+             inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """chunks[i]: the next tokens of sequence i (empty: not scheduled). Returns float32 logits
-        of the last token of every scheduled sequence, and the full hidden states if asked."""
+        of the last token of every scheduled sequence, and the full hidden states if asked.
+        inputs_embeds: the step's input rows in place of the tokens' embeddings."""
         rows = [i for i, c in enumerate(chunks) if c]
         ids, pos, slots, qsl, seq_lens = [], [], [], [0], []
         for i in rows:
@@ -47,8 +49,9 @@ class PagedRunner:
         attn = AttentionMetadata(i32(slots), self.block_table[rows].contiguous(), i32(seq_lens), i32(qsl))
         with torch.inference_mode():
             if self.native_stack is not None and hidden_states is None:
-                h = self.native_stack.forward(i32(ids), i32(pos), attn)
+                h = self.native_stack.forward(i32(ids), i32(pos), attn, inputs_embeds=inputs_embeds)
             else:
-                h = self.model.forward(i32(ids), i32(pos), attn, self.kv_caches, hidden_states)
+                h = self.model.forward(i32(ids), i32(pos), attn, self.kv_caches, hidden_states,
+                                       inputs_embeds=inputs_embeds)
             last = torch.tensor(qsl[1:]) - 1
             return self.model.compute_logits(h[last])

@@ -75,6 +75,22 @@ def test_chunked_prefill_is_bit_identical_to_the_per_op_forward(tiny_bf16):
     assert torch.equal(logits[True], logits[False])
 
 
+def test_inputs_embeds_are_bit_identical_to_the_per_op_forward(tiny_bf16):
+    """A LLaVA step: some rows of the embeddings replaced (image rows) before the decoder."""
+    prompt = _prompts([24], seed=4)[0]
+    with torch.inference_mode():
+        embeds = tiny_bf16.embed_input_ids(torch.tensor(prompt, dtype=torch.int32))
+        g = torch.Generator().manual_seed(5)
+        embeds[5:15] = torch.randn(10, embeds.shape[1], generator=g).to(torch.bfloat16)
+    logits = {}
+    for native in (True, False):
+        runner = PagedRunner(tiny_bf16, 64, 1, block_size=8, native=native)
+        logits[native] = runner.step([prompt], inputs_embeds=embeds)
+    assert torch.equal(logits[True], logits[False])
+    plain = PagedRunner(tiny_bf16, 64, 1, block_size=8, native=True).step([prompt])
+    assert not torch.equal(plain, logits[True])
+
+
 def test_a_token_outside_the_vocabulary_is_refused(tiny_bf16):
     runner = PagedRunner(tiny_bf16, 16, 1, native=True)
     with pytest.raises(ValueError, match="outside the vocabulary"):

@@ -60,7 +60,11 @@ void DecoderStack::forward(const DecoderStepArgs& step) {
                     "DecoderStack: query_start_loc must run from 0 to num_tokens (", n, ") over ", step.num_seqs,
                     " sequences");
   reserve(n);
-  embed_.lookup(step.input_ids, n, dims_.vocab_size, hidden, residual_.data());  // into the residual stream
+  if (step.inputs_embeds != nullptr) {  // into the residual stream
+    std::memcpy(residual_.data(), step.inputs_embeds, static_cast<size_t>(n * hidden) * sizeof(uint16_t));
+  } else {
+    embed_.lookup(step.input_ids, n, dims_.vocab_size, hidden, residual_.data());
+  }
   for (size_t i = 0; i < layers_.size(); ++i) layer(layers_[i], step, i == 0);
   fused_add_rms_norm(h_.data(), hidden, residual_.data(), hidden, final_norm_, n, hidden, dims_.eps, DType::BF16);
   std::memcpy(step.out, h_.data(), n * hidden * sizeof(uint16_t));

@@ -92,16 +92,23 @@ class NativeDecoderStack:
         w.key_cache, w.value_cache = key_cache.data_ptr(), value_cache.data_ptr()
         return w
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids, positions: int32 [num_tokens] -> the final norm's output [num_tokens, hidden]
-        bf16 (LlamaForCausalLM.forward's result)."""
+        bf16 (LlamaForCausalLM.forward's result). inputs_embeds [num_tokens, hidden], when given,
+        replaces the embedding lookup (a LLaVA step's merged rows)."""
         input_ids, positions = input_ids.to(torch.int32).contiguous(), positions.to(torch.int32).contiguous()
         n = input_ids.shape[0]
+        if inputs_embeds is not None:
+            if inputs_embeds.shape != (n, self.hidden_size):
+                raise ValueError(f"NativeDecoderStack: inputs_embeds of shape {tuple(inputs_embeds.shape)} for "
+                                 f"{n} tokens of {self.hidden_size}")
+            inputs_embeds = inputs_embeds.to(torch.bfloat16).contiguous()
         out = torch.empty((n, self.hidden_size), dtype=torch.bfloat16)
         bt = attn.block_table
         self._stack.forward(input_ids=input_ids.data_ptr(), positions=positions.data_ptr(), num_tokens=n,
                             slot_mapping=attn.slot_mapping.data_ptr(), block_table=bt.data_ptr(),
                             block_table_stride=bt.stride(0), seq_lens=attn.seq_lens.data_ptr(),
                             query_start_loc=attn.query_start_loc.data_ptr(), num_seqs=bt.shape[0],
-                            out=out.data_ptr())
+                            out=out.data_ptr(), inputs_embeds=_address(inputs_embeds))
         return out

@@ -111,8 +111,8 @@ class ModelRunner:
         attn = AttentionMetadata(slot_mapping=i32(b.slot_mapping), block_table=i32(b.block_table),
                                  seq_lens=i32(b.seq_lens), query_start_loc=i32(b.query_start_loc),
                                  max_query_len=b.max_query_len, max_seq_len=b.max_seq_len)
-        if self.native_stack is not None and inputs_embeds is None:
-            return self.native_stack.forward(i32(b.input_ids), i32(b.positions), attn)
+        if self.native_stack is not None:
+            return self.native_stack.forward(i32(b.input_ids), i32(b.positions), attn, inputs_embeds=inputs_embeds)
         return self.model.forward(i32(b.input_ids), i32(b.positions), attn, self.kv_caches,
                                   inputs_embeds=inputs_embeds)
 

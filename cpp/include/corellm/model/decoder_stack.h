@@ -62,6 +62,9 @@ struct DecoderLayerWeights {
 // One step's batch: its tokens and the attention metadata (python/corellm/model/attention_metadata.py).
 struct DecoderStepArgs {
   const int32_t* input_ids = nullptr;  // [num_tokens]
+  // [num_tokens, hidden] bf16, or null: the decoder's input rows in place of the embedding lookup
+  // (a LLaVA step: image rows merged into the text embeddings).
+  const uint16_t* inputs_embeds = nullptr;
   const int32_t* positions = nullptr;  // [num_tokens]
   int64_t num_tokens = 0;              // >= 1
   const int32_t* slot_mapping = nullptr;
