@@ -138,6 +138,7 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
                 loaded[part].add(local)
 
         super().load_weights(text_weights(), source, scaled_type=scaled_type)
+        self.vision_tower.finalize()
         for part, names in expected.items():
             missing = sorted(set(names) - loaded[part])
             if missing:
@@ -159,7 +160,9 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
     def weight_bytes(self) -> dict[str, int]:
         totals = super().weight_bytes()
         dense = str(self.dtype).replace("torch.", "")
-        extra = sum(t.numel() * t.element_size() for t in [*self.vision_tower.weights.values(),
+        tower = [t for layer in self.vision_tower.linears for linear in layer.values()
+                 for t in (linear.weight if linear.packed is None else linear.packed, linear.bias) if t is not None]
+        extra = sum(t.numel() * t.element_size() for t in [*tower, *self.vision_tower.weights.values(),
                                                             *self.projector.values()])
         totals[dense] = totals.get(dense, 0) + extra
         return totals

@@ -9,7 +9,8 @@ takes (vision_feature_layer), on a batch of preprocessed images.
       -> the hidden states after layer `vision_feature_layer` (HF's hidden_states[layer]).
 
 Weights keep their HF names under the tower (embeddings.*, pre_layrnorm.*, encoder.layers.N.*);
-plain torch ops, in the model's dtype, on its device."""
+the projections are corellm's Linear layers (q, k and v fused into one; on the CPU in bf16 the
+packed, batch-invariant GEMM), the rest plain torch ops, in the model's dtype, on its device."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from corellm.model.layers import Linear
 from corellm.model.model_config import UnsupportedModelError
 
 _ACTIVATIONS = {
@@ -88,7 +90,12 @@ class VisionTower:
         if not 0 <= index <= total:
             raise ValueError(f"vision_feature_layer {feature_layer} is outside the tower's {total} layers")
         self.num_layers_used = index
-        self.weights: dict[str, torch.Tensor] = {}
+        self.weights: dict[str, torch.Tensor] = {}  # embeddings and norms, by HF name
+        h, i = config.hidden_size, config.intermediate_size
+        # Per layer: the projections, q / k / v fused into qkv ([3h, h]: q rows, then k, then v).
+        self.linears = [{"qkv": Linear(3 * h, h, True, dtype, device), "out_proj": Linear(h, h, True, dtype, device),
+                         "fc1": Linear(i, h, True, dtype, device), "fc2": Linear(h, i, True, dtype, device)}
+                        for _ in range(index)]
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """The tensors this tower loads, by their HF name under the tower, with their shapes."""
@@ -124,7 +131,30 @@ class VisionTower:
         return False
 
     def load(self, name: str, tensor: torch.Tensor) -> None:
-        self.weights[name] = tensor.to(device=self.device, dtype=self.dtype)
+        """One tensor by its HF name (its shape checked by the caller against expected_shapes)."""
+        if not name.startswith("encoder.layers."):
+            self.weights[name] = tensor.to(device=self.device, dtype=self.dtype)
+            return
+        _, _, layer, *rest = name.split(".")
+        module, kind = ".".join(rest[:-1]), rest[-1]
+        if module.startswith("layer_norm"):
+            self.weights[name] = tensor.to(device=self.device, dtype=self.dtype)
+            return
+        proj = module.split(".")[-1]  # q_proj, k_proj, v_proj, out_proj, fc1, fc2
+        rows = tensor.shape[0]
+        linear, offset = self.linears[int(layer)].get(proj), 0
+        if linear is None:  # q, k or v: a third of qkv
+            linear, offset = self.linears[int(layer)]["qkv"], ("q_proj", "k_proj", "v_proj").index(proj) * rows
+        if kind == "weight":
+            linear.load(offset, tensor)
+        else:
+            linear.bias[offset : offset + rows].copy_(tensor)
+
+    def finalize(self) -> None:
+        """Lays the projections out for the kernels, once every tensor is loaded."""
+        for layer in self.linears:
+            for linear in layer.values():
+                linear.finalize()
 
     def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """pixel_values [images, channels, H, W] -> [images, positions, hidden] (the feature layer's
@@ -140,22 +170,20 @@ class VisionTower:
         if c.has_class_token:
             x = F.layer_norm(x, (c.hidden_size,), w["pre_layrnorm.weight"], w["pre_layrnorm.bias"], c.layer_norm_eps)
         for n in range(self.num_layers_used):
-            x = self._layer(x, f"encoder.layers.{n}.")
+            x = self._layer(x, n)
         return x
 
-    def _layer(self, x: torch.Tensor, p: str) -> torch.Tensor:
-        c, w = self.config, self.weights
+    def _layer(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        c, w, linears = self.config, self.weights, self.linears[n]
+        p = f"encoder.layers.{n}."
         heads, eps = c.num_attention_heads, c.layer_norm_eps
         images, positions, hidden = x.shape
         h = F.layer_norm(x, (hidden,), w[p + "layer_norm1.weight"], w[p + "layer_norm1.bias"], eps)
-
-        def heads_of(proj: str) -> torch.Tensor:  # [images, heads, positions, head_dim]
-            y = F.linear(h, w[p + f"self_attn.{proj}.weight"], w[p + f"self_attn.{proj}.bias"])
-            return y.view(images, positions, heads, hidden // heads).transpose(1, 2)
-
-        attn = F.scaled_dot_product_attention(heads_of("q_proj"), heads_of("k_proj"), heads_of("v_proj"))
-        attn = attn.transpose(1, 2).reshape(images, positions, hidden)
-        x = x + F.linear(attn, w[p + "self_attn.out_proj.weight"], w[p + "self_attn.out_proj.bias"])
+        qkv = linears["qkv"](h.reshape(-1, hidden))  # [images * positions, 3 * hidden]
+        q, k, v = (t.reshape(images, positions, heads, hidden // heads).transpose(1, 2)
+                   for t in qkv.split(hidden, dim=1))  # each [images, heads, positions, head_dim]
+        attn = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(-1, hidden)
+        x = x + linears["out_proj"](attn).view(images, positions, hidden)
         h = F.layer_norm(x, (hidden,), w[p + "layer_norm2.weight"], w[p + "layer_norm2.bias"], eps)
-        h = _ACTIVATIONS[c.hidden_act](F.linear(h, w[p + "mlp.fc1.weight"], w[p + "mlp.fc1.bias"]))
-        return x + F.linear(h, w[p + "mlp.fc2.weight"], w[p + "mlp.fc2.bias"])
+        h = _ACTIVATIONS[c.hidden_act](linears["fc1"](h.reshape(-1, hidden)))
+        return x + linears["fc2"](h).view(images, positions, hidden)
