@@ -172,8 +172,14 @@ class EngineConfig:
     # limit_mm_per_prompt={"image": N}), and the hosts remote image URLs may name (none: data URLs only).
     limit_mm_per_prompt: dict | None = None
     allowed_media_domains: tuple[str, ...] = ()
+    # Tensor parallelism: the model split over this many processes (ranks 1.. in worker processes,
+    # gloo on the CPU / NCCL on CUDA), the CPU's cores shared between them.
+    tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
+        _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        if self.tensor_parallel_size > 1 and self.speculative_config is not None:
+            raise ValueError("speculative decoding with tensor_parallel_size > 1 is not supported yet")
         limits = self.limit_mm_per_prompt
         if limits is not None:
             if not isinstance(limits, dict) or set(limits) - {"image"}:

@@ -34,6 +34,8 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num
                         '"num_speculative_tokens": 4}\'')
     p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                    help="fcfs: arrival order; priority: a request's `priority` first (lower runs first), then arrival")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="split the model over this many processes (its heads, intermediate rows and vocabulary)")
     p.add_argument("--limit-mm-per-prompt", default=None, metavar="JSON",
                    help='a LLaVA model\'s images per prompt at most, e.g. \'{"image": 2}\' or image=2 (default 1)')
     p.add_argument("--allowed-media-domains", nargs="+", default=[], metavar="HOST",
@@ -77,4 +79,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         speculative_config=speculative_config_from_arg(args.speculative_config),
                         limit_mm_per_prompt=limit_mm_from_arg(args.limit_mm_per_prompt),
                         allowed_media_domains=tuple(args.allowed_media_domains),
+                        tensor_parallel_size=args.tensor_parallel_size,
                         kv_cache_memory=None if kv is None else (int(kv) if kv >= 1 else float(kv)))

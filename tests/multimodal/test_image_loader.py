@@ -57,6 +57,11 @@ def test_the_forms_an_image_may_take():
     assert load_image(png(image), "x", limits).size == (30, 20)
     url = "data:image/png;base64," + base64.b64encode(png(image)).decode()
     assert load_image(url, "x", limits).tobytes() == image.tobytes()
+    import numpy as np
+
+    assert load_image(np.asarray(image), "x", limits).tobytes() == image.tobytes()
+    with pytest.raises(ValueError, match="x: an image array must be uint8"):
+        load_image(np.zeros((4, 4), dtype=np.float32), "x", limits)
 
 
 def test_limits_and_bad_data_name_the_part():
@@ -69,7 +74,7 @@ def test_limits_and_bad_data_name_the_part():
         load_image("data:text/plain;base64,aGk=", "part 3", ImageLimits())
     with pytest.raises(ValueError, match="part 3: not a decodable image"):
         load_image(png(image)[:40], "part 3", ImageLimits())
-    with pytest.raises(ValueError, match="part 3: an image must be a PIL image, bytes or a URL, got int"):
+    with pytest.raises(ValueError, match="part 3: an image must be a PIL image, a uint8 array, bytes or a URL, got int"):
         load_image(7, "part 3", ImageLimits())
 
 

@@ -20,7 +20,8 @@ from tests.multimodal.tiny_llava import IMAGE_TOKEN, image_processor, make_tiny_
 TOKENS_PER_IMAGE = 16
 
 
-@pytest.fixture(scope="module", params=[("clip", "llama"), ("siglip", "qwen2")], ids=["clip-llama", "siglip-qwen2"])
+@pytest.fixture(scope="module", params=[("clip", "llama"), ("siglip", "qwen2"), ("clip", "mistral")],
+                ids=["clip-llama", "siglip-qwen2", "clip-mistral"])
 def tiny(request, tmp_path_factory):
     tower, decoder = request.param
     directory = tmp_path_factory.mktemp(f"llava_{tower}")

@@ -26,6 +26,7 @@ from corellm.structured_output import GrammarCompiler, StructuredOutputManager
 from corellm.worker.kv_cache import bytes_per_block, kv_cache_budget
 from corellm.worker.draft_model_proposer import DraftModelProposer, load_draft_model
 from corellm.worker.model_runner import ModelRunner
+from corellm.worker.tp_workers import TensorParallelWorkers
 
 logger = logging.getLogger("corellm")
 
@@ -38,7 +39,7 @@ def plan_scheduler_config(loaded: LoadedModel, config: EngineConfig, draft: Load
         raise ValueError(f"max_model_len ({config.max_model_len}) exceeds the model's context length "
                          f"({model_len} positions)")
     budget = kv_cache_budget(config.kv_cache_memory, loaded.model.device)
-    per_block = bytes_per_block(loaded.config, config.block_size, loaded.model.dtype)
+    per_block = bytes_per_block(loaded.model.config, config.block_size, loaded.model.dtype)  # a rank's share
     if draft is not None:
         per_block += bytes_per_block(draft.config, config.block_size, draft.model.dtype)
     num_blocks = budget // per_block
@@ -98,7 +99,8 @@ class SpecDecodingTotals:
 
 
 class EngineCore:
-    def __init__(self, loaded: LoadedModel, config: EngineConfig, grammar_compiler: GrammarCompiler):
+    def __init__(self, loaded: LoadedModel, config: EngineConfig, grammar_compiler: GrammarCompiler,
+                 tp_workers: TensorParallelWorkers | None = None):
         self.loaded = loaded
         # Speculative decoding: the n-gram proposer runs inside the scheduler; a draft model here.
         spec = config.speculative_config
@@ -107,7 +109,7 @@ class EngineCore:
         self.scheduler_config = plan_scheduler_config(loaded, config, draft)
         native = self.scheduler_config.to_native()
         self.scheduler = _core.Scheduler(native)
-        self.model_runner = ModelRunner(loaded, native, enforce_eager=config.enforce_eager)
+        self.model_runner = ModelRunner(loaded, native, enforce_eager=config.enforce_eager, tp_workers=tp_workers)
         self.drafter = None if draft is None else DraftModelProposer(draft, spec.num_speculative_tokens, native,
                                                                       self.model_runner)
         self.structured_output = StructuredOutputManager(grammar_compiler)

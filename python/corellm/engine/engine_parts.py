@@ -12,11 +12,13 @@ from corellm.config import EngineConfig
 from corellm.engine.engine_core import EngineCore
 from corellm.engine.input_processor import InputProcessor
 from corellm.engine.output_processor import OutputProcessor
-from corellm.model.loader import LoadedModel, load_model
+from corellm.model.loader import LoadedModel, load_model, load_model_config
+from corellm.model.tensor_parallel import check_divisible
 from corellm.multimodal.image_inputs import ImageInputs
 from corellm.multimodal.image_loader import ImageLimits
 from corellm.native import cpu_kernel_path
 from corellm.structured_output import GrammarCompiler
+from corellm.worker.tp_workers import TensorParallelWorkers
 
 logger = logging.getLogger("corellm")
 
@@ -39,8 +41,22 @@ class EngineParts:
         fails here, before anything is loaded."""
         if torch.device(config.device).type == "cpu":
             logger.info("CPU kernels: %s, %d threads", cpu_kernel_path(), torch.get_num_threads())
-        loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device,
-                                      quantization=config.quantization)
+        workers = None
+        if config.tensor_parallel_size > 1:
+            if loaded is not None:
+                raise ValueError("tensor_parallel_size > 1 loads the model in every rank: pass the model's path, "
+                                 "not a loaded model")
+            check_divisible(load_model_config(config.model), config.tensor_parallel_size)  # before any process starts
+            workers = TensorParallelWorkers.start(config.model, config.dtype, config.device, config.quantization,
+                                                  config.tensor_parallel_size)
+        try:
+            loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device,
+                                          quantization=config.quantization,
+                                          tensor_parallel=workers.tp if workers else None)
+        except BaseException:
+            if workers is not None:
+                workers.stop()
+            raise
         weights = loaded.model.weight_bytes()
         logger.info("weights: %.1f MiB (%s), quantization %s", sum(weights.values()) / 2**20,
                     ", ".join(f"{kind} {size / 2**20:.1f} MiB" for kind, size in sorted(weights.items())),
@@ -49,10 +65,11 @@ class EngineParts:
         extra_eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         eos_ids = [t for t in [loaded.tokenizer.eos_token_id, *extra_eos] if t is not None]
         grammar_compiler = GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size, list(dict.fromkeys(eos_ids)))
-        engine_core = EngineCore(loaded, config, grammar_compiler)
+        engine_core = EngineCore(loaded, config, grammar_compiler, tp_workers=workers)
         input_processor = InputProcessor(loaded.tokenizer, loaded.config.vocab_size, engine_core.max_model_len,
                                          extra_eos, config.seed, config.scheduling_policy, grammar_compiler,
-                                         config.reasoning_parser, image_inputs=image_inputs_of(loaded, config))
+                                         config.reasoning_parser, image_inputs=image_inputs_of(loaded, config),
+                                         prompt_logprobs=workers is None)
         return cls(loaded, engine_core, input_processor, OutputProcessor(loaded.tokenizer), grammar_compiler)
 
     def generation_defaults(self) -> dict:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from corellm import ops
+from corellm.distributed.parallel_state import TensorParallel
 from corellm.native import _core
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.model_config import ModelConfig
@@ -172,7 +173,11 @@ class Embedding:
 
 
 class Attention:
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer: int = 0):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer: int = 0,
+                 tp: TensorParallel = TensorParallel()):
+        """config: this rank's share of the model (tensor parallelism: its heads); o_proj's partial
+        output is summed over the group."""
+        self.tp = tp
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -203,11 +208,13 @@ class Attention:
         out = ops.paged_attention(q, key_cache, value_cache, attn.block_table, attn.seq_lens,
                                   attn.query_start_loc, self.scale, self.sliding_window,
                                   max_query_len=attn.max_query_len or None, max_seq_len=attn.max_seq_len or None)
-        return self.o_proj(out)
+        return self.tp.all_reduce(self.o_proj(out))
 
 
 class MLP:
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device,
+                 tp: TensorParallel = TensorParallel()):
+        self.tp = tp  # down_proj's partial output is summed over the group
         # gate_up [2 * intermediate, hidden] (gate and up fused), down [hidden, intermediate]
         self.gate_up_proj = Linear(2 * config.intermediate_size, config.hidden_size, False, dtype, device)
         self.down_proj = Linear(config.hidden_size, config.intermediate_size, False, dtype, device)
@@ -217,12 +224,13 @@ class MLP:
         gate_up = self.gate_up_proj(h)
         if self.gelu:  # as transformers computes it: tanh-approximated GELU of the gate, times up, in the dtype
             d = gate_up.shape[-1] // 2
-            return self.down_proj(F.gelu(gate_up[:, :d], approximate="tanh") * gate_up[:, d:])
-        return self.down_proj(ops.silu_and_mul(gate_up))
+            return self.tp.all_reduce(self.down_proj(F.gelu(gate_up[:, :d], approximate="tanh") * gate_up[:, d:]))
+        return self.tp.all_reduce(self.down_proj(ops.silu_and_mul(gate_up)))
 
 
 class DecoderLayer:
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer: int = 0):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer: int = 0,
+                 tp: TensorParallel = TensorParallel()):
         self.eps = config.rms_norm_eps
         norm = lambda: torch.empty(config.hidden_size, dtype=dtype, device=device)  # noqa: E731
         self.input_norm = norm()
@@ -230,8 +238,8 @@ class DecoderLayer:
         # Gemma's sandwich norms: on the attention's output and on the MLP's, before each joins the stream.
         self.attention_output_norm = norm() if config.sandwich_norms else None
         self.mlp_output_norm = norm() if config.sandwich_norms else None
-        self.attn = Attention(config, dtype, device, layer)
-        self.mlp = MLP(config, dtype, device)
+        self.attn = Attention(config, dtype, device, layer, tp)
+        self.mlp = MLP(config, dtype, device, tp)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,
                 attn: AttentionMetadata, kv_cache: KVCache, cos_sin_cache: torch.Tensor):

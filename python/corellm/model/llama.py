@@ -10,11 +10,13 @@ from collections.abc import Iterable
 import torch
 
 from corellm import ops
+from corellm.distributed.parallel_state import TensorParallel
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.layers import DecoderLayer, Embedding, KVCache, Linear
 from corellm.model.model_config import ModelConfig
 from corellm.model.quantized_tensor import QuantizedTensor
 from corellm.model.rope import cos_sin_cache, inverse_frequencies
+from corellm.model.tensor_parallel import shard_config, shard_weights
 
 # Where a checkpoint tensor goes: a linear layer or the embedding (which keep quantized tensors as
 # they are), or a plain tensor (norms, biases).
@@ -26,12 +28,19 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 class LlamaForCausalLM:
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
-                 rope_factors: torch.Tensor | None = None, max_position: int | None = None):
+                 rope_factors: torch.Tensor | None = None, max_position: int | None = None,
+                 tp: TensorParallel = TensorParallel()):
+        """tp: this process's place in a tensor-parallel group (model/tensor_parallel.py): the model
+        then holds its share (self.config: the share's sizes; full_config: the whole model's)."""
+        self.full_config = config
+        self.tp = tp
+        if tp.size > 1:
+            config = shard_config(config, tp.size)
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
         self.embed = Embedding(config.vocab_size, config.hidden_size, dtype, self.device)
-        self.layers = [DecoderLayer(config, dtype, self.device, i) for i in range(config.num_hidden_layers)]
+        self.layers = [DecoderLayer(config, dtype, self.device, i, tp) for i in range(config.num_hidden_layers)]
         self.norm = torch.empty(config.hidden_size, dtype=dtype, device=self.device)
         self.lm_head = Linear(config.vocab_size, config.hidden_size, False, dtype, self.device)
         inv_freq = inverse_frequencies(config)
@@ -94,6 +103,8 @@ class LlamaForCausalLM:
         embedding and the LM head stay in the dtype, as in vLLM)."""
         dest = self._destinations()
         loaded: set[str] = set()
+        if self.tp.size > 1:
+            weights = shard_weights(weights, self.full_config, self.tp.rank, self.tp.size)
         for name, tensor in weights:
             if name.endswith(_IGNORED_SUFFIXES):
                 continue
@@ -162,7 +173,13 @@ class LlamaForCausalLM:
     # ------------------------------------------------------------------ forward
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """int32 [num_tokens] -> the decoder's input rows [num_tokens, hidden]."""
-        h = self.embed(input_ids)
+        if self.tp.size > 1:  # vocabulary-parallel: this rank's rows, zeros elsewhere, summed over the group
+            local = input_ids - self.tp.rank * self.config.vocab_size
+            inside = (local >= 0) & (local < self.config.vocab_size)
+            h = self.embed(torch.where(inside, local, torch.zeros_like(local))) * inside[:, None].to(self.dtype)
+            h = self.tp.all_reduce(h)
+        else:
+            h = self.embed(input_ids)
         if self.config.embedding_multiplier != 1.0:  # Gemma: times sqrt(hidden), rounded to the dtype as HF does
             h = h * torch.tensor(self.config.embedding_multiplier, dtype=h.dtype)
         return h
@@ -184,6 +201,11 @@ class LlamaForCausalLM:
         h, _ = ops.fused_add_rms_norm(h, residual, self.norm, self.config.rms_norm_eps)
         return h
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[n, hidden] -> float32 logits [n, vocab]."""
-        return self.lm_head(hidden, out_dtype=torch.float32)
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """[n, hidden] -> float32 logits [n, vocab] (tensor parallelism: gathered on rank 0; the
+        other ranks get None)."""
+        logits = self.lm_head(hidden, out_dtype=torch.float32)
+        if self.tp.size == 1:
+            return logits
+        full = self.tp.gather_last_dim(logits)
+        return None if full is None else full[:, : self.full_config.vocab_size]

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from corellm.config import QUANTIZATION_METHODS
+from corellm.distributed.parallel_state import TensorParallel
 from corellm.model.gguf_file import GGUFModelFile
 from corellm.model.hf_dir import HFModelDir
 from corellm.model.llama import LlamaForCausalLM
@@ -179,13 +180,20 @@ def check_head_size_on_device(config: ModelConfig, device: torch.device) -> None
 
 def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto", device: str = "cpu",
                max_position: int | None = None, progress: bool = True, use_cache: bool = True,
-               quantization: str | None = None) -> LoadedModel:
+               quantization: str | None = None, tensor_parallel: TensorParallel | None = None) -> LoadedModel:
     """quantization: see QUANTIZATION_METHODS (None: a GGUF file's quantized tensors stay
-    quantized on the CPU)."""
+    quantized on the CPU). tensor_parallel: this process's rank in a tensor-parallel group, which
+    loads its share of the model (dense weights: a GGUF file is dequantized)."""
     device_ = torch.device(device)
     check_device(device_)
     torch_dtype = resolve_dtype(dtype, device_)
     path = resolve_model_path(model)
+    tp = tensor_parallel or TensorParallel()
+    if tp.size > 1:
+        if quantization not in (None, "auto", "none"):
+            raise ValueError(f"quantization {quantization!r} with tensor parallelism is not supported: tensor "
+                             f"parallelism runs on dense weights (quantization 'none')")
+        quantization = "none"
     method = resolve_quantization(quantization, path, device_)
     llava, image_processor = None, None
     if path.is_dir():
@@ -193,6 +201,8 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
         config, tokenizer, generation_config = source.config(), source.tokenizer(), source.generation_config()
         llava = source.llava_spec()
         if llava is not None:
+            if tp.size > 1:
+                raise ValueError(f"{path}: image-input (LLaVA) models do not run with tensor parallelism yet")
             image_processor = source.image_processor(llava.vision.image_size)
         rope_factors, weights = None, source.weights(torch_dtype, progress)
         if method == "int8" and device_.type == "cpu":
@@ -210,7 +220,8 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
     if llava is not None:
         llm = LlavaForConditionalGeneration(llava, torch_dtype, device_, max_position=max_position)
     else:
-        llm = LlamaForCausalLM(config, torch_dtype, device_, rope_factors=rope_factors, max_position=max_position)
+        llm = LlamaForCausalLM(config, torch_dtype, device_, rope_factors=rope_factors, max_position=max_position,
+                               tp=tp)
     with torch.inference_mode():
         scaled_type = method if method in ("fp8", "int8") and device_.type == "cuda" else None
         llm.load_weights(weights.items() if isinstance(weights, dict) else weights, str(path), scaled_type=scaled_type)

@@ -25,7 +25,8 @@ def supports(model) -> bool:
     c = model.config
     llama_layer = (not c.sandwich_norms and c.hidden_activation == "silu" and c.embedding_multiplier == 1.0
                    and not c.layer_types and not c.query_pre_attn_scalar and not c.norm_weight_offset)
-    return (llama_layer and model.device.type == "cpu" and model.dtype == torch.bfloat16
+    single = getattr(model, "tp", None) is None or model.tp.size == 1  # no collectives inside the native call
+    return (llama_layer and single and model.device.type == "cpu" and model.dtype == torch.bfloat16
             and _core.kernels.bf16_gemm_available()
             and all(linear.packed is not None or linear.quantized
                     for layer in model.layers for linear in layer.linears()))

@@ -1,4 +1,4 @@
-"""Decodes a user's image — a PIL image, encoded bytes, a base64 data URL, or (where the server
+"""Decodes a user's image — a PIL image, a uint8 pixel array, encoded bytes, a base64 data URL, or (where the server
 allows its domain) an http(s) URL — within limits on size and pixels, with a ValueError naming the
 part for anything that is not a decodable image of acceptable size (the server's 400)."""
 
@@ -28,6 +28,15 @@ def load_image(item: object, what: str, limits: ImageLimits):
     if isinstance(item, Image.Image):
         _check_pixels(item.width, item.height, what, limits)
         return item
+    if type(item).__module__ == "numpy" and hasattr(item, "ndim"):  # an array of pixels, H x W (x C), uint8
+        if item.ndim not in (2, 3) or str(item.dtype) != "uint8":
+            raise ValueError(f"{what}: an image array must be uint8 of shape (H, W) or (H, W, C), got "
+                             f"{item.dtype} {tuple(item.shape)}")
+        _check_pixels(item.shape[1], item.shape[0], what, limits)
+        try:
+            return Image.fromarray(item)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{what}: not an image array ({e})") from None
     if isinstance(item, (bytes, bytearray, memoryview)):
         return decode_image(bytes(item), what, limits)
     if isinstance(item, str):
@@ -37,7 +46,7 @@ def load_image(item: object, what: str, limits: ImageLimits):
             return decode_image(_fetch(item, what, limits), what, limits)
         raise ValueError(f"{what}: an image must be a data URL (data:image/...;base64,...) or an http(s) URL, "
                          f"got {item[:40]!r}")
-    raise ValueError(f"{what}: an image must be a PIL image, bytes or a URL, got {type(item).__name__}")
+    raise ValueError(f"{what}: an image must be a PIL image, a uint8 array, bytes or a URL, got {type(item).__name__}")
 
 
 def decode_image(data: bytes, what: str, limits: ImageLimits):

@@ -27,6 +27,8 @@ from corellm.worker.encoder_cache import EncoderCache
 from corellm.worker.kv_cache import allocate_kv_caches
 from corellm.worker.model_runner_output import ModelRunnerOutput, PromptLogprobs, SampledTokenLogprobs
 from corellm.worker.sampling_state import SamplingState
+from corellm.worker.step_message import StepMessage
+from corellm.worker.tp_workers import TensorParallelWorkers
 
 logger = logging.getLogger("corellm")
 
@@ -39,14 +41,21 @@ class ExecuteModelState:
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, scheduler_config: _core.SchedulerConfig, enforce_eager: bool = False):
-        """On CUDA, decode batches replay captured CUDA graphs unless enforce_eager."""
+    def __init__(self, loaded: LoadedModel, scheduler_config: _core.SchedulerConfig, enforce_eager: bool = False,
+                 tp_workers: TensorParallelWorkers | None = None):
+        """On CUDA, decode batches replay captured CUDA graphs unless enforce_eager. tp_workers:
+        the model is rank 0 of a tensor-parallel group whose other ranks run in these workers;
+        each step's inputs are sent to them before the forward."""
         self.model = loaded.model
         self.device = self.model.device
         self.vocab_size = loaded.config.vocab_size
         c = scheduler_config
         self.block_size = c.block_size
-        self.kv_caches = allocate_kv_caches(loaded.config, c.num_blocks, c.block_size, self.model.dtype, self.device)
+        self.kv_caches = allocate_kv_caches(self.model.config, c.num_blocks, c.block_size, self.model.dtype,
+                                            self.device)  # this rank's KV heads
+        self.tp_workers = tp_workers
+        if tp_workers is not None:
+            tp_workers.setup(c.num_blocks, c.block_size)
         self.builder = _core.BatchBuilder(max_num_reqs=c.max_num_seqs, max_model_len=c.max_model_len,
                                           block_size=c.block_size, max_num_batched_tokens=c.max_num_batched_tokens)
         self.sampling = SamplingState(c.max_num_seqs)
@@ -57,7 +66,7 @@ class ModelRunner:
         # The ways a step's forward can run besides the model's per-op layers (see forward).
         self.cuda_graphs: CUDAGraphRunner | None = None
         self.native_stack: NativeDecoderStack | None = None
-        if self.device.type == "cuda" and not enforce_eager:
+        if self.device.type == "cuda" and not enforce_eager and tp_workers is None:
             self.cuda_graphs = CUDAGraphRunner(self.model, self.kv_caches, c.max_num_seqs, c.max_model_len,
                                                c.block_size, self.device)
             self.cuda_graphs.capture()
@@ -65,10 +74,13 @@ class ModelRunner:
             self.native_stack = NativeDecoderStack(self.model, self.kv_caches)
 
     def shutdown(self) -> None:
-        """Releases what the runner holds beyond the KV cache (the CUDA graphs)."""
+        """Releases what the runner holds beyond the KV cache (the CUDA graphs, the workers)."""
         if self.cuda_graphs is not None:
             self.cuda_graphs.release()
             self.cuda_graphs = None
+        if self.tp_workers is not None:
+            self.tp_workers.stop()
+            self.tp_workers = None
 
     # ------------------------------------------------------------------ phase 1
     def execute_model(self, so: _core.SchedulerOutput) -> None:
@@ -111,6 +123,11 @@ class ModelRunner:
         attn = AttentionMetadata(slot_mapping=i32(b.slot_mapping), block_table=i32(b.block_table),
                                  seq_lens=i32(b.seq_lens), query_start_loc=i32(b.query_start_loc),
                                  max_query_len=b.max_query_len, max_seq_len=b.max_seq_len)
+        if self.tp_workers is not None:  # the other ranks run the same step on their shares
+            StepMessage.send(self.tp_workers.tp, input_ids=b.input_ids, positions=b.positions,
+                             slot_mapping=b.slot_mapping, seq_lens=b.seq_lens, query_start_loc=b.query_start_loc,
+                             block_table=b.block_table, logits_indices=b.logits_indices,
+                             max_query_len=b.max_query_len, max_seq_len=b.max_seq_len)
         if self.native_stack is not None:
             return self.native_stack.forward(i32(b.input_ids), i32(b.positions), attn, inputs_embeds=inputs_embeds)
         return self.model.forward(i32(b.input_ids), i32(b.positions), attn, self.kv_caches,

@@ -1,0 +1,127 @@
+"""TensorParallelWorkers: the processes that hold ranks 1 .. size-1 of a tensor-parallel model
+(rank 0 is the engine's own model runner), started with torch.multiprocessing.
+
+    engine process (rank 0)                     worker process (rank r)
+      start(): spawn the workers ────────────▶   join the group (gloo / NCCL)
+      join the group                             load the model's share r (its heads, its rows)
+      load share 0                               SETUP: allocate its KV cache (the same blocks)
+      setup(num_blocks, block_size) ─────────▶   loop: receive a StepMessage, run the forward and
+      each step: StepMessage.send, forward ───▶        the logits with rank 0 (all-reduces and the
+                 (collectives with every rank)          gather pair up), until STOP
+      stop() ────────────────────────────────▶   exit
+
+A worker that dies makes rank 0's next collective fail (gloo: the connection closes; a hang ends
+at the group's timeout) instead of blocking the engine."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.multiprocessing as mp
+
+from corellm.distributed.parallel_state import TensorParallel, init_tensor_parallel
+from corellm.worker.step_message import SETUP, STEP, STOP, StepMessage
+
+logger = logging.getLogger("corellm")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What every rank loads: the model as the engine was asked for it."""
+
+    model: str | None
+    dtype: str
+    device: str
+    quantization: str | None
+    size: int
+    init_method: str
+    threads: int  # CPU threads per rank
+
+
+def free_local_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_main(rank: int, spec: WorkerSpec) -> None:
+    """A worker process: joins the group, loads its share, then runs the steps rank 0 sends."""
+    from corellm.model.loader import load_model
+    from corellm.worker.kv_cache import allocate_kv_caches
+
+    torch.set_num_threads(spec.threads)
+    device = torch.device(spec.device if spec.device == "cpu" else f"cuda:{rank}")
+    tp = init_tensor_parallel(rank, spec.size, spec.init_method, device)
+    loaded = load_model(spec.model, dtype=spec.dtype, device=str(device), quantization=spec.quantization,
+                        progress=False, tensor_parallel=tp)
+    model, kv_caches = loaded.model, None
+    while True:
+        command, values, step = StepMessage.receive(tp)
+        if command == STOP:
+            break
+        if command == SETUP:
+            num_blocks, block_size = values[0], values[1]
+            kv_caches = allocate_kv_caches(model.config, num_blocks, block_size, model.dtype, model.device)
+            continue
+        assert command == STEP and step is not None and kv_caches is not None
+        with torch.inference_mode():
+            hidden = model.forward(step.input_ids.to(device), step.positions.to(device), step.attn, kv_caches)
+            model.compute_logits(hidden[step.logits_indices.to(device)])
+    torch.distributed.destroy_process_group()
+
+
+class TensorParallelWorkers:
+    def __init__(self, spec: WorkerSpec):
+        self.spec = spec
+        self.tp: TensorParallel | None = None
+        self._processes: list[mp.Process] = []
+        self._threads_before = torch.get_num_threads()  # rank 0's share of the cores until stop()
+
+    @classmethod
+    def start(cls, model: str | None, dtype: str, device: str, quantization: str | None,
+              size: int) -> TensorParallelWorkers:
+        """Spawns ranks 1 .. size-1 and joins the group as rank 0; the CPU's cores are split
+        between the ranks (rank 0 included)."""
+        threads = max(1, (os.cpu_count() or 1) // size)
+        spec = WorkerSpec(model, dtype, device, quantization, size, f"tcp://127.0.0.1:{free_local_port()}", threads)
+        workers = cls(spec)
+        context = mp.get_context("spawn")
+        for rank in range(1, size):
+            p = context.Process(target=worker_main, args=(rank, spec), daemon=True, name=f"corellm-tp{rank}")
+            p.start()
+            workers._processes.append(p)
+        torch.set_num_threads(threads)
+        workers.tp = init_tensor_parallel(0, size, spec.init_method, torch.device(device))
+        logger.info("tensor parallel: %d ranks (%d worker processes), %d CPU threads each", size, size - 1, threads)
+        return workers
+
+    def setup(self, num_blocks: int, block_size: int) -> None:
+        """Every worker allocates its KV cache: the same blocks as rank 0's, its own KV heads."""
+        StepMessage.send_command(self.tp, SETUP, num_blocks, block_size)
+
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self._processes)
+
+    def stop(self) -> None:
+        """Ends the workers' loops, then their processes (killed if they do not exit in time)."""
+        if self.tp is None:
+            return
+        try:
+            if self.alive():
+                StepMessage.send_command(self.tp, STOP)
+        except RuntimeError as e:  # a worker died: the broadcast cannot complete
+            logger.warning("tensor parallel: stopping the workers: %s", e)
+        for p in self._processes:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+        torch.distributed.destroy_process_group()
+        torch.set_num_threads(self._threads_before)
+        self.tp = None
+
+
+__all__ = ["STEP", "TensorParallelWorkers", "WorkerSpec", "worker_main"]

@@ -1,0 +1,1 @@
+from tests.model.conftest import tokenizer_json  # noqa: F401 - the tiny models' tokenizer fixture

@@ -1,0 +1,76 @@
+"""The engine with tensor_parallel_size > 1 (worker processes over gloo on loopback): greedy
+tokens equal the single-process engine's (fp32, up to the first near-tie of the reference) on a
+tiny model and on SmolLM2-135M (9 heads, 3 KV heads: three ranks); what it cannot do is refused
+by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from corellm import LLM, SamplingParams  # noqa: E402
+from tests.model.tiny_models import make_tiny_model  # noqa: E402
+
+
+def first_near_tie(logprobs, margin: float = 1e-3) -> int:
+    for i, position in enumerate(logprobs):
+        top = sorted((v.logprob for v in position.values()), reverse=True)
+        if len(top) > 1 and top[0] - top[1] < margin:
+            return i
+    return len(logprobs)
+
+
+def assert_same_greedy(reference, other) -> None:
+    for want, got in zip(reference, other):
+        w, g = want.outputs[0], got.outputs[0]
+        n = first_near_tie(w.logprobs)
+        assert list(g.token_ids[:n]) == list(w.token_ids[:n]), f"diverged before position {n}"
+        for i in range(n):
+            tok = w.token_ids[i]
+            assert abs(w.logprobs[i][tok].logprob - g.logprobs[i][tok].logprob) < 1e-3
+
+
+def generate(llm: LLM, prompts, tokens: int = 12):
+    try:
+        return llm.generate(prompts, SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True, logprobs=2),
+                            use_tqdm=False)
+    finally:
+        llm.shutdown()
+
+
+def test_tiny_model_three_ranks_equal_one(tmp_path, tokenizer_json):
+    make_tiny_model("llama3", tmp_path, tokenizer_json, seed=5, hidden_size=72, num_attention_heads=9,
+                    num_key_value_heads=3, intermediate_size=192)
+    g = torch.Generator().manual_seed(0)
+    prompts = [{"prompt_token_ids": torch.randint(0, 384, (n,), generator=g).tolist()} for n in (5, 23, 40, 2)]
+    common = dict(dtype="float32", max_model_len=128, kv_cache_memory=16 * 1024**2, max_num_batched_tokens=32)
+    one = generate(LLM(str(tmp_path), **common), prompts)
+    three = generate(LLM(str(tmp_path), tensor_parallel_size=3, **common), prompts)  # chunked: 32 tokens a step
+    assert_same_greedy(one, three)
+
+
+def test_smollm2_three_ranks_equal_one():
+    prompts = ["The capital of France is", "def fibonacci(n):"]
+    common = dict(dtype="float32", max_model_len=128, kv_cache_memory=32 * 1024**2)
+    one = generate(LLM(quantization="none", **common), prompts, tokens=16)
+    three = generate(LLM(tensor_parallel_size=3, **common), prompts, tokens=16)
+    assert_same_greedy(one, three)
+
+
+def test_what_tensor_parallelism_refuses():
+    with pytest.raises(ValueError, match="tensor_parallel_size 2 does not divide the model's 9 attention heads"):
+        LLM(tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="quantization 'gguf' with tensor parallelism is not supported"):
+        LLM(tensor_parallel_size=3, quantization="gguf")
+    with pytest.raises(ValueError, match="speculative decoding with tensor_parallel_size > 1"):
+        LLM(tensor_parallel_size=3, speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                                          "prompt_lookup_max": 2})
+    llm = LLM(tensor_parallel_size=3, dtype="float32", max_model_len=64, kv_cache_memory=16 * 1024**2)
+    try:
+        with pytest.raises(ValueError, match="prompt_logprobs is not supported with tensor_parallel_size > 1"):
+            llm.generate("hi", SamplingParams(max_tokens=2, prompt_logprobs=1), use_tqdm=False)
+        assert llm.generate("hi", SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
+    finally:
+        llm.shutdown()
