@@ -5,6 +5,7 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "common.cuh"
@@ -40,6 +41,26 @@ __global__ void quantize_rows_kernel(void* q, float* scales, const T* x, int64_t
 
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
+#ifdef CORELLM_CUTLASS_SM90
+// The current device's compute capability (major * 10 + minor), asked of the driver once per
+// device (a call inside a CUDA graph capture then only reads the thread's current device).
+int device_capability() {
+  static std::atomic<int> known[64] = {};
+  int device = 0;
+  cudaGetDevice(&device);
+  if (device < 0 || device >= 64) device = 63;
+  int value = known[device].load(std::memory_order_relaxed);
+  if (value == 0) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    value = major * 10 + minor;
+    known[device].store(value, std::memory_order_relaxed);
+  }
+  return value;
+}
+#endif
+
 }  // namespace
 
 bool scaled_gemm_built() {
@@ -61,12 +82,10 @@ void scaled_gemm(const ScaledGemmProblem& p, std::uintptr_t stream) {
                     "scaled_gemm: a, b and out must be 16-byte aligned");
   CORELLM_CHECK_ARG(p.a_scales != nullptr && p.b_scales != nullptr, "scaled_gemm: missing scales");
 #ifdef CORELLM_CUTLASS_SM90
-  int device = 0, major = 0, minor = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  CORELLM_CHECK_ARG(major == 9 && minor == 0, "scaled_gemm: the ", scaled_type_name(p.type),
-                    " kernels are built for Hopper (sm_90a); this GPU has compute capability ", major, ".", minor);
+  const int capability = device_capability();
+  CORELLM_CHECK_ARG(capability == 90, "scaled_gemm: the ", scaled_type_name(p.type),
+                    " kernels are built for Hopper (sm_90a); this GPU has compute capability ", capability / 10, ".",
+                    capability % 10);
   if (p.m == 0) return;
   if (p.type == ScaledType::FP8_E4M3) {
     sm90::scaled_gemm_fp8(p, as_stream(stream));

@@ -110,6 +110,9 @@ async def health(request: web.Request) -> web.Response:
     engine = serving.engine
     if engine.dead_error is not None:
         return web.json_response({"status": "dead", "error": str(engine.dead_error)}, status=503)
+    broken = engine.engine_core.health_error()
+    if broken is not None:
+        return web.json_response({"status": "dead", "error": broken}, status=503)
     if serving.draining:
         return web.json_response({"status": "draining"}, status=503)
     return web.json_response({"status": "ok"})

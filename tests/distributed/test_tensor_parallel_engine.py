@@ -74,3 +74,27 @@ def test_what_tensor_parallelism_refuses():
         assert llm.generate("hi", SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
     finally:
         llm.shutdown()
+
+
+def test_a_killed_worker_ends_the_engine_with_an_error_not_a_hang(tmp_path, tokenizer_json):
+    import os
+    import signal
+    import time
+
+    from corellm.engine.engine_core import TensorParallelError
+
+    make_tiny_model("llama3", tmp_path, tokenizer_json, seed=5, hidden_size=72, num_attention_heads=9,
+                    num_key_value_heads=3, intermediate_size=192)
+    llm = LLM(str(tmp_path), tensor_parallel_size=3, dtype="float32", max_model_len=64, kv_cache_memory=16 * 1024**2)
+    try:
+        assert llm.engine_core.health_error() is None
+        worker = llm.engine_core.model_runner.tp_workers._processes[0]
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join(timeout=10)
+        assert "corellm-tp1 exited with -9" in llm.engine_core.health_error()
+        started = time.monotonic()
+        with pytest.raises(TensorParallelError, match="a worker process died: corellm-tp1 exited with -9"):
+            llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(max_tokens=4), use_tqdm=False)
+        assert time.monotonic() - started < 70  # the collectives' timeout bounds it; a closed socket fails at once
+    finally:
+        llm.shutdown()

@@ -98,6 +98,12 @@ class SpecDecodingTotals:
                 "corellm:spec_decode_num_accepted_tokens_per_pos": list(self.num_accepted_tokens_per_pos)}
 
 
+class TensorParallelError(RuntimeError):
+    """A step of a tensor-parallel engine failed: a rank died, hung past the collectives' timeout,
+    or stopped in the middle of the step's collectives. The ranks no longer run in step, so the
+    engine stops (a single-process engine fails the step's requests and serves on)."""
+
+
 class EngineCore:
     def __init__(self, loaded: LoadedModel, config: EngineConfig, grammar_compiler: GrammarCompiler,
                  tp_workers: TensorParallelWorkers | None = None):
@@ -121,6 +127,13 @@ class EngineCore:
     @property
     def max_model_len(self) -> int:
         return self.scheduler_config.max_model_len
+
+    def health_error(self) -> str | None:
+        """Why the engine cannot serve, when a part of it died between steps (a worker process)."""
+        workers = self.model_runner.tp_workers
+        if workers is not None and not workers.alive():
+            return f"a tensor-parallel worker process died ({workers.describe_dead()})"
+        return None
 
     def shutdown(self) -> None:
         """Releases the model runner's CUDA graphs and the grammar workers."""
@@ -205,6 +218,12 @@ class EngineCore:
             if self.step_cost is not None:
                 self._observe_step_cost(so, time.perf_counter() - started)
         except Exception as e:  # noqa: BLE001 - one failed step must not take the engine down
+            workers = self.model_runner.tp_workers
+            if workers is not None:  # ... unless the model itself is broken
+                dead = workers.describe_dead()
+                raise TensorParallelError(f"the tensor-parallel group failed in a step "
+                                          f"({f'a worker process died: {dead}' if dead else f'{type(e).__name__}: {e}'}); "
+                                          f"the engine cannot run the model any more") from e
             logger.exception("step failed; its %d requests end with an error", so.num_reqs)
             self.model_runner.abandon_step()
             ids = list(so.req_ids)

@@ -106,6 +106,9 @@ class TensorParallelWorkers:
     def alive(self) -> bool:
         return all(p.is_alive() for p in self._processes)
 
+    def describe_dead(self) -> str:
+        return ", ".join(f"{p.name} exited with {p.exitcode}" for p in self._processes if not p.is_alive())
+
     def stop(self) -> None:
         """Ends the workers' loops, then their processes (killed if they do not exit in time)."""
         if self.tp is None:
