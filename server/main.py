@@ -46,6 +46,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queued-tokens", type=int, default=limits.max_queued_tokens,
                    help="prompt tokens waiting for their first token beyond which new requests get 429")
     p.add_argument("--shutdown-timeout", type=float, default=30.0)
+    p.add_argument("--headless", action="store_true",
+                   help="a node other than node 0 (--node-rank K of --nnodes): run its tensor-parallel ranks, no "
+                        "HTTP server, until node 0's engine stops them")
 
 
 async def serve(engine: AsyncLLM, config: ServerConfig, host: str, port: int, shutdown_timeout: float,
@@ -85,6 +88,14 @@ def read_chat_template(path: str | None) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.headless:
+        config = engine_config_from_args(args)
+        if config.node_rank == 0 or config.nnodes == 1:
+            raise ValueError("--headless runs the ranks of a node other than node 0: give --nnodes N and "
+                             "--node-rank K (K >= 1)")
+        from corellm.worker.tp_workers import TensorParallelWorkers
+
+        return TensorParallelWorkers.run_headless(config)
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json or mistral)")
     started = time.perf_counter()

@@ -19,7 +19,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
               max_num_batched_tokens=c.max_num_batched_tokens, block_size=c.block_size,
               kv_cache_memory=c.kv_cache_memory, seed=c.seed, scheduling_policy=c.scheduling_policy,
               speculative_config=c.speculative_config, limit_mm_per_prompt=c.limit_mm_per_prompt,
-              allowed_media_domains=c.allowed_media_domains, tensor_parallel_size=c.tensor_parallel_size)
+              allowed_media_domains=c.allowed_media_domains, tensor_parallel_size=c.tensor_parallel_size,
+              nnodes=c.nnodes, node_rank=c.node_rank, master_addr=c.master_addr, master_port=c.master_port)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.sampling_seed, n=args.n)
     prompts = args.prompt

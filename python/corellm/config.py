@@ -175,9 +175,26 @@ class EngineConfig:
     # Tensor parallelism: the model split over this many processes (ranks 1.. in worker processes,
     # gloo on the CPU / NCCL on CUDA), the CPU's cores shared between them.
     tensor_parallel_size: int = 1
+    # Ranks on several machines: nnodes nodes of tensor_parallel_size / nnodes ranks each, joined
+    # through master_addr:master_port (node 0's, which hosts rank 0: the engine; the others run
+    # `corellm serve --headless`). One node: a free local port.
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
 
     def __post_init__(self) -> None:
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
+        _check_int("nnodes", self.nnodes, 1)
+        _check_int("node_rank", self.node_rank, 0)
+        _check_int("master_port", self.master_port, 0)
+        if self.tensor_parallel_size % self.nnodes:
+            raise ValueError(f"tensor_parallel_size {self.tensor_parallel_size} must be a multiple of nnodes "
+                             f"{self.nnodes} (each node runs the same number of ranks)")
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} must be below nnodes {self.nnodes}")
+        if self.nnodes > 1 and not (0 < self.master_port < 65536):
+            raise ValueError("several nodes need master_port (--master-port): node 0's port the ranks meet at")
         if self.tensor_parallel_size > 1 and self.speculative_config is not None:
             raise ValueError("speculative decoding with tensor_parallel_size > 1 is not supported yet")
         limits = self.limit_mm_per_prompt

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from corellm.config import QUANTIZATION_METHODS, EngineConfig
 from corellm.reasoning_parser import REASONING_PARSERS
@@ -36,6 +37,12 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num
                    help="fcfs: arrival order; priority: a request's `priority` first (lower runs first), then arrival")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="split the model over this many processes (its heads, intermediate rows and vocabulary)")
+    p.add_argument("--nnodes", type=int, default=1, help="machines the tensor-parallel ranks run on")
+    p.add_argument("--node-rank", type=int, default=0, help="this machine's index (0: the one that serves)")
+    p.add_argument("--master-addr", default=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                   help="node 0's address, where the ranks meet (default: $MASTER_ADDR or 127.0.0.1)")
+    p.add_argument("--master-port", type=int, default=int(os.environ.get("MASTER_PORT", "0")),
+                   help="node 0's port for the ranks (needed with --nnodes > 1; default: $MASTER_PORT)")
     p.add_argument("--limit-mm-per-prompt", default=None, metavar="JSON",
                    help='a LLaVA model\'s images per prompt at most, e.g. \'{"image": 2}\' or image=2 (default 1)')
     p.add_argument("--allowed-media-domains", nargs="+", default=[], metavar="HOST",
@@ -79,5 +86,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         speculative_config=speculative_config_from_arg(args.speculative_config),
                         limit_mm_per_prompt=limit_mm_from_arg(args.limit_mm_per_prompt),
                         allowed_media_domains=tuple(args.allowed_media_domains),
-                        tensor_parallel_size=args.tensor_parallel_size,
+                        tensor_parallel_size=args.tensor_parallel_size, nnodes=args.nnodes,
+                        node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
                         kv_cache_memory=None if kv is None else (int(kv) if kv >= 1 else float(kv)))

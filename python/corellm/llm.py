@@ -27,7 +27,8 @@ class LLM:
                  kv_cache_memory: int | float | None = None, seed: int = 0, long_prefill_token_threshold: int = 0,
                  scheduling_policy: str = "fcfs", speculative_config: dict | SpeculativeConfig | None = None,
                  limit_mm_per_prompt: dict | None = None, allowed_media_domains: tuple[str, ...] = (),
-                 tensor_parallel_size: int = 1, loaded_model: LoadedModel | None = None):
+                 tensor_parallel_size: int = 1, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
+                 master_port: int = 0, loaded_model: LoadedModel | None = None):
         """quantization: "gguf" (a GGUF file's quantized weights computed as they are; the default for
         a .gguf on the CPU), "int8" (an HF checkpoint's projections quantized to int8 at load: W8A8
         on the CPU or a Hopper GPU), "fp8" (the projections in fp8 e4m3 on a Hopper GPU) or "none"
@@ -37,7 +38,9 @@ class LLM:
         limit_mm_per_prompt: a LLaVA model's images per prompt at most ({"image": N}; default 1);
         allowed_media_domains: the hosts whose image URLs may be fetched (default none).
         tensor_parallel_size: the model split over this many processes (heads, intermediate rows
-        and vocabulary divided; gloo on the CPU, NCCL on CUDA)."""
+        and vocabulary divided; gloo on the CPU, NCCL on CUDA); nnodes > 1: its ranks on several
+        machines, meeting at master_addr:master_port (this one is node 0; the others run
+        `corellm serve MODEL --headless --node-rank K ...`)."""
         self.config = EngineConfig(model=model, dtype=dtype, quantization=quantization, device=device, enforce_eager=enforce_eager,
                                    max_model_len=max_model_len,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
@@ -47,7 +50,8 @@ class LLM:
                                    scheduling_policy=scheduling_policy, speculative_config=speculative_config,
                                    limit_mm_per_prompt=limit_mm_per_prompt,
                                    allowed_media_domains=allowed_media_domains,
-                                   tensor_parallel_size=tensor_parallel_size)
+                                   tensor_parallel_size=tensor_parallel_size, nnodes=nnodes, node_rank=node_rank,
+                                   master_addr=master_addr, master_port=master_port)
         t0 = time.perf_counter()
         self.parts = EngineParts.build(self.config, loaded_model)
         self.loaded, self.engine_core = self.parts.loaded, self.parts.engine_core

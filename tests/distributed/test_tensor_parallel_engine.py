@@ -67,6 +67,10 @@ def test_what_tensor_parallelism_refuses():
     with pytest.raises(ValueError, match="speculative decoding with tensor_parallel_size > 1"):
         LLM(tensor_parallel_size=3, speculative_config={"method": "ngram", "num_speculative_tokens": 2,
                                                           "prompt_lookup_max": 2})
+    with pytest.raises(ValueError, match="tensor_parallel_size 3 must be a multiple of nnodes 2"):
+        LLM(tensor_parallel_size=3, nnodes=2, master_port=1234)
+    with pytest.raises(ValueError, match="several nodes need master_port"):
+        LLM(tensor_parallel_size=2, nnodes=2)
     llm = LLM(tensor_parallel_size=3, dtype="float32", max_model_len=64, kv_cache_memory=16 * 1024**2)
     try:
         with pytest.raises(ValueError, match="prompt_logprobs is not supported with tensor_parallel_size > 1"):
@@ -98,3 +102,32 @@ def test_a_killed_worker_ends_the_engine_with_an_error_not_a_hang(tmp_path, toke
         assert time.monotonic() - started < 70  # the collectives' timeout bounds it; a closed socket fails at once
     finally:
         llm.shutdown()
+
+
+def test_two_nodes_on_loopback(tmp_path, tokenizer_json):
+    """Node 1 is `corellm serve --headless` in another process; node 0 is this process's engine;
+    the ranks meet at 127.0.0.1:PORT. Tokens equal the single process's; stopping the engine ends
+    node 1 with status 0."""
+    import os
+    import subprocess
+    import sys
+
+    from corellm.worker.tp_workers import free_local_port
+
+    make_tiny_model("qwen2", tmp_path, tokenizer_json, seed=6, num_attention_heads=4, num_key_value_heads=2)
+    port = free_local_port()
+    nodes = ["--tensor-parallel-size", "2", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    node1 = subprocess.Popen([sys.executable, "-m", "corellm.cli", "serve", str(tmp_path), "--headless", "--node-rank",
+                              "1", "--dtype", "float32", *nodes], env={**os.environ, "TQDM_DISABLE": "1"})
+    try:
+        prompts = [{"prompt_token_ids": [5, 6, 7, 8]}, {"prompt_token_ids": list(range(40, 70))}]
+        common = dict(dtype="float32", max_model_len=128, kv_cache_memory=16 * 1024**2)
+        two = generate(LLM(str(tmp_path), tensor_parallel_size=2, nnodes=2, master_port=port, **common), prompts)
+        assert node1.wait(timeout=60) == 0
+        one = generate(LLM(str(tmp_path), **common), prompts)
+        assert_same_greedy(one, two)
+    finally:
+        if node1.poll() is None:
+            node1.kill()
+    with pytest.raises(ValueError, match="only node 0 runs the engine"):
+        LLM(str(tmp_path), tensor_parallel_size=2, nnodes=2, node_rank=1, master_port=port)

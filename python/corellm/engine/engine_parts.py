@@ -42,13 +42,15 @@ class EngineParts:
         if torch.device(config.device).type == "cpu":
             logger.info("CPU kernels: %s, %d threads", cpu_kernel_path(), torch.get_num_threads())
         workers = None
+        if config.node_rank != 0:
+            raise ValueError(f"node_rank {config.node_rank}: only node 0 runs the engine; the other nodes run their "
+                             f"ranks with `corellm serve MODEL --headless --node-rank {config.node_rank} ...`")
         if config.tensor_parallel_size > 1:
             if loaded is not None:
                 raise ValueError("tensor_parallel_size > 1 loads the model in every rank: pass the model's path, "
                                  "not a loaded model")
             check_divisible(load_model_config(config.model), config.tensor_parallel_size)  # before any process starts
-            workers = TensorParallelWorkers.start(config.model, config.dtype, config.device, config.quantization,
-                                                  config.tensor_parallel_size)
+            workers = TensorParallelWorkers.start(config)
         try:
             loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device,
                                           quantization=config.quantization,

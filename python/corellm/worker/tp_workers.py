@@ -2,7 +2,8 @@
 (rank 0 is the engine's own model runner), started with torch.multiprocessing.
 
     engine process (rank 0)                     worker process (rank r)
-      start(): spawn the workers ────────────▶   join the group (gloo / NCCL)
+      start(): spawn this node's workers ────▶   join the group (gloo / NCCL); the other nodes'
+                                                 ranks come from `corellm serve --headless`
       join the group                             load the model's share r (its heads, its rows)
       load share 0                               SETUP: allocate its KV cache (the same blocks)
       setup(num_blocks, block_size) ─────────▶   loop: receive a StepMessage, run the forward and
@@ -40,6 +41,7 @@ class WorkerSpec:
     size: int
     init_method: str
     threads: int  # CPU threads per rank
+    ranks_per_node: int  # size / nnodes; rank r runs on node r // ranks_per_node
 
 
 def free_local_port() -> int:
@@ -54,7 +56,7 @@ def worker_main(rank: int, spec: WorkerSpec) -> None:
     from corellm.worker.kv_cache import allocate_kv_caches
 
     torch.set_num_threads(spec.threads)
-    device = torch.device(spec.device if spec.device == "cpu" else f"cuda:{rank}")
+    device = torch.device(spec.device if spec.device == "cpu" else f"cuda:{rank % spec.ranks_per_node}")
     tp = init_tensor_parallel(rank, spec.size, spec.init_method, device)
     loaded = load_model(spec.model, dtype=spec.dtype, device=str(device), quantization=spec.quantization,
                         progress=False, tensor_parallel=tp)
@@ -81,23 +83,46 @@ class TensorParallelWorkers:
         self._processes: list[mp.Process] = []
         self._threads_before = torch.get_num_threads()  # rank 0's share of the cores until stop()
 
-    @classmethod
-    def start(cls, model: str | None, dtype: str, device: str, quantization: str | None,
-              size: int) -> TensorParallelWorkers:
-        """Spawns ranks 1 .. size-1 and joins the group as rank 0; the CPU's cores are split
-        between the ranks (rank 0 included)."""
-        threads = max(1, (os.cpu_count() or 1) // size)
-        spec = WorkerSpec(model, dtype, device, quantization, size, f"tcp://127.0.0.1:{free_local_port()}", threads)
-        workers = cls(spec)
+    @staticmethod
+    def spec(config) -> WorkerSpec:
+        """The workers' spec for an EngineConfig; the machine's cores split between its ranks."""
+        per_node = config.tensor_parallel_size // config.nnodes
+        port = config.master_port or free_local_port()
+        return WorkerSpec(config.model, config.dtype, config.device, config.quantization, config.tensor_parallel_size,
+                          f"tcp://{config.master_addr}:{port}", max(1, (os.cpu_count() or 1) // per_node), per_node)
+
+    def _spawn(self, ranks: range) -> None:
         context = mp.get_context("spawn")
-        for rank in range(1, size):
-            p = context.Process(target=worker_main, args=(rank, spec), daemon=True, name=f"corellm-tp{rank}")
+        for rank in ranks:
+            p = context.Process(target=worker_main, args=(rank, self.spec), daemon=True, name=f"corellm-tp{rank}")
             p.start()
-            workers._processes.append(p)
-        torch.set_num_threads(threads)
-        workers.tp = init_tensor_parallel(0, size, spec.init_method, torch.device(device))
-        logger.info("tensor parallel: %d ranks (%d worker processes), %d CPU threads each", size, size - 1, threads)
+            self._processes.append(p)
+
+    @classmethod
+    def start(cls, config) -> TensorParallelWorkers:
+        """Node 0: spawns this node's ranks but rank 0 and joins the group as rank 0 (the other
+        nodes' ranks come from `corellm serve --headless`)."""
+        workers = cls(cls.spec(config))
+        spec = workers.spec
+        workers._spawn(range(1, spec.ranks_per_node))
+        torch.set_num_threads(spec.threads)
+        workers.tp = init_tensor_parallel(0, spec.size, spec.init_method, torch.device(spec.device))
+        logger.info("tensor parallel: %d ranks on %d node(s) (%d worker processes here), %d CPU threads each",
+                    spec.size, spec.size // spec.ranks_per_node, spec.ranks_per_node - 1, spec.threads)
         return workers
+
+    @classmethod
+    def run_headless(cls, config) -> int:
+        """Another node (node_rank > 0): runs its ranks until rank 0 stops them; the exit status is
+        0 when every one of them ended well."""
+        workers = cls(cls.spec(config))
+        first = config.node_rank * workers.spec.ranks_per_node
+        workers._spawn(range(first, first + workers.spec.ranks_per_node))
+        logger.info("headless node %d: ranks %d..%d joining %s", config.node_rank, first,
+                    first + workers.spec.ranks_per_node - 1, workers.spec.init_method)
+        for p in workers._processes:
+            p.join()
+        return max((abs(p.exitcode or 0) for p in workers._processes), default=0)
 
     def setup(self, num_blocks: int, block_size: int) -> None:
         """Every worker allocates its KV cache: the same blocks as rank 0's, its own KV heads."""
