@@ -8,6 +8,7 @@ import base64
 import http.server
 import io
 import threading
+import time
 
 import pytest
 
@@ -25,12 +26,21 @@ def png(image) -> bytes:
 
 @pytest.fixture(scope="module")
 def image_server():
-    """Serves /cat.png (a PNG) and /moved (a redirect to it) on 127.0.0.1."""
+    """Serves /cat.png (a PNG), /moved (a redirect to it) and /slow (the PNG a byte at a time) on
+    127.0.0.1."""
     body = png(random_image(3, (20, 10)))
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server's name
-            if self.path == "/cat.png":
+            if self.path == "/slow":  # a byte every 0.2 s: each read is quick, the whole is not
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                for byte in body[:20]:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            elif self.path == "/cat.png":
                 self.send_response(200)
                 self.send_header("Content-Type", "image/png")
                 self.send_header("Content-Length", str(len(body)))
@@ -85,3 +95,6 @@ def test_remote_images_only_from_allowed_hosts_and_without_redirects(image_serve
         load_image(image_server + "/cat.png", "x", ImageLimits(allowed_media_domains=("example.com",)))
     with pytest.raises(ValueError, match="could not fetch"):
         load_image(image_server + "/moved", "x", allowed)
+    hurried = ImageLimits(allowed_media_domains=("127.0.0.1",), fetch_timeout=1.0)
+    with pytest.raises(ValueError, match=r"took more than 1 s"):
+        load_image(image_server + "/slow", "x", hurried)

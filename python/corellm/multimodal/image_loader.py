@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import time
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
@@ -17,7 +18,7 @@ class ImageLimits:
     max_bytes: int = 20 * 1024 * 1024  # encoded size of one image
     max_pixels: int = 40_000_000  # width x height: past this a file is a decompression bomb
     allowed_media_domains: tuple[str, ...] = field(default_factory=tuple)  # hosts remote URLs may name
-    fetch_timeout: float = 10.0  # seconds for one remote image
+    fetch_timeout: float = 10.0  # seconds for one remote image, the whole transfer
 
 
 def load_image(item: object, what: str, limits: ImageLimits):
@@ -92,11 +93,21 @@ def _fetch(url: str, what: str, limits: ImageLimits) -> bytes:
         raise ValueError(f"{what}: remote image URLs are allowed only from the server's --allowed-media-domains "
                          f"({allowed}); {host!r} is not one (send the image as a data URL)")
     opener = urllib.request.build_opener(_RefuseRedirects)  # a redirect could lead off the allowed hosts
+    deadline = time.monotonic() + limits.fetch_timeout  # for the whole fetch, not each read
+    chunks, size = [], 0
     try:
         with opener.open(url, timeout=limits.fetch_timeout) as response:
-            data = response.read(limits.max_bytes + 1)
+            while size <= limits.max_bytes:
+                if time.monotonic() > deadline:
+                    raise ValueError(f"{what}: fetching {url} took more than {limits.fetch_timeout:g} s")
+                chunk = response.read(min(65536, limits.max_bytes + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
     except OSError as e:
         raise ValueError(f"{what}: could not fetch {url} ({e})") from None
+    data = b"".join(chunks)
     if len(data) > limits.max_bytes:
         raise ValueError(f"{what}: the image at {url} is over the {limits.max_bytes}-byte limit")
     return data
