@@ -68,6 +68,7 @@ def engine(path, **kw) -> LLM:
 def test_image_features_equal_transformers(tiny):
     path, hf, tower = tiny
     loaded = load_model(str(path), dtype="float32", progress=False)
+
     images = [random_image(1, (40, 30)), random_image(2, (64, 64))]
     pixels = hf_pixels(tower, images)
     with torch.no_grad():
@@ -180,3 +181,26 @@ def test_a_text_model_refuses_images():
     llm = LLM(max_model_len=64, kv_cache_memory=16 * 1024**2)
     with pytest.raises(ValueError, match="this model takes no images"):
         llm.generate({"prompt": "hi", "multi_modal_data": {"image": random_image(1)}}, use_tqdm=False)
+
+
+def test_an_older_checkpoint_with_the_towers_position_ids_buffer_loads(tiny, tmp_path):
+    """llava-hf's first checkpoints saved vision_model.embeddings.position_ids and named the tower
+    vision_tower.vision_model.*: the buffer is skipped, the names are mapped."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    path, _, _ = tiny
+    for f in path.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    tensors = load_file(str(path / "model.safetensors"))
+    old = {(f"vision_tower.vision_model.{k[len('vision_tower.'):]}" if k.startswith("vision_tower.") else k): v
+           for k, v in tensors.items()}
+    positions = old["vision_tower.vision_model.embeddings.position_embedding.weight"].shape[0]
+    old["vision_tower.vision_model.embeddings.position_ids"] = torch.arange(positions)[None]
+    save_file(old, str(tmp_path / "model.safetensors"))
+    image = random_image(4)
+    new_model = load_model(str(path), dtype="float32", progress=False).model
+    old_model = load_model(str(tmp_path), dtype="float32", progress=False).model
+    pixels = hf_pixels(tiny[2], [image])
+    torch.testing.assert_close(old_model.encode_images(pixels), new_model.encode_images(pixels), rtol=0, atol=0)

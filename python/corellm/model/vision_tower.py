@@ -123,8 +123,8 @@ class VisionTower:
 
     def is_unused(self, name: str) -> bool:
         """A tensor of the tower this model never runs (layers past the feature layer, the post
-        layernorm, SigLIP's pooling head)."""
-        if name.startswith(("post_layernorm.", "head.")):
+        layernorm, SigLIP's pooling head), or a buffer older checkpoints saved (position_ids)."""
+        if name.startswith(("post_layernorm.", "head.")) or name == "embeddings.position_ids":
             return True
         if name.startswith("encoder.layers."):
             return int(name.split(".")[2]) >= self.num_layers_used
