@@ -46,6 +46,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queued-tokens", type=int, default=limits.max_queued_tokens,
                    help="prompt tokens waiting for their first token beyond which new requests get 429")
     p.add_argument("--shutdown-timeout", type=float, default=30.0)
+    p.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                   help="engine replicas (each a process, each possibly tensor-parallel) behind this server, "
+                        "requests routed by load and prompt prefix")
     p.add_argument("--headless", action="store_true",
                    help="a node other than node 0 (--node-rank K of --nnodes): run its tensor-parallel ranks, no "
                         "HTTP server, until node 0's engine stops them")
@@ -88,6 +91,16 @@ def read_chat_template(path: str | None) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.data_parallel_size < 1:
+        raise ValueError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
+    if args.data_parallel_size > 1:
+        if args.headless or args.nnodes > 1:
+            raise ValueError("--data-parallel-size with --nnodes / --headless is not supported: run one "
+                             "multi-node engine per server")
+        engine_config_from_args(args)  # a bad argument is refused here, not by N replicas
+        from corellm.server.data_parallel import run_data_parallel
+
+        return run_data_parallel(args.argv, args.data_parallel_size, args.host, args.port)
     if args.headless:
         config = engine_config_from_args(args)
         if config.node_rank == 0 or config.nnodes == 1:

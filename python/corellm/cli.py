@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_args(srv)
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: data-parallel replicas get the same
     logging.basicConfig(level=getattr(args, "log_level", "warning").upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command is not None:

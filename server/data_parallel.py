@@ -1,0 +1,225 @@
+"""`corellm serve --data-parallel-size N`: N engine replicas behind the one API server.
+
+Each replica is a `corellm serve` process of its own on a loopback port (itself tensor-parallel when
+asked), started with the same arguments; this process serves the public port and forwards each
+request to one replica, streaming the answer back as it comes:
+
+    client ──HTTP──▶ router (this process) ──▶ replica i: corellm serve --port P_i
+                     pick(i): the prompt's affinity (a hash of its first 256 characters: requests
+                     sharing a prefix meet the same prefix cache) unless that replica has `slack`
+                     more requests in flight than the least loaded one, which then takes it
+
+A replica whose process dies is reported by /health (status "degraded", the replica named); the
+requests it was serving get 503 (or, mid-stream, an error event), new ones go to the others; /health
+is 503 only when no replica is left."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+logger = logging.getLogger("corellm.server")
+
+_FORWARDED_HEADERS = ("Authorization", "Content-Type", "Accept")
+
+
+@dataclass
+class Replica:
+    index: int
+    port: int
+    process: subprocess.Popen
+    in_flight: int = 0
+    served: int = 0  # requests answered since start
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+
+@dataclass
+class Router:
+    replicas: list[Replica]
+    slack: int = 4  # in-flight requests a preferred replica may have over the least loaded
+    session: aiohttp.ClientSession | None = field(default=None, repr=False)
+
+    def pick(self, affinity: bytes) -> Replica | None:
+        alive = [r for r in self.replicas if r.alive()]
+        if not alive:
+            return None
+        preferred = alive[int.from_bytes(hashlib.blake2b(affinity, digest_size=8).digest(), "little") % len(alive)]
+        least = min(alive, key=lambda r: r.in_flight)
+        return preferred if preferred.in_flight <= least.in_flight + self.slack else least
+
+
+def affinity_key(body: bytes) -> bytes:
+    """The start of the request's prompt (its messages' or its prompt's first 256 characters)."""
+    try:
+        payload = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return b""
+    if not isinstance(payload, dict):
+        return b""
+    prompt = payload.get("messages", payload.get("prompt", ""))
+    return json.dumps(prompt, sort_keys=True)[:256].encode()
+
+
+def _error(status: int, message: str, kind: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": None}},
+                             status=status)
+
+
+async def forward(request: web.Request) -> web.StreamResponse:
+    router: Router = request.app["router"]
+    body = await request.read()
+    replica = router.pick(affinity_key(body))
+    if replica is None:
+        return _error(503, "no engine replica is running", "service_unavailable")
+    headers = {k: request.headers[k] for k in _FORWARDED_HEADERS if k in request.headers}
+    response: web.StreamResponse | None = None
+    replica.in_flight += 1
+    try:
+        async with router.session.request(request.method, replica.url + request.path_qs, data=body,
+                                          headers=headers) as upstream:
+            response = web.StreamResponse(status=upstream.status, headers={
+                "Content-Type": upstream.headers.get("Content-Type", "application/json"),
+                "X-Corellm-Replica": str(replica.index)})
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            replica.served += 1
+            return response
+    except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError) as e:
+        logger.warning("replica %d failed a request: %s", replica.index, e)
+        message = f"engine replica {replica.index} failed ({type(e).__name__}); retry the request"
+        if response is None:
+            return _error(503, message, "service_unavailable")
+        with_error = json.dumps({"error": {"message": message, "type": "service_unavailable"}})
+        await response.write(f"data: {with_error}\n\n".encode())  # the stream had begun: end it with an error
+        return response
+    finally:
+        replica.in_flight -= 1
+
+
+async def health(request: web.Request) -> web.Response:
+    router: Router = request.app["router"]
+    states = []
+    for r in router.replicas:
+        state = "dead" if not r.alive() else "ok"
+        if state == "ok":
+            try:
+                async with router.session.get(r.url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                    state = "ok" if resp.status == 200 else (await resp.json()).get("status", f"http {resp.status}")
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                state = "unreachable"
+        states.append({"replica": r.index, "status": state, "pid": r.process.pid, "exit_code": r.process.poll(),
+                       "in_flight": r.in_flight, "served": r.served})
+    ok = sum(s["status"] == "ok" for s in states)
+    status = "ok" if ok == len(states) else ("degraded" if ok else "dead")
+    return web.json_response({"status": status, "replicas": states}, status=200 if ok else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    """The router's own figures per replica (each replica's engine metrics are on its own port)."""
+    router: Router = request.app["router"]
+    lines = ["# HELP corellm:dp_replica_up 1 while the replica's process runs", "# TYPE corellm:dp_replica_up gauge"]
+    lines += [f'corellm:dp_replica_up{{replica="{r.index}"}} {int(r.alive())}' for r in router.replicas]
+    lines += ["# HELP corellm:dp_requests_in_flight requests forwarded and not yet answered",
+              "# TYPE corellm:dp_requests_in_flight gauge"]
+    lines += [f'corellm:dp_requests_in_flight{{replica="{r.index}"}} {r.in_flight}' for r in router.replicas]
+    lines += ["# HELP corellm:dp_requests_served_total requests answered", "# TYPE corellm:dp_requests_served_total counter"]
+    lines += [f'corellm:dp_requests_served_total{{replica="{r.index}"}} {r.served}' for r in router.replicas]
+    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+
+def start_replicas(argv: list[str], size: int) -> list[Replica]:
+    """Starts `size` replicas with the command line this process got (its --port, --host and
+    --data-parallel-size overridden: the last occurrence wins)."""
+    from corellm.worker.tp_workers import free_local_port
+
+    replicas = []
+    for index in range(size):
+        port = free_local_port()
+        cmd = [sys.executable, "-m", "corellm.cli", *argv, "--host", "127.0.0.1", "--port", str(port),
+               "--data-parallel-size", "1"]
+        replicas.append(Replica(index, port, subprocess.Popen(cmd)))
+    return replicas
+
+
+async def wait_ready(replicas: list[Replica], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as session:
+        for r in replicas:
+            while True:
+                if not r.alive():
+                    raise RuntimeError(f"engine replica {r.index} exited with {r.process.returncode} while starting")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"engine replica {r.index} did not become healthy in {timeout:.0f} s")
+                try:
+                    async with session.get(r.url + "/health", timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                        if resp.status == 200:
+                            break
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    pass
+                await asyncio.sleep(0.2)
+
+
+def create_router_app(router: Router) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app["router"] = router
+
+    async def session_context(app: web.Application):
+        router.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+        yield
+        await router.session.close()
+
+    app.cleanup_ctx.append(session_context)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_route("*", "/{tail:.*}", forward)
+    return app
+
+
+async def serve_router(replicas: list[Replica], host: str, port: int, started: float) -> None:
+    await wait_ready(replicas, timeout=600)
+    runner = web.AppRunner(create_router_app(Router(replicas)), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    logger.info("serving %d engine replicas on http://%s:%d (ready in %.1f s)", len(replicas), host, port,
+                time.perf_counter() - started)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+
+
+def run_data_parallel(argv: list[str], size: int, host: str, port: int) -> int:
+    started = time.perf_counter()
+    replicas = start_replicas(argv, size)
+    try:
+        asyncio.run(serve_router(replicas, host, port, started))
+    finally:
+        for r in replicas:
+            if r.alive():
+                r.process.send_signal(signal.SIGTERM)
+        for r in replicas:
+            try:
+                r.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                r.process.kill()
+    return 0

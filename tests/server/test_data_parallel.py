@@ -1,0 +1,81 @@
+"""`corellm serve --data-parallel-size 2`: two engine replicas behind one server — requests are
+answered by both (routed by load and prompt prefix, the same prompt to the same replica), and a
+replica that dies is reported by /health while the other serves on."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import time
+import urllib.request
+
+import pytest
+
+from tests.server.conftest import Server
+
+
+def post(url: str, body: dict) -> tuple[int, dict, str]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=120) as r:
+            return r.status, json.loads(r.read()), r.headers.get("X-Corellm-Replica", "")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read()), ""
+
+
+def health(url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+@pytest.fixture(scope="module")
+def dp_server():
+    server = Server("--data-parallel-size", "2", "--max-num-seqs", "8")
+    yield server
+    server.stop()
+
+
+def completion(server, prompt: str) -> tuple[int, dict, str]:
+    return post(server.url + "/v1/completions", {"model": "SmolLM2-135M-Instruct", "prompt": prompt,
+                                                 "max_tokens": 4, "temperature": 0})
+
+
+def test_both_replicas_answer_and_a_prompt_stays_with_its_replica(dp_server):
+    prompts = [f"Question {i}: what is {i} + {i}?" for i in range(12)]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda p: completion(dp_server, p), prompts))
+    assert all(status == 200 for status, _, _ in results)
+    assert {replica for _, _, replica in results} == {"0", "1"}
+    again = [completion(dp_server, p)[2] for p in prompts[:4]]  # one at a time: affinity decides
+    first = [completion(dp_server, p)[2] for p in prompts[:4]]
+    assert again == first
+    status, body = health(dp_server.url)
+    assert status == 200 and body["status"] == "ok" and len(body["replicas"]) == 2
+
+
+def test_a_dead_replica_fails_its_requests_with_503_and_the_other_serves_on(dp_server):
+    long = {"model": "SmolLM2-135M-Instruct", "prompt": "Tell me a long story.", "max_tokens": 400,
+            "temperature": 0, "ignore_eos": True}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(post, dp_server.url + "/v1/completions", long)
+        victim = None
+        deadline = time.monotonic() + 30
+        while victim is None and time.monotonic() < deadline:
+            _, body = health(dp_server.url)
+            victim = next((r for r in body["replicas"] if r["in_flight"] > 0), None)
+            time.sleep(0.05)
+        assert victim is not None, "the long request never showed up in flight"
+        os.kill(victim["pid"], signal.SIGKILL)
+        status, body, _ = pending.result(timeout=60)
+    assert status == 503 and f"engine replica {victim['replica']} failed" in body["error"]["message"]
+    status, body = health(dp_server.url)
+    assert status == 200 and body["status"] == "degraded"
+    assert body["replicas"][victim["replica"]]["status"] == "dead"
+    results = [completion(dp_server, f"After the failure {i}") for i in range(6)]
+    survivor = str(1 - victim["replica"])
+    assert all(status == 200 and replica == survivor for status, _, replica in results)
