@@ -41,44 +41,44 @@ __device__ __forceinline__ __half from_f32<__half>(float v) { return __float2hal
 template <class T>
 __device__ __forceinline__ float round_to(float v) { return to_f32<T>(from_f32<T>(v)); }
 
-__device__ __forceinline__ float warp_sum(float v) {
+struct SumOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+  __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+// v reduced by `op` over the warp; every lane gets it.
+template <class Op>
+__device__ __forceinline__ float warp_reduce(float v, Op op) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
   return v;
 }
 
-// The sum of v over the block (blockDim.x a multiple of 32, at most 1024); every thread gets it.
-__device__ __forceinline__ float block_sum(float v) {
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, SumOp{}); }
+
+// v reduced by `op` over the block (blockDim.x a multiple of 32, at most 1024; the second pass's
+// lanes past the block's warps hold `identity`); every thread gets it.
+template <class Op>
+__device__ __forceinline__ float block_reduce(float v, Op op, float identity) {
   __shared__ float partial[32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  v = warp_sum(v);
+  v = warp_reduce(v, op);
   if (lane == 0) partial[warp] = v;
   __syncthreads();
   const int warps = blockDim.x / 32;
-  v = lane < warps ? partial[lane] : 0.0f;
-  v = warp_sum(v);
-  __syncthreads();  // partial[] may be reused by the caller's next block_sum
+  v = lane < warps ? partial[lane] : identity;
+  v = warp_reduce(v, op);
+  __syncthreads();  // partial[] may be reused by the caller's next reduction
   return v;
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
+// The sum of v over the block; every thread gets it.
+__device__ __forceinline__ float block_sum(float v) { return block_reduce(v, SumOp{}, 0.0f); }
 
-// The maximum of v over the block (as block_sum; v >= 0: the missing warps count as 0).
-__device__ __forceinline__ float block_max_nonnegative(float v) {
-  __shared__ float partial[32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  v = warp_max(v);
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  v = lane < static_cast<int>(blockDim.x / 32) ? partial[lane] : 0.0f;
-  v = warp_max(v);
-  __syncthreads();
-  return v;
-}
+// The maximum of v (>= 0) over the block; every thread gets it.
+__device__ __forceinline__ float block_max_nonnegative(float v) { return block_reduce(v, MaxOp{}, 0.0f); }
 
 // Online-softmax states kept per warp in shared memory (max m, sum l, unnormalised output acc
 // over dims), merged for row r at dim d: {the merged max, the sum and the output at d relative to

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
+from corellm.server.errors import APIError
+
 logger = logging.getLogger("corellm.server")
 
 _FORWARDED_HEADERS = ("Authorization", "Content-Type", "Accept")
@@ -76,17 +78,12 @@ def affinity_key(body: bytes) -> bytes:
     return json.dumps(prompt, sort_keys=True)[:256].encode()
 
 
-def _error(status: int, message: str, kind: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": None}},
-                             status=status)
-
-
 async def forward(request: web.Request) -> web.StreamResponse:
     router: Router = request.app["router"]
     body = await request.read()
     replica = router.pick(affinity_key(body))
     if replica is None:
-        return _error(503, "no engine replica is running", "service_unavailable")
+        return APIError(503, "no engine replica is running", "service_unavailable").response()
     headers = {k: request.headers[k] for k in _FORWARDED_HEADERS if k in request.headers}
     response: web.StreamResponse | None = None
     replica.in_flight += 1
@@ -106,8 +103,8 @@ async def forward(request: web.Request) -> web.StreamResponse:
         logger.warning("replica %d failed a request: %s", replica.index, e)
         message = f"engine replica {replica.index} failed ({type(e).__name__}); retry the request"
         if response is None:
-            return _error(503, message, "service_unavailable")
-        with_error = json.dumps({"error": {"message": message, "type": "service_unavailable"}})
+            return APIError(503, message, "service_unavailable").response()
+        with_error = json.dumps(APIError(503, message, "service_unavailable").body())
         await response.write(f"data: {with_error}\n\n".encode())  # the stream had begun: end it with an error
         return response
     finally:

@@ -224,9 +224,6 @@ class ChatMessage(RequestPart):
     tool_call_id: str | None = None  # tool: the call this is the result of
     reasoning_content: str | None = None  # assistant: its reasoning (templates may show or drop it)
 
-    def image_urls(self) -> list[str]:
-        return [p.image_url.url for p in self.content if isinstance(p, ImagePart)] if isinstance(self.content, list) else []
-
     def as_template_message(self, content_parts: bool = False) -> dict[str, Any]:
         """The message as chat templates read it (HF's convention: a call's arguments as a dict).
         content_parts (a model that takes images): the content as a list of parts, {"type": "text",

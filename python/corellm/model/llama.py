@@ -153,10 +153,9 @@ class LlamaForCausalLM:
             totals[kind] = totals.get(kind, 0) + t.numel() * t.element_size()
 
         dense = str(self.dtype).replace("torch.", "")
-        linears = [self.lm_head] + [linear for layer in self.layers for linear in layer.linears()]
         count(self.embed.quantized.type_name if self.embed.quantized else dense,
               self.embed.quantized.packed if self.embed.quantized else self.embed.weight)
-        for linear in linears:
+        for linear in self.all_linears():
             for _, q in linear.quantized:
                 count(q.type_name, q.packed)
             if linear.scaled is not None:
@@ -164,11 +163,17 @@ class LlamaForCausalLM:
                 count("float32 (scales)", linear.scaled.scales)
             count(dense, linear.weight if linear.packed is None else linear.packed)
             count(dense, linear.bias)
-        for layer in self.layers:
-            for t in layer.norms():
-                count(dense, t)
-        count(dense, self.norm)
+        for t in self.other_weights():
+            count(dense, t)
         return totals
+
+    def all_linears(self) -> list[Linear]:
+        """Every linear layer, the LM head first (weight_bytes; a subclass adds its own)."""
+        return [self.lm_head] + [linear for layer in self.layers for linear in layer.linears()]
+
+    def other_weights(self) -> list[torch.Tensor]:
+        """The weights outside the embedding and the linear layers, in the dtype (the norms)."""
+        return [t for layer in self.layers for t in layer.norms()] + [self.norm]
 
     # ------------------------------------------------------------------ forward
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from corellm.model.layers import Linear
 from corellm.model.llama import LlamaForCausalLM
 from corellm.model.model_config import ModelConfig, UnsupportedModelError
 from corellm.model.vision_tower import VisionConfig, VisionTower
@@ -157,12 +158,8 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         h = _PROJECTOR_ACTIVATIONS[self.llava.projector_activation](h)
         return F.linear(h, p["linear_2.weight"], p.get("linear_2.bias"))
 
-    def weight_bytes(self) -> dict[str, int]:
-        totals = super().weight_bytes()
-        dense = str(self.dtype).replace("torch.", "")
-        tower = [t for layer in self.vision_tower.linears for linear in layer.values()
-                 for t in (linear.weight if linear.packed is None else linear.packed, linear.bias) if t is not None]
-        extra = sum(t.numel() * t.element_size() for t in [*tower, *self.vision_tower.weights.values(),
-                                                            *self.projector.values()])
-        totals[dense] = totals.get(dense, 0) + extra
-        return totals
+    def all_linears(self) -> list[Linear]:
+        return super().all_linears() + [linear for layer in self.vision_tower.linears for linear in layer.values()]
+
+    def other_weights(self) -> list[torch.Tensor]:
+        return super().other_weights() + [*self.vision_tower.weights.values(), *self.projector.values()]

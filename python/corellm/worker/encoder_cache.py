@@ -13,9 +13,6 @@ class EncoderCache:
         self._outputs: dict[str, torch.Tensor] = {}  # hash -> [placeholder tokens, hidden]
         self.images_encoded = 0  # the encoder's work since start (a reused entry adds nothing)
 
-    def __contains__(self, image_hash: str) -> bool:
-        return image_hash in self._outputs
-
     def __len__(self) -> int:
         return len(self._outputs)
 

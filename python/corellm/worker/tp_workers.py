@@ -84,7 +84,7 @@ class TensorParallelWorkers:
         self._threads_before = torch.get_num_threads()  # rank 0's share of the cores until stop()
 
     @staticmethod
-    def spec(config) -> WorkerSpec:
+    def spec_for(config) -> WorkerSpec:
         """The workers' spec for an EngineConfig; the machine's cores split between its ranks."""
         per_node = config.tensor_parallel_size // config.nnodes
         port = config.master_port or free_local_port()
@@ -102,7 +102,7 @@ class TensorParallelWorkers:
     def start(cls, config) -> TensorParallelWorkers:
         """Node 0: spawns this node's ranks but rank 0 and joins the group as rank 0 (the other
         nodes' ranks come from `corellm serve --headless`)."""
-        workers = cls(cls.spec(config))
+        workers = cls(cls.spec_for(config))
         spec = workers.spec
         workers._spawn(range(1, spec.ranks_per_node))
         torch.set_num_threads(spec.threads)
@@ -115,7 +115,7 @@ class TensorParallelWorkers:
     def run_headless(cls, config) -> int:
         """Another node (node_rank > 0): runs its ranks until rank 0 stops them; the exit status is
         0 when every one of them ended well."""
-        workers = cls(cls.spec(config))
+        workers = cls(cls.spec_for(config))
         first = config.node_rank * workers.spec.ranks_per_node
         workers._spawn(range(first, first + workers.spec.ranks_per_node))
         logger.info("headless node %d: ranks %d..%d joining %s", config.node_rank, first,
