@@ -96,7 +96,7 @@ def test_float32_output_without_bias_into_a_strided_y(isa):
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("kk", [96, 100])  # tiles read x in place, or from the padded copy
+@pytest.mark.parametrize("kk", [96, 97, 100])  # tiles read x in place, or from the padded copy; an odd k
 def test_rows_are_independent_of_the_batch_and_strides_are_honoured(isa, kk):
     g = torch.Generator().manual_seed(0)
     n = 100

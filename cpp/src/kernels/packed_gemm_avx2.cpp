@@ -1,10 +1,17 @@
 // The bf16 GEMM on AVX2 + FMA (the avx2 path of packed_gemm.h, the baseline every x86-64-v3 CPU
-// runs): as the avx512 path on 8-lane registers. Each k pair of 16 columns is two registers of
-// 8 pairs, widened to fp32 (the pair's low element shifted up 16 bits, the high one masked), and
-// the dot product is two fused multiply-adds per 8 columns, even column then odd. Rows go four at
-// a time: their sums (16 registers) and the panel's widened pair (8) exceed AVX2's 16 registers,
-// but the spills cost less than re-reading and re-widening the panel for every two rows (2 rows:
-// 95 GFLOP/s, 4: 125, 6-8: 100-130 on the Xeon, bench/kernels.py's [avx2] rows).
+// runs). AVX2 has no bf16 dot product: each bf16 value is widened to fp32 (shifted up 16 bits) and
+// multiplied with one fused multiply-add per k, column by column:
+//   - few rows (m < kWidenedRows): as the avx512 path on 8-lane registers. Each k pair of 16
+//     columns is two registers of 8 pairs, widened in registers (the pair's low element shifted up,
+//     the high one masked), two fused multiply-adds per 8 columns, even k then odd. Rows go four
+//     at a time: their sums and the panel's widened pair exceed AVX2's 16 registers, but the spills
+//     cost less than re-widening the panel for every two rows.
+//   - more rows: widening in registers costs as much as the products, so each panel is widened
+//     once into an fp32 copy ([k][32 columns], in the core's L2) and x once into fp32 rows; then a
+//     6 x 16 block of sums (12 registers) takes per k two loads of the panel, six broadcasts of x
+//     and twelve fused multiply-adds (the classic fp32 micro-kernel's balance).
+// Both add, per column, x[k] w[k] to one fp32 sum in k order (k padded to even with zeros), then
+// the bias, then one rounding: a row's bits are the same whichever of the two computes it.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -13,6 +20,7 @@
 
 #include "packed_gemm_paths.h"
 #include "packed_gemm_vector.h"
+#include "thread_scratch.h"
 
 namespace corellm {
 
@@ -89,9 +97,142 @@ struct Avx2Lanes {
   static void opaque(Acc& v) { __asm__ volatile("" : "+x"(v.lo), "+x"(v.hi)); }
 };
 
+// ---- many rows: the widened panel ----
+
+constexpr int64_t kWidenedRows = 12;    // from this many rows on, widen the panels once
+constexpr int64_t kWidenedChunk = 256; // rows of x widened at a time (shared by the threads)
+constexpr int kBlockRows = 6;
+
+// 8 bf16 pairs (16 values) -> the even and odd elements as fp32, stored at even_to / odd_to.
+inline void widen_pairs_to(const uint16_t* pairs, float* even_to, float* odd_to) {
+  const Avx2Lanes::Pair w = Avx2Lanes::widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pairs)));
+  _mm256_store_ps(even_to, w.even);
+  _mm256_store_ps(odd_to, w.odd);
+}
+
+// The panel's k pairs [0, pairs) -> fp32 [2 pairs][32 columns].
+void widen_panel(const uint16_t* panel, int64_t pairs, float* to) {
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    const uint16_t* from = panel + kp * kGemmPanelCols * 2;
+    float* even = to + 2 * kp * kGemmPanelCols;
+    for (int j = 0; j < 4; ++j) widen_pairs_to(from + 16 * j, even + 8 * j, even + kGemmPanelCols + 8 * j);
+  }
+}
+
+// Rows of x -> fp32 rows of `width` (k padded with zeros to width).
+void widen_rows(const uint16_t* x, int64_t x_stride, int64_t rows, int64_t k, int64_t width, float* to) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* from = x + r * x_stride;
+    float* row = to + r * width;
+    int64_t c = 0;
+    for (; c + 8 <= k; c += 8) {
+      _mm256_storeu_ps(row + c, Avx2Lanes::widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(from + c))));
+    }
+    for (; c < k; ++c) {
+      const uint32_t bits = static_cast<uint32_t>(from[c]) << 16;
+      std::memcpy(row + c, &bits, sizeof(bits));
+    }
+    for (; c < width; ++c) row[c] = 0.0f;
+  }
+}
+
+struct WidenedBlock {
+  const float* x;      // the block's first widened row; kBlockRows rows `width` apart
+  const float* panel;  // the widened panel's half: 16 columns, rows kGemmPanelCols apart
+  int64_t width;       // k padded to even
+};
+
+// kBlockRows (6) rows x 16 columns over the whole of k: acc[r] = sum over k of x[r][k] w[k], in k
+// order. The twelve sums are named one by one: as an array GCC keeps two of them in memory
+// (measured on a Zen 3 core: 29 GFLOP/s as an array, 76 named).
+void widened_block(const WidenedBlock& b, Avx2Lanes::Acc* acc) {
+  static_assert(kBlockRows == 6);
+  __m256 lo0 = _mm256_setzero_ps(), hi0 = lo0, lo1 = lo0, hi1 = lo0, lo2 = lo0, hi2 = lo0;
+  __m256 lo3 = lo0, hi3 = lo0, lo4 = lo0, hi4 = lo0, lo5 = lo0, hi5 = lo0;
+  const float* x0 = b.x;
+  const float *x1 = x0 + b.width, *x2 = x1 + b.width, *x3 = x2 + b.width, *x4 = x3 + b.width, *x5 = x4 + b.width;
+  for (int64_t kk = 0; kk < b.width; ++kk) {
+    const __m256 w_lo = _mm256_load_ps(b.panel + kk * kGemmPanelCols);
+    const __m256 w_hi = _mm256_load_ps(b.panel + kk * kGemmPanelCols + 8);
+    __m256 v = _mm256_broadcast_ss(x0 + kk);
+    lo0 = _mm256_fmadd_ps(v, w_lo, lo0);
+    hi0 = _mm256_fmadd_ps(v, w_hi, hi0);
+    v = _mm256_broadcast_ss(x1 + kk);
+    lo1 = _mm256_fmadd_ps(v, w_lo, lo1);
+    hi1 = _mm256_fmadd_ps(v, w_hi, hi1);
+    v = _mm256_broadcast_ss(x2 + kk);
+    lo2 = _mm256_fmadd_ps(v, w_lo, lo2);
+    hi2 = _mm256_fmadd_ps(v, w_hi, hi2);
+    v = _mm256_broadcast_ss(x3 + kk);
+    lo3 = _mm256_fmadd_ps(v, w_lo, lo3);
+    hi3 = _mm256_fmadd_ps(v, w_hi, hi3);
+    v = _mm256_broadcast_ss(x4 + kk);
+    lo4 = _mm256_fmadd_ps(v, w_lo, lo4);
+    hi4 = _mm256_fmadd_ps(v, w_hi, hi4);
+    v = _mm256_broadcast_ss(x5 + kk);
+    lo5 = _mm256_fmadd_ps(v, w_lo, lo5);
+    hi5 = _mm256_fmadd_ps(v, w_hi, hi5);
+  }
+  acc[0] = {lo0, hi0};
+  acc[1] = {lo1, hi1};
+  acc[2] = {lo2, hi2};
+  acc[3] = {lo3, hi3};
+  acc[4] = {lo4, hi4};
+  acc[5] = {lo5, hi5};
+}
+
+// Each thread: its contiguous range of panels, each widened once per chunk of rows, times every
+// row of the chunk. The chunk of x is widened by both threads into one shared buffer, its rows
+// padded with zero rows to whole blocks (computed, never stored).
+void gemm_widened(const GemmArgs& a) {
+  const bool y_f32 = a.y_dtype == DType::F32;
+  const int64_t y_item = y_f32 ? 4 : 2;
+  const int64_t pairs = (a.k + 1) / 2, width = 2 * pairs;
+  const int64_t panels = gemm_num_panels(a.n), panel_size = gemm_panel_elements(a.k);
+  const int64_t chunk = std::min(kWidenedChunk, a.m);
+  const int64_t chunk_blocks = (chunk + kBlockRows - 1) / kBlockRows;
+  float* x_wide = thread_scratch<WidenedBlock, float>(chunk_blocks * kBlockRows * width);  // the calling thread's, shared
+#pragma omp parallel if (a.n * a.k * a.m >= (1 << 16))
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    float* panel_wide = thread_scratch<Avx2Lanes, float>(width * kGemmPanelCols);
+    for (int64_t r0 = 0; r0 < a.m; r0 += chunk) {
+      const int64_t rows = std::min(chunk, a.m - r0);
+      const int64_t first = rows * t / threads, last = rows * (t + 1) / threads;
+      widen_rows(a.x + (r0 + first) * a.x_stride, a.x_stride, last - first, a.k, width, x_wide + first * width);
+      if (t == 0) {
+        const int64_t padded = (rows + kBlockRows - 1) / kBlockRows * kBlockRows;
+        std::fill(x_wide + rows * width, x_wide + padded * width, 0.0f);
+      }
+#pragma omp barrier
+      for (int64_t p = panels * t / threads; p < panels * (t + 1) / threads; ++p) {
+        widen_panel(a.packed + p * panel_size, pairs, panel_wide);
+        const int64_t col0 = p * kGemmPanelCols;
+        for (int h = 0; h < 2; ++h) {
+          const int cols = gemm_half_columns(a.n, col0, h);
+          if (cols == 0) break;
+          for (int64_t r = 0; r < rows; r += kBlockRows) {
+            const int64_t block = std::min<int64_t>(kBlockRows, rows - r);
+            Avx2Lanes::Acc acc[kBlockRows];
+            widened_block({x_wide + r * width, panel_wide + 16 * h, width}, acc);
+            for (int64_t i = 0; i < block; ++i) {
+              Avx2Lanes::store(static_cast<char*>(a.y) + (r0 + r + i) * a.y_stride * y_item, col0 + 16 * h, y_f32,
+                               cols, acc[i], a.bias, col0 + 16 * h);
+            }
+          }
+        }
+      }
+#pragma omp barrier  // x_wide is rewritten for the next chunk
+    }
+  }
+}
+
 }  // namespace
 
-void bf16_gemm_avx2(const GemmArgs& a) { gemm_vector::gemm<Avx2Lanes>(a); }
+void bf16_gemm_avx2(const GemmArgs& a) {
+  if (a.m >= kWidenedRows) return gemm_widened(a);
+  gemm_vector::gemm<Avx2Lanes>(a);
+}
 
 double bf16_dot_peak_avx2(int64_t iterations) { return gemm_vector::dot_peak<Avx2Lanes>(iterations); }
 
