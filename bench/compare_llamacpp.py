@@ -4,8 +4,8 @@ one after the other in one run:
 
   1. builds llama.cpp's llama-server, llama-bench and llama-quantize from the
      llama-cpp-python==0.3.36 sdist on PyPI (its vendor/llama.cpp; CMake with GGML_NATIVE=OFF and
-     explicit AVX2 / AVX-512 / VNNI / BF16 flags: a native build dies with an illegal instruction on
-     quantized types on the AMX VM), cached under build/llamacpp/;
+     the AVX2 / AVX-512 / VNNI / BF16 options this CPU has, named: a native build dies with an
+     illegal instruction on quantized types on the AMX VM), cached under build/llamacpp/;
   2. writes the BF16 GGUF (corellm's own export, build/llamacpp/*.BF16.gguf), and with --quant TYPE
      (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K_M, Q5_K_M, Q6_K, ...) quantizes it: both engines then run
      that file, corellm on its quantized kernels (quantization "gguf");
@@ -43,15 +43,30 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=True, **kw)
 
 
-# x86-64 instruction sets llama.cpp is built for, named (not GGML_NATIVE): every CPU corellm
-# develops on has them (AVX-512 with VNNI and BF16).
-_GGML_ISA_FLAGS = ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON",
-                   "-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON", "-DGGML_AVX_VNNI=ON"]
+# llama.cpp's x86-64 instruction-set options, each with the /proc/cpuinfo flags it needs. It is
+# built for those this CPU has, named (GGML_NATIVE=ON dies with an illegal instruction on quantized
+# types on the AMX VM; AVX-512 options on a CPU without it would too).
+_GGML_ISA_OPTIONS = [("AVX", {"avx"}), ("AVX2", {"avx2"}), ("FMA", {"fma"}), ("F16C", {"f16c"}),
+                     ("AVX512", {"avx512f", "avx512cd", "avx512vl", "avx512dq", "avx512bw"}),
+                     ("AVX512_VNNI", {"avx512_vnni"}), ("AVX512_BF16", {"avx512_bf16"}), ("AVX_VNNI", {"avx_vnni"})]
+
+
+def ggml_isa_options() -> list[str]:
+    """The GGML_* instruction sets this CPU runs (from /proc/cpuinfo's flags)."""
+    flags: set[str] = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    return [name for name, needs in _GGML_ISA_OPTIONS if needs <= flags]
+
+
 _TOOLS = ("llama-server", "llama-bench", "llama-quantize")
 
 
 def build_llamacpp() -> Path:
-    build = CACHE / "build-portable"
+    isas = ggml_isa_options()
+    build = CACHE / ("build-" + "-".join(isas).lower())  # one build per instruction-set mix
     bin_dir = build / "bin"
     if all((bin_dir / tool).exists() for tool in _TOOLS):
         return bin_dir
@@ -64,7 +79,9 @@ def build_llamacpp() -> Path:
         src = next(CACHE.glob("llama_cpp_python-*/vendor/llama.cpp"))
     ninja = shutil.which("ninja") or str(Path(sys.executable).parent / "ninja")
     run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}",
-         "-DCMAKE_BUILD_TYPE=Release", *_GGML_ISA_FLAGS, "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+         "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF",
+         *(f"-DGGML_{name}={'ON' if name in isas else 'OFF'}" for name, _ in _GGML_ISA_OPTIONS),
+         "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
          "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON"], stdout=subprocess.DEVNULL)
     run(["cmake", "--build", str(build), "-j", str(os.cpu_count() or 2), "--target", *_TOOLS], stdout=subprocess.DEVNULL)
     return bin_dir

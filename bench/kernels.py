@@ -2,7 +2,7 @@
 SmolLM2-135M's decode and prefill shapes, in one run. Prints a table (time, achieved GB/s or
 GFLOP/s, ratio torch time / corellm time) and, with --json, writes the rows.
 
-    .venv/bin/python bench/kernels.py [--threads N] [--json out.json]
+    .venv/bin/python bench/kernels.py [--threads N] [--linear-only] [--json out.json]
 """
 
 from __future__ import annotations
@@ -131,26 +131,54 @@ def attention_batch(num_seqs, seq_len, q_len, dtype):
     return q, kc, vc, table, seq_lens, qsl
 
 
+class TorchLinearPeer:
+    """torch's fastest CPU linear for bf16 weights on this CPU: oneDNN on a prepacked weight where its
+    bf16 GEMM runs (AVX-512-BW, AVX-NE-CONVERT or AMX); on an AVX2-only CPU oneDNN has no bf16 path and
+    torch's own bf16 linear is ~6x slower than MKL's fp32 one, so there the peer is MKL on fp32 copies
+    of the weights and activations (made once, outside the timing)."""
+
+    def __init__(self):
+        try:
+            torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), None)
+            self.onednn = True
+        except RuntimeError:  # "bf16 path needs the cpu support avx_ne_convert or avx512bw ..."
+            self.onednn = False
+        self.name = "oneDNN bf16" if self.onednn else "MKL fp32"
+
+    def weight(self, w: torch.Tensor):
+        return torch.ops.mkldnn._reorder_linear_weight(w, None) if self.onednn else w.float()
+
+    def input(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.onednn else x.float()
+
+    def __call__(self, x: torch.Tensor, w) -> torch.Tensor:
+        if self.onednn:
+            return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+        return F.linear(x, w)
+
+
 def add_linear_cases(add) -> None:
-    """corellm's packed bf16 GEMM, on each instruction-set path this CPU runs, against oneDNN's on
-    a prepacked weight (torch's fastest CPU bf16 linear): every projection of a SmolLM2-sized
+    """corellm's packed bf16 GEMM, on each instruction-set path this CPU runs, against torch's fastest
+    CPU linear for these weights (TorchLinearPeer, named in the row): every projection of a SmolLM2-sized
     model (30 layers of random weights, and the LM head), so that the weights come from memory
     as in a real step. Each row also gives the fraction of the path's dot-product peak, measured
     by a micro-kernel in the same run (peak_GFLOPps)."""
     shapes = [((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), (HIDDEN, HEADS * HEAD_DIM), (2 * INTER, HIDDEN),
               (HIDDEN, INTER)] * LAYERS + [(VOCAB, HIDDEN)]
-    ours, onednn = [], []
+    peer = TorchLinearPeer()
+    ours, theirs = [], []
     for n, k in shapes:
         w = torch.randn(n, k).bfloat16()
         packed = torch.empty(_core.kernels.bf16_gemm_packed_size(n, k), dtype=torch.bfloat16)
         _core.kernels.bf16_gemm_pack(w.data_ptr(), packed.data_ptr(), n, k)
         ours.append((packed, n, k))
-        onednn.append(torch.ops.mkldnn._reorder_linear_weight(w, None))
+        theirs.append(peer.weight(w))
     flops_per_row = 2 * sum(n * k for n, k in shapes)
     for isa in _core.kernels.supported_cpu_isas():
         peak = dot_peak_gflops(isa)
         for m in (1, 16, 64, 512, 2048):
             xs = {k: torch.randn(m, k).bfloat16() for k in (HIDDEN, INTER)}
+            peer_xs = {k: peer.input(x) for k, x in xs.items()}
             y = torch.empty(m * VOCAB, dtype=torch.bfloat16)
 
             def corellm_linears():
@@ -158,11 +186,11 @@ def add_linear_cases(add) -> None:
                     x = xs[k]
                     _core.kernels.bf16_gemm(x.data_ptr(), k, packed.data_ptr(), 0, y.data_ptr(), n, m, n, k, isa=isa)
 
-            def onednn_linears():
-                for w, (n, k) in zip(onednn, shapes):
-                    torch.ops.mkldnn._linear_pointwise(xs[k], w, None, "none", [], "")
+            def torch_linears():
+                for w, (n, k) in zip(theirs, shapes):
+                    peer(peer_xs[k], w)
 
-            row = add(f"linear (whole model) [{isa}]", f"{m} rows", corellm_linears, onednn_linears,
+            row = add(f"linear (whole model) [{isa} / {peer.name}]", f"{m} rows", corellm_linears, torch_linears,
                       flops=m * flops_per_row)
             row["peak_GFLOPps"] = peak
             row["of_peak"] = row["corellm_GFLOPps"] / peak
@@ -171,7 +199,7 @@ def add_linear_cases(add) -> None:
 def add_quantized_linear_cases(add) -> None:
     """corellm's quantized GEMM (quant_gemm.h) on a model's worth of weights in a GGUF type
     (random values; the K types on the down projections only, whose k is a multiple of 256),
-    against oneDNN's bf16 linear on the same shapes: GB/s counts the quantized weight's bytes."""
+    against torch's fastest linear on the same shapes (TorchLinearPeer): GB/s counts the quantized weight's bytes."""
     import gguf
     import numpy as np
 
@@ -191,21 +219,24 @@ def add_quantized_linear_cases(add) -> None:
         # One layer's weights quantized, copied to every layer (each from memory in a step, as in a model).
         weights = [QuantizedTensor(t.ggml_type, t.shape, t.packed.clone()) for _ in range(LAYERS) for t in first]
         weights = weights[: len(shapes)]
-        onednn = [torch.ops.mkldnn._reorder_linear_weight(torch.randn(n, k).bfloat16(), None) for n, k in shapes]
+        peer = TorchLinearPeer()
+        theirs = [peer.weight(torch.randn(n, k).bfloat16()) for n, k in shapes]
         nbytes = sum(w.nbytes for w in weights)
         for m in (1, 16, 64, 512):
             xs = {k: torch.randn(m, k).bfloat16() for k in (HIDDEN, INTER)}
             ys = {n: torch.empty(m, n, dtype=torch.bfloat16) for n, _ in shapes}
+            peer_xs = {k: peer.input(x) for k, x in xs.items()}
 
             def corellm_linears():
                 for w in weights:
                     w.matmul_into(xs[w.shape[1]], ys[w.shape[0]])
 
-            def onednn_linears():
-                for w, (n, k) in zip(onednn, shapes):
-                    torch.ops.mkldnn._linear_pointwise(xs[k], w, None, "none", [], "")
+            def torch_linears():
+                for w, (n, k) in zip(theirs, shapes):
+                    peer(peer_xs[k], w)
 
-            add(f"quantized linear [{type_name}, {quant_path()}]", f"{m} rows", corellm_linears, onednn_linears,
+            add(f"quantized linear [{type_name}, {quant_path()} / {peer.name}]", f"{m} rows", corellm_linears,
+                torch_linears,
                 nbytes=nbytes, flops=2 * m * sum(n * k for n, k in shapes))
 
 
@@ -216,7 +247,7 @@ def dot_peak_gflops(isa: str) -> float:
     return _core.kernels.bf16_dot_peak(isa, iterations) / t / 1e9
 
 
-def run(dtype: torch.dtype) -> list[dict]:
+def run(dtype: torch.dtype, linear_only: bool = False) -> list[dict]:
     rows = []
     esize = torch.finfo(dtype).bits // 8
 
@@ -232,6 +263,12 @@ def run(dtype: torch.dtype) -> list[dict]:
             row["torch_GFLOPps"] = flops / t_torch / 1e9
         rows.append(row)
         return row
+
+    if linear_only:
+        if dtype == torch.bfloat16 and _core.kernels.bf16_gemm_available():
+            add_linear_cases(add)
+            add_quantized_linear_cases(add)
+        return rows
 
     for tokens, label in ((16, "decode 16"), (512, "prefill 512")):
         x = torch.randn(tokens, HIDDEN).to(dtype)
@@ -293,6 +330,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch / OpenMP threads (default: all cores)")
     parser.add_argument("--dtype", choices=["bfloat16", "float32", "both"], default="both")
     parser.add_argument("--json", help="write the rows to this file")
+    parser.add_argument("--linear-only", action="store_true", help="only the bf16 and quantized GEMM rows")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="cuda: the GPU benchmark instead (bench/cuda_kernels.py)")
     args = parser.parse_args()
@@ -312,8 +350,8 @@ def main() -> None:
           f"{', '.join(_core.kernels.supported_cpu_isas()) or 'none'})")
     print(f"threads: {torch.get_num_threads()}   memory bandwidth (torch copy): {bw:.1f} GB/s\n")
     dtypes = [torch.bfloat16, torch.float32] if args.dtype == "both" else [getattr(torch, args.dtype)]
-    rows = [row for dt in dtypes for row in run(dt)]
-    head = f"{'kernel':<34} {'shape':<22} {'dtype':<9} {'corellm us':>11} {'torch us':>10} {'speedup':>8}  achieved"
+    rows = [row for dt in dtypes for row in run(dt, linear_only=args.linear_only)]
+    head = f"{'kernel':<50} {'shape':<22} {'dtype':<9} {'corellm us':>11} {'torch us':>10} {'speedup':>8}  achieved"
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -323,7 +361,7 @@ def main() -> None:
             extra = f"{r['corellm_GFLOPps']:.1f} GFLOP/s vs {r['torch_GFLOPps']:.1f}"
             if "of_peak" in r:
                 extra += f" ({100 * r['of_peak']:.0f}% of the path's {r['peak_GFLOPps']:.0f} peak)"
-        print(f"{r['kernel']:<34} {r['shape']:<22} {r['dtype']:<9} {r['corellm_us']:>11.1f} {r['torch_us']:>10.1f} "
+        print(f"{r['kernel']:<50} {r['shape']:<22} {r['dtype']:<9} {r['corellm_us']:>11.1f} {r['torch_us']:>10.1f} "
               f"{r['speedup']:>7.2f}x  {extra}")
     if args.json:
         with open(args.json, "w") as f:
