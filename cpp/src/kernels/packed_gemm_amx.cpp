@@ -158,7 +158,7 @@ void bf16_gemm_amx(const GemmArgs& a) {
   const int64_t row_tiles = (a.m + kTileRows - 1) / kTileRows;
   uint16_t* tiles = thread_scratch<TiledX, uint16_t>(row_tiles * groups * TiledX::kTileElements);
   const TiledX x{tiles, groups};
-#pragma omp parallel if (a.n * a.k * a.m >= (1 << 16))
+#pragma omp parallel if (gemm_worth_threads(a))
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
     tile_x(a, groups, row_tiles * t / threads, row_tiles * (t + 1) / threads, tiles);

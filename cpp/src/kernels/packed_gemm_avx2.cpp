@@ -186,13 +186,12 @@ void widened_block(const WidenedBlock& b, Avx2Lanes::Acc* acc) {
 // padded with zero rows to whole blocks (computed, never stored).
 void gemm_widened(const GemmArgs& a) {
   const bool y_f32 = a.y_dtype == DType::F32;
-  const int64_t y_item = y_f32 ? 4 : 2;
   const int64_t pairs = (a.k + 1) / 2, width = 2 * pairs;
   const int64_t panels = gemm_num_panels(a.n), panel_size = gemm_panel_elements(a.k);
   const int64_t chunk = std::min(kWidenedChunk, a.m);
   const int64_t chunk_blocks = (chunk + kBlockRows - 1) / kBlockRows;
   float* x_wide = thread_scratch<WidenedBlock, float>(chunk_blocks * kBlockRows * width);  // the calling thread's, shared
-#pragma omp parallel if (a.n * a.k * a.m >= (1 << 16))
+#pragma omp parallel if (gemm_worth_threads(a))
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
     float* panel_wide = thread_scratch<Avx2Lanes, float>(width * kGemmPanelCols);
@@ -216,8 +215,8 @@ void gemm_widened(const GemmArgs& a) {
             Avx2Lanes::Acc acc[kBlockRows];
             widened_block({x_wide + r * width, panel_wide + 16 * h, width}, acc);
             for (int64_t i = 0; i < block; ++i) {
-              Avx2Lanes::store(static_cast<char*>(a.y) + (r0 + r + i) * a.y_stride * y_item, col0 + 16 * h, y_f32,
-                               cols, acc[i], a.bias, col0 + 16 * h);
+              Avx2Lanes::store(a.y, (r0 + r + i) * a.y_stride + col0 + 16 * h, y_f32, cols, acc[i], a.bias,
+                               col0 + 16 * h);
             }
           }
         }

@@ -33,6 +33,10 @@ inline int gemm_half_columns(int64_t n, int64_t col0, int h) {
   return static_cast<int>(std::clamp<int64_t>(n - col0 - 16 * h, 0, 16));
 }
 
+// Whether the GEMM is big enough to be worth the OpenMP team (below it, one thread: waking the
+// others costs more than the products).
+inline bool gemm_worth_threads(const GemmArgs& a) { return a.n * a.k * a.m >= (1 << 16); }
+
 void bf16_gemm_avx2(const GemmArgs& a);        // packed_gemm_avx2.cpp
 void bf16_gemm_avx512(const GemmArgs& a);      // packed_gemm_avx512.cpp
 void bf16_gemm_avx512bf16(const GemmArgs& a);  // packed_gemm_avx512bf16.cpp

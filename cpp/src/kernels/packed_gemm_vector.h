@@ -106,7 +106,7 @@ void gemm(const GemmArgs& a) {
   const bool y_f32 = a.y_dtype == DType::F32;
   const int64_t y_item = y_f32 ? 4 : 2;
   const int64_t panels = gemm_num_panels(a.n), panel_size = gemm_panel_elements(a.k);
-#pragma omp parallel if (a.n * a.k * a.m >= (1 << 16))
+#pragma omp parallel if (gemm_worth_threads(a))
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
     for (int64_t r = 0; r < a.m; r += kRowChunk) {
