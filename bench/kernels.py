@@ -210,6 +210,7 @@ def add_quantized_linear_cases(add) -> None:
 
     legacy = [((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), (HIDDEN, HEADS * HEAD_DIM), (2 * INTER, HIDDEN),
               (HIDDEN, INTER)] * LAYERS
+    peer = TorchLinearPeer()
     for type_name in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"):
         shapes = [(HIDDEN, INTER)] * LAYERS if type_name in ("Q4_K", "Q6_K") else legacy
         rng = np.random.default_rng(0)
@@ -219,7 +220,6 @@ def add_quantized_linear_cases(add) -> None:
         # One layer's weights quantized, copied to every layer (each from memory in a step, as in a model).
         weights = [QuantizedTensor(t.ggml_type, t.shape, t.packed.clone()) for _ in range(LAYERS) for t in first]
         weights = weights[: len(shapes)]
-        peer = TorchLinearPeer()
         theirs = [peer.weight(torch.randn(n, k).bfloat16()) for n, k in shapes]
         nbytes = sum(w.nbytes for w in weights)
         for m in (1, 16, 64, 512):
