@@ -36,7 +36,9 @@ def rank_main(rank: int, size: int, init: str, directory: str, results) -> None:
     with torch.inference_mode():
         logits = run_steps(model)
     if rank == 0:
-        results.put([t.clone() for t in logits])
+        # numpy arrays pickle by value; a torch tensor on an mp queue is shared through a file
+        # descriptor the parent fetches from this process later, which fails if this one exited first
+        results.put([t.numpy().copy() for t in logits])
     else:
         assert all(t is None for t in logits)
     torch.distributed.destroy_process_group()
@@ -51,7 +53,7 @@ def run_tensor_parallel(directory, size: int) -> list[torch.Tensor]:
     processes = [context.Process(target=rank_main, args=(r, size, init, str(directory), results)) for r in range(size)]
     for p in processes:
         p.start()
-    logits = results.get(timeout=120)
+    logits = [torch.from_numpy(a) for a in results.get(timeout=120)]
     for p in processes:
         p.join(timeout=60)
         assert p.exitcode == 0
