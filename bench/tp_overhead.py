@@ -1,7 +1,11 @@
 """The tensor-parallel executor's cost per step: rank 0 sending a step's inputs (StepMessage: a
-header broadcast, then one int32 buffer) to the other ranks, for a decode step of R requests
-whose block tables cover C tokens each, over gloo on loopback (the CPU's backend). Also the
-all-reduce of one layer's output at that batch (two per layer in a tensor-parallel model).
+header and one int32 buffer on the BroadcastChannel) to the other ranks, for a decode step of R
+requests whose block tables cover C tokens each, --gap-us after every worker is waiting for it (the
+engine's own work between two steps), through each transport: the shared-memory ring
+(every rank on one machine) and gloo broadcasts over loopback (ranks on other machines). Latency
+is from rank 0 starting the send to the last rank holding the step (the ranks' clocks are one
+CLOCK_MONOTONIC); "rank 0" is the time the send takes the engine's thread. Also the all-reduce of
+one layer's output at that batch (two per layer in a tensor-parallel model).
 
     .venv/bin/python bench/tp_overhead.py [--ranks 2] [--requests 1 64 256] [--context 2048]
 """
@@ -28,36 +32,57 @@ def step_arrays(requests: int, context: int) -> dict:
                 logits_indices=np.arange(requests, dtype=np.int64), max_query_len=1, max_seq_len=context)
 
 
-def rank_main(rank: int, size: int, init: str, cases: list[tuple[int, int]], hidden: int, repeats: int, results) -> None:
+def rank_main(rank: int, size: int, init: str, cases: list[tuple[int, int]], hidden: int, repeats: int,
+              gap_s: float, transport: str, results) -> None:
+    from corellm.distributed.broadcast_channel import BroadcastChannel, new_ring
     from corellm.distributed.parallel_state import init_tensor_parallel
+    from corellm.native import _core
     from corellm.worker.step_message import STEP, StepMessage
 
     torch.set_num_threads(1)
     tp = init_tensor_parallel(rank, size, init, torch.device("cpu"))
+    ring = None
+    if transport == "shared memory":
+        ring = new_ring(size - 1) if rank == 0 else None
+        name = [ring.name if ring is not None else None]
+        torch.distributed.broadcast_object_list(name, src=0, group=tp.group)
+        ring = ring if rank == 0 else _core.ShmBroadcast.attach(name[0], reader=rank - 1)
+    channel = BroadcastChannel(tp, ring, writer_alive=lambda: True)
+    # Each worker tells rank 0 it waits for the step through a ring of its own (gloo's own latency
+    # here is ~1 ms, and would decide when a worker starts to wait).
+    ack = new_ring(1) if rank > 0 else None
+    names = [None] * size
+    torch.distributed.all_gather_object(names, ack.name if ack is not None else None, group=tp.group)
+    acks = [_core.ShmBroadcast.attach(n, reader=0) for n in names[1:]] if rank == 0 else []
+    torch.distributed.barrier(group=tp.group)
     rows = []
     for requests, context in cases:
         arrays = step_arrays(requests, context)
         x = torch.randn(requests, hidden, dtype=torch.bfloat16)
-        send_times, reduce_times, barrier_times = [], [], []
-        for _ in range(repeats):
-            torch.distributed.barrier(group=tp.group)
-            start = time.perf_counter()
-            torch.distributed.barrier(group=tp.group)
-            barrier_times.append(time.perf_counter() - start)
-            torch.distributed.barrier(group=tp.group)
-            start = time.perf_counter()
-            if rank == 0:
-                StepMessage.send(tp, **arrays)
-            else:
-                command, _, step = StepMessage.receive(tp)
-                assert command == STEP and step.input_ids.shape[0] == requests
-            torch.distributed.barrier(group=tp.group)  # every rank has it
-            send_times.append(time.perf_counter() - start)
+        stamps, reduce_times = np.zeros((repeats, 2)), []
+        for i in range(repeats):
             start = time.perf_counter()
             tp.all_reduce(x)
             reduce_times.append(time.perf_counter() - start)
-        barrier = statistics.median(barrier_times)
-        rows.append((requests, context, statistics.median(send_times) - barrier, statistics.median(reduce_times)))
+            if rank == 0:
+                for worker_ack in acks:  # each is waiting for the step now
+                    assert worker_ack.receive(60.0) is not None
+                end = time.perf_counter() + gap_s  # the engine's own work between two steps: busy, as the
+                while time.perf_counter() < end:  # engine is (after a sleep a VM's vCPU comes back cold)
+                    pass
+                start = time.perf_counter()
+                StepMessage.send(channel, **arrays)
+                stamps[i] = (start, time.perf_counter())
+            else:
+                assert ack.publish(b"waiting", 60.0)
+                command, _, step = StepMessage.receive(channel)
+                assert command == STEP and step.input_ids.shape[0] == requests
+                stamps[i, 1] = time.perf_counter()
+        every = [torch.zeros(repeats, 2, dtype=torch.float64) for _ in range(size)]
+        torch.distributed.all_gather(every, torch.from_numpy(stamps), group=tp.group)
+        sent, held = every[0].numpy(), np.max([e.numpy()[:, 1] for e in every[1:]], axis=0)
+        rows.append((requests, context, float(np.median(held - sent[:, 0])), float(np.median(sent[:, 1] - sent[:, 0])),
+                     statistics.median(reduce_times)))
     if rank == 0:
         results.put(rows)
     torch.distributed.destroy_process_group()
@@ -70,26 +95,33 @@ def main() -> None:
     p.add_argument("--context", type=int, default=2048)
     p.add_argument("--hidden", type=int, default=576, help="the all-reduced rows' width (SmolLM2: 576)")
     p.add_argument("--repeats", type=int, default=200)
+    p.add_argument("--gap-us", type=float, default=1000,
+                   help="rank 0's busy time between the workers waiting and the send (its scheduling, sampling)")
+    p.add_argument("--transport", choices=["shm", "gloo", "both"], default="both")
     args = p.parse_args()
     from corellm.worker.tp_workers import free_local_port
 
     context = mp.get_context("spawn")
-    results = context.Queue()
-    init = f"tcp://127.0.0.1:{free_local_port()}"
-    cases = [(r, args.context) for r in args.requests]
-    procs = [context.Process(target=rank_main, args=(r, args.ranks, init, cases, args.hidden, args.repeats, results))
-             for r in range(args.ranks)]
-    for proc in procs:
-        proc.start()
-    rows = results.get(timeout=600)
-    for proc in procs:
-        proc.join()
-    print(f"gloo on loopback, {args.ranks} ranks, medians of {args.repeats} (the send until every rank has it, "
-          f"a barrier's own time taken out)")
-    print(f"{'requests':>8} {'context':>8} {'step inputs bytes':>18} {'send, us':>9} {'all-reduce, us':>15}")
-    for requests, ctx, send, reduce in rows:
-        nbytes = 4 * (4 * requests + 1 + requests * ctx // BLOCK + requests) + 64
-        print(f"{requests:>8} {ctx:>8} {nbytes:>18} {send * 1e6:>9.0f} {reduce * 1e6:>15.0f}")
+    transports = {"shm": ["shared memory"], "gloo": ["gloo"], "both": ["shared memory", "gloo"]}[args.transport]
+    print(f"{args.ranks} ranks on this machine, medians of {args.repeats}, the send {args.gap_us:.0f} us after "
+          f"every worker waits for it")
+    print(f"{'transport':>13} {'requests':>8} {'context':>8} {'step bytes':>10} {'latency, us':>11} "
+          f"{'rank 0, us':>10} {'all-reduce, us':>14}")
+    for transport in transports:
+        results = context.Queue()
+        init = f"tcp://127.0.0.1:{free_local_port()}"
+        cases = [(r, args.context) for r in args.requests]
+        procs = [context.Process(target=rank_main, args=(r, args.ranks, init, cases, args.hidden, args.repeats,
+                                                          args.gap_us * 1e-6, transport, results)) for r in range(args.ranks)]
+        for proc in procs:
+            proc.start()
+        rows = results.get(timeout=600)
+        for proc in procs:
+            proc.join()
+        for requests, ctx, latency, own, reduce in rows:
+            nbytes = 4 * (4 * requests + 1 + requests * ctx // BLOCK + requests) + 80
+            print(f"{transport:>13} {requests:>8} {ctx:>8} {nbytes:>10} {latency * 1e6:>11.0f} {own * 1e6:>10.0f} "
+                  f"{reduce * 1e6:>14.0f}")
 
 
 if __name__ == "__main__":

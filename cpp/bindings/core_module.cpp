@@ -10,7 +10,7 @@ using namespace corellm;
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "corellm native core: scheduler, KV block pool, prefix-cache hashing, batch builder, CPU kernels, "
-            "the native decoder stack";
+            "the native decoder stack, the shared-memory broadcast of tensor-parallel steps";
   py::enum_<RequestStatus>(m, "RequestStatus")
       .value("WAITING", RequestStatus::WAITING)
       .value("RUNNING", RequestStatus::RUNNING)
@@ -45,4 +45,5 @@ PYBIND11_MODULE(_core, m) {
   binding::bind_batch_builder(m);
   binding::bind_kernels(m);
   binding::bind_model(m);
+  binding::bind_shm_broadcast(m);
 }

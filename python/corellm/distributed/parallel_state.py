@@ -6,14 +6,26 @@ process with no group, and every collective is then the identity."""
 from __future__ import annotations
 
 import datetime
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-# A collective that does not complete in this time (a peer died or hangs) raises instead of
-# blocking the engine forever.
-COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)
+
+def collective_timeout() -> datetime.timedelta:
+    """How long a collective of the model may take before it raises (a peer died or hangs)
+    instead of blocking the engine forever: $CORELLM_COLLECTIVE_TIMEOUT_S seconds, 60 by default.
+    (Waiting for the next step while the engine is idle is not a collective of the model: see
+    distributed/broadcast_channel.py.)"""
+    text = os.environ.get("CORELLM_COLLECTIVE_TIMEOUT_S", "60")
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ValueError(f"CORELLM_COLLECTIVE_TIMEOUT_S must be a number of seconds > 0, got {text!r}")
+    return datetime.timedelta(seconds=seconds)
 
 
 @dataclass(frozen=True)
@@ -48,5 +60,5 @@ def init_tensor_parallel(rank: int, size: int, init_method: str, device: torch.d
     env:// under torchrun)."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     torch.distributed.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
-                                         timeout=COLLECTIVE_TIMEOUT)
+                                         timeout=collective_timeout())
     return TensorParallel(rank, size, torch.distributed.group.WORLD)

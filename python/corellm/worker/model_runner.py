@@ -124,7 +124,7 @@ class ModelRunner:
                                  seq_lens=i32(b.seq_lens), query_start_loc=i32(b.query_start_loc),
                                  max_query_len=b.max_query_len, max_seq_len=b.max_seq_len)
         if self.tp_workers is not None:  # the other ranks run the same step on their shares
-            StepMessage.send(self.tp_workers.tp, input_ids=b.input_ids, positions=b.positions,
+            StepMessage.send(self.tp_workers.channel, input_ids=b.input_ids, positions=b.positions,
                              slot_mapping=b.slot_mapping, seq_lens=b.seq_lens, query_start_loc=b.query_start_loc,
                              block_table=b.block_table, logits_indices=b.logits_indices,
                              max_query_len=b.max_query_len, max_seq_len=b.max_seq_len)

@@ -1,8 +1,9 @@
 """StepMessage: what a tensor-parallel step needs beyond the weights, sent by rank 0 (the engine's
 model runner) to the other ranks before its forward — the batch builder's flat arrays and the
-rows whose logits are computed — as two broadcasts: a header of sizes, then one int32 buffer.
-Every rank then runs the same forward on its share of the model (its collectives pair up with
-rank 0's); a header with command STOP ends a worker's loop."""
+rows whose logits are computed — as one message on the group's BroadcastChannel (shared memory
+on one machine): a header of sizes and one int32 payload. Every rank then runs the same forward
+on its share of the model (its collectives pair up with rank 0's); a header with command STOP ends
+a worker's loop, SETUP sizes its KV cache."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from corellm.distributed.parallel_state import TensorParallel
+from corellm.distributed.broadcast_channel import BroadcastChannel
 from corellm.model.attention_metadata import AttentionMetadata
 
 STEP, STOP, SETUP = 1, 0, 2
-_HEADER = 8  # command, num_tokens, num_seqs, block_table columns, logits rows, max_query_len, max_seq_len, -
 
 
 @dataclass
@@ -26,35 +26,31 @@ class StepMessage:
     logits_indices: torch.Tensor  # int64 [rows]: the hidden rows whose logits the step computes
 
     @staticmethod
-    def send(tp: TensorParallel, *, input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
+    def send(channel: BroadcastChannel, *, input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
              seq_lens: np.ndarray, query_start_loc: np.ndarray, block_table: np.ndarray, logits_indices: np.ndarray,
              max_query_len: int, max_seq_len: int) -> None:
         n, seqs = input_ids.shape[0], seq_lens.shape[0]
         cols = block_table.shape[1] if block_table.ndim == 2 else 0
-        header = torch.tensor([STEP, n, seqs, cols, logits_indices.shape[0], max_query_len, max_seq_len, 0],
-                              dtype=torch.int64)
-        torch.distributed.broadcast(header, src=0, group=tp.group)
         payload = np.concatenate([input_ids, positions, slot_mapping, seq_lens, query_start_loc,
                                   block_table.reshape(-1), logits_indices.astype(np.int32)]).astype(np.int32)
-        torch.distributed.broadcast(torch.from_numpy(payload), src=0, group=tp.group)
+        channel.send([STEP, n, seqs, cols, logits_indices.shape[0], max_query_len, max_seq_len], payload)
 
     @staticmethod
-    def send_command(tp: TensorParallel, command: int, *values: int) -> None:
+    def send_command(channel: BroadcastChannel, command: int, *values: int) -> None:
         """STOP, or SETUP with up to 7 values (the KV cache's num_blocks and block_size)."""
-        header = torch.tensor([command, *values] + [0] * (_HEADER - 1 - len(values)), dtype=torch.int64)
-        torch.distributed.broadcast(header, src=0, group=tp.group)
+        channel.send([command, *values])
 
     @staticmethod
-    def receive(tp: TensorParallel) -> tuple[int, list[int], StepMessage | None]:
+    def receive(channel: BroadcastChannel) -> tuple[int, list[int], StepMessage | None]:
         """(command, the header's values, the step for STEP)."""
-        header = torch.empty(_HEADER, dtype=torch.int64)
-        torch.distributed.broadcast(header, src=0, group=tp.group)
-        command, n, seqs, cols, rows, max_query_len, max_seq_len, _ = header.tolist()
+        header, payload = channel.receive()
+        command, n, seqs, cols, rows, max_query_len, max_seq_len, _ = header
         if command != STEP:
-            return command, header.tolist()[1:], None
-        payload = torch.empty(3 * n + seqs + (seqs + 1) + seqs * cols + rows, dtype=torch.int32)
-        torch.distributed.broadcast(payload, src=0, group=tp.group)
-        parts = torch.split(payload, [n, n, n, seqs, seqs + 1, seqs * cols, rows])
+            return command, header[1:], None
+        expected = 3 * n + seqs + (seqs + 1) + seqs * cols + rows
+        if payload.size != expected:
+            raise RuntimeError(f"a step message carries {payload.size} values where its header needs {expected}")
+        parts = torch.split(torch.from_numpy(payload.copy()), [n, n, n, seqs, seqs + 1, seqs * cols, rows])
         attn = AttentionMetadata(slot_mapping=parts[2], block_table=parts[5].view(seqs, cols), seq_lens=parts[3],
                                  query_start_loc=parts[4], max_query_len=max_query_len, max_seq_len=max_seq_len)
         return STEP, [], StepMessage(parts[0], parts[1], attn, parts[6].long())

@@ -4,18 +4,24 @@
     engine process (rank 0)                     worker process (rank r)
       start(): spawn this node's workers ────▶   join the group (gloo / NCCL); the other nodes'
                                                  ranks come from `corellm serve --headless`
-      join the group                             load the model's share r (its heads, its rows)
+      (a shared-memory ring for the steps        attach to rank 0's ring (one machine)
+       when every rank is on this machine)       join the group (gloo / NCCL), then the channel
+      join the group, then the channel           load the model's share r (its heads, its rows)
       load share 0                               SETUP: allocate its KV cache (the same blocks)
       setup(num_blocks, block_size) ─────────▶   loop: receive a StepMessage, run the forward and
       each step: StepMessage.send, forward ───▶        the logits with rank 0 (all-reduces and the
                  (collectives with every rank)          gather pair up), until STOP
       stop() ────────────────────────────────▶   exit
 
-A worker that dies makes rank 0's next collective fail (gloo: the connection closes; a hang ends
-at the group's timeout) instead of blocking the engine."""
+Steps travel on a BroadcastChannel (distributed/broadcast_channel.py): shared memory on one
+machine, a gloo group of their own across machines; a worker waits there as long as the engine
+is idle. A worker that dies makes rank 0's next collective fail (gloo: the connection closes; a
+hang ends at the group's timeout) instead of blocking the engine; a worker whose rank 0 died
+stops."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -24,7 +30,9 @@ from dataclasses import dataclass
 import torch
 import torch.multiprocessing as mp
 
+from corellm.distributed.broadcast_channel import BroadcastChannel, new_ring
 from corellm.distributed.parallel_state import TensorParallel, init_tensor_parallel
+from corellm.native import _core
 from corellm.worker.step_message import SETUP, STEP, STOP, StepMessage
 
 logger = logging.getLogger("corellm")
@@ -42,6 +50,7 @@ class WorkerSpec:
     init_method: str
     threads: int  # CPU threads per rank
     ranks_per_node: int  # size / nnodes; rank r runs on node r // ranks_per_node
+    step_ring: str | None = None  # rank 0's shared-memory ring for the steps (every rank on one machine)
 
 
 def free_local_port() -> int:
@@ -57,12 +66,15 @@ def worker_main(rank: int, spec: WorkerSpec) -> None:
 
     torch.set_num_threads(spec.threads)
     device = torch.device(spec.device if spec.device == "cpu" else f"cuda:{rank % spec.ranks_per_node}")
+    parent = os.getppid()  # rank 0, which spawned this process
+    ring = _core.ShmBroadcast.attach(spec.step_ring, reader=rank - 1) if spec.step_ring else None
     tp = init_tensor_parallel(rank, spec.size, spec.init_method, device)
+    channel = BroadcastChannel(tp, ring, writer_alive=lambda: os.getppid() == parent)
     loaded = load_model(spec.model, dtype=spec.dtype, device=str(device), quantization=spec.quantization,
                         progress=False, tensor_parallel=tp)
     model, kv_caches = loaded.model, None
     while True:
-        command, values, step = StepMessage.receive(tp)
+        command, values, step = StepMessage.receive(channel)
         if command == STOP:
             break
         if command == SETUP:
@@ -80,6 +92,7 @@ class TensorParallelWorkers:
     def __init__(self, spec: WorkerSpec):
         self.spec = spec
         self.tp: TensorParallel | None = None
+        self.channel: BroadcastChannel | None = None
         self._processes: list[mp.Process] = []
         self._threads_before = torch.get_num_threads()  # rank 0's share of the cores until stop()
 
@@ -102,13 +115,18 @@ class TensorParallelWorkers:
     def start(cls, config) -> TensorParallelWorkers:
         """Node 0: spawns this node's ranks but rank 0 and joins the group as rank 0 (the other
         nodes' ranks come from `corellm serve --headless`)."""
-        workers = cls(cls.spec_for(config))
-        spec = workers.spec
+        spec = cls.spec_for(config)
+        ring = new_ring(spec.size - 1) if spec.ranks_per_node == spec.size else None
+        if ring is not None:
+            spec = dataclasses.replace(spec, step_ring=ring.name)
+        workers = cls(spec)
         workers._spawn(range(1, spec.ranks_per_node))
         torch.set_num_threads(spec.threads)
         workers.tp = init_tensor_parallel(0, spec.size, spec.init_method, torch.device(spec.device))
-        logger.info("tensor parallel: %d ranks on %d node(s) (%d worker processes here), %d CPU threads each",
-                    spec.size, spec.size // spec.ranks_per_node, spec.ranks_per_node - 1, spec.threads)
+        workers.channel = BroadcastChannel(workers.tp, ring)
+        logger.info("tensor parallel: %d ranks on %d node(s) (%d worker processes here), %d CPU threads each, "
+                    "steps over %s", spec.size, spec.size // spec.ranks_per_node, spec.ranks_per_node - 1,
+                    spec.threads, workers.channel.transport)
         return workers
 
     @classmethod
@@ -126,7 +144,7 @@ class TensorParallelWorkers:
 
     def setup(self, num_blocks: int, block_size: int) -> None:
         """Every worker allocates its KV cache: the same blocks as rank 0's, its own KV heads."""
-        StepMessage.send_command(self.tp, SETUP, num_blocks, block_size)
+        StepMessage.send_command(self.channel, SETUP, num_blocks, block_size)
 
     def alive(self) -> bool:
         return all(p.is_alive() for p in self._processes)
@@ -140,7 +158,7 @@ class TensorParallelWorkers:
             return
         try:
             if self.alive():
-                StepMessage.send_command(self.tp, STOP)
+                StepMessage.send_command(self.channel, STOP)
         except RuntimeError as e:  # a worker died: the broadcast cannot complete
             logger.warning("tensor parallel: stopping the workers: %s", e)
         for p in self._processes:
@@ -149,7 +167,7 @@ class TensorParallelWorkers:
                 p.kill()
         torch.distributed.destroy_process_group()
         torch.set_num_threads(self._threads_before)
-        self.tp = None
+        self.tp = self.channel = None
 
 
 __all__ = ["STEP", "TensorParallelWorkers", "WorkerSpec", "worker_main"]

@@ -1,0 +1,106 @@
+"""BroadcastChannel: rank 0's messages to the other ranks of its tensor-parallel group (each step's
+inputs, and the SETUP / STOP commands: worker/step_message.py). A message is a header of
+HEADER_VALUES int64 values and an int32 payload.
+
+Two transports, chosen when the group starts:
+
+- every rank on this machine: a ring of slots in shared memory (corellm._core.ShmBroadcast): rank
+  0 copies the message into a slot and wakes the workers, each copies it out — a few microseconds
+  where two gloo broadcasts over loopback sockets take ~0.5 ms (bench/tp_overhead.py);
+- ranks on other machines: a header broadcast, then the payload's, over a gloo group of the
+  channel's own.
+
+A message too large for a slot goes over the group too (the slot carries its header). The group's
+timeout is long: a worker waits on the channel for as long as the engine is idle (on the model's
+group, whose collectives time out after a minute, an idle minute would end the workers). A worker
+waiting on the ring checks every second that rank 0 is still alive, and raises if not."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import secrets
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from corellm.distributed.parallel_state import TensorParallel
+from corellm.native import _core
+
+HEADER_VALUES = 8
+# A worker waits for the next message as long as the engine is idle: a year stands for "no limit"
+# (gloo takes a finite timeout); a rank that dies still ends the wait at once (its socket closes).
+IDLE_TIMEOUT = datetime.timedelta(days=365)
+RING_SLOTS = 2  # rank 0 is at most one step ahead: each step's collectives pair the ranks up
+RING_SLOT_BYTES = 1 << 20  # a decode step of 256 requests with 1000 KV blocks each
+_WIRE = 2 + HEADER_VALUES  # the payload's int32 count, whether it travels on the group, the header
+_POLL_S = 1.0  # how often a waiting worker checks that rank 0 lives
+_SEND_TIMEOUT_S = 60.0  # a worker that does not take a message in this time hangs
+
+
+def new_ring(num_readers: int) -> _core.ShmBroadcast:
+    """Rank 0's end of a shared-memory ring for its `num_readers` workers on this machine."""
+    name = f"/corellm-tp-{os.getpid()}-{secrets.token_hex(4)}"
+    return _core.ShmBroadcast.create(name, num_readers=num_readers, num_slots=RING_SLOTS, slot_bytes=RING_SLOT_BYTES)
+
+
+class BroadcastChannel:
+    def __init__(self, tp: TensorParallel, ring: _core.ShmBroadcast | None,
+                 writer_alive: Callable[[], bool] | None = None):
+        """Every rank of the group constructs its channel at the same point (the group is made
+        collectively): rank 0 with its ring (None: everything on the group), the others with their
+        attached end of it and a check that rank 0 still lives."""
+        self.tp = tp
+        self.ring = ring
+        self._writer_alive = writer_alive
+        self.group = torch.distributed.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+        if ring is not None and tp.rank == 0:
+            ring.unlink_name()  # every worker attached before it joined the group: nothing to leave behind
+
+    @property
+    def transport(self) -> str:
+        return "shared memory" if self.ring is not None else "gloo"
+
+    def send(self, header: list[int], payload: np.ndarray | None = None) -> None:
+        """Rank 0: the header (up to HEADER_VALUES ints, zero-padded) and an int32 payload to every
+        other rank."""
+        if len(header) > HEADER_VALUES:
+            raise ValueError(f"a channel header holds {HEADER_VALUES} values, got {len(header)}")
+        body = np.ascontiguousarray(payload if payload is not None else np.empty(0, np.int32), dtype=np.int32)
+        wire = np.zeros(_WIRE, np.int64)
+        wire[0] = body.size
+        wire[2:2 + len(header)] = header
+        if self.ring is None:
+            torch.distributed.broadcast(torch.from_numpy(wire), src=0, group=self.group)
+        else:
+            fits = wire.nbytes + body.nbytes <= self.ring.slot_capacity
+            wire[1] = 0 if fits else 1
+            message = np.concatenate([wire.view(np.uint8), body.view(np.uint8)]) if fits else wire
+            if not self.ring.publish(message, _SEND_TIMEOUT_S):
+                raise RuntimeError(f"a tensor-parallel worker did not take a step message in {_SEND_TIMEOUT_S:.0f} s")
+            if fits:
+                return
+        if body.size:
+            torch.distributed.broadcast(torch.from_numpy(body), src=0, group=self.group)
+
+    def receive(self) -> tuple[list[int], np.ndarray]:
+        """Another rank: the next message's header values and payload, waiting as long as it takes."""
+        if self.ring is None:
+            wire_t = torch.empty(_WIRE, dtype=torch.int64)
+            torch.distributed.broadcast(wire_t, src=0, group=self.group)
+            wire, rest = wire_t.numpy(), None
+        else:
+            while (message := self.ring.receive(_POLL_S)) is None:
+                if not self._writer_alive():
+                    raise RuntimeError("rank 0 (the engine's process) exited; this worker stops")
+            wire = np.frombuffer(message, np.int64, _WIRE)
+            rest = None if wire[1] else np.frombuffer(message, np.int32, offset=wire.nbytes)
+        size = int(wire[0])
+        if rest is None:
+            rest = np.empty(size, np.int32)
+            if size:
+                torch.distributed.broadcast(torch.from_numpy(rest), src=0, group=self.group)
+        if rest.size != size:
+            raise RuntimeError(f"a step message's payload has {rest.size} values, its header says {size}")
+        return wire[2:].tolist(), rest
