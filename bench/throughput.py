@@ -87,6 +87,7 @@ def run_corellm(args, prompts: list[list[int]], output_lens: list[int]) -> dict:
     llm = LLM(args.model, dtype=args.dtype, device=args.device, max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens,
               max_model_len=args.input_len[1] + args.output_len[1] + 16,
+              tensor_parallel_size=args.tensor_parallel_size, disable_custom_all_reduce=args.disable_custom_all_reduce,
               **({"block_size": args.block_size} if args.block_size else {}))
     load_s = time.perf_counter() - t0
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in output_lens]
@@ -145,6 +146,9 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--block-size", type=int, default=None, help="KV block size (default: the engine's)")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="corellm's ranks (processes)")
+    parser.add_argument("--disable-custom-all-reduce", action="store_true",
+                        help="the ranks' all-reduces through gloo rather than shared memory")
     parser.add_argument("--backend", choices=["corellm", "hf", "both"], default="corellm")
     parser.add_argument("--hf-batch-size", type=int, default=64, help="prompts per HF generate call")
     parser.add_argument("--seed", type=int, default=0)
@@ -178,7 +182,9 @@ def main() -> None:
     span = lambda r: str(r[0]) if r[0] == r[1] else f"{r[0]}:{r[1]}"  # noqa: E731
     print(f"\n{args.num_prompts} prompts x ({span(args.input_len)} in, {span(args.output_len)} out), {args.dtype}, "
           f"{args.device}, "
-          f"threads {torch.get_num_threads()}")
+          f"threads {torch.get_num_threads()}"
+          + (f", corellm in {args.tensor_parallel_size} tensor-parallel ranks (all-reduce over "
+             f"{'gloo' if args.disable_custom_all_reduce else 'shared memory'})" if args.tensor_parallel_size > 1 else ""))
     print(f"{'backend':<10} {'elapsed s':>10} {'req/s':>8} {'output tok/s':>13} {'total tok/s':>12}")
     for r in results:
         r["requests_per_s"] = args.num_prompts / r["elapsed_s"]

@@ -10,7 +10,7 @@ using namespace corellm;
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "corellm native core: scheduler, KV block pool, prefix-cache hashing, batch builder, CPU kernels, "
-            "the native decoder stack, the shared-memory broadcast of tensor-parallel steps";
+            "the native decoder stack, the shared-memory broadcast and all-reduce of tensor-parallel ranks";
   py::enum_<RequestStatus>(m, "RequestStatus")
       .value("WAITING", RequestStatus::WAITING)
       .value("RUNNING", RequestStatus::RUNNING)
@@ -46,4 +46,5 @@ PYBIND11_MODULE(_core, m) {
   binding::bind_kernels(m);
   binding::bind_model(m);
   binding::bind_shm_broadcast(m);
+  binding::bind_shm_all_reduce(m);
 }

@@ -102,5 +102,6 @@ void bind_batch_builder(py::module_& m);   // batch_builder_bindings.cpp
 void bind_kernels(py::module_& m);         // kernel_bindings.cpp: corellm._core.kernels
 void bind_model(py::module_& m);           // model_bindings.cpp: corellm._core.model
 void bind_shm_broadcast(py::module_& m);   // shm_broadcast_bindings.cpp: ShmBroadcast
+void bind_shm_all_reduce(py::module_& m);  // shm_all_reduce_bindings.cpp: ShmAllReduce
 
 }  // namespace corellm::binding

@@ -2,10 +2,7 @@
 // writer, counters per reader, futex sleeps.
 #include "corellm/shm_broadcast.h"
 
-#include <fcntl.h>
 #include <linux/futex.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -15,7 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <new>
-#include <system_error>
+#include <utility>
 #include <thread>
 
 #include "corellm/check.h"
@@ -101,9 +98,8 @@ struct ShmBroadcast::Header {
   Counter consumed[kMaxReaders];
 };
 
-ShmBroadcast::ShmBroadcast(std::string name, void* base, size_t mapped_bytes, int reader)
-    : name_(std::move(name)), base_(base), mapped_bytes_(mapped_bytes), header_(static_cast<Header*>(base)),
-      reader_(reader) {
+ShmBroadcast::ShmBroadcast(SharedMemorySegment segment, int reader)
+    : segment_(std::move(segment)), header_(static_cast<Header*>(segment_.data())), reader_(reader) {
   num_readers_ = static_cast<int>(header_->num_readers);
   num_slots_ = header_->num_slots;
   slot_bytes_ = header_->slot_bytes;
@@ -111,78 +107,33 @@ ShmBroadcast::ShmBroadcast(std::string name, void* base, size_t mapped_bytes, in
 
 std::unique_ptr<ShmBroadcast> ShmBroadcast::create(const std::string& name, int num_readers, int num_slots,
                                                    size_t slot_bytes) {
-  CORELLM_CHECK_ARG(name.size() > 1 && name[0] == '/' && name.find('/', 1) == std::string::npos,
-                    "a shared-memory name is '/' and a file name, got '", name, "'");
   CORELLM_CHECK_ARG(num_readers >= 1 && num_readers <= kMaxReaders, "ShmBroadcast: num_readers must be in 1..",
                     kMaxReaders, ", got ", num_readers);
   CORELLM_CHECK_ARG(num_slots >= 1, "ShmBroadcast: num_slots must be >= 1, got ", num_slots);
   CORELLM_CHECK_ARG(slot_bytes > sizeof(uint64_t) && slot_bytes % 64 == 0,
                     "ShmBroadcast: slot_bytes must be a multiple of 64 above 8, got ", slot_bytes);
-  const size_t total = sizeof(Header) + static_cast<size_t>(num_slots) * slot_bytes;
-  int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0 && errno == EEXIST) CORELLM_CHECK_ARG(false, "ShmBroadcast: the name '", name, "' is taken");
-  if (fd < 0) throw std::system_error(errno, std::generic_category(), "shm_open " + name);
-  if (ftruncate(fd, static_cast<off_t>(total)) != 0) {
-    int e = errno;
-    close(fd);
-    shm_unlink(name.c_str());
-    throw std::system_error(e, std::generic_category(), "ftruncate " + name);
-  }
-  void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  int e = errno;
-  close(fd);
-  if (base == MAP_FAILED) {
-    shm_unlink(name.c_str());
-    throw std::system_error(e, std::generic_category(), "mmap " + name);
-  }
-  auto* h = new (base) Header{};  // the new segment is zeros: every counter starts at 0
+  auto segment = SharedMemorySegment::create(name, sizeof(Header) + static_cast<size_t>(num_slots) * slot_bytes);
+  auto* h = new (segment.data()) Header{};  // every counter starts at 0
   h->num_readers = static_cast<uint32_t>(num_readers);
   h->num_slots = static_cast<uint32_t>(num_slots);
   h->slot_bytes = slot_bytes;
-  std::atomic_thread_fence(std::memory_order_release);
   h->magic = kMagic;
-  std::unique_ptr<ShmBroadcast> b(new ShmBroadcast(name, base, total, -1));
-  b->name_linked_ = true;
-  return b;
+  return std::unique_ptr<ShmBroadcast>(new ShmBroadcast(std::move(segment), -1));
 }
 
 std::unique_ptr<ShmBroadcast> ShmBroadcast::attach(const std::string& name, int reader) {
-  int fd = shm_open(name.c_str(), O_RDWR, 0600);
-  CORELLM_CHECK_ARG(fd >= 0, "ShmBroadcast: no shared memory named '", name, "' (", std::strerror(errno), ")");
-  struct stat st {};
-  fstat(fd, &st);
-  const auto total = static_cast<size_t>(st.st_size);
-  if (total < sizeof(Header)) {
-    close(fd);
-    CORELLM_CHECK_ARG(false, "ShmBroadcast: '", name, "' is ", total, " bytes, too small for a header");
-  }
-  void* base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  int e = errno;
-  close(fd);
-  if (base == MAP_FAILED) throw std::system_error(e, std::generic_category(), "mmap " + name);
-  auto* h = static_cast<Header*>(base);
-  const bool ok = h->magic == kMagic && total == sizeof(Header) + h->num_slots * h->slot_bytes;
-  if (!ok || reader < 0 || reader >= static_cast<int>(h->num_readers)) {
-    const int readers = ok ? static_cast<int>(h->num_readers) : 0;
-    munmap(base, total);
-    CORELLM_CHECK_ARG(ok, "ShmBroadcast: '", name, "' is not a corellm broadcast segment");
-    CORELLM_CHECK_ARG(false, "ShmBroadcast: reader ", reader, " is outside 0..", readers - 1);
-  }
-  return std::unique_ptr<ShmBroadcast>(new ShmBroadcast(name, base, total, reader));
-}
-
-ShmBroadcast::~ShmBroadcast() {
-  if (is_writer()) unlink_name();
-  if (base_ != nullptr) munmap(base_, mapped_bytes_);
-}
-
-void ShmBroadcast::unlink_name() {
-  if (name_linked_) shm_unlink(name_.c_str());
-  name_linked_ = false;
+  auto segment = SharedMemorySegment::open(name);
+  const auto* h = static_cast<const Header*>(segment.data());
+  CORELLM_CHECK_ARG(segment.size() >= sizeof(Header) && h->magic == kMagic &&
+                        segment.size() == sizeof(Header) + h->num_slots * h->slot_bytes,
+                    "ShmBroadcast: '", name, "' is not a corellm broadcast segment");
+  CORELLM_CHECK_ARG(reader >= 0 && reader < static_cast<int>(h->num_readers), "ShmBroadcast: reader ", reader,
+                    " is outside 0..", h->num_readers - 1);
+  return std::unique_ptr<ShmBroadcast>(new ShmBroadcast(std::move(segment), reader));
 }
 
 uint8_t* ShmBroadcast::slot(uint32_t message) const {
-  return static_cast<uint8_t*>(base_) + sizeof(Header) + static_cast<size_t>(message % num_slots_) * slot_bytes_;
+  return static_cast<uint8_t*>(segment_.data()) + sizeof(Header) + static_cast<size_t>(message % num_slots_) * slot_bytes_;
 }
 
 bool ShmBroadcast::publish(const void* data, size_t size, double timeout_s) {

@@ -182,6 +182,9 @@ class EngineConfig:
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
     master_port: int = 0
+    # On one machine the CPU ranks' all-reduces go through shared memory; True: through the
+    # process group's backend (gloo) instead, as vLLM's disable_custom_all_reduce.
+    disable_custom_all_reduce: bool = False
 
     def __post_init__(self) -> None:
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)

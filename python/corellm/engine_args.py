@@ -43,6 +43,8 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num
                    help="node 0's address, where the ranks meet (default: $MASTER_ADDR or 127.0.0.1)")
     p.add_argument("--master-port", type=int, default=int(os.environ.get("MASTER_PORT", "0")),
                    help="node 0's port for the ranks (needed with --nnodes > 1; default: $MASTER_PORT)")
+    p.add_argument("--disable-custom-all-reduce", action="store_true",
+                   help="the CPU ranks' all-reduces through gloo rather than shared memory (one machine)")
     p.add_argument("--limit-mm-per-prompt", default=None, metavar="JSON",
                    help='a LLaVA model\'s images per prompt at most, e.g. \'{"image": 2}\' or image=2 (default 1)')
     p.add_argument("--allowed-media-domains", nargs="+", default=[], metavar="HOST",
@@ -88,4 +90,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         allowed_media_domains=tuple(args.allowed_media_domains),
                         tensor_parallel_size=args.tensor_parallel_size, nnodes=args.nnodes,
                         node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
+                        disable_custom_all_reduce=args.disable_custom_all_reduce,
                         kv_cache_memory=None if kv is None else (int(kv) if kv >= 1 else float(kv)))

@@ -28,7 +28,8 @@ class LLM:
                  scheduling_policy: str = "fcfs", speculative_config: dict | SpeculativeConfig | None = None,
                  limit_mm_per_prompt: dict | None = None, allowed_media_domains: tuple[str, ...] = (),
                  tensor_parallel_size: int = 1, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
-                 master_port: int = 0, loaded_model: LoadedModel | None = None):
+                 master_port: int = 0, disable_custom_all_reduce: bool = False,
+                 loaded_model: LoadedModel | None = None):
         """quantization: "gguf" (a GGUF file's quantized weights computed as they are; the default for
         a .gguf on the CPU), "int8" (an HF checkpoint's projections quantized to int8 at load: W8A8
         on the CPU or a Hopper GPU), "fp8" (the projections in fp8 e4m3 on a Hopper GPU) or "none"
@@ -40,7 +41,8 @@ class LLM:
         tensor_parallel_size: the model split over this many processes (heads, intermediate rows
         and vocabulary divided; gloo on the CPU, NCCL on CUDA); nnodes > 1: its ranks on several
         machines, meeting at master_addr:master_port (this one is node 0; the others run
-        `corellm serve MODEL --headless --node-rank K ...`)."""
+        `corellm serve MODEL --headless --node-rank K ...`). On one machine the CPU ranks' all-reduces go
+        through shared memory; disable_custom_all_reduce=True: through gloo."""
         self.config = EngineConfig(model=model, dtype=dtype, quantization=quantization, device=device, enforce_eager=enforce_eager,
                                    max_model_len=max_model_len,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
@@ -51,7 +53,8 @@ class LLM:
                                    limit_mm_per_prompt=limit_mm_per_prompt,
                                    allowed_media_domains=allowed_media_domains,
                                    tensor_parallel_size=tensor_parallel_size, nnodes=nnodes, node_rank=node_rank,
-                                   master_addr=master_addr, master_port=master_port)
+                                   master_addr=master_addr, master_port=master_port,
+                                   disable_custom_all_reduce=disable_custom_all_reduce)
         t0 = time.perf_counter()
         self.parts = EngineParts.build(self.config, loaded_model)
         self.loaded, self.engine_core = self.parts.loaded, self.parts.engine_core

@@ -47,8 +47,11 @@ def test_tiny_model_three_ranks_equal_one(tmp_path, tokenizer_json):
     prompts = [{"prompt_token_ids": torch.randint(0, 384, (n,), generator=g).tolist()} for n in (5, 23, 40, 2)]
     common = dict(dtype="float32", max_model_len=128, kv_cache_memory=16 * 1024**2, max_num_batched_tokens=32)
     one = generate(LLM(str(tmp_path), **common), prompts)
-    three = generate(LLM(str(tmp_path), tensor_parallel_size=3, **common), prompts)  # chunked: 32 tokens a step
-    assert_same_greedy(one, three)
+    for disable_custom_all_reduce in (False, True):  # the all-reduces through shared memory, then gloo
+        llm = LLM(str(tmp_path), tensor_parallel_size=3, disable_custom_all_reduce=disable_custom_all_reduce, **common)
+        shm = llm.engine_core.model_runner.tp_workers.tp.shm_all_reduce
+        assert (shm is None) == disable_custom_all_reduce
+        assert_same_greedy(one, generate(llm, prompts))  # chunked: 32 tokens a step
 
 
 def test_smollm2_three_ranks_equal_one():

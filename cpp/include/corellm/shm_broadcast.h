@@ -32,6 +32,8 @@
 #include <string>
 #include <vector>
 
+#include "corellm/shared_memory_segment.h"
+
 namespace corellm {
 
 class ShmBroadcast {
@@ -44,12 +46,11 @@ class ShmBroadcast {
                                               size_t slot_bytes);
   // Reader `reader` (0 .. num_readers-1) of the segment `name` created by a writer.
   static std::unique_ptr<ShmBroadcast> attach(const std::string& name, int reader);
-  ~ShmBroadcast();
   ShmBroadcast(const ShmBroadcast&) = delete;
   ShmBroadcast& operator=(const ShmBroadcast&) = delete;
 
-  // Removes the name (idempotent; the writer's destructor does it too). The mappings stay valid.
-  void unlink_name();
+  // Removes the name (idempotent; the writer's destruction does it too). The mappings stay valid.
+  void unlink_name() { segment_.unlink_name(); }
 
   // Writer: true once the message is visible to the readers; false if some reader has not taken
   // the message that occupied the slot within timeout_s. InvalidArgument if size > slot_capacity().
@@ -60,22 +61,19 @@ class ShmBroadcast {
   size_t slot_capacity() const { return slot_bytes_ - sizeof(uint64_t); }
   int num_readers() const { return num_readers_; }
   bool is_writer() const { return reader_ < 0; }
-  const std::string& name() const { return name_; }
+  const std::string& name() const { return segment_.name(); }
 
  private:
   struct Header;
-  ShmBroadcast(std::string name, void* base, size_t mapped_bytes, int reader);
+  ShmBroadcast(SharedMemorySegment segment, int reader);
   uint8_t* slot(uint32_t message) const;
 
-  std::string name_;
-  void* base_ = nullptr;
-  size_t mapped_bytes_ = 0;
+  SharedMemorySegment segment_;
   Header* header_ = nullptr;
   int reader_ = -1;  // -1: the writer
   int num_readers_ = 0;
   uint32_t num_slots_ = 0;
   size_t slot_bytes_ = 0;
-  bool name_linked_ = false;
 };
 
 }  // namespace corellm

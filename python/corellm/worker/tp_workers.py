@@ -50,6 +50,7 @@ class WorkerSpec:
     init_method: str
     threads: int  # CPU threads per rank
     ranks_per_node: int  # size / nnodes; rank r runs on node r // ranks_per_node
+    shm_all_reduce: bool  # the all-reduces through shared memory (every rank on one machine, the CPU)
     step_ring: str | None = None  # rank 0's shared-memory ring for the steps (every rank on one machine)
 
 
@@ -68,7 +69,7 @@ def worker_main(rank: int, spec: WorkerSpec) -> None:
     device = torch.device(spec.device if spec.device == "cpu" else f"cuda:{rank % spec.ranks_per_node}")
     parent = os.getppid()  # rank 0, which spawned this process
     ring = _core.ShmBroadcast.attach(spec.step_ring, reader=rank - 1) if spec.step_ring else None
-    tp = init_tensor_parallel(rank, spec.size, spec.init_method, device)
+    tp = init_tensor_parallel(rank, spec.size, spec.init_method, device, shm_all_reduce=spec.shm_all_reduce)
     channel = BroadcastChannel(tp, ring, writer_alive=lambda: os.getppid() == parent)
     loaded = load_model(spec.model, dtype=spec.dtype, device=str(device), quantization=spec.quantization,
                         progress=False, tensor_parallel=tp)
@@ -102,7 +103,8 @@ class TensorParallelWorkers:
         per_node = config.tensor_parallel_size // config.nnodes
         port = config.master_port or free_local_port()
         return WorkerSpec(config.model, config.dtype, config.device, config.quantization, config.tensor_parallel_size,
-                          f"tcp://{config.master_addr}:{port}", max(1, (os.cpu_count() or 1) // per_node), per_node)
+                          f"tcp://{config.master_addr}:{port}", max(1, (os.cpu_count() or 1) // per_node), per_node,
+                          shm_all_reduce=config.nnodes == 1 and not config.disable_custom_all_reduce)
 
     def _spawn(self, ranks: range) -> None:
         context = mp.get_context("spawn")
@@ -122,11 +124,13 @@ class TensorParallelWorkers:
         workers = cls(spec)
         workers._spawn(range(1, spec.ranks_per_node))
         torch.set_num_threads(spec.threads)
-        workers.tp = init_tensor_parallel(0, spec.size, spec.init_method, torch.device(spec.device))
+        workers.tp = init_tensor_parallel(0, spec.size, spec.init_method, torch.device(spec.device),
+                                          shm_all_reduce=spec.shm_all_reduce)
         workers.channel = BroadcastChannel(workers.tp, ring)
+        reduce_over = "shared memory" if workers.tp.shm_all_reduce is not None else torch.distributed.get_backend()
         logger.info("tensor parallel: %d ranks on %d node(s) (%d worker processes here), %d CPU threads each, "
-                    "steps over %s", spec.size, spec.size // spec.ranks_per_node, spec.ranks_per_node - 1,
-                    spec.threads, workers.channel.transport)
+                    "steps over %s, all-reduces over %s", spec.size, spec.size // spec.ranks_per_node,
+                    spec.ranks_per_node - 1, spec.threads, workers.channel.transport, reduce_over)
         return workers
 
     @classmethod
