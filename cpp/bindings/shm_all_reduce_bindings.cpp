@@ -11,10 +11,6 @@
 namespace corellm::binding {
 
 void bind_shm_all_reduce(py::module_& m) {
-  py::enum_<AllReduceStatus>(m, "AllReduceStatus")
-      .value("DONE", AllReduceStatus::kDone)
-      .value("TIMED_OUT", AllReduceStatus::kTimedOut)
-      .value("PEER_EXITED", AllReduceStatus::kPeerExited);
   py::class_<ShmAllReduce>(m, "ShmAllReduce",
                            "The sum of a tensor over the ranks of a tensor-parallel group on this machine, "
                            "through shared memory (cpp/include/corellm/shm_all_reduce.h).")
@@ -28,14 +24,14 @@ void bind_shm_all_reduce(py::module_& m) {
           [](ShmAllReduce& a, uintptr_t data, int64_t count, int32_t dtype, double timeout_s) {
             const DType t = dtype_of(dtype);
             py::gil_scoped_release release;
-            return a.all_reduce(ptr<void>(data), count, t, timeout_s);
+            a.all_reduce_or_throw(ptr<void>(data), count, t, timeout_s);
           },
           py::arg("data"), py::arg("count"), py::arg("dtype"), py::arg("timeout_s"),
-          "data (the address of count contiguous F32 or BF16 elements) becomes the sum over the ranks.")
+          "data (the address of count contiguous F32 or BF16 elements) becomes the sum over the ranks; "
+          "RuntimeError naming the rank that exited, or the timeout, when one does not arrive.")
       .def_property_readonly("rank", &ShmAllReduce::rank)
       .def_property_readonly("size", &ShmAllReduce::size)
-      .def_property_readonly("exited_rank", &ShmAllReduce::exited_rank)
-      .def_property_readonly("name", &ShmAllReduce::name);
+            .def_property_readonly("name", &ShmAllReduce::name);
 }
 
 }  // namespace corellm::binding

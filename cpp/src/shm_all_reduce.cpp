@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <new>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
@@ -175,6 +176,18 @@ AllReduceStatus ShmAllReduce::all_reduce(void* data, int64_t count, DType dtype,
     ++calls_;
   }
   return AllReduceStatus::kDone;
+}
+
+void ShmAllReduce::all_reduce_or_throw(void* data, int64_t count, DType dtype, double timeout_s) {
+  switch (all_reduce(data, count, dtype, timeout_s)) {
+    case AllReduceStatus::kDone:
+      return;
+    case AllReduceStatus::kPeerExited:
+      throw std::runtime_error(concat("all-reduce: rank ", exited_rank_, " of the tensor-parallel group exited"));
+    case AllReduceStatus::kTimedOut:
+      throw std::runtime_error(concat("all-reduce: a rank of the tensor-parallel group did not arrive in ", timeout_s,
+                                      " s"));
+  }
 }
 
 }  // namespace corellm

@@ -19,8 +19,8 @@ PROMPTS = [[5, 17, 40, 41, 3, 99, 250], [7, 8, 9], [300, 12, 44, 45, 46, 47, 48,
 STEPS = [[60, 61, 62], [63, 64, 65]]  # fixed decode tokens: every rank feeds the same
 
 
-def run_steps(model) -> list[torch.Tensor]:
-    runner = PagedRunner(model, 64, len(PROMPTS), block_size=8, seed=2)
+def run_steps(model, native: bool = False) -> list[torch.Tensor]:
+    runner = PagedRunner(model, 64, len(PROMPTS), block_size=8, seed=2, native=native)
     out = [runner.step(PROMPTS)]
     for tokens in STEPS:
         out.append(runner.step([[t] for t in tokens]))
@@ -46,20 +46,39 @@ def rank_main(rank: int, size: int, init: str, directory: str, single_machine: b
     torch.distributed.destroy_process_group()
 
 
-def run_tensor_parallel(directory, size: int, single_machine: bool) -> list[torch.Tensor]:
+def rank_native_main(rank: int, size: int, init: str, directory: str, results) -> None:
+    """bf16: the steps op by op, then the same steps through the native decoder stack (each with
+    its own KV cache); rank 0 sends both."""
+    from corellm.distributed.parallel_state import init_tensor_parallel
+    from corellm.model.loader import load_model
+    from corellm.model.native_stack import supports
+
+    torch.set_num_threads(1)
+    tp = init_tensor_parallel(rank, size, init, torch.device("cpu"), shm_all_reduce=True)
+    model = load_model(directory, dtype="bfloat16", progress=False, tensor_parallel=tp).model
+    assert supports(model)
+    with torch.inference_mode():
+        per_op, native = run_steps(model), run_steps(model, native=True)
+    if rank == 0:
+        results.put([[t.numpy().copy() for t in per_op], [t.numpy().copy() for t in native]])
+    torch.distributed.destroy_process_group()
+
+
+def run_ranks(size: int, target, *args):
+    """What rank 0 of `size` processes running target(rank, size, init, *args, results) sends."""
     from corellm.worker.tp_workers import free_local_port
 
     context = mp.get_context("spawn")
     results = context.Queue()
     init = f"tcp://127.0.0.1:{free_local_port()}"
-    processes = [context.Process(target=rank_main, args=(r, size, init, str(directory), single_machine, results)) for r in range(size)]
+    processes = [context.Process(target=target, args=(r, size, init, *args, results)) for r in range(size)]
     for p in processes:
         p.start()
-    logits = [torch.from_numpy(a) for a in results.get(timeout=120)]
+    sent = results.get(timeout=120)
     for p in processes:
         p.join(timeout=60)
         assert p.exitcode == 0
-    return logits
+    return sent
 
 
 @pytest.mark.parametrize("arch, size, overrides, single_machine", [
@@ -76,10 +95,21 @@ def test_rank_zero_logits_equal_the_single_process_model(tmp_path, tokenizer_jso
     make_tiny_model(arch, tmp_path, tokenizer_json, seed=3, **overrides)
     with torch.inference_mode():
         want = run_steps(load_model(str(tmp_path), dtype="float32", progress=False).model)
-    got = run_tensor_parallel(tmp_path, size, single_machine)
+    got = [torch.from_numpy(a) for a in run_ranks(size, rank_main, str(tmp_path), single_machine)]
     for g, w in zip(got, want):
         assert g.shape == w.shape
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_the_native_stack_under_tensor_parallelism_equals_the_per_op_forward(tmp_path, tokenizer_json):
+    """bf16, three ranks, the all-reduces through shared memory: rank 0's logits through the native
+    decoder stack (which all-reduces inside its one call) are bit-identical to the per-op forward's."""
+    make_tiny_model("llama3", tmp_path, tokenizer_json, seed=4, hidden_size=72, num_attention_heads=9,
+                    num_key_value_heads=3, intermediate_size=192)
+    per_op, native = run_ranks(3, rank_native_main, str(tmp_path))
+    assert len(per_op) == len(native) == 1 + len(STEPS)
+    for a, b in zip(per_op, native):
+        assert a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 def test_heads_that_do_not_divide_are_refused(tmp_path, tokenizer_json):

@@ -49,6 +49,8 @@ class ShmAllReduce {
   // data (count elements of dtype F32 or BF16) becomes the sum of every rank's data. On kTimedOut or
   // kPeerExited the group is broken (its ranks are out of step) and `data` is unspecified.
   AllReduceStatus all_reduce(void* data, int64_t count, DType dtype, double timeout_s);
+  // The same, a failed wait thrown as std::runtime_error naming the rank that exited or the timeout.
+  void all_reduce_or_throw(void* data, int64_t count, DType dtype, double timeout_s);
 
   int rank() const { return rank_; }
   int size() const { return size_; }

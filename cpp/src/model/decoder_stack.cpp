@@ -12,8 +12,8 @@
 namespace corellm {
 
 DecoderStack::DecoderStack(const DecoderDims& dims, const EmbeddingWeight& embed, std::vector<DecoderLayerWeights> layers,
-                           const uint16_t* final_norm, const KVCacheShape& cache)
-    : dims_(dims), embed_(embed), layers_(std::move(layers)), final_norm_(final_norm), cache_(cache) {
+                           const uint16_t* final_norm, const KVCacheShape& cache, const DecoderTensorParallel& tp)
+    : dims_(dims), embed_(embed), layers_(std::move(layers)), final_norm_(final_norm), cache_(cache), tp_(tp) {
   CORELLM_CHECK_ARG(bf16_gemm_available(), "DecoderStack needs a CPU with AVX2 and FMA");
   CORELLM_CHECK_ARG(dims.hidden > 0 && dims.num_heads > 0 && dims.num_kv_heads > 0 && dims.head_size > 0 &&
                         dims.intermediate > 0 && dims.vocab_size > 0,
@@ -63,11 +63,35 @@ void DecoderStack::forward(const DecoderStepArgs& step) {
   if (step.inputs_embeds != nullptr) {  // into the residual stream
     std::memcpy(residual_.data(), step.inputs_embeds, static_cast<size_t>(n * hidden) * sizeof(uint16_t));
   } else {
-    embed_.lookup(step.input_ids, n, dims_.vocab_size, hidden, residual_.data());
+    embed(step.input_ids, n);
   }
   for (size_t i = 0; i < layers_.size(); ++i) layer(layers_[i], step, i == 0);
   fused_add_rms_norm(h_.data(), hidden, residual_.data(), hidden, final_norm_, n, hidden, dims_.eps, DType::BF16);
   std::memcpy(step.out, h_.data(), n * hidden * sizeof(uint16_t));
+}
+
+void DecoderStack::embed(const int32_t* ids, int64_t n) {
+  const int64_t hidden = dims_.hidden;
+  if (tp_.all_reduce == nullptr) {
+    embed_.lookup(ids, n, dims_.vocab_size, hidden, residual_.data());
+    return;
+  }
+  // Vocabulary-parallel: this rank's rows, zeros for the others' ids, summed over the group.
+  local_ids_.resize(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t local = ids[t] - tp_.vocab_start;
+    local_ids_[t] = local >= 0 && local < dims_.vocab_size ? static_cast<int32_t>(local) : 0;
+  }
+  embed_.lookup(local_ids_.data(), n, dims_.vocab_size, hidden, residual_.data());
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t local = ids[t] - tp_.vocab_start;
+    if (local < 0 || local >= dims_.vocab_size) std::memset(residual_.data() + t * hidden, 0, hidden * sizeof(uint16_t));
+  }
+  all_reduce(residual_.data(), n);
+}
+
+void DecoderStack::all_reduce(uint16_t* rows, int64_t n) {
+  if (tp_.all_reduce != nullptr) tp_.all_reduce->all_reduce_or_throw(rows, n * dims_.hidden, DType::BF16, tp_.timeout_s);
 }
 
 void DecoderStack::layer(const DecoderLayerWeights& w, const DecoderStepArgs& step, bool first) {
@@ -97,10 +121,12 @@ void DecoderStack::layer(const DecoderLayerWeights& w, const DecoderStepArgs& st
                        dims_.num_heads, dims_.scale, dims_.sliding_window, bf16};
   paged_attention(a);
   w.o.forward(attn_.data(), q_size_, h, hidden, n);
+  all_reduce(h, n);
   fused_add_rms_norm(h, hidden, x, hidden, w.post_attention_norm, n, hidden, dims_.eps, bf16);
   w.gate_up.forward(h, hidden, gate_up_.data(), 2 * inter, n);
   silu_and_mul(act_.data(), inter, gate_up_.data(), 2 * inter, n, inter, bf16);
   w.down.forward(act_.data(), inter, h, hidden, n);
+  all_reduce(h, n);
 }
 
 }  // namespace corellm

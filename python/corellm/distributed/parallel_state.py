@@ -55,12 +55,7 @@ class TensorParallel:
         if self.shm_all_reduce is None or t.device.type != "cpu" or tag is None or not t.is_contiguous():
             torch.distributed.all_reduce(t, group=self.group)
             return t
-        timeout = collective_timeout().total_seconds()
-        status = self.shm_all_reduce.all_reduce(t.data_ptr(), t.numel(), tag, timeout)
-        if status == _core.AllReduceStatus.PEER_EXITED:
-            raise RuntimeError(f"all-reduce: rank {self.shm_all_reduce.exited_rank} of the tensor-parallel group exited")
-        if status == _core.AllReduceStatus.TIMED_OUT:
-            raise RuntimeError(f"all-reduce: a rank of the tensor-parallel group did not arrive in {timeout:.0f} s")
+        self.shm_all_reduce.all_reduce(t.data_ptr(), t.numel(), tag, collective_timeout().total_seconds())
         return t
 
     def gather_last_dim(self, t: torch.Tensor) -> torch.Tensor | None:

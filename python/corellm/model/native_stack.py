@@ -4,12 +4,15 @@ of about ten Python op calls per layer. Same kernels, same order: the result is 
 LlamaForCausalLM's per-op forward (tests/model/test_native_stack.py).
 
 It holds raw addresses: the model's weights and the KV caches must outlive it (the model runner
-keeps both)."""
+keeps both). Under tensor parallelism it runs this rank's share and all-reduces the partial sums
+itself, through the group's shared-memory all-reduce (every rank on this machine, on the CPU); the
+ranks' collectives pair up whichever forward each runs."""
 
 from __future__ import annotations
 
 import torch
 
+from corellm.distributed.parallel_state import collective_timeout
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.native import _core
 
@@ -21,12 +24,14 @@ def _address(t: torch.Tensor | None) -> int:
 def supports(model) -> bool:
     """Whether the native stack computes this model (the Llama layer; not Gemma 3's variant, which
     runs op by op) and its weights are in the form it reads (bf16 on the CPU, every projection
-    packed for bf16_gemm or quantized for quant_gemm)."""
+    packed for bf16_gemm or quantized for quant_gemm); under tensor parallelism, when the group's
+    all-reduce is one native code can call (shared memory)."""
     c = model.config
     llama_layer = (not c.sandwich_norms and c.hidden_activation == "silu" and c.embedding_multiplier == 1.0
                    and not c.layer_types and not c.query_pre_attn_scalar and not c.norm_weight_offset)
-    single = getattr(model, "tp", None) is None or model.tp.size == 1  # no collectives inside the native call
-    return (llama_layer and single and model.device.type == "cpu" and model.dtype == torch.bfloat16
+    tp = getattr(model, "tp", None)
+    collectives_native = tp is None or tp.size == 1 or tp.shm_all_reduce is not None
+    return (llama_layer and collectives_native and model.device.type == "cpu" and model.dtype == torch.bfloat16
             and _core.kernels.bf16_gemm_available()
             and all(linear.packed is not None or linear.quantized
                     for layer in model.layers for linear in layer.linears()))
@@ -77,8 +82,12 @@ class NativeDecoderStack:
         key_cache = kv_caches[0][0]  # [num_blocks, num_kv_heads, head_size / x, block_size, x]
         cache = _core.model.KVCacheShape(num_blocks=key_cache.shape[0], num_kv_heads=c.num_key_value_heads,
                                          head_size=c.head_dim, block_size=key_cache.shape[3])
+        tp = getattr(model, "tp", None)
+        parallel = {} if tp is None or tp.size == 1 else dict(
+            all_reduce=tp.shm_all_reduce, vocab_start=tp.rank * c.vocab_size,
+            timeout_s=collective_timeout().total_seconds())
         self._stack = _core.model.DecoderStack(dims=dims, embed=embedding_weight(model.embed), layers=layers,
-                                               final_norm=model.norm.data_ptr(), cache=cache)
+                                               final_norm=model.norm.data_ptr(), cache=cache, **parallel)
         self.kv_caches = kv_caches
         self.hidden_size = c.hidden_size
 

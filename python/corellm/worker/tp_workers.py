@@ -63,6 +63,7 @@ def free_local_port() -> int:
 def worker_main(rank: int, spec: WorkerSpec) -> None:
     """A worker process: joins the group, loads its share, then runs the steps rank 0 sends."""
     from corellm.model.loader import load_model
+    from corellm.model.native_stack import NativeDecoderStack, supports as native_stack_supports
     from corellm.worker.kv_cache import allocate_kv_caches
 
     torch.set_num_threads(spec.threads)
@@ -73,7 +74,7 @@ def worker_main(rank: int, spec: WorkerSpec) -> None:
     channel = BroadcastChannel(tp, ring, writer_alive=lambda: os.getppid() == parent)
     loaded = load_model(spec.model, dtype=spec.dtype, device=str(device), quantization=spec.quantization,
                         progress=False, tensor_parallel=tp)
-    model, kv_caches = loaded.model, None
+    model, kv_caches, stack = loaded.model, None, None
     while True:
         command, values, step = StepMessage.receive(channel)
         if command == STOP:
@@ -81,10 +82,14 @@ def worker_main(rank: int, spec: WorkerSpec) -> None:
         if command == SETUP:
             num_blocks, block_size = values[0], values[1]
             kv_caches = allocate_kv_caches(model.config, num_blocks, block_size, model.dtype, model.device)
+            stack = NativeDecoderStack(model, kv_caches) if native_stack_supports(model) else None
             continue
         assert command == STEP and step is not None and kv_caches is not None
         with torch.inference_mode():
-            hidden = model.forward(step.input_ids.to(device), step.positions.to(device), step.attn, kv_caches)
+            if stack is not None:  # as rank 0's model runner: the same all-reduces, in the same order
+                hidden = stack.forward(step.input_ids, step.positions, step.attn)
+            else:
+                hidden = model.forward(step.input_ids.to(device), step.positions.to(device), step.attn, kv_caches)
             model.compute_logits(hidden[step.logits_indices.to(device)])
     torch.distributed.destroy_process_group()
 

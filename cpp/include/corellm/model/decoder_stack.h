@@ -26,6 +26,7 @@
 
 #include "corellm/kernels/paged_attention.h"
 #include "corellm/model/linear_weight.h"
+#include "corellm/shm_all_reduce.h"
 
 namespace corellm {
 
@@ -43,6 +44,16 @@ struct DecoderDims {
   const float* cos_sin_cache = nullptr;    // [max_position, rot_dim] fp32, cos then sin (ops.rotary_embedding)
   int64_t max_position = 0;
   int64_t rot_dim = 0;
+};
+
+// Tensor parallelism (python/corellm/model/tensor_parallel.py): the dims and weights are this rank's
+// share (its heads, its intermediate rows, vocab_size vocabulary rows from vocab_start), and the
+// partial sums — the embedding lookup (zeros for the ids of other ranks' rows), o's and down's
+// outputs — are all-reduced over the group's ranks on this machine, as the Python layers do.
+struct DecoderTensorParallel {
+  ShmAllReduce* all_reduce = nullptr;  // null: one process, no collectives
+  int64_t vocab_start = 0;
+  double timeout_s = 60.0;  // a rank that does not arrive in this time: std::runtime_error
 };
 
 // One layer's weights (norms bf16, projections as linear_weight.h) and KV cache.
@@ -80,7 +91,7 @@ class DecoderStack {
  public:
   // embed [vocab_size, hidden], final_norm [hidden]; every pointer must outlive the stack.
   DecoderStack(const DecoderDims& dims, const EmbeddingWeight& embed, std::vector<DecoderLayerWeights> layers,
-               const uint16_t* final_norm, const KVCacheShape& cache);
+               const uint16_t* final_norm, const KVCacheShape& cache, const DecoderTensorParallel& tp = {});
 
   // Runs the whole stack for the step's tokens. Not reentrant (one set of scratch buffers, grown
   // to the largest step seen).
@@ -89,12 +100,16 @@ class DecoderStack {
  private:
   void reserve(int64_t num_tokens);
   void layer(const DecoderLayerWeights& w, const DecoderStepArgs& step, bool first);
+  void embed(const int32_t* ids, int64_t n);
+  void all_reduce(uint16_t* rows, int64_t n);  // n rows of hidden, summed over the group (no-op alone)
 
   DecoderDims dims_;
   EmbeddingWeight embed_;
   std::vector<DecoderLayerWeights> layers_;
   const uint16_t* final_norm_;
   KVCacheShape cache_;
+  DecoderTensorParallel tp_;
+  std::vector<int32_t> local_ids_;  // tensor parallelism: the step's ids in this rank's rows
   int64_t q_size_, kv_size_, qkv_size_;
   // Scratch, each [tokens, width]: the residual stream, the normed/projected activations,
   // qkv, attention output, gate_up, and the MLP's activation.
