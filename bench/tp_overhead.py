@@ -41,13 +41,7 @@ def rank_main(rank: int, size: int, init: str, cases: list[tuple[int, int]], hid
 
     torch.set_num_threads(1)
     tp = init_tensor_parallel(rank, size, init, torch.device("cpu"), shm_all_reduce=transport == "shared memory")
-    ring = None
-    if transport == "shared memory":
-        ring = new_ring(size - 1) if rank == 0 else None
-        name = [ring.name if ring is not None else None]
-        torch.distributed.broadcast_object_list(name, src=0, group=tp.group)
-        ring = ring if rank == 0 else _core.ShmBroadcast.attach(name[0], reader=rank - 1)
-    channel = BroadcastChannel(tp, ring, writer_alive=lambda: True)
+    channel = BroadcastChannel(tp, shared_memory=transport == "shared memory")
     # Each worker tells rank 0 it waits for the step through a ring of its own (gloo's own latency
     # here is ~1 ms, and would decide when a worker starts to wait).
     ack = new_ring(1) if rank > 0 else None

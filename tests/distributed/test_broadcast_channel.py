@@ -28,19 +28,12 @@ def messages() -> list[tuple[list[int], np.ndarray]]:
 
 
 def rank_main(rank: int, size: int, init: str, transport: str, results) -> None:
-    from corellm.distributed.broadcast_channel import BroadcastChannel, new_ring
+    from corellm.distributed.broadcast_channel import BroadcastChannel
     from corellm.distributed.parallel_state import init_tensor_parallel
-    from corellm.native import _core
 
     torch.set_num_threads(1)
     tp = init_tensor_parallel(rank, size, init, torch.device("cpu"))
-    ring = None
-    if transport == "shared memory":
-        ring = new_ring(size - 1) if rank == 0 else None
-        name = [ring.name if ring is not None else None]
-        torch.distributed.broadcast_object_list(name, src=0, group=tp.group)
-        ring = ring if rank == 0 else _core.ShmBroadcast.attach(name[0], reader=rank - 1)
-    channel = BroadcastChannel(tp, ring, writer_alive=lambda: True)
+    channel = BroadcastChannel(tp, shared_memory=transport == "shared memory")
     assert channel.transport == transport
     problems = []
     for i, (header, payload) in enumerate(messages()):

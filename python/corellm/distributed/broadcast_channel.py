@@ -46,17 +46,22 @@ def new_ring(num_readers: int) -> _core.ShmBroadcast:
 
 
 class BroadcastChannel:
-    def __init__(self, tp: TensorParallel, ring: _core.ShmBroadcast | None,
-                 writer_alive: Callable[[], bool] | None = None):
-        """Every rank of the group constructs its channel at the same point (the group is made
-        collectively): rank 0 with its ring (None: everything on the group), the others with their
-        attached end of it and a check that rank 0 still lives."""
+    def __init__(self, tp: TensorParallel, *, shared_memory: bool, writer_alive: Callable[[], bool] = lambda: True):
+        """Every rank of the group constructs its channel at the same point (it is made
+        collectively). shared_memory (every rank on this machine): rank 0 makes the ring and names
+        it to the others, which attach to it. writer_alive: a worker's check that rank 0 still lives."""
         self.tp = tp
-        self.ring = ring
+        self.ring: _core.ShmBroadcast | None = None
         self._writer_alive = writer_alive
+        if shared_memory:
+            self.ring = new_ring(tp.size - 1) if tp.rank == 0 else None
+            names = [self.ring.name if self.ring is not None else None]
+            torch.distributed.broadcast_object_list(names, src=0, group=tp.group)
+            if tp.rank > 0:
+                self.ring = _core.ShmBroadcast.attach(names[0], reader=tp.rank - 1)
         self.group = torch.distributed.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
-        if ring is not None and tp.rank == 0:
-            ring.unlink_name()  # every worker attached before it joined the group: nothing to leave behind
+        if self.ring is not None and tp.rank == 0:
+            self.ring.unlink_name()  # every worker attached before it joined the group: nothing to leave behind
 
     @property
     def transport(self) -> str:

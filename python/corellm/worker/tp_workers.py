@@ -2,11 +2,10 @@
 (rank 0 is the engine's own model runner), started with torch.multiprocessing.
 
     engine process (rank 0)                     worker process (rank r)
-      start(): spawn this node's workers ────▶   join the group (gloo / NCCL); the other nodes'
-                                                 ranks come from `corellm serve --headless`
-      (a shared-memory ring for the steps        attach to rank 0's ring (one machine)
-       when every rank is on this machine)       join the group (gloo / NCCL), then the channel
-      join the group, then the channel           load the model's share r (its heads, its rows)
+      start(): spawn this node's workers ────▶   (the other nodes' ranks come from
+                                                 `corellm serve --headless`)
+      join the group, then the channel ◀──────▶  join the group (gloo / NCCL), then the channel
+                                                 load the model's share r (its heads, its rows)
       load share 0                               SETUP: allocate its KV cache (the same blocks)
       setup(num_blocks, block_size) ─────────▶   loop: receive a StepMessage, run the forward and
       each step: StepMessage.send, forward ───▶        the logits with rank 0 (all-reduces and the
@@ -21,7 +20,6 @@ stops."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import socket
@@ -30,9 +28,8 @@ from dataclasses import dataclass
 import torch
 import torch.multiprocessing as mp
 
-from corellm.distributed.broadcast_channel import BroadcastChannel, new_ring
+from corellm.distributed.broadcast_channel import BroadcastChannel
 from corellm.distributed.parallel_state import TensorParallel, init_tensor_parallel
-from corellm.native import _core
 from corellm.worker.step_message import SETUP, STEP, STOP, StepMessage
 
 logger = logging.getLogger("corellm")
@@ -51,7 +48,6 @@ class WorkerSpec:
     threads: int  # CPU threads per rank
     ranks_per_node: int  # size / nnodes; rank r runs on node r // ranks_per_node
     shm_all_reduce: bool  # the all-reduces through shared memory (every rank on one machine, the CPU)
-    step_ring: str | None = None  # rank 0's shared-memory ring for the steps (every rank on one machine)
 
 
 def free_local_port() -> int:
@@ -69,9 +65,9 @@ def worker_main(rank: int, spec: WorkerSpec) -> None:
     torch.set_num_threads(spec.threads)
     device = torch.device(spec.device if spec.device == "cpu" else f"cuda:{rank % spec.ranks_per_node}")
     parent = os.getppid()  # rank 0, which spawned this process
-    ring = _core.ShmBroadcast.attach(spec.step_ring, reader=rank - 1) if spec.step_ring else None
     tp = init_tensor_parallel(rank, spec.size, spec.init_method, device, shm_all_reduce=spec.shm_all_reduce)
-    channel = BroadcastChannel(tp, ring, writer_alive=lambda: os.getppid() == parent)
+    channel = BroadcastChannel(tp, shared_memory=spec.ranks_per_node == spec.size,
+                               writer_alive=lambda: os.getppid() == parent)
     loaded = load_model(spec.model, dtype=spec.dtype, device=str(device), quantization=spec.quantization,
                         progress=False, tensor_parallel=tp)
     model, kv_caches, stack = loaded.model, None, None
@@ -122,16 +118,13 @@ class TensorParallelWorkers:
     def start(cls, config) -> TensorParallelWorkers:
         """Node 0: spawns this node's ranks but rank 0 and joins the group as rank 0 (the other
         nodes' ranks come from `corellm serve --headless`)."""
-        spec = cls.spec_for(config)
-        ring = new_ring(spec.size - 1) if spec.ranks_per_node == spec.size else None
-        if ring is not None:
-            spec = dataclasses.replace(spec, step_ring=ring.name)
-        workers = cls(spec)
+        workers = cls(cls.spec_for(config))
+        spec = workers.spec
         workers._spawn(range(1, spec.ranks_per_node))
         torch.set_num_threads(spec.threads)
         workers.tp = init_tensor_parallel(0, spec.size, spec.init_method, torch.device(spec.device),
                                           shm_all_reduce=spec.shm_all_reduce)
-        workers.channel = BroadcastChannel(workers.tp, ring)
+        workers.channel = BroadcastChannel(workers.tp, shared_memory=spec.ranks_per_node == spec.size)
         reduce_over = "shared memory" if workers.tp.shm_all_reduce is not None else torch.distributed.get_backend()
         logger.info("tensor parallel: %d ranks on %d node(s) (%d worker processes here), %d CPU threads each, "
                     "steps over %s, all-reduces over %s", spec.size, spec.size // spec.ranks_per_node,
