@@ -138,15 +138,21 @@ AllReduceStatus ShmAllReduce::wait_for_all(uint32_t call, double timeout_s) {
 
 namespace {
 
+// out = parts[0] + parts[1] + ... in that order, in fp32, a block at a time (the partial sums stay
+// in a small local array: no allocation per call).
 template <class T>
 void sum_buffers(T* out, const std::vector<const T*>& parts, int64_t count) {
-  std::vector<float> acc(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) acc[i] = load_f32(parts[0] + i);
-  for (size_t r = 1; r < parts.size(); ++r) {
-    const T* p = parts[r];
-    for (int64_t i = 0; i < count; ++i) acc[i] += load_f32(p + i);
+  constexpr int64_t kBlock = 512;
+  float acc[kBlock];
+  for (int64_t start = 0; start < count; start += kBlock) {
+    const int64_t n = std::min(kBlock, count - start);
+    for (int64_t i = 0; i < n; ++i) acc[i] = load_f32(parts[0] + start + i);
+    for (size_t r = 1; r < parts.size(); ++r) {
+      const T* p = parts[r] + start;
+      for (int64_t i = 0; i < n; ++i) acc[i] += load_f32(p + i);
+    }
+    for (int64_t i = 0; i < n; ++i) store_f32(out + start + i, acc[i]);
   }
-  for (int64_t i = 0; i < count; ++i) store_f32(out + i, acc[i]);
 }
 
 }  // namespace
