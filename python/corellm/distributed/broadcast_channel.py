@@ -5,8 +5,9 @@ HEADER_VALUES int64 values and an int32 payload.
 Two transports, chosen when the group starts:
 
 - every rank on this machine: a ring of slots in shared memory (corellm._core.ShmBroadcast): rank
-  0 copies the message into a slot and wakes the workers, each copies it out — a few microseconds
-  where two gloo broadcasts over loopback sockets take ~0.5 ms (bench/tp_overhead.py);
+  0 copies the message into a slot and wakes the workers, each copies it out — ~10 us between two
+  processes, ~0.1-0.2 ms for a whole step with the packing in Python, where two gloo broadcasts
+  over loopback sockets take 0.6-0.9 ms (bench/tp_overhead.py);
 - ranks on other machines: a header broadcast, then the payload's, over a gloo group of the
   channel's own.
 
@@ -33,7 +34,7 @@ HEADER_VALUES = 8
 # (gloo takes a finite timeout); a rank that dies still ends the wait at once (its socket closes).
 IDLE_TIMEOUT = datetime.timedelta(days=365)
 RING_SLOTS = 2  # rank 0 is at most one step ahead: each step's collectives pair the ranks up
-RING_SLOT_BYTES = 1 << 20  # a decode step of 256 requests with 1000 KV blocks each
+RING_SLOT_BYTES = 1 << 20  # a decode step of 256 requests with ~1000 KV blocks each; larger: the group
 _WIRE = 2 + HEADER_VALUES  # the payload's int32 count, whether it travels on the group, the header
 _POLL_S = 1.0  # how often a waiting worker checks that rank 0 lives
 _SEND_TIMEOUT_S = 60.0  # a worker that does not take a message in this time hangs
