@@ -12,6 +12,7 @@ import time
 
 from aiohttp import web
 
+from corellm.distributed.torchrun import TorchrunPlace
 from corellm.engine.async_llm import AsyncLLM
 from corellm.engine_args import add_engine_args, engine_config_from_args
 from corellm.model.loader import DEFAULT_MODEL
@@ -93,6 +94,14 @@ def read_chat_template(path: str | None) -> str | None:
 def run(args: argparse.Namespace) -> int:
     if args.data_parallel_size < 1:
         raise ValueError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
+    torchrun = TorchrunPlace.from_environment()
+    if torchrun is not None and (args.data_parallel_size > 1 or args.headless):
+        raise ValueError("under torchrun, every process is a tensor-parallel rank: --data-parallel-size and "
+                         "--headless do not apply")
+    if torchrun is not None and torchrun.rank > 0:  # rank 0 serves; this rank runs its share of the model
+        from corellm.worker.tp_workers import TensorParallelWorkers
+
+        return TensorParallelWorkers.run_torchrun_rank(engine_config_from_args(args), torchrun.rank)
     if args.data_parallel_size > 1:
         if args.headless or args.nnodes > 1:
             raise ValueError("--data-parallel-size with --nnodes / --headless is not supported: run one "

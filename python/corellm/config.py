@@ -185,6 +185,9 @@ class EngineConfig:
     # On one machine the CPU ranks' all-reduces go through shared memory; True: through the
     # process group's backend (gloo) instead, as vLLM's disable_custom_all_reduce.
     disable_custom_all_reduce: bool = False
+    # The ranks were started by torchrun (distributed/torchrun.py): rank 0's engine spawns no
+    # workers, and every rank meets the others through env:// (MASTER_ADDR / MASTER_PORT).
+    torchrun: bool = False
 
     def __post_init__(self) -> None:
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)

@@ -8,6 +8,7 @@ import json
 import os
 
 from corellm.config import QUANTIZATION_METHODS, EngineConfig
+from corellm.distributed.torchrun import TorchrunPlace
 from corellm.reasoning_parser import REASONING_PARSERS
 
 
@@ -79,7 +80,19 @@ def limit_mm_from_arg(text: str | None) -> dict | None:
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """The engine's configuration from the command line (and, under torchrun, its environment:
+    the ranks' machines and this one's place among them)."""
     kv = args.kv_cache_memory
+    nnodes, node_rank = args.nnodes, args.node_rank
+    torchrun = TorchrunPlace.from_environment()
+    if torchrun is not None:
+        if args.tensor_parallel_size != torchrun.world_size:
+            raise ValueError(f"under torchrun, --tensor-parallel-size ({args.tensor_parallel_size}) must equal its "
+                             f"world size ({torchrun.world_size}: --nnodes x --nproc-per-node)")
+        if (nnodes, node_rank) not in ((1, 0), (torchrun.nnodes, torchrun.node_rank)):
+            raise ValueError(f"--nnodes {nnodes} --node-rank {node_rank} differ from torchrun's "
+                             f"({torchrun.nnodes} nodes, this one {torchrun.node_rank}): leave them out under torchrun")
+        nnodes, node_rank = torchrun.nnodes, torchrun.node_rank
     return EngineConfig(model=args.model, dtype=args.dtype, quantization=args.quantization, device=args.device, enforce_eager=args.enforce_eager,
                         max_model_len=args.max_model_len,
                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -88,7 +101,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         speculative_config=speculative_config_from_arg(args.speculative_config),
                         limit_mm_per_prompt=limit_mm_from_arg(args.limit_mm_per_prompt),
                         allowed_media_domains=tuple(args.allowed_media_domains),
-                        tensor_parallel_size=args.tensor_parallel_size, nnodes=args.nnodes,
-                        node_rank=args.node_rank, master_addr=args.master_addr, master_port=args.master_port,
-                        disable_custom_all_reduce=args.disable_custom_all_reduce,
+                        tensor_parallel_size=args.tensor_parallel_size, nnodes=nnodes,
+                        node_rank=node_rank, master_addr=args.master_addr, master_port=args.master_port,
+                        disable_custom_all_reduce=args.disable_custom_all_reduce, torchrun=torchrun is not None,
                         kv_cache_memory=None if kv is None else (int(kv) if kv >= 1 else float(kv)))

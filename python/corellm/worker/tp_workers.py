@@ -102,9 +102,9 @@ class TensorParallelWorkers:
     def spec_for(config) -> WorkerSpec:
         """The workers' spec for an EngineConfig; the machine's cores split between its ranks."""
         per_node = config.tensor_parallel_size // config.nnodes
-        port = config.master_port or free_local_port()
+        init = "env://" if config.torchrun else f"tcp://{config.master_addr}:{config.master_port or free_local_port()}"
         return WorkerSpec(config.model, config.dtype, config.device, config.quantization, config.tensor_parallel_size,
-                          f"tcp://{config.master_addr}:{port}", max(1, (os.cpu_count() or 1) // per_node), per_node,
+                          init, max(1, (os.cpu_count() or 1) // per_node), per_node,
                           shm_all_reduce=config.nnodes == 1 and not config.disable_custom_all_reduce)
 
     def _spawn(self, ranks: range) -> None:
@@ -117,10 +117,11 @@ class TensorParallelWorkers:
     @classmethod
     def start(cls, config) -> TensorParallelWorkers:
         """Node 0: spawns this node's ranks but rank 0 and joins the group as rank 0 (the other
-        nodes' ranks come from `corellm serve --headless`)."""
+        nodes' ranks come from `corellm serve --headless`; under torchrun, every rank comes from it)."""
         workers = cls(cls.spec_for(config))
         spec = workers.spec
-        workers._spawn(range(1, spec.ranks_per_node))
+        if not config.torchrun:
+            workers._spawn(range(1, spec.ranks_per_node))
         torch.set_num_threads(spec.threads)
         workers.tp = init_tensor_parallel(0, spec.size, spec.init_method, torch.device(spec.device),
                                           shm_all_reduce=spec.shm_all_reduce)
@@ -143,6 +144,13 @@ class TensorParallelWorkers:
         for p in workers._processes:
             p.join()
         return max((abs(p.exitcode or 0) for p in workers._processes), default=0)
+
+    @classmethod
+    def run_torchrun_rank(cls, config, rank: int) -> int:
+        """A rank other than 0 started by torchrun: runs the worker loop in this process until
+        rank 0 stops it."""
+        worker_main(rank, cls.spec_for(config))
+        return 0
 
     def setup(self, num_blocks: int, block_size: int) -> None:
         """Every worker allocates its KV cache: the same blocks as rank 0's, its own KV heads."""
