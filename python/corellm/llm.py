@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from corellm.config import EngineConfig, SpeculativeConfig
+from corellm.engine.data_parallel_replicas import DataParallelReplicas
 from corellm.engine.engine_parts import EngineParts
 from corellm.engine.input_processor import PromptType
 from corellm.model.loader import LoadedModel
@@ -28,7 +29,7 @@ class LLM:
                  scheduling_policy: str = "fcfs", speculative_config: dict | SpeculativeConfig | None = None,
                  limit_mm_per_prompt: dict | None = None, allowed_media_domains: tuple[str, ...] = (),
                  tensor_parallel_size: int = 1, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
-                 master_port: int = 0, disable_custom_all_reduce: bool = False,
+                 master_port: int = 0, disable_custom_all_reduce: bool = False, data_parallel_size: int = 1,
                  loaded_model: LoadedModel | None = None):
         """quantization: "gguf" (a GGUF file's quantized weights computed as they are; the default for
         a .gguf on the CPU), "int8" (an HF checkpoint's projections quantized to int8 at load: W8A8
@@ -42,7 +43,17 @@ class LLM:
         and vocabulary divided; gloo on the CPU, NCCL on CUDA); nnodes > 1: its ranks on several
         machines, meeting at master_addr:master_port (this one is node 0; the others run
         `corellm serve MODEL --headless --node-rank K ...`). On one machine the CPU ranks' all-reduces go
-        through shared memory; disable_custom_all_reduce=True: through gloo."""
+        through shared memory; disable_custom_all_reduce=True: through gloo.
+        data_parallel_size: replicas of the whole engine, each a process with the same arguments, its
+        own KV cache and a share of the cores (engine/data_parallel_replicas.py); generate() gives
+        each a contiguous share of the prompts. get_metrics() counts this process's replica."""
+        arguments = dict(locals())  # first: the parameters as given, for the data-parallel replicas
+        del arguments["self"], arguments["data_parallel_size"]
+        if not isinstance(data_parallel_size, int) or data_parallel_size < 1:
+            raise ValueError(f"data_parallel_size must be an integer >= 1, got {data_parallel_size!r}")
+        if data_parallel_size > 1 and (tensor_parallel_size > 1 or loaded_model is not None):
+            raise ValueError("data_parallel_size > 1 is not supported with tensor_parallel_size > 1 or a "
+                             "loaded_model (each replica loads the model from its path)")
         self.config = EngineConfig(model=model, dtype=dtype, quantization=quantization, device=device, enforce_eager=enforce_eager,
                                    max_model_len=max_model_len,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
@@ -56,7 +67,14 @@ class LLM:
                                    master_addr=master_addr, master_port=master_port,
                                    disable_custom_all_reduce=disable_custom_all_reduce)
         t0 = time.perf_counter()
-        self.parts = EngineParts.build(self.config, loaded_model)
+        self._replicas = DataParallelReplicas(arguments, data_parallel_size) if data_parallel_size > 1 else None
+        self.data_parallel_size = data_parallel_size
+        try:
+            self.parts = EngineParts.build(self.config, loaded_model)
+        except BaseException:
+            if self._replicas is not None:
+                self._replicas.shutdown()
+            raise
         self.loaded, self.engine_core = self.parts.loaded, self.parts.engine_core
         self.input_processor, self.output_processor = self.parts.input_processor, self.parts.output_processor
         logger.info("started %s (%s) in %.1f s", self.loaded.name, self.loaded.model.dtype, time.perf_counter() - t0)
@@ -67,8 +85,12 @@ class LLM:
         return self.engine_core.max_model_len
 
     def shutdown(self) -> None:
-        """Releases the engine's CUDA graphs now rather than at exit (the LLM is unusable after)."""
+        """Releases the engine's CUDA graphs now rather than at exit, and stops the data-parallel
+        replicas (the LLM is unusable after)."""
         self.engine_core.shutdown()
+        if self._replicas is not None:
+            self._replicas.shutdown()
+            self._replicas = None
 
     def get_metrics(self) -> dict[str, int | float | list[int]]:
         """The engine's counters since it started, by their Prometheus names: prefix-cache queries
@@ -115,14 +137,40 @@ class LLM:
             p = p.clone()
             p.output_kind = RequestOutputKind.FINAL_ONLY
             processed.append(self.input_processor.process(str(next(self._ids)), prompt, p, priority=prio))
+        if self._replicas is None:
+            return self._run(processed, use_tqdm)
+        # Data parallel: replica r takes prompts bounds[r] .. bounds[r+1]-1; this process the first share.
+        n = self.data_parallel_size
+        bounds = [len(prompts) * r // n for r in range(n + 1)]
+        for r in range(1, n):
+            share = slice(bounds[r], bounds[r + 1])
+            self._replicas.submit(r, prompts[share], params[share], priorities[share])
+        outputs, failure = [], None
+        try:
+            outputs = self._run(processed[:bounds[1]], use_tqdm)
+        except BaseException as e:  # the replicas' answers are still collected: the next call starts clean
+            failure = e
+        for r in range(1, n):
+            try:
+                got = self._replicas.result(r)
+            except RuntimeError as e:
+                failure = failure or e
+                continue
+            for out, req in zip(got, processed[bounds[r]:bounds[r + 1]]):
+                out.request_id = req.request_id  # ids unique across the replicas
+            outputs += got
+        if failure is not None:
+            raise failure
+        return outputs
+
+    def _run(self, processed, use_tqdm: bool) -> list[RequestOutput]:
+        """Adds the processed requests to the engine and steps it until they are all finished."""
+        from tqdm import tqdm
+
         for req in processed:
             self.output_processor.add_request(req)
             for sample in req.samples:
                 self.engine_core.add_request(sample)
-        return self._run(processed, use_tqdm)
-
-    def _run(self, processed, use_tqdm: bool) -> list[RequestOutput]:
-        from tqdm import tqdm
 
         order = {req.request_id: i for i, req in enumerate(processed)}
         results: list[RequestOutput | None] = [None] * len(processed)
