@@ -86,3 +86,5 @@ def test_what_torchrun_refuses(monkeypatch, capsys):
     assert "--data-parallel-size and --headless do not apply" in capsys.readouterr().err
     assert main(["serve", "--tensor-parallel-size", "2", "--nnodes", "2", "--node-rank", "1"]) == 2
     assert "leave them out under torchrun" in capsys.readouterr().err
+    assert main(["generate", "Hi", "--tensor-parallel-size", "2"]) == 2
+    assert "corellm generate does not run under torchrun" in capsys.readouterr().err
