@@ -54,6 +54,30 @@ def test_tiny_model_three_ranks_equal_one(tmp_path, tokenizer_json):
         assert_same_greedy(one, generate(llm, prompts))  # chunked: 32 tokens a step
 
 
+def test_prompt_logprobs_of_three_ranks_equal_one(tmp_path, tokenizer_json):
+    """Prompts scored in chunks of 32 tokens a step: rank 0 tells the workers which rows' logits
+    the step gathers for prompt logprobs, so that their collectives pair up."""
+    make_tiny_model("llama3", tmp_path, tokenizer_json, seed=5, hidden_size=72, num_attention_heads=9,
+                    num_key_value_heads=3, intermediate_size=192)
+    g = torch.Generator().manual_seed(1)
+    prompts = [{"prompt_token_ids": torch.randint(0, 384, (n,), generator=g).tolist()} for n in (5, 40, 23)]
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, prompt_logprobs=2)
+    common = dict(dtype="float32", max_model_len=128, kv_cache_memory=16 * 1024**2, max_num_batched_tokens=32)
+    results = []
+    for size in (1, 3):
+        llm = LLM(str(tmp_path), tensor_parallel_size=size, **common)
+        try:
+            results.append(llm.generate(prompts, params, use_tqdm=False))
+        finally:
+            llm.shutdown()
+    for one, three in zip(*results):
+        ids = one.prompt_token_ids
+        assert three.prompt_logprobs[0] is None and len(three.prompt_logprobs) == len(ids)
+        for p in range(1, len(ids)):
+            want, got = one.prompt_logprobs[p][ids[p]], three.prompt_logprobs[p][ids[p]]
+            assert abs(want.logprob - got.logprob) < 1e-4
+
+
 def test_smollm2_three_ranks_equal_one():
     prompts = ["The capital of France is", "def fibonacci(n):"]
     common = dict(dtype="float32", max_model_len=128, kv_cache_memory=32 * 1024**2)
@@ -76,8 +100,6 @@ def test_what_tensor_parallelism_refuses():
         LLM(tensor_parallel_size=2, nnodes=2)
     llm = LLM(tensor_parallel_size=3, dtype="float32", max_model_len=64, kv_cache_memory=16 * 1024**2)
     try:
-        with pytest.raises(ValueError, match="prompt_logprobs is not supported with tensor_parallel_size > 1"):
-            llm.generate("hi", SamplingParams(max_tokens=2, prompt_logprobs=1), use_tqdm=False)
         assert llm.generate("hi", SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
     finally:
         llm.shutdown()

@@ -70,8 +70,7 @@ class EngineParts:
         engine_core = EngineCore(loaded, config, grammar_compiler, tp_workers=workers)
         input_processor = InputProcessor(loaded.tokenizer, loaded.config.vocab_size, engine_core.max_model_len,
                                          extra_eos, config.seed, config.scheduling_policy, grammar_compiler,
-                                         config.reasoning_parser, image_inputs=image_inputs_of(loaded, config),
-                                         prompt_logprobs=workers is None)
+                                         config.reasoning_parser, image_inputs=image_inputs_of(loaded, config))
         return cls(loaded, engine_core, input_processor, OutputProcessor(loaded.tokenizer), grammar_compiler)
 
     def generation_defaults(self) -> dict:

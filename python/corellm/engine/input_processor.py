@@ -43,7 +43,7 @@ class InputProcessor:
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_model_len: int,
                  extra_eos_token_ids: list[int] | None = None, seed: int = 0, scheduling_policy: str = "fcfs",
                  grammar_compiler: GrammarCompiler | None = None, reasoning_parser: str | None = None,
-                 image_inputs: ImageInputs | None = None, prompt_logprobs: bool = True):
+                 image_inputs: ImageInputs | None = None):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -53,7 +53,6 @@ class InputProcessor:
         self.reasoning_parser = reasoning_parser  # a reasoning model: grammars start after its reasoning
         self._rng = random.Random(seed)  # seeds for requests that bring none: reproducible per engine
         self.image_inputs = image_inputs  # a model that takes images (LLaVA); None: text only
-        self.prompt_logprobs = prompt_logprobs  # False: the engine cannot score prompts (tensor parallel)
 
     def images(self, prompt: PromptType, ids: list[int]):
         """(ids with each image's placeholders expanded, its MultiModalFeatures) for a prompt's
@@ -120,8 +119,6 @@ class InputProcessor:
         bad_stop = [t for t in params.stop_token_ids if t >= self.vocab_size]
         if bad_stop:
             raise ValueError(f"stop_token_ids has token id {bad_stop[0]} outside the vocabulary [0, {self.vocab_size})")
-        if params.prompt_logprobs is not None and not self.prompt_logprobs:
-            raise ValueError("prompt_logprobs is not supported with tensor_parallel_size > 1 yet")
         if params.logprobs is not None and params.logprobs > self.vocab_size:
             raise ValueError(f"logprobs ({params.logprobs}) exceeds the vocabulary size {self.vocab_size}")
         self.check_priority(priority)

@@ -33,6 +33,18 @@ from corellm.worker.tp_workers import TensorParallelWorkers
 logger = logging.getLogger("corellm")
 
 
+@dataclass(frozen=True)
+class PromptSpan:
+    """A request's prompt positions start .. end-1 scored this step (each predicts the next prompt
+    token), at hidden rows hidden_start .. hidden_end-1 of the step."""
+
+    req_id: str
+    start: int
+    end: int
+    hidden_start: int
+    hidden_end: int
+
+
 @dataclass
 class ExecuteModelState:
     scheduler_output: _core.SchedulerOutput
@@ -92,22 +104,24 @@ class ModelRunner:
             return None
         b = self.builder
         b.prepare_inputs(so)
+        spans = self._prompt_spans(so)
         with torch.inference_mode():
-            hidden = self.forward(so)
+            hidden = self.forward(so, spans)
             logits = self.model.compute_logits(hidden[torch.from_numpy(b.logits_indices).long().to(self.device)])
-            prompt_logprobs = self._prompt_logprobs(so, hidden)
+            prompt_logprobs = self._prompt_logprobs(spans, hidden)
         # The sampler runs where the logits are (corellm's CPU or CUDA kernel).
         self._state = ExecuteModelState(so, logits.float().contiguous(), prompt_logprobs)
         return None
 
-    def forward(self, so: _core.SchedulerOutput) -> torch.Tensor:
+    def forward(self, so: _core.SchedulerOutput, prompt_spans: list[PromptSpan] = ()) -> torch.Tensor:
         """The step's forward over the builder's inputs -> hidden states [num_tokens, hidden]. The
         one place that picks how it runs:
           1. a captured CUDA graph: on a GPU, for a uniform-decode batch no larger than the largest
              capture (padded to the next captured size);
           2. the native decoder stack: on a CPU with the weights packed in bf16 (one native call);
           3. the model's per-op layers: everything else (fp32, a GPU's prefill and mixed batches).
-        2 and 3 are bit-identical; 1 runs 3's kernels."""
+        2 and 3 are bit-identical; 1 runs 3's kernels. prompt_spans: the rows whose logits the step
+        scores after the sampled ones (tensor-parallel workers compute them alongside)."""
         b = self.builder
         inputs_embeds = self._embeds_with_images(so) if self.mm_features else None
         graph_size = None
@@ -127,7 +141,8 @@ class ModelRunner:
             StepMessage.send(self.tp_workers.channel, input_ids=b.input_ids, positions=b.positions,
                              slot_mapping=b.slot_mapping, seq_lens=b.seq_lens, query_start_loc=b.query_start_loc,
                              block_table=b.block_table, logits_indices=b.logits_indices,
-                             max_query_len=b.max_query_len, max_seq_len=b.max_seq_len)
+                             max_query_len=b.max_query_len, max_seq_len=b.max_seq_len,
+                             prompt_rows=[(s.hidden_start, s.hidden_end) for s in prompt_spans])
         if self.native_stack is not None:
             return self.native_stack.forward(i32(b.input_ids), i32(b.positions), attn, inputs_embeds=inputs_embeds)
         return self.model.forward(i32(b.input_ids), i32(b.positions), attn, self.kv_caches,
@@ -187,22 +202,30 @@ class ModelRunner:
                 self.mm_features[request.request_id] = request.mm_features
         self.builder.update_states(so)
 
-    def _prompt_logprobs(self, so: _core.SchedulerOutput, hidden: torch.Tensor) -> dict[str, PromptLogprobs]:
-        out: dict[str, PromptLogprobs] = {}
-        req_ids = so.req_ids
+    def _prompt_spans(self, so: _core.SchedulerOutput) -> list[PromptSpan]:
+        """The step's prompt positions to score, per request that asked for prompt logprobs (after
+        prepare_inputs: the builder's query_start_loc locates each request's rows)."""
+        spans = []
         computed, scheduled = so.num_computed_tokens, so.num_scheduled_tokens
         qsl = self.builder.query_start_loc
-        for i, req_id in enumerate(req_ids):
+        for i, req_id in enumerate(so.req_ids):
             r = self.sampling.requests.get(req_id)
             if r is None or r.request.sampling_params.prompt_logprobs is None:
                 continue
-            prompt = r.request.prompt_token_ids
             start = int(computed[i])
             # Query position p predicts the token at p + 1; only prompt tokens are scored here.
-            end = min(start + int(scheduled[i]), len(prompt) - 1)
-            if end <= start:
-                continue
-            h = hidden[int(qsl[i]) : int(qsl[i]) + (end - start)]
+            end = min(start + int(scheduled[i]), len(r.request.prompt_token_ids) - 1)
+            if end > start:
+                spans.append(PromptSpan(req_id, start, end, int(qsl[i]), int(qsl[i]) + (end - start)))
+        return spans
+
+    def _prompt_logprobs(self, spans: list[PromptSpan], hidden: torch.Tensor) -> dict[str, PromptLogprobs]:
+        out: dict[str, PromptLogprobs] = {}
+        for span in spans:
+            req_id, start, end = span.req_id, span.start, span.end
+            r = self.sampling.requests[req_id]
+            prompt = r.request.prompt_token_ids
+            h = hidden[span.hidden_start:span.hidden_end]
             lp = torch.log_softmax(self.model.compute_logits(h), dim=-1).cpu()
             targets = torch.tensor(prompt[start + 1 : end + 1], dtype=torch.long)
             chosen = lp.gather(1, targets[:, None])[:, 0]

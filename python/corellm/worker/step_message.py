@@ -24,16 +24,20 @@ class StepMessage:
     positions: torch.Tensor  # int32 [num_tokens]
     attn: AttentionMetadata
     logits_indices: torch.Tensor  # int64 [rows]: the hidden rows whose logits the step computes
+    # Then, in order, the logits of hidden rows [start, end) for each pair (prompt logprobs).
+    prompt_rows: list[tuple[int, int]]
 
     @staticmethod
     def send(channel: BroadcastChannel, *, input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
              seq_lens: np.ndarray, query_start_loc: np.ndarray, block_table: np.ndarray, logits_indices: np.ndarray,
-             max_query_len: int, max_seq_len: int) -> None:
+             max_query_len: int, max_seq_len: int, prompt_rows: list[tuple[int, int]] = ()) -> None:
         n, seqs = input_ids.shape[0], seq_lens.shape[0]
         cols = block_table.shape[1] if block_table.ndim == 2 else 0
+        spans = np.asarray(prompt_rows, dtype=np.int32).reshape(-1)
         payload = np.concatenate([input_ids, positions, slot_mapping, seq_lens, query_start_loc,
-                                  block_table.reshape(-1), logits_indices.astype(np.int32)]).astype(np.int32)
-        channel.send([STEP, n, seqs, cols, logits_indices.shape[0], max_query_len, max_seq_len], payload)
+                                  block_table.reshape(-1), logits_indices.astype(np.int32), spans]).astype(np.int32)
+        channel.send([STEP, n, seqs, cols, logits_indices.shape[0], max_query_len, max_seq_len, len(prompt_rows)],
+                     payload)
 
     @staticmethod
     def send_command(channel: BroadcastChannel, command: int, *values: int) -> None:
@@ -44,13 +48,14 @@ class StepMessage:
     def receive(channel: BroadcastChannel) -> tuple[int, list[int], StepMessage | None]:
         """(command, the header's values, the step for STEP)."""
         header, payload = channel.receive()
-        command, n, seqs, cols, rows, max_query_len, max_seq_len, _ = header
+        command, n, seqs, cols, rows, max_query_len, max_seq_len, num_spans = header
         if command != STEP:
             return command, header[1:], None
-        expected = 3 * n + seqs + (seqs + 1) + seqs * cols + rows
+        expected = 3 * n + seqs + (seqs + 1) + seqs * cols + rows + 2 * num_spans
         if payload.size != expected:
             raise RuntimeError(f"a step message carries {payload.size} values where its header needs {expected}")
-        parts = torch.split(torch.from_numpy(payload.copy()), [n, n, n, seqs, seqs + 1, seqs * cols, rows])
+        parts = torch.split(torch.from_numpy(payload.copy()), [n, n, n, seqs, seqs + 1, seqs * cols, rows, 2 * num_spans])
         attn = AttentionMetadata(slot_mapping=parts[2], block_table=parts[5].view(seqs, cols), seq_lens=parts[3],
                                  query_start_loc=parts[4], max_query_len=max_query_len, max_seq_len=max_seq_len)
-        return STEP, [], StepMessage(parts[0], parts[1], attn, parts[6].long())
+        prompt_rows = [tuple(pair) for pair in parts[7].view(num_spans, 2).tolist()]
+        return STEP, [], StepMessage(parts[0], parts[1], attn, parts[6].long(), prompt_rows)

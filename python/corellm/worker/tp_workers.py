@@ -87,6 +87,8 @@ def worker_main(rank: int, spec: WorkerSpec) -> None:
             else:
                 hidden = model.forward(step.input_ids.to(device), step.positions.to(device), step.attn, kv_caches)
             model.compute_logits(hidden[step.logits_indices.to(device)])
+            for start, end in step.prompt_rows:  # rank 0's prompt logprobs: the same gathers, in order
+                model.compute_logits(hidden[start:end])
     torch.distributed.destroy_process_group()
 
 
