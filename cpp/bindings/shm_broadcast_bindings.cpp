@@ -1,5 +1,6 @@
 // Binds ShmBroadcast: the writer's and the readers' ends of a shared-memory message ring. The waits
 // release the GIL.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include <memory>
@@ -22,16 +23,29 @@ void bind_shm_broadcast(py::module_& m) {
       .def("unlink_name", &ShmBroadcast::unlink_name, "Removes the name; the mappings stay valid.")
       .def(
           "publish",
-          [](ShmBroadcast& b, const py::buffer& data, double timeout_s) {
-            py::buffer_info info = data.request();
-            CORELLM_CHECK_ARG(PyBuffer_IsContiguous(info.view(), 'C'), "publish: the message must be contiguous");
-            const auto size = static_cast<size_t>(info.size * info.itemsize);
+          [](ShmBroadcast& b, const py::object& data, double timeout_s) {
+            // One buffer, or a list / tuple of them: the message is their bytes one after the other.
+            std::vector<py::buffer_info> infos;
+            auto add = [&](const py::handle& h) {
+              py::buffer_info info = py::reinterpret_borrow<py::buffer>(h).request();
+              CORELLM_CHECK_ARG(PyBuffer_IsContiguous(info.view(), 'C'), "publish: each part must be contiguous");
+              infos.push_back(std::move(info));
+            };
+            if (py::isinstance<py::list>(data) || py::isinstance<py::tuple>(data)) {
+              for (const py::handle& h : data) add(h);
+            } else {
+              add(data);
+            }
+            std::vector<ShmBroadcast::Part> parts;
+            for (const py::buffer_info& info : infos) {
+              parts.push_back({info.ptr, static_cast<size_t>(info.size * info.itemsize)});
+            }
             py::gil_scoped_release release;
-            return b.publish(info.ptr, size, timeout_s);
+            return b.publish(parts, timeout_s);
           },
           py::arg("data"), py::arg("timeout_s"),
-          "True once the readers can see the message; False if a reader has not taken the message in "
-          "the slot within timeout_s.")
+          "True once the readers can see the message (a buffer, or a list of buffers sent as one); False "
+          "if a reader has not taken the message in the slot within timeout_s.")
       .def(
           "receive",
           [](ShmBroadcast& b, double timeout_s) -> py::object {
@@ -42,9 +56,12 @@ void bind_shm_broadcast(py::module_& m) {
               got = b.receive(out, timeout_s);
             }
             if (!got) return py::none();
-            return py::bytes(reinterpret_cast<const char*>(out.data()), out.size());
+            auto* owned = new std::vector<uint8_t>(std::move(out));  // the array's memory, no copy
+            py::capsule release(owned, [](void* p) { delete static_cast<std::vector<uint8_t>*>(p); });
+            return py::array_t<uint8_t>(static_cast<py::ssize_t>(owned->size()), owned->data(), release);
           },
-          py::arg("timeout_s"), "The next message's bytes, or None if none came within timeout_s.")
+          py::arg("timeout_s"), "The next message's bytes as a writable uint8 array, or None if none came "
+          "within timeout_s.")
       .def_property_readonly("slot_capacity", &ShmBroadcast::slot_capacity)
       .def_property_readonly("num_readers", &ShmBroadcast::num_readers)
       .def_property_readonly("name", &ShmBroadcast::name);

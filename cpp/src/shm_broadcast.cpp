@@ -137,7 +137,13 @@ uint8_t* ShmBroadcast::slot(uint32_t message) const {
 }
 
 bool ShmBroadcast::publish(const void* data, size_t size, double timeout_s) {
+  return publish(std::vector<Part>{{data, size}}, timeout_s);
+}
+
+bool ShmBroadcast::publish(const std::vector<Part>& parts, double timeout_s) {
   CORELLM_CHECK_ARG(is_writer(), "ShmBroadcast: reader ", reader_, " cannot publish");
+  size_t size = 0;
+  for (const Part& p : parts) size += p.size;
   CORELLM_CHECK_ARG(size <= slot_capacity(), "ShmBroadcast: a message of ", size, " bytes exceeds a slot's ",
                     slot_capacity());
   const auto until = deadline_after(timeout_s);
@@ -155,7 +161,11 @@ bool ShmBroadcast::publish(const void* data, size_t size, double timeout_s) {
   uint8_t* s = slot(m);
   const uint64_t n = size;
   std::memcpy(s, &n, sizeof(n));
-  if (size > 0) std::memcpy(s + sizeof(n), data, size);
+  size_t at = sizeof(n);
+  for (const Part& p : parts) {
+    if (p.size > 0) std::memcpy(s + at, p.data, p.size);
+    at += p.size;
+  }
   header_->published.value.store(m + 1, std::memory_order_release);
   futex_wake_all(&header_->published.value);
   return true;

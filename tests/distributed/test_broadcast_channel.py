@@ -38,7 +38,7 @@ def rank_main(rank: int, size: int, init: str, transport: str, results) -> None:
     problems = []
     for i, (header, payload) in enumerate(messages()):
         if rank == 0:
-            channel.send(header, payload)
+            channel.send(header, [payload[:3], payload[3:]])  # parts sent as one payload
             continue
         got_header, got_payload = channel.receive()
         if got_header != header + [0] * (8 - len(header)):

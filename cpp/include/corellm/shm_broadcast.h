@@ -55,6 +55,13 @@ class ShmBroadcast {
   // Writer: true once the message is visible to the readers; false if some reader has not taken
   // the message that occupied the slot within timeout_s. InvalidArgument if size > slot_capacity().
   bool publish(const void* data, size_t size, double timeout_s);
+  // The same for a message made of parts, copied one after the other into the slot (no gathering
+  // copy beforehand).
+  struct Part {
+    const void* data;
+    size_t size;
+  };
+  bool publish(const std::vector<Part>& parts, double timeout_s);
   // Reader: true with the next message's bytes in `out`; false if none came within timeout_s.
   bool receive(std::vector<uint8_t>& out, double timeout_s);
 

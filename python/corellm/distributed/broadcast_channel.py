@@ -68,27 +68,27 @@ class BroadcastChannel:
     def transport(self) -> str:
         return "shared memory" if self.ring is not None else "gloo"
 
-    def send(self, header: list[int], payload: np.ndarray | None = None) -> None:
-        """Rank 0: the header (up to HEADER_VALUES ints, zero-padded) and an int32 payload to every
-        other rank."""
+    def send(self, header: list[int], payload: list[np.ndarray] = ()) -> None:
+        """Rank 0: the header (up to HEADER_VALUES ints, zero-padded) and an int32 payload — the
+        given arrays one after the other — to every other rank."""
         if len(header) > HEADER_VALUES:
             raise ValueError(f"a channel header holds {HEADER_VALUES} values, got {len(header)}")
-        body = np.ascontiguousarray(payload if payload is not None else np.empty(0, np.int32), dtype=np.int32)
+        parts = [np.ascontiguousarray(a, dtype=np.int32).reshape(-1) for a in payload]
+        size = sum(a.size for a in parts)
         wire = np.zeros(_WIRE, np.int64)
-        wire[0] = body.size
+        wire[0] = size
         wire[2:2 + len(header)] = header
         if self.ring is None:
             torch.distributed.broadcast(torch.from_numpy(wire), src=0, group=self.group)
         else:
-            fits = wire.nbytes + body.nbytes <= self.ring.slot_capacity
+            fits = wire.nbytes + 4 * size <= self.ring.slot_capacity
             wire[1] = 0 if fits else 1
-            message = np.concatenate([wire.view(np.uint8), body.view(np.uint8)]) if fits else wire
-            if not self.ring.publish(message, _SEND_TIMEOUT_S):
+            if not self.ring.publish([wire, *parts] if fits else wire, _SEND_TIMEOUT_S):
                 raise RuntimeError(f"a tensor-parallel worker did not take a step message in {_SEND_TIMEOUT_S:.0f} s")
             if fits:
                 return
-        if body.size:
-            torch.distributed.broadcast(torch.from_numpy(body), src=0, group=self.group)
+        if size:
+            torch.distributed.broadcast(torch.from_numpy(np.concatenate(parts)), src=0, group=self.group)
 
     def receive(self) -> tuple[list[int], np.ndarray]:
         """Another rank: the next message's header values and payload, waiting as long as it takes."""
@@ -100,8 +100,8 @@ class BroadcastChannel:
             while (message := self.ring.receive(_POLL_S)) is None:
                 if not self._writer_alive():
                     raise RuntimeError("rank 0 (the engine's process) exited; this worker stops")
-            wire = np.frombuffer(message, np.int64, _WIRE)
-            rest = None if wire[1] else np.frombuffer(message, np.int32, offset=wire.nbytes)
+            wire = message[:8 * _WIRE].view(np.int64)  # views of the received (writable) bytes: no copy
+            rest = None if wire[1] else message[8 * _WIRE:].view(np.int32)
         size = int(wire[0])
         if rest is None:
             rest = np.empty(size, np.int32)

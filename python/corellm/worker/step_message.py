@@ -34,10 +34,8 @@ class StepMessage:
         n, seqs = input_ids.shape[0], seq_lens.shape[0]
         cols = block_table.shape[1] if block_table.ndim == 2 else 0
         spans = np.asarray(prompt_rows, dtype=np.int32).reshape(-1)
-        payload = np.concatenate([input_ids, positions, slot_mapping, seq_lens, query_start_loc,
-                                  block_table.reshape(-1), logits_indices.astype(np.int32), spans]).astype(np.int32)
         channel.send([STEP, n, seqs, cols, logits_indices.shape[0], max_query_len, max_seq_len, len(prompt_rows)],
-                     payload)
+                     [input_ids, positions, slot_mapping, seq_lens, query_start_loc, block_table, logits_indices, spans])
 
     @staticmethod
     def send_command(channel: BroadcastChannel, command: int, *values: int) -> None:
@@ -54,7 +52,7 @@ class StepMessage:
         expected = 3 * n + seqs + (seqs + 1) + seqs * cols + rows + 2 * num_spans
         if payload.size != expected:
             raise RuntimeError(f"a step message carries {payload.size} values where its header needs {expected}")
-        parts = torch.split(torch.from_numpy(payload.copy()), [n, n, n, seqs, seqs + 1, seqs * cols, rows, 2 * num_spans])
+        parts = torch.split(torch.from_numpy(payload), [n, n, n, seqs, seqs + 1, seqs * cols, rows, 2 * num_spans])
         attn = AttentionMetadata(slot_mapping=parts[2], block_table=parts[5].view(seqs, cols), seq_lens=parts[3],
                                  query_start_loc=parts[4], max_query_len=max_query_len, max_seq_len=max_seq_len)
         prompt_rows = [tuple(pair) for pair in parts[7].view(num_spans, 2).tolist()]
