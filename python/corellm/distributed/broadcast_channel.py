@@ -5,9 +5,9 @@ HEADER_VALUES int64 values and an int32 payload.
 Two transports, chosen when the group starts:
 
 - every rank on this machine: a ring of slots in shared memory (corellm._core.ShmBroadcast): rank
-  0 copies the message into a slot and wakes the workers, each copies it out — ~10 us between two
-  processes, ~0.1-0.2 ms for a whole step with the packing in Python, where two gloo broadcasts
-  over loopback sockets take 0.6-0.9 ms (bench/tp_overhead.py);
+  0 copies the message's parts into a slot and wakes the workers, each copies it out — ~10 us
+  between two processes, ~0.06-0.12 ms for a whole step with the Python around it, where two gloo
+  broadcasts over loopback sockets take 0.6-0.9 ms (bench/tp_overhead.py);
 - ranks on other machines: a header broadcast, then the payload's, over a gloo group of the
   channel's own.
 
