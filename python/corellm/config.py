@@ -201,8 +201,6 @@ class EngineConfig:
             raise ValueError(f"node_rank {self.node_rank} must be below nnodes {self.nnodes}")
         if self.nnodes > 1 and not (0 < self.master_port < 65536):
             raise ValueError("several nodes need master_port (--master-port): node 0's port the ranks meet at")
-        if self.tensor_parallel_size > 1 and self.speculative_config is not None:
-            raise ValueError("speculative decoding with tensor_parallel_size > 1 is not supported yet")
         limits = self.limit_mm_per_prompt
         if limits is not None:
             if not isinstance(limits, dict) or set(limits) - {"image"}:
