@@ -79,15 +79,17 @@ def test_prompt_logprobs_of_three_ranks_equal_one(tmp_path, tokenizer_json):
 
 
 def test_speculative_decoding_with_three_ranks_is_bit_identical_to_none():
-    """SmolLM2 bf16 over three ranks (native stacks, shared-memory all-reduce): the n-gram drafts are
-    verified by rank 0 on logits rows the workers compute alongside (the step's logits_indices), and
-    the greedy tokens and logprobs equal those of the same engine without drafts, bit for bit."""
+    """SmolLM2 bf16 over three ranks (native stacks, shared-memory all-reduce): the drafts — n-gram,
+    or a draft model (here the model itself) that runs whole in rank 0 — are verified by rank 0 on
+    logits rows the workers compute alongside (the step's logits_indices), and the greedy tokens and
+    logprobs equal those of the same engine without drafts, bit for bit."""
+    from corellm.model.loader import default_model_path
     from tests.engine.test_speculative import COPY, NGRAM
 
     params = SamplingParams(temperature=0, max_tokens=24, logprobs=2)
     common = dict(tensor_parallel_size=3, max_model_len=256, kv_cache_memory=32 * 1024**2)
     runs = []
-    for spec in (None, NGRAM):
+    for spec in (None, NGRAM, {"model": str(default_model_path()), "num_speculative_tokens": 3}):
         llm = LLM(speculative_config=spec, **common)
         try:
             outs = llm.generate(COPY, params, use_tqdm=False)
@@ -97,7 +99,7 @@ def test_speculative_decoding_with_three_ranks_is_bit_identical_to_none():
                 assert llm.get_metrics()["corellm:spec_decode_num_accepted_tokens"] > 0
         finally:
             llm.shutdown()
-    assert runs[0] == runs[1]
+    assert runs[0] == runs[1] == runs[2]
 
 
 def test_smollm2_three_ranks_equal_one():
