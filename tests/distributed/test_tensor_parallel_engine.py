@@ -121,6 +121,14 @@ def test_what_tensor_parallelism_refuses():
         LLM(tensor_parallel_size=2, nnodes=2)
     llm = LLM(tensor_parallel_size=3, dtype="float32", max_model_len=64, kv_cache_memory=16 * 1024**2)
     try:
+        workers = llm.engine_core.model_runner.tp_workers
+        usage = workers.collective_rpc("memory_usage")  # every worker's answer, in rank order
+        assert [u["rank"] for u in usage] == [1, 2] and all(u["kv_cache_bytes"] > 0 for u in usage)
+        assert {u["weight_bytes"] for u in usage} == {sum(llm.loaded.model.weight_bytes().values())}  # equal shares
+        with pytest.raises(ValueError, match="workers have no method 'shutdown_now'"):
+            workers.collective_rpc("shutdown_now")
+        with pytest.raises(RuntimeError, match="rank 1: setup_kv_cache: TypeError"):
+            workers.collective_rpc("setup_kv_cache")  # a call that fails on the workers: reported, serving goes on
         assert llm.generate("hi", SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
     finally:
         llm.shutdown()

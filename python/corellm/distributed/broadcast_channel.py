@@ -1,5 +1,5 @@
 """BroadcastChannel: rank 0's messages to the other ranks of its tensor-parallel group (each step's
-inputs, and the SETUP / STOP commands: worker/step_message.py). A message is a header of
+inputs, collective_rpc calls and STOP: worker/step_message.py). A message is a header of
 HEADER_VALUES int64 values and an int32 payload.
 
 Two transports, chosen when the group starts:

@@ -68,6 +68,10 @@ class ModelRunner:
         self.tp_workers = tp_workers
         if tp_workers is not None:
             tp_workers.setup(c.num_blocks, c.block_size)
+            for m in tp_workers.collective_rpc("memory_usage"):
+                logger.info("tensor parallel rank %d (pid %d): weights %.1f MiB, KV cache %.1f MiB, resident %.0f MiB",
+                            m["rank"], m["pid"], m["weight_bytes"] / 2**20, m["kv_cache_bytes"] / 2**20,
+                            m["resident_bytes"] / 2**20)
         self.builder = _core.BatchBuilder(max_num_reqs=c.max_num_seqs, max_model_len=c.max_model_len,
                                           block_size=c.block_size, max_num_batched_tokens=c.max_num_batched_tokens)
         self.sampling = SamplingState(c.max_num_seqs)

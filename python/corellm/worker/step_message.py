@@ -2,8 +2,8 @@
 model runner) to the other ranks before its forward — the batch builder's flat arrays and the
 rows whose logits are computed — as one message on the group's BroadcastChannel (shared memory
 on one machine): a header of sizes and one int32 payload. Every rank then runs the same forward
-on its share of the model (its collectives pair up with rank 0's); a header with command STOP ends
-a worker's loop, SETUP sizes its KV cache."""
+on its share of the model (its collectives pair up with rank 0's); a header with command RPC
+carries a worker method call (collective_rpc), STOP ends a worker's loop."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from corellm.distributed.broadcast_channel import BroadcastChannel
 from corellm.model.attention_metadata import AttentionMetadata
 
-STEP, STOP, SETUP = 1, 0, 2
+STEP, STOP, RPC = 1, 0, 2
 
 
 @dataclass
@@ -38,17 +38,25 @@ class StepMessage:
                      [input_ids, positions, slot_mapping, seq_lens, query_start_loc, block_table, logits_indices, spans])
 
     @staticmethod
-    def send_command(channel: BroadcastChannel, command: int, *values: int) -> None:
-        """STOP, or SETUP with up to 7 values (the KV cache's num_blocks and block_size)."""
-        channel.send([command, *values])
+    def send_command(channel: BroadcastChannel, command: int) -> None:
+        """STOP."""
+        channel.send([command])
 
     @staticmethod
-    def receive(channel: BroadcastChannel) -> tuple[int, list[int], StepMessage | None]:
-        """(command, the header's values, the step for STEP)."""
+    def send_call(channel: BroadcastChannel, call: bytes) -> None:
+        """RPC: a pickled (method, args) for the workers (TensorParallelWorkers.collective_rpc)."""
+        padded = np.frombuffer(call + b"\0" * (-len(call) % 4), np.int32)
+        channel.send([RPC, len(call)], [padded])
+
+    @staticmethod
+    def receive(channel: BroadcastChannel) -> tuple[int, bytes | None, StepMessage | None]:
+        """(command, an RPC's pickled call, the step for STEP)."""
         header, payload = channel.receive()
         command, n, seqs, cols, rows, max_query_len, max_seq_len, num_spans = header
+        if command == RPC:
+            return RPC, payload.tobytes()[:n], None
         if command != STEP:
-            return command, header[1:], None
+            return command, None, None
         expected = 3 * n + seqs + (seqs + 1) + seqs * cols + rows + 2 * num_spans
         if payload.size != expected:
             raise RuntimeError(f"a step message carries {payload.size} values where its header needs {expected}")

@@ -6,10 +6,11 @@
                                                  `corellm serve --headless`)
       join the group, then the channel ◀──────▶  join the group (gloo / NCCL), then the channel
                                                  load the model's share r (its heads, its rows)
-      load share 0                               SETUP: allocate its KV cache (the same blocks)
-      setup(num_blocks, block_size) ─────────▶   loop: receive a StepMessage, run the forward and
-      each step: StepMessage.send, forward ───▶        the logits with rank 0 (all-reduces and the
-                 (collectives with every rank)          gather pair up), until STOP
+      load share 0
+      collective_rpc("setup_kv_cache") ──────▶   loop: receive a StepMessage — a call of a Worker
+      each step: StepMessage.send, forward ───▶        method (its result gathered to rank 0), or a
+                 (collectives with every rank)          step: the forward and the logits with rank 0
+                                                        (all-reduces and gathers pair up) — until STOP
       stop() ────────────────────────────────▶   exit
 
 Steps travel on a BroadcastChannel (distributed/broadcast_channel.py): shared memory on one
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import socket
 from dataclasses import dataclass
 
@@ -30,7 +32,7 @@ import torch.multiprocessing as mp
 
 from corellm.distributed.broadcast_channel import BroadcastChannel
 from corellm.distributed.parallel_state import TensorParallel, init_tensor_parallel
-from corellm.worker.step_message import SETUP, STEP, STOP, StepMessage
+from corellm.worker.step_message import RPC, STEP, STOP, StepMessage
 
 logger = logging.getLogger("corellm")
 
@@ -56,11 +58,52 @@ def free_local_port() -> int:
         return s.getsockname()[1]
 
 
+class Worker:
+    """A worker's state — its share of the model, its KV cache — and what rank 0 can ask of it:
+    run a step, or one of RPC_METHODS through TensorParallelWorkers.collective_rpc."""
+
+    RPC_METHODS = ("setup_kv_cache", "memory_usage")
+
+    def __init__(self, rank: int, model):
+        self.rank, self.model = rank, model
+        self.kv_caches, self.stack = None, None
+
+    def setup_kv_cache(self, num_blocks: int, block_size: int) -> None:
+        """The same blocks as rank 0's, this rank's KV heads."""
+        from corellm.model.native_stack import NativeDecoderStack, supports as native_stack_supports
+        from corellm.worker.kv_cache import allocate_kv_caches
+
+        m = self.model
+        self.kv_caches = allocate_kv_caches(m.config, num_blocks, block_size, m.dtype, m.device)
+        self.stack = NativeDecoderStack(m, self.kv_caches) if native_stack_supports(m) else None
+
+    def memory_usage(self) -> dict[str, int]:
+        """This rank's weights and KV cache in bytes, and its process's resident memory."""
+        kv = sum(t.numel() * t.element_size() for pair in self.kv_caches or [] for t in pair)
+        with open("/proc/self/statm") as f:
+            resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return {"rank": self.rank, "pid": os.getpid(), "weight_bytes": sum(self.model.weight_bytes().values()),
+                "kv_cache_bytes": kv, "resident_bytes": resident}
+
+    def execute(self, step: StepMessage) -> None:
+        """The step's forward and logits, as rank 0's model runner: the same collectives in order."""
+        model, device = self.model, self.model.device
+        if self.kv_caches is None:
+            raise RuntimeError(f"rank {self.rank}: a step came before setup_kv_cache")
+        with torch.inference_mode():
+            if self.stack is not None:
+                hidden = self.stack.forward(step.input_ids, step.positions, step.attn)
+            else:
+                hidden = model.forward(step.input_ids.to(device), step.positions.to(device), step.attn, self.kv_caches)
+            model.compute_logits(hidden[step.logits_indices.to(device)])
+            for start, end in step.prompt_rows:  # rank 0's prompt logprobs: the same gathers, in order
+                model.compute_logits(hidden[start:end])
+
+
 def worker_main(rank: int, spec: WorkerSpec) -> None:
-    """A worker process: joins the group, loads its share, then runs the steps rank 0 sends."""
+    """A worker process: joins the group, loads its share, then runs what rank 0 sends — steps
+    and collective_rpc calls — until STOP."""
     from corellm.model.loader import load_model
-    from corellm.model.native_stack import NativeDecoderStack, supports as native_stack_supports
-    from corellm.worker.kv_cache import allocate_kv_caches
 
     torch.set_num_threads(spec.threads)
     device = torch.device(spec.device if spec.device == "cpu" else f"cuda:{rank % spec.ranks_per_node}")
@@ -70,26 +113,29 @@ def worker_main(rank: int, spec: WorkerSpec) -> None:
                                writer_alive=lambda: os.getppid() == parent)
     loaded = load_model(spec.model, dtype=spec.dtype, device=str(device), quantization=spec.quantization,
                         progress=False, tensor_parallel=tp)
-    model, kv_caches, stack = loaded.model, None, None
+    worker = Worker(rank, loaded.model)
     while True:
-        command, values, step = StepMessage.receive(channel)
+        command, payload, step = StepMessage.receive(channel)
         if command == STOP:
             break
-        if command == SETUP:
-            num_blocks, block_size = values[0], values[1]
-            kv_caches = allocate_kv_caches(model.config, num_blocks, block_size, model.dtype, model.device)
-            stack = NativeDecoderStack(model, kv_caches) if native_stack_supports(model) else None
+        if command == RPC:
+            method, args = pickle.loads(payload)
+            try:
+                result = getattr(worker, method)(*args)
+            except Exception as e:  # noqa: BLE001 - reported to rank 0, which raises it
+                result = RpcError(f"rank {rank}: {method}: {type(e).__name__}: {e}")
+            torch.distributed.gather_object(result, None, dst=0, group=channel.group)
             continue
-        assert command == STEP and step is not None and kv_caches is not None
-        with torch.inference_mode():
-            if stack is not None:  # as rank 0's model runner: the same all-reduces, in the same order
-                hidden = stack.forward(step.input_ids, step.positions, step.attn)
-            else:
-                hidden = model.forward(step.input_ids.to(device), step.positions.to(device), step.attn, kv_caches)
-            model.compute_logits(hidden[step.logits_indices.to(device)])
-            for start, end in step.prompt_rows:  # rank 0's prompt logprobs: the same gathers, in order
-                model.compute_logits(hidden[start:end])
+        assert command == STEP and step is not None
+        worker.execute(step)
     torch.distributed.destroy_process_group()
+
+
+@dataclass(frozen=True)
+class RpcError:
+    """A worker method's failure, sent back to rank 0 in place of its result."""
+
+    message: str
 
 
 class TensorParallelWorkers:
@@ -154,9 +200,24 @@ class TensorParallelWorkers:
         worker_main(rank, cls.spec_for(config))
         return 0
 
+    def collective_rpc(self, method: str, *args) -> list:
+        """Runs Worker.<method>(*args) on every worker (ranks 1 ..) and returns their results in rank
+        order; ValueError for a method workers do not have, RuntimeError naming the rank where one
+        raised. (Rank 0's own part is the model runner's.)"""
+        if method not in Worker.RPC_METHODS:
+            raise ValueError(f"collective_rpc: workers have no method {method!r} (they have "
+                             f"{', '.join(Worker.RPC_METHODS)})")
+        StepMessage.send_call(self.channel, pickle.dumps((method, args)))
+        results = [None] * self.spec.size
+        torch.distributed.gather_object(None, results, dst=0, group=self.channel.group)
+        errors = [r.message for r in results[1:] if isinstance(r, RpcError)]
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        return results[1:]
+
     def setup(self, num_blocks: int, block_size: int) -> None:
         """Every worker allocates its KV cache: the same blocks as rank 0's, its own KV heads."""
-        StepMessage.send_command(self.channel, SETUP, num_blocks, block_size)
+        self.collective_rpc("setup_kv_cache", num_blocks, block_size)
 
     def alive(self) -> bool:
         return all(p.is_alive() for p in self._processes)
