@@ -107,7 +107,7 @@ def worker_main(rank: int, spec: WorkerSpec) -> None:
 
     torch.set_num_threads(spec.threads)
     device = torch.device(spec.device if spec.device == "cpu" else f"cuda:{rank % spec.ranks_per_node}")
-    parent = os.getppid()  # rank 0, which spawned this process
+    parent = os.getppid()  # rank 0, which spawned this process (under torchrun: its agent, which ends every rank)
     tp = init_tensor_parallel(rank, spec.size, spec.init_method, device, shm_all_reduce=spec.shm_all_reduce)
     channel = BroadcastChannel(tp, shared_memory=spec.ranks_per_node == spec.size,
                                writer_alive=lambda: os.getppid() == parent)
