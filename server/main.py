@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
 import time
 
 from aiohttp import web
@@ -81,6 +82,22 @@ async def serve(engine: AsyncLLM, config: ServerConfig, host: str, port: int, sh
     await runner.cleanup()
 
 
+def check_listen_address(host: str, port: int) -> None:
+    """ValueError when host:port cannot be listened on (taken, or not an address of this machine):
+    said before the model loads rather than after."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ValueError(f"--host {host}: {e.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server's own socket
+        try:
+            s.bind(address)
+        except OSError as e:
+            raise ValueError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+
+
 def read_chat_template(path: str | None) -> str | None:
     if path is None:
         return None
@@ -107,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--data-parallel-size with --nnodes / --headless is not supported: run one "
                              "multi-node engine per server")
         engine_config_from_args(args)  # a bad argument is refused here, not by N replicas
+        check_listen_address(args.host, args.port)
         from corellm.server.data_parallel import run_data_parallel
 
         return run_data_parallel(args.argv, args.data_parallel_size, args.host, args.port)
@@ -121,7 +139,9 @@ def run(args: argparse.Namespace) -> int:
     if args.enable_auto_tool_choice and args.tool_call_parser is None:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json or mistral)")
     started = time.perf_counter()
-    engine = AsyncLLM(engine_config_from_args(args))
+    config = engine_config_from_args(args)
+    check_listen_address(args.host, args.port)
+    engine = AsyncLLM(config)
     name = args.served_model_name or engine.loaded.name
     logger.info("model %s (%s, %s), context %d tokens", name, engine.loaded.path, engine.loaded.model.dtype,
                    engine.max_model_len)
@@ -133,5 +153,8 @@ def run(args: argparse.Namespace) -> int:
                                  tool_call_parser=args.tool_call_parser,
                                  max_body_bytes=args.max_body_bytes,
                                  admission=AdmissionLimits(args.max_queued_requests, args.max_queued_tokens))
-    asyncio.run(serve(engine, server_config, args.host, args.port, args.shutdown_timeout, started))
+    try:
+        asyncio.run(serve(engine, server_config, args.host, args.port, args.shutdown_timeout, started))
+    except OSError as e:  # the address was taken while the model loaded
+        raise ValueError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from None
     return 0

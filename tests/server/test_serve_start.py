@@ -1,0 +1,30 @@
+"""`corellm serve` refuses an address it cannot listen on with a clear error (exit status 2), before
+it loads the model rather than after."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+
+def serve(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "corellm.cli", "serve", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_a_taken_port_is_a_clear_start_error_before_the_model_loads() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = serve("--port", str(port))
+    assert proc.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in proc.stderr, proc.stderr
+    assert "weights:" not in proc.stderr and "Traceback" not in proc.stderr  # refused before the model loads
+
+
+def test_an_address_of_another_machine_is_a_clear_start_error() -> None:
+    proc = serve("--host", "192.0.2.1", "--port", "8000")  # TEST-NET-1: never this machine's
+    assert proc.returncode == 2
+    assert "cannot listen on 192.0.2.1:8000" in proc.stderr, proc.stderr
