@@ -18,28 +18,19 @@
 #include <vector>
 
 #include "corellm/check.h"
+#include "shared_memory_waits.h"
 
 namespace corellm {
 
 namespace {
 
+using shm::Clock;
+using shm::Counter;
+using shm::cpu_relax;
+using shm::kSpin;
+
 constexpr uint64_t kMagic = 0x636f72656c6c6d32;  // "corellm2"
-constexpr auto kSpin = std::chrono::microseconds(50);
 constexpr auto kPidCheckEvery = std::chrono::milliseconds(5);
-
-using Clock = std::chrono::steady_clock;
-
-struct alignas(64) Counter {
-  std::atomic<uint32_t> value;
-};
-
-void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  sched_yield();
-#endif
-}
 
 // False once the process has exited (gone, or a zombie waiting to be reaped).
 bool process_running(int32_t pid) {

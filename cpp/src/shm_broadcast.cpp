@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "corellm/check.h"
+#include "shared_memory_waits.h"
 
 namespace corellm {
 
@@ -27,29 +28,17 @@ constexpr uint64_t kMagic = 0x636f72656c6c6d31;  // "corellm1"
 // (scheduling, sampling: ~1-10 ms), and waking a sleeping thread costs a cross-core wake-up — in
 // a VM, where the idle vCPU must be scheduled back by the host, 100-300 us; yielding keeps it
 // awake yet gives the core to any other runnable thread (ranks outnumbering the cores).
-constexpr auto kSpin = std::chrono::microseconds(50);
+using shm::Clock;
+using shm::Counter;
+using shm::cpu_relax;
+using shm::kSpin;
 constexpr auto kYield = std::chrono::milliseconds(20);
 
-static_assert(std::atomic<uint32_t>::is_always_lock_free, "the counters are shared between processes");
 static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "a futex word is 32 bits");
-
-struct alignas(64) Counter {
-  std::atomic<uint32_t> value;
-};
-
-using Clock = std::chrono::steady_clock;
 
 Clock::time_point deadline_after(double timeout_s) {
   CORELLM_CHECK_ARG(timeout_s >= 0, "a timeout must be >= 0 seconds, got ", timeout_s);
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
-}
-
-void cpu_relax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#else
-  std::this_thread::yield();
-#endif
 }
 
 // Sleeps while *word == expected, until woken or `until`; spurious returns are fine (callers loop).

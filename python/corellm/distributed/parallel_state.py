@@ -42,6 +42,7 @@ class TensorParallel:
     size: int = 1
     group: Any = None  # torch.distributed.ProcessGroup (None when size is 1)
     shm_all_reduce: Any = None  # _core.ShmAllReduce: every rank on this machine, on the CPU
+    timeout_s: float = 60.0  # a collective's limit (collective_timeout(), read once at init)
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.size:
@@ -55,7 +56,7 @@ class TensorParallel:
         if self.shm_all_reduce is None or t.device.type != "cpu" or tag is None or not t.is_contiguous():
             torch.distributed.all_reduce(t, group=self.group)
             return t
-        self.shm_all_reduce.all_reduce(t.data_ptr(), t.numel(), tag, collective_timeout().total_seconds())
+        self.shm_all_reduce.all_reduce(t.data_ptr(), t.numel(), tag, self.timeout_s)
         return t
 
     def gather_last_dim(self, t: torch.Tensor) -> torch.Tensor | None:
@@ -75,11 +76,11 @@ def init_tensor_parallel(rank: int, size: int, init_method: str, device: torch.d
     env:// under torchrun). shm_all_reduce (every rank must be on this machine), on the CPU: the
     all-reduces go through a shared-memory segment that rank 0 creates and names to the others."""
     backend = "nccl" if device.type == "cuda" else "gloo"
-    torch.distributed.init_process_group(backend, init_method=init_method, rank=rank, world_size=size,
-                                         timeout=collective_timeout())
+    timeout = collective_timeout()
+    torch.distributed.init_process_group(backend, init_method=init_method, rank=rank, world_size=size, timeout=timeout)
     group = torch.distributed.group.WORLD
     if not (shm_all_reduce and device.type == "cpu" and size > 1):
-        return TensorParallel(rank, size, group)
+        return TensorParallel(rank, size, group, timeout_s=timeout.total_seconds())
     reducer = None
     if rank == 0:
         name = f"/corellm-ar-{os.getpid()}-{secrets.token_hex(4)}"
@@ -91,4 +92,4 @@ def init_tensor_parallel(rank: int, size: int, init_method: str, device: torch.d
     torch.distributed.barrier(group=group)  # every rank has attached: the name can go
     if rank == 0:
         reducer.unlink_name()
-    return TensorParallel(rank, size, group, reducer)
+    return TensorParallel(rank, size, group, reducer, timeout.total_seconds())

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 
-from corellm.distributed.parallel_state import collective_timeout
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.native import _core
 
@@ -85,7 +84,7 @@ class NativeDecoderStack:
         tp = getattr(model, "tp", None)
         parallel = {} if tp is None or tp.size == 1 else dict(
             all_reduce=tp.shm_all_reduce, vocab_start=tp.rank * c.vocab_size,
-            timeout_s=collective_timeout().total_seconds())
+            timeout_s=tp.timeout_s)
         self._stack = _core.model.DecoderStack(dims=dims, embed=embedding_weight(model.embed), layers=layers,
                                                final_norm=model.norm.data_ptr(), cache=cache, **parallel)
         self.kv_caches = kv_caches
