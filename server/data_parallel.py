@@ -50,6 +50,16 @@ class Replica:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    async def exits_within(self, seconds: float) -> bool:
+        """Whether the process is gone within `seconds`. A killed process closes its sockets a moment
+        before the kernel reports it exited: a probe refused in that moment must not read as a replica
+        that runs but does not answer."""
+        try:
+            await asyncio.to_thread(self.process.wait, seconds)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
 
 @dataclass
 class Router:
@@ -121,7 +131,7 @@ async def health(request: web.Request) -> web.Response:
                 async with router.session.get(r.url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as resp:
                     state = "ok" if resp.status == 200 else (await resp.json()).get("status", f"http {resp.status}")
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-                state = "unreachable"
+                state = "dead" if await r.exits_within(1.0) else "unreachable"
         states.append({"replica": r.index, "status": state, "pid": r.process.pid, "exit_code": r.process.poll(),
                        "in_flight": r.in_flight, "served": r.served})
     ok = sum(s["status"] == "ok" for s in states)
