@@ -7,6 +7,7 @@
 
 #include "corellm/kernels/dtype.h"
 #include "corellm/kernels/packed_gemm.h"
+#include "next_panel.h"
 
 namespace corellm {
 

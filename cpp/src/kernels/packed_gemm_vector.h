@@ -9,9 +9,10 @@
 //   kMaxRows                     rows of x per block: their sums stay in registers
 //
 // Per panel and block of up to kMaxRows x rows it walks the k pairs, accumulating 32 columns x
-// the rows, and re-reads the panel from its caches for the next block of rows. Every row is
-// accumulated the same way whatever the block (one chain per 16 columns, k pairs in order), so
-// a row's result does not depend on the rows computed beside it.
+// the rows, and re-reads the panel from its caches for the next block of rows; meanwhile the
+// thread's next panel is fetched into L2 (next_panel.h). Every row is accumulated the same way
+// whatever the block (one chain per 16 columns, k pairs in order), so a row's result does not
+// depend on the rows computed beside it.
 //
 // Include it inside the path's target region, after every system header (and packed_gemm_paths.h):
 // its templates are compiled for that path's instructions, in each source its own copy.
@@ -43,11 +44,12 @@ struct PanelRows {
 };
 
 template <class Lanes, int MR>
-void panel_rows(const PanelRows& b) {
+void panel_rows(const PanelRows& b, NextPanel& next) {
   const int64_t pairs = (b.k + 1) / 2, full = b.k / 2;
   typename Lanes::Acc acc[MR][2];
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = Lanes::zero();
   for (int64_t kp = 0; kp < pairs; ++kp) {
+    next.step();
     const uint16_t* wp = b.panel + kp * kGemmPanelCols * 2;
     const typename Lanes::W w0 = Lanes::load_w(wp);
     const typename Lanes::W w1 = Lanes::load_w(wp + 32);
@@ -74,27 +76,32 @@ void panel_rows(const PanelRows& b) {
 
 // Rows [0, m) of the block's panel: blocks of kMaxRows, then one of the rows left.
 template <class Lanes, int MR = Lanes::kMaxRows>
-void panel_tail_rows(PanelRows b, int64_t m) {
+void panel_tail_rows(PanelRows b, int64_t m, NextPanel& next) {
   if constexpr (MR >= 1) {
-    if (m == MR) return panel_rows<Lanes, MR>(b);
-    return panel_tail_rows<Lanes, MR - 1>(b, m);
+    if (m == MR) return panel_rows<Lanes, MR>(b, next);
+    return panel_tail_rows<Lanes, MR - 1>(b, m, next);
   }
 }
 
+// next_panel: the panel this thread computes after this one (null: none), prefetched meanwhile.
 template <class Lanes>
-void panel_all_rows(PanelRows b, int64_t m) {
+void panel_all_rows(PanelRows b, int64_t m, const uint16_t* next_panel) {
   const int64_t y_item = b.y_f32 ? 4 : 2;
+  const int64_t blocks = (m + Lanes::kMaxRows - 1) / Lanes::kMaxRows;
+  NextPanel next = next_panel == nullptr ? NextPanel()
+                                         : NextPanel(next_panel, gemm_panel_elements(b.k) * sizeof(uint16_t),
+                                                     blocks * ((b.k + 1) / 2));  // a step per k pair of each block
   int64_t r = 0;
   for (; r + Lanes::kMaxRows <= m; r += Lanes::kMaxRows) {
     PanelRows block = b;
     block.x = b.x + r * b.x_stride;
     block.y = static_cast<char*>(b.y) + r * b.y_stride * y_item;
-    panel_rows<Lanes, Lanes::kMaxRows>(block);
+    panel_rows<Lanes, Lanes::kMaxRows>(block, next);
   }
   if (r == m) return;
   b.x += r * b.x_stride;
   b.y = static_cast<char*>(b.y) + r * b.y_stride * y_item;
-  panel_tail_rows<Lanes>(b, m - r);
+  panel_tail_rows<Lanes>(b, m - r, next);
 }
 
 // Contiguous ranges of panels per thread (one sequential stream each); small products stay on
@@ -109,13 +116,16 @@ void gemm(const GemmArgs& a) {
 #pragma omp parallel if (gemm_worth_threads(a))
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t first = panels * t / threads, last = panels * (t + 1) / threads;
     for (int64_t r = 0; r < a.m; r += kRowChunk) {
       const int64_t rows = std::min(kRowChunk, a.m - r);
-      for (int64_t p = panels * t / threads; p < panels * (t + 1) / threads; ++p) {
+      for (int64_t p = first; p < last; ++p) {
         const PanelRows b{a.x + r * a.x_stride, a.x_stride, a.packed + p * panel_size, a.bias,
                           static_cast<char*>(a.y) + r * a.y_stride * y_item, a.y_stride, y_f32,
                           p * kGemmPanelCols, a.n, a.k};
-        panel_all_rows<Lanes>(b, rows);
+        // After the range's last panel, its first again for the next chunk of rows (if any).
+        const int64_t after = p + 1 < last ? p + 1 : (r + kRowChunk < a.m ? first : -1);
+        panel_all_rows<Lanes>(b, rows, after < 0 ? nullptr : a.packed + after * panel_size);
       }
     }
   }

@@ -14,6 +14,7 @@
 // once in registers (nibbles masked, high bits moved in), then for each row the integer dot
 // products and the type's epilogue (quant_gemm.h), lane by lane the same float operations as the
 // reference path. The integer sums are split into independent chains (integers add exactly).
+// Meanwhile the thread's next panel is fetched into L2 (next_panel.h).
 //
 // Include it inside the path's target region, after every system header: its templates are
 // compiled for that path's instructions, in each source its own copy.
@@ -219,15 +220,16 @@ void store_rows(const QuantGemmArgs& a, const F<Lanes>* acc, int64_t r0, int row
   }
 }
 
-// Rows [r0, r0 + MR) x panel p.
+// Rows [r0, r0 + MR) x panel p; the thread's next panel fetched meanwhile (next_panel.h).
 template <class Lanes, QuantType T, int MR>
-void panel_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int64_t p) {
+void panel_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int64_t p, NextPanel& next) {
   constexpr Layout L = layout_of(T);
   const int64_t nb = a.k / L.block;
   const uint8_t* panel = a.packed + p * nb * L.bytes;
   F<Lanes> acc[MR];
   for (int r = 0; r < MR; ++r) acc[r] = Lanes::zero_f();
   for (int64_t b = 0; b < nb; ++b) {
+    next.step();
     if constexpr (L.block == 32) {
       legacy_block<Lanes, T, MR>(panel + b * L.bytes, x, r0, b, acc);
     } else {
@@ -240,10 +242,16 @@ void panel_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int6
 template <class Lanes, QuantType T>
 void panels(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range) {
   constexpr int kRows = Lanes::kMaxRows;
+  constexpr Layout L = layout_of(T);
+  const int64_t panel_bytes = a.k / L.block * L.bytes, rows = range.r1 - range.r0;
+  const int64_t blocks_of_rows = rows / kRows + rows % kRows;  // blocks of kRows, then single rows
   for (int64_t p = range.p0; p < range.p1; ++p) {
+    NextPanel next = p + 1 < range.p1 ? NextPanel(a.packed + (p + 1) * panel_bytes, panel_bytes,
+                                                  blocks_of_rows * (a.k / L.block))
+                                      : NextPanel();
     int64_t r = range.r0;
-    for (; r + kRows <= range.r1; r += kRows) panel_rows<Lanes, T, kRows>(a, x, r, p);
-    for (; r < range.r1; ++r) panel_rows<Lanes, T, 1>(a, x, r, p);
+    for (; r + kRows <= range.r1; r += kRows) panel_rows<Lanes, T, kRows>(a, x, r, p, next);
+    for (; r < range.r1; ++r) panel_rows<Lanes, T, 1>(a, x, r, p, next);
   }
 }
 

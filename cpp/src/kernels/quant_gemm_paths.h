@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "corellm/kernels/quant_gemm.h"
+#include "next_panel.h"
 
 namespace corellm::quant {
 
