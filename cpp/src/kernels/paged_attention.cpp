@@ -15,6 +15,7 @@
 #include "corellm/kernels/paged_attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -123,10 +124,28 @@ struct Scratch {
   AlignedVector<uint32_t> tile_p;
 };
 
+// The end of the item's first span: its first block's span boundary, or its own end.
+int64_t first_span_end(const WorkItem& w, int64_t blocks_per_span) {
+  return std::min(w.block_end, (w.block_begin / blocks_per_span + 1) * blocks_per_span);
+}
+
+// The keys and values of the item's blocks [b0, b1), for `lines` to fetch.
+void add_span_blocks(const PagedAttentionArgs& a, const WorkItem& w, int64_t b0, int64_t b1,
+                     attention::NextSpanLines& lines) {
+  const int32_t* table = a.block_table + w.seq * a.block_table_stride;
+  for (int64_t b = b0; b < b1; ++b) {
+    const int64_t at = block_offset(a.cache, table[b], w.kv_head);
+    lines.add(static_cast<const uint16_t*>(a.key_cache) + at);
+    lines.add(static_cast<const uint16_t*>(a.value_cache) + at);
+  }
+}
+
 // The item's blocks folded a span (up to kSpanKeys keys) at a time into all its rows at once.
 // Spans start at multiples of kSpanKeys from position 0, whatever the item's first block (a
 // sliding window's), so that a row's spans, like its arithmetic, do not depend on its item.
-void run_spans(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, attention::SpanFoldFn fold_span) {
+// The thread's next item (null: none) has its first span fetched during this item's last.
+void run_spans(const PagedAttentionArgs& a, const WorkItem& w, const WorkItem* next_item, Scratch& sc,
+               attention::SpanFoldFn fold_span) {
   using attention::kSpanKeys;
   const KVCacheShape& c = a.cache;
   const int64_t hd = c.head_size, bs = c.block_size;
@@ -153,19 +172,32 @@ void run_spans(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, atte
   const auto* value_cache = static_cast<const uint16_t*>(a.value_cache);
   const int32_t* table = a.block_table + w.seq * a.block_table_stride;
   const int64_t blocks_per_span = kSpanKeys / bs;
+  const int64_t tile_row_blocks = (rows + attention::kTileRows - 1) / attention::kTileRows;
+  const bool amx = a.isa == CpuIsa::kAmx;
   for (int64_t blk = w.block_begin, end = 0; blk < w.block_end; blk = end) {
     attention::Span span{};
     span.t0 = blk * bs;
     span.valid_end = seq_len;
     end = std::min(w.block_end, (blk / blocks_per_span + 1) * blocks_per_span);
-    // Into L2 (the blocks are scattered): this span's values (needed after its scores) when it
-    // is the item's first, and the next span's keys and values, so that memory works while this
-    // span is computed.
-    const int64_t prefetch_end = std::min(w.block_end, end + blocks_per_span);
-    for (int64_t b = blk == w.block_begin ? blk : end; b < prefetch_end; ++b) {
-      const int64_t at = block_offset(c, table[b], w.kv_head);
-      if (b >= end) prefetch_l2(key_cache + at, hd * bs * 2);
-      prefetch_l2(value_cache + at, hd * bs * 2);
+    // Into L2 (the blocks are scattered): this span's values (needed after its scores) at once
+    // when it is the item's first; and the blocks folded after it (the next span's keys and
+    // values, or after the item's last span the first span of the thread's next item), a line
+    // at a time while this span is folded (NextSpanLines). The amx fold asks for the next span at
+    // once instead.
+    if (blk == w.block_begin) {
+      for (int64_t b = blk; b < end; ++b) prefetch_l2(value_cache + block_offset(c, table[b], w.kv_head), hd * bs * 2);
+    }
+    attention::NextSpanLines next(hd * bs * 2);
+    if (end < w.block_end) {
+      add_span_blocks(a, w, end, std::min(w.block_end, end + blocks_per_span), next);
+    } else if (next_item != nullptr && !amx) {
+      add_span_blocks(a, *next_item, next_item->block_begin, first_span_end(*next_item, blocks_per_span), next);
+    }
+    if (amx) {
+      next.fetch_all();
+    } else {  // the fold's steps: per block of rows, (HD / 2 dim pairs + HD / 16 x 8 key pairs) per 16 keys
+      next.spread_over(tile_row_blocks * (end - blk) * bs / 16 * hd);
+      span.next = &next;
     }
     for (int64_t b = blk; b < end; ++b) {
       const uint16_t* kb = key_cache + block_offset(c, table[b], w.kv_head);
@@ -237,8 +269,11 @@ void run_blocks(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, att
   }
 }
 
+// One item; next_item: the one this thread runs after it (null: none), whose first blocks the
+// span fold fetches while it folds this item's last span.
 template <class T>
-void run_item(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, float* partials) {
+void run_item(const PagedAttentionArgs& a, const WorkItem& w, const WorkItem* next_item, Scratch& sc,
+              float* partials) {
   constexpr bool is_bf16 = sizeof(T) == 2;
   const KVCacheShape& c = a.cache;
   const int64_t hd = c.head_size, bs = c.block_size;
@@ -278,7 +313,7 @@ void run_item(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, float
   }
 
   if (fold_span != nullptr) {
-    run_spans(a, w, sc, fold_span);
+    run_spans(a, w, next_item, sc, fold_span);
   } else {
     run_blocks<T>(a, w, sc, fold);
   }
@@ -371,11 +406,19 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
   const int64_t group = a.num_heads / a.cache.num_kv_heads;
   std::vector<float> partials(static_cast<size_t>(num_partials * kQueryChunk * group * (a.cache.head_size + 2)));
   const auto n = static_cast<int64_t>(items.size());
+  // Items go to whichever thread is free (uneven lengths balance out), each thread claiming its
+  // next item when it starts one, so that it can fetch that item's first blocks meanwhile.
+  std::atomic<int64_t> next_index{0};
 #pragma omp parallel if (n > 1)
   {
     Scratch scratch;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n; ++i) run_item<T>(a, items[static_cast<size_t>(i)], scratch, partials.data());
+    int64_t next = next_index.fetch_add(1, std::memory_order_relaxed);
+    while (next < n) {
+      const int64_t i = next;
+      next = next_index.fetch_add(1, std::memory_order_relaxed);
+      run_item<T>(a, items[static_cast<size_t>(i)], next < n ? &items[static_cast<size_t>(next)] : nullptr, scratch,
+                  partials.data());
+    }
   }
   for (const auto& [first, splits] : split_groups) combine<T>(a, items[first], splits, partials.data());
 }
