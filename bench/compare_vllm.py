@@ -7,8 +7,9 @@
      both engines serve that directory;
   3. starts vLLM's OpenAI server (`python -m vllm.entrypoints.openai.api_server`: its `vllm` console
      script fails on the package name) with every core (VLLM_CPU_OMP_THREADS_BIND=0-N) and a 2 GiB
-     KV cache (corellm's CPU default), waits for it (torch.compile: minutes), runs bench/serve.py at
-     each concurrency, stops it; then the same for `corellm serve`;
+     KV cache (corellm's CPU default), waits for it (torch.compile: minutes), then starts `corellm
+     serve` and waits for it; runs bench/serve.py at each concurrency against vLLM then corellm
+     (--rounds N: N times over, each server's best round per level kept);
   4. prints one table with the ratios and the start-up times (--json writes everything).
 
     .venv/bin/python bench/compare_vllm.py --concurrency 1,4,16,64
@@ -21,7 +22,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from server_process import free_port, print_serving_table, serve_both
@@ -83,6 +83,8 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=1, help="run every level this many times; each server's best "
+                   "round is kept")
     p.add_argument("--json", help="write all results here")
     args = p.parse_args()
 
@@ -93,21 +95,21 @@ def main() -> None:
     report: dict = {"cores": cores, "model": str(model), "vllm": VLLM}
     vllm_port, corellm_port = free_port(), free_port()
     vllm_env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{cores - 1}", VLLM_CPU_KVCACHE_SPACE=str(KV_CACHE_GIB))
-    runs = {
-        "vllm": ([str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--dtype",
-                  "bfloat16", "--port", str(vllm_port), "--host", "127.0.0.1", "--max-model-len", "2048",
-                  "--max-num-seqs", str(max(64, max_conc))], vllm_port, vllm_env),
-        "corellm": ([sys.executable, "-m", "corellm.cli", "serve", str(model), "--port", str(corellm_port),
-                     "--log-level", "warning", "--max-num-seqs", str(max(64, max_conc)),
-                     "--kv-cache-memory", str(KV_CACHE_GIB * 1024**3)], corellm_port, None),
+    servers = {
+        "vllm": [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--dtype",
+                 "bfloat16", "--port", str(vllm_port), "--host", "127.0.0.1", "--max-model-len", "2048",
+                 "--max-num-seqs", str(max(64, max_conc))],
+        "corellm": [sys.executable, "-m", "corellm.cli", "serve", str(model), "--port", str(corellm_port),
+                    "--log-level", "warning", "--max-num-seqs", str(max(64, max_conc)),
+                    "--kv-cache-memory", str(KV_CACHE_GIB * 1024**3)],
     }
-    for name, (cmd, port, env) in runs.items():  # one server at a time: the other takes no core
-        started = time.monotonic()
-        served = serve_both({name: cmd}, {name: port}, args, CACHE, envs={name: env} if env else None,
-                            ready_timeout=900, on_ready=lambda: report.__setitem__(
-                                f"{name}_startup_s", time.monotonic() - started))
-        report[f"{name}_serve"] = served[name]
-
+    # Both servers stay up (an idle vLLM CPU server takes ~1 % of a core) and meet each level one
+    # after the other, in the VM's same phase.
+    startup: dict[str, float] = {}
+    served = serve_both(servers, {"vllm": vllm_port, "corellm": corellm_port}, args, CACHE,
+                        envs={"vllm": vllm_env}, ready_timeout=900, startup_s=startup, rounds=args.rounds)
+    report.update({f"{name}_startup_s": s for name, s in startup.items()})
+    report.update({f"{name}_serve": results for name, results in served.items()})
     print(f"\ncorellm vs vLLM CPU ({VLLM}) — {model.name} bf16, {cores} cores, "
           f"{args.num_prompts} requests x ({args.input_len} in, {args.output_len} out)")
     print(f"start-up to /health 200: vLLM {report['vllm_startup_s']:.1f} s, corellm {report['corellm_startup_s']:.1f} s")
