@@ -183,18 +183,16 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
                quantization: str | None = None, tensor_parallel: TensorParallel | None = None) -> LoadedModel:
     """quantization: see QUANTIZATION_METHODS (None: a GGUF file's quantized tensors stay
     quantized on the CPU). tensor_parallel: this process's rank in a tensor-parallel group, which
-    loads its share of the model (dense weights: a GGUF file is dequantized)."""
+    loads its share of the model (quantized tensors cut as they are: tensor_parallel.shard_weights)."""
     device_ = torch.device(device)
     check_device(device_)
     torch_dtype = resolve_dtype(dtype, device_)
     path = resolve_model_path(model)
     tp = tensor_parallel or TensorParallel()
-    if tp.size > 1:
-        if quantization not in (None, "auto", "none"):
-            raise ValueError(f"quantization {quantization!r} with tensor parallelism is not supported: tensor "
-                             f"parallelism runs on dense weights (quantization 'none')")
-        quantization = "none"
     method = resolve_quantization(quantization, path, device_)
+    if tp.size > 1 and method == "fp8":
+        raise ValueError("quantization 'fp8' with tensor parallelism is not supported yet (a GPU's scaled GEMMs "
+                         "run in one process)")
     llava, image_processor = None, None
     if path.is_dir():
         source = HFModelDir(path)

@@ -81,6 +81,44 @@ class QuantizedTensor:
                       0 if bias is None else bias.data_ptr(), y.data_ptr(), y.stride(0), _DTYPE_CODES[y.dtype],
                       x.shape[0], n, k)
 
+    # ------------------------------------------------------------------ shards (tensor parallelism)
+    # The packed layout is panels of 16 rows, each the k / block panel-blocks of those rows:
+    #   packed = [panel 0: block 0 | block 1 | ... ][panel 1: ...] ...
+    # so whole panels are a range of rows, and the same blocks of every panel a range of columns:
+    # a shard keeps the file's bits.
+    @property
+    def _panel_block_bytes(self) -> int:
+        return _K.quant_gemm_packed_size(self.ggml_type, 16, _K.quant_block_elements(self.ggml_type))
+
+    def rows(self, start: int, end: int) -> QuantizedTensor | None:
+        """Rows [start, end) as a tensor of their own, or None when start is not a multiple of 16
+        (a panel boundary). The last panel may hold rows past `end`: computed, never stored."""
+        n, k = self.shape
+        if not 0 <= start < end <= n or start % 16:
+            return None
+        panel = self.packed.numel() // -(-n // 16)
+        return QuantizedTensor(self.ggml_type, (end - start, k),
+                               self.packed[start // 16 * panel : -(-end // 16) * panel].clone())
+
+    def columns(self, start: int, end: int) -> QuantizedTensor | None:
+        """Columns [start, end) of every row, or None when they are not whole blocks of the type."""
+        n, k = self.shape
+        block = _K.quant_block_elements(self.ggml_type)
+        if not 0 <= start < end <= k or start % block or end % block:
+            return None
+        blocks = self.packed.view(-(-n // 16), k // block, self._panel_block_bytes)
+        return QuantizedTensor(self.ggml_type, (n, end - start),
+                               blocks[:, start // block : end // block].contiguous().view(-1))
+
+    def padded(self, n: int) -> QuantizedTensor:
+        """The tensor with rows appended up to n (zero blocks: every type's zero scales make zero
+        values; a padded vocabulary's rows, never looked up and whose logits are cut)."""
+        rows, k = self.shape
+        extra = _K.quant_gemm_packed_size(self.ggml_type, n, k) - self.packed.numel()
+        if n < rows or extra < 0:
+            raise ValueError(f"cannot pad a {self.type_name} tensor of {rows} rows to {n}")
+        return QuantizedTensor(self.ggml_type, (n, k), torch.cat([self.packed, self.packed.new_zeros(extra)]))
+
     @classmethod
     def int8_per_channel(cls, w: torch.Tensor) -> QuantizedTensor:
         """w [n, k] (k a multiple of 32) quantized to int8 with one scale per output row

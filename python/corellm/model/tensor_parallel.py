@@ -16,11 +16,15 @@ Everything that does not divide is a ValueError naming the heads (or the sizes) 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterable, Iterator
 
 import torch
 
 from corellm.model.model_config import ModelConfig
+from corellm.model.quantized_tensor import QuantizedTensor
+
+logger = logging.getLogger("corellm")
 
 
 def check_divisible(config: ModelConfig, size: int) -> None:
@@ -50,9 +54,12 @@ def shard_config(config: ModelConfig, size: int) -> ModelConfig:
                                vocab_size=vocab_rows(config.vocab_size, size))
 
 
-def shard_weights(weights: Iterable[tuple[str, torch.Tensor]], config: ModelConfig, rank: int,
-                  size: int) -> Iterator[tuple[str, torch.Tensor]]:
-    """The full checkpoint's tensors (HF names) -> rank `rank`'s shards, in the local shapes."""
+def shard_weights(weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]], config: ModelConfig, rank: int,
+                  size: int) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
+    """The full checkpoint's tensors (HF names) -> rank `rank`'s shards, in the local shapes. A
+    quantized tensor (a GGUF type, or --quantization int8's) is cut in its packed form, the same
+    bits, where the cut falls on its panels (16 rows) and blocks (32 or 256 columns); elsewhere it
+    is dequantized first, and that layer runs in the dtype."""
     c = config
     hd = c.head_dim
     heads = c.num_attention_heads // size
@@ -61,22 +68,43 @@ def shard_weights(weights: Iterable[tuple[str, torch.Tensor]], config: ModelConf
     inter = c.intermediate_size // size
     vocab = vocab_rows(c.vocab_size, size)
     for name, t in weights:
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name}: tensor parallelism needs dense weights (load a GGUF file with "
-                             f"quantization='none')")
         if name.endswith(("q_proj.weight", "q_proj.bias")):
-            t = t[rank * heads * hd : (rank + 1) * heads * hd]
+            t = _rows(t, rank * heads * hd, (rank + 1) * heads * hd, name)
         elif name.endswith(("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias")):
-            t = t[kv_first * hd : (kv_first + kv_local) * hd]
+            t = _rows(t, kv_first * hd, (kv_first + kv_local) * hd, name)
         elif name.endswith("o_proj.weight"):
-            t = t[:, rank * heads * hd : (rank + 1) * heads * hd]
+            t = _columns(t, rank * heads * hd, (rank + 1) * heads * hd, name)
         elif name.endswith(("gate_proj.weight", "up_proj.weight")):
-            t = t[rank * inter : (rank + 1) * inter]
+            t = _rows(t, rank * inter, (rank + 1) * inter, name)
         elif name.endswith("down_proj.weight"):
-            t = t[:, rank * inter : (rank + 1) * inter]
+            t = _columns(t, rank * inter, (rank + 1) * inter, name)
         elif name in ("model.embed_tokens.weight", "lm_head.weight"):
-            rows = t[rank * vocab : (rank + 1) * vocab]
-            if rows.shape[0] < vocab:  # the last rank's padding rows: never looked up, logits cut
-                rows = torch.cat([rows, rows.new_zeros(vocab - rows.shape[0], t.shape[1])])
-            t = rows
-        yield name, t.contiguous()
+            # the last rank's padding rows: never looked up, their logits cut
+            t = _padded(_rows(t, rank * vocab, min((rank + 1) * vocab, t.shape[0]), name), vocab)
+        yield name, (t if isinstance(t, QuantizedTensor) else t.contiguous())
+
+
+def _dense(t: QuantizedTensor, name: str) -> torch.Tensor:
+    logger.info("tensor parallelism: %s (%s) is dequantized, its shard does not fall on the type's blocks",
+                name, t.type_name)
+    return t.dequantize(torch.float32)
+
+
+def _rows(t, start: int, end: int, name: str):
+    if isinstance(t, QuantizedTensor):
+        return t.rows(start, end) or _dense(t, name)[start:end]
+    return t[start:end]
+
+
+def _columns(t, start: int, end: int, name: str):
+    if isinstance(t, QuantizedTensor):
+        return t.columns(start, end) or _dense(t, name)[:, start:end]
+    return t[:, start:end]
+
+
+def _padded(t, rows: int):
+    if t.shape[0] == rows:
+        return t
+    if isinstance(t, QuantizedTensor):
+        return t.padded(rows)
+    return torch.cat([t, t.new_zeros(rows - t.shape[0], t.shape[1])])
