@@ -65,6 +65,11 @@ PYBIND11_MODULE(_cuda, m) {
     corellm::cuda::silu_and_mul(ptr<void>(out), out_stride, ptr<const void>(x), x_stride, num_tokens, d,
                                 dtype_of(dtype), stream);
   }, release);
+  m.def("gelu_tanh_and_mul", [](std::uintptr_t out, int64_t out_stride, std::uintptr_t x, int64_t x_stride,
+                                int64_t num_tokens, int64_t d, int32_t dtype, std::uintptr_t stream) {
+    corellm::cuda::gelu_tanh_and_mul(ptr<void>(out), out_stride, ptr<const void>(x), x_stride, num_tokens, d,
+                                     dtype_of(dtype), stream);
+  }, release);
   m.def("rotary_embedding", [](std::uintptr_t positions, std::uintptr_t q, int64_t q_stride, std::uintptr_t k,
                                int64_t k_stride, std::uintptr_t cache, int64_t max_position, int64_t num_tokens,
                                int64_t num_heads, int64_t num_kv_heads, int64_t head_size, int64_t rot_dim,

@@ -1,4 +1,4 @@
-// Elementwise CUDA kernels: RMSNorm, residual-add + RMSNorm, SiLU-and-mul, rotary embedding.
+// Elementwise CUDA kernels: RMSNorm, residual-add + RMSNorm, SiLU- and GELU-and-mul, rotary embedding.
 // One block per token row for the norms (a block reduction of the sum of squares, fp32
 // throughout, rounding where the CPU kernels and HF round); a 2-D grid for the others.
 #include <algorithm>
@@ -46,13 +46,38 @@ __global__ void fused_add_rms_norm_kernel(T* x, int64_t x_stride, T* residual, i
   }
 }
 
-template <class T>
-__global__ void silu_and_mul_kernel(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t d) {
+struct Silu {
+  __device__ float operator()(float g) const { return g / (1.0f + __expf(-g)); }
+};
+
+// GELU's tanh approximation as x / (1 + e^(-2u)), u = sqrt(2 / pi) (x + 0.044715 x^3): the CPU's form.
+struct GeluTanh {
+  __device__ float operator()(float g) const {
+    const float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    return g / (1.0f + __expf(-2.0f * u));
+  }
+};
+
+template <class T, class Act>
+__global__ void gated_activation_kernel(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t d) {
   const int64_t i = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   if (i >= d) return;
   const T* gate = x + blockIdx.x * x_stride;
-  const float g = to_f32(gate[i]);
-  out[blockIdx.x * out_stride + i] = from_f32<T>(g / (1.0f + __expf(-g)) * to_f32(gate[d + i]));
+  out[blockIdx.x * out_stride + i] = from_f32<T>(Act{}(to_f32(gate[i])) * to_f32(gate[d + i]));
+}
+
+template <class Act>
+void gated_activation(const char* op, void* out, int64_t out_stride, const void* x, int64_t x_stride,
+                      int64_t num_tokens, int64_t d, DType dtype, std::uintptr_t stream) {
+  if (num_tokens == 0 || d == 0) return;
+  constexpr int kThreads = 256;
+  const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>((d + kThreads - 1) / kThreads));
+  dispatch(op, dtype, [&](auto tag) {
+    using T = decltype(tag);
+    gated_activation_kernel<T, Act><<<grid, kThreads, 0, as_stream(stream)>>>(
+        static_cast<T*>(out), out_stride, static_cast<const T*>(x), x_stride, d);
+  });
+  check_launch(op);
 }
 
 template <class T>
@@ -107,15 +132,12 @@ void fused_add_rms_norm(void* x, int64_t x_stride, void* residual, int64_t resid
 
 void silu_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride, int64_t num_tokens, int64_t d,
                   DType dtype, std::uintptr_t stream) {
-  if (num_tokens == 0 || d == 0) return;
-  constexpr int kThreads = 256;
-  const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>((d + kThreads - 1) / kThreads));
-  dispatch("silu_and_mul", dtype, [&](auto tag) {
-    using T = decltype(tag);
-    silu_and_mul_kernel<T><<<grid, kThreads, 0, as_stream(stream)>>>(static_cast<T*>(out), out_stride,
-                                                                     static_cast<const T*>(x), x_stride, d);
-  });
-  check_launch("silu_and_mul");
+  gated_activation<Silu>("silu_and_mul", out, out_stride, x, x_stride, num_tokens, d, dtype, stream);
+}
+
+void gelu_tanh_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride, int64_t num_tokens,
+                       int64_t d, DType dtype, std::uintptr_t stream) {
+  gated_activation<GeluTanh>("gelu_tanh_and_mul", out, out_stride, x, x_stride, num_tokens, d, dtype, stream);
 }
 
 void rotary_embedding(const int32_t* positions, void* q, int64_t q_stride, void* k, int64_t k_stride,

@@ -35,6 +35,10 @@ void fused_add_rms_norm(void* x, int64_t x_stride, void* residual, int64_t resid
 void silu_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride, int64_t num_tokens, int64_t d,
                   DType dtype, std::uintptr_t stream);
 
+// out[t, i] = gelu_tanh(x[t, i]) * x[t, d + i] (GeGLU: GELU's tanh approximation).
+void gelu_tanh_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride, int64_t num_tokens,
+                       int64_t d, DType dtype, std::uintptr_t stream);
+
 // In place on the first rot_dim dims of every q and k head; cache [max_position, rot_dim] fp32
 // (cos then sin). NeoX (halves) or GPT-J (interleaved pairs) style.
 void rotary_embedding(const int32_t* positions, void* q, int64_t q_stride, void* k, int64_t k_stride,

@@ -97,6 +97,12 @@ void bind_kernels(py::module_& m) {
           silu_and_mul(ptr<void>(out), out_stride, ptr<const void>(x), x_stride, n, d, dtype_of(dtype));
         },
         py::call_guard<py::gil_scoped_release>());
+  k.def("gelu_tanh_and_mul",
+        [](uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, int64_t n, int64_t d,
+           int32_t dtype) {
+          gelu_tanh_and_mul(ptr<void>(out), out_stride, ptr<const void>(x), x_stride, n, d, dtype_of(dtype));
+        },
+        py::call_guard<py::gil_scoped_release>());
   k.def("rotary_embedding",
         [](uintptr_t positions, uintptr_t q, int64_t q_stride, uintptr_t kk, int64_t k_stride,
            uintptr_t cache, int64_t max_position, int64_t n, int64_t num_heads, int64_t num_kv_heads,

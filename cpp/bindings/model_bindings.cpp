@@ -27,10 +27,13 @@ void bind_model(py::module_& m) {
       .def_readwrite("intermediate", &DecoderDims::intermediate)
       .def_readwrite("eps", &DecoderDims::eps)
       .def_readwrite("scale", &DecoderDims::scale)
-      .def_readwrite("sliding_window", &DecoderDims::sliding_window)
       .def_readwrite("max_position", &DecoderDims::max_position)
-      .def_readwrite("rot_dim", &DecoderDims::rot_dim);
-  def_address(dims, "cos_sin_cache", &DecoderDims::cos_sin_cache);
+      .def_readwrite("rot_dim", &DecoderDims::rot_dim)
+      .def_readwrite("activation", &DecoderDims::activation)
+      .def_readwrite("embedding_multiplier", &DecoderDims::embedding_multiplier);
+  py::enum_<GatedActivation>(model, "GatedActivation", "The MLP's gated activation")
+      .value("SILU", GatedActivation::kSilu)
+      .value("GELU_TANH", GatedActivation::kGeluTanh);
 
   model.attr("BF16_PACKED") = kBf16Packed;
   py::class_<LinearPart> part(model, "LinearPart", "Rows of a linear weight, packed for one GEMM (linear_weight.h)");
@@ -55,9 +58,13 @@ void bind_model(py::module_& m) {
       .def_readwrite("qkv", &DecoderLayerWeights::qkv)
       .def_readwrite("o", &DecoderLayerWeights::o)
       .def_readwrite("gate_up", &DecoderLayerWeights::gate_up)
-      .def_readwrite("down", &DecoderLayerWeights::down);
+      .def_readwrite("down", &DecoderLayerWeights::down)
+      .def_readwrite("sliding_window", &DecoderLayerWeights::sliding_window);
   def_address(layer, "input_norm", &DecoderLayerWeights::input_norm);
   def_address(layer, "post_attention_norm", &DecoderLayerWeights::post_attention_norm);
+  def_address(layer, "attention_output_norm", &DecoderLayerWeights::attention_output_norm);
+  def_address(layer, "mlp_output_norm", &DecoderLayerWeights::mlp_output_norm);
+  def_address(layer, "cos_sin_cache", &DecoderLayerWeights::cos_sin_cache);
   def_address(layer, "q_norm", &DecoderLayerWeights::q_norm);
   def_address(layer, "k_norm", &DecoderLayerWeights::k_norm);
   def_address(layer, "key_cache", &DecoderLayerWeights::key_cache);

@@ -20,6 +20,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return (g / (1 + torch.exp(-g)) * u).to(x.dtype)
 
 
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """GELU's tanh approximation in its textbook form, 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3)))."""
+    d = x.shape[1] // 2
+    g, u = x[:, :d].double(), x[:, d:].double()
+    return (0.5 * g * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (g + 0.044715 * g**3))) * u).to(x.dtype)
+
+
 def cos_sin_cache(max_pos: int, rot_dim: int, base: float = 10000.0) -> torch.Tensor:
     inv = 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim))
     ang = torch.arange(max_pos, dtype=torch.float64)[:, None] * inv[None, :]

@@ -47,6 +47,7 @@ for dtype in (torch.bfloat16, torch.float32):
     out[f"rms_norm_{dtype}"] = ops.rms_norm(x, nw, 1e-5)
     out[f"fused_{dtype}"] = ops.fused_add_rms_norm(x.clone(), r.clone(), nw, 1e-5)
     out[f"silu_{dtype}"] = ops.silu_and_mul(torch.randn(17, 2 * 1536, generator=g).to(dtype))
+    out[f"gelu_{dtype}"] = ops.gelu_tanh_and_mul(torch.randn(17, 2 * 2048, generator=g).to(dtype))
     qr, kr = torch.randn(17, 9 * 64, generator=g).to(dtype), torch.randn(17, 3 * 64, generator=g).to(dtype)
     cache = torch.randn(128, 64, generator=g)
     ops.rotary_embedding(torch.arange(17, dtype=torch.int32) * 3, qr, kr, 64, cache)

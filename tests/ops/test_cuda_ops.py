@@ -54,6 +54,13 @@ def test_silu_and_mul(dtype, tokens, d):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens, d", [(1, 2048), (64, 2048), (5, 300)])
+def test_gelu_tanh_and_mul(dtype, tokens, d):
+    x = (3 * torch.randn(tokens, 2 * d, generator=torch.Generator().manual_seed(d))).to(dtype)
+    close(ops.gelu_tanh_and_mul(x.cuda()), reference.gelu_tanh_and_mul(x), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize("rot_dim", [64, 32])
 def test_rotary_on_strided_qkv_views(dtype, is_neox, rot_dim):

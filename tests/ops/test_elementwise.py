@@ -1,4 +1,4 @@
-"""rms_norm, fused_add_rms_norm, silu_and_mul and rotary_embedding against torch references."""
+"""rms_norm, fused_add_rms_norm, silu_and_mul, gelu_tanh_and_mul and rotary_embedding against torch references."""
 
 from __future__ import annotations
 
@@ -47,6 +47,27 @@ def test_fused_add_rms_norm(dtype, num_tokens):
 def test_silu_and_mul(dtype, num_tokens, d):
     x = (3 * torch.randn(num_tokens, 2 * d)).to(dtype)
     torch.testing.assert_close(ops.silu_and_mul(x), ref.silu_and_mul(x), **TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_tokens, d", [(1, 2048), (13, 100), (257, 2048)])
+def test_gelu_tanh_and_mul(dtype, num_tokens, d):
+    x = (3 * torch.randn(num_tokens, 2 * d)).to(dtype)
+    torch.testing.assert_close(ops.gelu_tanh_and_mul(x), ref.gelu_tanh_and_mul(x), **TOL[dtype])
+
+
+def test_gelu_tanh_and_mul_matches_torch_gelu_in_float32():
+    """The kernel's x / (1 + e^(-2u)) form against torch's own approximate="tanh" GELU."""
+    x = torch.linspace(-12, 12, 2 * 4096).reshape(2, 4096)
+    d = x.shape[1] // 2
+    want = torch.nn.functional.gelu(x[:, :d], approximate="tanh") * x[:, d:]
+    torch.testing.assert_close(ops.gelu_tanh_and_mul(x), want, atol=1e-5, rtol=1e-5)
+
+
+def test_gelu_tanh_extremes_are_finite():
+    x = torch.tensor([[-200.0, -20.0, 0.0, 20.0, 200.0, 1.0, 1.0, 1.0, 1.0, 1.0]])
+    got = ops.gelu_tanh_and_mul(x)
+    torch.testing.assert_close(got, torch.tensor([[0.0, 0.0, 0.0, 20.0, 200.0]]), atol=1e-4, rtol=1e-6)
 
 
 def test_silu_extremes_are_finite():

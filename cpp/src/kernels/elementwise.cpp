@@ -1,4 +1,4 @@
-// RMSNorm, residual add + RMSNorm, SiLU-and-multiply and rotary embedding on the CPU: the loops
+// RMSNorm, residual add + RMSNorm, SiLU- and GELU-and-multiply and rotary embedding on the CPU: the loops
 // (elementwise_loops.h) compiled for AVX2 and for AVX-512, the process's path choosing (cpu_isa.h).
 #include "corellm/kernels/elementwise.h"
 
@@ -70,6 +70,19 @@ void silu_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride
     } else {
       loops.silu_and_mul(static_cast<uint16_t*>(out), out_stride, static_cast<const uint16_t*>(x),
                          x_stride, num_tokens, d);
+    }
+  });
+}
+
+void gelu_tanh_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride, int64_t num_tokens,
+                       int64_t d, DType dtype) {
+  with_loops([&](auto loops) {
+    if (dtype == DType::F32) {
+      loops.gelu_tanh_and_mul(static_cast<float*>(out), out_stride, static_cast<const float*>(x), x_stride,
+                              num_tokens, d);
+    } else {
+      loops.gelu_tanh_and_mul(static_cast<uint16_t*>(out), out_stride, static_cast<const uint16_t*>(x),
+                              x_stride, num_tokens, d);
     }
   });
 }

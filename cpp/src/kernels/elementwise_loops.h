@@ -1,4 +1,4 @@
-// The loops of RMSNorm, residual add + RMSNorm, SiLU-and-multiply and rotary embedding, written
+// The loops of RMSNorm, residual add + RMSNorm, SiLU- and GELU-and-multiply and rotary embedding, written
 // once and compiled once per register width: elementwise.cpp includes this file twice, inside
 // namespace elementwise_avx2 (the baseline) and inside namespace elementwise_avx512 under an
 // AVX-512 target region, and calls the one of the process's path. Every loop is lane-wise except
@@ -49,17 +49,31 @@ struct Loops {
     }
   }
 
-  template <class T>
-  static void silu_and_mul(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t num_tokens,
-                           int64_t d) {
+  // out[t, i] = act(gate[t, i]) * up[t, i] in fp32, rounded once: the gated MLPs' activation
+  // (SwiGLU: act = silu; GeGLU: act = gelu_tanh).
+  template <class T, class Act>
+  static void gated_activation(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t num_tokens,
+                               int64_t d, Act act) {
 #pragma omp parallel for schedule(static) if (num_tokens * d >= kParallelMinElements)
     for (int64_t t = 0; t < num_tokens; ++t) {
       const T* gate = x + t * x_stride;
       const T* up = gate + d;
       T* o = out + t * out_stride;
 #pragma omp simd
-      for (int64_t i = 0; i < d; ++i) store_f32(o + i, silu(load_f32(gate + i)) * load_f32(up + i));
+      for (int64_t i = 0; i < d; ++i) store_f32(o + i, act(load_f32(gate + i)) * load_f32(up + i));
     }
+  }
+
+  template <class T>
+  static void silu_and_mul(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t num_tokens,
+                           int64_t d) {
+    gated_activation(out, out_stride, x, x_stride, num_tokens, d, [](float g) { return silu(g); });
+  }
+
+  template <class T>
+  static void gelu_tanh_and_mul(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t num_tokens,
+                                int64_t d) {
+    gated_activation(out, out_stride, x, x_stride, num_tokens, d, [](float g) { return gelu_tanh(g); });
   }
 
   template <class T>

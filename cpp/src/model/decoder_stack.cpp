@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "corellm/check.h"
+#include "corellm/kernels/dtype.h"
 #include "corellm/kernels/elementwise.h"
 #include "corellm/kernels/packed_gemm.h"
 
@@ -23,14 +24,20 @@ DecoderStack::DecoderStack(const DecoderDims& dims, const EmbeddingWeight& embed
   CORELLM_CHECK_ARG(cache.num_kv_heads == dims.num_kv_heads && cache.head_size == dims.head_size,
                     "DecoderStack: the KV cache's heads (", cache.num_kv_heads, " x ", cache.head_size,
                     ") differ from the model's (", dims.num_kv_heads, " x ", dims.head_size, ")");
-  CORELLM_CHECK_ARG(embed.data && final_norm && dims.cos_sin_cache, "DecoderStack: null embedding, norm or rope cache");
+  CORELLM_CHECK_ARG(embed.data && final_norm, "DecoderStack: null embedding or final norm");
+  CORELLM_CHECK_ARG(dims.max_position > 0 && dims.rot_dim > 0 && dims.rot_dim <= dims.head_size,
+                    "DecoderStack: the rope tables' extents (", dims.max_position, " x ", dims.rot_dim,
+                    ") must be positive, rot_dim at most head_size (", dims.head_size, ")");
+  CORELLM_CHECK_ARG(dims.activation == GatedActivation::kSilu || dims.activation == GatedActivation::kGeluTanh,
+                    "DecoderStack: unknown gated activation ", static_cast<int32_t>(dims.activation));
   q_size_ = dims.num_heads * dims.head_size;
   kv_size_ = dims.num_kv_heads * dims.head_size;
   qkv_size_ = q_size_ + 2 * kv_size_;
   for (const DecoderLayerWeights& w : layers_) {
-    CORELLM_CHECK_ARG(w.input_norm && w.post_attention_norm && w.key_cache && w.value_cache &&
-                          (w.q_norm == nullptr) == (w.k_norm == nullptr),
-                      "DecoderStack: a layer lacks a norm or its KV cache");
+    CORELLM_CHECK_ARG(w.input_norm && w.post_attention_norm && w.key_cache && w.value_cache && w.cos_sin_cache &&
+                          (w.q_norm == nullptr) == (w.k_norm == nullptr) &&
+                          (w.attention_output_norm == nullptr) == (w.mlp_output_norm == nullptr),
+                      "DecoderStack: a layer lacks a norm, its rope table or its KV cache");
     w.qkv.check("DecoderStack: qkv");
     w.o.check("DecoderStack: o");
     w.gate_up.check("DecoderStack: gate_up");
@@ -71,6 +78,16 @@ void DecoderStack::forward(const DecoderStepArgs& step) {
 }
 
 void DecoderStack::embed(const int32_t* ids, int64_t n) {
+  lookup(ids, n);
+  if (dims_.embedding_multiplier == 1.0f) return;
+  // Gemma: the rows times sqrt(hidden), in bf16 as HF computes it (the factor rounded to bf16,
+  // each product rounded).
+  const float factor = bf16_to_f32(f32_to_bf16(dims_.embedding_multiplier));
+  uint16_t* rows = residual_.data();
+  for (int64_t i = 0; i < n * dims_.hidden; ++i) rows[i] = f32_to_bf16(bf16_to_f32(rows[i]) * factor);
+}
+
+void DecoderStack::lookup(const int32_t* ids, int64_t n) {
   const int64_t hidden = dims_.hidden;
   if (tp_.all_reduce == nullptr) {
     embed_.lookup(ids, n, dims_.vocab_size, hidden, residual_.data());
@@ -113,20 +130,28 @@ void DecoderStack::layer(const DecoderLayerWeights& w, const DecoderStepArgs& st
                dims_.num_kv_heads, dims_.head_size, dims_.eps, bf16);
     }
   }
-  rotary_embedding(step.positions, q, qkv_size_, k, qkv_size_, dims_.cos_sin_cache, dims_.max_position, n,
+  rotary_embedding(step.positions, q, qkv_size_, k, qkv_size_, w.cos_sin_cache, dims_.max_position, n,
                    dims_.num_heads, dims_.num_kv_heads, dims_.head_size, dims_.rot_dim, /*is_neox=*/true, bf16);
   reshape_and_cache(k, qkv_size_, v, qkv_size_, w.key_cache, w.value_cache, step.slot_mapping, n, cache_, bf16);
   PagedAttentionArgs a{attn_.data(), q, qkv_size_, w.key_cache, w.value_cache, cache_, step.block_table,
                        step.block_table_stride, step.seq_lens, step.query_start_loc, step.num_seqs,
-                       dims_.num_heads, dims_.scale, dims_.sliding_window, bf16};
+                       dims_.num_heads, dims_.scale, w.sliding_window, bf16};
   paged_attention(a);
   w.o.forward(attn_.data(), q_size_, h, hidden, n);
   all_reduce(h, n);
+  if (w.attention_output_norm != nullptr) {  // in place: each row is read whole before it is written
+    rms_norm(h, hidden, h, hidden, w.attention_output_norm, n, hidden, dims_.eps, bf16);
+  }
   fused_add_rms_norm(h, hidden, x, hidden, w.post_attention_norm, n, hidden, dims_.eps, bf16);
   w.gate_up.forward(h, hidden, gate_up_.data(), 2 * inter, n);
-  silu_and_mul(act_.data(), inter, gate_up_.data(), 2 * inter, n, inter, bf16);
+  if (dims_.activation == GatedActivation::kGeluTanh) {
+    gelu_tanh_and_mul(act_.data(), inter, gate_up_.data(), 2 * inter, n, inter, bf16);
+  } else {
+    silu_and_mul(act_.data(), inter, gate_up_.data(), 2 * inter, n, inter, bf16);
+  }
   w.down.forward(act_.data(), inter, h, hidden, n);
   all_reduce(h, n);
+  if (w.mlp_output_norm != nullptr) rms_norm(h, hidden, h, hidden, w.mlp_output_norm, n, hidden, dims_.eps, bf16);
 }
 
 }  // namespace corellm

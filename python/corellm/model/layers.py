@@ -1,5 +1,5 @@
 """The Llama-family building blocks over corellm's ops: attention with a paged KV cache, the
-SwiGLU MLP, and the decoder layer that chains them with RMSNorm and the residual stream.
+SwiGLU (or GeGLU) MLP, and the decoder layer that chains them with RMSNorm and the residual stream.
 
 Weights are fused at load time: q, k, v projections -> one qkv matrix; gate and up -> gate_up.
 
@@ -218,14 +218,12 @@ class MLP:
         # gate_up [2 * intermediate, hidden] (gate and up fused), down [hidden, intermediate]
         self.gate_up_proj = Linear(2 * config.intermediate_size, config.hidden_size, False, dtype, device)
         self.down_proj = Linear(config.hidden_size, config.intermediate_size, False, dtype, device)
-        self.gelu = config.hidden_activation == "gelu_pytorch_tanh"  # GeGLU (Gemma) instead of SwiGLU
+        # SwiGLU, or GeGLU (Gemma: GELU's tanh approximation); act(gate) * up in fp32, rounded once.
+        self.gated_activation = ops.gelu_tanh_and_mul if config.hidden_activation == "gelu_pytorch_tanh" \
+            else ops.silu_and_mul
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(h)
-        if self.gelu:  # as transformers computes it: tanh-approximated GELU of the gate, times up, in the dtype
-            d = gate_up.shape[-1] // 2
-            return self.tp.all_reduce(self.down_proj(F.gelu(gate_up[:, :d], approximate="tanh") * gate_up[:, d:]))
-        return self.tp.all_reduce(self.down_proj(ops.silu_and_mul(gate_up)))
+        return self.tp.all_reduce(self.down_proj(self.gated_activation(self.gate_up_proj(h))))
 
 
 class DecoderLayer:

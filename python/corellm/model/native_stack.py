@@ -1,4 +1,4 @@
-"""NativeDecoderStack: a loaded Llama-family model run as one native model, _core.model's
+"""NativeDecoderStack: a loaded Llama-family model (Gemma 3 included) run as one native model, _core.model's
 DecoderStack (cpp/include/corellm/model/decoder_stack.h), which computes a step in one call instead
 of about ten Python op calls per layer. Same kernels, same order: the result is bit-identical to
 LlamaForCausalLM's per-op forward (tests/model/test_native_stack.py).
@@ -20,17 +20,21 @@ def _address(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
+_ACTIVATIONS = {"silu": _core.model.GatedActivation.SILU, "gelu_pytorch_tanh": _core.model.GatedActivation.GELU_TANH}
+
+
 def supports(model) -> bool:
-    """Whether the native stack computes this model (the Llama layer; not Gemma 3's variant, which
-    runs op by op) and its weights are in the form it reads (bf16 on the CPU, every projection
-    packed for bf16_gemm or quantized for quant_gemm); under tensor parallelism, when the group's
-    all-reduce is one native code can call (shared memory)."""
+    """Whether the native stack computes this model (the Llama layer and Gemma 3's variant of it:
+    GeGLU, sandwich norms, scaled embeddings, per-layer windows and rope tables) and its weights are
+    in the form it reads (bf16 on the CPU, every projection packed for bf16_gemm or quantized for
+    quant_gemm); under tensor parallelism, when the group's all-reduce is one native code can call
+    (shared memory)."""
     c = model.config
-    llama_layer = (not c.sandwich_norms and c.hidden_activation == "silu" and c.embedding_multiplier == 1.0
-                   and not c.layer_types and not c.query_pre_attn_scalar and not c.norm_weight_offset)
     tp = getattr(model, "tp", None)
     collectives_native = tp is None or tp.size == 1 or tp.shm_all_reduce is not None
-    return (llama_layer and collectives_native and model.device.type == "cpu" and model.dtype == torch.bfloat16
+    rope_tables_alike = len({tuple(t.shape) for t in model.layer_cos_sin_caches}) == 1
+    return (c.hidden_activation in _ACTIVATIONS and rope_tables_alike and collectives_native
+            and model.device.type == "cpu" and model.dtype == torch.bfloat16
             and _core.kernels.bf16_gemm_available()
             and all(linear.packed is not None or linear.quantized
                     for layer in model.layers for linear in layer.linears()))
@@ -73,11 +77,13 @@ class NativeDecoderStack:
         dims = _core.model.DecoderDims()
         dims.vocab_size, dims.hidden, dims.intermediate = c.vocab_size, c.hidden_size, c.intermediate_size
         dims.num_heads, dims.num_kv_heads, dims.head_size = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        dims.eps, dims.scale, dims.sliding_window = c.rms_norm_eps, attn.scale, attn.sliding_window or 0
-        dims.cos_sin_cache = model.cos_sin_cache.data_ptr()
+        dims.eps, dims.scale = c.rms_norm_eps, attn.scale
         dims.max_position, dims.rot_dim = model.cos_sin_cache.shape
-        layers = [self._layer_weights(layer, key_cache, value_cache)
-                  for layer, (key_cache, value_cache) in zip(model.layers, kv_caches)]
+        dims.activation = _ACTIVATIONS[c.hidden_activation]
+        dims.embedding_multiplier = c.embedding_multiplier
+        layers = [self._layer_weights(layer, rope, key_cache, value_cache)
+                  for layer, rope, (key_cache, value_cache) in zip(model.layers, model.layer_cos_sin_caches,
+                                                                   kv_caches)]
         key_cache = kv_caches[0][0]  # [num_blocks, num_kv_heads, head_size / x, block_size, x]
         cache = _core.model.KVCacheShape(num_blocks=key_cache.shape[0], num_kv_heads=c.num_key_value_heads,
                                          head_size=c.head_dim, block_size=key_cache.shape[3])
@@ -91,10 +97,13 @@ class NativeDecoderStack:
         self.hidden_size = c.hidden_size
 
     @staticmethod
-    def _layer_weights(layer, key_cache: torch.Tensor, value_cache: torch.Tensor):
+    def _layer_weights(layer, cos_sin_cache: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor):
         a, m = layer.attn, layer.mlp
         w = _core.model.DecoderLayerWeights()
         w.input_norm, w.post_attention_norm = layer.input_norm.data_ptr(), layer.post_attention_norm.data_ptr()
+        w.attention_output_norm = _address(layer.attention_output_norm)
+        w.mlp_output_norm = _address(layer.mlp_output_norm)
+        w.cos_sin_cache, w.sliding_window = cos_sin_cache.data_ptr(), a.sliding_window or 0
         w.qkv, w.o = linear_weight(a.qkv_proj), linear_weight(a.o_proj)
         w.q_norm, w.k_norm = _address(a.q_norm), _address(a.k_norm)
         w.gate_up, w.down = linear_weight(m.gate_up_proj), linear_weight(m.down_proj)

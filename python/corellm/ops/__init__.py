@@ -1,7 +1,7 @@
 """corellm's ops: one Python function per kernel, checking device, dtype, shape and layout,
 then dispatching on the tensors' device (CPU: corellm._core's C++ kernels)."""
 
-from corellm.ops.activation import silu_and_mul
+from corellm.ops.activation import gelu_tanh_and_mul, silu_and_mul
 from corellm.ops.attention import kv_cache_shapes, kv_pack, paged_attention, reshape_and_cache, unpack_kv_cache
 from corellm.ops.norm import fused_add_rms_norm, rms_norm
 from corellm.ops.rejection_sampler import rejection_sample
@@ -14,6 +14,7 @@ __all__ = [
     "SamplingMetadata",
     "TokenLists",
     "fused_add_rms_norm",
+    "gelu_tanh_and_mul",
     "kv_cache_shapes",
     "kv_pack",
     "paged_attention",

@@ -1,4 +1,5 @@
-"""SiLU-and-multiply, the SwiGLU activation of Llama-family MLPs."""
+"""The gated activations of Llama-family MLPs: SiLU-and-multiply (SwiGLU) and, for Gemma,
+GELU(tanh)-and-multiply (GeGLU). Each computes act(gate) * up in fp32 and rounds once."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ from corellm.ops._backend import backend
 from corellm.ops._checks import check, check_shape, row_stride
 
 
-def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x: [num_tokens, 2d] (gate then up) -> out [num_tokens, d] = silu(gate) * up."""
-    op = "silu_and_mul"
+def _gated(op: str, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """x: [num_tokens, 2d] (gate then up) -> out [num_tokens, d], by the backend's kernel `op`."""
     check(op, "x", x, ndim=2)
     be = backend(op, x)
     if x.shape[1] % 2:
@@ -20,6 +20,16 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
         out = torch.empty((x.shape[0], d), dtype=x.dtype, device=x.device)
     check(op, "out", out, ndim=2, dtype=x.dtype, device=x.device)
     check_shape(op, "out", out, (x.shape[0], d))
-    be.kernels.silu_and_mul(out.data_ptr(), row_stride(out), x.data_ptr(), row_stride(x), x.shape[0], d, be.dtype,
+    getattr(be.kernels, op)(out.data_ptr(), row_stride(out), x.data_ptr(), row_stride(x), x.shape[0], d, be.dtype,
                             *be.extra)
     return out
+
+
+def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [num_tokens, 2d] (gate then up) -> out [num_tokens, d] = silu(gate) * up."""
+    return _gated("silu_and_mul", x, out)
+
+
+def gelu_tanh_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [num_tokens, 2d] (gate then up) -> out [num_tokens, d] = gelu(gate, approximate="tanh") * up."""
+    return _gated("gelu_tanh_and_mul", x, out)

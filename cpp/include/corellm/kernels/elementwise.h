@@ -1,4 +1,4 @@
-// Fused elementwise CPU kernels: RMSNorm, residual add + RMSNorm, SiLU-and-multiply, rotary
+// Fused elementwise CPU kernels: RMSNorm, residual add + RMSNorm, SiLU- and GELU-and-multiply, rotary
 // embedding. Raw pointers, row strides in elements, a dtype tag; parallel over tokens (OpenMP,
 // the same runtime torch uses, so the two share one thread pool).
 #pragma once
@@ -21,6 +21,11 @@ void fused_add_rms_norm(void* x, int64_t x_stride, void* residual, int64_t resid
 // out[t, :d] = silu(x[t, :d]) * x[t, d:2d].
 void silu_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride, int64_t num_tokens,
                   int64_t d, DType dtype);
+
+// out[t, :d] = gelu_tanh(x[t, :d]) * x[t, d:2d] (GeGLU; GELU's tanh approximation), in fp32,
+// rounded once to the dtype.
+void gelu_tanh_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride, int64_t num_tokens,
+                       int64_t d, DType dtype);
 
 // In place on q [num_tokens, num_heads, head_size] and k [num_tokens, num_kv_heads, head_size]
 // (token strides given; heads contiguous): rotates the first rot_dim dims of every head by the

@@ -12,13 +12,17 @@
 // Per layer, for x the residual stream (un-normalized, as in the Python layers):
 //   h = rms_norm(x)                    (first layer; later ones: x += h, h = rms_norm(x))
 //   qkv = h Wqkv^T (+ b)               [n, q + 2kv]
-//   q, k = rms_norm per head           (Qwen3's q/k norms, when present)
-//   q, k = rotary(q, k, positions)
+//   q, k = rms_norm per head           (Qwen3's and Gemma 3's q/k norms, when present)
+//   q, k = rotary(q, k, positions)     (the layer's rope table: Gemma 3's sliding layers have their own)
 //   cache[slot] = k, v
-//   a = paged_attention(q, cache)      [n, q]
-//   h = a Wo^T;  x += h, h = rms_norm(x)
-//   h = down(silu(gate(h)) * up(h))
-// and after the last layer: x += h, out = rms_norm(x).
+//   a = paged_attention(q, cache)      [n, q] (the layer's window, if any)
+//   h = a Wo^T                         (Gemma 3: h = rms_norm(h), its post-attention norm)
+//   x += h, h = rms_norm(x)
+//   h = down(act(gate(h)) * up(h))     act: silu (SwiGLU) or gelu_tanh (GeGLU)
+//                                      (Gemma 3: h = rms_norm(h), its post-feedforward norm)
+// and after the last layer: x += h, out = rms_norm(x). The embedding rows are scaled first when
+// the model says so (Gemma 3: times sqrt(hidden), the factor and the product rounded to bf16 as
+// HF does).
 #pragma once
 
 #include <cstdint>
@@ -31,6 +35,9 @@
 namespace corellm {
 
 // Every pointer below must outlive the stack; the model (python/corellm/model/llama.py) owns them.
+// The MLP's gated activation.
+enum class GatedActivation : int32_t { kSilu = 0, kGeluTanh = 1 };
+
 struct DecoderDims {
   int64_t vocab_size = 0;
   int64_t hidden = 0;
@@ -40,10 +47,10 @@ struct DecoderDims {
   int64_t intermediate = 0;
   float eps = 0.0f;                        // RMSNorm epsilon
   float scale = 0.0f;                      // attention softmax scale
-  int64_t sliding_window = 0;              // <= 0: none
-  const float* cos_sin_cache = nullptr;    // [max_position, rot_dim] fp32, cos then sin (ops.rotary_embedding)
-  int64_t max_position = 0;
+  int64_t max_position = 0;                // the layers' rope tables: [max_position, rot_dim]
   int64_t rot_dim = 0;
+  GatedActivation activation = GatedActivation::kSilu;
+  float embedding_multiplier = 1.0f;       // 1: the embedding rows as they are
 };
 
 // Tensor parallelism (python/corellm/model/tensor_parallel.py): the dims and weights are this rank's
@@ -56,16 +63,22 @@ struct DecoderTensorParallel {
   double timeout_s = 60.0;  // a rank that does not arrive in this time: std::runtime_error
 };
 
-// One layer's weights (norms bf16, projections as linear_weight.h) and KV cache.
+// One layer's weights (norms bf16, projections as linear_weight.h), its attention's rope table
+// and window, and its KV cache.
 struct DecoderLayerWeights {
   const uint16_t* input_norm = nullptr;           // [hidden]
-  const uint16_t* post_attention_norm = nullptr;  // [hidden]
+  const uint16_t* post_attention_norm = nullptr;  // [hidden], before the MLP
+  // Gemma 3's sandwich norms, on the attention's and the MLP's outputs: [hidden] each, or both null.
+  const uint16_t* attention_output_norm = nullptr;
+  const uint16_t* mlp_output_norm = nullptr;
   LinearWeight qkv;                               // [q + 2kv, hidden] (with the qkv bias, if any)
   const uint16_t* q_norm = nullptr;               // [head_size] or null (no q/k norms)
   const uint16_t* k_norm = nullptr;               // [head_size] or null
   LinearWeight o;                                 // [hidden, q]
   LinearWeight gate_up;                           // [2 * intermediate, hidden], gate rows first
   LinearWeight down;                              // [hidden, intermediate]
+  const float* cos_sin_cache = nullptr;  // [max_position, rot_dim] fp32, cos then sin (ops.rotary_embedding)
+  int64_t sliding_window = 0;            // <= 0: none
   void* key_cache = nullptr;                      // layout of paged_attention.h
   void* value_cache = nullptr;
 };
@@ -100,7 +113,8 @@ class DecoderStack {
  private:
   void reserve(int64_t num_tokens);
   void layer(const DecoderLayerWeights& w, const DecoderStepArgs& step, bool first);
-  void embed(const int32_t* ids, int64_t n);
+  void embed(const int32_t* ids, int64_t n);   // into the residual stream, scaled by embedding_multiplier
+  void lookup(const int32_t* ids, int64_t n);  // the rows (tensor parallelism: summed over the group)
   void all_reduce(uint16_t* rows, int64_t n);  // n rows of hidden, summed over the group (no-op alone)
 
   DecoderDims dims_;
