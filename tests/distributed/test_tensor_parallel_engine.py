@@ -1,7 +1,7 @@
 """The engine with tensor_parallel_size > 1 (worker processes over gloo on loopback): greedy
 tokens equal the single-process engine's (fp32, up to the first near-tie of the reference) on a
-tiny model and on SmolLM2-135M (9 heads, 3 KV heads: three ranks), and follow it on the default
-model's quantized GGUF; what it cannot do is refused by name."""
+tiny model (a Llama and a Gemma 3) and on SmolLM2-135M (9 heads, 3 KV heads: three ranks), and
+follow it on the default model's quantized GGUF and in bf16; what it cannot do is refused by name."""
 
 from __future__ import annotations
 
@@ -100,6 +100,36 @@ def test_speculative_decoding_with_three_ranks_is_bit_identical_to_none():
         finally:
             llm.shutdown()
     assert runs[0] == runs[1] == runs[2]
+
+
+def test_tiny_gemma3_three_ranks_equal_one(tmp_path, tokenizer_json):
+    """Gemma 3's variant of the layer (sandwich norms, GeGLU, scaled embeddings, sliding layers
+    beside a global one) split over three ranks: in fp32 op by op, equal to one process; in bf16
+    rank 0 runs the native decoder stack, and three ranks follow one: tokens equal until a position
+    where the reference's top two are within 0.1, logprobs within 0.1 (bf16 partial sums added
+    over the group round differently from one chain)."""
+    make_tiny_model("gemma3", tmp_path, tokenizer_json, seed=5, hidden_size=72, num_attention_heads=3,
+                    num_key_value_heads=3, intermediate_size=192)
+    g = torch.Generator().manual_seed(0)
+    prompts = [{"prompt_token_ids": torch.randint(0, 384, (n,), generator=g).tolist()} for n in (5, 23, 40, 2)]
+    common = dict(max_model_len=128, kv_cache_memory=16 * 1024**2, max_num_batched_tokens=32)
+    one = generate(LLM(str(tmp_path), dtype="float32", **common), prompts)
+    assert_same_greedy(one, generate(LLM(str(tmp_path), dtype="float32", tensor_parallel_size=3, **common), prompts))
+    one = generate(LLM(str(tmp_path), dtype="bfloat16", **common), prompts)
+    three_llm = LLM(str(tmp_path), dtype="bfloat16", tensor_parallel_size=3, **common)
+    assert three_llm.engine_core.model_runner.native_stack is not None
+    compared = 0
+    for want, got in zip(one, generate(three_llm, prompts)):
+        w, g = want.outputs[0], got.outputs[0]
+        same = next((i for i, (a, b) in enumerate(zip(w.token_ids, g.token_ids)) if a != b), len(w.token_ids))
+        if same < len(w.token_ids):  # a divergence only where the reference's top two nearly tie
+            top = sorted((v.logprob for v in w.logprobs[same].values()), reverse=True)
+            assert top[0] - top[1] < 0.1, f"diverged at position {same} with a margin of {top[0] - top[1]:.3f}"
+        for i in range(same):
+            tok = w.token_ids[i]
+            assert abs(w.logprobs[i][tok].logprob - g.logprobs[i][tok].logprob) < 0.1
+        compared += same
+    assert compared >= 24
 
 
 def test_smollm2_three_ranks_equal_one():
