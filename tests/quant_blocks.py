@@ -1,5 +1,5 @@
 """GGUF quantized blocks for tests: the `gguf` package quantizes Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1;
-the K types (Q4_K, Q5_K, Q6_K), which it only dequantizes, are made here in ggml's block layout
+the K types (Q3_K, Q4_K, Q5_K, Q6_K), which it only dequantizes, are made here in ggml's block layout
 with a plain min/max rule (not llama.cpp's search: these are test weights, and the reference for
 every test is the `gguf` package's dequantization of the very same blocks)."""
 
@@ -9,8 +9,12 @@ import numpy as np
 from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
+# The types quant_gemm computes on, and (FILE_TYPES) those a file may hold that corellm keeps
+# quantized: Q3_K too, widened exactly into Q6_K (STORED_AS; python/corellm/model/gguf_widening.py).
 ALL_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 K_TYPES = {"Q4_K", "Q5_K", "Q6_K"}
+FILE_TYPES = ALL_TYPES + ["Q3_K"]
+STORED_AS = {"Q3_K": "Q6_K"}
 
 
 _TINY = 2.0**-14  # fp16's smallest normal: a scale that survives the fp16 rounding
@@ -72,15 +76,43 @@ def _q6_k(x: np.ndarray) -> np.ndarray:
     return np.concatenate([ql.reshape(-1, 128), qh.reshape(-1, 64), sc.view(np.uint8), _f16(d).reshape(-1, 2)], axis=1)
 
 
+def _q3_k(x: np.ndarray) -> np.ndarray:
+    """Q3_K blocks of x [blocks, 256]: per 16 values a 6-bit scale (stored + 32), values -4..3."""
+    sub = x.reshape(-1, 16, 16)
+    scales = np.abs(sub).max(-1) / 4
+    d = np.maximum(scales.max(-1) / 31, _TINY).astype(np.float16).astype(np.float32)
+    s = np.clip(np.rint(scales / d[:, None]), 0, 31).astype(np.int8)
+    step = d[:, None] * s
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(step[..., None] != 0, np.rint(sub / step[..., None]), 0)
+    q = np.clip(q, -4, 3).astype(np.int8).reshape(-1, 256)
+    low2, high = (q & 3).astype(np.uint8), (q >= 0).astype(np.uint8)
+    qs = np.zeros((x.shape[0], 2, 32), np.uint8)  # value 128 h + 32 j + l: qs[h, l] bits 2j
+    for j in range(4):
+        qs |= low2.reshape(-1, 2, 4, 32)[:, :, j] << (2 * j)
+    hmask = np.zeros((x.shape[0], 32), np.uint8)  # value 32 b + l: hmask[l] bit b
+    for b in range(8):
+        hmask |= high.reshape(-1, 8, 32)[:, b] << b
+    stored = (s + 32).astype(np.uint8)
+    packed = np.zeros((x.shape[0], 12), np.uint8)
+    packed[:, :8] = (stored[:, :8] & 0xF) | ((stored[:, 8:] & 0xF) << 4)  # scale 8 j + i: byte i, nibble j
+    for t in range(4):  # scale 4 t + i: its high bits in byte 8 + i, bits 2t
+        packed[:, 8:] |= (stored[:, 4 * t : 4 * t + 4] >> 4) << (2 * t)
+    return np.concatenate([hmask, qs.reshape(-1, 64), packed, _f16(d).reshape(-1, 2)], axis=1)
+
+
 def quantize(x: np.ndarray, type_name: str) -> np.ndarray:
     """x [n, k] float -> the file's blocks [n, row bytes] uint8."""
     t = getattr(T, type_name)
     x = np.ascontiguousarray(x, dtype=np.float32)
-    if type_name not in K_TYPES:
+    if type_name not in K_TYPES | {"Q3_K"}:
         return quants.quantize(x, t)
     n, k = x.shape
     flat = x.reshape(-1, 256)
-    blocks = _q6_k(flat) if type_name == "Q6_K" else _q45_k(flat, 4 if type_name == "Q4_K" else 5)
+    if type_name == "Q3_K":
+        blocks = _q3_k(flat)
+    else:
+        blocks = _q6_k(flat) if type_name == "Q6_K" else _q45_k(flat, 4 if type_name == "Q4_K" else 5)
     assert blocks.shape[1] == GGML_QUANT_SIZES[t][1]
     return blocks.reshape(n, -1)
 
