@@ -52,6 +52,8 @@ CASES = [
     ([(33, 33), (65, 2)], 6, 2, 32, 16),
     ([(200, 1), (130, 70), (3, 1)], 9, 3, 64, 64),  # large blocks (decode and a chunk)
     ([(300, 1), (129, 129)], 8, 2, 128, 128),
+    ([(300, 300), (40, 1), (77, 13)], 4, 1, 256, 16),  # Gemma 3: head size 256, one KV head
+    ([(90, 90), (260, 1)], 8, 2, 256, 32),
 ]
 
 
@@ -130,7 +132,7 @@ def test_paged_attention_random_batches(dtype):
     for trial in range(25):
         kv_heads = rng.choice([1, 2, 3])
         heads = kv_heads * rng.choice([1, 2, 3, 4])
-        head_size = rng.choice([32, 64, 80, 128])
+        head_size = rng.choice([32, 64, 80, 128, 256])
         block_size = rng.choice([4, 8, 16, 32, 64, 128])
         seqs = []
         for _ in range(rng.randrange(1, 6)):

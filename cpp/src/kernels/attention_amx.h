@@ -189,6 +189,7 @@ inline SpanFoldFn select_span_fold(int64_t hd, int64_t bs, CpuIsa isa) {
       case 32: return &amx::fold_span_bf16<32>;
       case 64: return &amx::fold_span_bf16<64>;
       case 128: return &amx::fold_span_bf16<128>;
+      case 256: return &amx::fold_span_bf16<256>;
       default: return nullptr;
     }
   }
@@ -196,6 +197,7 @@ inline SpanFoldFn select_span_fold(int64_t hd, int64_t bs, CpuIsa isa) {
     case 32: return &avx512::fold_span_bf16<32>;
     case 64: return &avx512::fold_span_bf16<64>;
     case 128: return &avx512::fold_span_bf16<128>;
+    case 256: return &avx512::fold_span_bf16<256>;
     default: return nullptr;
   }
 }

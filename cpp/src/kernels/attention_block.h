@@ -188,6 +188,8 @@ FoldFn<T> select_fold(int64_t hd, int64_t bs, CpuIsa isa) {
   CORELLM_FOLD(128, 32)
   CORELLM_FOLD(128, 64)
   CORELLM_FOLD(128, 128)
+  CORELLM_FOLD(256, 16)  // Gemma's head size
+  CORELLM_FOLD(256, 32)
   CORELLM_FOLD(32, 16)
   CORELLM_FOLD(32, 32)
 #undef CORELLM_FOLD
