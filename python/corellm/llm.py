@@ -45,15 +45,21 @@ class LLM:
         `corellm serve MODEL --headless --node-rank K ...`). On one machine the CPU ranks' all-reduces go
         through shared memory; disable_custom_all_reduce=True: through gloo.
         data_parallel_size: replicas of the whole engine, each a process with the same arguments, its
-        own KV cache and a share of the cores (engine/data_parallel_replicas.py); generate() gives
-        each a contiguous share of the prompts. get_metrics() counts this process's replica."""
+        own KV cache and a share of the cores (engine/data_parallel_replicas.py), each
+        tensor-parallel itself with tensor_parallel_size > 1 (its ranks splitting its share of
+        the cores); generate() gives each a contiguous share of the prompts. get_metrics() counts
+        this process's replica."""
         arguments = dict(locals())  # first: the parameters as given, for the data-parallel replicas
         del arguments["self"], arguments["data_parallel_size"]
         if not isinstance(data_parallel_size, int) or data_parallel_size < 1:
             raise ValueError(f"data_parallel_size must be an integer >= 1, got {data_parallel_size!r}")
-        if data_parallel_size > 1 and (tensor_parallel_size > 1 or loaded_model is not None):
-            raise ValueError("data_parallel_size > 1 is not supported with tensor_parallel_size > 1 or a "
-                             "loaded_model (each replica loads the model from its path)")
+        if data_parallel_size > 1 and loaded_model is not None:
+            raise ValueError("data_parallel_size > 1 is not supported with a loaded_model (each replica loads "
+                             "the model from its path)")
+        if data_parallel_size > 1 and tensor_parallel_size > 1 and (nnodes > 1 or master_port):
+            raise ValueError("data_parallel_size > 1 with tensor-parallel replicas runs them on this machine: "
+                             "nnodes must be 1 and master_port 0 (each replica's ranks meet at a free port "
+                             f"of their own), got nnodes={nnodes}, master_port={master_port}")
         self.config = EngineConfig(model=model, dtype=dtype, quantization=quantization, device=device, enforce_eager=enforce_eager,
                                    max_model_len=max_model_len,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,

@@ -1,5 +1,5 @@
-"""LLM(data_parallel_size=2): two engine replicas (this process and one more), each taking a
-contiguous share of the prompts; the outputs come back in prompt order, with unique request ids,
+"""LLM(data_parallel_size=2): two engine replicas (this process and one more; each tensor-parallel
+too, in one test), each taking a contiguous share of the prompts; the outputs come back in prompt order, with unique request ids,
 equal to one engine's (greedy, fp32); what it cannot do is refused by name; a bad prompt is
 refused before any replica starts, and the replicas serve the next call."""
 
@@ -39,9 +39,29 @@ def test_two_replicas_answer_as_one_engine(tmp_path, tokenizer_json):
         two.shutdown()
 
 
+def test_two_tensor_parallel_replicas_answer_as_one_engine(tmp_path, tokenizer_json):
+    """data_parallel_size=2 x tensor_parallel_size=3: each replica (this process, and one more) runs
+    three ranks of its own, meeting at a port of their own; greedy tokens as one plain engine's."""
+    make_tiny_model("llama3", tmp_path, tokenizer_json, seed=5, hidden_size=72, num_attention_heads=9,
+                    num_key_value_heads=3, intermediate_size=192)
+    prompts = [{"prompt_token_ids": [5 + i, 17, 40 + 2 * i, 41, 3]} for i in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    one = LLM(str(tmp_path), **ENGINE)
+    try:
+        want = [o.outputs[0].token_ids for o in one.generate(prompts, params, use_tqdm=False)]
+    finally:
+        one.shutdown()
+    both = LLM(str(tmp_path), data_parallel_size=2, tensor_parallel_size=3, **ENGINE)
+    try:
+        assert both.engine_core.model_runner.tp_workers is not None
+        assert [o.outputs[0].token_ids for o in both.generate(prompts, params, use_tqdm=False)] == want
+    finally:
+        both.shutdown()
+
+
 def test_what_data_parallelism_refuses(tmp_path, tokenizer_json):
     make_tiny_model("llama3", tmp_path, tokenizer_json, seed=5)
     with pytest.raises(ValueError, match="data_parallel_size must be an integer >= 1"):
         LLM(str(tmp_path), data_parallel_size=0, **ENGINE)
-    with pytest.raises(ValueError, match="not supported with tensor_parallel_size > 1"):
-        LLM(str(tmp_path), data_parallel_size=2, tensor_parallel_size=2, **ENGINE)
+    with pytest.raises(ValueError, match="nnodes must be 1 and master_port 0"):
+        LLM(str(tmp_path), data_parallel_size=2, tensor_parallel_size=2, master_port=29500, **ENGINE)

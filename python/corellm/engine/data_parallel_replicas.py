@@ -9,10 +9,13 @@ prompts, runs share 0 itself meanwhile, then puts the replicas' outputs back in 
                 run share 0, then result(r) ◀──     (or the error, as text)
       shutdown ───────────────────────────────▶     None: shut down, exit
 
-A replica that dies makes result() raise at once (its pipe closes)."""
+A replica that dies makes result() raise at once (its pipe closes). Replicas are not daemonic
+processes, so that a tensor-parallel replica can start its own worker processes; they are shut
+down at exit if the LLM was not (and end by themselves when this process dies: their pipe closes)."""
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 from typing import Any
@@ -25,6 +28,14 @@ from corellm.outputs import RequestOutput
 logger = logging.getLogger("corellm")
 
 
+def _next_work(conn):
+    """The next share to generate, or None: shut down (asked to, or the parent is gone)."""
+    try:
+        return conn.recv()
+    except (EOFError, OSError):
+        return None
+
+
 def replica_main(arguments: dict[str, Any], threads: int, conn) -> None:
     from corellm.llm import LLM
 
@@ -35,7 +46,7 @@ def replica_main(arguments: dict[str, Any], threads: int, conn) -> None:
         conn.send(("error", f"{type(e).__name__}: {e}"))
         return
     conn.send(("ready", None))
-    while (work := conn.recv()) is not None:
+    while (work := _next_work(conn)) is not None:
         prompts, params, priorities = work
         try:
             conn.send(("ok", llm.generate(prompts, params, use_tqdm=False, priority=priorities)))
@@ -51,9 +62,10 @@ class DataParallelReplicas:
         threads = max(1, (os.cpu_count() or 1) // size)
         context = mp.get_context("spawn")
         self._replicas: list[tuple[Any, Any]] = []  # (process, connection)
+        atexit.register(self.shutdown)  # before multiprocessing's own exit handler joins them
         for r in range(1, size):
             parent, child = context.Pipe()
-            process = context.Process(target=replica_main, args=(arguments, threads, child), daemon=True,
+            process = context.Process(target=replica_main, args=(arguments, threads, child), daemon=False,
                                       name=f"corellm-dp{r}")
             process.start()
             child.close()
@@ -98,3 +110,4 @@ class DataParallelReplicas:
                 process.kill()
             conn.close()
         self._replicas = []
+        atexit.unregister(self.shutdown)

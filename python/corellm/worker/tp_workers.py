@@ -148,11 +148,14 @@ class TensorParallelWorkers:
 
     @staticmethod
     def spec_for(config) -> WorkerSpec:
-        """The workers' spec for an EngineConfig; the machine's cores split between its ranks."""
+        """The workers' spec for an EngineConfig; the cores this process may use split between this
+        node's ranks: torch's thread count (the machine's cores, or a data-parallel replica's
+        share), or under torchrun, which sets OMP_NUM_THREADS=1 for every rank, the machine's."""
         per_node = config.tensor_parallel_size // config.nnodes
+        cores = (os.cpu_count() or 1) if config.torchrun else torch.get_num_threads()
         init = "env://" if config.torchrun else f"tcp://{config.master_addr}:{config.master_port or free_local_port()}"
         return WorkerSpec(config.model, config.dtype, config.device, config.quantization, config.tensor_parallel_size,
-                          init, max(1, (os.cpu_count() or 1) // per_node), per_node,
+                          init, max(1, cores // per_node), per_node,
                           shm_all_reduce=config.nnodes == 1 and not config.disable_custom_all_reduce)
 
     def _spawn(self, ranks: range) -> None:
