@@ -1,14 +1,21 @@
-"""LLM: offline batched generation, shaped like vLLM's: LLM(model).generate(prompts, params)."""
+"""LLM: offline batched generation, shaped like vLLM's: LLM(model).generate(prompts, params).
+
+Under torchrun (`torchrun --nproc-per-node N script.py`, tensor_parallel_size=N) every rank runs the
+script: rank 0 holds the engine and the other ranks its workers (WorkerLoop), and each call of
+generate / chat / shutdown, made by every rank with the same arguments, runs on rank 0 while the
+others run their shares of its steps; rank 0's result (or its error) is then returned on every rank."""
 
 from __future__ import annotations
 
 import itertools
 import logging
+import pickle
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from corellm.config import EngineConfig, SpeculativeConfig
+from corellm.distributed.torchrun import TorchrunPlace
 from corellm.engine.data_parallel_replicas import DataParallelReplicas
 from corellm.engine.engine_parts import EngineParts
 from corellm.engine.input_processor import PromptType
@@ -16,6 +23,7 @@ from corellm.model.loader import LoadedModel
 from corellm.outputs import RequestOutput
 from corellm.sampling_params import RequestOutputKind, SamplingParams
 from corellm.tokenizer import Tokenizer
+from corellm.worker.tp_workers import TensorParallelWorkers, WorkerLoop
 
 logger = logging.getLogger("corellm")
 
@@ -60,6 +68,15 @@ class LLM:
             raise ValueError("data_parallel_size > 1 with tensor-parallel replicas runs them on this machine: "
                              "nnodes must be 1 and master_port 0 (each replica's ranks meet at a free port "
                              f"of their own), got nnodes={nnodes}, master_port={master_port}")
+        torchrun = TorchrunPlace.from_environment()
+        if torchrun is not None:
+            if tensor_parallel_size != torchrun.world_size:
+                raise ValueError(f"under torchrun, tensor_parallel_size ({tensor_parallel_size}) must equal its world "
+                                 f"size ({torchrun.world_size}: --nnodes x --nproc-per-node)")
+            if data_parallel_size > 1 or loaded_model is not None or (nnodes, node_rank) != (1, 0):
+                raise ValueError("under torchrun, every process is a tensor-parallel rank: data_parallel_size, "
+                                 "loaded_model, nnodes and node_rank do not apply (torchrun places the ranks)")
+            nnodes, node_rank = torchrun.nnodes, torchrun.node_rank
         self.config = EngineConfig(model=model, dtype=dtype, quantization=quantization, device=device, enforce_eager=enforce_eager,
                                    max_model_len=max_model_len,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
@@ -71,7 +88,16 @@ class LLM:
                                    allowed_media_domains=allowed_media_domains,
                                    tensor_parallel_size=tensor_parallel_size, nnodes=nnodes, node_rank=node_rank,
                                    master_addr=master_addr, master_port=master_port,
-                                   disable_custom_all_reduce=disable_custom_all_reduce)
+                                   disable_custom_all_reduce=disable_custom_all_reduce,
+                                   torchrun=torchrun is not None)
+        # Under torchrun: on rank 0 the workers to send results to; on the others this rank's loop.
+        self._torchrun_workers: TensorParallelWorkers | None = None
+        self._follower: WorkerLoop | None = None
+        if torchrun is not None and torchrun.rank > 0:
+            self._follower = WorkerLoop(torchrun.rank, TensorParallelWorkers.spec_for(self.config))
+            self.loaded, self.engine_core, self._replicas, self.data_parallel_size = self._follower.loaded, None, None, 1
+            self._await_rank0()  # rank 0's start-up: its KV cache set-up and memory calls
+            return
         t0 = time.perf_counter()
         self._replicas = DataParallelReplicas(arguments, data_parallel_size) if data_parallel_size > 1 else None
         self.data_parallel_size = data_parallel_size
@@ -85,14 +111,56 @@ class LLM:
         self.input_processor, self.output_processor = self.parts.input_processor, self.parts.output_processor
         logger.info("started %s (%s) in %.1f s", self.loaded.name, self.loaded.model.dtype, time.perf_counter() - t0)
         self._ids = itertools.count()
+        if torchrun is not None:
+            self._torchrun_workers = self.engine_core.model_runner.tp_workers
+            self._torchrun_workers.send_result(("ok", None))
+
+    # ------------------------------------------------------------------ torchrun
+    def _await_rank0(self):
+        """A rank other than 0: runs rank 0's steps until it sends the result of the call every rank
+        is making, and returns that result (raises rank 0's error as a RuntimeError)."""
+        data = self._follower.run()
+        if data is None:
+            raise RuntimeError(f"rank {self._follower.rank}: rank 0 shut the engine down")
+        kind, value = pickle.loads(data)
+        if kind == "error":
+            raise RuntimeError(f"rank 0: {value}")
+        return value
+
+    def _on_every_rank(self, call):
+        """Runs call() here, on rank 0 (or anywhere torchrun is not), and under torchrun sends its
+        result or its error to the other ranks, which run `call`'s steps meanwhile."""
+        if self._follower is not None:
+            return self._await_rank0()
+        if self._torchrun_workers is None:
+            return call()
+        try:
+            result = call()
+        except BaseException as e:
+            self._torchrun_workers.send_result(("error", f"{type(e).__name__}: {e}"))
+            raise
+        self._torchrun_workers.send_result(("ok", result))
+        return result
+
+    def _engine_here(self, what: str) -> None:
+        if self._follower is not None:
+            raise RuntimeError(f"{what}: under torchrun the engine is on rank 0; rank {self._follower.rank} runs "
+                               f"generate, chat and shutdown with it")
 
     @property
     def max_model_len(self) -> int:
+        self._engine_here("max_model_len")
         return self.engine_core.max_model_len
 
     def shutdown(self) -> None:
         """Releases the engine's CUDA graphs now rather than at exit, and stops the data-parallel
-        replicas (the LLM is unusable after)."""
+        replicas and the workers (the LLM is unusable after; under torchrun every rank calls it)."""
+        if self._follower is not None:
+            if not self._follower.stopped:
+                if self._follower.run() is not None:
+                    raise RuntimeError(f"rank {self._follower.rank}: shutdown while rank 0 answered another call")
+                self._follower.close()
+            return
         self.engine_core.shutdown()
         if self._replicas is not None:
             self._replicas.shutdown()
@@ -102,6 +170,7 @@ class LLM:
         """The engine's counters since it started, by their Prometheus names: prefix-cache queries
         and hits, preemptions and, with speculative decoding, drafts and accepted drafts (in all
         and per draft position)."""
+        self._engine_here("get_metrics")
         s = self.engine_core.stats()
         metrics: dict[str, int | float | list[int]] = {
             "corellm:prefix_cache_queries": s.prefix_cache_queries, "corellm:prefix_cache_hits": s.prefix_cache_hits,
@@ -115,6 +184,7 @@ class LLM:
 
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation_config.json defaults (vLLM's behaviour)."""
+        self._engine_here("get_default_sampling_params")
         return SamplingParams(**self.parts.generation_defaults())
 
     # ------------------------------------------------------------------ generate
@@ -123,6 +193,9 @@ class LLM:
                  use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order. priority: one per prompt (lower runs first),
         with scheduling_policy="priority"."""
+        return self._on_every_rank(lambda: self._generate(prompts, sampling_params, use_tqdm, priority))
+
+    def _generate(self, prompts, sampling_params, use_tqdm: bool, priority) -> list[RequestOutput]:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -210,6 +283,8 @@ class LLM:
         tools (OpenAI's format) and chat_template_kwargs reach the template; continue_final_message
         leaves the last message open for the model to continue (then add_generation_prompt must be
         False). As in vLLM's offline chat, calls are not parsed out of the text."""
+        if self._follower is not None:  # rank 0 renders and runs the conversations
+            return self._await_rank0()
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tok = self.loaded.tokenizer
         extra = dict(chat_template_kwargs or {})

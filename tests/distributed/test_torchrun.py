@@ -1,6 +1,7 @@
 """`corellm serve` launched by torchrun (python -m torch.distributed.run --nproc-per-node 3): rank 0
 serves, ranks 1 and 2 run their shares of the model; the answers equal those of the engine that
-spawns its own workers; SIGTERM to torchrun stops every rank. And the refusals."""
+spawns its own workers; SIGTERM to torchrun stops every rank. A script making an LLM under
+torchrun: every rank gets rank 0's outputs. And the refusals."""
 
 from __future__ import annotations
 
@@ -74,6 +75,56 @@ def test_serve_under_torchrun_equals_the_spawning_engine(tmp_path, tokenizer_jso
             torchrun.wait()
 
 
+LLM_SCRIPT = """
+import json, os, sys
+from corellm import LLM, SamplingParams
+
+prompts = [{"prompt_token_ids": p} for p in json.loads(sys.argv[2])]
+llm = LLM(sys.argv[1], tensor_parallel_size=3, dtype="float32", max_model_len=128, kv_cache_memory=16 * 1024**2)
+params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+out = {"first": [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]}
+try:
+    llm.generate([{"prompt_token_ids": [10**6]}], params, use_tqdm=False)
+except Exception as e:
+    out["error"] = f"{type(e).__name__}: {e}"
+out["again"] = [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]
+out["tokenizer"] = llm.get_tokenizer() is not None
+llm.shutdown()
+with open(os.path.join(sys.argv[3], f"rank{os.environ['RANK']}.json"), "w") as f:
+    json.dump(out, f)
+"""
+
+
+def test_llm_in_a_script_under_torchrun_answers_on_every_rank(tmp_path, tokenizer_json):
+    """torchrun --nproc-per-node 3 script.py, the script making an LLM(tensor_parallel_size=3): rank 0
+    holds the engine, the others run their shares of its steps while every rank calls generate;
+    each rank gets rank 0's outputs (equal to the engine that spawns its own workers), and rank
+    0's error for a bad prompt, after which the next call works."""
+    from corellm.worker.tp_workers import free_local_port
+
+    model = tmp_path / "model"
+    make_tiny_model("llama3", model, tokenizer_json, seed=5, hidden_size=72, num_attention_heads=9,
+                    num_key_value_heads=3, intermediate_size=192)
+    llm = LLM(str(model), tensor_parallel_size=3, dtype="float32", max_model_len=128, kv_cache_memory=16 * 1024**2)
+    try:
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
+                            SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+        want = [o.outputs[0].text for o in outs]
+    finally:
+        llm.shutdown()
+    script = tmp_path / "script.py"
+    script.write_text(LLM_SCRIPT)
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port",
+                          str(free_local_port()), str(script), str(model), json.dumps(PROMPTS), str(tmp_path)],
+                         cwd=ROOT, env={**os.environ, "TQDM_DISABLE": "1"}, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for rank in range(3):
+        out = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert out["first"] == want and out["again"] == want and out["tokenizer"], rank
+        assert "1000000" in out["error"] and out["error"].startswith("ValueError" if rank == 0 else "RuntimeError: rank 0: ValueError")
+
+
 def test_what_torchrun_refuses(monkeypatch, capsys):
     from corellm.cli import main
 
@@ -88,3 +139,7 @@ def test_what_torchrun_refuses(monkeypatch, capsys):
     assert "leave them out under torchrun" in capsys.readouterr().err
     assert main(["generate", "Hi", "--tensor-parallel-size", "2"]) == 2
     assert "corellm generate does not run under torchrun" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"tensor_parallel_size \(1\) must equal its world size \(2"):
+        LLM()
+    with pytest.raises(ValueError, match="data_parallel_size, loaded_model, nnodes and node_rank do not apply"):
+        LLM(tensor_parallel_size=2, data_parallel_size=2)

@@ -3,7 +3,9 @@ model runner) to the other ranks before its forward — the batch builder's flat
 rows whose logits are computed — as one message on the group's BroadcastChannel (shared memory
 on one machine): a header of sizes and one int32 payload. Every rank then runs the same forward
 on its share of the model (its collectives pair up with rank 0's); a header with command RPC
-carries a worker method call (collective_rpc), STOP ends a worker's loop."""
+carries a worker method call (collective_rpc), one with command RESULT rank 0's answer to an
+LLM call that every rank made (LLM(...) under torchrun: the ranks' loops return it), STOP ends a
+worker's loop."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import torch
 from corellm.distributed.broadcast_channel import BroadcastChannel
 from corellm.model.attention_metadata import AttentionMetadata
 
-STEP, STOP, RPC = 1, 0, 2
+STEP, STOP, RPC, RESULT = 1, 0, 2, 3
 
 
 @dataclass
@@ -43,18 +45,19 @@ class StepMessage:
         channel.send([command])
 
     @staticmethod
-    def send_call(channel: BroadcastChannel, call: bytes) -> None:
-        """RPC: a pickled (method, args) for the workers (TensorParallelWorkers.collective_rpc)."""
-        padded = np.frombuffer(call + b"\0" * (-len(call) % 4), np.int32)
-        channel.send([RPC, len(call)], [padded])
+    def send_bytes(channel: BroadcastChannel, command: int, data: bytes) -> None:
+        """RPC: a pickled (method, args) for the workers (TensorParallelWorkers.collective_rpc);
+        RESULT: rank 0's pickled answer to a call every rank made."""
+        padded = np.frombuffer(data + b"\0" * (-len(data) % 4), np.int32)
+        channel.send([command, len(data)], [padded])
 
     @staticmethod
     def receive(channel: BroadcastChannel) -> tuple[int, bytes | None, StepMessage | None]:
-        """(command, an RPC's pickled call, the step for STEP)."""
+        """(command, the bytes of an RPC or a RESULT, the step for STEP)."""
         header, payload = channel.receive()
         command, n, seqs, cols, rows, max_query_len, max_seq_len, num_spans = header
-        if command == RPC:
-            return RPC, payload.tobytes()[:n], None
+        if command in (RPC, RESULT):
+            return command, payload.tobytes()[:n], None
         if command != STEP:
             return command, None, None
         expected = 3 * n + seqs + (seqs + 1) + seqs * cols + rows + 2 * num_spans

@@ -32,7 +32,7 @@ import torch.multiprocessing as mp
 
 from corellm.distributed.broadcast_channel import BroadcastChannel
 from corellm.distributed.parallel_state import TensorParallel, init_tensor_parallel
-from corellm.worker.step_message import RPC, STEP, STOP, StepMessage
+from corellm.worker.step_message import RESULT, RPC, STEP, STOP, StepMessage
 
 logger = logging.getLogger("corellm")
 
@@ -100,35 +100,57 @@ class Worker:
                 model.compute_logits(hidden[start:end])
 
 
-def worker_main(rank: int, spec: WorkerSpec) -> None:
-    """A worker process: joins the group, loads its share, then runs what rank 0 sends — steps
-    and collective_rpc calls — until STOP."""
-    from corellm.model.loader import load_model
+class WorkerLoop:
+    """A rank other than 0, in this process: joins the group, loads its share, then (run) runs
+    what rank 0 sends — steps and collective_rpc calls — until STOP or a RESULT."""
 
-    torch.set_num_threads(spec.threads)
-    device = torch.device(spec.device if spec.device == "cpu" else f"cuda:{rank % spec.ranks_per_node}")
-    parent = os.getppid()  # rank 0, which spawned this process (under torchrun: its agent, which ends every rank)
-    tp = init_tensor_parallel(rank, spec.size, spec.init_method, device, shm_all_reduce=spec.shm_all_reduce)
-    channel = BroadcastChannel(tp, shared_memory=spec.ranks_per_node == spec.size,
-                               writer_alive=lambda: os.getppid() == parent)
-    loaded = load_model(spec.model, dtype=spec.dtype, device=str(device), quantization=spec.quantization,
-                        progress=False, tensor_parallel=tp)
-    worker = Worker(rank, loaded.model)
-    while True:
-        command, payload, step = StepMessage.receive(channel)
-        if command == STOP:
-            break
-        if command == RPC:
-            method, args = pickle.loads(payload)
-            try:
-                result = getattr(worker, method)(*args)
-            except Exception as e:  # noqa: BLE001 - reported to rank 0, which raises it
-                result = RpcError(f"rank {rank}: {method}: {type(e).__name__}: {e}")
-            torch.distributed.gather_object(result, None, dst=0, group=channel.group)
-            continue
-        assert command == STEP and step is not None
-        worker.execute(step)
-    torch.distributed.destroy_process_group()
+    def __init__(self, rank: int, spec: WorkerSpec):
+        from corellm.model.loader import load_model
+
+        torch.set_num_threads(spec.threads)
+        self.rank = rank
+        device = torch.device(spec.device if spec.device == "cpu" else f"cuda:{rank % spec.ranks_per_node}")
+        parent = os.getppid()  # rank 0, which spawned this process (under torchrun: its agent, which ends every rank)
+        tp = init_tensor_parallel(rank, spec.size, spec.init_method, device, shm_all_reduce=spec.shm_all_reduce)
+        self.channel = BroadcastChannel(tp, shared_memory=spec.ranks_per_node == spec.size,
+                                        writer_alive=lambda: os.getppid() == parent)
+        self.loaded = load_model(spec.model, dtype=spec.dtype, device=str(device), quantization=spec.quantization,
+                                 progress=False, tensor_parallel=tp)
+        self.worker = Worker(rank, self.loaded.model)
+        self.stopped = False
+
+    def run(self) -> bytes | None:
+        """Runs rank 0's steps and calls until STOP (returns None; the loop is then stopped) or a
+        RESULT (returns its bytes)."""
+        while True:
+            command, payload, step = StepMessage.receive(self.channel)
+            if command == STOP:
+                self.stopped = True
+                return None
+            if command == RESULT:
+                return payload
+            if command == RPC:
+                method, args = pickle.loads(payload)
+                try:
+                    result = getattr(self.worker, method)(*args)
+                except Exception as e:  # noqa: BLE001 - reported to rank 0, which raises it
+                    result = RpcError(f"rank {self.rank}: {method}: {type(e).__name__}: {e}")
+                torch.distributed.gather_object(result, None, dst=0, group=self.channel.group)
+                continue
+            assert command == STEP and step is not None
+            self.worker.execute(step)
+
+    def close(self) -> None:
+        torch.distributed.destroy_process_group()
+
+
+def worker_main(rank: int, spec: WorkerSpec) -> None:
+    """A worker process: its loop until rank 0 stops it (a RESULT, sent only to ranks that an
+    LLM under torchrun runs, would be a protocol error here)."""
+    loop = WorkerLoop(rank, spec)
+    if loop.run() is not None:
+        raise RuntimeError(f"rank {rank}: rank 0 sent a RESULT to a worker process")
+    loop.close()
 
 
 @dataclass(frozen=True)
@@ -210,13 +232,18 @@ class TensorParallelWorkers:
         if method not in Worker.RPC_METHODS:
             raise ValueError(f"collective_rpc: workers have no method {method!r} (they have "
                              f"{', '.join(Worker.RPC_METHODS)})")
-        StepMessage.send_call(self.channel, pickle.dumps((method, args)))
+        StepMessage.send_bytes(self.channel, RPC, pickle.dumps((method, args)))
         results = [None] * self.spec.size
         torch.distributed.gather_object(None, results, dst=0, group=self.channel.group)
         errors = [r.message for r in results[1:] if isinstance(r, RpcError)]
         if errors:
             raise RuntimeError("; ".join(errors))
         return results[1:]
+
+    def send_result(self, result) -> None:
+        """Rank 0's answer to an LLM call every rank made (LLM under torchrun): the other ranks'
+        WorkerLoop.run returns it, pickled."""
+        StepMessage.send_bytes(self.channel, RESULT, pickle.dumps(result))
 
     def setup(self, num_blocks: int, block_size: int) -> None:
         """Every worker allocates its KV cache: the same blocks as rank 0's, its own KV heads."""
@@ -246,4 +273,4 @@ class TensorParallelWorkers:
         self.tp = self.channel = None
 
 
-__all__ = ["STEP", "TensorParallelWorkers", "WorkerSpec", "worker_main"]
+__all__ = ["STEP", "TensorParallelWorkers", "WorkerLoop", "WorkerSpec", "worker_main"]
