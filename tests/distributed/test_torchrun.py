@@ -45,19 +45,25 @@ def wait_healthy(port: int, proc: subprocess.Popen, seconds: float) -> None:
     raise AssertionError(f"no /health 200 within {seconds} s")
 
 
-def test_serve_under_torchrun_equals_the_spawning_engine(tmp_path, tokenizer_json):
-    from corellm.worker.tp_workers import free_local_port
-
-    make_tiny_model("llama3", tmp_path, tokenizer_json, seed=5, hidden_size=72, num_attention_heads=9,
+def tiny_model_and_its_answers(directory, tokenizer_json) -> list[str]:
+    """Writes the tiny model (9 heads, 3 KV heads) to `directory`; PROMPTS' greedy texts from the
+    engine that spawns its own three ranks."""
+    make_tiny_model("llama3", directory, tokenizer_json, seed=5, hidden_size=72, num_attention_heads=9,
                     num_key_value_heads=3, intermediate_size=192)
-    engine = dict(dtype="float32", max_model_len=128, kv_cache_memory=16 * 1024**2)
-    llm = LLM(str(tmp_path), tensor_parallel_size=3, **engine)
+    llm = LLM(str(directory), tensor_parallel_size=3, dtype="float32", max_model_len=128,
+              kv_cache_memory=16 * 1024**2)
     try:
         outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
                             SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
-        want = [o.outputs[0].text for o in outs]
+        return [o.outputs[0].text for o in outs]
     finally:
         llm.shutdown()
+
+
+def test_serve_under_torchrun_equals_the_spawning_engine(tmp_path, tokenizer_json):
+    from corellm.worker.tp_workers import free_local_port
+
+    want = tiny_model_and_its_answers(tmp_path, tokenizer_json)
     port = free_local_port()
     torchrun = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port",
@@ -103,15 +109,7 @@ def test_llm_in_a_script_under_torchrun_answers_on_every_rank(tmp_path, tokenize
     from corellm.worker.tp_workers import free_local_port
 
     model = tmp_path / "model"
-    make_tiny_model("llama3", model, tokenizer_json, seed=5, hidden_size=72, num_attention_heads=9,
-                    num_key_value_heads=3, intermediate_size=192)
-    llm = LLM(str(model), tensor_parallel_size=3, dtype="float32", max_model_len=128, kv_cache_memory=16 * 1024**2)
-    try:
-        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
-                            SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
-        want = [o.outputs[0].text for o in outs]
-    finally:
-        llm.shutdown()
+    want = tiny_model_and_its_answers(model, tokenizer_json)
     script = tmp_path / "script.py"
     script.write_text(LLM_SCRIPT)
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-port",
