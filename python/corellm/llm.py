@@ -156,10 +156,9 @@ class LLM:
         """Releases the engine's CUDA graphs now rather than at exit, and stops the data-parallel
         replicas and the workers (the LLM is unusable after; under torchrun every rank calls it)."""
         if self._follower is not None:
-            if not self._follower.stopped:
-                if self._follower.run() is not None:
-                    raise RuntimeError(f"rank {self._follower.rank}: shutdown while rank 0 answered another call")
-                self._follower.close()
+            if not self._follower.stopped and self._follower.run() is not None:
+                raise RuntimeError(f"rank {self._follower.rank}: shutdown while rank 0 answered another call")
+            self._follower.close()
             return
         self.engine_core.shutdown()
         if self._replicas is not None:

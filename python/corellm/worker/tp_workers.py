@@ -117,7 +117,8 @@ class WorkerLoop:
         self.loaded = load_model(spec.model, dtype=spec.dtype, device=str(device), quantization=spec.quantization,
                                  progress=False, tensor_parallel=tp)
         self.worker = Worker(rank, self.loaded.model)
-        self.stopped = False
+        self.stopped = False  # STOP received
+        self._closed = False
 
     def run(self) -> bytes | None:
         """Runs rank 0's steps and calls until STOP (returns None; the loop is then stopped) or a
@@ -141,7 +142,10 @@ class WorkerLoop:
             self.worker.execute(step)
 
     def close(self) -> None:
-        torch.distributed.destroy_process_group()
+        """Leaves the group (once)."""
+        if not self._closed:
+            self._closed = True
+            torch.distributed.destroy_process_group()
 
 
 def worker_main(rank: int, spec: WorkerSpec) -> None:
