@@ -180,8 +180,10 @@ def main() -> None:
     p.add_argument("--plot", help="draw both engines' serving throughput and latencies into this PNG (matplotlib)")
     args = p.parse_args()
 
-    if args.gguf is not None and (args.quant or not args.gguf.is_file()):
-        p.error(f"--gguf {args.gguf}: " + ("not a file" if not args.gguf.is_file() else "give --gguf or --quant, not both"))
+    if args.gguf is not None and args.quant:
+        p.error("give --gguf or --quant, not both")
+    if args.gguf is not None and not args.gguf.is_file():
+        p.error(f"--gguf {args.gguf}: not a file")
     bin_dir = build_llamacpp()
     model = args.gguf or (quantized_model(bin_dir, args.quant) if args.quant else bf16_model())
     report: dict = {"threads": args.threads, "model": str(model), "file_bytes": model.stat().st_size}

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from gguf.constants import GGMLQuantizationType
 
 from corellm.model import quantized_tensor
 from corellm.model.gguf_widening import WIDENINGS
@@ -211,7 +212,7 @@ class GGUFModelFile:
             ggml_type, blocks = int(t.tensor_type), t.data
             if quantized and len(t.shape) == 2 and ggml_type in WIDENINGS:  # Q3_K: the same values as Q6_K
                 wide_type, widen = WIDENINGS[ggml_type]
-                key = (t.tensor_type.name, quantized_tensor.type_name(wide_type))
+                key = (t.tensor_type.name, GGMLQuantizationType(wide_type).name)
                 widened[key] = widened.get(key, 0) + 1
                 ggml_type, blocks = wide_type, widen(blocks)
             if quantized and len(t.shape) == 2 and quantized_tensor.supported(ggml_type):

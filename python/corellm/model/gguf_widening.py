@@ -17,9 +17,9 @@ Bit positions, as ggml lays the blocks out (value v = 128 h + r of a super-block
 from __future__ import annotations
 
 import numpy as np
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-Q3_K, Q6_K = 11, 14  # GGUF's ggml_type numbers
-_Q3_K_BYTES, _Q6_K_BYTES = 110, 210  # per super-block of 256 values
+_Q3_K_BYTES = GGML_QUANT_SIZES[GGMLQuantizationType.Q3_K][1]  # per super-block of 256 values: 110
 
 
 def _q3_k_values(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -55,4 +55,4 @@ def widen_q3_k(rows: np.ndarray) -> np.ndarray:
 
 
 # ggml_type -> (the type it is widened to, the re-encoding of its rows)
-WIDENINGS = {Q3_K: (Q6_K, widen_q3_k)}
+WIDENINGS = {int(GGMLQuantizationType.Q3_K): (int(GGMLQuantizationType.Q6_K), widen_q3_k)}

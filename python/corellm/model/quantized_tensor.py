@@ -22,11 +22,6 @@ def supported(ggml_type: int) -> bool:
     return bool(_K.quant_type_supported(int(ggml_type)))
 
 
-def type_name(ggml_type: int) -> str:
-    """A ggml type's name (Q4_K, ...)."""
-    return _K.quant_type_name(int(ggml_type))
-
-
 def quant_path() -> str:
     """The instruction-set path of the quantized GEMM on this CPU (amx, avx512vnni or avx2)."""
     return _K.quant_path()
