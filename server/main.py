@@ -13,6 +13,7 @@ import time
 
 from aiohttp import web
 
+from corellm import startup_gc
 from corellm.distributed.torchrun import TorchrunPlace
 from corellm.engine.async_llm import AsyncLLM
 from corellm.engine_args import add_engine_args, engine_config_from_args
@@ -141,11 +142,11 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     config = engine_config_from_args(args)
     check_listen_address(args.host, args.port)
-    engine = AsyncLLM(config)
+    with startup_gc.lasting_objects():
+        engine = AsyncLLM(config)
     name = args.served_model_name or engine.loaded.name
     logger.info("model %s (%s, %s), context %d tokens", name, engine.loaded.path, engine.loaded.model.dtype,
                    engine.max_model_len)
-    engine.parts.grammar_compiler.warm()  # the first structured request need not wait for it
     server_config = ServerConfig(served_model_name=name, api_key=args.api_key,
                                  allow_request_chat_template=args.allow_request_chat_template,
                                  chat_template=read_chat_template(args.chat_template),

@@ -11,14 +11,17 @@ import os
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "128")
 os.environ.setdefault("LRU_CACHE_CAPACITY", "128")
 
-# torch first: its libgomp.so.1 is then the one OpenMP runtime in the process, which the native
-# kernels share (see CMakeLists.txt), instead of a second thread pool fighting it for the cores.
-import torch  # noqa: F401
+from corellm.startup_gc import lasting_objects as _lasting_objects
 
-from corellm.native import _core
-from corellm.config import EngineConfig, SchedulerConfig
-from corellm.outputs import CompletionOutput, Logprob, RequestOutput
-from corellm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+with _lasting_objects():  # torch's import makes ~200k objects that live as long as the process
+    # torch first: its libgomp.so.1 is then the one OpenMP runtime in the process, which the native
+    # kernels share (see CMakeLists.txt), instead of a second thread pool fighting it for the cores.
+    import torch  # noqa: F401
+
+    from corellm.native import _core
+    from corellm.config import EngineConfig, SchedulerConfig
+    from corellm.outputs import CompletionOutput, Logprob, RequestOutput
+    from corellm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 __version__ = "0.1.0"
 

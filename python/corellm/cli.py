@@ -7,6 +7,7 @@ import logging
 import sys
 
 import corellm
+from corellm import startup_gc
 from corellm.engine_args import add_engine_args, engine_config_from_args
 
 
@@ -17,14 +18,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if c.torchrun:
         raise ValueError("corellm generate does not run under torchrun (every rank would run it): launch "
                          "`corellm serve` under torchrun")
-    llm = LLM(c.model, dtype=c.dtype, quantization=c.quantization, device=c.device, enforce_eager=c.enforce_eager,
-              max_model_len=c.max_model_len, max_num_seqs=c.max_num_seqs,
-              max_num_batched_tokens=c.max_num_batched_tokens, block_size=c.block_size,
-              kv_cache_memory=c.kv_cache_memory, seed=c.seed, scheduling_policy=c.scheduling_policy,
-              speculative_config=c.speculative_config, limit_mm_per_prompt=c.limit_mm_per_prompt,
-              allowed_media_domains=c.allowed_media_domains, tensor_parallel_size=c.tensor_parallel_size,
-              nnodes=c.nnodes, node_rank=c.node_rank, master_addr=c.master_addr, master_port=c.master_port,
-              disable_custom_all_reduce=c.disable_custom_all_reduce)
+    with startup_gc.lasting_objects():
+        llm = LLM(c.model, dtype=c.dtype, quantization=c.quantization, device=c.device, enforce_eager=c.enforce_eager,
+                  max_model_len=c.max_model_len, max_num_seqs=c.max_num_seqs,
+                  max_num_batched_tokens=c.max_num_batched_tokens, block_size=c.block_size,
+                  kv_cache_memory=c.kv_cache_memory, seed=c.seed, scheduling_policy=c.scheduling_policy,
+                  speculative_config=c.speculative_config, limit_mm_per_prompt=c.limit_mm_per_prompt,
+                  allowed_media_domains=c.allowed_media_domains, tensor_parallel_size=c.tensor_parallel_size,
+                  nnodes=c.nnodes, node_rank=c.node_rank, master_addr=c.master_addr, master_port=c.master_port,
+                  disable_custom_all_reduce=c.disable_custom_all_reduce)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                             max_tokens=args.max_tokens, seed=args.sampling_seed, n=args.n)
     prompts = args.prompt
@@ -57,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--sampling-seed", type=int, default=None)
     gen.add_argument("--chat", action="store_true", help="wrap each prompt as a user message (chat template)")
     srv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible API")
-    from corellm.server.main import add_serve_args
+    with startup_gc.lasting_objects():  # the server's modules (aiohttp, pydantic, the engine's)
+        from corellm.server.main import add_serve_args
 
     add_serve_args(srv)
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
