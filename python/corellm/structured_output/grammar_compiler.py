@@ -7,8 +7,8 @@ gets a deep copy (cheap). check() compiles on the caller's thread, when a reques
 it is admitted; matcher_future() serves the engine thread from the cache, or compiles on a worker
 thread so that a request whose grammar is not ready waits without holding up the others.
 
-The llguidance tokenizer is built once, on the worker thread: at warm() (the server calls it at
-start-up) or at the first structured request."""
+The llguidance tokenizer is built once, on the worker thread: at warm() (the server calls it when
+first idle after start-up) or at the first structured request."""
 
 from __future__ import annotations
 
