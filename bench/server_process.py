@@ -19,8 +19,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
-    """Returns once url/health answers 200; RuntimeError if the process exits or time runs out."""
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300, poll_s: float = 0.3) -> None:
+    """Returns once url/health answers 200 (asked every poll_s while it does not answer); RuntimeError
+    if the process exits or time runs out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -30,7 +31,7 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
                 if r.status == 200:
                     return
         except OSError:
-            time.sleep(0.3)
+            time.sleep(poll_s)
     raise RuntimeError("server not ready")
 
 
