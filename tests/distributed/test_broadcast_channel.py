@@ -17,12 +17,13 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from corellm.distributed.broadcast_channel import RING_SLOT_BYTES
+from corellm.distributed.broadcast_channel import HEADER_VALUES, RING_SLOT_BYTES
 
 
 def messages() -> list[tuple[list[int], np.ndarray]]:
     g = np.random.default_rng(7)
-    fill = (RING_SLOT_BYTES - 8 - 80) // 4  # int32 values that fill a slot after its size field and the header
+    # int32 values that fill a slot after its size field and the wire header (two int64 + the header's)
+    fill = (RING_SLOT_BYTES - 8 - 8 * (2 + HEADER_VALUES)) // 4
     sizes = [0, 1, 5, 1000, fill + 100, 3, fill, fill + 1]  # the 5th and the last travel on the group
     return [([i, size, -i, 2**40 + i], g.integers(-2**31, 2**31, size, dtype=np.int32)) for i, size in enumerate(sizes)]
 
@@ -41,7 +42,7 @@ def rank_main(rank: int, size: int, init: str, transport: str, results) -> None:
             channel.send(header, [payload[:3], payload[3:]])  # parts sent as one payload
             continue
         got_header, got_payload = channel.receive()
-        if got_header != header + [0] * (8 - len(header)):
+        if got_header != header + [0] * (HEADER_VALUES - len(header)):
             problems.append(f"message {i}: header {got_header}")
         if not np.array_equal(got_payload, payload):
             problems.append(f"message {i}: payload of {got_payload.size} values differs")

@@ -165,6 +165,29 @@ def test_smollm2_gguf_three_ranks_follow_one():
             assert abs(w.logprobs[i][tok].logprob - g.logprobs[i][tok].logprob) < 0.3
 
 
+def test_tiny_llava_two_ranks_equal_one(tmp_path):
+    """Image inputs over two ranks: rank 0 alone holds the vision tower, encodes the images and
+    sends each step's image rows with the step; every rank merges them into its embedding rows.
+    fp32: greedy tokens and logprobs equal one process's (one image, two, none), with prefill in
+    chunks of 12 tokens that cut through the 16 placeholders of an image."""
+    pytest.importorskip("PIL")
+    from tests.multimodal.tiny_llava import IMAGE_TOKEN, make_tiny_llava, random_image
+
+    make_tiny_llava(tmp_path, "clip", "llama", seed=3)
+    prompts = [{"prompt_token_ids": [5, 17, IMAGE_TOKEN, 40, 41, 3], "multi_modal_data": {"image": random_image(1)}},
+               {"prompt_token_ids": [9, 8, 7, 6, 5, 4]},
+               {"prompt_token_ids": [IMAGE_TOKEN, 6, IMAGE_TOKEN, 2],
+                "multi_modal_data": {"image": [random_image(2), random_image(3, (30, 70))]}}]
+    common = dict(dtype="float32", max_model_len=256, kv_cache_memory=16 * 1024**2, max_num_batched_tokens=12,
+                  limit_mm_per_prompt={"image": 2})
+    one = generate(LLM(str(tmp_path), **common), prompts)
+    two_llm = LLM(str(tmp_path), tensor_parallel_size=2, **common)
+    rank0 = sum(two_llm.loaded.model.weight_bytes().values())
+    (rank1,) = two_llm.engine_core.model_runner.tp_workers.collective_rpc("memory_usage")
+    assert rank1["weight_bytes"] < rank0  # half the decoder, no tower or projector
+    assert_same_greedy(one, generate(two_llm, prompts))
+
+
 def test_what_tensor_parallelism_refuses():
     with pytest.raises(ValueError, match="tensor_parallel_size 2 does not divide the model's 9 attention heads"):
         LLM(tensor_parallel_size=2)

@@ -3,8 +3,13 @@ projector into the decoder's hidden size, and a Llama / Mistral / Qwen2 decoder.
 
 An image becomes `tokens_per_image` placeholder tokens in the prompt (the image token repeated);
 the model runner encodes the image (encode_images: tower, then projector), and the decoder reads
-the projected rows in place of the placeholders' embeddings (forward's inputs_embeds) — HF's
-masked_scatter of the image features into the text embeddings."""
+the projected rows in place of the placeholders' embeddings (embed_with_image_rows, then forward's
+inputs_embeds) — HF's masked_scatter of the image features into the text embeddings.
+
+Under tensor parallelism the decoder is sharded as a plain Llama's; the tower and the projector
+are whole on rank 0 and absent elsewhere: rank 0 encodes the images and sends each step's image
+rows to the other ranks with the step (worker/step_message.py), and every rank merges them into
+its (vocabulary-parallel, all-reduced) embedding rows."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from corellm.distributed.parallel_state import TensorParallel
 from corellm.model.layers import Linear
 from corellm.model.llama import LlamaForCausalLM
 from corellm.model.model_config import ModelConfig, UnsupportedModelError
@@ -98,10 +104,11 @@ def split_llava_name(name: str) -> tuple[str, str]:
 
 class LlavaForConditionalGeneration(LlamaForCausalLM):
     def __init__(self, llava: LlavaSpec, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
-                 max_position: int | None = None):
-        super().__init__(llava.text, dtype, device, max_position=max_position)
+                 max_position: int | None = None, tp: TensorParallel = TensorParallel()):
+        super().__init__(llava.text, dtype, device, max_position=max_position, tp=tp)
         self.llava = llava
-        self.vision_tower = VisionTower(llava.vision, llava.feature_layer, dtype, self.device)
+        # The image path runs on rank 0 only (see the module's docstring).
+        self.vision_tower = VisionTower(llava.vision, llava.feature_layer, dtype, self.device) if tp.rank == 0 else None
         self.projector: dict[str, torch.Tensor] = {}
 
     def _projector_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -114,9 +121,12 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], source: str,
                      scaled_type: str | None = None) -> None:
         """The decoder's tensors go to LlamaForCausalLM.load_weights; the tower's and the
-        projector's are checked against their shapes here (ValueError naming the tensor)."""
-        expected = {"vision": self.vision_tower.expected_shapes(), "projector": self._projector_shapes()}
-        loaded: dict[str, set[str]] = {"vision": set(), "projector": set()}
+        projector's are checked against their shapes here (ValueError naming the tensor), and
+        skipped on a tensor-parallel rank other than 0."""
+        tower = self.vision_tower
+        expected = ({"vision": tower.expected_shapes(), "projector": self._projector_shapes()}
+                    if tower is not None else {})
+        loaded: dict[str, set[str]] = {part: set() for part in expected}
 
         def text_weights() -> Iterator[tuple[str, torch.Tensor]]:
             for name, tensor in weights:
@@ -124,7 +134,7 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
                 if part == "text":
                     yield local, tensor
                     continue
-                if part == "vision" and self.vision_tower.is_unused(local):
+                if tower is None or (part == "vision" and tower.is_unused(local)):
                     continue
                 shape = expected[part].get(local)
                 if shape is None:
@@ -133,13 +143,14 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
                     raise ValueError(f"{source}: tensor {name!r} has shape {tuple(tensor.shape)}, but the config "
                                      f"implies {shape}")
                 if part == "vision":
-                    self.vision_tower.load(local, tensor)
+                    tower.load(local, tensor)
                 else:
                     self.projector[local] = tensor.to(device=self.device, dtype=self.dtype)
                 loaded[part].add(local)
 
         super().load_weights(text_weights(), source, scaled_type=scaled_type)
-        self.vision_tower.finalize()
+        if tower is not None:
+            tower.finalize()
         for part, names in expected.items():
             missing = sorted(set(names) - loaded[part])
             if missing:
@@ -149,7 +160,9 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """pixel_values [images, 3, H, W] (preprocessed) -> [images, tokens_per_image, hidden] in
         the model's dtype: the tower's feature layer (without the class token under the "default"
-        strategy) through the projector."""
+        strategy) through the projector. Rank 0's work under tensor parallelism."""
+        if self.vision_tower is None:
+            raise RuntimeError(f"tensor-parallel rank {self.tp.rank} holds no vision tower: rank 0 encodes the images")
         features = self.vision_tower.forward(pixel_values)
         if self.llava.drop_class_token:
             features = features[:, 1:]
@@ -158,8 +171,18 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         h = _PROJECTOR_ACTIVATIONS[self.llava.projector_activation](h)
         return F.linear(h, p["linear_2.weight"], p.get("linear_2.bias"))
 
+    def embed_with_image_rows(self, input_ids: torch.Tensor, rows: torch.Tensor, image_rows: torch.Tensor) -> torch.Tensor:
+        """The decoder's input rows for int32 input_ids [num_tokens] with image_rows [k, hidden]
+        (encode_images' rows) in place of rows (int64 [k], the placeholders' flat positions). Every
+        rank's call under tensor parallelism (the embedding is all-reduced)."""
+        embeds = self.embed_input_ids(input_ids)
+        embeds[rows] = image_rows
+        return embeds
+
     def all_linears(self) -> list[Linear]:
-        return super().all_linears() + [linear for layer in self.vision_tower.linears for linear in layer.values()]
+        tower = self.vision_tower.linears if self.vision_tower is not None else []
+        return super().all_linears() + [linear for layer in tower for linear in layer.values()]
 
     def other_weights(self) -> list[torch.Tensor]:
-        return super().other_weights() + [*self.vision_tower.weights.values(), *self.projector.values()]
+        tower = list(self.vision_tower.weights.values()) if self.vision_tower is not None else []
+        return super().other_weights() + tower + list(self.projector.values())

@@ -199,8 +199,6 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
         config, tokenizer, generation_config = source.config(), source.tokenizer(), source.generation_config()
         llava = source.llava_spec()
         if llava is not None:
-            if tp.size > 1:
-                raise ValueError(f"{path}: image-input (LLaVA) models do not run with tensor parallelism yet")
             image_processor = source.image_processor(llava.vision.image_size)
         rope_factors, weights = None, source.weights(torch_dtype, progress)
         if method == "int8" and device_.type == "cpu":
@@ -216,7 +214,7 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
     if not tokenizer.eos_token_ids:
         tokenizer.eos_token_ids = list(config.eos_token_id)
     if llava is not None:
-        llm = LlavaForConditionalGeneration(llava, torch_dtype, device_, max_position=max_position)
+        llm = LlavaForConditionalGeneration(llava, torch_dtype, device_, max_position=max_position, tp=tp)
     else:
         llm = LlamaForCausalLM(config, torch_dtype, device_, rope_factors=rope_factors, max_position=max_position,
                                tp=tp)

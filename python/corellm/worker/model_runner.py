@@ -127,9 +127,9 @@ class ModelRunner:
         2 and 3 are bit-identical; 1 runs 3's kernels. prompt_spans: the rows whose logits the step
         scores after the sampled ones (tensor-parallel workers compute them alongside)."""
         b = self.builder
-        inputs_embeds = self._embeds_with_images(so) if self.mm_features else None
+        image_rows = self._image_rows(so) if self.mm_features else None
         graph_size = None
-        if self.cuda_graphs is not None and inputs_embeds is None:
+        if self.cuda_graphs is not None and image_rows is None:
             graph_size = self.cuda_graphs.dispatch(so.num_reqs, so.total_num_scheduled_tokens)
         if graph_size is not None:
             return self.cuda_graphs.run(graph_size, b.input_ids, b.positions, b.slot_mapping, b.block_table,
@@ -142,22 +142,28 @@ class ModelRunner:
                                  seq_lens=i32(b.seq_lens), query_start_loc=i32(b.query_start_loc),
                                  max_query_len=b.max_query_len, max_seq_len=b.max_seq_len)
         if self.tp_workers is not None:  # the other ranks run the same step on their shares
+            index, rows = image_rows if image_rows is not None else (None, None)
             StepMessage.send(self.tp_workers.channel, input_ids=b.input_ids, positions=b.positions,
                              slot_mapping=b.slot_mapping, seq_lens=b.seq_lens, query_start_loc=b.query_start_loc,
                              block_table=b.block_table, logits_indices=b.logits_indices,
                              max_query_len=b.max_query_len, max_seq_len=b.max_seq_len,
-                             prompt_rows=[(s.hidden_start, s.hidden_end) for s in prompt_spans])
+                             prompt_rows=[(s.hidden_start, s.hidden_end) for s in prompt_spans],
+                             image_row_index=index, image_rows=None if rows is None else rows.cpu())
+        inputs_embeds = None
+        if image_rows is not None:  # after the step message: under TP the embedding is a collective
+            index, rows = image_rows
+            inputs_embeds = self.model.embed_with_image_rows(i32(b.input_ids), index.to(self.device), rows)
         if self.native_stack is not None:
             return self.native_stack.forward(i32(b.input_ids), i32(b.positions), attn, inputs_embeds=inputs_embeds)
         return self.model.forward(i32(b.input_ids), i32(b.positions), attn, self.kv_caches,
                                   inputs_embeds=inputs_embeds)
 
-    def _embeds_with_images(self, so: _core.SchedulerOutput) -> torch.Tensor | None:
-        """The step's input rows with image rows in place of the placeholders it computes, or None
-        when it computes no placeholder (seed 003's _execute_mm_encoder + _gather_mm_embeddings).
-        The images the scheduler planned for this step are encoded (each alone, so that its rows
-        are the same whatever else the step holds) into the encoder cache; each scheduled
-        placeholder takes its image's row from there.
+    def _image_rows(self, so: _core.SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The step's image rows: (the flat rows of the placeholders it computes, int64 [k]; the
+        image rows for them [k, hidden]), or None when it computes no placeholder (seed 003's
+        _execute_mm_encoder + _gather_mm_embeddings). The images the scheduler planned for this
+        step are encoded (each alone, so that its rows are the same whatever else the step holds)
+        into the encoder cache; each scheduled placeholder takes its image's row from there.
             | computed | this step's tokens |        (a request's prompt positions)
                   | image placeholders |               -> rows [lo - offset, hi - offset) of its output"""
         computed, scheduled = so.num_computed_tokens, so.num_scheduled_tokens
@@ -187,10 +193,9 @@ class ModelRunner:
         for image_hash in so.encoder_hashes:
             pixels = sources[image_hash].pixel_values[None].to(self.device)
             self.encoder_cache.put(image_hash, self.model.encode_images(pixels)[0])
-        embeds = self.model.embed_input_ids(torch.from_numpy(self.builder.input_ids).to(self.device))
-        for row, image_hash, first, last in wanted:
-            embeds[row : row + last - first] = self.encoder_cache.get(image_hash)[first:last]
-        return embeds
+        index = torch.cat([torch.arange(row, row + last - first) for row, _, first, last in wanted])
+        rows = torch.cat([self.encoder_cache.get(image_hash)[first:last] for _, image_hash, first, last in wanted])
+        return index, rows
 
     def _update_states(self, so: _core.SchedulerOutput) -> None:
         for req_id in list(so.finished_req_ids) + list(so.preempted_req_ids):

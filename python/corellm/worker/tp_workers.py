@@ -91,10 +91,16 @@ class Worker:
         if self.kv_caches is None:
             raise RuntimeError(f"rank {self.rank}: a step came before setup_kv_cache")
         with torch.inference_mode():
+            inputs_embeds = None
+            if step.image_row_bits is not None:  # rank 0's image rows in place of the placeholders
+                image_rows = step.image_row_bits.view(model.dtype).to(device)
+                inputs_embeds = model.embed_with_image_rows(step.input_ids.to(device), step.image_row_index.to(device),
+                                                            image_rows)
             if self.stack is not None:
-                hidden = self.stack.forward(step.input_ids, step.positions, step.attn)
+                hidden = self.stack.forward(step.input_ids, step.positions, step.attn, inputs_embeds=inputs_embeds)
             else:
-                hidden = model.forward(step.input_ids.to(device), step.positions.to(device), step.attn, self.kv_caches)
+                hidden = model.forward(step.input_ids.to(device), step.positions.to(device), step.attn, self.kv_caches,
+                                       inputs_embeds=inputs_embeds)
             model.compute_logits(hidden[step.logits_indices.to(device)])
             for start, end in step.prompt_rows:  # rank 0's prompt logprobs: the same gathers, in order
                 model.compute_logits(hidden[start:end])
