@@ -88,7 +88,7 @@ test: test-cpp test-py
 
 # Serves the embedded default model on 127.0.0.1:8000 (override: make serve SERVE_ARGS="--port 9000").
 # Set-up includes preparing the default model: its GGUF file's tensors are packed once into the
-# weight cache (~/.cache/corellm), so that the server itself is ready in about two seconds.
+# weight cache (~/.cache/corellm), so that the server itself is ready in about 1.4 s (bench/startup.py).
 serve: build
 	$(PY) -c "from corellm.model import load_model; load_model(progress=False)"
 	$(VENV)/bin/corellm serve $(SERVE_ARGS)

@@ -3,7 +3,7 @@
 Importing torch, aiohttp and pydantic and building the engine makes some 300k objects that live as
 long as the process. CPython's collector runs on allocation counts and traverses every tracked
 object at each full collection: during `corellm serve`'s start-up that was 470 collections and
-0.24 s of a 1.4 s start, and afterwards each full collection would pause the process for ~80 ms,
+0.24 s of a 1.4 s start, and afterwards each full collection would pause the process for ~90 ms,
 whatever it was doing. Only pausing the collector does not help: the first collection after the
 pause traverses everything made during it (0.1 s).
 
