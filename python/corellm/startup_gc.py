@@ -9,8 +9,9 @@ pause traverses everything made during it (0.1 s).
 
 So start-up runs inside `lasting_objects()` blocks (`import corellm`'s own imports, the server's
 imports, the engine's construction): no collection inside, and at the end gc.freeze() moves the
-objects alive then (the block's, and those made before it) into the permanent generation, which no
-collection scans or frees. Cyclic garbage made by then stays: a one-off few megabytes at most."""
+objects alive then (the block's, and those made before it, a library user's included) into the
+permanent generation, which no collection scans. They are still freed when their last reference
+goes; only reference cycles among them are never collected (a one-off few megabytes at most)."""
 
 from __future__ import annotations
 
