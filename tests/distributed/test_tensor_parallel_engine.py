@@ -188,6 +188,34 @@ def test_tiny_llava_two_ranks_equal_one(tmp_path):
     assert_same_greedy(one, generate(two_llm, prompts))
 
 
+def test_int8_weights_three_ranks_follow_one(tmp_path, tokenizer_json):
+    """--quantization int8 (an HF checkpoint's projections quantized at load, one scale per output
+    row, kept in Q8_0 blocks) over three ranks: every rank quantizes the whole checkpoint alike and
+    keeps its cut of the blocks, and its slices of o / down start on 32-value activation blocks; the
+    partial sums meet over the group, so the prompts' logprobs (scored on the same tokens, no greedy
+    divergence on a tiny random model's near-ties) follow one process's within 0.05."""
+    make_tiny_model("llama3", tmp_path, tokenizer_json, seed=5, hidden_size=96, num_attention_heads=6,
+                    num_key_value_heads=3, intermediate_size=192)
+    g = torch.Generator().manual_seed(0)
+    prompts = [{"prompt_token_ids": torch.randint(0, 384, (n,), generator=g).tolist()} for n in (5, 23, 40)]
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    common = dict(dtype="float32", quantization="int8", max_model_len=128, kv_cache_memory=16 * 1024**2)
+    results = []
+    for size in (1, 3):
+        llm = LLM(str(tmp_path), tensor_parallel_size=size, **common)
+        try:
+            assert llm.loaded.quantization == "int8" and "Q8_0" in llm.loaded.model.weight_bytes()
+            results.append(llm.generate(prompts, params, use_tqdm=False))
+        finally:
+            llm.shutdown()
+    drift = 0.0
+    for one, three in zip(*results):
+        ids = one.prompt_token_ids
+        for p in range(1, len(ids)):
+            drift = max(drift, abs(one.prompt_logprobs[p][ids[p]].logprob - three.prompt_logprobs[p][ids[p]].logprob))
+    assert drift < 0.05, f"prompt logprobs moved by up to {drift:.3f}"
+
+
 def test_what_tensor_parallelism_refuses():
     with pytest.raises(ValueError, match="tensor_parallel_size 2 does not divide the model's 9 attention heads"):
         LLM(tensor_parallel_size=2)
