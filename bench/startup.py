@@ -94,7 +94,8 @@ def main() -> None:
 
     from corellm.native import cpu_kernel_path
 
-    print(f"\nstart-up, exec to /health 200 (s), {args.rounds} rounds, {model.name}; corellm's kernels: {cpu_kernel_path()}")
+    print(f"\nstart-up, exec to /health 200 (s), {args.rounds} rounds, {model.name}; "
+          f"corellm's kernels: {cpu_kernel_path()}")
     print(f"{'':<26} {'min':>6} {'median':>7} {'max':>6}")
     print(f"{'corellm serve':<26} {summary(times['corellm'])}")
     for name, values in phases.items():

@@ -87,10 +87,11 @@ async def serve(engine: AsyncLLM, config: ServerConfig, host: str, port: int, sh
 
 async def warm_grammar_when_idle(engine: AsyncLLM, serving, idle_s: float = 0.5) -> None:
     """Builds the grammar compiler's llguidance tokenizer (so that the first structured request
-    need not wait for it) at the first check, every idle_s, that finds no request in flight. llguidance holds
-    the GIL while it builds (0.25 s for SmolLM2's 49k tokens, seconds for a 262k vocabulary): done
-    at start-up it would hold up the first /health and requests; done while requests are in
-    flight it would stall their steps. A structured request that comes first builds it itself."""
+    need not wait for it) at the first check, every idle_s, that finds no request in flight.
+    llguidance holds the GIL while it builds (0.25 s for SmolLM2's 49k tokens, seconds for a 262k
+    vocabulary): done at start-up it would hold up the first /health and requests; done while
+    requests are in flight it would stall their steps. A structured request that comes first
+    builds it itself."""
     while True:
         await asyncio.sleep(idle_s)
         if serving.active == 0:

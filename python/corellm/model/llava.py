@@ -171,7 +171,8 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         h = _PROJECTOR_ACTIVATIONS[self.llava.projector_activation](h)
         return F.linear(h, p["linear_2.weight"], p.get("linear_2.bias"))
 
-    def embed_with_image_rows(self, input_ids: torch.Tensor, rows: torch.Tensor, image_rows: torch.Tensor) -> torch.Tensor:
+    def embed_with_image_rows(self, input_ids: torch.Tensor, rows: torch.Tensor,
+                              image_rows: torch.Tensor) -> torch.Tensor:
         """The decoder's input rows for int32 input_ids [num_tokens] with image_rows [k, hidden]
         (encode_images' rows) in place of rows (int64 [k], the placeholders' flat positions). Every
         rank's call under tensor parallelism (the embedding is all-reduced)."""
