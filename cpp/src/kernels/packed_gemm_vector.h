@@ -74,7 +74,7 @@ void panel_rows(const PanelRows& b, NextPanel& next) {
   }
 }
 
-// Rows [0, m) of the block's panel: blocks of kMaxRows, then one of the rows left.
+// One block of m <= kMaxRows rows of the panel (MR = m, found at run time).
 template <class Lanes, int MR = Lanes::kMaxRows>
 void panel_tail_rows(PanelRows b, int64_t m, NextPanel& next) {
   if constexpr (MR >= 1) {
@@ -83,25 +83,36 @@ void panel_tail_rows(PanelRows b, int64_t m, NextPanel& next) {
   }
 }
 
-// next_panel: the panel this thread computes after this one (null: none), prefetched meanwhile.
+// Rows [0, m) in blocks of kMaxRows; a remainder under half a block is not left alone but shares
+// the last full block's rows evenly (16 rows as 8 + 8 rather than 12 + 4: a small block's few
+// accumulators leave the dot-product unit waiting on their latency). A row's sums do not depend on
+// its block. next_panel: the panel this thread computes after this one (null: none), prefetched
+// meanwhile.
 template <class Lanes>
 void panel_all_rows(PanelRows b, int64_t m, const uint16_t* next_panel) {
+  constexpr int64_t kRows = Lanes::kMaxRows;
   const int64_t y_item = b.y_f32 ? 4 : 2;
-  const int64_t blocks = (m + Lanes::kMaxRows - 1) / Lanes::kMaxRows;
+  int64_t full = m / kRows, rem = m % kRows;
+  int64_t last_two = 0;  // rows of the last full block and the remainder, split in two
+  if (full > 0 && rem > 0 && 2 * rem < kRows) last_two = kRows + rem, --full, rem = 0;
+  const int64_t blocks = full + (rem > 0) + (last_two > 0 ? 2 : 0);
   NextPanel next = next_panel == nullptr ? NextPanel()
                                          : NextPanel(next_panel, gemm_panel_elements(b.k) * sizeof(uint16_t),
                                                      blocks * ((b.k + 1) / 2));  // a step per k pair of each block
-  int64_t r = 0;
-  for (; r + Lanes::kMaxRows <= m; r += Lanes::kMaxRows) {
+  auto run_block = [&](int64_t r, int64_t rows) {
     PanelRows block = b;
     block.x = b.x + r * b.x_stride;
     block.y = static_cast<char*>(b.y) + r * b.y_stride * y_item;
-    panel_rows<Lanes, Lanes::kMaxRows>(block, next);
+    panel_tail_rows<Lanes>(block, rows, next);
+  };
+  int64_t r = 0;
+  for (int64_t i = 0; i < full; ++i, r += kRows) run_block(r, kRows);
+  if (last_two > 0) {
+    run_block(r, (last_two + 1) / 2);
+    run_block(r + (last_two + 1) / 2, last_two / 2);
+  } else if (rem > 0) {
+    run_block(r, rem);
   }
-  if (r == m) return;
-  b.x += r * b.x_stride;
-  b.y = static_cast<char*>(b.y) + r * b.y_stride * y_item;
-  panel_tail_rows<Lanes>(b, m - r, next);
 }
 
 // Contiguous ranges of panels per thread (one sequential stream each); small products stay on
