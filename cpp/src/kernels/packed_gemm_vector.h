@@ -95,7 +95,7 @@ void panel_all_rows(PanelRows b, int64_t m, const uint16_t* next_panel) {
   int64_t full = m / kRows, rem = m % kRows;
   int64_t last_two = 0;  // rows of the last full block and the remainder, split in two
   if (full > 0 && rem > 0 && 2 * rem < kRows) last_two = kRows + rem, --full, rem = 0;
-  const int64_t blocks = full + (rem > 0) + (last_two > 0 ? 2 : 0);
+  const int64_t blocks = (m + kRows - 1) / kRows;  // the split keeps the count
   NextPanel next = next_panel == nullptr ? NextPanel()
                                          : NextPanel(next_panel, gemm_panel_elements(b.k) * sizeof(uint16_t),
                                                      blocks * ((b.k + 1) / 2));  // a step per k pair of each block
