@@ -1,7 +1,8 @@
 """OutputProcessor alone (SmolLM2's tokenizer), fed EngineCoreOutputs by hand: FINAL_ONLY delivers
 once, CUMULATIVE the whole text each time, DELTA only what is new (joining to the whole, the finish
 reported once); the n samples of a request are grouped, the request finishing with its last
-sample; a stop string ends its sample and asks the engine to abort it; logprobs accumulate."""
+sample; a stop string ends its sample and asks the engine to abort it; logprobs accumulate; a
+request whose output cannot be built ends with an error, the engine asked to abort it."""
 
 from __future__ import annotations
 
@@ -105,3 +106,16 @@ def test_logprobs_accumulate(tok):
     c = out.outputs[0]
     assert c.cumulative_logprob == pytest.approx(-3.0)
     assert [pos[t].logprob for pos, t in zip(c.logprobs, ids)] == [-0.5, -1.0, -1.5]
+
+
+def test_a_failure_while_building_the_output_ends_that_request_with_an_error(tok, monkeypatch):
+    processor, (sid,), ids = start(tok, RequestOutputKind.DELTA)
+    sample = processor.requests[sid].samples[sid]
+
+    def broken(finished):
+        raise UnicodeError("bad bytes")
+
+    monkeypatch.setattr(sample.detokenizer, "text", broken)
+    (out,), to_abort = processor.process_outputs([EngineCoreOutput(sid, [ids[0]])])
+    assert out.finished and out.outputs[0].finish_reason == "error" and "bad bytes" in out.metrics["error"]
+    assert to_abort == [sid] and not processor.has_unfinished_requests()

@@ -162,8 +162,7 @@ class OutputProcessor:
                 s.finish_reason = "error"
                 to_abort.append(cid)
 
-    @staticmethod
-    def _make_error_output(state: RequestState) -> RequestOutput:
+    def _make_error_output(self, state: RequestState) -> RequestOutput:
         req = state.request
         completions = [CompletionOutput(s.index, "", [], None, None, s.finish_reason, None)
                        for s in state.samples.values()]
