@@ -2,12 +2,19 @@
 returns at once, a background thread faults every page in (the resident size grows by the whole
 cache), and what the engine writes meanwhile is kept (the kernel populates pages without
 touching their contents). Run in a fresh interpreter: in this one, memory freed by earlier tests
-may already be resident, which would hide whether the commit happened."""
+may already be resident, which would hide whether the commit happened. Where the system gives
+transparent huge pages on request, the cache is on 2 MiB pages; the commit goes in the order the
+engine first writes: the first blocks of every layer before the later ones."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+import torch
+
+from corellm.worker.kv_cache import _commit_order
 
 CHECK = r"""
 import threading, torch
@@ -35,10 +42,29 @@ grown = resident_bytes() - before
 assert grown >= 0.9 * cache_bytes, f"resident size grew by {grown} bytes for a {cache_bytes}-byte cache"
 for i, (k, v) in enumerate(caches):
     assert (k.view(-1)[::32768] == i + 1).all() and v.view(-1)[-1] == -(i + 1), f"layer {i}: a write was lost"
-print("ok")
+with open("/proc/self/smaps_rollup") as f:
+    huge = next(int(line.split()[1]) * 1024 for line in f if line.startswith("AnonHugePages:"))
+print("ok", huge)
 """
 
 
 def test_the_cache_is_committed_in_the_background_and_writes_meanwhile_are_kept():
     run = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
+    assert run.returncode == 0 and run.stdout.startswith("ok"), run.stderr[-2000:]
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if thp.exists() and "[never]" not in thp.read_text():
+        assert int(run.stdout.split()[1]) >= 2 * 1024**2, "the KV cache got no 2 MiB page"
+
+
+def test_the_commit_goes_block_by_block_across_layers():
+    mib = 1024**2
+    tensors = [torch.empty(3 * mib, dtype=torch.uint8), torch.empty(5 * mib, dtype=torch.uint8)]
+    ranges = _commit_order(tensors, chunk=2 * mib)
+    firsts = [t.data_ptr() // 4096 * 4096 for t in tensors]
+    assert [start for start, _ in ranges[:2]] == firsts  # both tensors' first chunks before any second one
+    assert ranges[2][0] == firsts[0] + 2 * mib and ranges[3][0] == firsts[1] + 2 * mib
+    for t in tensors:  # every byte of every tensor covered, once
+        start, end = t.data_ptr(), t.data_ptr() + t.numel()
+        mine = sorted(r for r in ranges if start - 4096 < r[0] < end)
+        assert mine[0][0] <= start and mine[-1][0] + mine[-1][1] == end
+        assert all(a[0] + a[1] == b[0] for a, b in zip(mine, mine[1:]))

@@ -53,12 +53,16 @@ def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int, dt
     later under load, and the resident size stays flat while serving. On the CPU the pages are committed
     by the kernel (madvise MADV_POPULATE_WRITE) on a background thread: that leaves the contents as
     they are, so the engine may serve meanwhile, and start-up does not wait the ~0.5 s that 2 GiB
-    takes; where the kernel lacks it (Linux < 5.14) every page is zeroed before this returns."""
+    takes; where the kernel lacks it (Linux < 5.14) every page is zeroed before this returns.
+    On the CPU the cache asks for 2 MiB pages (see prefer_huge_pages)."""
     k_shape, v_shape = ops.kv_cache_shapes(num_blocks, config.num_key_value_heads, config.head_dim, block_size, dtype)
     caches = [(torch.empty(k_shape, dtype=dtype, device=device), torch.empty(v_shape, dtype=dtype, device=device))
               for _ in range(config.num_hidden_layers)]
     tensors = [t for pair in caches for t in pair]
-    if device.type != "cpu" or not _populate(tensors[0], first_page_only=True):
+    if device.type == "cpu":
+        for t in tensors:
+            prefer_huge_pages(t)
+    if device.type != "cpu" or not _populate(_pages(tensors[0])[0], mmap.PAGESIZE):
         for t in tensors:
             t.zero_()
         return caches
@@ -66,23 +70,54 @@ def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int, dt
     return caches
 
 
+_MADV_HUGEPAGE = 14
 _MADV_POPULATE_WRITE = 23
+_HUGE_PAGE = 2 * 1024**2
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
-def _populate(t: torch.Tensor, first_page_only: bool = False) -> bool:
-    """Faults in t's pages writable without touching their contents (ctypes releases the GIL
-    meanwhile). False where the kernel does not know the advice; OSError for any other failure."""
-    start = t.data_ptr() // mmap.PAGESIZE * mmap.PAGESIZE  # the pages t lies on (its allocation's own)
-    end = t.data_ptr() + t.numel() * t.element_size()
-    length = mmap.PAGESIZE if first_page_only else end - start
+def _pages(t: torch.Tensor) -> tuple[int, int]:
+    """The start and length of the pages t lies on (its allocation's own: a large tensor has its mapping)."""
+    start = t.data_ptr() // mmap.PAGESIZE * mmap.PAGESIZE
+    return start, t.data_ptr() + t.numel() * t.element_size() - start
+
+
+def prefer_huge_pages(t: torch.Tensor) -> bool:
+    """Asks the kernel to back t's memory with transparent 2 MiB pages (madvise MADV_HUGEPAGE, before
+    the pages are faulted in); True when it took the advice. Decode attention reads each sequence's
+    KV blocks wherever the block pool put them: once a server has run a while (blocks freed, cached
+    and reused in LRU order) they lie scattered over the whole cache, and on 4 KiB pages nearly
+    every block is a TLB miss, a nested page walk in a VM. 64 sequences x 192 tokens, 30 layers'
+    2 GiB of caches, AMD EPYC Zen 5 VM, 2 threads: with the blocks scattered, decode attention
+    15.3-18.8 ms on 4 KiB pages, 11.6-14.6 ms on 2 MiB pages (1.27-1.4x); with each sequence's
+    blocks consecutive, 10.3 ms on both. A system that gives no huge pages on request
+    (transparent_hugepage "never", or a kernel without them) keeps 4 KiB pages, silently."""
+    start, length = _pages(t)
+    return length >= _HUGE_PAGE and _libc.madvise(start, length, _MADV_HUGEPAGE) == 0
+
+
+def _populate(start: int, length: int) -> bool:
+    """Faults in the pages [start, start + length) writable without touching their contents (ctypes
+    releases the GIL meanwhile). False where the kernel does not know the advice; OSError for any
+    other failure."""
     if _libc.madvise(start, length, _MADV_POPULATE_WRITE) == 0:
         return True
     code = ctypes.get_errno()
     if code == errno.EINVAL:
         return False
     raise OSError(code, f"committing the KV cache's memory: {errno.errorcode.get(code, code)}")
+
+
+def _commit_order(tensors: list[torch.Tensor], chunk: int = 4 * _HUGE_PAGE) -> list[tuple[int, int]]:
+    """Every tensor's pages as (start, length) ranges of up to `chunk` bytes, in the order the engine
+    first writes them: the block pool hands blocks out from block 0 up, and a block is a slice of
+    every layer's cache, so the first chunk of every tensor comes first, then the second of each..."""
+    pages = [_pages(t) for t in tensors]
+    ranges = []
+    for offset in range(0, max(length for _, length in pages), chunk):
+        ranges += [(start + offset, min(chunk, length - offset)) for start, length in pages if offset < length]
+    return ranges
 
 
 def _populate_all(tensors: list[torch.Tensor]) -> None:
@@ -94,7 +129,7 @@ def _populate_all(tensors: list[torch.Tensor]) -> None:
     except OSError:
         pass
     try:
-        for t in tensors:
-            _populate(t)
+        for start, length in _commit_order(tensors):
+            _populate(start, length)
     except OSError as e:  # the pages will be faulted in as they are first written instead
         logger.error("%s; the KV cache's memory is committed as it is used", e)
