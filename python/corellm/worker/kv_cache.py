@@ -91,8 +91,9 @@ def prefer_huge_pages(t: torch.Tensor) -> bool:
     every block is a TLB miss, a nested page walk in a VM. 64 sequences x 192 tokens, 30 layers'
     2 GiB of caches, AMD EPYC Zen 5 VM, 2 threads: with the blocks scattered, decode attention
     15.3-18.8 ms on 4 KiB pages, 11.6-14.6 ms on 2 MiB pages (1.27-1.4x); with each sequence's
-    blocks consecutive, 10.3 ms on both. A system that gives no huge pages on request
-    (transparent_hugepage "never", or a kernel without them) keeps 4 KiB pages, silently."""
+    blocks consecutive, about the same on both (1.00-1.03x; bench/kv_pages.py). A system that gives
+    no huge pages on request (transparent_hugepage "never", or a kernel without them) keeps 4 KiB
+    pages, silently."""
     start, length = _pages(t)
     return length >= _HUGE_PAGE and _libc.madvise(start, length, _MADV_HUGEPAGE) == 0
 
