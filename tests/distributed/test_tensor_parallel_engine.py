@@ -146,8 +146,10 @@ def test_smollm2_gguf_three_ranks_follow_one():
     (tokens equal up to the reference's first top-2 margin under 0.25). Not bit for bit: o and
     down sum their blocks in three partial sums added over the group, where one process sums them
     in one chain, and the next layer's activations, quantized to int8, amplify the difference
-    (measured: the greedy token's logprob moves by up to 0.24 nats in bf16, 0.15 in fp32)."""
-    prompts = ["The capital of France is", "def fibonacci(n):"]
+    (measured: the greedy token's logprob moves by up to 0.24 nats in bf16, 0.15 in fp32). Where a
+    prompt's first near tie falls depends on the CPU's path (on an AVX2-only Zen 3 the second
+    prompt's second token has a margin of 0.22), so the prompts together must give 8 clear tokens."""
+    prompts = ["The capital of France is", "def fibonacci(n):", "The three primary colors are"]
     common = dict(max_model_len=128, kv_cache_memory=32 * 1024**2)
     one_llm = LLM(**common)
     assert one_llm.loaded.quantization == "gguf"
@@ -156,13 +158,16 @@ def test_smollm2_gguf_three_ranks_follow_one():
     weights = three_llm.loaded.model.weight_bytes()
     assert three_llm.loaded.quantization == "gguf" and {"Q4_1", "Q8_0"} <= set(weights)
     three = generate(three_llm, prompts, tokens=16)
+    compared = 0
     for want, got in zip(one, three):
         w, g = want.outputs[0], got.outputs[0]
         n = first_near_tie(w.logprobs, margin=0.25)
-        assert n >= 4 and list(g.token_ids[:n]) == list(w.token_ids[:n]), f"diverged before position {n}"
+        assert list(g.token_ids[:n]) == list(w.token_ids[:n]), f"diverged before position {n}"
         for i in range(n):
             tok = w.token_ids[i]
             assert abs(w.logprobs[i][tok].logprob - g.logprobs[i][tok].logprob) < 0.3
+        compared += n
+    assert compared >= 8, f"only {compared} tokens before the reference's near ties"
 
 
 def test_tiny_llava_two_ranks_equal_one(tmp_path):
