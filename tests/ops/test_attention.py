@@ -1,7 +1,8 @@
 """reshape_and_cache and paged_attention against the float64 torch reference, over block sizes,
 GQA ratios, head sizes, prefix (context) lengths, dtypes, sliding windows and batch mixes, on
-every instruction-set path this CPU runs (avx2: the generic fold; avx512: fp32 caches read in
-place; avx512bf16 and amx: bf16 caches read in place, per token and a span at a time)."""
+every instruction-set path this CPU runs (avx2: bf16 caches a span at a time, each pair widened,
+fp32 ones through the generic fold; avx512: per token, fp32 caches read in place; avx512bf16 and
+amx: bf16 caches a span at a time on their dot products)."""
 
 from __future__ import annotations
 

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "attention_span_avx2.h"
 #include "attention_tile.h"
 
 namespace corellm::attention {
@@ -179,26 +180,33 @@ void fold_span_bf16(const TileRows& rows, const Span& span, int64_t bs, float sc
 
 using SpanFoldFn = void (*)(const TileRows& rows, const Span& span, int64_t bs, float scale, const TileScratch& sc);
 
-// The span fold for this head size and block size on path `isa` (amx: the tile fold above;
-// avx512bf16: attention_tile.h's), or null where the per-token fold serves (other shapes, or a
-// CPU without AVX-512-BF16).
-inline SpanFoldFn select_span_fold(int64_t hd, int64_t bs, CpuIsa isa) {
-  if (!isa_at_least(isa, CpuIsa::kAvx512Bf16) || bs % 16 != 0 || bs > kSpanKeys) return nullptr;
-  if (isa == CpuIsa::kAmx) {
-    switch (hd) {
-      case 32: return &amx::fold_span_bf16<32>;
-      case 64: return &amx::fold_span_bf16<64>;
-      case 128: return &amx::fold_span_bf16<128>;
-      case 256: return &amx::fold_span_bf16<256>;
-      default: return nullptr;
-    }
-  }
+// A path's fold for head size hd among its four instantiations (null: another head size).
+inline SpanFoldFn fold_for_head_size(int64_t hd, SpanFoldFn hd32, SpanFoldFn hd64, SpanFoldFn hd128,
+                                     SpanFoldFn hd256) {
   switch (hd) {
-    case 32: return &avx512::fold_span_bf16<32>;
-    case 64: return &avx512::fold_span_bf16<64>;
-    case 128: return &avx512::fold_span_bf16<128>;
-    case 256: return &avx512::fold_span_bf16<256>;
+    case 32: return hd32;
+    case 64: return hd64;
+    case 128: return hd128;
+    case 256: return hd256;
     default: return nullptr;
+  }
+}
+
+// The span fold for this head size and block size on path `isa` (amx: the tile fold above;
+// avx512bf16: attention_tile.h's; avx2: attention_span_avx2.h's, widened), or null where the
+// per-token fold serves (other shapes, and the avx512 path).
+inline SpanFoldFn select_span_fold(int64_t hd, int64_t bs, CpuIsa isa) {
+  if (isa == CpuIsa::kAvx512 || bs % 16 != 0 || bs > kSpanKeys) return nullptr;
+  switch (isa) {
+    case CpuIsa::kAmx:
+      return fold_for_head_size(hd, &amx::fold_span_bf16<32>, &amx::fold_span_bf16<64>, &amx::fold_span_bf16<128>,
+                                &amx::fold_span_bf16<256>);
+    case CpuIsa::kAvx512Bf16:
+      return fold_for_head_size(hd, &avx512::fold_span_bf16<32>, &avx512::fold_span_bf16<64>,
+                                &avx512::fold_span_bf16<128>, &avx512::fold_span_bf16<256>);
+    default:
+      return fold_for_head_size(hd, &avx2::fold_span_bf16<32>, &avx2::fold_span_bf16<64>, &avx2::fold_span_bf16<128>,
+                                &avx2::fold_span_bf16<256>);
   }
 }
 

@@ -96,9 +96,10 @@ struct SpanReach {
   int64_t r_begin, r_end, key_lo, key_hi;
 };
 
-inline SpanReach span_reach(const TileRows& rows, const Span& span) {
-  SpanReach reach{rows.num_rows, 0, span.keys, 0};
-  for (int64_t r = 0; r < rows.num_rows; ++r) {
+// The reach of rows [first, last).
+inline SpanReach span_reach_of_rows(const TileRows& rows, const Span& span, int64_t first, int64_t last) {
+  SpanReach reach{last, first, span.keys, 0};
+  for (int64_t r = first; r < last; ++r) {
     const int64_t lo = std::max<int64_t>(rows.lo[r] - span.t0, 0);
     const int64_t hi = std::min<int64_t>(rows.hi[r] - span.t0, span.keys);
     if (hi <= lo) continue;
@@ -108,6 +109,11 @@ inline SpanReach span_reach(const TileRows& rows, const Span& span) {
     reach.key_hi = std::max(reach.key_hi, hi);
   }
   return reach;
+}
+
+// The reach of all the rows.
+inline SpanReach span_reach(const TileRows& rows, const Span& span) {
+  return span_reach_of_rows(rows, span, 0, rows.num_rows);
 }
 
 #pragma GCC push_options

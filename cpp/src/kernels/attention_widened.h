@@ -1,9 +1,9 @@
-// The per-token fold (attention_block.h) on bf16 caches read in place, for CPUs without
-// AVX-512-BF16: each bf16 of a (k, k+1) pair widened to fp32 (a shift, or a mask, of its 32-bit
-// lane) and two fused multiply-adds where the dpbf16 path has one dot product. Written once as
-// plain loops over 16 keys and the head's dims, and compiled once per register width:
-// attention_block.h includes this file twice, inside namespace attention::widened_avx2 (the
-// baseline, AVX2 + FMA) and inside attention::widened_avx512 under an AVX-512 target region.
+// The per-token fold (attention_block.h) on bf16 caches read in place, for the avx512 path
+// (AVX-512F without AVX-512-BF16): each bf16 of a (k, k+1) pair widened to fp32 (a shift, or a
+// mask, of its 32-bit lane) and two fused multiply-adds where the dpbf16 path has one dot
+// product. Written as plain loops over 16 keys and the head's dims, which the compiler
+// vectorizes: attention_block.h includes this file inside namespace attention::widened_avx512,
+// under an AVX-512 target region.
 // The probabilities stay fp32 for P V. Each row's arithmetic depends on its own query and the
 // block only, in a fixed order. No include guard and no includes: the includer provides RowState,
 // kNegInf, rescale, fast_exp, <cmath>, <cstring> and <algorithm> first.

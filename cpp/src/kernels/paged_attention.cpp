@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <new>
 #include <vector>
 
@@ -195,6 +196,9 @@ void run_spans(const PagedAttentionArgs& a, const WorkItem& w, const WorkItem* n
     }
     if (amx) {
       next.fetch_all();
+    } else if (a.isa == CpuIsa::kAvx2) {
+      next.spread_over(attention::avx2::fold_steps(rows, (end - blk) * bs, hd));
+      span.next = &next;
     } else {  // the fold's steps: per block of rows, (HD / 2 dim pairs + HD / 16 x 8 key pairs) per 16 keys
       next.spread_over(tile_row_blocks * (end - blk) * bs / 16 * hd);
       span.next = &next;
@@ -404,7 +408,10 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
   }
   items.swap(split_items);
   const int64_t group = a.num_heads / a.cache.num_kv_heads;
-  std::vector<float> partials(static_cast<size_t>(num_partials * kQueryChunk * group * (a.cache.head_size + 2)));
+  // Not zeroed (a batch of long decodes has megabytes of slots): combine reads only the rows
+  // each split wrote.
+  const std::unique_ptr<float[]> partials(
+      new float[static_cast<size_t>(num_partials * kQueryChunk * group * (a.cache.head_size + 2))]);
   const auto n = static_cast<int64_t>(items.size());
   // Items go to whichever thread is free (uneven lengths balance out), each thread claiming its
   // next item when it starts one, so that it can fetch that item's first blocks meanwhile.
@@ -417,10 +424,10 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
       const int64_t i = next;
       next = next_index.fetch_add(1, std::memory_order_relaxed);
       run_item<T>(a, items[static_cast<size_t>(i)], next < n ? &items[static_cast<size_t>(next)] : nullptr, scratch,
-                  partials.data());
+                  partials.get());
     }
   }
-  for (const auto& [first, splits] : split_groups) combine<T>(a, items[first], splits, partials.data());
+  for (const auto& [first, splits] : split_groups) combine<T>(a, items[first], splits, partials.get());
 }
 
 }  // namespace
