@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "quant_formats.h"
 #include "quant_gemm_paths.h"

@@ -4,16 +4,22 @@
 //   load(p)                    64 bytes: 4 bytes per lane
 //   low_nibbles(v), high_nibbles(v), shift16<S>(v) (S > 0 left, < 0 right, in 16-bit lanes),
 //   and_bytes(v, b), or_(a, b), add, sub, mullo, set1_i
+//   the products, one of two ways:
 //   dot(acc, u, x4)            acc + sum over the lane's 4 bytes of u (unsigned, < 128) times
 //                              x4's 4 bytes (signed): vpdpbusd
 //   q8_block(p, xq)            sum over a Q8_0 panel-block's 8 vectors of u times xq (u = q + 128
-//                              up to 255: too wide for maddubs, so a path's own way)
+//                              up to 255)
+//   or (HasPairSums, HasQ8Values: AVX2's maddubs, whose pair sums are 16-bit)
+//   pair_sums(u, x4), add16, widen16   the lane's two 16-bit pair sums, added, widened to 32 bits
+//   q8_values(p, V), q8_dots(V, xq, xsum)   a Q8_0 block's values made once for all rows
+//                              (16 vectors), then each row's sum of u times xq
 //   f16(p), u8(p), i8(p)       16 fp16 / unsigned bytes / signed bytes -> lanes
 //   cvt, fmadd, fnmadd, mul, set1_f, zero_f, store16(float*, F)
 // Per panel and block of MR rows, for each weight block: the block's unsigned values are built
 // once in registers (nibbles masked, high bits moved in), then for each row the integer dot
 // products and the type's epilogue (quant_gemm.h), lane by lane the same float operations as the
-// reference path. The integer sums are split into independent chains (integers add exactly).
+// reference path. The integer sums are split into independent chains, or added in 16 bits as far
+// as they cannot overflow (integers add exactly: the order does not change them).
 // Meanwhile the thread's next panel is fetched into L2 (next_panel.h).
 //
 // Include it inside the path's target region, after every system header: its templates are
@@ -28,20 +34,61 @@ using I = typename Lanes::I;
 template <class Lanes>
 using F = typename Lanes::F;
 
-// Sum over vectors v of dot(V[v], xq + 4 v), for Count vectors (4 or 8), in up to four
-// independent chains (a lone row is bound by the dot product's latency otherwise).
-template <class Lanes, int Count>
+// The largest unsigned weight value of a type (u = q, or q + offset): what bounds its products.
+constexpr int max_unsigned(QuantType t) {
+  if (t == QuantType::kQ8_0) return 255;
+  if (t == QuantType::kQ6_K) return 63;
+  return layout_of(t).h_off >= 0 ? 31 : 15;  // a 5th bit, or 4 bits
+}
+
+// Whether Lanes adds its byte products in 16-bit pair sums (Lanes::pair_sums, add16, widen16:
+// AVX2's maddubs) rather than dot products into 32 bits.
+template <class Lanes, class = void>
+struct HasPairSums : std::false_type {};
+template <class Lanes>
+struct HasPairSums<Lanes, std::void_t<decltype(&Lanes::pair_sums)>> : std::true_type {};
+
+// Whether Lanes splits a Q8_0 block into values made once for all the rows (Lanes::q8_values, 16
+// vectors) and each row's products (Lanes::q8_dots) rather than one q8_block per row.
+template <class Lanes, class = void>
+struct HasQ8Values : std::false_type {};
+template <class Lanes>
+struct HasQ8Values<Lanes, std::void_t<decltype(&Lanes::q8_values)>> : std::true_type {};
+
+// Sum over vectors v of dot(V[v], xq + 4 v), for Count vectors (4 or 8) of values up to MaxU.
+// Dot products into 32 bits: in up to four independent chains (a lone row is bound by the dot
+// product's latency otherwise). 16-bit pair sums: as many vectors' pair sums added in 16 bits as
+// cannot overflow them (each |u0 x0 + u1 x1| <= 2 MaxU 127: 8 vectors of 4-bit values, 4 of
+// 5-bit, 2 of 6-bit), then widened to 32 bits: the same integers, in fewer instructions.
+template <class Lanes, int Count, int MaxU>
 inline I<Lanes> dots(const I<Lanes>* V, const int8_t* xq) {
-  constexpr int kChains = Count >= 8 ? 4 : 2;
-  I<Lanes> acc[kChains];
-  for (int c = 0; c < kChains; ++c) acc[c] = Lanes::set1_i(0);
-  for (int v = 0; v < Count; ++v) {
-    int32_t x4;
-    std::memcpy(&x4, xq + 4 * v, 4);
-    acc[v % kChains] = Lanes::dot(acc[v % kChains], V[v], x4);
+  if constexpr (HasPairSums<Lanes>::value) {
+    constexpr int kPerSum = std::min(Count, 32767 / (2 * MaxU * 127));  // x is in [-127, 127]
+    static_assert(kPerSum >= 1 && Count % kPerSum == 0, "pair sums that fit 16 bits");
+    I<Lanes> total{};
+    for (int v0 = 0; v0 < Count; v0 += kPerSum) {
+      I<Lanes> s16{};
+      for (int v = v0; v < v0 + kPerSum; ++v) {
+        int32_t x4;
+        std::memcpy(&x4, xq + 4 * v, 4);
+        const I<Lanes> pairs = Lanes::pair_sums(V[v], x4);
+        s16 = v == v0 ? pairs : Lanes::add16(s16, pairs);
+      }
+      total = v0 == 0 ? Lanes::widen16(s16) : Lanes::add(total, Lanes::widen16(s16));
+    }
+    return total;
+  } else {
+    constexpr int kChains = Count >= 8 ? 4 : 2;
+    I<Lanes> acc[kChains];
+    for (int c = 0; c < kChains; ++c) acc[c] = Lanes::set1_i(0);
+    for (int v = 0; v < Count; ++v) {
+      int32_t x4;
+      std::memcpy(&x4, xq + 4 * v, 4);
+      acc[v % kChains] = Lanes::dot(acc[v % kChains], V[v], x4);
+    }
+    if constexpr (kChains == 4) return Lanes::add(Lanes::add(acc[0], acc[1]), Lanes::add(acc[2], acc[3]));
+    return Lanes::add(acc[0], acc[1]);
   }
-  if constexpr (kChains == 4) return Lanes::add(Lanes::add(acc[0], acc[1]), Lanes::add(acc[2], acc[3]));
-  return Lanes::add(acc[0], acc[1]);
 }
 
 // Bit `From` of each byte moved to bit `To` (masked to that bit, or to the 2-bit field at To when
@@ -119,15 +166,19 @@ inline void legacy_block(const uint8_t* pb, const QuantizedRows& x, int64_t r0, 
   const F<Lanes> d = Lanes::f16(pb + L.d_off);
   F<Lanes> m{};
   if constexpr (L.has_min) m = Lanes::f16(pb + L.m_off);
-  I<Lanes> V[8];
+  I<Lanes> V[16];
   if constexpr (T != QuantType::kQ8_0) legacy_values<Lanes, T>(pb, V);
+  if constexpr (T == QuantType::kQ8_0 && HasQ8Values<Lanes>::value) Lanes::q8_values(pb + L.q_off, V);
   for (int r = 0; r < MR; ++r) {
     const int8_t* xq = x.row_q(r0 + r) + 32 * b;
     I<Lanes> S;
-    if constexpr (T == QuantType::kQ8_0) {
+    if constexpr (T == QuantType::kQ8_0 && HasQ8Values<Lanes>::value) {
+      const int32_t* sum16 = x.row_sum16(r0 + r) + 2 * b;
+      S = Lanes::q8_dots(V, xq, sum16[0] + sum16[1]);
+    } else if constexpr (T == QuantType::kQ8_0) {
       S = Lanes::q8_block(pb + L.q_off, xq);
     } else {
-      S = dots<Lanes, 8>(V, xq);
+      S = dots<Lanes, 8, max_unsigned(T)>(V, xq);
     }
     acc[r] = legacy_epilogue<Lanes, T>(acc[r], S, d, m, x, r0 + r, b);
   }
@@ -176,7 +227,7 @@ inline void k_block(const uint8_t* pb, const QuantizedRows& x, int64_t r0, int64
         for (int h = 0; h < 2; ++h) {  // activation block 8b + 2t + h
           const int64_t a = 8 * b + 2 * t + h;
           const int8_t* xq = x.row_q(r0 + r) + 32 * a;
-          acc[r] = q6_epilogue<Lanes>(acc[r], dots<Lanes, 4>(V + 8 * h, xq), dots<Lanes, 4>(V + 8 * h + 4, xq + 16),
+          acc[r] = q6_epilogue<Lanes>(acc[r], dots<Lanes, 4, 63>(V + 8 * h, xq), dots<Lanes, 4, 63>(V + 8 * h + 4, xq + 16),
                                       sc[2 * h], sc[2 * h + 1], d, x, r0 + r, a);
         }
       }
@@ -190,7 +241,7 @@ inline void k_block(const uint8_t* pb, const QuantizedRows& x, int64_t r0, int64
       for (int r = 0; r < MR; ++r) {
         for (int h = 0; h < 2; ++h) {
           const int64_t a = 8 * b + 2 * t + h;
-          const I<Lanes> S = dots<Lanes, 8>(V + 8 * h, x.row_q(r0 + r) + 32 * a);
+          const I<Lanes> S = dots<Lanes, 8, max_unsigned(T)>(V + 8 * h, x.row_q(r0 + r) + 32 * a);
           acc[r] = k_epilogue<Lanes>(acc[r], S, scale[h], mins[h], x, r0 + r, a);
         }
       }
