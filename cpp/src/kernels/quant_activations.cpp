@@ -1,7 +1,8 @@
 // Activations quantized per row in blocks of 32 values (quant_gemm.h): d = max|x| / 127, q =
 // nearest_even(x * (127 / max|x|)), plus the integer sums the weight types' epilogues use. One
-// implementation for every path: a row's int8 values never depend on which path multiplies them.
-#include <cmath>
+// implementation for every path, on AVX2 (the baseline): a row's int8 values never depend on which
+// path multiplies them. A NaN value is quantized to 0 and left out of max|x|.
+#include <immintrin.h>
 
 #include "corellm/kernels/dtype.h"
 #include "quant_gemm_paths.h"
@@ -10,26 +11,48 @@ namespace corellm::quant {
 
 namespace {
 
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {  // 8 bf16 widened
+  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+}
+
+inline float max8(__m256 v) {
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+inline int32_t sum8(__m256i v) {
+  __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  h = _mm_add_epi32(h, _mm_unpackhi_epi64(h, h));
+  return _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 1)));
+}
+
 template <class T>
 void quantize_row(const T* x, int64_t k, int8_t* q, float* d, float* s, int32_t* sum16) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
   for (int64_t a = 0; a < k / kActBlock; ++a) {
-    float v[kActBlock];
-    float amax = 0.0f;
-    for (int e = 0; e < kActBlock; ++e) {
-      v[e] = load_f32(x + a * kActBlock + e);
-      amax = std::fmax(amax, std::fabs(v[e]));
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = load8(x + a * kActBlock + 8 * i);
+      v[i] = _mm256_and_ps(v[i], _mm256_cmp_ps(v[i], v[i], _CMP_ORD_Q));  // NaN -> 0
+      amax = _mm256_max_ps(amax, _mm256_and_ps(v[i], magnitude));
     }
-    const float scale = amax / 127.0f, inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
-    int32_t sums[2] = {0, 0};
-    for (int e = 0; e < kActBlock; ++e) {
-      const auto qe = static_cast<int8_t>(std::nearbyint(v[e] * inverse));
-      q[a * kActBlock + e] = qe;
-      sums[e / 16] += qe;
-    }
+    const float block_max = max8(amax);
+    const float scale = block_max / 127.0f, inverse = block_max > 0.0f ? 127.0f / block_max : 0.0f;
+    __m256i qi[4];  // nearest even (the rounding mode's), in [-127, 127]
+    for (int i = 0; i < 4; ++i) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inverse)));
+    // packs interleave the 128-bit halves: 0-3 4-7 | 8-11 12-15 ... put the 32 bytes back in order.
+    const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + a * kActBlock),
+                        _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    const int32_t first = sum8(_mm256_add_epi32(qi[0], qi[1])), second = sum8(_mm256_add_epi32(qi[2], qi[3]));
     d[a] = scale;
-    s[a] = scale * static_cast<float>(sums[0] + sums[1]);
-    sum16[2 * a] = sums[0];
-    sum16[2 * a + 1] = sums[1];
+    s[a] = scale * static_cast<float>(first + second);
+    sum16[2 * a] = first;
+    sum16[2 * a + 1] = second;
   }
 }
 
