@@ -5,10 +5,12 @@
 // 4 for 5-bit, 2 for 6-bit), then madd with ones (-> int32): exact. Q8_0's 8-bit values would
 // overflow a pair sum, so its block is the signed product |q| x sign(x, q) instead (|q| and q
 // made once per block for all the rows, q8_values), one pair sum per madd, plus 128 times the sum
-// of x: the same integers. Blocks of 4 rows share each block's values. Versus one madd per
+// of x: the same integers. Blocks of 16 rows share each block's values (their sums wait in
+// memory: 32 registers' worth); the rows left go 4, then 1, at a time. Versus one madd per
 // maddubs, 2 rows a block and Q8_0 values remade per row (AMD EPYC Zen 3, 2 threads, SmolLM2's
 // projections, interleaved): Q4_1 1.18-1.22x, Q5_0 1.21-1.36x, Q6_K 1.36-1.62x, Q8_0 1.45-1.6x
-// from 16 rows on; the same bits.
+// from 16 rows on with blocks of 4 rows; blocks of 16 then 1.04-1.35x faster again (Q4_1, Q5_0,
+// Q6_K, Q8_0 at 16-512 rows); the same bits.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -30,7 +32,7 @@ struct Avx2Lanes {
   struct F {
     __m256 lo, hi;
   };
-  static constexpr int kMaxRows = 4;
+  static constexpr int kMaxRows = 16;
   static __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   static I load(const uint8_t* p) { return {load32(p), load32(p + 32)}; }
   static I and_bytes(I v, uint8_t b) {

@@ -290,18 +290,26 @@ void panel_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int6
   store_rows<Lanes>(a, acc, r0, MR, p);
 }
 
+// Rows in blocks of Lanes::kMaxRows, whose sums wait in memory where they outnumber the registers
+// (each block's weight values are built once for all its rows); the rows left in blocks of
+// kTailRows where kMaxRows is larger, then one at a time.
 template <class Lanes, QuantType T>
 void panels(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range) {
   constexpr int kRows = Lanes::kMaxRows;
+  constexpr int kTailRows = kRows > 4 && kRows % 4 == 0 && kRows >= 16 ? 4 : 1;
   constexpr Layout L = layout_of(T);
   const int64_t panel_bytes = a.k / L.block * L.bytes, rows = range.r1 - range.r0;
-  const int64_t blocks_of_rows = rows / kRows + rows % kRows;  // blocks of kRows, then single rows
+  const int64_t left = rows % kRows;
+  const int64_t blocks_of_rows = rows / kRows + left / kTailRows + left % kTailRows;
   for (int64_t p = range.p0; p < range.p1; ++p) {
     NextPanel next = p + 1 < range.p1 ? NextPanel(a.packed + (p + 1) * panel_bytes, panel_bytes,
                                                   blocks_of_rows * (a.k / L.block))
                                       : NextPanel();
     int64_t r = range.r0;
     for (; r + kRows <= range.r1; r += kRows) panel_rows<Lanes, T, kRows>(a, x, r, p, next);
+    if constexpr (kTailRows > 1) {
+      for (; r + kTailRows <= range.r1; r += kTailRows) panel_rows<Lanes, T, kTailRows>(a, x, r, p, next);
+    }
     for (; r < range.r1; ++r) panel_rows<Lanes, T, 1>(a, x, r, p, next);
   }
 }
