@@ -8,22 +8,25 @@
 
 namespace corellm {
 
+// e^x = 2^n 2^f with y = x log2(e), n = round(y), f = y - n in [-0.5, 0.5], 2^f by a degree-6
+// polynomial (Taylor coefficients of 2^f, error < 2e-7 on [-0.5, 0.5]), x clamped first. The
+// constants of fast_exp and of its vector forms (exp8 in lanes_avx2.h, exp16 in attention_block.h).
+constexpr float kExpLowest = -87.3f, kExpHighest = 88.7f;
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kExp2Poly[7] = {1.5403530393381606e-4f, 1.3333558146428443e-3f, 9.6181291076284772e-3f,
+                                5.5504108664821580e-2f, 2.4022650695910072e-1f, 6.9314718055994531e-1f,
+                                1.0f};  // highest degree first
+
 // e^x with relative error below 2e-7 over the float range; exp(-inf) is handled by callers
 // (masked entries are skipped, never exponentiated). NaN propagates.
 inline float fast_exp(float x) {
-  x = std::min(std::max(x, -87.3f), 88.7f);
-  const float y = x * 1.44269504088896341f;  // x * log2(e)
+  x = std::min(std::max(x, kExpLowest), kExpHighest);
+  const float y = x * kLog2e;
   // Round to nearest by the 1.5 * 2^23 trick (floor() would block vectorization).
   const float n = (y + 12582912.0f) - 12582912.0f;
   const float f = y - n;  // in [-0.5, 0.5]
-  // 2^f by a degree-6 polynomial (Taylor coefficients of 2^f, error < 2e-7 on [-0.5, 0.5]).
-  float p = 1.5403530393381606e-4f;
-  p = p * f + 1.3333558146428443e-3f;
-  p = p * f + 9.6181291076284772e-3f;
-  p = p * f + 5.5504108664821580e-2f;
-  p = p * f + 2.4022650695910072e-1f;
-  p = p * f + 6.9314718055994531e-1f;
-  p = p * f + 1.0f;
+  float p = kExp2Poly[0];
+  for (int i = 1; i < 7; ++i) p = p * f + kExp2Poly[i];
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 
 #include "corellm/kernels/dtype.h"
+#include "lanes_avx2.h"
 #include "quant_gemm_paths.h"
 
 namespace corellm::quant {
@@ -15,12 +16,6 @@ inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p) {  // 8 bf16 widened
   const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
-}
-
-inline float max8(__m256 v) {
-  __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
 }
 
 inline int32_t sum8(__m256i v) {
@@ -40,7 +35,7 @@ void quantize_row(const T* x, int64_t k, int8_t* q, float* d, float* s, int32_t*
       v[i] = _mm256_and_ps(v[i], _mm256_cmp_ps(v[i], v[i], _CMP_ORD_Q));  // NaN -> 0
       amax = _mm256_max_ps(amax, _mm256_and_ps(v[i], magnitude));
     }
-    const float block_max = max8(amax);
+    const float block_max = avx2::reduce_max8(amax);
     const float scale = block_max / 127.0f, inverse = block_max > 0.0f ? 127.0f / block_max : 0.0f;
     __m256i qi[4];  // nearest even (the rounding mode's), in [-127, 127]
     for (int i = 0; i < 4; ++i) qi[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inverse)));

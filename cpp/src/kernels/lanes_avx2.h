@@ -1,0 +1,36 @@
+// 8-lane AVX2 helpers of the baseline kernels (the avx2 attention fold, the activations'
+// quantization): reductions in a fixed order, and e^x. Private to the kernels library; compiled
+// for the baseline (AVX2 + FMA).
+#pragma once
+
+#include <immintrin.h>
+
+#include "fast_math.h"
+
+namespace corellm::avx2 {
+
+// The 8 lanes' max / sum, in a fixed order (halves, then pairs, then the last two).
+inline float reduce_max8(__m256 v) {
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+inline float reduce_add8(__m256 v) {
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+// e^x on 8 lanes, the polynomial of fast_exp.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(kExpLowest)), _mm256_set1_ps(kExpHighest));
+  const __m256 y = _mm256_mul_ps(x, _mm256_set1_ps(kLog2e));
+  const __m256 n = _mm256_round_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(y, n);
+  __m256 p = _mm256_set1_ps(kExp2Poly[0]);
+  for (int i = 1; i < 7; ++i) p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(kExp2Poly[i]));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+}  // namespace corellm::avx2
