@@ -109,7 +109,7 @@ def test_rows_are_independent_of_the_batch_and_strides_are_honoured(isa, kk):
     assert (y_wide[:, n:] == 0).all()  # nothing written past the row
     for i in (0, 7, 8, 15, 16, 31, 39, 130, 299):
         assert torch.equal(gemm(x[i : i + 1].contiguous(), packed, n, isa=isa)[0], y_wide[i, :n])
-    for m in (17, 40, 129):  # other batch sizes: the same rows
+    for m in (4, 5, 17, 40, 47, 48, 129):  # other batch sizes (each avx2 way: 1-3, 4-47, 48+ rows): the same rows
         assert torch.equal(gemm(x[:m], packed, n, isa=isa), y_wide[:m, :n])
 
 
