@@ -51,8 +51,7 @@ void widen_queries(const TileRows& rows, int64_t r0, float (*q)[HD]) {
   for (int r = 0; r < R; ++r) {
     const uint16_t* qb = reinterpret_cast<const uint16_t*>(rows.qb + (r0 + r) * (HD / 2));
     for (int d = 0; d < HD; d += kLanes) {
-      const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qb + d)));
-      _mm256_storeu_ps(q[r] + d, _mm256_castsi256_ps(_mm256_slli_epi32(h, 16)));
+      _mm256_storeu_ps(q[r] + d, corellm::avx2::load_bf16x8(qb + d));
     }
   }
 }

@@ -1,13 +1,21 @@
-// 8-lane AVX2 helpers of the baseline kernels (the avx2 attention fold, the activations'
-// quantization): reductions in a fixed order, and e^x. Private to the kernels library; compiled
+// 8-lane AVX2 helpers of the baseline kernels (the avx2 attention fold and GEMM, the activations'
+// quantization): 8 bf16 widened, reductions in a fixed order, and e^x. Private to the kernels library; compiled
 // for the baseline (AVX2 + FMA).
 #pragma once
 
 #include <immintrin.h>
 
+#include <cstdint>
+
 #include "fast_math.h"
 
 namespace corellm::avx2 {
+
+// 8 bf16 values at p (unaligned) widened to fp32: each shifted up 16 bits.
+inline __m256 load_bf16x8(const uint16_t* p) {
+  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+}
 
 // The 8 lanes' max / sum, in a fixed order (halves, then pairs, then the last two).
 inline float reduce_max8(__m256 v) {

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "lanes_avx2.h"
 #include "packed_gemm_paths.h"
 #include "packed_gemm_vector.h"
 #include "thread_scratch.h"
@@ -71,7 +72,6 @@ struct Avx2Lanes {
     const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
     return _mm256_blendv_epi8(r, quiet, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
   }
-  static __m256 widen_bf16(__m128i h) { return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); }
 
   // y[at .. at + cols) = v + bias[col .. col + cols), fp32 or rounded to bf16; a partial half
   // goes through a buffer (AVX2 has no 16-bit masked store).
@@ -79,8 +79,8 @@ struct Avx2Lanes {
     if (bias != nullptr) {
       alignas(32) uint16_t b[16] = {};
       std::memcpy(b, bias + col, static_cast<size_t>(cols) * sizeof(uint16_t));
-      v.lo = _mm256_add_ps(v.lo, widen_bf16(_mm_load_si128(reinterpret_cast<const __m128i*>(b))));
-      v.hi = _mm256_add_ps(v.hi, widen_bf16(_mm_load_si128(reinterpret_cast<const __m128i*>(b + 8))));
+      v.lo = _mm256_add_ps(v.lo, avx2::load_bf16x8(b));
+      v.hi = _mm256_add_ps(v.hi, avx2::load_bf16x8(b + 8));
     }
     if (y_f32) {
       float* out = static_cast<float*>(y) + at;
@@ -111,8 +111,22 @@ struct Avx2Lanes {
 constexpr int64_t kRegisterRows = 4;   // from this many rows on
 constexpr int kRegisterBlockRows = 5;  // rows per block at most: 10 sums in registers
 
-// Rows of x -> fp32 rows of `width` (k padded with zeros to width).
-void widen_rows(const uint16_t* x, int64_t x_stride, int64_t rows, int64_t k, int64_t width, float* to);
+// Rows of x -> fp32 rows of `width` (k padded with zeros to width): both ways below.
+void widen_rows(const uint16_t* x, int64_t x_stride, int64_t rows, int64_t k, int64_t width, float* to) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint16_t* from = x + r * x_stride;
+    float* row = to + r * width;
+    int64_t c = 0;
+    for (; c + 8 <= k; c += 8) {
+      _mm256_storeu_ps(row + c, avx2::load_bf16x8(from + c));
+    }
+    for (; c < k; ++c) {
+      const uint32_t bits = static_cast<uint32_t>(from[c]) << 16;
+      std::memcpy(row + c, &bits, sizeof(bits));
+    }
+    for (; c < width; ++c) row[c] = 0.0f;
+  }
+}
 
 struct RegisterBlock {
   const float* x;        // the block's first widened row; its rows `width` apart
@@ -214,22 +228,6 @@ void widen_panel(const uint16_t* panel, int64_t pairs, float* to) {
     const uint16_t* from = panel + kp * kGemmPanelCols * 2;
     float* even = to + 2 * kp * kGemmPanelCols;
     for (int j = 0; j < 4; ++j) widen_pairs_to(from + 16 * j, even + 8 * j, even + kGemmPanelCols + 8 * j);
-  }
-}
-
-void widen_rows(const uint16_t* x, int64_t x_stride, int64_t rows, int64_t k, int64_t width, float* to) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const uint16_t* from = x + r * x_stride;
-    float* row = to + r * width;
-    int64_t c = 0;
-    for (; c + 8 <= k; c += 8) {
-      _mm256_storeu_ps(row + c, Avx2Lanes::widen_bf16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(from + c))));
-    }
-    for (; c < k; ++c) {
-      const uint32_t bits = static_cast<uint32_t>(from[c]) << 16;
-      std::memcpy(row + c, &bits, sizeof(bits));
-    }
-    for (; c < width; ++c) row[c] = 0.0f;
   }
 }
 

@@ -296,7 +296,7 @@ void panel_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int6
 template <class Lanes, QuantType T>
 void panels(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range) {
   constexpr int kRows = Lanes::kMaxRows;
-  constexpr int kTailRows = kRows > 4 && kRows % 4 == 0 && kRows >= 16 ? 4 : 1;
+  constexpr int kTailRows = kRows >= 16 && kRows % 4 == 0 ? 4 : 1;
   constexpr Layout L = layout_of(T);
   const int64_t panel_bytes = a.k / L.block * L.bytes, rows = range.r1 - range.r0;
   const int64_t left = rows % kRows;
