@@ -6,11 +6,14 @@
 //     element shifted up, the high one masked), two fused multiply-adds per 8 columns, even k then
 //     odd; a whole panel (32 columns) per block of rows.
 //   - 4 to 47 rows: x widened once into fp32 rows; per half panel (16 columns) and block of up to 5
-//     rows, each k pair of the panel loaded and widened in registers (2 loads, 4 integer ops) for
-//     4 fused multiply-adds per row: 10 sums, 4 widened weights and a broadcast fill 15 of the 16
-//     registers. Rows split into blocks as even as possible (16 = 4 x 4), since a block's few sums
-//     leave the multiply-add unit waiting on their latency. The panel's half (18 KiB for k = 576)
-//     stays in L1 for the blocks after the first; the next panel is fetched meanwhile.
+//     rows, each k pair of the panel widened in registers for 4 fused multiply-adds per row: 10
+//     sums, 4 widened weights, a broadcast and the mask fill the 16 registers. A pair's odd
+//     elements are its 32-bit lanes masked to their high halves; its even ones the lanes of a load
+//     one element earlier, masked the same way: 4 masks with their loads folded in, none of them a
+//     shift (which would share a port with the multiply-adds). Rows split into blocks as even as
+//     possible (16 = 4 x 4), since a block's few sums leave the multiply-add unit waiting on their
+//     latency. The panel's half (18 KiB for k = 576) stays in L1 for the blocks after the first;
+//     the next panel is fetched meanwhile.
 //   - 48 rows and more: widening in registers for every block of rows costs more than once per
 //     panel, so each panel is widened once into an fp32 copy ([k][32 columns], in the core's L2)
 //     and x once into fp32 rows; then a 6 x 16 block of sums (12 registers) takes per k two loads
@@ -20,7 +23,9 @@
 // the bias, then one rounding: a row's bits are the same whichever of them computes it.
 // AMD EPYC Zen 3, 2 threads, SmolLM2's projections (8 layers' worth, from memory), the builds before
 // and after alternated: the middle way against the other two 1.16x at 4 rows, 1.2x at 8, 1.12x at
-// 16, 1.08x at 24, 1.15x at 32, 1.18x at 40; at 48-64 no faster than the widened panel.
+// 16, 1.08x at 24, 1.15x at 32, 1.18x at 40; at 48-64 no faster than the widened panel. Its masks
+// instead of a shift and a mask per vector (30 layers and the LM head, 10 alternated processes):
+// 1.06x at 4 rows, 1.16x at 8, 1.13x at 16, 1.11x at 24, 1.15x at 40.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -53,6 +58,14 @@ struct Avx2Lanes {
   static Pair widen(__m256i pairs) {
     return {_mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)),
             _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u))))};
+  }
+  // The 8 pairs at p (p[-1] readable): the odd elements are the high halves of the pairs' 32 bits;
+  // the even ones the high halves of the 32 bits one element earlier. Both by a mask (any of the
+  // vector pipes), no shift (which shares a pipe with the multiply-adds).
+  static Pair widen_in_place(const uint16_t* p) {
+    const __m256 high = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u)));
+    return {_mm256_and_ps(high, _mm256_loadu_ps(reinterpret_cast<const float*>(p - 1))),
+            _mm256_and_ps(high, _mm256_loadu_ps(reinterpret_cast<const float*>(p)))};
   }
   static W load_w(const uint16_t* p) {
     return {widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
@@ -134,29 +147,39 @@ struct RegisterBlock {
   int64_t width;         // k padded to even
 };
 
+// R rows x 16 columns, k pair kp: lo/hi[r] += x[r][2 kp] w[2 kp] then x[r][2 kp + 1] w[2 kp + 1].
+template <int R>
+inline void register_pair(const RegisterBlock& b, int64_t kp, const Avx2Lanes::Pair& w_lo, const Avx2Lanes::Pair& w_hi,
+                          __m256* lo, __m256* hi) {
+  const float* xk = b.x + 2 * kp;
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    const __m256 even = _mm256_broadcast_ss(xk + r * b.width);
+    lo[r] = _mm256_fmadd_ps(even, w_lo.even, lo[r]);
+    hi[r] = _mm256_fmadd_ps(even, w_hi.even, hi[r]);
+    const __m256 odd = _mm256_broadcast_ss(xk + r * b.width + 1);
+    lo[r] = _mm256_fmadd_ps(odd, w_lo.odd, lo[r]);
+    hi[r] = _mm256_fmadd_ps(odd, w_hi.odd, hi[r]);
+  }
+}
+
 // R rows x 16 columns over the whole of k: acc[r] = sum over k of x[r][k] w[k], in k order (per
-// pair: the even k, then the odd one). GCC keeps the R x 2 sums in registers (no spill in R <= 5).
+// pair: the even k, then the odd one). The first pair is widened by shifting; the others by masks
+// over loads one element apart (widen_in_place reads the element before the pair). GCC keeps the
+// R x 2 sums in registers (no spill in R <= 5).
 template <int R>
 void register_block(const RegisterBlock& b, NextPanel& next, Avx2Lanes::Acc* acc) {
   __m256 lo[R], hi[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm256_setzero_ps();
+  next.step();
+  register_pair<R>(b, 0, Avx2Lanes::widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.half))),
+                   Avx2Lanes::widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b.half + 16))), lo, hi);
   const int64_t pairs = b.width / 2;
-  for (int64_t kp = 0; kp < pairs; ++kp) {
+  for (int64_t kp = 1; kp < pairs; ++kp) {
     next.step();
     const uint16_t* p = b.half + kp * kGemmPanelCols * 2;
-    const Avx2Lanes::Pair w_lo = Avx2Lanes::widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-    const Avx2Lanes::Pair w_hi = Avx2Lanes::widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)));
-    const float* xk = b.x + 2 * kp;
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m256 even = _mm256_broadcast_ss(xk + r * b.width);
-      lo[r] = _mm256_fmadd_ps(even, w_lo.even, lo[r]);
-      hi[r] = _mm256_fmadd_ps(even, w_hi.even, hi[r]);
-      const __m256 odd = _mm256_broadcast_ss(xk + r * b.width + 1);
-      lo[r] = _mm256_fmadd_ps(odd, w_lo.odd, lo[r]);
-      hi[r] = _mm256_fmadd_ps(odd, w_hi.odd, hi[r]);
-    }
+    register_pair<R>(b, kp, Avx2Lanes::widen_in_place(p), Avx2Lanes::widen_in_place(p + 16), lo, hi);
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r] = {lo[r], hi[r]};
