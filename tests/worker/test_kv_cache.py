@@ -4,22 +4,27 @@ cache), and what the engine writes meanwhile is kept (the kernel populates pages
 touching their contents). Run in a fresh interpreter: in this one, memory freed by earlier tests
 may already be resident, which would hide whether the commit happened. Where the system gives
 transparent huge pages on request, the cache is on 2 MiB pages; the commit goes in the order the
-engine first writes: the first blocks of every layer before the later ones."""
+engine first writes: the first blocks of every layer before the later ones; and only while no
+step runs (StepActivity)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 from corellm.worker.kv_cache import _commit_order
 
-CHECK = r"""
-import threading, torch
+# A fresh interpreter's set-up: a 4-layer model's config (8 x 16 MiB of cache for 4096 blocks),
+# its resident size.
+PRELUDE = r"""
+import threading, time, torch
 from corellm.model.model_config import ModelConfig
-from corellm.worker.kv_cache import allocate_kv_caches
+from corellm.worker.kv_cache import COMMIT_AFTER_IDLE_S, allocate_kv_caches
+from corellm.worker.step_activity import StepActivity
 
 def resident_bytes():
     with open("/proc/self/status") as f:
@@ -28,6 +33,9 @@ def resident_bytes():
 config = ModelConfig(architecture="LlamaForCausalLM", vocab_size=64, hidden_size=256, intermediate_size=512,
                      num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
                      rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=512, tie_word_embeddings=True)
+"""
+
+CHECK = PRELUDE + r"""
 before = resident_bytes()
 caches = allocate_kv_caches(config, 4096, 16, torch.bfloat16, torch.device("cpu"))  # 8 x 16 MiB
 for i, (k, v) in enumerate(caches):  # the engine's first writes, racing the commit
@@ -54,6 +62,43 @@ def test_the_cache_is_committed_in_the_background_and_writes_meanwhile_are_kept(
     thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if thp.exists() and "[never]" not in thp.read_text():
         assert int(run.stdout.split()[1]) >= 2 * 1024**2, "the KV cache got no 2 MiB page"
+
+
+WAITS_FOR_STEPS = PRELUDE + r"""
+activity = StepActivity()
+before = resident_bytes()
+with activity.running():  # a step that runs on: nothing is committed meanwhile
+    caches = allocate_kv_caches(config, 4096, 16, torch.bfloat16, torch.device("cpu"), activity)
+    time.sleep(20 * COMMIT_AFTER_IDLE_S)
+    assert activity.idle_seconds() == 0.0
+    during = resident_bytes() - before
+cache_bytes = sum(t.numel() * t.element_size() for pair in caches for t in pair)
+assert during < 0.1 * cache_bytes, f"{during} bytes committed during a step"
+committer = next((t for t in threading.enumerate() if t.name == "corellm-kv-commit"), None)
+if committer is not None:
+    committer.join(timeout=60)
+    assert not committer.is_alive()
+    grown = resident_bytes() - before
+    assert grown >= 0.9 * cache_bytes, f"resident size grew by {grown} bytes for a {cache_bytes}-byte cache"
+print("ok")
+"""
+
+
+def test_the_commit_waits_for_a_pause_in_the_steps():
+    run = subprocess.run([sys.executable, "-c", WAITS_FOR_STEPS], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.startswith("ok"), run.stderr[-2000:]
+
+
+def test_step_activity_is_idle_only_between_steps():
+    from corellm.worker.step_activity import StepActivity
+
+    activity = StepActivity()
+    with activity.running():
+        with activity.running():  # nested (a draft model's step inside the target's)
+            assert activity.idle_seconds() == 0.0
+        assert activity.idle_seconds() == 0.0
+    time.sleep(0.01)
+    assert 0.01 <= activity.idle_seconds() < 1.0
 
 
 def test_the_commit_goes_block_by_block_across_layers():

@@ -8,11 +8,13 @@ import logging
 import mmap
 import os
 import threading
+import time
 
 import torch
 
 from corellm import ops
 from corellm.model.model_config import ModelConfig
+from corellm.worker.step_activity import StepActivity
 
 logger = logging.getLogger("corellm")
 
@@ -47,14 +49,18 @@ def kv_cache_budget(kv_cache_memory: int | float | None, device: torch.device) -
 
 
 def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                       device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+                       device: torch.device,
+                       activity: StepActivity | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """One (key, value) cache per layer. Attention never reads a slot it has not written, but every
-    page is committed as the engine starts, so that a machine short of memory fails then rather than
-    later under load, and the resident size stays flat while serving. On the CPU the pages are committed
-    by the kernel (madvise MADV_POPULATE_WRITE) on a background thread: that leaves the contents as
-    they are, so the engine may serve meanwhile, and start-up does not wait the ~0.5 s that 2 GiB
-    takes; where the kernel lacks it (Linux < 5.14) every page is zeroed before this returns.
-    On the CPU the cache asks for 2 MiB pages (see prefer_huge_pages)."""
+    page is committed once the engine has had a moment, so that the resident size stays flat while
+    serving. On the CPU the pages are committed by the kernel (madvise MADV_POPULATE_WRITE) on a
+    background thread: that leaves the contents as they are, so the engine may serve meanwhile, and
+    start-up does not wait for it (~0.5 s for 2 GiB on a bare machine, 37 s on a VM whose host backs
+    the memory on its first use). It commits a chunk only when `activity` (the step runner's) has
+    been idle for COMMIT_AFTER_IDLE_S (see step_activity.py; None: at once); a page the engine
+    writes first is faulted in by that write. Where the kernel lacks the advice (Linux < 5.14)
+    every page is zeroed before this returns. On the CPU the cache asks for 2 MiB pages (see
+    prefer_huge_pages)."""
     k_shape, v_shape = ops.kv_cache_shapes(num_blocks, config.num_key_value_heads, config.head_dim, block_size, dtype)
     caches = [(torch.empty(k_shape, dtype=dtype, device=device), torch.empty(v_shape, dtype=dtype, device=device))
               for _ in range(config.num_hidden_layers)]
@@ -66,10 +72,11 @@ def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int, dt
         for t in tensors:
             t.zero_()
         return caches
-    threading.Thread(target=_populate_all, args=(tensors,), name="corellm-kv-commit", daemon=True).start()
+    threading.Thread(target=_populate_all, args=(tensors, activity), name="corellm-kv-commit", daemon=True).start()
     return caches
 
 
+COMMIT_AFTER_IDLE_S = 0.05  # longer than the engine's own work between two steps
 _MADV_HUGEPAGE = 14
 _MADV_POPULATE_WRITE = 23
 _HUGE_PAGE = 2 * 1024**2
@@ -110,7 +117,7 @@ def _populate(start: int, length: int) -> bool:
     raise OSError(code, f"committing the KV cache's memory: {errno.errorcode.get(code, code)}")
 
 
-def _commit_order(tensors: list[torch.Tensor], chunk: int = 4 * _HUGE_PAGE) -> list[tuple[int, int]]:
+def _commit_order(tensors: list[torch.Tensor], chunk: int = _HUGE_PAGE) -> list[tuple[int, int]]:
     """Every tensor's pages as (start, length) ranges of up to `chunk` bytes, in the order the engine
     first writes them: the block pool hands blocks out from block 0 up, and a block is a slice of
     every layer's cache, so the first chunk of every tensor comes first, then the second of each..."""
@@ -121,16 +128,20 @@ def _commit_order(tensors: list[torch.Tensor], chunk: int = 4 * _HUGE_PAGE) -> l
     return ranges
 
 
-def _populate_all(tensors: list[torch.Tensor]) -> None:
-    # At the lowest priority (nice 19, this thread only): the kernel's zeroing of the pages would
-    # otherwise take a core from the forward passes of the first requests (2 GiB took ~2.3 s on a
-    # 2-core VM), and any page the engine writes first is faulted in by that write anyway.
+def _populate_all(tensors: list[torch.Tensor], activity: StepActivity | None) -> None:
+    # At the lowest priority (nice 19, this thread only), and a chunk (one 2 MiB page) at a time,
+    # each in a pause of the steps: the kernel's zeroing of the pages (and in a VM the host's
+    # faulting them in, which stalls the vCPU whatever the priority) would otherwise take a core
+    # from the forward passes of the first requests; any page the engine writes first is faulted
+    # in by that write anyway.
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     except OSError:
         pass
     try:
         for start, length in _commit_order(tensors):
+            while activity is not None and (idle := activity.idle_seconds()) < COMMIT_AFTER_IDLE_S:
+                time.sleep(COMMIT_AFTER_IDLE_S - idle)
             _populate(start, length)
     except OSError as e:  # the pages will be faulted in as they are first written instead
         logger.error("%s; the KV cache's memory is committed as it is used", e)

@@ -27,6 +27,7 @@ from corellm.worker.encoder_cache import EncoderCache
 from corellm.worker.kv_cache import allocate_kv_caches
 from corellm.worker.model_runner_output import ModelRunnerOutput, PromptLogprobs, SampledTokenLogprobs
 from corellm.worker.sampling_state import SamplingState
+from corellm.worker.step_activity import StepActivity
 from corellm.worker.step_message import StepMessage
 from corellm.worker.tp_workers import TensorParallelWorkers
 
@@ -63,8 +64,9 @@ class ModelRunner:
         self.vocab_size = loaded.config.vocab_size
         c = scheduler_config
         self.block_size = c.block_size
+        self.activity = StepActivity()  # the KV cache's commit waits for pauses in the steps
         self.kv_caches = allocate_kv_caches(self.model.config, c.num_blocks, c.block_size, self.model.dtype,
-                                            self.device)  # this rank's KV heads
+                                            self.device, self.activity)  # this rank's KV heads
         self.tp_workers = tp_workers
         if tp_workers is not None:
             tp_workers.setup(c.num_blocks, c.block_size)
@@ -109,7 +111,7 @@ class ModelRunner:
         b = self.builder
         b.prepare_inputs(so)
         spans = self._prompt_spans(so)
-        with torch.inference_mode():
+        with torch.inference_mode(), self.activity.running():
             hidden = self.forward(so, spans)
             logits = self.model.compute_logits(hidden[torch.from_numpy(b.logits_indices).long().to(self.device)])
             prompt_logprobs = self._prompt_logprobs(spans, hidden)

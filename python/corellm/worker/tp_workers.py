@@ -32,6 +32,7 @@ import torch.multiprocessing as mp
 
 from corellm.distributed.broadcast_channel import BroadcastChannel
 from corellm.distributed.parallel_state import TensorParallel, init_tensor_parallel
+from corellm.worker.step_activity import StepActivity
 from corellm.worker.step_message import RESULT, RPC, STEP, STOP, StepMessage
 
 logger = logging.getLogger("corellm")
@@ -67,6 +68,7 @@ class Worker:
     def __init__(self, rank: int, model):
         self.rank, self.model = rank, model
         self.kv_caches, self.stack = None, None
+        self.activity = StepActivity()  # the KV cache's commit waits for pauses in the steps
 
     def setup_kv_cache(self, num_blocks: int, block_size: int) -> None:
         """The same blocks as rank 0's, this rank's KV heads."""
@@ -74,7 +76,7 @@ class Worker:
         from corellm.worker.kv_cache import allocate_kv_caches
 
         m = self.model
-        self.kv_caches = allocate_kv_caches(m.config, num_blocks, block_size, m.dtype, m.device)
+        self.kv_caches = allocate_kv_caches(m.config, num_blocks, block_size, m.dtype, m.device, self.activity)
         self.stack = NativeDecoderStack(m, self.kv_caches) if native_stack_supports(m) else None
 
     def memory_usage(self) -> dict[str, int]:
@@ -90,7 +92,7 @@ class Worker:
         model, device = self.model, self.model.device
         if self.kv_caches is None:
             raise RuntimeError(f"rank {self.rank}: a step came before setup_kv_cache")
-        with torch.inference_mode():
+        with torch.inference_mode(), self.activity.running():
             inputs_embeds = None
             if step.image_row_bits is not None:  # rank 0's image rows in place of the placeholders
                 image_rows = step.image_row_bits.view(model.dtype).to(device)
