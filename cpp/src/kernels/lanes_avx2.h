@@ -1,5 +1,5 @@
 // 8-lane AVX2 helpers of the baseline kernels (the avx2 attention fold and GEMM, the activations'
-// quantization): 8 bf16 widened, reductions in a fixed order, and e^x. Private to the kernels library; compiled
+// quantization): 8 bf16 widened (alone, or pairs by masks), reductions in a fixed order, and e^x. Private to the kernels library; compiled
 // for the baseline (AVX2 + FMA).
 #pragma once
 
@@ -15,6 +15,21 @@ namespace corellm::avx2 {
 inline __m256 load_bf16x8(const uint16_t* p) {
   const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
+}
+
+// The 8 32-bit pairs of bf16 at p, widened to fp32 by one mask of a load each: the second (odd)
+// elements are the lanes' high halves; the first (even) ones the high halves of the lanes one
+// element earlier, so p[-1] must be readable. No shift: on Zen 3 shifts share a port with the
+// multiply-adds, masks run on any vector port (and fold their load). Used by the GEMM's 4-47-row
+// way; in the attention's span fold the same was slower (0.85-0.97x, alternated builds), its K and
+// V rows 64 bytes long so that every earlier load splits a cache line.
+inline __m256 even_of_pairs(const uint16_t* p) {
+  const __m256 high = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u)));
+  return _mm256_and_ps(high, _mm256_loadu_ps(reinterpret_cast<const float*>(p - 1)));
+}
+inline __m256 odd_of_pairs(const uint16_t* p) {
+  const __m256 high = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u)));
+  return _mm256_and_ps(high, _mm256_loadu_ps(reinterpret_cast<const float*>(p)));
 }
 
 // The 8 lanes' max / sum, in a fixed order (halves, then pairs, then the last two).

@@ -59,14 +59,8 @@ struct Avx2Lanes {
     return {_mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)),
             _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u))))};
   }
-  // The 8 pairs at p (p[-1] readable): the odd elements are the high halves of the pairs' 32 bits;
-  // the even ones the high halves of the 32 bits one element earlier. Both by a mask (any of the
-  // vector pipes), no shift (which shares a pipe with the multiply-adds).
-  static Pair widen_in_place(const uint16_t* p) {
-    const __m256 high = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u)));
-    return {_mm256_and_ps(high, _mm256_loadu_ps(reinterpret_cast<const float*>(p - 1))),
-            _mm256_and_ps(high, _mm256_loadu_ps(reinterpret_cast<const float*>(p)))};
-  }
+  // The 8 pairs at p (p[-1] readable), by masks only (lanes_avx2.h).
+  static Pair widen_in_place(const uint16_t* p) { return {avx2::even_of_pairs(p), avx2::odd_of_pairs(p)}; }
   static W load_w(const uint16_t* p) {
     return {widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
             widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16)))};
