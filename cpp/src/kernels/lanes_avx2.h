@@ -1,6 +1,6 @@
 // 8-lane AVX2 helpers of the baseline kernels (the avx2 attention fold and GEMM, the activations'
-// quantization): 8 bf16 widened (alone, or pairs by masks), reductions in a fixed order, and e^x. Private to the kernels library; compiled
-// for the baseline (AVX2 + FMA).
+// quantization): 8 bf16 widened (alone, or pairs by masks), reductions in a fixed order, and e^x.
+// Private to the kernels library; compiled for the baseline (AVX2 + FMA).
 #pragma once
 
 #include <immintrin.h>
