@@ -23,14 +23,12 @@ inline __m256 load_bf16x8(const uint16_t* p) {
 // multiply-adds, masks run on any vector port (and fold their load). Used by the GEMM's 4-47-row
 // way; in the attention's span fold the same was slower (0.85-0.97x, alternated builds), its K and
 // V rows 64 bytes long so that every earlier load splits a cache line.
-inline __m256 even_of_pairs(const uint16_t* p) {
-  const __m256 high = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u)));
-  return _mm256_and_ps(high, _mm256_loadu_ps(reinterpret_cast<const float*>(p - 1)));
-}
-inline __m256 odd_of_pairs(const uint16_t* p) {
+inline __m256 high_halves_at(const uint16_t* p) {  // the 8 32-bit lanes at p, low 16 bits cleared
   const __m256 high = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int32_t>(0xFFFF0000u)));
   return _mm256_and_ps(high, _mm256_loadu_ps(reinterpret_cast<const float*>(p)));
 }
+inline __m256 even_of_pairs(const uint16_t* p) { return high_halves_at(p - 1); }
+inline __m256 odd_of_pairs(const uint16_t* p) { return high_halves_at(p); }
 
 // The 8 lanes' max / sum, in a fixed order (halves, then pairs, then the last two).
 inline float reduce_max8(__m256 v) {
