@@ -32,7 +32,9 @@ def test_an_error_freezes_nothing_and_restores_collection() -> None:
         with lasting_objects():
             made = [[]]
             raise RuntimeError("build failed")
-    assert gc.isenabled() and gc.get_freeze_count() == frozen and tracked(made)
+    # Frozen objects of earlier tests may be freed meanwhile (the count only falls then); a freeze
+    # here would have raised it by every tracked object, made included.
+    assert gc.isenabled() and gc.get_freeze_count() <= frozen and tracked(made)
 
 
 def test_a_disabled_collector_stays_disabled() -> None:
