@@ -1,5 +1,5 @@
 """GGUF quantized blocks for tests: the `gguf` package quantizes Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1;
-the K types (Q3_K, Q4_K, Q5_K, Q6_K), which it only dequantizes, are made here in ggml's block layout
+the K types (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), which it only dequantizes, are made here in ggml's block layout
 with a plain min/max rule (not llama.cpp's search: these are test weights, and the reference for
 every test is the `gguf` package's dequantization of the very same blocks)."""
 
@@ -11,8 +11,8 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 # The types quant_gemm computes on, and (FILE_TYPES) those a file may hold that corellm keeps
 # quantized: Q3_K too, widened exactly into Q6_K (STORED_AS; python/corellm/model/gguf_widening.py).
-ALL_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
-K_TYPES = {"Q4_K", "Q5_K", "Q6_K"}
+ALL_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q4_K", "Q5_K", "Q6_K"]
+K_TYPES = {"Q2_K", "Q4_K", "Q5_K", "Q6_K"}
 FILE_TYPES = ALL_TYPES + ["Q3_K"]
 STORED_AS = {"Q3_K": "Q6_K"}
 
@@ -55,6 +55,26 @@ def _q45_k(x: np.ndarray, bits: int) -> np.ndarray:
         parts.append(qh)
     parts.append(qs)
     return np.concatenate(parts, axis=1)
+
+
+def _q2_k(x: np.ndarray) -> np.ndarray:
+    """Q2_K blocks of x [blocks, 256]: per 16 values a 4-bit scale and min, values 0..3."""
+    sub = x.reshape(-1, 16, 16)
+    mins = np.maximum(0.0, -sub.min(-1))
+    scales = (sub.max(-1) + mins) / 3
+    d = np.maximum(scales.max(-1) / 15, _TINY).astype(np.float16).astype(np.float32)
+    dmin = np.maximum(mins.max(-1) / 15, _TINY).astype(np.float16).astype(np.float32)
+    sc = np.clip(np.rint(scales / d[:, None]), 0, 15).astype(np.uint8)
+    mn = np.clip(np.rint(mins / dmin[:, None]), 0, 15).astype(np.uint8)
+    step = d[:, None] * sc
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(step[..., None] > 0, np.rint((sub + (dmin[:, None] * mn)[..., None]) / step[..., None]), 0)
+    q = np.clip(q, 0, 3).astype(np.uint8).reshape(-1, 2, 4, 32)  # value 128 h + 32 j + l
+    qs = np.zeros((x.shape[0], 2, 32), np.uint8)  # qs[h, l] bits 2j
+    for j in range(4):
+        qs |= q[:, :, j] << (2 * j)
+    return np.concatenate([sc | (mn << 4), qs.reshape(-1, 64), _f16(d).reshape(-1, 2), _f16(dmin).reshape(-1, 2)],
+                          axis=1)
 
 
 def _q6_k(x: np.ndarray) -> np.ndarray:
@@ -111,6 +131,8 @@ def quantize(x: np.ndarray, type_name: str) -> np.ndarray:
     flat = x.reshape(-1, 256)
     if type_name == "Q3_K":
         blocks = _q3_k(flat)
+    elif type_name == "Q2_K":
+        blocks = _q2_k(flat)
     else:
         blocks = _q6_k(flat) if type_name == "Q6_K" else _q45_k(flat, 4 if type_name == "Q4_K" else 5)
     assert blocks.shape[1] == GGML_QUANT_SIZES[t][1]

@@ -73,7 +73,27 @@ def test_paths_agree_and_are_within_the_activation_bound(type_name):
     assert (err <= bound).all(), f"worst error {err.max():.3g}, bound there {bound.flat[err.argmax()]:.3g}"
 
 
-@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0", "Q6_K", "Q5_K"])
+def test_q2_k_on_arbitrary_bits():
+    """Q2_K blocks of random bytes (every scale and min nibble, every 2-bit value; d and dmin
+    finite): packing keeps the values the `gguf` package dequantizes, and every path is the
+    reference's bits, within the activation bound."""
+    n, k, m = 33, 512, 19
+    rng = np.random.default_rng(11)
+    blocks = rng.integers(0, 256, size=(n, k // 256, 84), dtype=np.uint8)
+    blocks[:, :, 80:] = rng.uniform(-0.01, 0.01, (n, k // 256, 2)).astype(np.float16).view(np.uint8).reshape(n, k // 256, 4)
+    blocks = blocks.reshape(n, -1)
+    q = QuantizedTensor.pack(ggml_type("Q2_K"), blocks, (n, k))
+    w = dequantize(blocks, "Q2_K")
+    np.testing.assert_allclose(q.dequantize(torch.float32).numpy(), w, rtol=1e-6, atol=1e-7)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(12))
+    got = {path: gemm(q, x, path=path) for path in PATHS}
+    for path in PATHS[1:]:
+        assert torch.equal(got[path], got["reference"]), f"{path} differs from the reference path"
+    err = np.abs(got["reference"].double().numpy() - x.double().numpy() @ w.astype(np.float64).T)
+    assert (err <= activation_bound(x.numpy(), w)).all()
+
+
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0", "Q6_K", "Q5_K", "Q2_K"])
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
 def test_each_row_is_independent_of_the_batch(type_name, x_dtype):
     n, k, m = 48, 512, 11

@@ -11,7 +11,8 @@
 // so a row's result is the other paths' bit for bit: batch invariance holds across the tiles and
 // the leftover rows. The epilogue, not the tiles, bounds the speed: 1.1-1.4x the avx512vnni loops
 // on 16-512 rows (Q4_1, Q8_0, Q4_K); Q6_K, whose sub-blocks of 16 need two dot products of depth
-// 16 and two stores per 32 values, gains nothing (0.9-1.1x) and stays on the vector loops.
+// 16 and two stores per 32 values, gains nothing (0.9-1.1x) and stays on the vector loops; so
+// does Q2_K, whose sub-blocks are of 16 too.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -163,6 +164,7 @@ void quant_gemm_amx(const QuantGemmArgs& a, const QuantizedRows& x, const PanelR
     case QuantType::kQ4_K: return run_type<QuantType::kQ4_K>(a, x, range);
     case QuantType::kQ5_K: return run_type<QuantType::kQ5_K>(a, x, range);
     case QuantType::kQ6_K: return kernel::panels<Avx512VnniLanes, QuantType::kQ6_K>(a, x, range);
+    case QuantType::kQ2_K: return kernel::panels<Avx512VnniLanes, QuantType::kQ2_K>(a, x, range);
   }
 }
 

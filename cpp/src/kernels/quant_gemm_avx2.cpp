@@ -95,6 +95,13 @@ struct Avx2Lanes {
   static __m256i u8x8(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
   static __m256i i8x8(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
   static F u8(const uint8_t* p) { return {_mm256_cvtepi32_ps(u8x8(p)), _mm256_cvtepi32_ps(u8x8(p + 8))}; }
+  static I u8i(const uint8_t* p) { return {u8x8(p), u8x8(p + 8)}; }
+  static I u8_pairs(const uint8_t* lo, const uint8_t* hi) {  // bytes lo[c], hi[c] interleaved, widened to 16 bits
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lo));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi));
+    return {_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(a, b)), _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(a, b))};
+  }
+  static I madd16(I a, I b) { return {_mm256_madd_epi16(a.lo, b.lo), _mm256_madd_epi16(a.hi, b.hi)}; }
   static I i8(const uint8_t* p) { return {i8x8(p), i8x8(p + 8)}; }
   static F cvt(I v) { return {_mm256_cvtepi32_ps(v.lo), _mm256_cvtepi32_ps(v.hi)}; }
   static F fmadd(F a, F b, F c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }

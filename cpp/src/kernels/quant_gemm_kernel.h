@@ -13,7 +13,10 @@
 //   pair_sums(u, x4), add16, widen16   the lane's two 16-bit pair sums, added, widened to 32 bits
 //   q8_values(p, V), q8_dots(V, xq, xsum)   a Q8_0 block's values made once for all rows
 //                              (16 vectors), then each row's sum of u times xq
-//   f16(p), u8(p), i8(p)       16 fp16 / unsigned bytes / signed bytes -> lanes
+//   f16(p), u8(p), u8i(p), i8(p)   16 fp16 / unsigned bytes (as floats, as integers) / signed
+//                              bytes -> lanes
+//   u8_pairs(lo, hi), madd16   lanes of lo[c] | hi[c] << 16 (two unsigned bytes); per lane the
+//                              sum of its two 16-bit products
 //   cvt, fmadd, fnmadd, mul, set1_f, zero_f, store16(float*, F)
 // Per panel and block of MR rows, for each weight block: the block's unsigned values are built
 // once in registers (nibbles masked, high bits moved in), then for each row the integer dot
@@ -38,6 +41,7 @@ using F = typename Lanes::F;
 constexpr int max_unsigned(QuantType t) {
   if (t == QuantType::kQ8_0) return 255;
   if (t == QuantType::kQ6_K) return 63;
+  if (t == QuantType::kQ2_K) return 3;
   return layout_of(t).h_off >= 0 ? 31 : 15;  // a 5th bit, or 4 bits
 }
 
@@ -91,9 +95,23 @@ inline I<Lanes> dots(const I<Lanes>* V, const int8_t* xq) {
   }
 }
 
+// Lanes with pair sums: the 16-bit pair sums of Count vectors added in 16 bits, not widened (the
+// caller bounds them: Count x 2 x MaxU x 127 below 2^15).
+template <class Lanes, int Count>
+inline I<Lanes> pair_sums_of(const I<Lanes>* V, const int8_t* xq) {
+  I<Lanes> s16{};
+  for (int v = 0; v < Count; ++v) {
+    int32_t x4;
+    std::memcpy(&x4, xq + 4 * v, 4);
+    const I<Lanes> pairs = Lanes::pair_sums(V[v], x4);
+    s16 = v == 0 ? pairs : Lanes::add16(s16, pairs);
+  }
+  return s16;
+}
+
 // Bit `From` of each byte moved to bit `To` (masked to that bit, or to the 2-bit field at To when
-// Width is 2): a 16-bit shift, then a byte mask (no bit crosses into the other byte for the
-// shifts used here, at most 4).
+// Width is 2): a 16-bit shift, then a byte mask (the field lies within its byte before and after
+// the shift, so what the shift carries across bytes is masked off).
 template <class Lanes, int From, int To, int Width>
 inline I<Lanes> move_bits(I<Lanes> h) {
   constexpr int mask = ((1 << Width) - 1) << To;
@@ -158,6 +176,16 @@ inline F<Lanes> q6_epilogue(F<Lanes> acc, I<Lanes> Sa, I<Lanes> Sb, I<Lanes> sc_
   const I<Lanes> tb = Lanes::sub(Sb, Lanes::set1_i(32 * sum16[1]));
   const I<Lanes> T6 = Lanes::add(Lanes::mullo(sc_a, ta), Lanes::mullo(sc_b, tb));
   return Lanes::fmadd(Lanes::cvt(T6), Lanes::mul(d, Lanes::set1_f(x.row_d(row)[a])), acc);
+}
+
+// Q2_K over activation block a, from its integers T = sc_a S_a + sc_b S_b and M = mn_a Sx_a +
+// mn_b Sx_b (sub-blocks a, b of 16).
+template <class Lanes>
+inline F<Lanes> q2_epilogue(F<Lanes> acc, I<Lanes> T, I<Lanes> M, F<Lanes> d, F<Lanes> dmin, const QuantizedRows& x,
+                            int64_t row, int64_t a) {
+  const F<Lanes> dx = Lanes::set1_f(x.row_d(row)[a]);
+  acc = Lanes::fmadd(Lanes::cvt(T), Lanes::mul(d, dx), acc);
+  return Lanes::fnmadd(Lanes::cvt(M), Lanes::mul(dmin, dx), acc);
 }
 
 template <class Lanes, QuantType T, int MR>
@@ -271,6 +299,61 @@ void store_rows(const QuantGemmArgs& a, const F<Lanes>* acc, int64_t r0, int row
   }
 }
 
+// Quarter J (values 32 J .. 32 J + 31, activation block a) of a Q2_K run whose 8 vectors are
+// `raw`: its 2-bit values (bits 2J of each byte) pair V[g] with activation values 4g .. 4g + 3;
+// the two sub-blocks' scale bytes (sc | mn << 4) at s_bytes and s_bytes + 16. M is one 16-bit
+// multiply-add per lane: (mn_a, mn_b) by the row's (Sx_a, Sx_b), each below 2^15. T: with 16-bit
+// pair sums (AVX2), each sub-block's pair sums (at most 4 x 2 x 3 x 127) multiplied by its scale
+// in both halves of the lane and added in the same multiply-add; with 32-bit dot products, two
+// 32-bit multiplies. The same integers either way.
+template <class Lanes, int J, int MR>
+inline void q2_quarter(const I<Lanes>* raw, const uint8_t* s_bytes, F<Lanes> d, F<Lanes> dmin,
+                       const QuantizedRows& x, int64_t r0, int64_t a, F<Lanes>* acc) {
+  I<Lanes> V[8];
+  for (int g = 0; g < 8; ++g) V[g] = move_bits<Lanes, 2 * J, 0, 2>(raw[g]);
+  const uint8_t *bytes_a = s_bytes, *bytes_b = s_bytes + 16;
+  const I<Lanes> mn_ab = Lanes::template shift16<-4>(Lanes::u8_pairs(bytes_a, bytes_b));
+  I<Lanes> sc_a, sc_b;  // pair sums: the scale in both 16-bit halves; dot products: in 32 bits
+  if constexpr (HasPairSums<Lanes>::value) {
+    sc_a = Lanes::and_bytes(Lanes::u8_pairs(bytes_a, bytes_a), 0x0F);
+    sc_b = Lanes::and_bytes(Lanes::u8_pairs(bytes_b, bytes_b), 0x0F);
+  } else {
+    sc_a = Lanes::and_bytes(Lanes::u8i(bytes_a), 0x0F);
+    sc_b = Lanes::and_bytes(Lanes::u8i(bytes_b), 0x0F);
+  }
+  for (int r = 0; r < MR; ++r) {
+    const int8_t* xq = x.row_q(r0 + r) + 32 * a;
+    const int32_t* sum16 = x.row_sum16(r0 + r) + 2 * a;
+    const I<Lanes> M = Lanes::madd16(mn_ab, Lanes::set1_i(static_cast<int32_t>(
+                                                 static_cast<uint32_t>(static_cast<uint16_t>(sum16[0])) |
+                                                 (static_cast<uint32_t>(static_cast<uint16_t>(sum16[1])) << 16))));
+    I<Lanes> T;
+    if constexpr (HasPairSums<Lanes>::value) {
+      T = Lanes::add(Lanes::madd16(pair_sums_of<Lanes, 4>(V, xq), sc_a),
+                     Lanes::madd16(pair_sums_of<Lanes, 4>(V + 4, xq + 16), sc_b));
+    } else {
+      T = Lanes::add(Lanes::mullo(sc_a, dots<Lanes, 4, 3>(V, xq)), Lanes::mullo(sc_b, dots<Lanes, 4, 3>(V + 4, xq + 16)));
+    }
+    acc[r] = q2_epilogue<Lanes>(acc[r], T, M, d, dmin, x, r0 + r, a);
+  }
+}
+
+template <class Lanes, int MR>
+inline void q2_block(const uint8_t* pb, const QuantizedRows& x, int64_t r0, int64_t b, F<Lanes>* acc) {
+  constexpr Layout L = layout_of(QuantType::kQ2_K);
+  const F<Lanes> d = Lanes::f16(pb + L.d_off), dmin = Lanes::f16(pb + L.m_off);
+  for (int t = 0; t < 2; ++t) {
+    I<Lanes> raw[8];
+    for (int g = 0; g < 8; ++g) raw[g] = Lanes::load(pb + L.q_off + 512 * t + 64 * g);
+    const uint8_t* s_bytes = pb + L.sc_off + 16 * 8 * t;  // sub-blocks 8t .. 8t + 7
+    const int64_t a = 8 * b + 4 * t;
+    q2_quarter<Lanes, 0, MR>(raw, s_bytes, d, dmin, x, r0, a, acc);
+    q2_quarter<Lanes, 1, MR>(raw, s_bytes + 32, d, dmin, x, r0, a + 1, acc);
+    q2_quarter<Lanes, 2, MR>(raw, s_bytes + 64, d, dmin, x, r0, a + 2, acc);
+    q2_quarter<Lanes, 3, MR>(raw, s_bytes + 96, d, dmin, x, r0, a + 3, acc);
+  }
+}
+
 // Rows [r0, r0 + MR) x panel p; the thread's next panel fetched meanwhile (next_panel.h).
 template <class Lanes, QuantType T, int MR>
 void panel_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int64_t p, NextPanel& next) {
@@ -283,6 +366,8 @@ void panel_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int6
     next.step();
     if constexpr (L.block == 32) {
       legacy_block<Lanes, T, MR>(panel + b * L.bytes, x, r0, b, acc);
+    } else if constexpr (T == QuantType::kQ2_K) {
+      q2_block<Lanes, MR>(panel + b * L.bytes, x, r0, b, acc);
     } else {
       k_block<Lanes, T, MR>(panel + b * L.bytes, x, r0, b, acc);
     }
@@ -322,6 +407,7 @@ void run(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range
     case QuantType::kQ5_0: return panels<Lanes, QuantType::kQ5_0>(a, x, range);
     case QuantType::kQ5_1: return panels<Lanes, QuantType::kQ5_1>(a, x, range);
     case QuantType::kQ8_0: return panels<Lanes, QuantType::kQ8_0>(a, x, range);
+    case QuantType::kQ2_K: return panels<Lanes, QuantType::kQ2_K>(a, x, range);
     case QuantType::kQ4_K: return panels<Lanes, QuantType::kQ4_K>(a, x, range);
     case QuantType::kQ5_K: return panels<Lanes, QuantType::kQ5_K>(a, x, range);
     case QuantType::kQ6_K: return panels<Lanes, QuantType::kQ6_K>(a, x, range);

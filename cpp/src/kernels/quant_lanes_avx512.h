@@ -45,6 +45,13 @@ struct Avx512VnniLanes {
   static F u8(const uint8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
+  static I u8_pairs(const uint8_t* lo, const uint8_t* hi) {  // bytes lo[c], hi[c] interleaved, widened to 16 bits
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(lo));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hi));
+    return _mm512_cvtepu8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
+  }
+  static I madd16(I a, I b) { return _mm512_madd_epi16(a, b); }
+  static I u8i(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static I i8(const uint8_t* p) { return _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
   static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
