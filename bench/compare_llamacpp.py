@@ -104,12 +104,14 @@ def bf16_model() -> Path:
     return out
 
 
-def quantized_model(bin_dir: Path, quant: str) -> Path:
-    """The BF16 export quantized to `quant` by llama-quantize (cached)."""
-    out = CACHE / f"SmolLM2-135M-Instruct.{quant}.gguf"
+def quantized_model(bin_dir: Path, quant: str, pure: bool = False) -> Path:
+    """The BF16 export quantized to `quant` by llama-quantize (cached); `pure`: its --pure, every
+    tensor in that type where the rows allow (no mixture)."""
+    out = CACHE / f"SmolLM2-135M-Instruct.{quant}{'-pure' if pure else ''}.gguf"
     if not out.exists():
         tmp = out.with_suffix(".tmp")
-        run([str(bin_dir / "llama-quantize"), str(bf16_model()), str(tmp), quant], stdout=subprocess.DEVNULL)
+        run([str(bin_dir / "llama-quantize"), *(["--pure"] if pure else []), str(bf16_model()), str(tmp), quant],
+            stdout=subprocess.DEVNULL)
         tmp.rename(out)
     return out
 
@@ -174,6 +176,8 @@ def main() -> None:
     p.add_argument("--skip-single-stream", action="store_true")
     p.add_argument("--quant", help="run both engines on the model quantized to this llama-quantize type "
                                    "(Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K_M, Q5_K_M, Q6_K, ...)")
+    p.add_argument("--pure", action="store_true", help="with --quant: llama-quantize --pure, no mixture of types "
+                                                      "(Q2_K: this model's plain Q2_K mixture holds no Q2_K tensor)")
     p.add_argument("--gguf", type=Path, help="run both engines on this GGUF file (instead of the default "
                                              "model, or --quant's quantization of it)")
     p.add_argument("--json", help="write all results here")
@@ -182,10 +186,12 @@ def main() -> None:
 
     if args.gguf is not None and args.quant:
         p.error("give --gguf or --quant, not both")
+    if args.pure and not args.quant:
+        p.error("--pure goes with --quant")
     if args.gguf is not None and not args.gguf.is_file():
         p.error(f"--gguf {args.gguf}: not a file")
     bin_dir = build_llamacpp()
-    model = args.gguf or (quantized_model(bin_dir, args.quant) if args.quant else bf16_model())
+    model = args.gguf or (quantized_model(bin_dir, args.quant, args.pure) if args.quant else bf16_model())
     report: dict = {"threads": args.threads, "model": str(model), "file_bytes": model.stat().st_size}
     if not args.skip_single_stream:
         report["corellm_single"], report["llamacpp_single"], report["single_rounds"] = single_stream(
