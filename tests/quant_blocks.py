@@ -9,12 +9,9 @@ import numpy as np
 from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
-# The types quant_gemm computes on, and (FILE_TYPES) those a file may hold that corellm keeps
-# quantized: Q3_K too, widened exactly into Q6_K (STORED_AS; python/corellm/model/gguf_widening.py).
-ALL_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q4_K", "Q5_K", "Q6_K"]
-K_TYPES = {"Q2_K", "Q4_K", "Q5_K", "Q6_K"}
-FILE_TYPES = ALL_TYPES + ["Q3_K"]
-STORED_AS = {"Q3_K": "Q6_K"}
+# The types quant_gemm computes on.
+ALL_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+K_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
 
 
 _TINY = 2.0**-14  # fp16's smallest normal: a scale that survives the fp16 rounding
@@ -125,7 +122,7 @@ def quantize(x: np.ndarray, type_name: str) -> np.ndarray:
     """x [n, k] float -> the file's blocks [n, row bytes] uint8."""
     t = getattr(T, type_name)
     x = np.ascontiguousarray(x, dtype=np.float32)
-    if type_name not in K_TYPES | {"Q3_K"}:
+    if type_name not in K_TYPES:
         return quants.quantize(x, t)
     n, k = x.shape
     flat = x.reshape(-1, 256)

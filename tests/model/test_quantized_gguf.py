@@ -1,5 +1,5 @@
 """A tiny Llama written to GGUF in each quantized type (every matrix, the embedding too) and run
-as it is (quantization "gguf"; Q3_K widened exactly into Q6_K), against transformers (fp32) running the file's dequantized
+as it is (quantization "gguf"), against transformers (fp32) running the file's dequantized
 weights — what transformers' own GGUF loading computes. Activations are quantized to int8 per
 32 values, so logits move slightly; measured here, the worst logit differs by under 2% of the
 largest (fp32 activations), and the greedy tokens agree wherever transformers' top-2 margin is
@@ -26,7 +26,7 @@ SHAPE = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_at
 PROMPT = [int(t) for t in np.random.default_rng(0).integers(3, 384, size=48)]
 
 
-@pytest.fixture(scope="module", params=quant_blocks.FILE_TYPES)
+@pytest.fixture(scope="module", params=quant_blocks.ALL_TYPES)
 def quantized_pair(request, tmp_path_factory):
     """(type name, corellm's loaded model, transformers' model on the dequantized weights)."""
     tmp = tmp_path_factory.mktemp(request.param)
@@ -55,9 +55,8 @@ def test_logits_near_transformers_on_the_dequantized_weights(quantized_pair, dty
     type_name, path, hf = quantized_pair
     ours = load_model(str(path), dtype=dtype, progress=False, use_cache=False)
     assert ours.quantization == "gguf"
-    stored = quant_blocks.STORED_AS.get(type_name, type_name)  # Q3_K: widened exactly into Q6_K
-    assert {q.type_name for layer in ours.model.layers for _, q in layer.attn.qkv_proj.quantized} == {stored}
-    assert ours.model.embed.quantized.type_name == stored
+    assert {q.type_name for layer in ours.model.layers for _, q in layer.attn.qkv_proj.quantized} == {type_name}
+    assert ours.model.embed.quantized.type_name == type_name
     got = PagedRunner(ours.model, 64, 1).step([PROMPT])[0]
     want = reference(hf, PROMPT)
     rel = (got - want).abs().max() / want.abs().max()
@@ -89,21 +88,3 @@ def test_native_stack_gives_the_per_op_bits(quantized_pair):
     op, native = PagedRunner(ours.model, 64, 1), PagedRunner(ours.model, 64, 1, native=True)
     for chunk in chunks:
         assert torch.equal(native.step([chunk]), op.step([chunk]))
-
-
-def test_q3_k_widened_into_q6_k_is_the_same_weights():
-    """Q3_K blocks, arbitrary bits (any scale, any value; d finite), re-encoded as Q6_K: the `gguf`
-    package's dequantization of the two is the same float, value for value."""
-    from gguf import quants
-    from gguf.constants import GGMLQuantizationType as T
-
-    from corellm.model.gguf_widening import widen_q3_k
-
-    rng = np.random.default_rng(3)
-    rows = rng.integers(0, 256, size=(9, 4 * 110), dtype=np.uint8)
-    rows.reshape(9, 4, 110)[:, :, 108:] = rng.uniform(-3, 3, (9, 4)).astype(np.float16).view(np.uint8).reshape(9, 4, 2)
-    widened = widen_q3_k(rows)
-    assert widened.shape == (9, 4 * 210)
-    assert np.array_equal(quants.dequantize(widened, T.Q6_K), quants.dequantize(rows, T.Q3_K))
-    with pytest.raises(ValueError, match="multiple of 110"):
-        widen_q3_k(rows[:, :100])

@@ -73,17 +73,24 @@ def test_paths_agree_and_are_within_the_activation_bound(type_name):
     assert (err <= bound).all(), f"worst error {err.max():.3g}, bound there {bound.flat[err.argmax()]:.3g}"
 
 
-def test_q2_k_on_arbitrary_bits():
-    """Q2_K blocks of random bytes (every scale and min nibble, every 2-bit value; d and dmin
-    finite): packing keeps the values the `gguf` package dequantizes, and every path is the
-    reference's bits, within the activation bound."""
-    n, k, m = 33, 512, 19
+# Where each K type with 16-value sub-blocks keeps its fp16 scales in a block's bytes.
+SCALE_BYTES = {"Q2_K": (84, [80, 82]), "Q3_K": (110, [108])}
+
+
+@pytest.mark.parametrize("type_name", sorted(SCALE_BYTES))
+def test_16_value_sub_blocks_on_arbitrary_bits(type_name):
+    """Blocks of random bytes (every scale, min and value bit pattern; the fp16 scales finite):
+    packing keeps the values the `gguf` package dequantizes, and every path is the reference's
+    bits, within the activation bound."""
+    (size, scales), (n, k, m) = SCALE_BYTES[type_name], (33, 512, 19)
     rng = np.random.default_rng(11)
-    blocks = rng.integers(0, 256, size=(n, k // 256, 84), dtype=np.uint8)
-    blocks[:, :, 80:] = rng.uniform(-0.01, 0.01, (n, k // 256, 2)).astype(np.float16).view(np.uint8).reshape(n, k // 256, 4)
+    blocks = rng.integers(0, 256, size=(n, k // 256, size), dtype=np.uint8)
+    for at in scales:
+        blocks[:, :, at : at + 2] = rng.uniform(-0.01, 0.01, (n, k // 256)).astype(np.float16).view(np.uint8).reshape(
+            n, k // 256, 2)
     blocks = blocks.reshape(n, -1)
-    q = QuantizedTensor.pack(ggml_type("Q2_K"), blocks, (n, k))
-    w = dequantize(blocks, "Q2_K")
+    q = QuantizedTensor.pack(ggml_type(type_name), blocks, (n, k))
+    w = dequantize(blocks, type_name)
     np.testing.assert_allclose(q.dequantize(torch.float32).numpy(), w, rtol=1e-6, atol=1e-7)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(12))
     got = {path: gemm(q, x, path=path) for path in PATHS}
@@ -93,7 +100,7 @@ def test_q2_k_on_arbitrary_bits():
     assert (err <= activation_bound(x.numpy(), w)).all()
 
 
-@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0", "Q6_K", "Q5_K", "Q2_K"])
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0", "Q6_K", "Q5_K", "Q2_K", "Q3_K"])
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
 def test_each_row_is_independent_of_the_batch(type_name, x_dtype):
     n, k, m = 48, 512, 11

@@ -10,6 +10,7 @@
 //   Q5_1  d 32 | m 32 | nibbles 256 | 5th bits 64              384
 //   Q8_0  d 32 | values 512                                    544
 //   Q2_K  d 32 | dmin 32 | sc|mn 256 | 2-bit values 1024                   1344
+//   Q3_K  d 32 | sc 256 | 2-bit values 1024 | 3rd bits 512                  1824
 //   Q4_K  d 32 | dmin 32 | sc 128 | mn 128 | nibbles 2048      2368
 //   Q5_K  d 32 | dmin 32 | sc 128 | mn 128 | nibbles 2048 | 5th bits 512   2880
 //   Q6_K  d 32 | sc 256 | nibbles 2048 | 2-bit highs 1024      3360
@@ -20,7 +21,9 @@
 // high bits: four vectors per run, vector g / 2, byte 4c + i, bits 4 (g % 2) (low half's value)
 // and 4 (g % 2) + 2 (high half's). Q8_0: vector g, byte 4c + i, value 4g + i. Q2_K: runs of 128
 // values, 8 vectors each; vector g, byte 4c + i, bits 2j (j = 0..3): value 32j + 4g + i of the
-// run; its scale bytes as the file's (scale in the low nibble, min in the high one).
+// run; its scale bytes as the file's (scale in the low nibble, min in the high one). Q3_K: its two
+// low bits as Q2_K's; the 3rd bits four vectors per run, vector j, byte 4c + i, bit g (value
+// 32j + 4g + i of the run); its 6-bit scales decoded to int8 (s - 32).
 #pragma once
 
 #include <cstdint>
@@ -32,20 +35,20 @@ namespace corellm::quant {
 
 // One row's block, decoded: the unsigned integer values and the scale bits.
 struct QuantBlock {
-  uint8_t u[256];      // Q2_K: 0..3, Q4: 0..15, Q5: 0..31, Q6_K: 0..63, Q8_0: q + 128
+  uint8_t u[256];      // Q2_K: 0..3, Q3_K: 0..7, Q4: 0..15, Q5: 0..31, Q6_K: 0..63, Q8_0: q + 128
   uint16_t d = 0;      // fp16 scale
   uint16_t m = 0;      // fp16: the min (Q4_1, Q5_1) or dmin (Q2_K, Q4_K, Q5_K)
-  uint8_t sc[16] = {};  // Q4_K, Q5_K: 6-bit scale per 32 values; Q6_K: int8 scale per 16 values;
-                        // Q2_K: 4-bit scale per 16 values
+  uint8_t sc[16] = {};  // Q4_K, Q5_K: 6-bit scale per 32 values; Q6_K, Q3_K: int8 scale per 16
+                        // values; Q2_K: 4-bit scale per 16 values
   uint8_t mn[16] = {};  // Q4_K, Q5_K: 6-bit min per 32 values; Q2_K: 4-bit min per 16 values
 };
 
 struct Layout {
   int block;      // values per block
   int run;        // values per nibble run (32 or 64); 0: 8-bit values (Q8_0)
-  int offset;     // the integer to subtract: w = d (u - offset) for Q4_0, Q5_0, Q8_0, Q6_K
+  int offset;     // the integer to subtract: w = d (u - offset) for Q4_0, Q5_0, Q8_0, Q3_K, Q6_K
   bool has_min;   // Q4_1, Q5_1, Q4_K, Q5_K: the m / dmin scale
-  bool k_scales;  // Q4_K, Q5_K: sc and mn per 32 values; Q6_K: sc per 16; Q2_K: sc | mn << 4 per 16
+  bool k_scales;  // Q4_K, Q5_K: sc and mn per 32 values; Q3_K, Q6_K: sc per 16; Q2_K: sc | mn << 4 per 16
   int d_off, m_off, sc_off, mn_off, q_off, h_off;  // byte offsets in a panel-block (-1: none)
   int bytes;      // a panel-block's bytes
 };
@@ -58,6 +61,7 @@ constexpr Layout layout_of(QuantType t) {
     case QuantType::kQ5_1: return {32, 32, 0, true, false, 0, 32, -1, -1, 64, 320, 384};
     case QuantType::kQ8_0: return {32, 0, 128, false, false, 0, -1, -1, -1, 32, -1, 544};
     case QuantType::kQ2_K: return {256, 128, 0, true, true, 0, 32, 64, -1, 320, -1, 1344};
+    case QuantType::kQ3_K: return {256, 128, 4, false, true, 0, -1, 32, -1, 288, 1312, 1824};
     case QuantType::kQ4_K: return {256, 64, 0, true, true, 0, 32, 64, 192, 320, -1, 2368};
     case QuantType::kQ5_K: return {256, 64, 0, true, true, 0, 32, 64, 192, 320, 2368, 2880};
     case QuantType::kQ6_K: return {256, 64, 32, false, true, 0, -1, 32, -1, 288, 2336, 3360};
@@ -154,6 +158,20 @@ inline void decode_file_block(QuantType t, const uint8_t* b, QuantBlock* out) {
           for (int l = 0; l < 32; ++l) out->u[128 * h + 32 * j + l] = (qs[32 * h + l] >> (2 * j)) & 3;
       return;
     }
+    case QuantType::kQ3_K: {  // hmask[32] | qs[64] | scales[12] | d
+      const uint8_t *hmask = b, *qs = b + 32, *scales = b + 96;
+      out->d = load_u16(b + 108);
+      for (int s = 0; s < 16; ++s) {  // low nibble: byte s % 8, nibble s / 8; high 2 bits: byte 8 + s % 4, bits 2 (s / 4)
+        const int low = (scales[s % 8] >> (4 * (s / 8))) & 0xF, high = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
+        out->sc[s] = static_cast<uint8_t>(static_cast<int8_t>((low | (high << 4)) - 32));
+      }
+      for (int h = 0; h < 2; ++h)  // value 128 h + 32 j + l: bits 2j of qs[32 h + l], bit 4h + j of hmask[l]
+        for (int j = 0; j < 4; ++j)
+          for (int l = 0; l < 32; ++l)
+            out->u[128 * h + 32 * j + l] =
+                static_cast<uint8_t>(((qs[32 * h + l] >> (2 * j)) & 3) | (((hmask[l] >> (4 * h + j)) & 1) << 2));
+      return;
+    }
     case QuantType::kQ6_K: {
       const uint8_t *ql = b, *qh = b + 128, *scales = b + 192;
       out->d = load_u16(b + 208);
@@ -217,24 +235,38 @@ inline bool has_high_bits(QuantType t) {
   return t == QuantType::kQ5_0 || t == QuantType::kQ5_1 || t == QuantType::kQ5_K || t == QuantType::kQ6_K;
 }
 
-// Q2_K: the byte and bit shift of value e of row c's block in a panel-block.
-inline void q2_place(const Layout& L, int c, int e, int* byte, int* shift) {
+// Q2_K, Q3_K: the byte and bit shift of value e's two low bits (row c of a panel-block), and of
+// Q3_K's 3rd bit.
+inline void low2_place(const Layout& L, int c, int e, int* byte, int* shift) {
   const int run = e / 128, w = e % 128, j = w / 32, g = (w % 32) / 4, i = w % 4;
   *byte = L.q_off + 512 * run + 64 * g + 4 * c + i;
   *shift = 2 * j;
 }
+inline void third_bit_place(const Layout& L, int c, int e, int* byte, int* shift) {
+  const int run = e / 128, w = e % 128, j = w / 32, g = (w % 32) / 4, i = w % 4;
+  *byte = L.h_off + 256 * run + 64 * j + 4 * c + i;
+  *shift = g;
+}
+
+inline bool has_low2_plane(QuantType t) { return t == QuantType::kQ2_K || t == QuantType::kQ3_K; }
 
 // Writes row c's block into the panel-block pb (zeroed beforehand).
 inline void encode_panel_block(QuantType t, const QuantBlock& q, int c, uint8_t* pb) {
   const Layout L = layout_of(t);
-  if (t == QuantType::kQ2_K) {
+  if (has_low2_plane(t)) {
     std::memcpy(pb + L.d_off + 2 * c, &q.d, 2);
-    std::memcpy(pb + L.m_off + 2 * c, &q.m, 2);
-    for (int s = 0; s < 16; ++s) pb[L.sc_off + 16 * s + c] = static_cast<uint8_t>(q.sc[s] | (q.mn[s] << 4));
+    if (L.m_off >= 0) std::memcpy(pb + L.m_off + 2 * c, &q.m, 2);
+    for (int s = 0; s < 16; ++s) {
+      pb[L.sc_off + 16 * s + c] = t == QuantType::kQ2_K ? static_cast<uint8_t>(q.sc[s] | (q.mn[s] << 4)) : q.sc[s];
+    }
     for (int e = 0; e < L.block; ++e) {
       int byte, shift;
-      q2_place(L, c, e, &byte, &shift);
-      pb[byte] = static_cast<uint8_t>(pb[byte] | (q.u[e] << shift));
+      low2_place(L, c, e, &byte, &shift);
+      pb[byte] = static_cast<uint8_t>(pb[byte] | ((q.u[e] & 3) << shift));
+      if (t == QuantType::kQ3_K) {
+        third_bit_place(L, c, e, &byte, &shift);
+        pb[byte] = static_cast<uint8_t>(pb[byte] | ((q.u[e] >> 2) << shift));
+      }
     }
     return;
   }
@@ -269,15 +301,21 @@ inline void decode_panel_block(QuantType t, const uint8_t* pb, int c, QuantBlock
   const Layout L = layout_of(t);
   q->d = load_u16(pb + L.d_off + 2 * c);
   q->m = L.m_off >= 0 ? load_u16(pb + L.m_off + 2 * c) : 0;
-  if (t == QuantType::kQ2_K) {
+  if (has_low2_plane(t)) {
     for (int s = 0; s < 16; ++s) {
-      q->sc[s] = pb[L.sc_off + 16 * s + c] & 0xF;
-      q->mn[s] = pb[L.sc_off + 16 * s + c] >> 4;
+      const uint8_t v = pb[L.sc_off + 16 * s + c];
+      q->sc[s] = t == QuantType::kQ2_K ? v & 0xF : v;
+      q->mn[s] = t == QuantType::kQ2_K ? v >> 4 : 0;
     }
     for (int e = 0; e < L.block; ++e) {
       int byte, shift;
-      q2_place(L, c, e, &byte, &shift);
-      q->u[e] = (pb[byte] >> shift) & 3;
+      low2_place(L, c, e, &byte, &shift);
+      int u = (pb[byte] >> shift) & 3;
+      if (t == QuantType::kQ3_K) {
+        third_bit_place(L, c, e, &byte, &shift);
+        u |= ((pb[byte] >> shift) & 1) << 2;
+      }
+      q->u[e] = static_cast<uint8_t>(u);
     }
     return;
   }

@@ -26,7 +26,8 @@ namespace {
 
 constexpr QuantType kAllTypes[] = {QuantType::kQ4_0, QuantType::kQ4_1, QuantType::kQ5_0,
                                    QuantType::kQ5_1, QuantType::kQ8_0, QuantType::kQ2_K,
-                                   QuantType::kQ4_K, QuantType::kQ5_K, QuantType::kQ6_K};
+                                   QuantType::kQ3_K, QuantType::kQ4_K, QuantType::kQ5_K,
+                                   QuantType::kQ6_K};
 
 inline float fp16(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -48,8 +49,8 @@ void dequantize_block(QuantType t, const QuantBlock& q, float* out) {
       out[e] = d * static_cast<float>(q.sc[e / 16]) * static_cast<float>(u) - m * static_cast<float>(q.mn[e / 16]);
     } else if (t == QuantType::kQ4_K || t == QuantType::kQ5_K) {
       out[e] = d * static_cast<float>(q.sc[e / 32]) * static_cast<float>(u) - m * static_cast<float>(q.mn[e / 32]);
-    } else if (t == QuantType::kQ6_K) {
-      out[e] = d * static_cast<float>(static_cast<int8_t>(q.sc[e / 16])) * static_cast<float>(u - 32);
+    } else if (t == QuantType::kQ6_K || t == QuantType::kQ3_K) {
+      out[e] = d * static_cast<float>(static_cast<int8_t>(q.sc[e / 16])) * static_cast<float>(u - L.offset);
     } else if (L.has_min) {
       out[e] = d * static_cast<float>(u) + m;
     } else {
@@ -86,9 +87,9 @@ float block_dot(QuantType t, const QuantBlock& w, const quant::QuantizedRows& x,
       const int32_t M = w.mn[2 * j] * sum16[2 * a] + w.mn[2 * j + 1] * sum16[2 * a + 1];
       acc = std::fma(static_cast<float>(T), d * xd[a], acc);
       acc = std::fma(-static_cast<float>(M), m * xd[a], acc);
-    } else if (t == QuantType::kQ6_K) {
-      const int32_t sa = static_cast<int8_t>(w.sc[2 * j]), sb = static_cast<int8_t>(w.sc[2 * j + 1]);
-      const int32_t T = sa * (dot(32 * j, 16) - 32 * sum16[2 * a]) + sb * (dot(32 * j + 16, 16) - 32 * sum16[2 * a + 1]);
+    } else if (t == QuantType::kQ6_K || t == QuantType::kQ3_K) {
+      const int32_t sa = static_cast<int8_t>(w.sc[2 * j]), sb = static_cast<int8_t>(w.sc[2 * j + 1]), o = L.offset;
+      const int32_t T = sa * (dot(32 * j, 16) - o * sum16[2 * a]) + sb * (dot(32 * j + 16, 16) - o * sum16[2 * a + 1]);
       acc = std::fma(static_cast<float>(T), d * xd[a], acc);
     } else {
       acc = std::fma(static_cast<float>(dot(32 * j, 32)), d * static_cast<float>(w.sc[j]) * xd[a], acc);
@@ -122,7 +123,7 @@ bool quant_type_supported(int32_t ggml_type) {
 
 QuantType quant_type_of(int32_t ggml_type) {
   CORELLM_CHECK_ARG(quant_type_supported(ggml_type), "ggml type ", ggml_type,
-                    " has no quantized kernel (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q4_K, Q5_K, Q6_K do)");
+                    " has no quantized kernel (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K do)");
   return static_cast<QuantType>(ggml_type);
 }
 
@@ -134,6 +135,7 @@ const char* quant_type_name(QuantType type) {
     case QuantType::kQ5_1: return "Q5_1";
     case QuantType::kQ8_0: return "Q8_0";
     case QuantType::kQ2_K: return "Q2_K";
+    case QuantType::kQ3_K: return "Q3_K";
     case QuantType::kQ4_K: return "Q4_K";
     case QuantType::kQ5_K: return "Q5_K";
     case QuantType::kQ6_K: return "Q6_K";
@@ -151,6 +153,7 @@ int64_t quant_block_bytes(QuantType type) {
     case QuantType::kQ5_1: return 24;
     case QuantType::kQ8_0: return 34;
     case QuantType::kQ2_K: return 84;
+    case QuantType::kQ3_K: return 110;
     case QuantType::kQ4_K: return 144;
     case QuantType::kQ5_K: return 176;
     case QuantType::kQ6_K: return 210;

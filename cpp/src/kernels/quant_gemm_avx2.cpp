@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstring>
 #include <type_traits>
+#include <utility>
 
 #include "quant_formats.h"
 #include "quant_gemm_paths.h"

@@ -42,6 +42,7 @@ constexpr int max_unsigned(QuantType t) {
   if (t == QuantType::kQ8_0) return 255;
   if (t == QuantType::kQ6_K) return 63;
   if (t == QuantType::kQ2_K) return 3;
+  if (t == QuantType::kQ3_K) return 7;
   return layout_of(t).h_off >= 0 ? 31 : 15;  // a 5th bit, or 4 bits
 }
 
@@ -167,15 +168,16 @@ inline F<Lanes> k_epilogue(F<Lanes> acc, I<Lanes> S, F<Lanes> scale, F<Lanes> mi
   return Lanes::fnmadd(mins, Lanes::set1_f(x.row_s(row)[a]), acc);
 }
 
-// Q6_K over activation block a: its two sub-blocks of 16 (sums Sa, Sb; int8 scales sc_a, sc_b).
-template <class Lanes>
-inline F<Lanes> q6_epilogue(F<Lanes> acc, I<Lanes> Sa, I<Lanes> Sb, I<Lanes> sc_a, I<Lanes> sc_b, F<Lanes> d,
-                            const QuantizedRows& x, int64_t row, int64_t a) {
+// Q6_K (Offset 32) or Q3_K (Offset 4) over activation block a: its two sub-blocks of 16 (sums Sa,
+// Sb; int8 scales sc_a, sc_b).
+template <class Lanes, int Offset>
+inline F<Lanes> signed16_epilogue(F<Lanes> acc, I<Lanes> Sa, I<Lanes> Sb, I<Lanes> sc_a, I<Lanes> sc_b, F<Lanes> d,
+                                  const QuantizedRows& x, int64_t row, int64_t a) {
   const int32_t* sum16 = x.row_sum16(row) + 2 * a;
-  const I<Lanes> ta = Lanes::sub(Sa, Lanes::set1_i(32 * sum16[0]));
-  const I<Lanes> tb = Lanes::sub(Sb, Lanes::set1_i(32 * sum16[1]));
-  const I<Lanes> T6 = Lanes::add(Lanes::mullo(sc_a, ta), Lanes::mullo(sc_b, tb));
-  return Lanes::fmadd(Lanes::cvt(T6), Lanes::mul(d, Lanes::set1_f(x.row_d(row)[a])), acc);
+  const I<Lanes> ta = Lanes::sub(Sa, Lanes::set1_i(Offset * sum16[0]));
+  const I<Lanes> tb = Lanes::sub(Sb, Lanes::set1_i(Offset * sum16[1]));
+  const I<Lanes> T = Lanes::add(Lanes::mullo(sc_a, ta), Lanes::mullo(sc_b, tb));
+  return Lanes::fmadd(Lanes::cvt(T), Lanes::mul(d, Lanes::set1_f(x.row_d(row)[a])), acc);
 }
 
 // Q2_K over activation block a, from its integers T = sc_a S_a + sc_b S_b and M = mn_a Sx_a +
@@ -255,7 +257,7 @@ inline void k_block(const uint8_t* pb, const QuantizedRows& x, int64_t r0, int64
         for (int h = 0; h < 2; ++h) {  // activation block 8b + 2t + h
           const int64_t a = 8 * b + 2 * t + h;
           const int8_t* xq = x.row_q(r0 + r) + 32 * a;
-          acc[r] = q6_epilogue<Lanes>(acc[r], dots<Lanes, 4, 63>(V + 8 * h, xq), dots<Lanes, 4, 63>(V + 8 * h + 4, xq + 16),
+          acc[r] = signed16_epilogue<Lanes, 32>(acc[r], dots<Lanes, 4, 63>(V + 8 * h, xq), dots<Lanes, 4, 63>(V + 8 * h + 4, xq + 16),
                                       sc[2 * h], sc[2 * h + 1], d, x, r0 + r, a);
         }
       }
@@ -354,6 +356,44 @@ inline void q2_block(const uint8_t* pb, const QuantizedRows& x, int64_t r0, int6
   }
 }
 
+// Q3_K's values of quarter J: the two low bits as Q2_K's, the 3rd bit of V[g] at bit g of `third`.
+template <class Lanes, int J, int... G>
+inline void q3_values(const I<Lanes>* raw, I<Lanes> third, I<Lanes>* V, std::integer_sequence<int, G...>) {
+  ((V[G] = Lanes::or_(move_bits<Lanes, 2 * J, 0, 2>(raw[G]), move_bits<Lanes, G, 2, 1>(third))), ...);
+}
+
+// Quarter J (activation block a) of a Q3_K run: its 8 vectors of 3-bit values, then per row the
+// two sub-blocks' sums with Q6_K's epilogue (offset 4).
+template <class Lanes, int J, int MR>
+inline void q3_quarter(const I<Lanes>* raw, const uint8_t* third, const uint8_t* s_bytes, F<Lanes> d,
+                       const QuantizedRows& x, int64_t r0, int64_t a, F<Lanes>* acc) {
+  I<Lanes> V[8];
+  q3_values<Lanes, J>(raw, Lanes::load(third), V, std::make_integer_sequence<int, 8>{});
+  const I<Lanes> sc_a = Lanes::i8(s_bytes), sc_b = Lanes::i8(s_bytes + 16);
+  for (int r = 0; r < MR; ++r) {
+    const int8_t* xq = x.row_q(r0 + r) + 32 * a;
+    acc[r] = signed16_epilogue<Lanes, 4>(acc[r], dots<Lanes, 4, 7>(V, xq), dots<Lanes, 4, 7>(V + 4, xq + 16), sc_a,
+                                         sc_b, d, x, r0 + r, a);
+  }
+}
+
+template <class Lanes, int MR>
+inline void q3_block(const uint8_t* pb, const QuantizedRows& x, int64_t r0, int64_t b, F<Lanes>* acc) {
+  constexpr Layout L = layout_of(QuantType::kQ3_K);
+  const F<Lanes> d = Lanes::f16(pb + L.d_off);
+  for (int t = 0; t < 2; ++t) {
+    I<Lanes> raw[8];
+    for (int g = 0; g < 8; ++g) raw[g] = Lanes::load(pb + L.q_off + 512 * t + 64 * g);
+    const uint8_t* third = pb + L.h_off + 256 * t;        // vector j: quarter j's 3rd bits
+    const uint8_t* s_bytes = pb + L.sc_off + 16 * 8 * t;  // sub-blocks 8t .. 8t + 7
+    const int64_t a = 8 * b + 4 * t;
+    q3_quarter<Lanes, 0, MR>(raw, third, s_bytes, d, x, r0, a, acc);
+    q3_quarter<Lanes, 1, MR>(raw, third + 64, s_bytes + 32, d, x, r0, a + 1, acc);
+    q3_quarter<Lanes, 2, MR>(raw, third + 128, s_bytes + 64, d, x, r0, a + 2, acc);
+    q3_quarter<Lanes, 3, MR>(raw, third + 192, s_bytes + 96, d, x, r0, a + 3, acc);
+  }
+}
+
 // Rows [r0, r0 + MR) x panel p; the thread's next panel fetched meanwhile (next_panel.h).
 template <class Lanes, QuantType T, int MR>
 void panel_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int64_t p, NextPanel& next) {
@@ -368,6 +408,8 @@ void panel_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int6
       legacy_block<Lanes, T, MR>(panel + b * L.bytes, x, r0, b, acc);
     } else if constexpr (T == QuantType::kQ2_K) {
       q2_block<Lanes, MR>(panel + b * L.bytes, x, r0, b, acc);
+    } else if constexpr (T == QuantType::kQ3_K) {
+      q3_block<Lanes, MR>(panel + b * L.bytes, x, r0, b, acc);
     } else {
       k_block<Lanes, T, MR>(panel + b * L.bytes, x, r0, b, acc);
     }
@@ -408,6 +450,7 @@ void run(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range
     case QuantType::kQ5_1: return panels<Lanes, QuantType::kQ5_1>(a, x, range);
     case QuantType::kQ8_0: return panels<Lanes, QuantType::kQ8_0>(a, x, range);
     case QuantType::kQ2_K: return panels<Lanes, QuantType::kQ2_K>(a, x, range);
+    case QuantType::kQ3_K: return panels<Lanes, QuantType::kQ3_K>(a, x, range);
     case QuantType::kQ4_K: return panels<Lanes, QuantType::kQ4_K>(a, x, range);
     case QuantType::kQ5_K: return panels<Lanes, QuantType::kQ5_K>(a, x, range);
     case QuantType::kQ6_K: return panels<Lanes, QuantType::kQ6_K>(a, x, range);

@@ -4,7 +4,6 @@ has a kernel for the type, kept quantized (QuantizedTensor: the file's blocks, p
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,16 +11,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf.constants import GGMLQuantizationType
 
 from corellm.model import quantized_tensor
-from corellm.model.gguf_widening import WIDENINGS
 from corellm.model.gguf_reader import GGUFContents
 from corellm.model.model_config import GEMMA3_SLIDING_PATTERN, GGUF_ARCHITECTURES, ModelConfig, UnsupportedModelError
 from corellm.model.quantized_tensor import QuantizedTensor
 from corellm.tokenizer import Tokenizer, byte_level_bpe, sentencepiece_bpe
 
-logger = logging.getLogger("corellm")
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -191,15 +187,13 @@ class GGUFModelFile:
     def weights(self, dtype: torch.dtype, progress: bool = True,
                 quantized: bool = False) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
         """(HF name, tensor) for every model tensor: dequantized to `dtype`, or with `quantized`,
-        a QuantizedTensor for each 2-D tensor in a type quant_gemm computes on (Q3_K's widened
-        exactly into Q6_K's blocks first: model/gguf_widening.py)."""
+        a QuantizedTensor for each 2-D tensor in a type quant_gemm computes on."""
         from gguf.quants import dequantize
         from tqdm import tqdm
 
         config = self.config()
         permute = self.arch in ("llama", "mistral")
         tensors = [t for t in self.reader.tensors if t.name != ROPE_FACTORS]
-        widened: dict[tuple[str, str], int] = {}  # (file type, kernel type) -> tensors
         for t in tqdm(tensors, desc=f"Loading {self.path.name}", unit="tensor", disable=not progress, leave=False):
             name = hf_name(t.name, self.arch)
             if name is None:
@@ -209,16 +203,11 @@ class GGUFModelFile:
                 heads = config.num_attention_heads
             elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
                 heads = config.num_key_value_heads
-            ggml_type, blocks = int(t.tensor_type), t.data
-            if quantized and len(t.shape) == 2 and ggml_type in WIDENINGS:  # Q3_K: the same values as Q6_K
-                wide_type, widen = WIDENINGS[ggml_type]
-                key = (t.tensor_type.name, GGMLQuantizationType(wide_type).name)
-                widened[key] = widened.get(key, 0) + 1
-                ggml_type, blocks = wide_type, widen(blocks)
+            ggml_type = int(t.tensor_type)
             if quantized and len(t.shape) == 2 and quantized_tensor.supported(ggml_type):
                 n, k = int(t.shape[1]), int(t.shape[0])
                 order = None if heads is None else unpermute_qk(np.arange(n), heads)
-                yield name, QuantizedTensor.pack(ggml_type, blocks, (n, k), order)
+                yield name, QuantizedTensor.pack(ggml_type, t.data, (n, k), order)
                 continue
             try:
                 array = dequantize(t.data, t.tensor_type)
@@ -234,6 +223,3 @@ class GGUFModelFile:
             if self.arch == "gemma3" and name.endswith("norm.weight"):  # stored as 1 + w: back to HF's w
                 array = array - np.float32(1.0)
             yield name, torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
-        for (file_type, kernel_type), count in widened.items():
-            logger.info("%s: %d %s tensors widened exactly into %s blocks", self.path.name, count, file_type,
-                        kernel_type)

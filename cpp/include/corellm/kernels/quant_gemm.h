@@ -1,5 +1,5 @@
 // y = x W^T (+ b) over a weight kept in a GGUF quantized type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K,
-// Q4_K, Q5_K, Q6_K): corellm's CPU linear layer for quantized models, llama.cpp's scheme.
+// Q3_K, Q4_K, Q5_K, Q6_K): corellm's CPU linear layer for quantized models, llama.cpp's scheme.
 //
 // Activations are quantized per row, in blocks of 32 values, to int8: d = max|x| / 127,
 // q = nearest_even(x * 127 / max|x|), with the block's integer sums (per 16 values). A weight
@@ -12,8 +12,8 @@
 //                                                        acc = fma(m_w, s_x, acc)
 //   Q4_K, Q5_K per sub-block j of 32 (w = d sc_j u - dmin mn_j):
 //                     acc = fma(float(S_j), (d sc_j) d_x, acc); acc = fma(-(dmin mn_j), s_x, acc)
-//   Q6_K per 32 values, two sub-blocks a, b of 16 (w = d sc (u - 32)):
-//                     acc = fma(float(sc_a (S_a - 32 Sx_a) + sc_b (S_b - 32 Sx_b)), d d_x, acc)
+//   Q6_K, Q3_K per 32 values, two sub-blocks a, b of 16 (w = d sc (u - o), o = 32, 4):
+//                     acc = fma(float(sc_a (S_a - o Sx_a) + sc_b (S_b - o Sx_b)), d d_x, acc)
 //   Q2_K per 32 values, two sub-blocks a, b of 16 (w = d sc u - dmin mn, 4-bit sc and mn):
 //                     acc = fma(float(sc_a S_a + sc_b S_b), d d_x, acc);
 //                     acc = fma(-float(mn_a Sx_a + mn_b Sx_b), dmin d_x, acc)
@@ -26,13 +26,14 @@
 // 16 output rows of W (one 32-bit lane each in a 512-bit register), each panel its blocks along
 // k, each panel-block the 16 rows' block side by side:
 //   scales    fp16 d[16] (and m[16] or dmin[16]); K types: sc[j][16], mn[j][16] as bytes
-//             (Q6_K: sc[16][16] as int8; Q2_K: sc | mn << 4 [16][16], the file's bytes)
+//             (Q6_K, Q3_K: sc[16][16] as int8; Q2_K: sc | mn << 4 [16][16], the file's bytes)
 //   nibbles   per run of R values (R = 32, or 64 for the K types), R / 8 vectors of 64 bytes;
 //             in vector g, row c's bytes 4c .. 4c + 3 hold values 4g + i (low nibble) and
 //             R / 2 + 4g + i (high nibble), i = 0..3: one VNNI operand each, for 16 rows
 //   Q8_0      the 8-bit values u = q + 128, 8 vectors of 64 bytes, same order (4 per lane)
 //   Q2_K      per run of 128 values, 8 vectors of 64 bytes: in vector g, row c's byte 4c + i holds
 //             values 32j + 4g + i (j = 0..3) in its bits 2j, 2j + 1
+//   Q3_K      its two low bits as Q2_K's, then a 3rd-bit plane (quant_formats.h)
 //   high bits Q5_*: a 5th-bit plane, one bit per value; Q6_K: a 2-bit plane (quant_formats.h)
 // Rows past n are zero blocks.
 #pragma once
@@ -46,7 +47,7 @@ namespace corellm {
 
 // GGUF's ggml_type numbers.
 enum class QuantType : int32_t {
-  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ2_K = 10, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14
+  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14
 };
 
 // How the integer dot products are done. Every path gives the same bits (see above).
