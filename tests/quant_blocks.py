@@ -1,7 +1,8 @@
 """GGUF quantized blocks for tests: the `gguf` package quantizes Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1;
-the K types (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K), which it only dequantizes, are made here in ggml's block layout
-with a plain min/max rule (not llama.cpp's search: these are test weights, and the reference for
-every test is the `gguf` package's dequantization of the very same blocks)."""
+the K types (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) and IQ4_NL / IQ4_XS, which it only dequantizes, are made
+here in ggml's block layout with a plain min/max rule and the nearest level (not llama.cpp's
+search: these are test weights, and the reference for every test is the `gguf` package's
+dequantization of the very same blocks)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from gguf import quants
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType as T
 
 # The types quant_gemm computes on.
-ALL_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+ALL_TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
 K_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
+IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
 
 
 _TINY = 2.0**-14  # fp16's smallest normal: a scale that survives the fp16 rounding
@@ -52,6 +54,40 @@ def _q45_k(x: np.ndarray, bits: int) -> np.ndarray:
         parts.append(qh)
     parts.append(qs)
     return np.concatenate(parts, axis=1)
+
+
+def _iq4_indices(x: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """The nearest level's index for each x / step (step broadcast against x; 0 where step is 0)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scaled = np.where(step != 0, x / step, 0.0)
+    return np.abs(scaled[..., None] - IQ4_LEVELS).argmin(-1).astype(np.uint8)
+
+
+def _nibbles(q: np.ndarray) -> np.ndarray:
+    """Index groups of 32 [..., 32] -> 16 bytes each: value i in the low nibble of byte i, 16 + i high."""
+    return (q[..., :16] | (q[..., 16:] << 4)).astype(np.uint8)
+
+
+def _iq4_nl(x: np.ndarray) -> np.ndarray:
+    """IQ4_NL blocks of x [blocks, 32]: d = max |x| / 127 and each value's nearest level."""
+    d = np.maximum(np.abs(x).max(-1) / 127, _TINY).astype(np.float16).astype(np.float32)
+    return np.concatenate([_f16(d).reshape(-1, 2), _nibbles(_iq4_indices(x, d[:, None]))], axis=1)
+
+
+def _iq4_xs(x: np.ndarray) -> np.ndarray:
+    """IQ4_XS blocks of x [blocks, 256]: per 32 values a 6-bit scale (stored + 32), levels as IQ4_NL."""
+    sub = x.reshape(-1, 8, 32)
+    scales = np.abs(sub).max(-1) / 127
+    d = np.maximum(scales.max(-1) / 31, _TINY).astype(np.float16).astype(np.float32)
+    ls = np.clip(np.rint(scales / d[:, None]), 0, 31).astype(np.int32) + 32  # stored: 0..63
+    q = _iq4_indices(sub, (d[:, None] * (ls - 32))[..., None])
+    low = (ls & 0xF).astype(np.uint8)
+    scales_l = low[:, 0::2] | (low[:, 1::2] << 4)  # sub-block j: byte j / 2, nibble j % 2
+    scales_h = np.zeros(x.shape[0], np.uint16)
+    for j in range(8):
+        scales_h |= ((ls[:, j] >> 4) & 3).astype(np.uint16) << (2 * j)
+    return np.concatenate([_f16(d).reshape(-1, 2), scales_h.view(np.uint8).reshape(-1, 2), scales_l,
+                           _nibbles(q).reshape(-1, 128)], axis=1)
 
 
 def _q2_k(x: np.ndarray) -> np.ndarray:
@@ -122,11 +158,15 @@ def quantize(x: np.ndarray, type_name: str) -> np.ndarray:
     """x [n, k] float -> the file's blocks [n, row bytes] uint8."""
     t = getattr(T, type_name)
     x = np.ascontiguousarray(x, dtype=np.float32)
-    if type_name not in K_TYPES:
+    if type_name not in K_TYPES | {"IQ4_NL", "IQ4_XS"}:
         return quants.quantize(x, t)
     n, k = x.shape
     flat = x.reshape(-1, 256)
-    if type_name == "Q3_K":
+    if type_name == "IQ4_NL":
+        blocks = _iq4_nl(x.reshape(-1, 32))
+    elif type_name == "IQ4_XS":
+        blocks = _iq4_xs(flat)
+    elif type_name == "Q3_K":
         blocks = _q3_k(flat)
     elif type_name == "Q2_K":
         blocks = _q2_k(flat)

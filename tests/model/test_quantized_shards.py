@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from corellm.model.quantized_tensor import QuantizedTensor
+from corellm.native import _core
 from tests import quant_blocks
 
 
@@ -25,7 +26,7 @@ def test_shards_hold_the_same_values(type_name):
     k = 768  # three K-type super-blocks, 24 legacy blocks
     whole = make(type_name, 88, k)
     full = whole.dequantize(torch.float32)
-    block = 256 if type_name in quant_blocks.K_TYPES else 32
+    block = _core.kernels.quant_block_elements(whole.ggml_type)
     rows = whole.rows(32, 80)  # panels 2..4, the last one holding rows past the cut
     assert rows.shape == (48, k) and torch.equal(rows.dequantize(torch.float32), full[32:80])
     tail = whole.rows(80, 88)  # the last, partial panel

@@ -73,21 +73,23 @@ def test_paths_agree_and_are_within_the_activation_bound(type_name):
     assert (err <= bound).all(), f"worst error {err.max():.3g}, bound there {bound.flat[err.argmax()]:.3g}"
 
 
-# Where each K type with 16-value sub-blocks keeps its fp16 scales in a block's bytes.
-SCALE_BYTES = {"Q2_K": (84, [80, 82]), "Q3_K": (110, [108])}
+# A block's bytes, and where its fp16 scales lie, for the types a min/max rule leaves partly
+# unexercised (16-value sub-blocks, level lookups).
+SCALE_BYTES = {"Q2_K": (84, [80, 82]), "Q3_K": (110, [108]), "IQ4_NL": (18, [0]), "IQ4_XS": (136, [0])}
 
 
 @pytest.mark.parametrize("type_name", sorted(SCALE_BYTES))
-def test_16_value_sub_blocks_on_arbitrary_bits(type_name):
+def test_types_on_arbitrary_bits(type_name):
     """Blocks of random bytes (every scale, min and value bit pattern; the fp16 scales finite):
     packing keeps the values the `gguf` package dequantizes, and every path is the reference's
     bits, within the activation bound."""
     (size, scales), (n, k, m) = SCALE_BYTES[type_name], (33, 512, 19)
+    per_row = k // (32 if type_name == "IQ4_NL" else 256)
     rng = np.random.default_rng(11)
-    blocks = rng.integers(0, 256, size=(n, k // 256, size), dtype=np.uint8)
+    blocks = rng.integers(0, 256, size=(n, per_row, size), dtype=np.uint8)
     for at in scales:
-        blocks[:, :, at : at + 2] = rng.uniform(-0.01, 0.01, (n, k // 256)).astype(np.float16).view(np.uint8).reshape(
-            n, k // 256, 2)
+        blocks[:, :, at : at + 2] = rng.uniform(-0.01, 0.01, (n, per_row)).astype(np.float16).view(np.uint8).reshape(
+            n, per_row, 2)
     blocks = blocks.reshape(n, -1)
     q = QuantizedTensor.pack(ggml_type(type_name), blocks, (n, k))
     w = dequantize(blocks, type_name)
@@ -100,7 +102,7 @@ def test_16_value_sub_blocks_on_arbitrary_bits(type_name):
     assert (err <= activation_bound(x.numpy(), w)).all()
 
 
-@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0", "Q6_K", "Q5_K", "Q2_K", "Q3_K"])
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0", "Q6_K", "Q5_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"])
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
 def test_each_row_is_independent_of_the_batch(type_name, x_dtype):
     n, k, m = 48, 512, 11

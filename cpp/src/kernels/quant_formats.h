@@ -11,10 +11,12 @@
 //   Q8_0  d 32 | values 512                                    544
 //   Q2_K  d 32 | dmin 32 | sc|mn 256 | 2-bit values 1024                   1344
 //   Q3_K  d 32 | sc 256 | 2-bit values 1024 | 3rd bits 512                  1824
+//   IQ4_NL d 32 | nibbles 256                                  288
+//   IQ4_XS d 32 | sc 128 | nibbles 2048                        2208
 //   Q4_K  d 32 | dmin 32 | sc 128 | mn 128 | nibbles 2048      2368
 //   Q5_K  d 32 | dmin 32 | sc 128 | mn 128 | nibbles 2048 | 5th bits 512   2880
 //   Q6_K  d 32 | sc 256 | nibbles 2048 | 2-bit highs 1024      3360
-// Nibbles come in runs of R values (R = 32; 64 for the K types): vector g of a run (64 bytes)
+// Nibbles come in runs of R values (R = 32; 64 for Q4_K, Q5_K, Q6_K): vector g of a run (64 bytes)
 // holds, at byte 4c + i, row c's values 4g + i (low nibble) and R/2 + 4g + i (high nibble).
 // Q5_0/Q5_1's 5th bits: one vector, byte 4c + i, bit g (value 4g + i) and bit 4 + g (value
 // 16 + 4g + i). Q5_K's: two vectors per run (low half, high half), byte 4c + i, bit g. Q6_K's two
@@ -35,20 +37,23 @@ namespace corellm::quant {
 
 // One row's block, decoded: the unsigned integer values and the scale bits.
 struct QuantBlock {
-  uint8_t u[256];      // Q2_K: 0..3, Q3_K: 0..7, Q4: 0..15, Q5: 0..31, Q6_K: 0..63, Q8_0: q + 128
+  uint8_t u[256];      // Q2_K: 0..3, Q3_K: 0..7, Q4 and IQ4 (level index): 0..15, Q5: 0..31, Q6_K: 0..63,
+                       // Q8_0: q + 128
   uint16_t d = 0;      // fp16 scale
   uint16_t m = 0;      // fp16: the min (Q4_1, Q5_1) or dmin (Q2_K, Q4_K, Q5_K)
   uint8_t sc[16] = {};  // Q4_K, Q5_K: 6-bit scale per 32 values; Q6_K, Q3_K: int8 scale per 16
-                        // values; Q2_K: 4-bit scale per 16 values
+                        // values; Q2_K: 4-bit scale per 16 values; IQ4_XS: int8 scale per 32
   uint8_t mn[16] = {};  // Q4_K, Q5_K: 6-bit min per 32 values; Q2_K: 4-bit min per 16 values
 };
 
 struct Layout {
   int block;      // values per block
   int run;        // values per nibble run (32 or 64); 0: 8-bit values (Q8_0)
-  int offset;     // the integer to subtract: w = d (u - offset) for Q4_0, Q5_0, Q8_0, Q3_K, Q6_K
+  int offset;     // the integer to subtract: w = d (u - offset) for Q4_0, Q5_0, Q8_0, Q3_K, Q6_K, IQ4
+                  // (u = kv[q] + 128)
   bool has_min;   // Q4_1, Q5_1, Q4_K, Q5_K: the m / dmin scale
-  bool k_scales;  // Q4_K, Q5_K: sc and mn per 32 values; Q3_K, Q6_K: sc per 16; Q2_K: sc | mn << 4 per 16
+  bool k_scales;  // Q4_K, Q5_K: sc and mn per 32 values; Q3_K, Q6_K: sc per 16; Q2_K: sc | mn << 4 per 16;
+                  // IQ4_XS: sc per 32
   int d_off, m_off, sc_off, mn_off, q_off, h_off;  // byte offsets in a panel-block (-1: none)
   int bytes;      // a panel-block's bytes
 };
@@ -62,6 +67,8 @@ constexpr Layout layout_of(QuantType t) {
     case QuantType::kQ8_0: return {32, 0, 128, false, false, 0, -1, -1, -1, 32, -1, 544};
     case QuantType::kQ2_K: return {256, 128, 0, true, true, 0, 32, 64, -1, 320, -1, 1344};
     case QuantType::kQ3_K: return {256, 128, 4, false, true, 0, -1, 32, -1, 288, 1312, 1824};
+    case QuantType::kIQ4_NL: return {32, 32, 128, false, false, 0, -1, -1, -1, 32, -1, 288};
+    case QuantType::kIQ4_XS: return {256, 32, 128, false, true, 0, -1, 32, -1, 160, -1, 2208};
     case QuantType::kQ4_K: return {256, 64, 0, true, true, 0, 32, 64, 192, 320, -1, 2368};
     case QuantType::kQ5_K: return {256, 64, 0, true, true, 0, 32, 64, 192, 320, 2368, 2880};
     case QuantType::kQ6_K: return {256, 64, 32, false, true, 0, -1, 32, -1, 288, 2336, 3360};
@@ -79,6 +86,11 @@ inline uint32_t load_u32(const uint8_t* p) {
   std::memcpy(&v, p, 4);
   return v;
 }
+
+// IQ4_NL / IQ4_XS: the 16 int8 levels a 4-bit index q stands for (llama.cpp's kvalues_iq4nl).
+constexpr int8_t kIq4Levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+inline bool is_iq4(QuantType t) { return t == QuantType::kIQ4_NL || t == QuantType::kIQ4_XS; }
 
 // ggml's get_scale_min_k4: sub-block j's 6-bit scale and min from the 12 packed bytes.
 inline void k4_scale_min(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) {
@@ -116,6 +128,27 @@ inline void decode_file_block(QuantType t, const uint8_t* b, QuantBlock* out) {
       for (int i = 0; i < 16; ++i) {
         out->u[i] = static_cast<uint8_t>((qs[i] & 0xF) | (((qh >> i) & 1u) << 4));
         out->u[i + 16] = static_cast<uint8_t>((qs[i] >> 4) | (((qh >> (i + 16)) & 1u) << 4));
+      }
+      return;
+    }
+    case QuantType::kIQ4_NL:  // d | qs[16]: value i the low nibble of qs[i], 16 + i the high one
+      out->d = load_u16(b);
+      for (int i = 0; i < 16; ++i) {
+        out->u[i] = b[2 + i] & 0xF;
+        out->u[i + 16] = b[2 + i] >> 4;
+      }
+      return;
+    case QuantType::kIQ4_XS: {  // d | scales_h (2 bytes) | scales_l[4] | qs[128], 32 values per 16 bytes
+      out->d = load_u16(b);
+      const uint16_t high = load_u16(b + 2);
+      const uint8_t *low = b + 4, *qs = b + 8;
+      for (int j = 0; j < 8; ++j) {
+        const int scale = ((low[j / 2] >> (4 * (j % 2))) & 0xF) | (((high >> (2 * j)) & 3) << 4);
+        out->sc[j] = static_cast<uint8_t>(static_cast<int8_t>(scale - 32));
+        for (int i = 0; i < 16; ++i) {
+          out->u[32 * j + i] = qs[16 * j + i] & 0xF;
+          out->u[32 * j + 16 + i] = qs[16 * j + i] >> 4;
+        }
       }
       return;
     }

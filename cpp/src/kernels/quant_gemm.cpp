@@ -27,7 +27,7 @@ namespace {
 constexpr QuantType kAllTypes[] = {QuantType::kQ4_0, QuantType::kQ4_1, QuantType::kQ5_0,
                                    QuantType::kQ5_1, QuantType::kQ8_0, QuantType::kQ2_K,
                                    QuantType::kQ3_K, QuantType::kQ4_K, QuantType::kQ5_K,
-                                   QuantType::kQ6_K};
+                                   QuantType::kQ6_K, QuantType::kIQ4_NL, QuantType::kIQ4_XS};
 
 inline float fp16(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -45,7 +45,11 @@ void dequantize_block(QuantType t, const QuantBlock& q, float* out) {
   const float d = fp16(q.d), m = fp16(q.m);
   for (int e = 0; e < L.block; ++e) {
     const int u = q.u[e];
-    if (t == QuantType::kQ2_K) {
+    if (t == QuantType::kIQ4_NL) {
+      out[e] = d * static_cast<float>(quant::kIq4Levels[u]);
+    } else if (t == QuantType::kIQ4_XS) {
+      out[e] = d * static_cast<float>(static_cast<int8_t>(q.sc[e / 32])) * static_cast<float>(quant::kIq4Levels[u]);
+    } else if (t == QuantType::kQ2_K) {
       out[e] = d * static_cast<float>(q.sc[e / 16]) * static_cast<float>(u) - m * static_cast<float>(q.mn[e / 16]);
     } else if (t == QuantType::kQ4_K || t == QuantType::kQ5_K) {
       out[e] = d * static_cast<float>(q.sc[e / 32]) * static_cast<float>(u) - m * static_cast<float>(q.mn[e / 32]);
@@ -71,6 +75,19 @@ float block_dot(QuantType t, const QuantBlock& w, const quant::QuantizedRows& x,
     for (int e = begin; e < begin + count; ++e) s += static_cast<int32_t>(w.u[e]) * xq[e];
     return s;
   };
+  auto level_dot = [&](int begin) {  // IQ4: the levels kv[q] (= u - 128) times x over 32 values
+    int32_t s = 0;
+    for (int e = begin; e < begin + 32; ++e) s += static_cast<int32_t>(quant::kIq4Levels[w.u[e]]) * xq[e];
+    return s;
+  };
+  if (t == QuantType::kIQ4_NL) return std::fma(static_cast<float>(level_dot(0)), d * xd[b], acc);
+  if (t == QuantType::kIQ4_XS) {
+    for (int j = 0; j < 8; ++j) {
+      const int64_t a = 8 * b + j;
+      acc = std::fma(static_cast<float>(static_cast<int8_t>(w.sc[j]) * level_dot(32 * j)), d * xd[a], acc);
+    }
+    return acc;
+  }
   if (L.block == 32) {
     const int64_t a = b;
     const int32_t S = dot(0, 32), Sx = sum16[2 * a] + sum16[2 * a + 1];
@@ -123,7 +140,8 @@ bool quant_type_supported(int32_t ggml_type) {
 
 QuantType quant_type_of(int32_t ggml_type) {
   CORELLM_CHECK_ARG(quant_type_supported(ggml_type), "ggml type ", ggml_type,
-                    " has no quantized kernel (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K do)");
+                    " has no quantized kernel (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, "
+                    "IQ4_XS do)");
   return static_cast<QuantType>(ggml_type);
 }
 
@@ -136,6 +154,8 @@ const char* quant_type_name(QuantType type) {
     case QuantType::kQ8_0: return "Q8_0";
     case QuantType::kQ2_K: return "Q2_K";
     case QuantType::kQ3_K: return "Q3_K";
+    case QuantType::kIQ4_NL: return "IQ4_NL";
+    case QuantType::kIQ4_XS: return "IQ4_XS";
     case QuantType::kQ4_K: return "Q4_K";
     case QuantType::kQ5_K: return "Q5_K";
     case QuantType::kQ6_K: return "Q6_K";
@@ -154,6 +174,8 @@ int64_t quant_block_bytes(QuantType type) {
     case QuantType::kQ8_0: return 34;
     case QuantType::kQ2_K: return 84;
     case QuantType::kQ3_K: return 110;
+    case QuantType::kIQ4_NL: return 18;
+    case QuantType::kIQ4_XS: return 136;
     case QuantType::kQ4_K: return 144;
     case QuantType::kQ5_K: return 176;
     case QuantType::kQ6_K: return 210;

@@ -12,7 +12,8 @@
 // the leftover rows. The epilogue, not the tiles, bounds the speed: 1.1-1.4x the avx512vnni loops
 // on 16-512 rows (Q4_1, Q8_0, Q4_K); Q6_K, whose sub-blocks of 16 need two dot products of depth
 // 16 and two stores per 32 values, gains nothing (0.9-1.1x) and stays on the vector loops; so
-// do Q2_K and Q3_K, whose sub-blocks are of 16 too.
+// do Q2_K and Q3_K, whose sub-blocks are of 16 too, and IQ4_NL / IQ4_XS (their levels looked up in
+// registers).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -167,6 +168,8 @@ void quant_gemm_amx(const QuantGemmArgs& a, const QuantizedRows& x, const PanelR
     case QuantType::kQ6_K: return kernel::panels<Avx512VnniLanes, QuantType::kQ6_K>(a, x, range);
     case QuantType::kQ2_K: return kernel::panels<Avx512VnniLanes, QuantType::kQ2_K>(a, x, range);
     case QuantType::kQ3_K: return kernel::panels<Avx512VnniLanes, QuantType::kQ3_K>(a, x, range);
+    case QuantType::kIQ4_NL: return kernel::panels<Avx512VnniLanes, QuantType::kIQ4_NL>(a, x, range);
+    case QuantType::kIQ4_XS: return kernel::panels<Avx512VnniLanes, QuantType::kIQ4_XS>(a, x, range);
   }
 }
 

@@ -64,15 +64,25 @@ struct Avx2Lanes {
     return {_mm256_madd_epi16(s.lo, ones), _mm256_madd_epi16(s.hi, ones)};
   }
   // A Q8_0 panel-block's values, for every row: V[v] = |q| (an unsigned byte up to 128), V[8 + v]
-  // = q, of vector v (u = q + 128 in the panel).
-  static void q8_values(const uint8_t* p, I* V) {
+  // = q, of vector v (u = q + 128 in the panel; q8_values_of: from 8 vectors of u in registers).
+  static void q8_values_of(const I* U, I* V) {
     const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
     for (int v = 0; v < 8; ++v) {
-      const __m256i lo = _mm256_xor_si256(load32(p + 64 * v), flip);
-      const __m256i hi = _mm256_xor_si256(load32(p + 64 * v + 32), flip);
+      const __m256i lo = _mm256_xor_si256(U[v].lo, flip), hi = _mm256_xor_si256(U[v].hi, flip);
       V[8 + v] = {lo, hi};
       V[v] = {_mm256_abs_epi8(lo), _mm256_abs_epi8(hi)};
     }
+  }
+  static void q8_values(const uint8_t* p, I* V) {
+    I U[8];
+    for (int v = 0; v < 8; ++v) U[v] = load(p + 64 * v);
+    q8_values_of(U, V);
+  }
+  // IQ4's levels plus 128 by the 4-bit index in each byte (< 16: pshufb's lookup).
+  static I iq4_levels(I v) {
+    const __m256i table = _mm256_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, -127, -115, -103, -90, -75, -59, -39, -15,
+                                           1, 24, 45, 63, 79, 93, 106, 118, -127, -115, -103, -90, -75, -59, -39, -15);
+    return {_mm256_shuffle_epi8(table, v.lo), _mm256_shuffle_epi8(table, v.hi)};
   }
   // Sum of u x = sum of |q| sign(x, q) + 128 sum of x (xsum): each pair sum (up to 2 x 128 x 127)
   // widened at once.

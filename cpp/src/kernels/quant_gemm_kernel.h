@@ -17,6 +17,8 @@
 //                              bytes -> lanes
 //   u8_pairs(lo, hi), madd16   lanes of lo[c] | hi[c] << 16 (two unsigned bytes); per lane the
 //                              sum of its two 16-bit products
+//   iq4_levels(v)              each byte's 4-bit level index -> the level plus 128 (a byte lookup)
+//   q8_values_of(U, V)         (HasQ8Values) q8_values from 8 vectors of unsigned bytes in registers
 //   cvt, fmadd, fnmadd, mul, set1_f, zero_f, store16(float*, F)
 // Per panel and block of MR rows, for each weight block: the block's unsigned values are built
 // once in registers (nibbles masked, high bits moved in), then for each row the integer dot
@@ -188,6 +190,70 @@ inline F<Lanes> q2_epilogue(F<Lanes> acc, I<Lanes> T, I<Lanes> M, F<Lanes> d, F<
   const F<Lanes> dx = Lanes::set1_f(x.row_d(row)[a]);
   acc = Lanes::fmadd(Lanes::cvt(T), Lanes::mul(d, dx), acc);
   return Lanes::fnmadd(Lanes::cvt(M), Lanes::mul(dmin, dx), acc);
+}
+
+// IQ4_NL / IQ4_XS: 32 values' level indices (nibbles at q, a run of 32 laid out as the legacy
+// types') looked up as u = kv + 128, in the form the Lanes' products take: |kv| and kv, 16 vectors
+// (HasQ8Values: Q8_0's signed products on AVX2), or u itself, 8 vectors.
+template <class Lanes>
+inline void iq4_values(const uint8_t* q, I<Lanes>* V) {
+  I<Lanes> U[8];
+  for (int g = 0; g < 4; ++g) {
+    const I<Lanes> v = Lanes::load(q + 64 * g);
+    U[g] = Lanes::iq4_levels(Lanes::low_nibbles(v));
+    U[4 + g] = Lanes::iq4_levels(Lanes::high_nibbles(v));
+  }
+  if constexpr (HasQ8Values<Lanes>::value) {
+    Lanes::q8_values_of(U, V);
+  } else {
+    for (int v = 0; v < 8; ++v) V[v] = U[v];
+  }
+}
+
+// The integer sum of kv x over the 32 values (xsum: the row block's sum of x): exact either way.
+template <class Lanes>
+inline I<Lanes> iq4_level_sum(const I<Lanes>* V, const int8_t* xq, int32_t xsum) {
+  if constexpr (HasQ8Values<Lanes>::value) {
+    return Lanes::q8_dots(V, xq, 0);  // the sum of |kv| sign(x, kv): kv x, without Q8_0's 128 x
+  } else {
+    return Lanes::sub(dots<Lanes, 8, 255>(V, xq), Lanes::set1_i(128 * xsum));
+  }
+}
+
+// IQ4 over activation block a from its integer T (kv x, times the sub-block's scale for IQ4_XS).
+template <class Lanes>
+inline F<Lanes> iq4_epilogue(F<Lanes> acc, I<Lanes> T, F<Lanes> d, const QuantizedRows& x, int64_t row, int64_t a) {
+  return Lanes::fmadd(Lanes::cvt(T), Lanes::mul(d, Lanes::set1_f(x.row_d(row)[a])), acc);
+}
+
+template <class Lanes, int MR>
+inline void iq4_nl_block(const uint8_t* pb, const QuantizedRows& x, int64_t r0, int64_t b, F<Lanes>* acc) {
+  constexpr Layout L = layout_of(QuantType::kIQ4_NL);
+  const F<Lanes> d = Lanes::f16(pb + L.d_off);
+  I<Lanes> V[16];
+  iq4_values<Lanes>(pb + L.q_off, V);
+  for (int r = 0; r < MR; ++r) {
+    const int32_t* sum16 = x.row_sum16(r0 + r) + 2 * b;
+    const I<Lanes> T = iq4_level_sum<Lanes>(V, x.row_q(r0 + r) + 32 * b, sum16[0] + sum16[1]);
+    acc[r] = iq4_epilogue<Lanes>(acc[r], T, d, x, r0 + r, b);
+  }
+}
+
+template <class Lanes, int MR>
+inline void iq4_xs_block(const uint8_t* pb, const QuantizedRows& x, int64_t r0, int64_t b, F<Lanes>* acc) {
+  constexpr Layout L = layout_of(QuantType::kIQ4_XS);
+  const F<Lanes> d = Lanes::f16(pb + L.d_off);
+  for (int j = 0; j < 8; ++j) {  // sub-block j: activation block 8b + j
+    const int64_t a = 8 * b + j;
+    I<Lanes> V[16];
+    iq4_values<Lanes>(pb + L.q_off + 256 * j, V);
+    const I<Lanes> sc = Lanes::i8(pb + L.sc_off + 16 * j);
+    for (int r = 0; r < MR; ++r) {
+      const int32_t* sum16 = x.row_sum16(r0 + r) + 2 * a;
+      const I<Lanes> T = Lanes::mullo(sc, iq4_level_sum<Lanes>(V, x.row_q(r0 + r) + 32 * a, sum16[0] + sum16[1]));
+      acc[r] = iq4_epilogue<Lanes>(acc[r], T, d, x, r0 + r, a);
+    }
+  }
 }
 
 template <class Lanes, QuantType T, int MR>
@@ -404,7 +470,11 @@ void panel_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int6
   for (int r = 0; r < MR; ++r) acc[r] = Lanes::zero_f();
   for (int64_t b = 0; b < nb; ++b) {
     next.step();
-    if constexpr (L.block == 32) {
+    if constexpr (T == QuantType::kIQ4_NL) {
+      iq4_nl_block<Lanes, MR>(panel + b * L.bytes, x, r0, b, acc);
+    } else if constexpr (T == QuantType::kIQ4_XS) {
+      iq4_xs_block<Lanes, MR>(panel + b * L.bytes, x, r0, b, acc);
+    } else if constexpr (L.block == 32) {
       legacy_block<Lanes, T, MR>(panel + b * L.bytes, x, r0, b, acc);
     } else if constexpr (T == QuantType::kQ2_K) {
       q2_block<Lanes, MR>(panel + b * L.bytes, x, r0, b, acc);
@@ -451,6 +521,8 @@ void run(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range
     case QuantType::kQ8_0: return panels<Lanes, QuantType::kQ8_0>(a, x, range);
     case QuantType::kQ2_K: return panels<Lanes, QuantType::kQ2_K>(a, x, range);
     case QuantType::kQ3_K: return panels<Lanes, QuantType::kQ3_K>(a, x, range);
+    case QuantType::kIQ4_NL: return panels<Lanes, QuantType::kIQ4_NL>(a, x, range);
+    case QuantType::kIQ4_XS: return panels<Lanes, QuantType::kIQ4_XS>(a, x, range);
     case QuantType::kQ4_K: return panels<Lanes, QuantType::kQ4_K>(a, x, range);
     case QuantType::kQ5_K: return panels<Lanes, QuantType::kQ5_K>(a, x, range);
     case QuantType::kQ6_K: return panels<Lanes, QuantType::kQ6_K>(a, x, range);

@@ -27,7 +27,7 @@ from corellm.model.quantized_tensor import QuantizedTensor
 from corellm.tokenizer import Tokenizer
 
 logger = logging.getLogger("corellm")
-_FORMAT = "corellm-gguf-cache-3"  # 3: Q2_K kept quantized, Q3_K no longer widened into Q6_K
+_FORMAT = "corellm-gguf-cache-3"  # 3: Q2_K and IQ4 kept quantized, Q3_K no longer widened into Q6_K
 
 
 def cache_root() -> Path:

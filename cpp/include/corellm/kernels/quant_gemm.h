@@ -1,5 +1,6 @@
 // y = x W^T (+ b) over a weight kept in a GGUF quantized type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K,
-// Q3_K, Q4_K, Q5_K, Q6_K): corellm's CPU linear layer for quantized models, llama.cpp's scheme.
+// Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS): corellm's CPU linear layer for quantized models,
+// llama.cpp's scheme.
 //
 // Activations are quantized per row, in blocks of 32 values, to int8: d = max|x| / 127,
 // q = nearest_even(x * 127 / max|x|), with the block's integer sums (per 16 values). A weight
@@ -14,6 +15,10 @@
 //                     acc = fma(float(S_j), (d sc_j) d_x, acc); acc = fma(-(dmin mn_j), s_x, acc)
 //   Q6_K, Q3_K per 32 values, two sub-blocks a, b of 16 (w = d sc (u - o), o = 32, 4):
 //                     acc = fma(float(sc_a (S_a - o Sx_a) + sc_b (S_b - o Sx_b)), d d_x, acc)
+//   IQ4_NL (w = d kv[q], kv llama.cpp's 16 non-linear int8 levels; u = kv[q] + 128, as Q8_0's):
+//                     acc = fma(float(S - 128 Sx), d_w d_x, acc)
+//   IQ4_XS per sub-block j of 32 (w = d sc_j kv[q], sc_j a 6-bit scale minus 32):
+//                     acc = fma(float(sc_j (S_j - 128 Sx_j)), d d_x, acc)
 //   Q2_K per 32 values, two sub-blocks a, b of 16 (w = d sc u - dmin mn, 4-bit sc and mn):
 //                     acc = fma(float(sc_a S_a + sc_b S_b), d d_x, acc);
 //                     acc = fma(-float(mn_a Sx_a + mn_b Sx_b), dmin d_x, acc)
@@ -34,6 +39,7 @@
 //   Q2_K      per run of 128 values, 8 vectors of 64 bytes: in vector g, row c's byte 4c + i holds
 //             values 32j + 4g + i (j = 0..3) in its bits 2j, 2j + 1
 //   Q3_K      its two low bits as Q2_K's, then a 3rd-bit plane (quant_formats.h)
+//   IQ4_*     the levels' 4-bit indices q as nibbles (runs of 32), looked up in registers
 //   high bits Q5_*: a 5th-bit plane, one bit per value; Q6_K: a 2-bit plane (quant_formats.h)
 // Rows past n are zero blocks.
 #pragma once
@@ -47,7 +53,8 @@ namespace corellm {
 
 // GGUF's ggml_type numbers.
 enum class QuantType : int32_t {
-  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14
+  kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14,
+  kIQ4_NL = 20, kIQ4_XS = 23
 };
 
 // How the integer dot products are done. Every path gives the same bits (see above).
