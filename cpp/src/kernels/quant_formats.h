@@ -90,7 +90,7 @@ inline uint32_t load_u32(const uint8_t* p) {
 // IQ4_NL / IQ4_XS: the 16 int8 levels a 4-bit index q stands for (llama.cpp's kvalues_iq4nl).
 constexpr int8_t kIq4Levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
-inline bool is_iq4(QuantType t) { return t == QuantType::kIQ4_NL || t == QuantType::kIQ4_XS; }
+constexpr bool is_iq4(QuantType t) { return t == QuantType::kIQ4_NL || t == QuantType::kIQ4_XS; }
 
 // ggml's get_scale_min_k4: sub-block j's 6-bit scale and min from the 12 packed bytes.
 inline void k4_scale_min(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) {
@@ -194,7 +194,8 @@ inline void decode_file_block(QuantType t, const uint8_t* b, QuantBlock* out) {
     case QuantType::kQ3_K: {  // hmask[32] | qs[64] | scales[12] | d
       const uint8_t *hmask = b, *qs = b + 32, *scales = b + 96;
       out->d = load_u16(b + 108);
-      for (int s = 0; s < 16; ++s) {  // low nibble: byte s % 8, nibble s / 8; high 2 bits: byte 8 + s % 4, bits 2 (s / 4)
+      // Scale s: its low nibble in byte s % 8 (nibble s / 8), its 2 high bits in byte 8 + s % 4 (bits 2 (s / 4)).
+      for (int s = 0; s < 16; ++s) {
         const int low = (scales[s % 8] >> (4 * (s / 8))) & 0xF, high = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
         out->sc[s] = static_cast<uint8_t>(static_cast<int8_t>((low | (high << 4)) - 32));
       }

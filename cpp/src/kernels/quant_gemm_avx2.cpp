@@ -78,10 +78,10 @@ struct Avx2Lanes {
     for (int v = 0; v < 8; ++v) U[v] = load(p + 64 * v);
     q8_values_of(U, V);
   }
-  // IQ4's levels plus 128 by the 4-bit index in each byte (< 16: pshufb's lookup).
+  // IQ4's levels plus 128 (the sign bit flipped) by the 4-bit index in each byte (pshufb's lookup).
   static I iq4_levels(I v) {
-    const __m256i table = _mm256_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, -127, -115, -103, -90, -75, -59, -39, -15,
-                                           1, 24, 45, 63, 79, 93, 106, 118, -127, -115, -103, -90, -75, -59, -39, -15);
+    const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Levels));
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_xor_si128(levels, _mm_set1_epi8(static_cast<char>(0x80))));
     return {_mm256_shuffle_epi8(table, v.lo), _mm256_shuffle_epi8(table, v.hi)};
   }
   // Sum of u x = sum of |q| sign(x, q) + 128 sum of x (xsum): each pair sum (up to 2 x 128 x 127)

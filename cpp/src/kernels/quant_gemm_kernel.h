@@ -45,6 +45,7 @@ constexpr int max_unsigned(QuantType t) {
   if (t == QuantType::kQ6_K) return 63;
   if (t == QuantType::kQ2_K) return 3;
   if (t == QuantType::kQ3_K) return 7;
+  if (is_iq4(t)) return 241;  // the largest level, 113, plus 128
   return layout_of(t).h_off >= 0 ? 31 : 15;  // a 5th bit, or 4 bits
 }
 
@@ -323,8 +324,9 @@ inline void k_block(const uint8_t* pb, const QuantizedRows& x, int64_t r0, int64
         for (int h = 0; h < 2; ++h) {  // activation block 8b + 2t + h
           const int64_t a = 8 * b + 2 * t + h;
           const int8_t* xq = x.row_q(r0 + r) + 32 * a;
-          acc[r] = signed16_epilogue<Lanes, 32>(acc[r], dots<Lanes, 4, 63>(V + 8 * h, xq), dots<Lanes, 4, 63>(V + 8 * h + 4, xq + 16),
-                                      sc[2 * h], sc[2 * h + 1], d, x, r0 + r, a);
+          acc[r] = signed16_epilogue<Lanes, 32>(acc[r], dots<Lanes, 4, 63>(V + 8 * h, xq),
+                                                dots<Lanes, 4, 63>(V + 8 * h + 4, xq + 16), sc[2 * h], sc[2 * h + 1],
+                                                d, x, r0 + r, a);
         }
       }
     } else {
@@ -400,7 +402,8 @@ inline void q2_quarter(const I<Lanes>* raw, const uint8_t* s_bytes, F<Lanes> d, 
       T = Lanes::add(Lanes::madd16(pair_sums_of<Lanes, 4>(V, xq), sc_a),
                      Lanes::madd16(pair_sums_of<Lanes, 4>(V + 4, xq + 16), sc_b));
     } else {
-      T = Lanes::add(Lanes::mullo(sc_a, dots<Lanes, 4, 3>(V, xq)), Lanes::mullo(sc_b, dots<Lanes, 4, 3>(V + 4, xq + 16)));
+      T = Lanes::add(Lanes::mullo(sc_a, dots<Lanes, 4, 3>(V, xq)),
+                     Lanes::mullo(sc_b, dots<Lanes, 4, 3>(V + 4, xq + 16)));
     }
     acc[r] = q2_epilogue<Lanes>(acc[r], T, M, d, dmin, x, r0 + r, a);
   }

@@ -41,10 +41,11 @@ struct Avx512VnniLanes {
     }
     return add(a, b);
   }
-  // IQ4's levels plus 128 by the 4-bit index in each byte (< 16: pshufb's lookup per 128 bits).
+  // IQ4's levels plus 128 (the sign bit flipped) by the 4-bit index in each byte (pshufb's lookup
+  // per 128 bits).
   static I iq4_levels(I v) {
-    const __m128i table = _mm_setr_epi8(1, 24, 45, 63, 79, 93, 106, 118, -127, -115, -103, -90, -75, -59, -39, -15);
-    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(table), v);
+    const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Levels));
+    return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_xor_si128(levels, _mm_set1_epi8(static_cast<char>(0x80)))), v);
   }
   static F f16(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
   static F u8(const uint8_t* p) {
