@@ -16,6 +16,7 @@ from typing import Any
 
 from corellm.config import EngineConfig, SpeculativeConfig
 from corellm.distributed.torchrun import TorchrunPlace
+from corellm.distributed.spawned_processes import refuse_while_importing_main
 from corellm.engine.data_parallel_replicas import DataParallelReplicas
 from corellm.engine.engine_parts import EngineParts
 from corellm.engine.input_processor import PromptType
@@ -59,6 +60,7 @@ class LLM:
         this process's replica."""
         arguments = dict(locals())  # first: the parameters as given, for the data-parallel replicas
         del arguments["self"], arguments["data_parallel_size"]
+        refuse_while_importing_main("LLM")
         if not isinstance(data_parallel_size, int) or data_parallel_size < 1:
             raise ValueError(f"data_parallel_size must be an integer >= 1, got {data_parallel_size!r}")
         if data_parallel_size > 1 and loaded_model is not None:

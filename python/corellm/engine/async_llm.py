@@ -20,6 +20,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 
 from corellm.config import EngineConfig
+from corellm.distributed.spawned_processes import refuse_while_importing_main
 from corellm.engine.engine_core_outputs import EngineCoreOutputs
 from corellm.engine.engine_parts import EngineParts
 from corellm.engine.input_processor import ProcessedRequest, PromptType
@@ -52,6 +53,7 @@ class _Pending:
 
 class AsyncLLM:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
+        refuse_while_importing_main("AsyncLLM")
         self.config = config
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # ("start" | "add" | "abort" | "stop", payload)
         self._started = False

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+from corellm.distributed.spawned_processes import MAIN_GUARD_HINT
 from corellm.outputs import RequestOutput
 
 logger = logging.getLogger("corellm")
@@ -85,7 +86,8 @@ class DataParallelReplicas:
             kind, value = conn.recv()
         except (EOFError, OSError):
             process.join(timeout=5)
-            raise RuntimeError(f"data-parallel replica {r} exited (status {process.exitcode})") from None
+            raise RuntimeError(f"data-parallel replica {r} exited (status {process.exitcode}); its error is printed "
+                               f"above (the usual cause at start-up: {MAIN_GUARD_HINT})") from None
         if kind == "error":
             raise RuntimeError(f"data-parallel replica {r}: {value}")
         return value

@@ -25,13 +25,15 @@ import logging
 import os
 import pickle
 import socket
+import time
 from dataclasses import dataclass
 
 import torch
 import torch.multiprocessing as mp
 
 from corellm.distributed.broadcast_channel import BroadcastChannel
-from corellm.distributed.parallel_state import TensorParallel, init_tensor_parallel
+from corellm.distributed.parallel_state import TensorParallel, collective_timeout, init_tensor_parallel
+from corellm.distributed.spawned_processes import StartSignal
 from corellm.worker.step_activity import StepActivity
 from corellm.worker.step_message import RESULT, RPC, STEP, STOP, StepMessage
 
@@ -156,9 +158,11 @@ class WorkerLoop:
             torch.distributed.destroy_process_group()
 
 
-def worker_main(rank: int, spec: WorkerSpec) -> None:
-    """A worker process: its loop until rank 0 stops it (a RESULT, sent only to ranks that an
-    LLM under torchrun runs, would be a protocol error here)."""
+def worker_main(rank: int, spec: WorkerSpec, started=None) -> None:
+    """A worker process: tells its parent it has started (`started`: a StartSignal's sending end,
+    when spawned), then its loop until rank 0 stops it (a RESULT, sent only to ranks that an LLM
+    under torchrun runs, would be a protocol error here)."""
+    StartSignal.send(started)
     loop = WorkerLoop(rank, spec)
     if loop.run() is not None:
         raise RuntimeError(f"rank {rank}: rank 0 sent a RESULT to a worker process")
@@ -192,12 +196,33 @@ class TensorParallelWorkers:
                           init, max(1, cores // per_node), per_node,
                           shm_all_reduce=config.nnodes == 1 and not config.disable_custom_all_reduce)
 
-    def _spawn(self, ranks: range) -> None:
+    def _spawn(self, ranks: range) -> list[StartSignal]:
         context = mp.get_context("spawn")
+        signals = []
         for rank in ranks:
-            p = context.Process(target=worker_main, args=(rank, self.spec), daemon=True, name=f"corellm-tp{rank}")
+            signal = StartSignal(context)
+            p = context.Process(target=worker_main, args=(rank, self.spec, signal.sender), daemon=True,
+                                name=f"corellm-tp{rank}")
             p.start()
+            signal.handed_to(p)
             self._processes.append(p)
+            signals.append(signal)
+        return signals
+
+    def _await_started(self, signals: list[StartSignal]) -> None:
+        """Waits until every spawned worker has started (before the group's rendezvous, which would
+        only time out), within the collective timeout (CORELLM_COLLECTIVE_TIMEOUT_S); one that died
+        or hangs ends the others and raises, naming it."""
+        deadline = time.monotonic() + collective_timeout().total_seconds()
+        try:
+            for signal in signals:
+                signal.wait(deadline, "tensor-parallel worker")
+        except BaseException:
+            for p in self._processes:
+                p.kill()
+                p.join(timeout=5)
+            self._processes = []
+            raise
 
     @classmethod
     def start(cls, config) -> TensorParallelWorkers:
@@ -206,7 +231,7 @@ class TensorParallelWorkers:
         workers = cls(cls.spec_for(config))
         spec = workers.spec
         if not config.torchrun:
-            workers._spawn(range(1, spec.ranks_per_node))
+            workers._await_started(workers._spawn(range(1, spec.ranks_per_node)))
         torch.set_num_threads(spec.threads)
         workers.tp = init_tensor_parallel(0, spec.size, spec.init_method, torch.device(spec.device),
                                           shm_all_reduce=spec.shm_all_reduce)
@@ -223,7 +248,7 @@ class TensorParallelWorkers:
         0 when every one of them ended well."""
         workers = cls(cls.spec_for(config))
         first = config.node_rank * workers.spec.ranks_per_node
-        workers._spawn(range(first, first + workers.spec.ranks_per_node))
+        workers._await_started(workers._spawn(range(first, first + workers.spec.ranks_per_node)))
         logger.info("headless node %d: ranks %d..%d joining %s", config.node_rank, first,
                     first + workers.spec.ranks_per_node - 1, workers.spec.init_method)
         for p in workers._processes:
