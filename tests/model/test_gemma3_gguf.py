@@ -18,6 +18,8 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):\n    ", "Water boils a
            "The three primary colors are"]
 NUM_TOKENS, MARGIN = 16, 0.25
 
+from corellm import LLM, SamplingParams  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def gemma_path():
@@ -27,19 +29,29 @@ def gemma_path():
     return path
 
 
-def test_gemma3_greedy_follows_transformers(gemma_path):
-    from corellm import LLM, SamplingParams
+@pytest.fixture(scope="module")
+def hf_gemma(gemma_path):
+    """transformers' model from the same file (fp32; its dequantization takes ~20 s: once)."""
+    return transformers.AutoModelForCausalLM.from_pretrained(str(gemma_path.parent), gguf_file=gemma_path.name,
+                                                             dtype=torch.float32).eval()
 
+
+def test_gemma3_greedy_follows_transformers(gemma_path, hf_gemma):
     llm = LLM(str(gemma_path), max_model_len=256, kv_cache_memory=128 * 1024**2, max_num_seqs=8)
     c = llm.loaded.config
     assert llm.loaded.quantization == "gguf" and c.architecture == "Gemma3ForCausalLM"
     assert c.layer_types.count("full_attention") == 3 and c.sliding_window == 512 and c.vocab_size == 262144
     assert {q.type_name for layer in llm.loaded.model.layers for linear in layer.linears()
             for _, q in linear.quantized} == {"Q4_K", "Q5_0", "Q6_K", "Q8_0"}
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(gemma_path.parent), gguf_file=gemma_path.name,
-                                                           dtype=torch.float32).eval()
     tok = llm.get_tokenizer()
-    prompts = [tok.encode(p) for p in PROMPTS]
+    compared = compare_with_transformers(llm, hf_gemma, [tok.encode(p) for p in PROMPTS])
+    assert compared >= 8, f"only {compared} positions had a clear margin"
+
+
+def compare_with_transformers(llm, hf, prompts: list[list[int]]) -> int:
+    """Greedy tokens and their logprobs against transformers' while its top-2 margin is >= MARGIN;
+    returns the positions compared."""
+    tok = llm.get_tokenizer()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=1),
                         use_tqdm=False)
@@ -55,8 +67,21 @@ def test_gemma3_greedy_follows_transformers(gemma_path):
             if top2[0] - top2[1] < MARGIN:
                 break
             mine = out.outputs[0].token_ids[t]
-            assert mine == ref_tokens[t], f"{tok.decode(ids)!r} step {t}: {mine} != {ref_tokens[t]}"
+            assert mine == ref_tokens[t], f"{tok.decode(ids)[-80:]!r} step {t}: {mine} != {ref_tokens[t]}"
             want = float(torch.log_softmax(logits[0].double(), -1)[mine])
             assert abs(out.outputs[0].logprobs[t][mine].logprob - want) < 0.3
             compared += 1
-    assert compared >= 8, f"only {compared} positions had a clear margin"
+    return compared
+
+
+def test_gemma3_beyond_the_sliding_window_follows_transformers(gemma_path, hf_gemma):
+    """A 700-token prompt: its sliding-window layers attend to the last 512 positions only, the
+    global ones to all (a text of the pinned interpreter's standard library, fixed)."""
+    import inspect
+    import textwrap
+
+    llm = LLM(str(gemma_path), max_model_len=1024, kv_cache_memory=128 * 1024**2, max_num_seqs=2)
+    ids = llm.get_tokenizer().encode(inspect.getsource(textwrap))[:700]
+    assert len(ids) == 700
+    compared = compare_with_transformers(llm, hf_gemma, [ids])
+    assert compared >= 4, f"only {compared} positions had a clear margin"
