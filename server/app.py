@@ -30,8 +30,10 @@ METRICS = web.AppKey("metrics", ServerMetrics)
 def _validation_error(e: ValidationError) -> APIError:
     first = e.errors()[0]
     loc = ".".join(str(x) for x in first.get("loc", ()))
-    return bad_request(f"{loc}: {first.get('msg', 'invalid value')}" if loc else first.get("msg", "invalid request"),
-                       param=loc or None)
+    msg = first.get("msg", "invalid value")
+    if first.get("type") == "value_error" and "error" in first.get("ctx", {}):
+        msg = str(first["ctx"]["error"])  # our validators' own sentence, without pydantic's "Value error, "
+    return bad_request(f"{loc}: {msg}" if loc else msg, param=loc or None)
 
 
 async def parse(request: web.Request, model: type[BaseModel]) -> BaseModel:

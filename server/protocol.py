@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from corellm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
@@ -98,6 +98,13 @@ class SamplingFields(RequestPart):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, v, info: ValidationInfo):
+        if v is not None and not info.data.get("stream", False):
+            raise ValueError("stream_options is only allowed when stream is true")  # as OpenAI's API
+        return v
 
     @field_validator("stop")
     @classmethod

@@ -65,6 +65,7 @@ OUT_OF_RANGE = [
     ("prompt", {"prompt": [-1]}), ("prompt", {"prompt": [10**9]}), ("prompt", {"prompt": 5}),
     ("prompt", {"prompt": [5] * 600}), ("max_tokens", {"prompt": "hi", "max_tokens": 600}),
     ("echo", {"echo": True}), ("model", {"model": "../../etc/passwd"}),
+    ("stream_options", {"stream_options": {"include_usage": True}}),  # without stream: OpenAI refuses it too
 ]
 
 
@@ -90,6 +91,12 @@ def test_chat_out_of_range_fields(server, param, fields):
                         {"messages": [{"role": "user", "content": "x"}], **fields})
     assert_error(code, out, 400)
     assert param in (out["error"]["param"] or "") or param in out["error"]["message"], out
+
+
+def test_a_validators_sentence_comes_without_pydantics_prefix(server):
+    code, out, _ = call(server.url + "/v1/completions", {**X, "stream_options": {"include_usage": True}})
+    assert_error(code, out, 400, param="stream_options")
+    assert out["error"]["message"] == "stream_options: stream_options is only allowed when stream is true", out
 
 
 def test_10mb_body_is_413(server):
