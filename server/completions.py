@@ -1,15 +1,20 @@
-"""POST /v1/completions: text completion, streamed (SSE) or whole."""
+"""POST /v1/completions: text completion, streamed (SSE) or whole. With echo (as vLLM and OpenAI's
+older models), each choice's text starts with its prompt's, and with logprobs its logprobs start
+with the prompt's tokens (the first without a logprob), scored with the same number of top tokens:
+what lm-evaluation-harness's loglikelihood asks of a completions server (echo, logprobs 1,
+max_tokens 1)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 
 from aiohttp import web
 
-from corellm.outputs import CompletionOutput, RequestOutput
+from corellm.outputs import RequestOutput
 from corellm.server.errors import bad_request
-from corellm.server.logprobs import completion_logprobs, prompt_logprobs
+from corellm.server.logprobs import completion_logprobs, echo_logprobs, prompt_logprobs
 from corellm.server.protocol import CompletionRequest
 from corellm.server.serving import Serving, now, send_event, stream_errors, usage
 
@@ -30,11 +35,17 @@ def _prompts(req: CompletionRequest, serving: Serving) -> list[tuple[list[int], 
 
 async def create_completion(serving: Serving, request: web.Request, req: CompletionRequest) -> web.StreamResponse:
     model = serving.check_model(req.model)
-    if req.echo:
-        raise bad_request("echo is not supported", "echo")
     if req.suffix:
         raise bad_request("suffix is not supported", "suffix")
     params = req.sampling_params(serving.defaults(), req.max_tokens, req.logprobs)
+    if req.echo and req.logprobs is not None:
+        if req.stream:
+            raise bad_request("echo with logprobs is not available when stream is true (the prompt's logprobs "
+                              "come with the whole response)", "echo")
+        if req.prompt_logprobs is not None and req.prompt_logprobs != req.logprobs:
+            raise bad_request(f"with echo, the prompt is scored with logprobs={req.logprobs} top tokens; "
+                              f"prompt_logprobs={req.prompt_logprobs} differs", "prompt_logprobs")
+        params = dataclasses.replace(params, prompt_logprobs=req.logprobs)
     request_id = serving.new_id("cmpl")
     structured_field = req.structured_output()[1]
     await serving.check_constraint(params.structured_outputs, structured_field)
@@ -44,11 +55,13 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     n = params.n
     if not req.stream:
         outputs = await serving.run_all(processed, structured_field)
-        return web.json_response(_response(request_id, model, outputs, n, serving))
+        return web.json_response(_response(request_id, model, outputs, n, serving, req))
 
     resp, outputs = await serving.start_stream(request, processed, structured_field)
     created = now()
     completion_tokens = [0] * (len(processed) * n)
+    echo_pending = [_prompt_text(p.prompt_token_ids, p.prompt, serving) if req.echo else "" for p in processed
+                    for _ in range(n)]  # each choice's prompt text, until its first chunk carries it
     cached_tokens = [0] * len(processed)
     try:
         async with contextlib.aclosing(outputs):  # closed at once on a disconnect
@@ -57,9 +70,10 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
                 for c in out.outputs:
                     index = i * n + c.index
                     completion_tokens[index] += len(c.token_ids)
-                    if not c.text and not c.token_ids and c.finish_reason is None:
+                    if not c.text and not c.token_ids and c.finish_reason is None and not echo_pending[index]:
                         continue
-                    choice = {"index": index, "text": c.text, "finish_reason": c.finish_reason,
+                    text, echo_pending[index] = echo_pending[index] + c.text, ""
+                    choice = {"index": index, "text": text, "finish_reason": c.finish_reason,
                               "logprobs": completion_logprobs(c, serving.tokenizer) if req.logprobs is not None else None}
                     if c.finish_reason is not None:
                         choice["stop_reason"] = c.stop_reason
@@ -80,21 +94,30 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     return resp
 
 
-def _response(request_id: str, model: str, outputs: list[RequestOutput], n: int, serving: Serving) -> dict:
+def _response(request_id: str, model: str, outputs: list[RequestOutput], n: int, serving: Serving,
+              req: CompletionRequest) -> dict:
     choices, prompt_tokens, completion_tokens, cached_tokens = [], 0, 0, 0
     for i, out in enumerate(outputs):
         prompt_tokens += len(out.prompt_token_ids)
         cached_tokens += out.num_cached_tokens
+        echoed_text, echoed_logprobs = "", None
+        if req.echo:
+            echoed_text = _prompt_text(out.prompt_token_ids, out.prompt, serving)
+            if req.logprobs is not None:
+                echoed_logprobs = echo_logprobs(out.prompt_token_ids, out.prompt_logprobs, req.logprobs,
+                                                serving.tokenizer)
         for c in out.outputs:
             completion_tokens += len(c.token_ids)
-            choice = _choice(i * n + c.index, c, serving)
-            if out.prompt_logprobs is not None:
+            choice = {"index": i * n + c.index, "text": echoed_text + c.text, "finish_reason": c.finish_reason,
+                      "stop_reason": c.stop_reason,
+                      "logprobs": completion_logprobs(c, serving.tokenizer, echoed_logprobs)}
+            if out.prompt_logprobs is not None and req.prompt_logprobs is not None:
                 choice["prompt_logprobs"] = prompt_logprobs(out.prompt_logprobs)
             choices.append(choice)
     return {"id": request_id, "object": "text_completion", "created": now(), "model": model, "choices": choices,
             "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
-def _choice(index: int, c: CompletionOutput, serving: Serving) -> dict:
-    return {"index": index, "text": c.text, "finish_reason": c.finish_reason, "stop_reason": c.stop_reason,
-            "logprobs": completion_logprobs(c, serving.tokenizer) if c.logprobs is not None else None}
+def _prompt_text(prompt_ids: list[int], prompt: str | None, serving: Serving) -> str:
+    """The prompt as the client gave it, or its tokens decoded (special tokens kept: what the model read)."""
+    return prompt if prompt is not None else serving.tokenizer.decode(prompt_ids, skip_special_tokens=False)

@@ -10,11 +10,14 @@ def _token_text(tokenizer, token_id: int, cached: str | None) -> str:
     return cached if cached is not None else tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-def completion_logprobs(c: CompletionOutput, tokenizer) -> dict | None:
+def completion_logprobs(c: CompletionOutput, tokenizer, echoed: dict | None = None) -> dict | None:
+    """The completion's tokens; after `echoed` (echo_logprobs: the prompt's), offsets continuing."""
     if c.logprobs is None:
         return None
     tokens, token_logprobs, top, offsets = [], [], [], []
-    offset = 0
+    if echoed is not None:
+        tokens, token_logprobs, top, offsets = (list(echoed[k]) for k in LEGACY_KEYS)
+    offset = offsets[-1] + len(tokens[-1]) if tokens else 0
     for tid, pos in zip(c.token_ids, c.logprobs):
         chosen = pos[tid]
         text = _token_text(tokenizer, tid, chosen.decoded_token)
@@ -24,7 +27,30 @@ def completion_logprobs(c: CompletionOutput, tokenizer) -> dict | None:
                     for t, lp in sorted(pos.items(), key=lambda kv: -kv[1].logprob) if lp.rank is not None})
         offsets.append(offset)
         offset += len(text)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+    return dict(zip(LEGACY_KEYS, (tokens, token_logprobs, top, offsets)))
+
+
+LEGACY_KEYS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+
+
+def echo_logprobs(prompt_ids: list[int], positions: list[PositionLogprobs | None], top_n: int, tokenizer) -> dict:
+    """The prompt's tokens in the completions format, as /v1/completions with echo gives them (vLLM,
+    OpenAI's older models): the first token has no logprob (None, and None for its top), each other
+    its logprob given the tokens before it and the top_n most likely there, with it."""
+    tokens, token_logprobs, top, offsets = [], [], [], []
+    offset = 0
+    for tid, pos in zip(prompt_ids, positions):
+        chosen = pos[tid] if pos is not None else None
+        text = _token_text(tokenizer, tid, chosen.decoded_token if chosen is not None else None)
+        tokens.append(text)
+        token_logprobs.append(chosen.logprob if chosen is not None else None)
+        top.append(None if pos is None else {
+            _token_text(tokenizer, t, lp.decoded_token): lp.logprob
+            for t, lp in sorted(pos.items(), key=lambda kv: -kv[1].logprob)
+            if t == tid or (lp.rank is not None and lp.rank <= top_n)})
+        offsets.append(offset)
+        offset += len(text)
+    return dict(zip(LEGACY_KEYS, (tokens, token_logprobs, top, offsets)))
 
 
 def chat_logprobs(c: CompletionOutput, tokenizer, top_n: int) -> dict | None:

@@ -64,7 +64,7 @@ OUT_OF_RANGE = [
     ("cache_salt", {"cache_salt": "s" * 257}), ("prompt", {"prompt": []}), ("prompt", {"prompt": [[]]}),
     ("prompt", {"prompt": [-1]}), ("prompt", {"prompt": [10**9]}), ("prompt", {"prompt": 5}),
     ("prompt", {"prompt": [5] * 600}), ("max_tokens", {"prompt": "hi", "max_tokens": 600}),
-    ("echo", {"echo": True}), ("model", {"model": "../../etc/passwd"}),
+    ("echo", {"echo": True, "logprobs": 1, "stream": True}), ("model", {"model": "../../etc/passwd"}),
     ("stream_options", {"stream_options": {"include_usage": True}}),  # without stream: OpenAI refuses it too
 ]
 

@@ -1,0 +1,73 @@
+"""/v1/completions with echo, as vLLM serves it and lm-evaluation-harness's loglikelihood uses it
+(token-id prompts, echo, logprobs 1, max_tokens 1): each choice's text starts with its prompt,
+its logprobs with the prompt's tokens (the first without a logprob) — the same numbers the
+engine gives as prompt_logprobs — then the completion's."""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.error
+import urllib.request
+
+import pytest
+
+
+def post(server, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(server.url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_echo_scores_token_prompts_as_lm_eval_reads_them(server, model_name):
+    prompts = [[504, 3575, 282, 4649, 314], [1782, 253, 1345, 30, 378, 2261]]
+    status, out = post(server, {"model": model_name, "prompt": prompts, "max_tokens": 1, "temperature": 0,
+                                "logprobs": 1, "echo": True, "seed": 1234})
+    assert status == 200, out
+    for prompt, choice in zip(prompts, sorted(out["choices"], key=lambda c: c["index"])):
+        lp = choice["logprobs"]
+        assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(prompt) + 1
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        # The prompt's part: the engine's prompt logprobs of the same tokens.
+        status, scored = post(server, {"model": model_name, "prompt": prompt, "max_tokens": 1, "temperature": 0,
+                                       "prompt_logprobs": 1})
+        assert status == 200, scored
+        reference = scored["choices"][0]["prompt_logprobs"]
+        for j in range(1, len(prompt)):
+            want = reference[j][str(prompt[j])]
+            assert math.isclose(lp["token_logprobs"][j], want["logprob"], abs_tol=1e-4)
+            top = lp["top_logprobs"][j]
+            assert want["decoded_token"] in top and len(top) == (1 if want["rank"] == 1 else 2)
+            assert max(top.values()) >= lp["token_logprobs"][j]  # lm-eval's is_greedy test reads this
+        # The text: the prompt's, then the completion's token; offsets follow the token texts.
+        assert choice["text"] == "".join(lp["tokens"]) and choice["text"].startswith(lp["tokens"][0])
+        assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(lp["tokens"]))]
+
+
+def test_echo_text_with_n_and_streamed(server, model_name):
+    prompt = "The capital of France is"
+    body = {"model": model_name, "prompt": prompt, "max_tokens": 4, "temperature": 0}
+    status, plain = post(server, body)
+    status2, echoed = post(server, {**body, "echo": True, "n": 2})
+    assert status == status2 == 200
+    assert [c["text"] for c in echoed["choices"]] == [prompt + plain["choices"][0]["text"]] * 2
+    assert echoed["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]  # the prompt counted once
+    assert echoed["usage"]["completion_tokens"] == 2 * plain["usage"]["completion_tokens"]
+    req = urllib.request.Request(server.url + "/v1/completions", headers={"Content-Type": "application/json"},
+                                 data=json.dumps({**body, "echo": True, "stream": True}).encode())
+    with urllib.request.urlopen(req, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.read().decode().splitlines()
+                  if line.startswith("data: {")]
+    assert events[0]["choices"][0]["text"].startswith(prompt)
+    assert "".join(e["choices"][0]["text"] for e in events) == prompt + plain["choices"][0]["text"]
+
+
+@pytest.mark.parametrize("fields, param", [({"logprobs": 1, "stream": True}, "echo"),
+                                           ({"logprobs": 1, "prompt_logprobs": 2}, "prompt_logprobs")])
+def test_echo_refusals_name_the_field(server, model_name, fields, param):
+    status, out = post(server, {"model": model_name, "prompt": "Hi", "max_tokens": 1, "echo": True, **fields})
+    assert status == 400 and out["error"]["param"] == param, out
