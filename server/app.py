@@ -158,6 +158,22 @@ async def detokenize(request: web.Request) -> web.Response:
     return web.json_response({"prompt": serving.tokenizer.decode(req.tokens, skip_special_tokens=False)})
 
 
+async def tokenizer_info(request: web.Request) -> web.Response:
+    """The tokenizer's special tokens and chat template, as vLLM's GET /tokenizer_info: what a client
+    that tokenizes through the server needs (lm-evaluation-harness's remote tokenizer reads it, then
+    /tokenize and /detokenize), so that it needs no copy of the model's tokenizer."""
+    serving = request.app[SERVING]
+    tok = serving.tokenizer
+
+    def text(token_id: int | None) -> str | None:
+        return None if token_id is None else tok.decode([token_id], skip_special_tokens=False)
+
+    return web.json_response({"tokenizer_class": type(tok.backend).__name__, "eos_token": text(tok.eos_token_id),
+                              "bos_token": text(tok.bos_token_id), "pad_token": text(tok.pad_token_id),
+                              "chat_template": tok.chat_template, "model_max_length": serving.engine.max_model_len,
+                              "vocab_size": tok.vocab_size})
+
+
 async def openapi(request: web.Request) -> web.Response:
     return web.json_response(openapi_spec())
 
@@ -178,6 +194,7 @@ def create_app(engine: AsyncLLM, config: ServerConfig) -> web.Application:
     app.router.add_get("/version", version)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
+    app.router.add_get("/tokenizer_info", tokenizer_info)
     app.router.add_get("/openapi.json", openapi)
 
     async def start_engine(app: web.Application) -> None:

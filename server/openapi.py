@@ -54,6 +54,7 @@ def openapi_spec() -> dict:
             "/v1/chat/completions": _post(ChatCompletionRequest, "Chat completion"),
             "/tokenize": _post(TokenizeRequest, "Tokenize a prompt or messages"),
             "/detokenize": _post(DetokenizeRequest, "Token ids to text"),
+            "/tokenizer_info": _get("The tokenizer's special tokens and chat template"),
             "/v1/models": _get("Served models"),
             "/health": _get("Engine health"),
             "/version": _get("Server version"),

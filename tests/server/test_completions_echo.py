@@ -71,3 +71,32 @@ def test_echo_text_with_n_and_streamed(server, model_name):
 def test_echo_refusals_name_the_field(server, model_name, fields, param):
     status, out = post(server, {"model": model_name, "prompt": "Hi", "max_tokens": 1, "echo": True, **fields})
     assert status == 400 and out["error"]["param"] == param, out
+
+
+def test_lm_eval_loglikelihood_through_the_server_alone(server, model_name):
+    """lm-evaluation-harness's local-completions with its remote tokenizer: /tokenizer_info (it needs
+    eos_token), /tokenize without special tokens, then context + continuation echoed with logprobs 1;
+    the continuation's log-likelihood is the sum of its tokens' logprobs, greedy when each is the
+    top one. Here it equals the logprob the engine gives " Paris" when it generates it."""
+    with urllib.request.urlopen(server.url + "/tokenizer_info", timeout=10) as r:
+        info = json.loads(r.read())
+    assert info["eos_token"] == "<|im_end|>" and info["chat_template"] and info["model_max_length"] > 0
+
+    def tokenize(text: str) -> list[int]:
+        req = urllib.request.Request(server.url + "/tokenize", headers={"Content-Type": "application/json"},
+                                     data=json.dumps({"prompt": text, "add_special_tokens": False}).encode())
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())["tokens"]
+
+    context, continuation = tokenize("The capital of France is"), tokenize(" Paris")
+    status, out = post(server, {"model": model_name, "prompt": [context + continuation], "max_tokens": 1,
+                                "temperature": 0, "logprobs": 1, "echo": True, "seed": 1234})
+    assert status == 200, out
+    lp = out["choices"][0]["logprobs"]
+    scored = lp["token_logprobs"][len(context):-1]
+    is_greedy = all(t == max(top.values()) for t, top in zip(scored, lp["top_logprobs"][len(context):-1]))
+    status, generated = post(server, {"model": model_name, "prompt": [context], "max_tokens": 1, "temperature": 0,
+                                      "logprobs": 1})
+    assert generated["choices"][0]["logprobs"]["tokens"] == [" Paris"]
+    assert is_greedy and math.isclose(sum(scored), generated["choices"][0]["logprobs"]["token_logprobs"][0],
+                                      abs_tol=1e-3)
