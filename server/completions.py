@@ -2,7 +2,8 @@
 older models), each choice's text starts with its prompt's, and with logprobs its logprobs start
 with the prompt's tokens (the first without a logprob), scored with the same number of top tokens:
 what lm-evaluation-harness's loglikelihood asks of a completions server (echo, logprobs 1,
-max_tokens 1)."""
+max_tokens 1). max_tokens 0 is allowed with echo alone, as OpenAI's older models: the prompt scored,
+nothing generated (the engine samples its one token; the response leaves it out)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,11 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     model = serving.check_model(req.model)
     if req.suffix:
         raise bad_request("suffix is not supported", "suffix")
-    params = req.sampling_params(serving.defaults(), req.max_tokens, req.logprobs)
+    scoring_only = req.max_tokens == 0
+    if scoring_only and not req.echo:
+        raise bad_request("max_tokens must be at least 1 (0 only with echo: the prompt scored alone)", "max_tokens")
+    max_tokens = 1 if scoring_only else req.max_tokens
+    params = req.sampling_params(serving.defaults(), max_tokens, req.logprobs)
     if req.echo and req.logprobs is not None:
         if req.stream:
             raise bad_request("echo with logprobs is not available when stream is true (the prompt's logprobs "
@@ -49,13 +54,13 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     request_id = serving.new_id("cmpl")
     structured_field = req.structured_output()[1]
     await serving.check_constraint(params.structured_outputs, structured_field)
-    processed = [serving.prepare(f"{request_id}-{i}", ids, text, params, req.max_tokens,
+    processed = [serving.prepare(f"{request_id}-{i}", ids, text, params, max_tokens,
                                  cache_salt=req.cache_salt, priority=req.priority, structured_field=structured_field)
                  for i, (ids, text) in enumerate(_prompts(req, serving))]
     n = params.n
     if not req.stream:
         outputs = await serving.run_all(processed, structured_field)
-        return web.json_response(_response(request_id, model, outputs, n, serving, req))
+        return web.json_response(_response(request_id, model, outputs, n, serving, req, scoring_only))
 
     resp, outputs = await serving.start_stream(request, processed, structured_field)
     created = now()
@@ -69,6 +74,8 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
                 cached_tokens[i] = out.num_cached_tokens
                 for c in out.outputs:
                     index = i * n + c.index
+                    if scoring_only:  # the sampled token is not part of the answer
+                        c = dataclasses.replace(c, text="", token_ids=[], logprobs=[] if c.logprobs is not None else None)
                     completion_tokens[index] += len(c.token_ids)
                     if not c.text and not c.token_ids and c.finish_reason is None and not echo_pending[index]:
                         continue
@@ -95,7 +102,7 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
 
 
 def _response(request_id: str, model: str, outputs: list[RequestOutput], n: int, serving: Serving,
-              req: CompletionRequest) -> dict:
+              req: CompletionRequest, scoring_only: bool) -> dict:
     choices, prompt_tokens, completion_tokens, cached_tokens = [], 0, 0, 0
     for i, out in enumerate(outputs):
         prompt_tokens += len(out.prompt_token_ids)
@@ -107,6 +114,8 @@ def _response(request_id: str, model: str, outputs: list[RequestOutput], n: int,
                 echoed_logprobs = echo_logprobs(out.prompt_token_ids, out.prompt_logprobs, req.logprobs,
                                                 serving.tokenizer)
         for c in out.outputs:
+            if scoring_only:  # the sampled token is not part of the answer
+                c = dataclasses.replace(c, text="", token_ids=[], logprobs=[] if c.logprobs is not None else None)
             completion_tokens += len(c.token_ids)
             choice = {"index": i * n + c.index, "text": echoed_text + c.text, "finish_reason": c.finish_reason,
                       "stop_reason": c.stop_reason,

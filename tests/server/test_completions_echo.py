@@ -100,3 +100,28 @@ def test_lm_eval_loglikelihood_through_the_server_alone(server, model_name):
     assert generated["choices"][0]["logprobs"]["tokens"] == [" Paris"]
     assert is_greedy and math.isclose(sum(scored), generated["choices"][0]["logprobs"]["token_logprobs"][0],
                                       abs_tol=1e-3)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_max_tokens_0_with_echo_scores_the_prompt_alone(server, model_name, stream):
+    prompt = "The capital of France is"
+    body = {"model": model_name, "prompt": prompt, "max_tokens": 0, "echo": True}
+    if not stream:
+        status, out = post(server, {**body, "logprobs": 2})
+        assert status == 200, out
+        choice = out["choices"][0]
+        assert choice["text"] == prompt and choice["finish_reason"] == "length"
+        assert len(choice["logprobs"]["tokens"]) == out["usage"]["prompt_tokens"] == 5
+        assert out["usage"]["completion_tokens"] == 0
+        return
+    req = urllib.request.Request(server.url + "/v1/completions", headers={"Content-Type": "application/json"},
+                                 data=json.dumps({**body, "stream": True}).encode())
+    with urllib.request.urlopen(req, timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.read().decode().splitlines() if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["text"] for e in events) == prompt
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_max_tokens_0_without_echo_is_refused(server, model_name):
+    status, out = post(server, {"model": model_name, "prompt": "Hi", "max_tokens": 0})
+    assert status == 400 and out["error"]["param"] == "max_tokens" and "only with echo" in out["error"]["message"]
