@@ -64,6 +64,12 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
     tools = resolve_chat_tools(req, serving.config, serving.tokenizer)
     text = await render_prompt(serving, req, tools.template_tools)
     prompt_ids = serving.tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
+    if req.truncate_prompt_tokens is not None:
+        if any(isinstance(m.content, list) and any(isinstance(p, ImagePart) for p in m.content) for m in req.messages):
+            raise bad_request("truncate_prompt_tokens cannot cut a prompt with images (their tokens go together)",
+                              "truncate_prompt_tokens")
+        kept = serving.truncate_prompt(prompt_ids, req.truncate_prompt_tokens)
+        text, prompt_ids = (text if len(kept) == len(prompt_ids) else None), kept
     max_tokens = req.max_completion_tokens or req.max_tokens
     top_n = req.top_logprobs or 0
     params = req.sampling_params(serving.defaults(), max_tokens, top_n if req.logprobs else None)
@@ -102,11 +108,15 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
             choices.append({"index": c.index, "message": message.message(),
                             "logprobs": chat_logprobs(c, serving.tokenizer, top_n) if req.logprobs else None,
                             "finish_reason": finish, "stop_reason": c.stop_reason})
+            if req.return_token_ids:
+                choices[-1]["token_ids"] = list(c.token_ids)
         completion_tokens = sum(len(c.token_ids) for c in out.outputs)
-        return web.json_response({
-            "id": request_id, "object": "chat.completion", "created": now(), "model": model, "choices": choices,
-            "prompt_logprobs": prompt_logprobs(out.prompt_logprobs),
-            "usage": usage(len(processed.prompt_token_ids), completion_tokens, out.num_cached_tokens)})
+        body = {"id": request_id, "object": "chat.completion", "created": now(), "model": model, "choices": choices,
+                "prompt_logprobs": prompt_logprobs(out.prompt_logprobs),
+                "usage": usage(len(processed.prompt_token_ids), completion_tokens, out.num_cached_tokens)}
+        if req.return_token_ids:
+            body["prompt_token_ids"] = processed.prompt_token_ids
+        return web.json_response(body)
 
     resp, outputs = await serving.start_stream(request, [processed], structured_field)
     created = now()
@@ -114,13 +124,18 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
     completion_tokens = cached_tokens = 0
     messages = [reply() for _ in range(n)]
 
-    def chunk(index: int, delta: dict, finish_reason: str | None = None, logprobs=None) -> dict:
-        return {**head, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
-                                     "finish_reason": finish_reason}]}
+    def chunk(index: int, delta: dict, finish_reason: str | None = None, logprobs=None, token_ids=None) -> dict:
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        if req.return_token_ids:
+            choice["token_ids"] = token_ids or []
+        return {**head, "choices": [choice]}
 
     try:
-        for i in range(n):  # the role comes first, once per choice
-            await send_event(resp, chunk(i, {"role": "assistant", "content": ""}))
+        for i in range(n):  # the role comes first, once per choice (with return_token_ids, the prompt's ids)
+            first = chunk(i, {"role": "assistant", "content": ""})
+            if req.return_token_ids:
+                first["prompt_token_ids"] = processed.prompt_token_ids
+            await send_event(resp, first)
         async with contextlib.aclosing(outputs):  # closed at once on a disconnect
             async for _, out in outputs:
                 cached_tokens = out.num_cached_tokens
@@ -129,10 +144,11 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
                     message = messages[c.index]
                     deltas = message.feed(c.text) if c.text else []
                     logprobs = chat_logprobs(c, serving.tokenizer, top_n) if req.logprobs and c.token_ids else None
-                    if logprobs is not None and not deltas:
-                        deltas = [{}]  # the logprobs of tokens whose text is held back
+                    if (logprobs is not None or req.return_token_ids and c.token_ids) and not deltas:
+                        deltas = [{}]  # the logprobs (token ids) of tokens whose text is held back
                     for k, delta in enumerate(deltas):
-                        await send_event(resp, chunk(c.index, delta, logprobs=logprobs if k == 0 else None))
+                        await send_event(resp, chunk(c.index, delta, logprobs=logprobs if k == 0 else None,
+                                                     token_ids=list(c.token_ids) if k == 0 else None))
                     if c.finish_reason is not None:
                         for delta in message.finish():
                             await send_event(resp, chunk(c.index, delta))

@@ -21,17 +21,21 @@ from corellm.server.serving import Serving, now, send_event, stream_errors, usag
 
 
 def _prompts(req: CompletionRequest, serving: Serving) -> list[tuple[list[int], str | None]]:
+    """Each prompt's token ids and its text (None when given as ids, or cut by truncate_prompt_tokens)."""
     p = req.prompt
     encode = lambda text: serving.tokenizer.encode(text, add_special_tokens=req.add_special_tokens)  # noqa: E731
     if isinstance(p, str):
-        return [(encode(p), p)]
-    if not p:
+        prompts = [(encode(p), p)]
+    elif not p:
         raise bad_request("prompt must not be empty", "prompt")
-    if isinstance(p[0], str):
-        return [(encode(s), s) for s in p]
-    if isinstance(p[0], int):
-        return [(list(p), None)]
-    return [(list(ids), None) for ids in p]
+    elif isinstance(p[0], str):
+        prompts = [(encode(s), s) for s in p]
+    elif isinstance(p[0], int):
+        prompts = [(list(p), None)]
+    else:
+        prompts = [(list(ids), None) for ids in p]
+    kept = [(serving.truncate_prompt(ids, req.truncate_prompt_tokens), text) for ids, text in prompts]
+    return [(ids, text if len(ids) == len(full) else None) for (ids, text), (full, _) in zip(kept, prompts)]
 
 
 async def create_completion(serving: Serving, request: web.Request, req: CompletionRequest) -> web.StreamResponse:
@@ -68,6 +72,7 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     echo_pending = [_prompt_text(p.prompt_token_ids, p.prompt, serving) if req.echo else "" for p in processed
                     for _ in range(n)]  # each choice's prompt text, until its first chunk carries it
     cached_tokens = [0] * len(processed)
+    started: set[int] = set()  # the choices that have sent a chunk
     try:
         async with contextlib.aclosing(outputs):  # closed at once on a disconnect
             async for i, out in outputs:
@@ -79,9 +84,14 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
                     completion_tokens[index] += len(c.token_ids)
                     if not c.text and not c.token_ids and c.finish_reason is None and not echo_pending[index]:
                         continue
+                    first = index not in started
+                    started.add(index)
                     text, echo_pending[index] = echo_pending[index] + c.text, ""
                     choice = {"index": index, "text": text, "finish_reason": c.finish_reason,
                               "logprobs": completion_logprobs(c, serving.tokenizer) if req.logprobs is not None else None}
+                    if req.return_token_ids:  # the prompt's with each choice's first chunk, then the deltas'
+                        choice |= {"prompt_token_ids": processed[i].prompt_token_ids if first else None,
+                                   "token_ids": list(c.token_ids)}
                     if c.finish_reason is not None:
                         choice["stop_reason"] = c.stop_reason
                     await send_event(resp, {"id": request_id, "object": "text_completion", "created": created,
@@ -120,6 +130,8 @@ def _response(request_id: str, model: str, outputs: list[RequestOutput], n: int,
             choice = {"index": i * n + c.index, "text": echoed_text + c.text, "finish_reason": c.finish_reason,
                       "stop_reason": c.stop_reason,
                       "logprobs": completion_logprobs(c, serving.tokenizer, echoed_logprobs)}
+            if req.return_token_ids:
+                choice |= {"prompt_token_ids": out.prompt_token_ids, "token_ids": list(c.token_ids)}
             if out.prompt_logprobs is not None and req.prompt_logprobs is not None:
                 choice["prompt_logprobs"] = prompt_logprobs(out.prompt_logprobs)
             choices.append(choice)

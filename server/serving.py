@@ -70,6 +70,17 @@ class Serving:
         """Whether the model takes images (a LLaVA model): chat templates then get content parts."""
         return self.engine.parts.input_processor.image_inputs is not None
 
+    def truncate_prompt(self, prompt_ids: list[int], keep: int | None) -> list[int]:
+        """truncate_prompt_tokens (vLLM's): the prompt's last `keep` tokens (-1: as many as the context
+        holds; None: all of it). 0 keeps nothing: a 400."""
+        if keep is None:
+            return prompt_ids
+        if keep == 0:
+            raise bad_request("truncate_prompt_tokens must be -1 (the model's context) or at least 1, got 0",
+                              "truncate_prompt_tokens")
+        keep = self.engine.max_model_len if keep == -1 else keep
+        return prompt_ids[-keep:]
+
     def prepare(self, request_id: str, prompt_ids: list[int], prompt_text: str | None, params: SamplingParams,
                 requested_max_tokens: int | None, kind: str = "prompt", cache_salt: str | None = None,
                 priority: int = 0, structured_field: str | None = None,

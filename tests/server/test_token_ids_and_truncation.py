@@ -1,0 +1,90 @@
+"""vLLM's return_token_ids (the prompt's and each choice's token ids beside the text; streamed: the
+prompt's with the first chunk, each chunk its delta's) and truncate_prompt_tokens (the prompt's
+last k tokens), on /v1/completions and /v1/chat/completions."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+CHAT = [{"role": "user", "content": "Name three colors."}]
+
+
+def post(server, path: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(server.url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def stream(server, path: str, body: dict) -> list[dict]:
+    req = urllib.request.Request(server.url + path, data=json.dumps({**body, "stream": True}).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return [json.loads(line[6:]) for line in r.read().decode().splitlines() if line.startswith("data: {")]
+
+
+def tokenize(server, **body) -> list[int]:
+    return post(server, "/tokenize", body)[1]["tokens"]
+
+
+def detokenize(server, ids: list[int]) -> str:
+    return post(server, "/detokenize", {"tokens": ids})[1]["prompt"]
+
+
+def test_completion_token_ids_whole_and_streamed(server, model_name):
+    body = {"model": model_name, "prompt": "The three primary colors are", "max_tokens": 8, "temperature": 0,
+            "return_token_ids": True}
+    status, out = post(server, "/v1/completions", body)
+    assert status == 200, out
+    choice = out["choices"][0]
+    assert choice["prompt_token_ids"] == tokenize(server, prompt=body["prompt"])
+    assert len(choice["token_ids"]) == out["usage"]["completion_tokens"]
+    assert detokenize(server, choice["token_ids"]) == choice["text"]
+    events = stream(server, "/v1/completions", body)
+    assert events[0]["choices"][0]["prompt_token_ids"] == choice["prompt_token_ids"]
+    assert all(e["choices"][0]["prompt_token_ids"] is None for e in events[1:])
+    assert [t for e in events for t in e["choices"][0]["token_ids"]] == choice["token_ids"]
+    status, plain = post(server, "/v1/completions", {**body, "return_token_ids": False})
+    assert "token_ids" not in plain["choices"][0] and "prompt_token_ids" not in plain["choices"][0]
+
+
+def test_chat_token_ids_whole_and_streamed(server, model_name):
+    body = {"model": model_name, "messages": CHAT, "max_tokens": 8, "temperature": 0, "return_token_ids": True}
+    status, out = post(server, "/v1/chat/completions", body)
+    assert status == 200, out
+    assert out["prompt_token_ids"] == tokenize(server, messages=CHAT)
+    ids = out["choices"][0]["token_ids"]
+    assert len(ids) == out["usage"]["completion_tokens"]
+    assert detokenize(server, ids).startswith(out["choices"][0]["message"]["content"])
+    events = stream(server, "/v1/chat/completions", body)
+    assert events[0]["prompt_token_ids"] == out["prompt_token_ids"]
+    assert all("prompt_token_ids" not in e for e in events[1:])
+    assert [t for e in events for t in e["choices"][0]["token_ids"]] == ids
+
+
+def test_truncate_prompt_tokens_keeps_the_last_ones(server, model_name):
+    prompt = "One two three four five six seven eight nine ten"
+    ids = tokenize(server, prompt=prompt)
+    body = {"model": model_name, "max_tokens": 6, "temperature": 0, "return_token_ids": True}
+    status, cut = post(server, "/v1/completions", {**body, "prompt": prompt, "truncate_prompt_tokens": 4})
+    assert status == 200, cut
+    assert cut["usage"]["prompt_tokens"] == 4 and cut["choices"][0]["prompt_token_ids"] == ids[-4:]
+    status, same = post(server, "/v1/completions", {**body, "prompt": ids[-4:]})
+    assert same["choices"][0]["token_ids"] == cut["choices"][0]["token_ids"]
+    status, whole = post(server, "/v1/completions", {**body, "prompt": prompt, "truncate_prompt_tokens": -1})
+    assert whole["usage"]["prompt_tokens"] == len(ids)  # -1: as much as the context holds, here all of it
+    status, chat = post(server, "/v1/chat/completions", {**body, "messages": CHAT, "truncate_prompt_tokens": 5})
+    assert status == 200 and chat["prompt_token_ids"] == tokenize(server, messages=CHAT)[-5:]
+
+
+@pytest.mark.parametrize("value", [0, -2])
+def test_truncate_prompt_tokens_out_of_range_is_a_400(server, model_name, value):
+    status, out = post(server, "/v1/completions", {"model": model_name, "prompt": "Hi", "truncate_prompt_tokens": value})
+    assert status == 400 and out["error"]["param"] == "truncate_prompt_tokens", out
