@@ -15,7 +15,7 @@ from corellm.reasoning_parser import ReasoningParser
 from corellm.server.assistant_message import AssistantMessage
 from corellm.server.chat_tools import resolve_chat_tools
 from corellm.server.errors import bad_request
-from corellm.server.logprobs import chat_logprobs, prompt_logprobs
+from corellm.server.logprobs import TokenLabels, chat_logprobs, prompt_logprobs
 from corellm.server.protocol import ChatCompletionRequest, ImagePart
 from corellm.server.serving import Serving, now, send_event, stream_errors, usage
 from corellm.tokenizer import ChatTemplateError
@@ -72,6 +72,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
         text, prompt_ids = (text if len(kept) == len(prompt_ids) else None), kept
     max_tokens = req.max_completion_tokens or req.max_tokens
     top_n = req.top_logprobs or 0
+    labels = TokenLabels(serving.tokenizer, req.return_tokens_as_token_ids)
     params = req.sampling_params(serving.defaults(), max_tokens, top_n if req.logprobs else None)
     structured_field = req.structured_output()[1]
     if tools.constraint is not None:
@@ -106,7 +107,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
             message.finish()
             finish = "tool_calls" if message.has_tool_calls and c.finish_reason == "stop" else c.finish_reason
             choices.append({"index": c.index, "message": message.message(),
-                            "logprobs": chat_logprobs(c, serving.tokenizer, top_n) if req.logprobs else None,
+                            "logprobs": chat_logprobs(c, labels, top_n) if req.logprobs else None,
                             "finish_reason": finish, "stop_reason": c.stop_reason})
             if req.return_token_ids:
                 choices[-1]["token_ids"] = list(c.token_ids)
@@ -143,7 +144,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
                     completion_tokens += len(c.token_ids)
                     message = messages[c.index]
                     deltas = message.feed(c.text) if c.text else []
-                    logprobs = chat_logprobs(c, serving.tokenizer, top_n) if req.logprobs and c.token_ids else None
+                    logprobs = chat_logprobs(c, labels, top_n) if req.logprobs and c.token_ids else None
                     if (logprobs is not None or req.return_token_ids and c.token_ids) and not deltas:
                         deltas = [{}]  # the logprobs (token ids) of tokens whose text is held back
                     for k, delta in enumerate(deltas):

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from corellm.outputs import RequestOutput
 from corellm.server.errors import bad_request
-from corellm.server.logprobs import completion_logprobs, echo_logprobs, prompt_logprobs
+from corellm.server.logprobs import TokenLabels, completion_logprobs, echo_logprobs, prompt_logprobs
 from corellm.server.protocol import CompletionRequest
 from corellm.server.serving import Serving, now, send_event, stream_errors, usage
 
@@ -68,6 +68,7 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
 
     resp, outputs = await serving.start_stream(request, processed, structured_field)
     created = now()
+    labels = TokenLabels(serving.tokenizer, req.return_tokens_as_token_ids)
     completion_tokens = [0] * (len(processed) * n)
     echo_pending = [_prompt_text(p.prompt_token_ids, p.prompt, serving) if req.echo else "" for p in processed
                     for _ in range(n)]  # each choice's prompt text, until its first chunk carries it
@@ -88,7 +89,7 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
                     started.add(index)
                     text, echo_pending[index] = echo_pending[index] + c.text, ""
                     choice = {"index": index, "text": text, "finish_reason": c.finish_reason,
-                              "logprobs": completion_logprobs(c, serving.tokenizer) if req.logprobs is not None else None}
+                              "logprobs": completion_logprobs(c, labels) if req.logprobs is not None else None}
                     if req.return_token_ids:  # the prompt's with each choice's first chunk, then the deltas'
                         choice |= {"prompt_token_ids": processed[i].prompt_token_ids if first else None,
                                    "token_ids": list(c.token_ids)}
@@ -114,6 +115,7 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
 def _response(request_id: str, model: str, outputs: list[RequestOutput], n: int, serving: Serving,
               req: CompletionRequest, scoring_only: bool) -> dict:
     choices, prompt_tokens, completion_tokens, cached_tokens = [], 0, 0, 0
+    labels = TokenLabels(serving.tokenizer, req.return_tokens_as_token_ids)
     for i, out in enumerate(outputs):
         prompt_tokens += len(out.prompt_token_ids)
         cached_tokens += out.num_cached_tokens
@@ -121,15 +123,14 @@ def _response(request_id: str, model: str, outputs: list[RequestOutput], n: int,
         if req.echo:
             echoed_text = _prompt_text(out.prompt_token_ids, out.prompt, serving)
             if req.logprobs is not None:
-                echoed_logprobs = echo_logprobs(out.prompt_token_ids, out.prompt_logprobs, req.logprobs,
-                                                serving.tokenizer)
+                echoed_logprobs = echo_logprobs(out.prompt_token_ids, out.prompt_logprobs, req.logprobs, labels)
         for c in out.outputs:
             if scoring_only:  # the sampled token is not part of the answer
                 c = dataclasses.replace(c, text="", token_ids=[], logprobs=[] if c.logprobs is not None else None)
             completion_tokens += len(c.token_ids)
             choice = {"index": i * n + c.index, "text": echoed_text + c.text, "finish_reason": c.finish_reason,
                       "stop_reason": c.stop_reason,
-                      "logprobs": completion_logprobs(c, serving.tokenizer, echoed_logprobs)}
+                      "logprobs": completion_logprobs(c, labels, echoed_logprobs)}
             if req.return_token_ids:
                 choice |= {"prompt_token_ids": out.prompt_token_ids, "token_ids": list(c.token_ids)}
             if out.prompt_logprobs is not None and req.prompt_logprobs is not None:

@@ -6,11 +6,20 @@ from __future__ import annotations
 from corellm.outputs import CompletionOutput, PositionLogprobs
 
 
-def _token_text(tokenizer, token_id: int, cached: str | None) -> str:
-    return cached if cached is not None else tokenizer.decode([token_id], skip_special_tokens=False)
+class TokenLabels:
+    """How a token is named in logprobs: its text, or with as_ids (vLLM's return_tokens_as_token_ids)
+    "token_id:N", which stays exact where a token is only part of a character's UTF-8 bytes."""
+
+    def __init__(self, tokenizer, as_ids: bool = False):
+        self.tokenizer, self.as_ids = tokenizer, as_ids
+
+    def text(self, token_id: int, cached: str | None) -> str:
+        if self.as_ids:
+            return f"token_id:{token_id}"
+        return cached if cached is not None else self.tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-def completion_logprobs(c: CompletionOutput, tokenizer, echoed: dict | None = None) -> dict | None:
+def completion_logprobs(c: CompletionOutput, labels: TokenLabels, echoed: dict | None = None) -> dict | None:
     """The completion's tokens; after `echoed` (echo_logprobs: the prompt's), offsets continuing."""
     if c.logprobs is None:
         return None
@@ -20,10 +29,10 @@ def completion_logprobs(c: CompletionOutput, tokenizer, echoed: dict | None = No
     offset = offsets[-1] + len(tokens[-1]) if tokens else 0
     for tid, pos in zip(c.token_ids, c.logprobs):
         chosen = pos[tid]
-        text = _token_text(tokenizer, tid, chosen.decoded_token)
+        text = labels.text(tid, chosen.decoded_token)
         tokens.append(text)
         token_logprobs.append(chosen.logprob)
-        top.append({_token_text(tokenizer, t, lp.decoded_token): lp.logprob
+        top.append({labels.text(t, lp.decoded_token): lp.logprob
                     for t, lp in sorted(pos.items(), key=lambda kv: -kv[1].logprob) if lp.rank is not None})
         offsets.append(offset)
         offset += len(text)
@@ -33,7 +42,8 @@ def completion_logprobs(c: CompletionOutput, tokenizer, echoed: dict | None = No
 LEGACY_KEYS = ("tokens", "token_logprobs", "top_logprobs", "text_offset")
 
 
-def echo_logprobs(prompt_ids: list[int], positions: list[PositionLogprobs | None], top_n: int, tokenizer) -> dict:
+def echo_logprobs(prompt_ids: list[int], positions: list[PositionLogprobs | None], top_n: int,
+                  labels: TokenLabels) -> dict:
     """The prompt's tokens in the completions format, as /v1/completions with echo gives them (vLLM,
     OpenAI's older models): the first token has no logprob (None, and None for its top), each other
     its logprob given the tokens before it and the top_n most likely there, with it."""
@@ -41,11 +51,11 @@ def echo_logprobs(prompt_ids: list[int], positions: list[PositionLogprobs | None
     offset = 0
     for tid, pos in zip(prompt_ids, positions):
         chosen = pos[tid] if pos is not None else None
-        text = _token_text(tokenizer, tid, chosen.decoded_token if chosen is not None else None)
+        text = labels.text(tid, chosen.decoded_token if chosen is not None else None)
         tokens.append(text)
         token_logprobs.append(chosen.logprob if chosen is not None else None)
         top.append(None if pos is None else {
-            _token_text(tokenizer, t, lp.decoded_token): lp.logprob
+            labels.text(t, lp.decoded_token): lp.logprob
             for t, lp in sorted(pos.items(), key=lambda kv: -kv[1].logprob)
             if t == tid or (lp.rank is not None and lp.rank <= top_n)})
         offsets.append(offset)
@@ -53,17 +63,17 @@ def echo_logprobs(prompt_ids: list[int], positions: list[PositionLogprobs | None
     return dict(zip(LEGACY_KEYS, (tokens, token_logprobs, top, offsets)))
 
 
-def chat_logprobs(c: CompletionOutput, tokenizer, top_n: int) -> dict | None:
+def chat_logprobs(c: CompletionOutput, labels: TokenLabels, top_n: int) -> dict | None:
     if c.logprobs is None:
         return None
     content = []
     for tid, pos in zip(c.token_ids, c.logprobs):
         chosen = pos[tid]
-        text = _token_text(tokenizer, tid, chosen.decoded_token)
+        text = labels.text(tid, chosen.decoded_token)
         ranked = sorted(pos.items(), key=lambda kv: -kv[1].logprob)[:top_n]
         content.append({
             "token": text, "logprob": chosen.logprob, "bytes": list(text.encode("utf-8")),
-            "top_logprobs": [{"token": (t := _token_text(tokenizer, tid2, lp.decoded_token)), "logprob": lp.logprob,
+            "top_logprobs": [{"token": (t := labels.text(tid2, lp.decoded_token)), "logprob": lp.logprob,
                               "bytes": list(t.encode("utf-8"))} for tid2, lp in ranked],
         })
     return {"content": content}

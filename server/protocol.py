@@ -93,6 +93,7 @@ class SamplingFields(RequestPart):
     priority: int = Field(0, ge=-2**31, lt=2**31)  # lower runs first (--scheduling-policy priority)
     truncate_prompt_tokens: int | None = Field(None, ge=-1, lt=2**31)  # the prompt's last k tokens; -1: the context's
     return_token_ids: bool = False  # the prompt's and the choices' token ids in the response
+    return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:N"
     # Structured output, in OpenAI's spelling, vLLM's, and vLLM's older one (at most one of them).
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None

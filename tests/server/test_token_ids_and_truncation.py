@@ -88,3 +88,19 @@ def test_truncate_prompt_tokens_keeps_the_last_ones(server, model_name):
 def test_truncate_prompt_tokens_out_of_range_is_a_400(server, model_name, value):
     status, out = post(server, "/v1/completions", {"model": model_name, "prompt": "Hi", "truncate_prompt_tokens": value})
     assert status == 400 and out["error"]["param"] == "truncate_prompt_tokens", out
+
+
+def test_logprobs_name_tokens_by_id_when_asked(server, model_name):
+    body = {"model": model_name, "max_tokens": 4, "temperature": 0, "return_token_ids": True,
+            "return_tokens_as_token_ids": True}
+    status, out = post(server, "/v1/completions", {**body, "prompt": "Hello", "logprobs": 2, "echo": True})
+    assert status == 200, out
+    choice, lp = out["choices"][0], out["choices"][0]["logprobs"]
+    ids = choice["prompt_token_ids"] + choice["token_ids"]
+    assert lp["tokens"] == [f"token_id:{t}" for t in ids]
+    assert all(k.startswith("token_id:") for top in lp["top_logprobs"][1:] for k in top)
+    status, chat = post(server, "/v1/chat/completions", {**body, "messages": CHAT, "logprobs": True,
+                                                          "top_logprobs": 2})
+    content = chat["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in content] == [f"token_id:{t}" for t in chat["choices"][0]["token_ids"]]
+    assert all(t["token"].startswith("token_id:") for c in content for t in c["top_logprobs"])
