@@ -124,11 +124,16 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
     completion_tokens = cached_tokens = 0
     messages = [reply() for _ in range(n)]
+    continuous_usage = req.stream_options is not None and req.stream_options.include_usage and \
+        req.stream_options.continuous_usage_stats
 
     def chunk(index: int, delta: dict, finish_reason: str | None = None, logprobs=None, token_ids=None) -> dict:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         if req.return_token_ids:
             choice["token_ids"] = token_ids or []
+        if continuous_usage:
+            return {**head, "choices": [choice],
+                    "usage": usage(len(processed.prompt_token_ids), completion_tokens, cached_tokens)}
         return {**head, "choices": [choice]}
 
     try:

@@ -74,6 +74,9 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
                     for _ in range(n)]  # each choice's prompt text, until its first chunk carries it
     cached_tokens = [0] * len(processed)
     started: set[int] = set()  # the choices that have sent a chunk
+    prompt_tokens = sum(len(p.prompt_token_ids) for p in processed)
+    continuous_usage = req.stream_options is not None and req.stream_options.include_usage and \
+        req.stream_options.continuous_usage_stats
     try:
         async with contextlib.aclosing(outputs):  # closed at once on a disconnect
             async for i, out in outputs:
@@ -95,10 +98,12 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
                                    "token_ids": list(c.token_ids)}
                     if c.finish_reason is not None:
                         choice["stop_reason"] = c.stop_reason
-                    await send_event(resp, {"id": request_id, "object": "text_completion", "created": created,
-                                            "model": model, "choices": [choice]})
+                    event = {"id": request_id, "object": "text_completion", "created": created, "model": model,
+                             "choices": [choice]}
+                    if continuous_usage:
+                        event["usage"] = usage(prompt_tokens, sum(completion_tokens), sum(cached_tokens))
+                    await send_event(resp, event)
         if req.stream_options and req.stream_options.include_usage:
-            prompt_tokens = sum(len(p.prompt_token_ids) for p in processed)
             await send_event(resp, {"id": request_id, "object": "text_completion", "created": created, "model": model,
                                     "choices": [], "usage": usage(prompt_tokens, sum(completion_tokens),
                                                                   sum(cached_tokens))})

@@ -33,6 +33,7 @@ class RequestPart(BaseModel):
 
 class StreamOptions(RequestPart):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # (vLLM) with include_usage, the usage so far in every chunk
 
 
 class JsonSchemaFormat(RequestPart):

@@ -35,7 +35,7 @@ NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1.0,), "allowed_token_ids": (), "bad_words": ([],), "logits_processors": ([],),
     "spaces_between_special_tokens": (True,),
     "documents": ([],), "mm_processor_kwargs": ({},), "prompt_embeds": (), "kv_transfer_params": (),
-    "vllm_xargs": (), "request_id": (), "echo": (False,), "continuous_usage_stats": (False,),
+    "vllm_xargs": (), "request_id": (), "echo": (False,),
     "thinking_token_budget": (), "reasoning_effort_budget": (),
 }
 

@@ -104,3 +104,16 @@ def test_logprobs_name_tokens_by_id_when_asked(server, model_name):
     content = chat["choices"][0]["logprobs"]["content"]
     assert [c["token"] for c in content] == [f"token_id:{t}" for t in chat["choices"][0]["token_ids"]]
     assert all(t["token"].startswith("token_id:") for c in content for t in c["top_logprobs"])
+
+
+@pytest.mark.parametrize("path, prompt", [("/v1/completions", {"prompt": "Count: one, two,"}),
+                                          ("/v1/chat/completions", {"messages": CHAT})])
+def test_continuous_usage_stats_in_every_chunk(server, model_name, path, prompt):
+    body = {"model": model_name, "max_tokens": 6, "temperature": 0, "ignore_eos": True, **prompt,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    events = stream(server, path, body)
+    counted = [e["usage"]["completion_tokens"] for e in events]
+    assert counted == sorted(counted) and counted[-1] == 6 and events[-1]["choices"] == []
+    assert len({e["usage"]["prompt_tokens"] for e in events}) == 1
+    plain = stream(server, path, {**body, "stream_options": {"include_usage": True}})
+    assert all("usage" not in e for e in plain[:-1]) and plain[-1]["usage"]["completion_tokens"] == 6
