@@ -124,8 +124,8 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
     head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
     completion_tokens = cached_tokens = 0
     messages = [reply() for _ in range(n)]
-    continuous_usage = req.stream_options is not None and req.stream_options.include_usage and \
-        req.stream_options.continuous_usage_stats
+    continuous_usage = (req.stream_options is not None and req.stream_options.include_usage
+                        and req.stream_options.continuous_usage_stats)
 
     def chunk(index: int, delta: dict, finish_reason: str | None = None, logprobs=None, token_ids=None) -> dict:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}

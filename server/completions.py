@@ -34,8 +34,11 @@ def _prompts(req: CompletionRequest, serving: Serving) -> list[tuple[list[int], 
         prompts = [(list(p), None)]
     else:
         prompts = [(list(ids), None) for ids in p]
-    kept = [(serving.truncate_prompt(ids, req.truncate_prompt_tokens), text) for ids, text in prompts]
-    return [(ids, text if len(ids) == len(full) else None) for (ids, text), (full, _) in zip(kept, prompts)]
+    result = []
+    for ids, text in prompts:
+        kept = serving.truncate_prompt(ids, req.truncate_prompt_tokens)
+        result.append((kept, text if len(kept) == len(ids) else None))  # a cut prompt's text is not the client's
+    return result
 
 
 async def create_completion(serving: Serving, request: web.Request, req: CompletionRequest) -> web.StreamResponse:
@@ -75,8 +78,8 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     cached_tokens = [0] * len(processed)
     started: set[int] = set()  # the choices that have sent a chunk
     prompt_tokens = sum(len(p.prompt_token_ids) for p in processed)
-    continuous_usage = req.stream_options is not None and req.stream_options.include_usage and \
-        req.stream_options.continuous_usage_stats
+    continuous_usage = (req.stream_options is not None and req.stream_options.include_usage
+                        and req.stream_options.continuous_usage_stats)
     try:
         async with contextlib.aclosing(outputs):  # closed at once on a disconnect
             async for i, out in outputs:
