@@ -133,8 +133,7 @@ NOT_HONOURED = [
     ("/v1/completions", "structured_outputs.whitespace_pattern",
      {"structured_outputs": {"regex": "a+", "whitespace_pattern": " *"}}),
     ("/v1/completions", "guided_decoding_backend", {"guided_regex": "a+", "guided_decoding_backend": "xgrammar"}),
-    ("/v1/chat/completions", "stream_options.continuous_usage_stats",
-     {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}),
+    ("/v1/chat/completions", "spaces_between_special_tokens", {"spaces_between_special_tokens": False}),
 ]
 
 
