@@ -101,6 +101,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None  # (vLLM) only these tokens may be sampled
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Constrain the output to a JSON schema, a regex, a choice or a grammar (structured output).
     structured_outputs: StructuredOutputsParams | None = None
@@ -165,6 +166,10 @@ class SamplingParams:
             for k, v in self.logit_bias.items():
                 if not is_int(k) or k < 0 or not is_num(v) or not -100 <= v <= 100:
                     raise ValueError(f"logit_bias entries must map token ids to biases in [-100, 100], got {k!r}: {v!r}.")
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if not isinstance(ids, (list, tuple)) or not ids or any(not is_int(t) or t < 0 for t in ids):
+                raise ValueError(f"allowed_token_ids must be a non-empty list of token ids, got {ids!r}.")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):

@@ -66,6 +66,8 @@ OUT_OF_RANGE = [
     ("prompt", {"prompt": [5] * 600}), ("max_tokens", {"prompt": "hi", "max_tokens": 600}),
     ("echo", {"echo": True, "logprobs": 1, "stream": True}), ("model", {"model": "../../etc/passwd"}),
     ("stream_options", {"stream_options": {"include_usage": True}}),  # without stream: OpenAI refuses it too
+    ("allowed_token_ids", {"allowed_token_ids": []}), ("allowed_token_ids", {"allowed_token_ids": [-1]}),
+    ("allowed_token_ids", {"allowed_token_ids": [5, 10**9]}),
 ]
 
 
@@ -129,7 +131,7 @@ NOT_HONOURED = [
     ("/v1/completions", "tools", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
     ("/v1/completions", "best_of", {"best_of": 3}),
     ("/v1/completions", "use_beam_search", {"use_beam_search": True}),
-    ("/v1/completions", "allowed_token_ids", {"allowed_token_ids": [1, 2]}),
+    ("/v1/completions", "bad_words", {"bad_words": ["x"]}),
     ("/v1/completions", "structured_outputs.whitespace_pattern",
      {"structured_outputs": {"regex": "a+", "whitespace_pattern": " *"}}),
     ("/v1/completions", "guided_decoding_backend", {"guided_regex": "a+", "guided_decoding_backend": "xgrammar"}),

@@ -1,6 +1,7 @@
-"""vLLM's return_token_ids (the prompt's and each choice's token ids beside the text; streamed: the
-prompt's with the first chunk, each chunk its delta's) and truncate_prompt_tokens (the prompt's
-last k tokens), on /v1/completions and /v1/chat/completions."""
+"""vLLM's token-level request fields on /v1/completions and /v1/chat/completions: return_token_ids
+(the prompt's and each choice's token ids beside the text; streamed: the prompt's with the first
+chunk, each chunk its delta's), return_tokens_as_token_ids, truncate_prompt_tokens (the prompt's
+last k tokens), allowed_token_ids (only those sampled); and continuous_usage_stats."""
 
 from __future__ import annotations
 
@@ -117,3 +118,14 @@ def test_continuous_usage_stats_in_every_chunk(server, model_name, path, prompt)
     assert len({e["usage"]["prompt_tokens"] for e in events}) == 1
     plain = stream(server, path, {**body, "stream_options": {"include_usage": True}})
     assert all("usage" not in e for e in plain[:-1]) and plain[-1]["usage"]["completion_tokens"] == 6
+
+
+@pytest.mark.parametrize("path, prompt", [("/v1/completions", {"prompt": "Count: one, two,"}),
+                                          ("/v1/chat/completions", {"messages": CHAT})])
+def test_allowed_token_ids_bound_every_sampled_token(server, model_name, path, prompt):
+    allowed = tokenize(server, prompt=" red green blue", add_special_tokens=False)
+    body = {"model": model_name, "max_tokens": 6, "temperature": 1.0, "seed": 5, "ignore_eos": True,
+            "return_token_ids": True, "allowed_token_ids": allowed, **prompt}
+    status, out = post(server, path, body)
+    assert status == 200, out
+    assert len(out["choices"][0]["token_ids"]) == 6 and set(out["choices"][0]["token_ids"]) <= set(allowed)

@@ -116,6 +116,10 @@ class InputProcessor:
             bad = [t for t in params.logit_bias if t >= self.vocab_size]
             if bad:
                 raise ValueError(f"logit_bias has token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
+        bad_allowed = [t for t in params.allowed_token_ids or [] if t >= self.vocab_size]
+        if bad_allowed:
+            raise ValueError(f"allowed_token_ids has token id {bad_allowed[0]} outside the vocabulary "
+                             f"[0, {self.vocab_size})")
         bad_stop = [t for t in params.stop_token_ids if t >= self.vocab_size]
         if bad_stop:
             raise ValueError(f"stop_token_ids has token id {bad_stop[0]} outside the vocabulary [0, {self.vocab_size})")

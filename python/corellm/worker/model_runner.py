@@ -27,6 +27,7 @@ from corellm.worker.encoder_cache import EncoderCache
 from corellm.worker.kv_cache import allocate_kv_caches
 from corellm.worker.model_runner_output import ModelRunnerOutput, PromptLogprobs, SampledTokenLogprobs
 from corellm.worker.sampling_state import SamplingState
+from corellm.worker import token_bitmasks
 from corellm.worker.step_activity import StepActivity
 from corellm.worker.step_message import StepMessage
 from corellm.worker.tp_workers import TensorParallelWorkers
@@ -267,10 +268,12 @@ class ModelRunner:
         num_drafts = so.num_draft_tokens
         speculative = bool(num_drafts.any())
         md = self.sampling.metadata(req_ids, rows, num_drafts, so.draft_token_ids)
-        if grammar_output is not None:  # structured requests verify no drafts: one row each
-            md.allowed_token_bitmask = torch.from_numpy(grammar_output.bitmask)
-            md.bitmask_rows = torch.from_numpy(np.repeat(grammar_output.bitmask_rows, num_drafts + 1)
-                                               if speculative else grammar_output.bitmask_rows)
+        grammar = None if grammar_output is None else (grammar_output.bitmask, grammar_output.bitmask_rows)
+        masks = token_bitmasks.combine(grammar, self.sampling.allowed_token_bitmask(req_ids, state.logits.shape[-1]))
+        if masks is not None:  # one row per request; a request verifying drafts: the same for each of its rows
+            bitmask, bitmask_rows = masks
+            md.allowed_token_bitmask = torch.from_numpy(bitmask)
+            md.bitmask_rows = torch.from_numpy(np.repeat(bitmask_rows, num_drafts + 1) if speculative else bitmask_rows)
         if self.device.type != "cpu":
             md = md.to(self.device)
         result = ops.sample(state.logits, md)
@@ -284,8 +287,8 @@ class ModelRunner:
         new_tokens[~samples] = -1
         out = ModelRunnerOutput(req_ids, new_tokens, prompt_logprobs=state.prompt_logprobs)
         for i in np.nonzero(samples & (new_tokens[:, 0] < 0))[0]:
-            constrained = grammar_output is not None and grammar_output.bitmask_rows[i] >= 0
-            out.errors[req_ids[i]] = ("the grammar allows no token here" if constrained
+            constrained = masks is not None and masks[1][i] >= 0
+            out.errors[req_ids[i]] = ("its grammar or allowed_token_ids leave no token to sample here" if constrained
                                       else "the model produced NaN logits")
         if result.logprobs is not None:
             out.logprobs = self._sampled_logprobs(req_ids, new_tokens, num_drafts, result)

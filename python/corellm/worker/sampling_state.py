@@ -10,6 +10,7 @@ import torch
 
 from corellm.engine_core_request import EngineCoreRequest
 from corellm.ops import SamplingMetadata, TokenLists
+from corellm.worker.token_bitmasks import TokenBitmask, bitmask_row
 
 
 @dataclass
@@ -17,6 +18,7 @@ class RowRequest:
     request: EngineCoreRequest
     row: int
     output_token_ids: list[int] = field(default_factory=list)  # kept only where penalties need them
+    allowed_bitmask: np.ndarray | None = None  # its allowed_token_ids as a bitmask row, made at first use
 
 
 class SamplingState:
@@ -51,6 +53,22 @@ class SamplingState:
 
     def remove(self, req_id: str) -> None:
         self.requests.pop(req_id, None)
+
+    def allowed_token_bitmask(self, req_ids: list[str], vocab_size: int) -> TokenBitmask | None:
+        """The step's requests' allowed_token_ids as bitmask rows (token_bitmasks.py); None when no
+        request of the step has them. Each request's row is made once."""
+        reqs = [self.requests[r] for r in req_ids]
+        asked = [i for i, r in enumerate(reqs) if r.request.sampling_params.allowed_token_ids is not None]
+        if not asked:
+            return None
+        words = (vocab_size + 31) // 32
+        rows = np.full(len(req_ids), -1, dtype=np.int32)
+        for k, i in enumerate(asked):
+            r = reqs[i]
+            if r.allowed_bitmask is None or len(r.allowed_bitmask) != words:
+                r.allowed_bitmask = bitmask_row(r.request.sampling_params.allowed_token_ids, words)
+            rows[i] = k
+        return np.stack([reqs[i].allowed_bitmask for i in asked]), rows
 
     def metadata(self, req_ids: list[str], rows: np.ndarray, num_draft_tokens: np.ndarray | None = None,
                  draft_token_ids: np.ndarray | None = None) -> SamplingMetadata:
