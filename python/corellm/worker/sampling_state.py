@@ -35,6 +35,7 @@ class SamplingState:
         self.min_tokens = np.zeros(max_rows, np.int64)
         self.num_logprobs = np.full(max_rows, -1, np.int64)
         self.requests: dict[str, RowRequest] = {}
+        self.with_allowed_token_ids: set[str] = set()  # so that steps without any pay nothing
 
     def add(self, request: EngineCoreRequest, row: int, output_token_ids: list[int]) -> None:
         p = request.sampling_params
@@ -50,17 +51,22 @@ class SamplingState:
         self.min_tokens[row] = p.min_tokens
         self.num_logprobs[row] = -1 if p.logprobs is None else p.logprobs
         self.requests[request.request_id] = RowRequest(request, row, list(output_token_ids))
+        if p.allowed_token_ids is not None:
+            self.with_allowed_token_ids.add(request.request_id)
 
     def remove(self, req_id: str) -> None:
         self.requests.pop(req_id, None)
+        self.with_allowed_token_ids.discard(req_id)
 
     def allowed_token_bitmask(self, req_ids: list[str], vocab_size: int) -> TokenBitmask | None:
         """The step's requests' allowed_token_ids as bitmask rows (token_bitmasks.py); None when no
         request of the step has them. Each request's row is made once."""
-        reqs = [self.requests[r] for r in req_ids]
-        asked = [i for i, r in enumerate(reqs) if r.request.sampling_params.allowed_token_ids is not None]
+        if not self.with_allowed_token_ids:
+            return None
+        asked = [i for i, r in enumerate(req_ids) if r in self.with_allowed_token_ids]
         if not asked:
             return None
+        reqs = [self.requests[r] for r in req_ids]
         words = (vocab_size + 31) // 32
         rows = np.full(len(req_ids), -1, dtype=np.int32)
         for k, i in enumerate(asked):
