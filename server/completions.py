@@ -73,8 +73,8 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     created = now()
     labels = TokenLabels(serving.tokenizer, req.return_tokens_as_token_ids)
     completion_tokens = [0] * (len(processed) * n)
-    echo_pending = [_prompt_text(p.prompt_token_ids, p.prompt, serving) if req.echo else "" for p in processed
-                    for _ in range(n)]  # each choice's prompt text, until its first chunk carries it
+    prompt_texts = [_prompt_text(p.prompt_token_ids, p.prompt, serving) if req.echo else "" for p in processed]
+    echo_pending = [text for text in prompt_texts for _ in range(n)]  # each choice's, until its first chunk carries it
     cached_tokens = [0] * len(processed)
     started: set[int] = set()  # the choices that have sent a chunk
     prompt_tokens = sum(len(p.prompt_token_ids) for p in processed)

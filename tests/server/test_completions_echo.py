@@ -5,27 +5,17 @@ engine gives as prompt_logprobs — then the completion's."""
 
 from __future__ import annotations
 
-import json
 import math
-import urllib.error
-import urllib.request
 
 import pytest
 
-
-def post(server, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(server.url + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+from tests.reliability.conftest import call
+from tests.server.http_calls import post, stream
 
 
 def test_echo_scores_token_prompts_as_lm_eval_reads_them(server, model_name):
     prompts = [[504, 3575, 282, 4649, 314], [1782, 253, 1345, 30, 378, 2261]]
-    status, out = post(server, {"model": model_name, "prompt": prompts, "max_tokens": 1, "temperature": 0,
+    status, out = post(server, "/v1/completions", {"model": model_name, "prompt": prompts, "max_tokens": 1, "temperature": 0,
                                 "logprobs": 1, "echo": True, "seed": 1234})
     assert status == 200, out
     for prompt, choice in zip(prompts, sorted(out["choices"], key=lambda c: c["index"])):
@@ -33,7 +23,7 @@ def test_echo_scores_token_prompts_as_lm_eval_reads_them(server, model_name):
         assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(prompt) + 1
         assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
         # The prompt's part: the engine's prompt logprobs of the same tokens.
-        status, scored = post(server, {"model": model_name, "prompt": prompt, "max_tokens": 1, "temperature": 0,
+        status, scored = post(server, "/v1/completions", {"model": model_name, "prompt": prompt, "max_tokens": 1, "temperature": 0,
                                        "prompt_logprobs": 1})
         assert status == 200, scored
         reference = scored["choices"][0]["prompt_logprobs"]
@@ -51,17 +41,13 @@ def test_echo_scores_token_prompts_as_lm_eval_reads_them(server, model_name):
 def test_echo_text_with_n_and_streamed(server, model_name):
     prompt = "The capital of France is"
     body = {"model": model_name, "prompt": prompt, "max_tokens": 4, "temperature": 0}
-    status, plain = post(server, body)
-    status2, echoed = post(server, {**body, "echo": True, "n": 2})
+    status, plain = post(server, "/v1/completions", body)
+    status2, echoed = post(server, "/v1/completions", {**body, "echo": True, "n": 2})
     assert status == status2 == 200
     assert [c["text"] for c in echoed["choices"]] == [prompt + plain["choices"][0]["text"]] * 2
     assert echoed["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]  # the prompt counted once
     assert echoed["usage"]["completion_tokens"] == 2 * plain["usage"]["completion_tokens"]
-    req = urllib.request.Request(server.url + "/v1/completions", headers={"Content-Type": "application/json"},
-                                 data=json.dumps({**body, "echo": True, "stream": True}).encode())
-    with urllib.request.urlopen(req, timeout=60) as r:
-        events = [json.loads(line[6:]) for line in r.read().decode().splitlines()
-                  if line.startswith("data: {")]
+    events = stream(server, "/v1/completions", {**body, "echo": True})
     assert events[0]["choices"][0]["text"].startswith(prompt)
     assert "".join(e["choices"][0]["text"] for e in events) == prompt + plain["choices"][0]["text"]
 
@@ -69,7 +55,7 @@ def test_echo_text_with_n_and_streamed(server, model_name):
 @pytest.mark.parametrize("fields, param", [({"logprobs": 1, "stream": True}, "echo"),
                                            ({"logprobs": 1, "prompt_logprobs": 2}, "prompt_logprobs")])
 def test_echo_refusals_name_the_field(server, model_name, fields, param):
-    status, out = post(server, {"model": model_name, "prompt": "Hi", "max_tokens": 1, "echo": True, **fields})
+    status, out = post(server, "/v1/completions", {"model": model_name, "prompt": "Hi", "max_tokens": 1, "echo": True, **fields})
     assert status == 400 and out["error"]["param"] == param, out
 
 
@@ -78,50 +64,43 @@ def test_lm_eval_loglikelihood_through_the_server_alone(server, model_name):
     eos_token), /tokenize without special tokens, then context + continuation echoed with logprobs 1;
     the continuation's log-likelihood is the sum of its tokens' logprobs, greedy when each is the
     top one. Here it equals the logprob the engine gives " Paris" when it generates it."""
-    with urllib.request.urlopen(server.url + "/tokenizer_info", timeout=10) as r:
-        info = json.loads(r.read())
+    _, info, _ = call(server.url + "/tokenizer_info", None, method="GET")
     assert info["eos_token"] == "<|im_end|>" and info["chat_template"] and info["model_max_length"] > 0
 
     def tokenize(text: str) -> list[int]:
-        req = urllib.request.Request(server.url + "/tokenize", headers={"Content-Type": "application/json"},
-                                     data=json.dumps({"prompt": text, "add_special_tokens": False}).encode())
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read())["tokens"]
+        return post(server, "/tokenize", {"prompt": text, "add_special_tokens": False})[1]["tokens"]
 
     context, continuation = tokenize("The capital of France is"), tokenize(" Paris")
-    status, out = post(server, {"model": model_name, "prompt": [context + continuation], "max_tokens": 1,
+    status, out = post(server, "/v1/completions", {"model": model_name, "prompt": [context + continuation], "max_tokens": 1,
                                 "temperature": 0, "logprobs": 1, "echo": True, "seed": 1234})
     assert status == 200, out
     lp = out["choices"][0]["logprobs"]
     scored = lp["token_logprobs"][len(context):-1]
     is_greedy = all(t == max(top.values()) for t, top in zip(scored, lp["top_logprobs"][len(context):-1]))
-    status, generated = post(server, {"model": model_name, "prompt": [context], "max_tokens": 1, "temperature": 0,
+    status, generated = post(server, "/v1/completions", {"model": model_name, "prompt": [context], "max_tokens": 1, "temperature": 0,
                                       "logprobs": 1})
     assert generated["choices"][0]["logprobs"]["tokens"] == [" Paris"]
     assert is_greedy and math.isclose(sum(scored), generated["choices"][0]["logprobs"]["token_logprobs"][0],
                                       abs_tol=1e-3)
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_max_tokens_0_with_echo_scores_the_prompt_alone(server, model_name, stream):
+@pytest.mark.parametrize("streamed", [False, True])
+def test_max_tokens_0_with_echo_scores_the_prompt_alone(server, model_name, streamed):
     prompt = "The capital of France is"
     body = {"model": model_name, "prompt": prompt, "max_tokens": 0, "echo": True}
-    if not stream:
-        status, out = post(server, {**body, "logprobs": 2})
+    if not streamed:
+        status, out = post(server, "/v1/completions", {**body, "logprobs": 2})
         assert status == 200, out
         choice = out["choices"][0]
         assert choice["text"] == prompt and choice["finish_reason"] == "length"
         assert len(choice["logprobs"]["tokens"]) == out["usage"]["prompt_tokens"] == 5
         assert out["usage"]["completion_tokens"] == 0
         return
-    req = urllib.request.Request(server.url + "/v1/completions", headers={"Content-Type": "application/json"},
-                                 data=json.dumps({**body, "stream": True}).encode())
-    with urllib.request.urlopen(req, timeout=60) as r:
-        events = [json.loads(line[6:]) for line in r.read().decode().splitlines() if line.startswith("data: {")]
+    events = stream(server, "/v1/completions", body)
     assert "".join(e["choices"][0]["text"] for e in events) == prompt
     assert events[-1]["choices"][0]["finish_reason"] == "length"
 
 
 def test_max_tokens_0_without_echo_is_refused(server, model_name):
-    status, out = post(server, {"model": model_name, "prompt": "Hi", "max_tokens": 0})
+    status, out = post(server, "/v1/completions", {"model": model_name, "prompt": "Hi", "max_tokens": 0})
     assert status == 400 and out["error"]["param"] == "max_tokens" and "only with echo" in out["error"]["message"]

@@ -5,30 +5,11 @@ last k tokens), allowed_token_ids (only those sampled); and continuous_usage_sta
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-
 import pytest
 
+from tests.server.http_calls import post, stream
+
 CHAT = [{"role": "user", "content": "Name three colors."}]
-
-
-def post(server, path: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(server.url + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
-def stream(server, path: str, body: dict) -> list[dict]:
-    req = urllib.request.Request(server.url + path, data=json.dumps({**body, "stream": True}).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return [json.loads(line[6:]) for line in r.read().decode().splitlines() if line.startswith("data: {")]
 
 
 def tokenize(server, **body) -> list[int]:

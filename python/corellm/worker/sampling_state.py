@@ -66,15 +66,16 @@ class SamplingState:
         asked = [i for i, r in enumerate(req_ids) if r in self.with_allowed_token_ids]
         if not asked:
             return None
-        reqs = [self.requests[r] for r in req_ids]
         words = (vocab_size + 31) // 32
         rows = np.full(len(req_ids), -1, dtype=np.int32)
+        bitmasks = []
         for k, i in enumerate(asked):
-            r = reqs[i]
+            r = self.requests[req_ids[i]]
             if r.allowed_bitmask is None or len(r.allowed_bitmask) != words:
                 r.allowed_bitmask = bitmask_row(r.request.sampling_params.allowed_token_ids, words)
+            bitmasks.append(r.allowed_bitmask)
             rows[i] = k
-        return np.stack([reqs[i].allowed_bitmask for i in asked]), rows
+        return np.stack(bitmasks), rows
 
     def metadata(self, req_ids: list[str], rows: np.ndarray, num_draft_tokens: np.ndarray | None = None,
                  draft_token_ids: np.ndarray | None = None) -> SamplingMetadata:
