@@ -1,13 +1,14 @@
 """The tensor-parallel executor's cost per step: rank 0 sending a step's inputs (StepMessage: a
 header and one int32 buffer on the BroadcastChannel) to the other ranks, for a decode step of R
-requests whose block tables cover C tokens each, --gap-us after every worker is waiting for it (the
+requests whose block tables cover C tokens each (the builder's table is --max-model-len wide; the
+columns C reaches travel), --gap-us after every worker is waiting for it (the
 engine's own work between two steps), through each transport: the shared-memory ring
 (every rank on one machine) and gloo broadcasts over loopback (ranks on other machines). Latency
 is from rank 0 starting the send to the last rank holding the step (the ranks' clocks are one
 CLOCK_MONOTONIC); "rank 0" is the time the send takes the engine's thread. Also the all-reduce of
 one layer's output at that batch (two per layer in a tensor-parallel model).
 
-    .venv/bin/python bench/tp_overhead.py [--ranks 2] [--requests 1 64 256] [--context 2048]
+    .venv/bin/python bench/tp_overhead.py [--ranks 2] [--requests 1 64 256] [--context 2048] [--max-model-len 8192]
 """
 
 from __future__ import annotations
@@ -23,17 +24,18 @@ import torch.multiprocessing as mp
 BLOCK = 16
 
 
-def step_arrays(requests: int, context: int) -> dict:
-    cols = context // BLOCK
+def step_arrays(requests: int, context: int, max_model_len: int) -> dict:
+    """A decode step as the batch builder holds it: its block table as wide as max_model_len's blocks."""
+    width = -(-max_model_len // BLOCK)
     return dict(input_ids=np.arange(requests, dtype=np.int32), positions=np.full(requests, context - 1, np.int32),
                 slot_mapping=np.arange(requests, dtype=np.int32), seq_lens=np.full(requests, context, np.int32),
                 query_start_loc=np.arange(requests + 1, dtype=np.int32),
-                block_table=np.arange(requests * cols, dtype=np.int32).reshape(requests, cols),
-                logits_indices=np.arange(requests, dtype=np.int64), max_query_len=1, max_seq_len=context)
+                block_table=np.arange(requests * width, dtype=np.int32).reshape(requests, width), block_size=BLOCK,
+                logits_indices=np.arange(requests, dtype=np.int32), max_query_len=1, max_seq_len=context)
 
 
 def rank_main(rank: int, size: int, init: str, cases: list[tuple[int, int]], hidden: int, repeats: int,
-              gap_s: float, transport: str, results) -> None:
+              gap_s: float, transport: str, max_model_len: int, results) -> None:
     from corellm.distributed.broadcast_channel import BroadcastChannel, new_ring
     from corellm.distributed.parallel_state import init_tensor_parallel
     from corellm.native import _core
@@ -51,7 +53,7 @@ def rank_main(rank: int, size: int, init: str, cases: list[tuple[int, int]], hid
     torch.distributed.barrier(group=tp.group)
     rows = []
     for requests, context in cases:
-        arrays = step_arrays(requests, context)
+        arrays = step_arrays(requests, context, max_model_len)
         x = torch.randn(requests, hidden, dtype=torch.bfloat16)
         stamps, reduce_times = np.zeros((repeats, 2)), []
         for i in range(repeats):
@@ -88,6 +90,7 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--requests", type=int, nargs="+", default=[1, 64, 256])
     p.add_argument("--context", type=int, default=2048)
+    p.add_argument("--max-model-len", type=int, default=8192, help="the builder's block table is this wide")
     p.add_argument("--hidden", type=int, default=576, help="the all-reduced rows' width (SmolLM2: 576)")
     p.add_argument("--repeats", type=int, default=200)
     p.add_argument("--gap-us", type=float, default=1000,
@@ -107,14 +110,15 @@ def main() -> None:
         init = f"tcp://127.0.0.1:{free_local_port()}"
         cases = [(r, args.context) for r in args.requests]
         procs = [context.Process(target=rank_main, args=(r, args.ranks, init, cases, args.hidden, args.repeats,
-                                                          args.gap_us * 1e-6, transport, results)) for r in range(args.ranks)]
+                                                          args.gap_us * 1e-6, transport, args.max_model_len,
+                                                          results)) for r in range(args.ranks)]
         for proc in procs:
             proc.start()
         rows = results.get(timeout=600)
         for proc in procs:
             proc.join()
         for requests, ctx, latency, own, reduce in rows:
-            nbytes = 4 * (4 * requests + 1 + requests * ctx // BLOCK + requests) + 80
+            nbytes = 4 * (4 * requests + 1 + requests * ctx // BLOCK + requests) + 8 * 13  # + size, wire
             print(f"{transport:>13} {requests:>8} {ctx:>8} {nbytes:>10} {latency * 1e6:>11.0f} {own * 1e6:>10.0f} "
                   f"{reduce * 1e6:>14.0f}")
 

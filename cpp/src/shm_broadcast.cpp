@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <utility>
 #include <thread>
 
@@ -132,7 +133,11 @@ bool ShmBroadcast::publish(const void* data, size_t size, double timeout_s) {
 bool ShmBroadcast::publish(const std::vector<Part>& parts, double timeout_s) {
   CORELLM_CHECK_ARG(is_writer(), "ShmBroadcast: reader ", reader_, " cannot publish");
   size_t size = 0;
-  for (const Part& p : parts) size += p.size;
+  for (const Part& p : parts) {
+    CORELLM_CHECK_ARG(p.rows <= 1 || p.stride >= p.row_bytes, "ShmBroadcast: a part's rows overlap (stride ",
+                      p.stride, " < ", p.row_bytes, " bytes a row)");
+    size += p.size();
+  }
   CORELLM_CHECK_ARG(size <= slot_capacity(), "ShmBroadcast: a message of ", size, " bytes exceeds a slot's ",
                     slot_capacity());
   const auto until = deadline_after(timeout_s);
@@ -152,8 +157,10 @@ bool ShmBroadcast::publish(const std::vector<Part>& parts, double timeout_s) {
   std::memcpy(s, &n, sizeof(n));
   size_t at = sizeof(n);
   for (const Part& p : parts) {
-    if (p.size > 0) std::memcpy(s + at, p.data, p.size);
-    at += p.size;
+    const auto* row = static_cast<const uint8_t*>(p.data);
+    for (size_t i = 0; i < p.rows && p.row_bytes > 0; ++i, row += p.stride, at += p.row_bytes) {
+      std::memcpy(s + at, row, p.row_bytes);
+    }
   }
   header_->published.value.store(m + 1, std::memory_order_release);
   futex_wake_all(&header_->published.value);
@@ -161,21 +168,34 @@ bool ShmBroadcast::publish(const std::vector<Part>& parts, double timeout_s) {
 }
 
 bool ShmBroadcast::receive(std::vector<uint8_t>& out, double timeout_s) {
+  const std::optional<View> message = receive_in_place(timeout_s);
+  if (!message) return false;
+  out.assign(message->data, message->data + message->size);
+  std::atomic<uint32_t>& mine = header_->consumed[reader_].value;
+  mine.store(mine.load(std::memory_order_relaxed) + 1, std::memory_order_release);  // copied: the slot is free
+  holding_ = false;
+  return true;
+}
+
+std::optional<ShmBroadcast::View> ShmBroadcast::receive_in_place(double timeout_s) {
   CORELLM_CHECK_ARG(!is_writer(), "ShmBroadcast: the writer cannot receive");
   const auto until = deadline_after(timeout_s);
   std::atomic<uint32_t>& published = header_->published.value;
   std::atomic<uint32_t>& mine = header_->consumed[reader_].value;
-  const uint32_t m = mine.load(std::memory_order_relaxed);  // only this reader writes it
+  uint32_t m = mine.load(std::memory_order_relaxed);  // only this reader writes it
+  if (holding_) {  // done with the message it holds: its slot goes back to the writer
+    mine.store(++m, std::memory_order_release);
+    holding_ = false;
+  }
   auto arrived = [&] { return published.load(std::memory_order_acquire) != m; };
   auto sleep = [&](Clock::time_point deadline) { futex_wait(&published, m, deadline); };
-  if (!wait_until(arrived, sleep, until)) return false;
+  if (!wait_until(arrived, sleep, until)) return std::nullopt;
   const uint8_t* s = slot(m);
   uint64_t n = 0;
   std::memcpy(&n, s, sizeof(n));
   CORELLM_CHECK(n <= slot_capacity(), "a slot's size field (", n, ") exceeds its capacity");
-  out.assign(s + sizeof(n), s + sizeof(n) + n);
-  mine.store(m + 1, std::memory_order_release);
-  return true;
+  holding_ = true;
+  return View{s + sizeof(n), static_cast<size_t>(n)};
 }
 
 }  // namespace corellm

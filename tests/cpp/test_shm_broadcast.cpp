@@ -103,6 +103,45 @@ TEST(ShmBroadcast, EmptyAndFullSizedMessages) {
   EXPECT_THROW(writer->publish(too_big.data(), too_big.size(), 1.0), corellm::InvalidArgument);
 }
 
+TEST(ShmBroadcast, PartsMayBeTheFirstColumnsOfRows) {
+  const std::string name = unique_name("rows");
+  auto writer = ShmBroadcast::create(name, 1, 1, 256);
+  auto reader = ShmBroadcast::attach(name, 0);
+  const uint8_t head[2] = {200, 201};
+  const uint8_t table[3][5] = {{0, 1, 2, 3, 4}, {10, 11, 12, 13, 14}, {20, 21, 22, 23, 24}};
+  // the head, then the first 2 columns of each of the 3 rows
+  ASSERT_TRUE(writer->publish({{head, 2}, {&table[0][0], 2, 3, 5}}, 1.0));
+  std::vector<uint8_t> got;
+  ASSERT_TRUE(reader->receive(got, 1.0));
+  EXPECT_EQ(got, (std::vector<uint8_t>{200, 201, 0, 1, 10, 11, 20, 21}));
+  EXPECT_THROW(writer->publish({{&table[0][0], 5, 2, 4}}, 1.0), corellm::InvalidArgument);  // rows overlap
+}
+
+TEST(ShmBroadcast, AMessageReceivedInPlaceHoldsItsSlotUntilTheNextReceive) {
+  const std::string name = unique_name("inplace");
+  auto writer = ShmBroadcast::create(name, 1, 2, 256);
+  auto reader = ShmBroadcast::attach(name, 0);
+  const uint8_t a = 1, b = 2, c = 3;
+  ASSERT_TRUE(writer->publish(&a, 1, 0.0));
+  ASSERT_TRUE(writer->publish(&b, 1, 0.0));
+  auto first = reader->receive_in_place(0.0);
+  ASSERT_TRUE(first.has_value());
+  ASSERT_EQ(first->size, 1u);
+  EXPECT_EQ(first->data[0], 1);
+  EXPECT_FALSE(writer->publish(&c, 1, 0.01));  // the first slot is still the reader's
+  EXPECT_EQ(first->data[0], 1);                // and intact
+  auto second = reader->receive_in_place(0.0);  // gives the first slot back
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->data[0], 2);
+  ASSERT_TRUE(writer->publish(&c, 1, 0.0));
+  std::vector<uint8_t> got;
+  ASSERT_TRUE(reader->receive(got, 0.0));  // a copying receive releases the in-place one too
+  EXPECT_EQ(got, std::vector<uint8_t>{3});
+  ASSERT_TRUE(writer->publish(&a, 1, 0.0));
+  ASSERT_TRUE(writer->publish(&b, 1, 0.0));  // both slots free again
+  EXPECT_FALSE(reader->receive_in_place(0.0) == std::nullopt);
+}
+
 TEST(ShmBroadcast, RefusesBadNamesReadersAndRoles) {
   const std::string name = unique_name("refuse");
   auto writer = ShmBroadcast::create(name, 2, 2, 256);
@@ -115,6 +154,7 @@ TEST(ShmBroadcast, RefusesBadNamesReadersAndRoles) {
   auto reader = ShmBroadcast::attach(name, 1);
   std::vector<uint8_t> got;
   EXPECT_THROW(writer->receive(got, 0.0), corellm::InvalidArgument);
+  EXPECT_THROW(writer->receive_in_place(0.0), corellm::InvalidArgument);
   EXPECT_THROW(reader->publish(nullptr, 0, 0.0), corellm::InvalidArgument);
   writer->unlink_name();
   EXPECT_THROW(ShmBroadcast::attach(name, 0), corellm::InvalidArgument);  // the name is gone ...

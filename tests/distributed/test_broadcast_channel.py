@@ -1,7 +1,8 @@
 """BroadcastChannel (distributed/broadcast_channel.py) between processes joined over gloo on
 loopback, through each transport: every other rank gets rank 0's messages in order, header and
 payload, including an empty one and one larger than a shared-memory slot (which travels on the
-group). And the engine's workers on it: an idle longer than the collectives' timeout does not end
+group); a StepMessage arrives as sent, its block table cut to the columns its longest sequence
+reaches, and a worker's view of one is intact until its next receive. And the engine's workers on it: an idle longer than the collectives' timeout does not end
 them; they stop when the engine's process is killed."""
 
 from __future__ import annotations
@@ -28,9 +29,52 @@ def messages() -> list[tuple[list[int], np.ndarray]]:
     return [([i, size, -i, 2**40 + i], g.integers(-2**31, 2**31, size, dtype=np.int32)) for i, size in enumerate(sizes)]
 
 
+BLOCK = 16
+
+
+def steps() -> list[dict]:
+    """Two steps as the batch builder holds them (a block table as wide as 64 blocks), the second
+    with prompt rows and image rows."""
+    g, tg = np.random.default_rng(11), torch.Generator().manual_seed(11)
+    out = []
+    for seqs, max_seq_len, images in [(3, 40, 0), (5, 300, 2)]:
+        n = seqs + 4
+        out.append(dict(input_ids=g.integers(0, 1000, n, dtype=np.int32), positions=np.arange(n, dtype=np.int32),
+                        slot_mapping=g.integers(0, 10**6, n, dtype=np.int32),
+                        seq_lens=g.integers(1, max_seq_len + 1, seqs, dtype=np.int32),
+                        query_start_loc=np.arange(seqs + 1, dtype=np.int32),
+                        block_table=g.integers(0, 10**5, (seqs, 64), dtype=np.int32), block_size=BLOCK,
+                        logits_indices=np.arange(seqs, dtype=np.int32), max_query_len=5, max_seq_len=max_seq_len,
+                        prompt_rows=[(0, 3), (4, 6)] if images else [],
+                        image_row_index=torch.arange(images), image_rows=torch.randn(images, 8, generator=tg).to(torch.bfloat16)
+                        if images else None))
+    return out
+
+
+def step_problems(sent: dict, got) -> list[str]:
+    cols = -(-sent["max_seq_len"] // BLOCK)
+    expected = dict(input_ids=sent["input_ids"], positions=sent["positions"], logits_indices=sent["logits_indices"],
+                    slot_mapping=sent["slot_mapping"], seq_lens=sent["seq_lens"],
+                    query_start_loc=sent["query_start_loc"], block_table=sent["block_table"][:, :cols])
+    actual = dict(input_ids=got.input_ids, positions=got.positions, logits_indices=got.logits_indices,
+                  slot_mapping=got.attn.slot_mapping, seq_lens=got.attn.seq_lens,
+                  query_start_loc=got.attn.query_start_loc, block_table=got.attn.block_table)
+    problems = [name for name in expected if not np.array_equal(actual[name].numpy(), expected[name])]
+    if (got.attn.max_query_len, got.attn.max_seq_len) != (sent["max_query_len"], sent["max_seq_len"]):
+        problems.append("max lengths")
+    if got.prompt_rows != sent["prompt_rows"]:
+        problems.append(f"prompt rows {got.prompt_rows}")
+    if sent["image_rows"] is not None and not (
+            torch.equal(got.image_row_index, sent["image_row_index"])
+            and torch.equal(got.image_row_bits.view(torch.bfloat16), sent["image_rows"])):
+        problems.append("image rows")
+    return problems
+
+
 def rank_main(rank: int, size: int, init: str, transport: str, results) -> None:
     from corellm.distributed.broadcast_channel import BroadcastChannel
     from corellm.distributed.parallel_state import init_tensor_parallel
+    from corellm.worker.step_message import STEP, STOP, StepMessage
 
     torch.set_num_threads(1)
     tp = init_tensor_parallel(rank, size, init, torch.device("cpu"))
@@ -46,6 +90,24 @@ def rank_main(rank: int, size: int, init: str, transport: str, results) -> None:
             problems.append(f"message {i}: header {got_header}")
         if not np.array_equal(got_payload, payload):
             problems.append(f"message {i}: payload of {got_payload.size} values differs")
+    first = None
+    for i, step in enumerate(steps()):
+        if rank == 0:
+            StepMessage.send(channel, **step)
+            continue
+        command, _, got = StepMessage.receive(channel)
+        if command != STEP:
+            problems.append(f"step {i}: command {command}")
+            continue
+        problems += [f"step {i}: {p}" for p in step_problems(step, got)]
+        if first is None:
+            first = got
+        else:  # the first step's views hold until the next receive
+            problems += [f"step 0 after step 1: {p}" for p in step_problems(steps()[0], first)]
+    if rank == 0:
+        StepMessage.send_command(channel, STOP)
+    elif StepMessage.receive(channel)[0] != STOP:
+        problems.append("no STOP")
     if rank != 0:
         results.put((rank, problems))
     torch.distributed.barrier(group=tp.group)
@@ -141,3 +203,23 @@ def test_workers_stop_when_the_engine_process_is_killed(tmp_path, tokenizer_json
     while any(running(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(running(p) for p in workers), "a worker outlived its engine"
+
+
+def test_a_ring_carries_header_and_values_and_refuses_other_items():
+    from corellm.distributed.broadcast_channel import new_ring
+    from corellm.native import _core
+
+    ring = new_ring(1)
+    reader = _core.ShmBroadcast.attach(ring.name, reader=0)
+    ring.unlink_name()
+    table = np.arange(24, dtype=np.int32).reshape(4, 6)
+    assert ring.publish_values([7, -1, 2**40], [np.array([5, 6], np.int32), table[:, :2]], 1.0) is True
+    header, values, count = reader.receive_values_in_place(1.0)
+    assert header == [7, -1, 2**40] and count == 10
+    assert values.tolist() == [5, 6, 0, 1, 6, 7, 12, 13, 18, 19]
+    too_many = np.zeros(ring.slot_capacity // 4, np.int32)
+    assert ring.publish_values([8], too_many, 1.0) is False  # the header alone, the values to go another way
+    assert reader.receive_values_in_place(1.0) == ([8], None, too_many.size)
+    with pytest.raises(ValueError, match="not int32"):
+        ring.publish_values([9], [np.zeros(3, np.int64)], 1.0)
+    assert reader.receive_values_in_place(0.01) is None  # nothing was published

@@ -7,7 +7,7 @@
 //
 //   header:  geometry (magic, num_readers, num_slots, slot_bytes), then, each on its own cache line,
 //            `published` (messages the writer has made visible) and `consumed[r]` (messages reader
-//            r has copied out); all are counters that only grow (uint32, compared modulo 2^32).
+//            r is done with); all are counters that only grow (uint32, compared modulo 2^32).
 //   slot i:  a uint64 size, then the message's bytes; message m lives in slot m % num_slots.
 //
 //   publish(m):  wait until every reader's consumed >= m + 1 - num_slots (the slot's previous
@@ -16,6 +16,11 @@
 //   receive():   wait until published > consumed[r] (acquire): spin briefly — a step follows the
 //                previous one within microseconds — then sleep on the futex; copy message
 //                consumed[r] out, then consumed[r] += 1 (release), which frees its slot.
+//   receive_in_place(): first release the message this reader still holds in place (consumed[r]
+//                += 1), then wait as receive() does and hand out message consumed[r] where it lies
+//                in its slot, without a copy; the slot stays the reader's until its next receive.
+//                The writer can then be one message ahead of a reader working on a message, as a
+//                step ahead of its workers is (the next one needs their collectives).
 //
 // Each counter has one writer, so no read-modify-write is needed; acquire/release pairs order the
 // slot's bytes with the counters. Waits are bounded: both calls take a timeout and report it as a
@@ -29,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,14 +62,26 @@ class ShmBroadcast {
   // the message that occupied the slot within timeout_s. InvalidArgument if size > slot_capacity().
   bool publish(const void* data, size_t size, double timeout_s);
   // The same for a message made of parts, copied one after the other into the slot (no gathering
-  // copy beforehand).
+  // copy beforehand). A part is `rows` runs of `row_bytes` bytes, `stride` bytes apart: a buffer
+  // (rows 1), or the first columns of a 2-D array's rows.
   struct Part {
     const void* data;
-    size_t size;
+    size_t row_bytes;
+    size_t rows = 1;
+    size_t stride = 0;
+    size_t size() const { return row_bytes * rows; }
   };
   bool publish(const std::vector<Part>& parts, double timeout_s);
   // Reader: true with the next message's bytes in `out`; false if none came within timeout_s.
   bool receive(std::vector<uint8_t>& out, double timeout_s);
+  // Reader, without a copy: the next message's bytes where they lie in their slot, valid until this
+  // reader's next receive or receive_in_place (which gives the slot back to the writer); nullopt if
+  // none came within timeout_s.
+  struct View {
+    const uint8_t* data;
+    size_t size;
+  };
+  std::optional<View> receive_in_place(double timeout_s);
 
   size_t slot_capacity() const { return slot_bytes_ - sizeof(uint64_t); }
   int num_readers() const { return num_readers_; }
@@ -78,6 +96,7 @@ class ShmBroadcast {
   SharedMemorySegment segment_;
   Header* header_ = nullptr;
   int reader_ = -1;  // -1: the writer
+  bool holding_ = false;  // a reader: it holds message consumed[reader_] in place (receive_in_place)
   int num_readers_ = 0;
   uint32_t num_slots_ = 0;
   size_t slot_bytes_ = 0;

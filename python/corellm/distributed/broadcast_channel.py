@@ -5,9 +5,10 @@ HEADER_VALUES int64 values and an int32 payload.
 Two transports, chosen when the group starts:
 
 - every rank on this machine: a ring of slots in shared memory (corellm._core.ShmBroadcast): rank
-  0 copies the message's parts into a slot and wakes the workers, each copies it out — ~10 us
-  between two processes, ~0.06-0.12 ms for a whole step with the Python around it, where two gloo
-  broadcasts over loopback sockets take 0.6-0.9 ms (bench/tp_overhead.py);
+  0's publish_values writes the header and copies the payload's arrays straight into a slot, and
+  wakes the workers; each views its message in place until its next receive — ~55-120 us for a
+  whole decode step with the Python around it (1-256 requests), where two gloo broadcasts over
+  loopback take 0.8-1.5 ms (bench/tp_overhead.py);
 - ranks on other machines: a header broadcast, then the payload's, over a gloo group of the
   channel's own.
 
@@ -35,7 +36,7 @@ HEADER_VALUES = 10
 IDLE_TIMEOUT = datetime.timedelta(days=365)
 RING_SLOTS = 2  # rank 0 is at most one step ahead: each step's collectives pair the ranks up
 RING_SLOT_BYTES = 1 << 20  # a decode step of 256 requests with ~1000 KV blocks each; larger: the group
-_WIRE = 2 + HEADER_VALUES  # the payload's int32 count, whether it travels on the group, the header
+_ZEROS = (0,) * HEADER_VALUES
 _POLL_S = 1.0  # how often a waiting worker checks that rank 0 lives
 _SEND_TIMEOUT_S = 60.0  # a worker that does not take a message in this time hangs
 
@@ -70,43 +71,43 @@ class BroadcastChannel:
 
     def send(self, header: list[int], payload: list[np.ndarray] = ()) -> None:
         """Rank 0: the header (up to HEADER_VALUES ints, zero-padded) and an int32 payload — the
-        given arrays one after the other — to every other rank."""
+        given arrays' values one after the other — to every other rank. An array is contiguous, or
+        2-D with contiguous rows (its rows' values are sent, row after row)."""
         if len(header) > HEADER_VALUES:
             raise ValueError(f"a channel header holds {HEADER_VALUES} values, got {len(header)}")
-        parts = [np.ascontiguousarray(a, dtype=np.int32).reshape(-1) for a in payload]
-        size = sum(a.size for a in parts)
-        wire = np.zeros(_WIRE, np.int64)
-        wire[0] = size
-        wire[2:2 + len(header)] = header
-        if self.ring is None:
-            torch.distributed.broadcast(torch.from_numpy(wire), src=0, group=self.group)
-        else:
-            fits = wire.nbytes + 4 * size <= self.ring.slot_capacity
-            wire[1] = 0 if fits else 1
-            if not self.ring.publish([wire, *parts] if fits else wire, _SEND_TIMEOUT_S):
+        header = [*header, *_ZEROS[len(header):]]
+        if self.ring is not None:  # its binding checks the arrays are int32 before it publishes
+            in_ring = self.ring.publish_values(header, payload, _SEND_TIMEOUT_S)
+            if in_ring is None:
                 raise RuntimeError(f"a tensor-parallel worker did not take a step message in {_SEND_TIMEOUT_S:.0f} s")
-            if fits:
-                return
-        if size:
-            torch.distributed.broadcast(torch.from_numpy(np.concatenate(parts)), src=0, group=self.group)
+            if in_ring:
+                return  # else the ring carried the header alone: the payload follows on the group
+        else:
+            if any(a.dtype != np.int32 for a in payload):
+                raise TypeError(f"a channel's payload is int32 arrays, got {[str(a.dtype) for a in payload]}")
+            size = sum(a.size for a in payload)
+            torch.distributed.broadcast(torch.tensor([size, *header], dtype=torch.int64), src=0, group=self.group)
+        if any(a.size for a in payload):
+            flat = np.concatenate([a.reshape(-1) for a in payload])
+            torch.distributed.broadcast(torch.from_numpy(flat), src=0, group=self.group)
 
     def receive(self) -> tuple[list[int], np.ndarray]:
-        """Another rank: the next message's header values and payload, waiting as long as it takes."""
+        """Another rank: the next message's header values and payload, waiting as long as it takes.
+        On the ring the payload is a view of the message where it lies in shared memory, valid
+        until this rank's next receive (which gives its slot back to rank 0): what must outlive
+        the step is copied."""
         if self.ring is None:
-            wire_t = torch.empty(_WIRE, dtype=torch.int64)
-            torch.distributed.broadcast(wire_t, src=0, group=self.group)
-            wire, rest = wire_t.numpy(), None
+            wire = torch.empty(1 + HEADER_VALUES, dtype=torch.int64)
+            torch.distributed.broadcast(wire, src=0, group=self.group)
+            size, *header = wire.tolist()
+            payload = None
         else:
-            while (message := self.ring.receive(_POLL_S)) is None:
+            while (message := self.ring.receive_values_in_place(_POLL_S)) is None:
                 if not self._writer_alive():
                     raise RuntimeError("rank 0 (the engine's process) exited; this worker stops")
-            wire = message[:8 * _WIRE].view(np.int64)  # views of the received (writable) bytes: no copy
-            rest = None if wire[1] else message[8 * _WIRE:].view(np.int32)
-        size = int(wire[0])
-        if rest is None:
-            rest = np.empty(size, np.int32)
+            header, payload, size = message
+        if payload is None:
+            payload = np.empty(size, np.int32)
             if size:
-                torch.distributed.broadcast(torch.from_numpy(rest), src=0, group=self.group)
-        if rest.size != size:
-            raise RuntimeError(f"a step message's payload has {rest.size} values, its header says {size}")
-        return wire[2:].tolist(), rest
+                torch.distributed.broadcast(torch.from_numpy(payload), src=0, group=self.group)
+        return header, payload

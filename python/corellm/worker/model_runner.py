@@ -148,8 +148,8 @@ class ModelRunner:
             index, rows = image_rows if image_rows is not None else (None, None)
             StepMessage.send(self.tp_workers.channel, input_ids=b.input_ids, positions=b.positions,
                              slot_mapping=b.slot_mapping, seq_lens=b.seq_lens, query_start_loc=b.query_start_loc,
-                             block_table=b.block_table, logits_indices=b.logits_indices,
-                             max_query_len=b.max_query_len, max_seq_len=b.max_seq_len,
+                             block_table=b.block_table, block_size=self.block_size,
+                             logits_indices=b.logits_indices, max_query_len=b.max_query_len, max_seq_len=b.max_seq_len,
                              prompt_rows=[(s.hidden_start, s.hidden_end) for s in prompt_spans],
                              image_row_index=index, image_rows=None if rows is None else rows.cpu())
         inputs_embeds = None
