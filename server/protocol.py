@@ -19,6 +19,7 @@ MAX_STOP_STRING_CHARS = 512
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGIT_BIAS = 1024  # entries; each bias in [-100, 100]
 MAX_ALLOWED_TOKEN_IDS = 262144  # the largest vocabularies' size
+MAX_BAD_WORDS = 256
 MAX_CACHE_SALT_CHARS = 256
 
 
@@ -80,6 +81,8 @@ class SamplingFields(RequestPart):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = Field(None, max_length=MAX_LOGIT_BIAS)
     allowed_token_ids: list[TokenId] | None = Field(None, min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)  # (vLLM)
+    bad_words: list[Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]] | None = Field(
+        None, max_length=MAX_BAD_WORDS)  # (vLLM)
     seed: int | None = Field(None, ge=0, lt=2**63)
     user: str | None = None
     # vLLM's extras
@@ -183,7 +186,7 @@ class SamplingFields(RequestPart):
             min_tokens=self.min_tokens, logprobs=logprobs, prompt_logprobs=self.prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output, logit_bias=logit_bias,
-            allowed_token_ids=self.allowed_token_ids,
+            allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
             structured_outputs=self.structured_output()[0],
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
 

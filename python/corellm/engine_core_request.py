@@ -23,6 +23,9 @@ class EngineCoreRequest:
     arrival_time: float  # seconds (time.time()): FCFS order among equal priorities
     seed: int  # key of this request's random stream (from params.seed, or drawn by the engine)
     priority: int = 0  # lower runs first under scheduling_policy "priority"
+    # Its bad_words as token sequences (each word alone and after a space, without repeats), by the
+    # InputProcessor: the sampler bans a sequence's last token where the output ends with the rest.
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
     cache_salt: str = ""  # isolates this request's prefix-cache entries from other tenants'
     # The compiled-grammar key (StructuredOutputsParams.key()) when a grammar constrains the
     # output: the engine fetches the request's matcher from the compiler's cache by it.

@@ -102,6 +102,9 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None  # (vLLM) only these tokens may be sampled
+    # (vLLM) words the output must not contain: a word's last token is banned wherever the output
+    # ends with the tokens before it (each word tokenized alone and after a space).
+    bad_words: list[str] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Constrain the output to a JSON schema, a regex, a choice or a grammar (structured output).
     structured_outputs: StructuredOutputsParams | None = None
@@ -170,6 +173,9 @@ class SamplingParams:
             ids = self.allowed_token_ids
             if not isinstance(ids, (list, tuple)) or not ids or any(not is_int(t) or t < 0 for t in ids):
                 raise ValueError(f"allowed_token_ids must be a non-empty list of token ids, got {ids!r}.")
+        if self.bad_words is not None and (not isinstance(self.bad_words, (list, tuple))
+                                           or any(not isinstance(w, str) or not w.strip() for w in self.bad_words)):
+            raise ValueError(f"bad_words must be a list of words (non-blank strings), got {self.bad_words!r}.")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):

@@ -71,6 +71,22 @@ def test_seeded_sampling_draws_the_same_tokens(plain, ngram) -> None:
     assert run(ngram, prompts, params) == run(plain, prompts, params)
 
 
+def test_bad_words_inside_drafts(plain, ngram) -> None:
+    """A copy whose drafts hold a bad phrase: each verified row bans after the drafts before it,
+    so the tokens are those of decoding without drafts, and the phrase never appears."""
+    tok = plain.get_tokenizer()
+    params = [SamplingParams(temperature=0, max_tokens=60, bad_words=words)
+              for words in (["the bridge", "public libraries"], ["teachers"], ["ten percent", "river"])]
+    prompts = [COPY[0], COPY[1], COPY[0]]
+    got = run(ngram, prompts, params)
+    assert got == run(plain, prompts, params)
+    free = run(plain, prompts, SamplingParams(temperature=0, max_tokens=60))
+    for (tokens, _, _), (free_tokens, _, _), p in zip(got, free, params):
+        text, free_text = tok.decode(tokens), tok.decode(free_tokens)
+        assert all(w in free_text for w in p.bad_words), free_text  # the copy would have them
+        assert not any(w in text for w in p.bad_words), text
+
+
 def test_stops_inside_accepted_drafts(plain, ngram) -> None:
     tok = plain.get_tokenizer()
     stop_id = tok.encode(" bridge", add_special_tokens=False)[0]

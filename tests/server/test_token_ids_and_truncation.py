@@ -1,7 +1,8 @@
 """vLLM's token-level request fields on /v1/completions and /v1/chat/completions: return_token_ids
 (the prompt's and each choice's token ids beside the text; streamed: the prompt's with the first
 chunk, each chunk its delta's), return_tokens_as_token_ids, truncate_prompt_tokens (the prompt's
-last k tokens), allowed_token_ids (only those sampled); and continuous_usage_stats."""
+last k tokens), allowed_token_ids (only those sampled), bad_words (never in the output); and
+continuous_usage_stats."""
 
 from __future__ import annotations
 
@@ -110,3 +111,18 @@ def test_allowed_token_ids_bound_every_sampled_token(server, model_name, path, p
     status, out = post(server, path, body)
     assert status == 200, out
     assert len(out["choices"][0]["token_ids"]) == 6 and set(out["choices"][0]["token_ids"]) <= set(allowed)
+
+
+@pytest.mark.parametrize("path, prompt", [("/v1/completions", {"prompt": "Count: one, two,"}),
+                                          ("/v1/chat/completions", {"messages": CHAT})])
+def test_bad_words_never_appear(server, model_name, path, prompt):
+    body = {"model": model_name, "max_tokens": 12, "temperature": 0, **prompt}
+    status, free = post(server, path, body)
+    assert status == 200, free
+    text = lambda out: out["choices"][0].get("text") or out["choices"][0]["message"]["content"]  # noqa: E731
+    words = text(free).split()[:2]  # what the free answer says first
+    status, out = post(server, path, {**body, "bad_words": words})
+    assert status == 200, out
+    assert not any(w in text(out).split() for w in words), (words, text(out))
+    status, out = post(server, path, {**body, "bad_words": ["ok", "  "]})
+    assert status == 400 and "bad_words must be a list of words" in out["error"]["message"], out

@@ -127,6 +127,7 @@ class InputProcessor:
             raise ValueError(f"logprobs ({params.logprobs}) exceeds the vocabulary size {self.vocab_size}")
         self.check_priority(priority)
         stop_token_ids = self.stop_token_ids(params)
+        bad_words_token_ids = self.bad_words_token_ids(params)
         grammar_key = None
         if params.structured_outputs is not None:
             if self.grammar_compiler is None:
@@ -150,6 +151,7 @@ class InputProcessor:
                 eos_token_id=self.tokenizer.eos_token_id,
                 stop_token_ids=stop_token_ids,
                 arrival_time=arrival,
+                bad_words_token_ids=bad_words_token_ids,
                 seed=seed,
                 priority=priority,
                 cache_salt=cache_salt,
@@ -178,6 +180,17 @@ class InputProcessor:
             raise ValueError(f"priority {priority} needs the priority scheduling policy (this engine runs "
                              f"{self.scheduling_policy!r}: start it with scheduling_policy='priority' / "
                              f"--scheduling-policy priority)")
+
+    def bad_words_token_ids(self, params: SamplingParams) -> list[list[int]]:
+        """Each bad word's tokens alone and after a space (vLLM's rule: a word inside a text is
+        usually tokenized with its leading space), without repeats."""
+        sequences: list[list[int]] = []
+        for word in params.bad_words or []:
+            for text in (word.lstrip(), " " + word.lstrip()):
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+                if ids and ids not in sequences:
+                    sequences.append(ids)
+        return sequences
 
     def stop_token_ids(self, params: SamplingParams) -> list[int]:
         """Token ids that finish a request: its own, plus the model's extra EOS ids unless ignore_eos."""

@@ -17,8 +17,19 @@ from corellm.worker.token_bitmasks import TokenBitmask, bitmask_row
 class RowRequest:
     request: EngineCoreRequest
     row: int
-    output_token_ids: list[int] = field(default_factory=list)  # kept only where penalties need them
+    output_token_ids: list[int] = field(default_factory=list)  # kept only where penalties or bad_words need them
     allowed_bitmask: np.ndarray | None = None  # its allowed_token_ids as a bitmask row, made at first use
+
+
+def banned_by_bad_words(sequences: list[list[int]], output: list[int]) -> list[int]:
+    """The tokens bad words ban as the next one after `output` (vLLM's rule): a sequence's last
+    token, where the output ends with all its tokens before that one (always, for one token)."""
+    banned = []
+    for words in sequences:
+        before = len(words) - 1
+        if before == 0 or (len(output) >= before and output[len(output) - before:] == words[:-1]):
+            banned.append(words[-1])
+    return banned
 
 
 class SamplingState:
@@ -36,6 +47,7 @@ class SamplingState:
         self.num_logprobs = np.full(max_rows, -1, np.int64)
         self.requests: dict[str, RowRequest] = {}
         self.with_allowed_token_ids: set[str] = set()  # so that steps without any pay nothing
+        self.with_bad_words: set[str] = set()  # the same
 
     def add(self, request: EngineCoreRequest, row: int, output_token_ids: list[int]) -> None:
         p = request.sampling_params
@@ -53,10 +65,13 @@ class SamplingState:
         self.requests[request.request_id] = RowRequest(request, row, list(output_token_ids))
         if p.allowed_token_ids is not None:
             self.with_allowed_token_ids.add(request.request_id)
+        if request.bad_words_token_ids:
+            self.with_bad_words.add(request.request_id)
 
     def remove(self, req_id: str) -> None:
         self.requests.pop(req_id, None)
         self.with_allowed_token_ids.discard(req_id)
+        self.with_bad_words.discard(req_id)
 
     def allowed_token_bitmask(self, req_ids: list[str], vocab_size: int) -> TokenBitmask | None:
         """The step's requests' allowed_token_ids as bitmask rows (token_bitmasks.py); None when no
@@ -127,15 +142,22 @@ class SamplingState:
         if any(r.request.sampling_params.logit_bias for r in reqs):
             biases = [r.request.sampling_params.logit_bias or {} for r in reqs]
             md.logit_bias = TokenLists.from_lists([list(b) for b in biases], [list(b.values()) for b in biases])
-        min_tokens = self.min_tokens[rows]
-        if (steps < min_tokens).any():
+        # Banned tokens, per logits row: a request's EOS and stop tokens before its min_tokens, and
+        # the tokens its bad words ban after its output so far (with the drafts before the row).
+        under_min = steps < self.min_tokens[rows]
+        bad_words = bool(self.with_bad_words) and any(r.request.bad_words_token_ids for r in reqs)
+        if under_min.any() or bad_words:
+            drafts = drafts_before() if bad_words and row_reqs is not None else None
             banned = []
-            for r, s, m in zip(reqs, steps, min_tokens):
+            for k, r in enumerate(reqs):
                 ids = []
-                if s < m:
+                if under_min[k]:
                     ids = list(r.request.stop_token_ids)
                     if r.request.eos_token_id is not None:
                         ids.append(r.request.eos_token_id)
+                if r.request.bad_words_token_ids:
+                    output = r.output_token_ids if drafts is None else r.output_token_ids + drafts[k]
+                    ids += banned_by_bad_words(r.request.bad_words_token_ids, output)
                 banned.append(ids)
             md.banned_token_ids = TokenLists.from_lists(banned)
         md.num_logprobs = int(self.num_logprobs[rows].max()) if len(rows) else -1
@@ -150,5 +172,6 @@ class SamplingState:
             if n:
                 r = self.requests[req_id]
                 p = r.request.sampling_params
-                if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1:
+                if (p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1
+                        or any(len(words) > 1 for words in r.request.bad_words_token_ids)):
                     r.output_token_ids.extend(row_tokens[:n])
