@@ -93,6 +93,7 @@ class SamplingFields(RequestPart):
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0, lt=2**31)
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True  # SamplingParams' comment: joined without spaces either way
     include_stop_str_in_output: bool = False
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
@@ -185,6 +186,7 @@ class SamplingFields(RequestPart):
             stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, max_tokens=max_tokens,
             min_tokens=self.min_tokens, logprobs=logprobs, prompt_logprobs=self.prompt_logprobs,
             skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output, logit_bias=logit_bias,
             allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
             structured_outputs=self.structured_output()[0],

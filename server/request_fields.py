@@ -33,7 +33,6 @@ NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "disable_any_whitespace": (False,), "disable_fallback": (), "disable_additional_properties": (False,),
     "whitespace_pattern": (), "structural_tag": (), "use_beam_search": (False,),
     "length_penalty": (1.0,), "logits_processors": ([],),
-    "spaces_between_special_tokens": (True,),
     "documents": ([],), "mm_processor_kwargs": ({},), "prompt_embeds": (), "kv_transfer_params": (),
     "vllm_xargs": (), "request_id": (), "echo": (False,),
     "thinking_token_budget": (), "reasoning_effort_budget": (),

@@ -99,6 +99,10 @@ class SamplingParams:
     logprobs: int | None = None  # top-n logprobs per generated token (0: the chosen token's only)
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    # (vLLM) Whether special tokens kept in the text are joined with spaces. corellm's detokenizer
+    # is the tokenizers library's, as vLLM's for a fast tokenizer: it joins them without spaces,
+    # which False asks for and True leaves as it is (as in vLLM with a fast tokenizer).
+    spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None  # (vLLM) only these tokens may be sampled
@@ -176,6 +180,9 @@ class SamplingParams:
         if self.bad_words is not None and (not isinstance(self.bad_words, (list, tuple))
                                            or any(not isinstance(w, str) or not w.strip() for w in self.bad_words)):
             raise ValueError(f"bad_words must be a list of words (non-blank strings), got {self.bad_words!r}.")
+        for name in ("skip_special_tokens", "spaces_between_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):

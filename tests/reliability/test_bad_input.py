@@ -135,7 +135,7 @@ NOT_HONOURED = [
     ("/v1/completions", "structured_outputs.whitespace_pattern",
      {"structured_outputs": {"regex": "a+", "whitespace_pattern": " *"}}),
     ("/v1/completions", "guided_decoding_backend", {"guided_regex": "a+", "guided_decoding_backend": "xgrammar"}),
-    ("/v1/chat/completions", "spaces_between_special_tokens", {"spaces_between_special_tokens": False}),
+    ("/v1/chat/completions", "length_penalty", {"length_penalty": 0.5}),
 ]
 
 

@@ -1,8 +1,9 @@
 """vLLM's token-level request fields on /v1/completions and /v1/chat/completions: return_token_ids
 (the prompt's and each choice's token ids beside the text; streamed: the prompt's with the first
 chunk, each chunk its delta's), return_tokens_as_token_ids, truncate_prompt_tokens (the prompt's
-last k tokens), allowed_token_ids (only those sampled), bad_words (never in the output); and
-continuous_usage_stats."""
+last k tokens), allowed_token_ids (only those sampled), bad_words (never in the output),
+spaces_between_special_tokens (special tokens joined without spaces either way, as vLLM's fast
+detokenizer); and continuous_usage_stats."""
 
 from __future__ import annotations
 
@@ -126,3 +127,16 @@ def test_bad_words_never_appear(server, model_name, path, prompt):
     assert not any(w in text(out).split() for w in words), (words, text(out))
     status, out = post(server, path, {**body, "bad_words": ["ok", "  "]})
     assert status == 400 and "bad_words must be a list of words" in out["error"]["message"], out
+
+
+@pytest.mark.parametrize("spaces", [False, True])
+def test_special_tokens_kept_in_the_text_are_joined_without_spaces(server, model_name, spaces):
+    specials = tokenize(server, prompt="<|im_start|><|im_end|>", add_special_tokens=False)
+    assert len(specials) == 2
+    body = {"model": model_name, "prompt": "Hi", "max_tokens": 4, "temperature": 1.0, "seed": 3, "ignore_eos": True,
+            "allowed_token_ids": specials, "skip_special_tokens": False, "return_token_ids": True,
+            "spaces_between_special_tokens": spaces}
+    status, out = post(server, "/v1/completions", body)
+    assert status == 200, out
+    choice = out["choices"][0]
+    assert choice["text"] == "".join(detokenize(server, [t]) for t in choice["token_ids"]) and " " not in choice["text"]
