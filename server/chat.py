@@ -98,6 +98,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
         return AssistantMessage(ReasoningParser(reasoning_parser) if reasoning_parser else None, tools.parser())
 
     n = params.n
+    echoed = req.echoed_text()
     if not req.stream:
         (out,) = await serving.run_all([processed], structured_field)
         choices = []
@@ -106,7 +107,10 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
             message.feed(c.text)
             message.finish()
             finish = "tool_calls" if message.has_tool_calls and c.finish_reason == "stop" else c.finish_reason
-            choices.append({"index": c.index, "message": message.message(),
+            whole = message.message()
+            if echoed:
+                whole["content"] = echoed + (whole["content"] or "")
+            choices.append({"index": c.index, "message": whole,
                             "logprobs": chat_logprobs(c, labels, top_n) if req.logprobs else None,
                             "finish_reason": finish, "stop_reason": c.stop_reason})
             if req.return_token_ids:
@@ -142,6 +146,8 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
             if req.return_token_ids:
                 first["prompt_token_ids"] = processed.prompt_token_ids
             await send_event(resp, first)
+            if echoed:
+                await send_event(resp, chunk(i, {"content": echoed}))
         async with contextlib.aclosing(outputs):  # closed at once on a disconnect
             async for _, out in outputs:
                 cached_tokens = out.num_cached_tokens

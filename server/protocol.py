@@ -308,12 +308,25 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # (vLLM) the last (assistant) message is left open, to continue
+    echo: bool = False  # (vLLM) the reply starts with the last message, where it is the replying role's
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # (vLLM) more template variables (enable_thinking, ...)
     add_special_tokens: bool = False  # (vLLM) the template writes the special tokens itself
     tools: list[ChatTool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # default true
+
+
+    def echoed_text(self) -> str:
+        """What the reply starts with under echo (vLLM's rule): the last message's text where its
+        role is the replying one — "assistant" after a generation prompt, without one the last
+        message's own role — else nothing."""
+        last = self.messages[-1]
+        if not self.echo or last.content is None or (self.add_generation_prompt and last.role != "assistant"):
+            return ""
+        if isinstance(last.content, str):
+            return last.content
+        return "\n".join(p.text for p in last.content if isinstance(p, TextPart))
 
 
 class TokenizeRequest(RequestPart):

@@ -34,7 +34,7 @@ NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "whitespace_pattern": (), "structural_tag": (), "use_beam_search": (False,),
     "length_penalty": (1.0,), "logits_processors": ([],),
     "documents": ([],), "mm_processor_kwargs": ({},), "prompt_embeds": (), "kv_transfer_params": (),
-    "vllm_xargs": (), "request_id": (), "echo": (False,),
+    "vllm_xargs": (), "request_id": (),
     "thinking_token_budget": (), "reasoning_effort_budget": (),
 }
 

@@ -1,7 +1,8 @@
 """/v1/completions with echo, as vLLM serves it and lm-evaluation-harness's loglikelihood uses it
 (token-id prompts, echo, logprobs 1, max_tokens 1): each choice's text starts with its prompt,
 its logprobs with the prompt's tokens (the first without a logprob) — the same numbers the
-engine gives as prompt_logprobs — then the completion's."""
+engine gives as prompt_logprobs — then the completion's. And vLLM's chat echo: a reply that
+continues the last message starts with it."""
 
 from __future__ import annotations
 
@@ -104,3 +105,29 @@ def test_max_tokens_0_with_echo_scores_the_prompt_alone(server, model_name, stre
 def test_max_tokens_0_without_echo_is_refused(server, model_name):
     status, out = post(server, "/v1/completions", {"model": model_name, "prompt": "Hi", "max_tokens": 0})
     assert status == 400 and out["error"]["param"] == "max_tokens" and "only with echo" in out["error"]["message"]
+
+
+CONTINUE = [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "My favourite color is"}]
+
+
+def test_chat_echo_starts_the_reply_with_the_message_it_continues(server, model_name):
+    body = {"model": model_name, "messages": CONTINUE, "max_tokens": 6, "temperature": 0,
+            "add_generation_prompt": False, "continue_final_message": True}
+    status, plain = post(server, "/v1/chat/completions", body)
+    assert status == 200, plain
+    status, echoed = post(server, "/v1/chat/completions", {**body, "echo": True})
+    assert status == 200, echoed
+    continuation = plain["choices"][0]["message"]["content"]
+    assert echoed["choices"][0]["message"]["content"] == CONTINUE[-1]["content"] + continuation
+    assert all(echoed["usage"][k] == plain["usage"][k] for k in ("prompt_tokens", "completion_tokens"))
+    events = stream(server, "/v1/chat/completions", {**body, "echo": True})
+    deltas = [e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices")]
+    assert deltas[1] == CONTINUE[-1]["content"] and "".join(deltas) == CONTINUE[-1]["content"] + continuation
+
+
+def test_chat_echo_after_a_generation_prompt_echoes_only_an_assistant_message(server, model_name):
+    body = {"model": model_name, "messages": CONTINUE[:1], "max_tokens": 4, "temperature": 0}
+    status, plain = post(server, "/v1/chat/completions", body)
+    status2, echoed = post(server, "/v1/chat/completions", {**body, "echo": True})
+    assert status == status2 == 200
+    assert echoed["choices"][0]["message"]["content"] == plain["choices"][0]["message"]["content"]  # a user's
