@@ -71,6 +71,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
         kept = serving.truncate_prompt(prompt_ids, req.truncate_prompt_tokens)
         text, prompt_ids = (text if len(kept) == len(prompt_ids) else None), kept
     max_tokens = req.max_completion_tokens or req.max_tokens
+    beam = req.beam_search_params(max_tokens)
     top_n = req.top_logprobs or 0
     labels = TokenLabels(serving.tokenizer, req.return_tokens_as_token_ids)
     params = req.sampling_params(serving.defaults(), max_tokens, top_n if req.logprobs else None)
@@ -88,11 +89,15 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
             raise bad_request(f"{name}.image_url.detail {image_url.detail!r} is not supported: the model sees every "
                               f"image at its encoder's resolution (use 'auto' or leave it out)", "messages")
     images = [(name, image_url.url) for name, image_url in images]
+    if beam is not None and images:
+        raise bad_request("use_beam_search takes text conversations (no images)", "use_beam_search")
     prepare = functools.partial(serving.prepare, request_id, prompt_ids, text, params, max_tokens, kind="messages",
                                 cache_salt=req.cache_salt, priority=req.priority, structured_field=structured_field,
                                 images=images)
     # Images are decoded (and fetched, where allowed) on a worker thread: the event loop serves on.
-    processed = await asyncio.get_running_loop().run_in_executor(_IMAGE_POOL, prepare) if images else prepare()
+    processed = None
+    if beam is None:
+        processed = await asyncio.get_running_loop().run_in_executor(_IMAGE_POOL, prepare) if images else prepare()
 
     def reply() -> AssistantMessage:
         return AssistantMessage(ReasoningParser(reasoning_parser) if reasoning_parser else None, tools.parser())
@@ -100,7 +105,12 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
     n = params.n
     echoed = req.echoed_text()
     if not req.stream:
-        (out,) = await serving.run_all([processed], structured_field)
+        if beam is not None:
+            out = await serving.beam_search(request_id, prompt_ids, text, beam, kind="messages",
+                                            cache_salt=req.cache_salt, priority=req.priority,
+                                            skip_special_tokens=req.skip_special_tokens)
+        else:
+            (out,) = await serving.run_all([processed], structured_field)
         choices = []
         for c in out.outputs:
             message = reply()
@@ -118,9 +128,9 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
         completion_tokens = sum(len(c.token_ids) for c in out.outputs)
         body = {"id": request_id, "object": "chat.completion", "created": now(), "model": model, "choices": choices,
                 "prompt_logprobs": prompt_logprobs(out.prompt_logprobs),
-                "usage": usage(len(processed.prompt_token_ids), completion_tokens, out.num_cached_tokens)}
+                "usage": usage(len(out.prompt_token_ids), completion_tokens, out.num_cached_tokens)}
         if req.return_token_ids:
-            body["prompt_token_ids"] = processed.prompt_token_ids
+            body["prompt_token_ids"] = out.prompt_token_ids
         return web.json_response(body)
 
     resp, outputs = await serving.start_stream(request, [processed], structured_field)

@@ -49,6 +49,18 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     if scoring_only and not req.echo:
         raise bad_request("max_tokens must be at least 1 (0 only with echo: the prompt scored alone)", "max_tokens")
     max_tokens = 1 if scoring_only else req.max_tokens
+    beam = req.beam_search_params(max_tokens)
+    if beam is not None:
+        request_id = serving.new_id("cmpl")
+        searches = [asyncio.ensure_future(serving.beam_search(
+            f"{request_id}-{i}", ids, text, beam, cache_salt=req.cache_salt, priority=req.priority,
+            skip_special_tokens=req.skip_special_tokens)) for i, (ids, text) in enumerate(_prompts(req, serving))]
+        try:
+            outputs = list(await asyncio.gather(*searches))
+        finally:
+            for search in searches:  # one failed: the others stop too
+                search.cancel()
+        return web.json_response(_response(request_id, model, outputs, beam.beam_width, serving, req, False))
     params = req.sampling_params(serving.defaults(), max_tokens, req.logprobs)
     if req.echo and req.logprobs is not None:
         if req.stream:

@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
+from corellm.beam_search import BeamSearchParams
 from corellm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 # Caps on the expensive asks; each refusal is a 400 naming the field.
@@ -64,6 +65,20 @@ class StructuredOutputsField(RequestPart):
     json_object: bool | None = None
 
 
+# Fields beam search has no use for: given with use_beam_search, a 400 naming them (vLLM drops
+# them); each with the test that it was left as it is.
+NOT_WITH_BEAM_SEARCH = {
+    "stream": lambda v: not v, "logprobs": lambda v: v in (None, False), "top_logprobs": lambda v: v is None,
+    "prompt_logprobs": lambda v: v is None, "echo": lambda v: not v, "stop": lambda v: not v,
+    "stop_token_ids": lambda v: not v, "top_p": lambda v: v in (None, 1), "top_k": lambda v: v in (None, 0, -1),
+    "min_p": lambda v: not v, "presence_penalty": lambda v: not v, "frequency_penalty": lambda v: not v,
+    "repetition_penalty": lambda v: v in (None, 1), "seed": lambda v: v is None, "logit_bias": lambda v: not v,
+    "allowed_token_ids": lambda v: v is None, "bad_words": lambda v: not v, "min_tokens": lambda v: not v,
+    "response_format": lambda v: v is None or v.type == "text", "structured_outputs": lambda v: v is None,
+    "guided_json": lambda v: v is None, "guided_regex": lambda v: v is None, "guided_choice": lambda v: v is None,
+    "guided_grammar": lambda v: v is None, "tools": lambda v: not v, "suffix": lambda v: not v}
+
+
 class SamplingFields(RequestPart):
     """Fields shared by completions and chat completions."""
 
@@ -101,6 +116,8 @@ class SamplingFields(RequestPart):
     truncate_prompt_tokens: int | None = Field(None, ge=-1, lt=2**31)  # the prompt's last k tokens; -1: the context's
     return_token_ids: bool = False  # the prompt's and the choices' token ids in the response
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:N"
+    use_beam_search: bool = False  # (vLLM) n beams; corellm.beam_search states the algorithm
+    length_penalty: float = 1.0  # (vLLM) beam search's: a sequence's score is its logprob / length ** this
     # Structured output, in OpenAI's spelling, vLLM's, and vLLM's older one (at most one of them).
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None
@@ -122,6 +139,25 @@ class SamplingFields(RequestPart):
         if isinstance(v, str) and len(v) > MAX_STOP_STRING_CHARS:
             raise ValueError(f"a stop string may hold at most {MAX_STOP_STRING_CHARS} characters")
         return v
+
+    def beam_search_params(self, max_tokens: int | None) -> BeamSearchParams | None:
+        """With use_beam_search, vLLM's BeamSearchParams (n beams; max_tokens None: up to the
+        context's end); else None (length_penalty other than 1 is then a 400)."""
+        from corellm.server.errors import bad_request
+
+        if not self.use_beam_search:
+            if self.length_penalty != 1:
+                raise bad_request("length_penalty applies to beam search only (use_beam_search)", "length_penalty")
+            return None
+        for name, left_alone in NOT_WITH_BEAM_SEARCH.items():
+            if name in type(self).model_fields and not left_alone(getattr(self, name)):
+                raise bad_request(f"{name} is not available with use_beam_search", name)
+        try:
+            return BeamSearchParams(beam_width=self.n, max_tokens=max_tokens or 2**31 - 1, ignore_eos=self.ignore_eos,
+                                    temperature=self.temperature or 0.0, length_penalty=self.length_penalty,
+                                    include_stop_str_in_output=self.include_stop_str_in_output)
+        except ValueError as e:
+            raise bad_request(str(e), "use_beam_search") from None
 
     def structured_output(self) -> tuple[StructuredOutputsParams | None, str | None]:
         """The request's output constraint and the field it came from (for the 400s that name

@@ -28,11 +28,10 @@ NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "service_tier": ("auto", "default"), "best_of": (1,),
     # In messages of the history.
     "refusal": (), "annotations": ([],),
-    # vLLM: structured output's other knobs, beam search, token filters and output forms corellm lacks.
+    # vLLM: structured output's other knobs, logits processors and output forms corellm lacks.
     "guided_decoding_backend": ("auto", "llguidance", "guidance"), "guided_whitespace_pattern": (),
     "disable_any_whitespace": (False,), "disable_fallback": (), "disable_additional_properties": (False,),
-    "whitespace_pattern": (), "structural_tag": (), "use_beam_search": (False,),
-    "length_penalty": (1.0,), "logits_processors": ([],),
+    "whitespace_pattern": (), "structural_tag": (), "logits_processors": ([],),
     "documents": ([],), "mm_processor_kwargs": ({},), "prompt_embeds": (), "kv_transfer_params": (),
     "vllm_xargs": (), "request_id": (),
     "thinking_token_budget": (), "reasoning_effort_budget": (),

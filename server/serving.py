@@ -17,7 +17,8 @@ from aiohttp import web
 
 from corellm.engine.async_llm import AsyncLLM, EngineDeadError
 from corellm.engine.input_processor import ProcessedRequest
-from corellm.outputs import RequestOutput
+from corellm.beam_search import BeamSearch, BeamSearchParams
+from corellm.outputs import CompletionOutput, RequestOutput
 from corellm.sampling_params import SamplingParams, StructuredOutputsParams
 from corellm.server.admission import Admission, AdmissionLimits
 from corellm.server.errors import APIError, bad_request, error_chunk
@@ -183,6 +184,31 @@ class Serving:
             for t in tasks:
                 t.cancel()
             self.abort(processed)
+
+    async def beam_search(self, request_id: str, prompt_ids: list[int], prompt_text: str | None,
+                          params: BeamSearchParams, kind: str = "prompt", cache_salt: str | None = None,
+                          priority: int = 0, skip_special_tokens: bool = True) -> RequestOutput:
+        """vLLM's use_beam_search: the prompt's params.beam_width best sequences (corellm.beam_search),
+        as one RequestOutput whose outputs are the beams, best first. Each round's one-token requests
+        go through prepare and run_all as any request (admission, aborted with this one)."""
+        rounds = min(params.max_tokens, self.engine.max_model_len - len(prompt_ids))
+        if rounds < 1:  # the prompt fills the context: prepare's 400 says so
+            self.prepare(request_id, prompt_ids, prompt_text, params.step_params(), None, kind=kind)
+        search = BeamSearch(prompt_ids, params, self.tokenizer.eos_token_id, rounds)
+        step, cached, done = params.step_params(), 0, 0
+        while beams := search.prompts():
+            processed = [self.prepare(f"{request_id}-{done}-{k}", tokens, None, step, None, kind=kind,
+                                      cache_salt=cache_salt, priority=priority) for k, tokens in enumerate(beams)]
+            outputs = await self.run_all(processed)
+            cached = outputs[0].num_cached_tokens if done == 0 else cached
+            search.advance(outputs)
+            done += 1
+        choices = [CompletionOutput(index=i, text=self.tokenizer.decode(search.generated_text_tokens(beam),
+                                                                        skip_special_tokens=skip_special_tokens),
+                                    token_ids=beam.tokens[len(prompt_ids):], cumulative_logprob=beam.cum_logprob,
+                                    logprobs=None, finish_reason=beam.finish_reason, stop_reason=beam.stop_reason)
+                   for i, beam in enumerate(search.best())]
+        return RequestOutput(request_id, prompt_text, prompt_ids, None, choices, finished=True, num_cached_tokens=cached)
 
     async def start_stream(self, request: web.Request, processed: list[ProcessedRequest],
                            structured_field: str | None = None) -> tuple[web.StreamResponse, AsyncIterator]:

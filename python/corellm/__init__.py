@@ -20,6 +20,7 @@ with _lasting_objects():  # torch's import makes ~200k objects that live as long
 
     from corellm.native import _core
     from corellm.config import EngineConfig, SchedulerConfig
+    from corellm.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
     from corellm.outputs import CompletionOutput, Logprob, RequestOutput
     from corellm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
@@ -35,5 +36,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'corellm' has no attribute {name!r}")
 
 
-__all__ = ["LLM", "CompletionOutput", "EngineConfig", "Logprob", "RequestOutput", "RequestOutputKind",
-           "SamplingParams", "SchedulerConfig", "StructuredOutputsParams", "_core", "__version__"]
+__all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "CompletionOutput", "EngineConfig",
+           "Logprob", "RequestOutput", "RequestOutputKind", "SamplingParams", "SchedulerConfig",
+           "StructuredOutputsParams", "_core", "__version__"]

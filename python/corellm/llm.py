@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from corellm.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from corellm.config import EngineConfig, SpeculativeConfig
 from corellm.distributed.torchrun import TorchrunPlace
 from corellm.distributed.spawned_processes import refuse_while_importing_main
@@ -274,6 +275,49 @@ class LLM:
         finally:
             bar.close()
         return [r for r in results if r is not None]
+
+    def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """vLLM's LLM.beam_search: per prompt the params.beam_width best sequences (beam_search.py
+        states the algorithm), each with its tokens (the prompt's first), text (the whole
+        sequence's, as vLLM's), cumulative logprob and per-token top logprobs. Every prompt's beams
+        go to the engine together, one token each per round."""
+        return self._on_every_rank(lambda: self._beam_search(prompts, params, use_tqdm))
+
+    def _beam_search(self, prompts, params: BeamSearchParams, use_tqdm: bool) -> list[BeamSearchOutput]:
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"beam_search takes a BeamSearchParams, got {type(params).__name__}")
+        tok = self.loaded.tokenizer
+        searches = []
+        for prompt in prompts:
+            if isinstance(prompt, dict) and prompt.get("multi_modal_data") is not None:
+                raise ValueError("beam_search takes text prompts (no multi_modal_data)")
+            _, ids = self.input_processor.tokenize(prompt)
+            if not ids or len(ids) >= self.max_model_len:
+                raise ValueError(f"a beam search prompt needs 1 to {self.max_model_len - 1} tokens, got {len(ids)}")
+            rounds = min(params.max_tokens, self.max_model_len - len(ids))  # the context ends a beam too
+            searches.append(BeamSearch(ids, params, tok.eos_token_id, rounds))
+        step = params.step_params()
+        while True:
+            round_prompts = [(search, tokens) for search in searches for tokens in search.prompts()]
+            if not round_prompts:
+                break
+            outputs = self._generate([{"prompt_token_ids": tokens} for _, tokens in round_prompts], step,
+                                     use_tqdm, None)
+            at = 0
+            for search in searches:
+                beams = len(search.prompts())
+                search.advance(outputs[at:at + beams])
+                at += beams
+        results = []
+        for search in searches:
+            best = search.best()
+            for beam in best:
+                beam.text = tok.decode(beam.tokens)
+            results.append(BeamSearchOutput(best))
+        return results
 
     def chat(self, messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,

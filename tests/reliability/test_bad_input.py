@@ -130,12 +130,12 @@ NOT_HONOURED = [
     ("/v1/chat/completions", "function_call", {"function_call": {"name": "f"}}),
     ("/v1/completions", "tools", {"tools": [{"type": "function", "function": {"name": "f"}}]}),
     ("/v1/completions", "best_of", {"best_of": 3}),
-    ("/v1/completions", "use_beam_search", {"use_beam_search": True}),
+    ("/v1/completions", "guided_whitespace_pattern", {"guided_regex": "a+", "guided_whitespace_pattern": " *"}),
     ("/v1/completions", "logits_processors", {"logits_processors": ["my_module.Processor"]}),
     ("/v1/completions", "structured_outputs.whitespace_pattern",
      {"structured_outputs": {"regex": "a+", "whitespace_pattern": " *"}}),
     ("/v1/completions", "guided_decoding_backend", {"guided_regex": "a+", "guided_decoding_backend": "xgrammar"}),
-    ("/v1/chat/completions", "length_penalty", {"length_penalty": 0.5}),
+    ("/v1/chat/completions", "documents", {"documents": [{"title": "t", "text": "x"}]}),
 ]
 
 
