@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from corellm.beam_search import BeamSearch, BeamSearchParams
 from corellm.engine.async_llm import AsyncLLM, EngineDeadError
 from corellm.engine.input_processor import ProcessedRequest
-from corellm.beam_search import BeamSearch, BeamSearchParams
 from corellm.outputs import CompletionOutput, RequestOutput
 from corellm.sampling_params import SamplingParams, StructuredOutputsParams
 from corellm.server.admission import Admission, AdmissionLimits

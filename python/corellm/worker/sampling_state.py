@@ -97,7 +97,7 @@ class SamplingState:
         """Parameters of this step's logits rows, in the given (scheduler) order: one row per
         request, or, for a request verifying d draft tokens (speculative decoding), d + 1 rows, row
         j sampled as the request's output position steps + j with the drafts before it counted
-        as outputs (penalties, min_tokens): exactly what decoding them one by one would use."""
+        as outputs (penalties, min_tokens, bad_words): exactly what decoding them one by one would use."""
         rows = rows.astype(np.int64)
         row_reqs = None  # per logits row, its request's index in req_ids (None: one row each)
         if num_draft_tokens is not None and num_draft_tokens.any():
