@@ -44,7 +44,7 @@ def _prompts(req: CompletionRequest, serving: Serving) -> list[tuple[list[int], 
 async def create_completion(serving: Serving, request: web.Request, req: CompletionRequest) -> web.StreamResponse:
     model = serving.check_model(req.model)
     if req.suffix:
-        raise bad_request("suffix is not supported", "suffix")
+        raise bad_request("suffix is not supported by corellm", "suffix", "unsupported_field")
     scoring_only = req.max_tokens == 0
     if scoring_only and not req.echo:
         raise bad_request("max_tokens must be at least 1 (0 only with echo: the prompt scored alone)", "max_tokens")

@@ -136,6 +136,7 @@ NOT_HONOURED = [
      {"structured_outputs": {"regex": "a+", "whitespace_pattern": " *"}}),
     ("/v1/completions", "guided_decoding_backend", {"guided_regex": "a+", "guided_decoding_backend": "xgrammar"}),
     ("/v1/chat/completions", "documents", {"documents": [{"title": "t", "text": "x"}]}),
+    ("/v1/completions", "suffix", {"suffix": " the end."}),
 ]
 
 
