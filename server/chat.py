@@ -106,7 +106,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
     echoed = req.echoed_text()
     if not req.stream:
         if beam is not None:
-            out = await serving.beam_search(request_id, prompt_ids, text, beam, kind="messages",
+            out = await serving.beam_search(request_id, prompt_ids, text, beam, max_tokens, kind="messages",
                                             cache_salt=req.cache_salt, priority=req.priority,
                                             skip_special_tokens=req.skip_special_tokens)
         else:

@@ -53,7 +53,7 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     if beam is not None:
         request_id = serving.new_id("cmpl")
         searches = [asyncio.ensure_future(serving.beam_search(
-            f"{request_id}-{i}", ids, text, beam, cache_salt=req.cache_salt, priority=req.priority,
+            f"{request_id}-{i}", ids, text, beam, max_tokens, cache_salt=req.cache_salt, priority=req.priority,
             skip_special_tokens=req.skip_special_tokens)) for i, (ids, text) in enumerate(_prompts(req, serving))]
         try:
             outputs = list(await asyncio.gather(*searches))

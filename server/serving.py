@@ -186,14 +186,15 @@ class Serving:
             self.abort(processed)
 
     async def beam_search(self, request_id: str, prompt_ids: list[int], prompt_text: str | None,
-                          params: BeamSearchParams, kind: str = "prompt", cache_salt: str | None = None,
-                          priority: int = 0, skip_special_tokens: bool = True) -> RequestOutput:
+                          params: BeamSearchParams, requested_max_tokens: int | None, kind: str = "prompt",
+                          cache_salt: str | None = None, priority: int = 0,
+                          skip_special_tokens: bool = True) -> RequestOutput:
         """vLLM's use_beam_search: the prompt's params.beam_width best sequences (corellm.beam_search),
-        as one RequestOutput whose outputs are the beams, best first. Each round's one-token requests
-        go through prepare and run_all as any request (admission, aborted with this one)."""
+        as one RequestOutput whose outputs are the beams, best first. The prompt and the max_tokens
+        asked for are checked against the context as for any request; each round's one-token
+        requests go through prepare and run_all as any request (admission, aborted with this one)."""
+        self.prepare(request_id, prompt_ids, prompt_text, params.step_params(), requested_max_tokens, kind=kind)
         rounds = min(params.max_tokens, self.engine.max_model_len - len(prompt_ids))
-        if rounds < 1:  # the prompt fills the context: prepare's 400 says so
-            self.prepare(request_id, prompt_ids, prompt_text, params.step_params(), None, kind=kind)
         search = BeamSearch(prompt_ids, params, self.tokenizer.eos_token_id, rounds)
         step, cached, done = params.step_params(), 0, 0
         while beams := search.prompts():

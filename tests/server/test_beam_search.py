@@ -46,6 +46,12 @@ def test_fields_beam_search_has_no_use_for_are_refused(server, model_name, field
     assert "is not available with use_beam_search" in out["error"]["message"]
 
 
+def test_the_context_bounds_a_beam_search_as_any_request(server, model_name):
+    body = {"model": model_name, "prompt": "Hi", "use_beam_search": True, "n": 2, "max_tokens": 10**6}
+    status, out = post(server, "/v1/completions", body)
+    assert status == 400 and out["error"]["code"] == "context_length_exceeded", out
+
+
 def test_length_penalty_needs_beam_search(server, model_name):
     status, out = post(server, "/v1/completions", {"model": model_name, "prompt": "Hi", "length_penalty": 0.5})
     assert status == 400 and out["error"]["param"] == "length_penalty", out
