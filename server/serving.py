@@ -193,15 +193,15 @@ class Serving:
         as one RequestOutput whose outputs are the beams, best first. The prompt and the max_tokens
         asked for are checked against the context as for any request; each round's one-token
         requests go through prepare and run_all as any request (admission, aborted with this one)."""
-        self.prepare(request_id, prompt_ids, prompt_text, params.step_params(), requested_max_tokens, kind=kind)
-        rounds = min(params.max_tokens, self.engine.max_model_len - len(prompt_ids))
-        search = BeamSearch(prompt_ids, params, self.tokenizer.eos_token_id, rounds)
+        search = BeamSearch(prompt_ids, params, self.tokenizer.eos_token_id, self.engine.max_model_len)
         step, cached, done = params.step_params(), 0, 0
-        while beams := search.prompts():
-            processed = [self.prepare(f"{request_id}-{done}-{k}", tokens, None, step, None, kind=kind,
-                                      cache_salt=cache_salt, priority=priority) for k, tokens in enumerate(beams)]
+        while beams := (search.prompts() if done else [prompt_ids]):  # the first round: the prompt, checked
+            processed = [self.prepare(f"{request_id}-{done}-{k}", tokens, None, step,
+                                      None if done else requested_max_tokens, kind=kind, cache_salt=cache_salt,
+                                      priority=priority) for k, tokens in enumerate(beams)]
             outputs = await self.run_all(processed)
-            cached = outputs[0].num_cached_tokens if done == 0 else cached
+            if done == 0:
+                cached = outputs[0].num_cached_tokens
             search.advance(outputs)
             done += 1
         choices = [CompletionOutput(index=i, text=self.tokenizer.decode(search.generated_text_tokens(beam),

@@ -73,16 +73,16 @@ def beam_score(beam: BeamSearchSequence, eos_token_id: int | None, length_penalt
 
 
 class BeamSearch:
-    """One prompt's search. rounds: how many tokens a beam may get (max_tokens, or fewer where the
-    context ends first)."""
+    """One prompt's search: a beam gets max_tokens tokens, or fewer where the context
+    (max_model_len) ends first."""
 
     def __init__(self, prompt_token_ids: list[int], params: BeamSearchParams, eos_token_id: int | None,
-                 rounds: int):
+                 max_model_len: int):
         self.params, self.eos_token_id = params, eos_token_id
         self.prompt_len = len(prompt_token_ids)
         self.beams = [BeamSearchSequence(list(prompt_token_ids))]
         self.completed: list[BeamSearchSequence] = []
-        self.rounds_left = rounds
+        self.rounds_left = min(params.max_tokens, max_model_len - self.prompt_len)
 
     def prompts(self) -> list[list[int]]:
         """This round's requests: each beam's tokens (none once the search is over)."""

@@ -297,20 +297,15 @@ class LLM:
             _, ids = self.input_processor.tokenize(prompt)
             if not ids or len(ids) >= self.max_model_len:
                 raise ValueError(f"a beam search prompt needs 1 to {self.max_model_len - 1} tokens, got {len(ids)}")
-            rounds = min(params.max_tokens, self.max_model_len - len(ids))  # the context ends a beam too
-            searches.append(BeamSearch(ids, params, tok.eos_token_id, rounds))
+            searches.append(BeamSearch(ids, params, tok.eos_token_id, self.max_model_len))
         step = params.step_params()
-        while True:
-            round_prompts = [(search, tokens) for search in searches for tokens in search.prompts()]
-            if not round_prompts:
-                break
-            outputs = self._generate([{"prompt_token_ids": tokens} for _, tokens in round_prompts], step,
+        while any(beams := [search.prompts() for search in searches]):
+            outputs = self._generate([{"prompt_token_ids": tokens} for each in beams for tokens in each], step,
                                      use_tqdm, None)
             at = 0
-            for search in searches:
-                beams = len(search.prompts())
-                search.advance(outputs[at:at + beams])
-                at += beams
+            for search, each in zip(searches, beams):
+                search.advance(outputs[at:at + len(each)])
+                at += len(each)
         results = []
         for search in searches:
             best = search.best()

@@ -56,7 +56,7 @@ def one_token_outputs(candidates: list[dict[int, float]]) -> list[RequestOutput]
 
 def test_eos_completes_a_beam_scored_by_its_length():
     eos = 9
-    search = BeamSearch([1, 2], BeamSearchParams(beam_width=2, max_tokens=3, length_penalty=1.0), eos, rounds=3)
+    search = BeamSearch([1, 2], BeamSearchParams(beam_width=2, max_tokens=3, length_penalty=1.0), eos, max_model_len=64)
     search.advance(one_token_outputs([{eos: -0.1, 5: -0.5, 6: -0.7, 7: -3.0}]))
     assert [b.tokens for b in search.beams] == [[1, 2, 5], [1, 2, 6]] and search.completed[0].tokens == [1, 2, eos]
     search.advance(one_token_outputs([{5: -2.0, 6: -2.5, 7: -3.0, eos: -4.0}, {5: -0.2, 6: -3.0, 7: -3.5, eos: -4.0}]))
