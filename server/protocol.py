@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from corellm.beam_search import BeamSearchParams
 from corellm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
@@ -48,21 +48,53 @@ class JsonSchemaFormat(RequestPart):
     description: str | None = None
 
 
-class ResponseFormat(RequestPart):
-    """OpenAI's response_format."""
+class Structure(RequestPart):
+    """One structure of a structural tag: after its begin, JSON of its schema, then its end."""
 
-    type: Literal["text", "json_object", "json_schema"]
+    begin: str
+    schema_: dict[str, Any] = Field(alias="schema")
+    end: str
+
+
+class ResponseFormat(RequestPart):
+    """OpenAI's response_format, and vLLM's structural_tag type (structures and triggers)."""
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    structures: list[Structure] | None = None
+    triggers: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _fields_of_its_type(self):
+        for name, of_type in (("json_schema", "json_schema"), ("structures", "structural_tag"),
+                              ("triggers", "structural_tag")):
+            if getattr(self, name) is not None and self.type != of_type:
+                raise ValueError(f"response_format.{name} belongs to the type {of_type!r}, not {self.type!r}")
+        return self
+
+    def structural_tag(self) -> dict[str, Any]:
+        from corellm.server.errors import bad_request
+
+        if self.structures is None or self.triggers is None:
+            raise bad_request("response_format of type structural_tag needs structures and triggers", "response_format")
+        return {"type": "structural_tag", "triggers": self.triggers,
+                "structures": [s.model_dump(by_alias=True, exclude_unset=True) for s in self.structures]}
 
 
 class StructuredOutputsField(RequestPart):
-    """vLLM's structured_outputs: one of its fields (StructuredOutputsParams checks that)."""
+    """vLLM's structured_outputs: one of its kinds and how its JSON is written
+    (StructuredOutputsParams checks them)."""
 
     json_: dict[str, Any] | str | None = Field(None, alias="json")
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: dict[str, Any] | str | None = None
+    disable_any_whitespace: bool = False
+    whitespace_pattern: str | None = None
+    disable_additional_properties: bool = False
+    disable_fallback: bool = False
 
 
 # Fields beam search has no use for: given with use_beam_search, a 400 naming them (vLLM drops
@@ -76,7 +108,8 @@ NOT_WITH_BEAM_SEARCH = {
     "allowed_token_ids": lambda v: v is None, "bad_words": lambda v: not v, "min_tokens": lambda v: not v,
     "response_format": lambda v: v is None or v.type == "text", "structured_outputs": lambda v: v is None,
     "guided_json": lambda v: v is None, "guided_regex": lambda v: v is None, "guided_choice": lambda v: v is None,
-    "guided_grammar": lambda v: v is None, "tools": lambda v: not v, "suffix": lambda v: not v}
+    "guided_grammar": lambda v: v is None, "structural_tag": lambda v: v is None,
+    "guided_whitespace_pattern": lambda v: v is None, "tools": lambda v: not v, "suffix": lambda v: not v}
 
 
 class SamplingFields(RequestPart):
@@ -125,6 +158,8 @@ class SamplingFields(RequestPart):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    structural_tag: dict[str, Any] | str | None = None  # (vLLM) as structured_outputs.structural_tag
+    guided_whitespace_pattern: str | None = None  # (vLLM) with guided_json: the whitespace between JSON tokens
 
     @field_validator("stream_options")
     @classmethod
@@ -173,19 +208,31 @@ class SamplingFields(RequestPart):
                 raise bad_request("response_format of type json_schema needs json_schema", "response_format")
             schema = rf.json_schema.schema_
             asked.append(("response_format.json_schema.schema", {"json": schema} if schema else {"json_object": True}))
+        elif rf is not None and rf.type == "structural_tag":
+            asked.append(("response_format", {"structural_tag": rf.structural_tag()}))
         if self.structured_outputs is not None:
             so = self.structured_outputs
             given = {"json": so.json_, "regex": so.regex, "choice": so.choice, "grammar": so.grammar,
-                     "json_object": so.json_object}
-            asked.append(("structured_outputs", {k: v for k, v in given.items() if v is not None}))
+                     "json_object": so.json_object, "structural_tag": so.structural_tag,
+                     "whitespace_pattern": so.whitespace_pattern}
+            asked.append(("structured_outputs", {k: v for k, v in given.items() if v is not None} | {
+                name: getattr(so, name) for name in ("disable_any_whitespace", "disable_additional_properties",
+                                                     "disable_fallback")}))
         for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
-                          ("guided_grammar", "grammar")):
+                          ("guided_grammar", "grammar"), ("structural_tag", "structural_tag")):
             if getattr(self, name) is not None:
                 asked.append((name, {key: getattr(self, name)}))
+        if self.guided_whitespace_pattern is not None:
+            if len(asked) != 1 or asked[0][0] not in ("guided_json", "response_format",
+                                                      "response_format.json_schema.schema"):
+                raise bad_request("guided_whitespace_pattern applies to guided_json or a JSON response_format; "
+                                  "with structured_outputs give structured_outputs.whitespace_pattern",
+                                  "guided_whitespace_pattern")
+            asked[0][1]["whitespace_pattern"] = self.guided_whitespace_pattern
         if not asked:
             return None, None
         if len(asked) > 1:
-            raise bad_request(f"give one of response_format, structured_outputs and guided_*, got "
+            raise bad_request(f"give one of response_format, structured_outputs, structural_tag and guided_*, got "
                               f"{', '.join(name for name, _ in asked)}", asked[1][0])
         field, spec = asked[0]
         try:

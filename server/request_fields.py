@@ -29,9 +29,7 @@ NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     # In messages of the history.
     "refusal": (), "annotations": ([],),
     # vLLM: structured output's other knobs, logits processors and output forms corellm lacks.
-    "guided_decoding_backend": ("auto", "llguidance", "guidance"), "guided_whitespace_pattern": (),
-    "disable_any_whitespace": (False,), "disable_fallback": (), "disable_additional_properties": (False,),
-    "whitespace_pattern": (), "structural_tag": (), "logits_processors": ([],),
+    "guided_decoding_backend": ("auto", "llguidance", "guidance"), "logits_processors": ([],),
     "documents": ([],), "mm_processor_kwargs": ({},), "prompt_embeds": (), "kv_transfer_params": (),
     "vllm_xargs": (), "request_id": (),
     "thinking_token_budget": (), "reasoning_effort_budget": (),

@@ -23,32 +23,44 @@ _GREEDY_EPS = 1e-5  # temperatures below this are greedy, as in vLLM
 class StructuredOutputsParams:
     """What a request's output must match: exactly one of a JSON schema (`json`, a dict or its
     JSON text), any JSON object (`json_object=True`), a regular expression (`regex`), one of a
-    list of strings (`choice`), or a grammar (`grammar`: Lark, as llguidance reads it, or GBNF as
-    llama.cpp writes it). vLLM's names. The engine checks it against the model's tokenizer when the
-    request arrives: an invalid spec, or a JSON schema keyword it cannot enforce, is a ValueError
-    naming the field."""
+    list of strings (`choice`), a grammar (`grammar`: Lark, as llguidance reads it, or GBNF as
+    llama.cpp writes it), or free text in which each of some tags is followed by JSON of its
+    schema (`structural_tag`: tool calls written inside the text, such as
+    `<function=get_weather>{"city": "Paris"}</function>`). vLLM's names. The engine checks it
+    against the model's tokenizer when the request arrives: an invalid spec, or a JSON schema
+    keyword it cannot enforce, is a ValueError naming the field.
+
+    How the JSON is written (json, json_object and a structural tag's schemas; with the other
+    kinds these are ValueErrors): `disable_any_whitespace` allows no whitespace between its
+    tokens, `whitespace_pattern` is a regex of the whitespace allowed there (by default up to 20
+    spaces, tabs and newlines at a time), `disable_additional_properties` closes every object
+    schema that does not say otherwise (`additionalProperties: false`: only its properties).
+    `disable_fallback` is accepted either way: corellm has one backend (llguidance) and never
+    falls back to another."""
 
     json: str | dict[str, Any] | None = None
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
+    # {"type": "structural_tag", "structures": [{"begin", "schema", "end"}, ...], "triggers": [...]}
+    # or its JSON text: each structure's begin starts with one of the triggers.
+    structural_tag: str | dict[str, Any] | None = None
+    disable_any_whitespace: bool = False
+    whitespace_pattern: str | None = None
+    disable_additional_properties: bool = False
+    disable_fallback: bool = False
 
     def __post_init__(self) -> None:
-        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        given = [name for name in ("json", "regex", "choice", "grammar", "structural_tag")
+                 if getattr(self, name) is not None]
         if self.json_object:
             given.append("json_object")
         if len(given) != 1:
-            raise ValueError(f"structured_outputs needs exactly one of json, regex, choice, grammar or json_object, "
-                             f"got {given or 'none'}.")
+            raise ValueError(f"structured_outputs needs exactly one of json, regex, choice, grammar, json_object or "
+                             f"structural_tag, got {given or 'none'}.")
         if self.json is not None:
-            if isinstance(self.json, str):
-                try:
-                    self.json = json.loads(self.json)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"structured_outputs.json is not valid JSON: {e}.") from None
-            if not isinstance(self.json, dict):
-                raise ValueError(f"structured_outputs.json must be a JSON schema object, got {type(self.json).__name__}.")
+            self.json = _json_object("structured_outputs.json", self.json, "a JSON schema object")
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
@@ -56,20 +68,81 @@ class StructuredOutputsParams:
         if self.choice is not None and (not isinstance(self.choice, list) or not self.choice
                                         or any(not isinstance(c, str) for c in self.choice)):
             raise ValueError(f"structured_outputs.choice must be a non-empty list of strings, got {self.choice!r}.")
-        if self.json_object is not None and not isinstance(self.json_object, bool):
-            raise ValueError(f"structured_outputs.json_object must be true or false, got {self.json_object!r}.")
+        for name in ("json_object", "disable_any_whitespace", "disable_additional_properties", "disable_fallback"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise ValueError(f"structured_outputs.{name} must be true or false, got {getattr(self, name)!r}.")
+        if self.structural_tag is not None:
+            self.structural_tag = _structural_tag(self.structural_tag)
+        self._check_json_options()
+
+    def _check_json_options(self) -> None:
+        asked = [name for name in ("disable_any_whitespace", "whitespace_pattern", "disable_additional_properties")
+                 if getattr(self, name)]
+        if asked and self.kind not in ("json", "json_object", "structural_tag"):
+            raise ValueError(f"structured_outputs.{asked[0]} applies to JSON output (json, json_object or "
+                             f"structural_tag), not to {self.kind}.")
+        if self.whitespace_pattern is not None:
+            if not isinstance(self.whitespace_pattern, str) or not self.whitespace_pattern:
+                raise ValueError(f"structured_outputs.whitespace_pattern must be a non-empty string (a regex), "
+                                 f"got {self.whitespace_pattern!r}.")
+            if self.disable_any_whitespace:
+                raise ValueError("structured_outputs: give disable_any_whitespace or whitespace_pattern, not both.")
 
     @property
     def kind(self) -> str:
-        """The one field given: "json", "json_object", "regex", "choice" or "grammar"."""
+        """The one field given: "json", "json_object", "regex", "choice", "grammar" or "structural_tag"."""
         return "json_object" if self.json_object else next(
-            name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None)
+            name for name in ("json", "regex", "choice", "grammar", "structural_tag") if getattr(self, name) is not None)
 
     def key(self) -> str:
         """A canonical text of the spec: equal specs, equal keys (the compiled-grammar cache's key)."""
         value = {"json": self.json, "regex": self.regex, "choice": self.choice, "grammar": self.grammar,
-                 "json_object": True}[self.kind]
-        return f"{self.kind}:{json.dumps(value, sort_keys=True, separators=(',', ':'))}"
+                 "json_object": True, "structural_tag": self.structural_tag}[self.kind]
+        options = [self.disable_any_whitespace, self.whitespace_pattern, self.disable_additional_properties]
+        return f"{self.kind}:{json.dumps([value, options], sort_keys=True, separators=(',', ':'))}"
+
+
+def _json_object(field: str, value: Any, what: str) -> dict[str, Any]:
+    """value, a dict or its JSON text, as a dict; else a ValueError naming the field."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{field} is not valid JSON: {e}.") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{field} must be {what}, got {type(value).__name__}.")
+    return value
+
+
+def _structural_tag(value: Any) -> dict[str, Any]:
+    """vLLM's structural tag (a dict or its JSON text) checked: a ValueError naming what is wrong."""
+    field = "structured_outputs.structural_tag"
+    tag = _json_object(field, value, 'an object {"type": "structural_tag", "structures": [...], "triggers": [...]}')
+    unknown = sorted(set(tag) - {"type", "structures", "triggers"})
+    if unknown:
+        raise ValueError(f"{field}.{unknown[0]} is not supported (a structural tag has type, structures and triggers).")
+    if tag.get("type", "structural_tag") != "structural_tag":
+        raise ValueError(f"{field}.type must be \"structural_tag\", got {tag['type']!r}.")
+    triggers, structures = tag.get("triggers"), tag.get("structures")
+    if not isinstance(triggers, list) or not triggers or any(not isinstance(t, str) or not t for t in triggers):
+        raise ValueError(f"{field}.triggers must be a non-empty list of non-empty strings, got {triggers!r}.")
+    if not isinstance(structures, list) or not structures:
+        raise ValueError(f"{field}.structures must be a non-empty list, got {structures!r}.")
+    for i, s in enumerate(structures):
+        where = f"{field}.structures[{i}]"
+        if not isinstance(s, dict):
+            raise ValueError(f"{where} must be an object with begin, schema and end, got {s!r}.")
+        unknown = sorted(set(s) - {"begin", "schema", "end"})
+        if unknown:
+            raise ValueError(f"{where}.{unknown[0]} is not supported (a structure has begin, schema and end).")
+        for name in ("begin", "end"):
+            if not isinstance(s.get(name), str):
+                raise ValueError(f"{where}.{name} must be a string, got {s.get(name)!r}.")
+        if not any(s["begin"].startswith(t) for t in triggers):
+            raise ValueError(f"{where}.begin {s['begin']!r} starts with none of the triggers {triggers}.")
+        if not isinstance(s.get("schema"), dict):
+            raise ValueError(f"{where}.schema must be a JSON schema object, got {s.get('schema')!r}.")
+    return {"type": "structural_tag", "structures": structures, "triggers": triggers}
 
 
 def _as_float32(value: float) -> float:

@@ -92,6 +92,32 @@ def test_json_object_regex_choice_and_grammars(llm):
         assert c.finish_reason == "stop" and specs[name][1](c.text), (name, c.text)
 
 
+def test_json_written_compactly_and_a_structural_tag_in_running_text(llm):
+    ask = [{"role": "user", "content": "Give a JSON object with a name and an age."}]
+    person = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+              "required": ["name", "age"]}
+    free, compact = llm.chat([ask] * 2, [SamplingParams(temperature=0, max_tokens=60, structured_outputs=constrained(
+        json=person, **options)) for options in ({}, {"disable_any_whitespace": True})], use_tqdm=False)
+    free, compact = free.outputs[0].text, compact.outputs[0].text
+    assert re.search(r"\s", free), free  # the model indents when it may (the test relies on it)
+    assert compact == json.dumps(json.loads(compact), separators=(",", ":"), ensure_ascii=False), compact
+    jsonschema.validate(json.loads(compact), person)
+    # A tool call in the style of Llama 3.1's custom functions: the model writes the tag after a
+    # few-shot example; the JSON after it must follow the schema (here: compactly, only "city").
+    tag = {"type": "structural_tag", "triggers": ["<function="], "structures": [{
+        "begin": "<function=get_weather>", "end": "</function>", "schema": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}]}
+    prompt = ('Weather tool calls.\nUser: weather in Paris?\nAssistant: <function=get_weather>{"city": "Paris"}'
+              '</function>\nUser: weather in London?\nAssistant:')
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=40, structured_outputs=constrained(
+        structural_tag=tag, disable_any_whitespace=True, disable_additional_properties=True)),
+                       use_tqdm=False)[0].outputs[0]
+    call = re.fullmatch(r"(.*?)<function=get_weather>(.*?)</function>(.*)", out.text, re.S)
+    assert call is not None and out.finish_reason == "stop", out.text
+    assert json.loads(call.group(2)).keys() == {"city"} and " " not in call.group(2), out.text
+
+
 def test_a_mixed_batch_keeps_the_free_rows_as_they_run_alone(llm):
     free = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
@@ -164,7 +190,7 @@ def test_a_grammar_the_model_cannot_spell_ends_with_an_error_naming_structured_o
 
 
 @pytest.mark.parametrize("spec, message", [
-    (dict(), "exactly one of json, regex, choice, grammar or json_object"),
+    (dict(), "exactly one of json, regex, choice, grammar, json_object or structural_tag"),
     (dict(json={}, regex="a"), "exactly one of"),
     (dict(json="{not json"), "structured_outputs.json is not valid JSON"),
     (dict(choice=[]), "choice must be a non-empty list of strings"),

@@ -1,6 +1,8 @@
 """Structured output through the server and the official openai client: response_format (json_object
 and json_schema, streamed or not), vLLM's structured_outputs and the older guided_* fields, each
-output valid; the 400s name the field that was wrong, before anything is admitted."""
+output valid; how JSON is written (disable_any_whitespace, guided_whitespace_pattern) and vLLM's
+structural tags (response_format, structured_outputs, the top-level field); the 400s name the
+field that was wrong, before anything is admitted."""
 
 from __future__ import annotations
 
@@ -48,6 +50,36 @@ def test_vllm_structured_outputs_and_guided_fields(client, model_name):
     jsonschema.validate(json.loads(out.choices[0].text), SCHEMA)
 
 
+WEATHER_TAG = {"triggers": ["<function="], "structures": [{
+    "begin": "<function=get_weather>", "end": "</function>",
+    "schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}]}
+FEW_SHOT = ('Weather tool calls.\nUser: weather in Paris?\nAssistant: <function=get_weather>{"city": "Paris"}'
+            '</function>\nUser: weather in London?\nAssistant:')
+
+
+def test_how_json_is_written_and_structural_tags(client, model_name):
+    out = client.chat.completions.create(model=model_name, messages=ASK, max_tokens=80, temperature=0, extra_body={
+        "structured_outputs": {"json": SCHEMA, "disable_any_whitespace": True}})
+    text = out.choices[0].message.content
+    assert text == json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=False), text
+    out = client.completions.create(model=model_name, prompt="Data:", max_tokens=60, temperature=0, extra_body={
+        "guided_json": SCHEMA, "guided_whitespace_pattern": "[ ]"})
+    assert "\n" not in out.choices[0].text and "  " not in out.choices[0].text, out.choices[0].text
+    jsonschema.validate(json.loads(out.choices[0].text), SCHEMA)
+    # vLLM's three ways of asking for a structural tag: each gives the same call.
+    calls = []
+    for body in ({"response_format": {"type": "structural_tag", **WEATHER_TAG}},
+                 {"structured_outputs": {"structural_tag": json.dumps({"type": "structural_tag", **WEATHER_TAG}),
+                                         "disable_any_whitespace": True}},
+                 {"structural_tag": {"type": "structural_tag", **WEATHER_TAG}}):
+        out = client.completions.create(model=model_name, prompt=FEW_SHOT, max_tokens=40, temperature=0,
+                                        extra_body=body)
+        call = re.search(r"<function=get_weather>(.*?)</function>", out.choices[0].text, re.S)
+        assert call is not None, out.choices[0].text
+        calls.append(json.loads(call.group(1)))
+    assert calls == [{"city": "London"}] * 3
+
+
 @pytest.mark.parametrize("body, param", [
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}},
      "response_format.json_schema.schema"),
@@ -59,6 +91,15 @@ def test_vllm_structured_outputs_and_guided_fields(client, model_name):
     ({"guided_grammar": "start: 'a' | x"}, "guided_grammar"),
     ({"guided_json": {"type": "object"}, "guided_regex": "a"}, "guided_regex"),
     ({"response_format": {"type": "yaml"}}, "response_format.type"),
+    ({"response_format": {"type": "structural_tag", "triggers": ["<f"]}}, "response_format"),
+    ({"response_format": {"type": "json_object", **WEATHER_TAG}}, "response_format"),
+    ({"response_format": {"type": "structural_tag", "triggers": ["<tool>"], "structures": WEATHER_TAG["structures"]}},
+     "response_format"),
+    ({"structured_outputs": {"regex": "a+", "disable_any_whitespace": True}}, "structured_outputs"),
+    ({"structured_outputs": {"json": SCHEMA, "whitespace_pattern": " ", "disable_any_whitespace": True}},
+     "structured_outputs"),
+    ({"guided_regex": "a+", "guided_whitespace_pattern": " *"}, "guided_whitespace_pattern"),
+    ({"structural_tag": {"type": "structural_tag", **WEATHER_TAG}, "guided_json": SCHEMA}, "structural_tag"),
 ])
 def test_bad_constraints_are_400s_naming_the_field(client, model_name, body, param):
     with pytest.raises(openai.BadRequestError) as err:
