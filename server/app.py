@@ -19,7 +19,7 @@ from corellm.server.metrics import ServerMetrics
 from corellm.server.openapi import openapi_spec
 from corellm.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from corellm.server.request_fields import check_request_fields
-from corellm.server.serving import ServerConfig, Serving, now
+from corellm.server.serving import REQUEST_ID, ServerConfig, Serving, now
 
 logger = logging.getLogger("corellm.server")
 
@@ -90,6 +90,14 @@ async def errors_and_auth(request: web.Request, handler):
         return APIError(500, f"internal error: {type(e).__name__}: {e}", "internal_error").response()
     finally:
         serving.active -= 1
+
+
+async def reply_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """Every reply to a request that named itself (an X-Request-Id header) names it back, and a
+    completion's or a chat's reply names the id its body's id ends with (Serving.new_ids)."""
+    named = request.get(REQUEST_ID) or request.headers.get("X-Request-Id")
+    if named:
+        response.headers["X-Request-Id"] = named
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
@@ -180,6 +188,7 @@ async def openapi(request: web.Request) -> web.Response:
 
 def create_app(engine: AsyncLLM, config: ServerConfig) -> web.Application:
     app = web.Application(middlewares=[errors_and_auth], client_max_size=config.max_body_bytes)
+    app.on_response_prepare.append(reply_request_id)
     app[SERVING] = Serving(engine, config)
     app[METRICS] = ServerMetrics(config.served_model_name)
     engine.listeners.append(app[METRICS].on_step)

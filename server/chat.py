@@ -81,7 +81,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
         params.skip_special_tokens = False  # a call may open with a special token the parser must see
     await serving.check_constraint(params.structured_outputs, structured_field)
     reasoning_parser = serving.engine.config.reasoning_parser
-    request_id = serving.new_id("chatcmpl")
+    response_id, request_id = serving.new_ids("chatcmpl", request, req.request_id)
     images = [(f"messages[{i}].content[{j}]", part.image_url) for i, m in enumerate(req.messages)
               if isinstance(m.content, list) for j, part in enumerate(m.content) if isinstance(part, ImagePart)]
     for name, image_url in images:
@@ -126,7 +126,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
             if req.return_token_ids:
                 choices[-1]["token_ids"] = list(c.token_ids)
         completion_tokens = sum(len(c.token_ids) for c in out.outputs)
-        body = {"id": request_id, "object": "chat.completion", "created": now(), "model": model, "choices": choices,
+        body = {"id": response_id, "object": "chat.completion", "created": now(), "model": model, "choices": choices,
                 "prompt_logprobs": prompt_logprobs(out.prompt_logprobs),
                 "usage": usage(len(out.prompt_token_ids), completion_tokens, out.num_cached_tokens)}
         if req.return_token_ids:
@@ -135,7 +135,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
 
     resp, outputs = await serving.start_stream(request, [processed], structured_field)
     created = now()
-    head = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
+    head = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model}
     completion_tokens = cached_tokens = 0
     messages = [reply() for _ in range(n)]
     continuous_usage = (req.stream_options is not None and req.stream_options.include_usage

@@ -50,8 +50,8 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
         raise bad_request("max_tokens must be at least 1 (0 only with echo: the prompt scored alone)", "max_tokens")
     max_tokens = 1 if scoring_only else req.max_tokens
     beam = req.beam_search_params(max_tokens)
+    response_id, request_id = serving.new_ids("cmpl", request, req.request_id)
     if beam is not None:
-        request_id = serving.new_id("cmpl")
         searches = [asyncio.ensure_future(serving.beam_search(
             f"{request_id}-{i}", ids, text, beam, max_tokens, cache_salt=req.cache_salt, priority=req.priority,
             skip_special_tokens=req.skip_special_tokens)) for i, (ids, text) in enumerate(_prompts(req, serving))]
@@ -60,7 +60,7 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
         finally:
             for search in searches:  # one failed: the others stop too
                 search.cancel()
-        return web.json_response(_response(request_id, model, outputs, beam.beam_width, serving, req, False))
+        return web.json_response(_response(response_id, model, outputs, beam.beam_width, serving, req, False))
     params = req.sampling_params(serving.defaults(), max_tokens, req.logprobs)
     if req.echo and req.logprobs is not None:
         if req.stream:
@@ -70,7 +70,6 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
             raise bad_request(f"with echo, the prompt is scored with logprobs={req.logprobs} top tokens; "
                               f"prompt_logprobs={req.prompt_logprobs} differs", "prompt_logprobs")
         params = dataclasses.replace(params, prompt_logprobs=req.logprobs)
-    request_id = serving.new_id("cmpl")
     structured_field = req.structured_output()[1]
     await serving.check_constraint(params.structured_outputs, structured_field)
     processed = [serving.prepare(f"{request_id}-{i}", ids, text, params, max_tokens,
@@ -79,7 +78,7 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     n = params.n
     if not req.stream:
         outputs = await serving.run_all(processed, structured_field)
-        return web.json_response(_response(request_id, model, outputs, n, serving, req, scoring_only))
+        return web.json_response(_response(response_id, model, outputs, n, serving, req, scoring_only))
 
     resp, outputs = await serving.start_stream(request, processed, structured_field)
     created = now()
@@ -113,13 +112,13 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
                                    "token_ids": list(c.token_ids)}
                     if c.finish_reason is not None:
                         choice["stop_reason"] = c.stop_reason
-                    event = {"id": request_id, "object": "text_completion", "created": created, "model": model,
+                    event = {"id": response_id, "object": "text_completion", "created": created, "model": model,
                              "choices": [choice]}
                     if continuous_usage:
                         event["usage"] = usage(prompt_tokens, sum(completion_tokens), sum(cached_tokens))
                     await send_event(resp, event)
         if req.stream_options and req.stream_options.include_usage:
-            await send_event(resp, {"id": request_id, "object": "text_completion", "created": created, "model": model,
+            await send_event(resp, {"id": response_id, "object": "text_completion", "created": created, "model": model,
                                     "choices": [], "usage": usage(prompt_tokens, sum(completion_tokens),
                                                                   sum(cached_tokens))})
         await resp.write(b"data: [DONE]\n\n")

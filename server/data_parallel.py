@@ -32,7 +32,8 @@ from corellm.server.errors import APIError
 
 logger = logging.getLogger("corellm.server")
 
-_FORWARDED_HEADERS = ("Authorization", "Content-Type", "Accept")
+_FORWARDED_HEADERS = ("Authorization", "Content-Type", "Accept", "X-Request-Id")
+_RETURNED_HEADERS = ("X-Request-Id",)
 
 
 @dataclass
@@ -102,7 +103,8 @@ async def forward(request: web.Request) -> web.StreamResponse:
                                           headers=headers) as upstream:
             response = web.StreamResponse(status=upstream.status, headers={
                 "Content-Type": upstream.headers.get("Content-Type", "application/json"),
-                "X-Corellm-Replica": str(replica.index)})
+                "X-Corellm-Replica": str(replica.index)} | {
+                k: upstream.headers[k] for k in _RETURNED_HEADERS if k in upstream.headers})
             await response.prepare(request)
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)

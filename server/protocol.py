@@ -22,6 +22,7 @@ MAX_LOGIT_BIAS = 1024  # entries; each bias in [-100, 100]
 MAX_ALLOWED_TOKEN_IDS = 262144  # the largest vocabularies' size
 MAX_BAD_WORDS = 256
 MAX_CACHE_SALT_CHARS = 256
+MAX_REQUEST_ID_CHARS = 256
 
 
 TokenId = Annotated[int, Field(ge=0)]
@@ -146,6 +147,8 @@ class SamplingFields(RequestPart):
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
     priority: int = Field(0, ge=-2**31, lt=2**31)  # lower runs first (--scheduling-policy priority)
+    # (vLLM) the response's id is "cmpl-" / "chatcmpl-" and this (an X-Request-Id header wins)
+    request_id: str | None = Field(None, min_length=1, max_length=MAX_REQUEST_ID_CHARS, pattern=r"^[\x21-\x7e]+$")
     truncate_prompt_tokens: int | None = Field(None, ge=-1, lt=2**31)  # the prompt's last k tokens; -1: the context's
     return_token_ids: bool = False  # the prompt's and the choices' token ids in the response
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:N"

@@ -24,6 +24,9 @@ from corellm.server.admission import Admission, AdmissionLimits
 from corellm.server.errors import APIError, bad_request, error_chunk
 
 
+# The id a completion or chat reply's X-Request-Id header carries (a key of the aiohttp request).
+REQUEST_ID = "corellm.request_id"
+
 # Grammars (structured output, tools) compile here, off the event loop.
 _GRAMMAR_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar-check")
 
@@ -131,8 +134,15 @@ class Serving:
             raise bad_request(_in_client_terms(str(e), field) or str(e), field) from None
 
     @staticmethod
-    def new_id(prefix: str) -> str:
-        return f"{prefix}-{uuid.uuid4().hex}"
+    def new_ids(prefix: str, request: web.Request, given: str | None) -> tuple[str, str]:
+        """(the response's id, the engine's). The response's is prefix-<the X-Request-Id header,
+        else the body's request_id, else a new uuid> (vLLM's order), and what follows the prefix
+        is the reply's X-Request-Id header (REQUEST_ID); the engine's always holds a new uuid, so
+        that two requests that name themselves alike stay apart in the engine."""
+        engine_id = f"{prefix}-{uuid.uuid4().hex}"
+        named = request.headers.get("X-Request-Id") or given
+        request[REQUEST_ID] = named or engine_id.removeprefix(f"{prefix}-")
+        return (f"{prefix}-{named}" if named else engine_id), engine_id
 
     def submit(self, processed: list[ProcessedRequest]) -> list:
         """Admits (or refuses with 429) and submits all of `processed` at once; returns their

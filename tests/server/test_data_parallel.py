@@ -58,6 +58,14 @@ def test_both_replicas_answer_and_a_prompt_stays_with_its_replica(dp_server):
     assert status == 200 and body["status"] == "ok" and len(body["replicas"]) == 2
 
 
+def test_a_request_id_header_goes_through_the_router_and_back(dp_server):
+    request = urllib.request.Request(dp_server.url + "/v1/completions", data=json.dumps({
+        "model": "SmolLM2-135M-Instruct", "prompt": "Hi", "max_tokens": 2}).encode(),
+        headers={"Content-Type": "application/json", "X-Request-Id": "dp-7"})
+    with urllib.request.urlopen(request, timeout=120) as r:
+        assert r.headers["X-Request-Id"] == "dp-7" and json.loads(r.read())["id"] == "cmpl-dp-7"
+
+
 def test_a_dead_replica_fails_its_requests_with_503_and_the_other_serves_on(dp_server):
     long = {"model": "SmolLM2-135M-Instruct", "prompt": "Tell me a long story.", "max_tokens": 400,
             "temperature": 0, "ignore_eos": True}
