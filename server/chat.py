@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from corellm.chat_template import template_variables
 from corellm.reasoning_parser import ReasoningParser
 from corellm.server.assistant_message import AssistantMessage
 from corellm.server.chat_tools import resolve_chat_tools
@@ -42,6 +43,18 @@ async def render_prompt(serving: Serving, req: ChatCompletionRequest,
             raise bad_request(f"chat_template_kwargs may not set {reserved!r}", "chat_template_kwargs")
     if tools is not None:
         kwargs["tools"] = tools
+    if req.documents is not None:
+        template = req.chat_template or serving.config.chat_template or serving.tokenizer.chat_template
+        if "documents" in kwargs:
+            raise bad_request("give documents or chat_template_kwargs.documents, not both", "documents")
+        try:
+            reads_documents = not template or "documents" in template_variables(template)  # none: the render's 400
+        except ChatTemplateError as e:
+            raise bad_request(str(e), "messages") from None
+        if not reads_documents:
+            raise bad_request("documents: this chat template does not show documents to the model (a RAG "
+                              "template does, such as Granite's or Command R's)", "documents")
+        kwargs["documents"] = req.documents
     loop = asyncio.get_running_loop()
     limit = serving.config.chat_template_timeout_s
     render = lambda: serving.tokenizer.apply_chat_template(  # noqa: E731

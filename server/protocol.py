@@ -397,6 +397,9 @@ class ChatCompletionRequest(SamplingFields):
     echo: bool = False  # (vLLM) the reply starts with the last message, where it is the replying role's
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # (vLLM) more template variables (enable_thinking, ...)
+    # (vLLM) for a template that shows documents to the model (RAG: Granite's, Command R's), as
+    # transformers passes them: e.g. {"title": ..., "text": ...} each
+    documents: list[dict[str, str]] | None = Field(None, min_length=1)
     add_special_tokens: bool = False  # (vLLM) the template writes the special tokens itself
     tools: list[ChatTool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None

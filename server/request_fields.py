@@ -30,7 +30,7 @@ NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "refusal": (), "annotations": ([],),
     # vLLM: structured output's other knobs, logits processors and output forms corellm lacks.
     "guided_decoding_backend": ("auto", "llguidance", "guidance"), "logits_processors": ([],),
-    "documents": ([],), "mm_processor_kwargs": ({},), "prompt_embeds": (), "kv_transfer_params": (),
+    "mm_processor_kwargs": ({},), "prompt_embeds": (), "kv_transfer_params": (),
     "vllm_xargs": (),
     "thinking_token_budget": (), "reasoning_effort_budget": (),
 }

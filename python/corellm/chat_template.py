@@ -14,13 +14,14 @@ Exceeding a budget raises ChatTemplateError, a ValueError, like any other templa
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
 from datetime import datetime
 from typing import Any
 
-from jinja2 import nodes
+from jinja2 import meta, nodes
 from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -78,6 +79,21 @@ def _deadline_tracer(deadline: float, seconds: float):
     return trace
 
 
+def _environment() -> _BoundedSandbox:
+    return _BoundedSandbox(trim_blocks=True, lstrip_blocks=True,
+                           extensions=["jinja2.ext.loopcontrols", _GenerationBlocks])
+
+
+@functools.lru_cache(maxsize=16)
+def template_variables(template: str) -> frozenset[str]:
+    """The variables the template reads from its caller (messages, tools, documents, ...); a
+    template that does not parse is a ChatTemplateError."""
+    try:
+        return frozenset(meta.find_undeclared_variables(_environment().parse(template)))
+    except TemplateError as e:
+        raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
+
+
 def render_chat_template(template: str, messages: list[dict[str, Any]], *, max_seconds: float = DEFAULT_MAX_SECONDS,
                          max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS, **variables: Any) -> str:
     """Renders an HF-style chat template with `messages` and `variables` within the budgets."""
@@ -85,8 +101,7 @@ def render_chat_template(template: str, messages: list[dict[str, Any]], *, max_s
     def raise_exception(message: str) -> None:
         raise ChatTemplateError(f"chat template: {message}")
 
-    env = _BoundedSandbox(trim_blocks=True, lstrip_blocks=True,
-                          extensions=["jinja2.ext.loopcontrols", _GenerationBlocks])
+    env = _environment()
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

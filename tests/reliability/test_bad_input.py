@@ -133,7 +133,7 @@ NOT_HONOURED = [
     ("/v1/completions", "logits_processors", {"logits_processors": ["my_module.Processor"]}),
     ("/v1/completions", "prompt_embeds", {"prompt_embeds": "AAAA"}),
     ("/v1/completions", "guided_decoding_backend", {"guided_regex": "a+", "guided_decoding_backend": "xgrammar"}),
-    ("/v1/chat/completions", "documents", {"documents": [{"title": "t", "text": "x"}]}),
+    ("/v1/chat/completions", "kv_transfer_params", {"kv_transfer_params": {"do_remote_decode": True}}),
     ("/v1/completions", "suffix", {"suffix": " the end."}),
 ]
 

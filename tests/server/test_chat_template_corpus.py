@@ -1,10 +1,10 @@
 """corellm's chat-template renderer (the jinja2 sandbox) against transformers' apply_chat_template,
 on real models' templates: Llama 3.1 / 3.2 / 3.3, Qwen 2.5 / 3, Mistral Nemo, Hermes 2 Pro / 3
-(tool use), DeepSeek R1, Phi-3.5 and SmolLM 3. The templates are read, at test time, from the
-llama-cpp-python sdist on PyPI (its vendor/llama.cpp/models/templates; the same sdist
+(tool use), DeepSeek R1, Phi-3.5, SmolLM 3, and Granite 3.3 and Command R7B (RAG: documents). The
+templates are read, at test time, from the llama-cpp-python sdist on PyPI (its vendor/llama.cpp/models/templates; the same sdist
 bench/compare_llamacpp.py builds from, cached under build/llamacpp/), never copied here. Each
 conversation — plain, with a system turn, with tools and the assistant's calls and their results,
-continued — renders to the same text, or fails in both."""
+with documents, continued — renders to the same text, or fails in both."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from corellm.chat_template import render_chat_template
+from corellm.chat_template import render_chat_template, template_variables
 from corellm.tokenizer import ChatTemplateError
 
 SDIST = "llama-cpp-python==0.3.36"
@@ -24,7 +24,9 @@ TEMPLATES = ["meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instru
              "meta-llama-Llama-3.3-70B-Instruct", "Qwen-Qwen2.5-7B-Instruct", "Qwen-Qwen3-0.6B",
              "mistralai-Mistral-Nemo-Instruct-2407", "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
              "NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
-             "microsoft-Phi-3.5-mini-instruct", "HuggingFaceTB-SmolLM3-3B"]
+             "microsoft-Phi-3.5-mini-instruct", "HuggingFaceTB-SmolLM3-3B",
+             # RAG templates: they show the request's documents to the model
+             "ibm-granite-granite-3.3-2B-Instruct", "CohereForAI-c4ai-command-r7b-12-2024-tool_use"]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
                                            "parameters": {"type": "object", "properties": {
                                                "city": {"type": "string", "description": "The city"}},
@@ -41,6 +43,9 @@ CONVERSATIONS = {
                                                                      "arguments": {"city": "Paris"}}}]},
         {"role": "tool", "tool_call_id": "call_abc123xyz", "content": "21 C, sunny"}]),
     "thinking off": dict(messages=[{"role": "user", "content": "Hi"}], enable_thinking=False),
+    "documents": dict(messages=[{"role": "user", "content": "When was the bridge opened?"}], documents=[
+        {"title": "Bridge", "text": "The bridge opened in 1932."},
+        {"title": "Tunnel", "text": "The tunnel opened in 1965."}]),
 }
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
 
@@ -118,3 +123,19 @@ def test_continue_final_message_as_transformers(templates, hf_tokenizer, name):
             ours()
         return
     assert ours() == want
+
+
+RAG_TEMPLATES = ["ibm-granite-granite-3.3-2B-Instruct", "CohereForAI-c4ai-command-r7b-12-2024-tool_use"]
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_the_templates_that_read_documents_are_known_and_show_them(templates, name):
+    """The server refuses documents for a template that does not read them: the corpus' RAG
+    templates are found to read them, the others not, and the documents reach the text."""
+    reads = "documents" in template_variables(templates[name])
+    assert reads == (name in RAG_TEMPLATES)
+    if reads:
+        conv = CONVERSATIONS["documents"]  # tools left undefined, as the server renders a request without them
+        text = render_chat_template(templates[name], conv["messages"], add_generation_prompt=True, bos_token=BOS,
+                                    eos_token=EOS, documents=conv["documents"])
+        assert "The bridge opened in 1932." in text and "The tunnel opened in 1965." in text

@@ -1,0 +1,55 @@
+"""vLLM's `documents` on chat completions: they reach a chat template that reads them (a RAG
+template: the prompt shows each document), and for one that does not (SmolLM2's) they are a 400
+naming `documents` — never dropped while the reply pretends to have read them."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import openai
+import pytest
+
+from corellm.model.gguf_file import GGUFModelFile
+from corellm.model.loader import default_model_path
+from corellm.server.chat import render_prompt
+from corellm.server.errors import APIError
+from corellm.server.protocol import ChatCompletionRequest
+
+# A RAG template in the style of Granite's: the documents in a system turn before the messages.
+RAG_TEMPLATE = ("{% if documents %}<|im_start|>system\nDocuments:\n{% for d in documents %}[{{ d.title }}] {{ d.text }}\n"
+                "{% endfor %}<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+                "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+DOCUMENTS = [{"title": "Bridge", "text": "The bridge opened in 1932."}, {"title": "Tunnel", "text": "Opened in 1965."}]
+ASK = [{"role": "user", "content": "When did the bridge open?"}]
+
+
+@pytest.fixture(scope="module")
+def serving():
+    tokenizer = GGUFModelFile(default_model_path()).tokenizer()
+    config = SimpleNamespace(allow_request_chat_template=False, chat_template=RAG_TEMPLATE, chat_template_timeout_s=2.0)
+    return SimpleNamespace(config=config, tokenizer=tokenizer, takes_images=False)
+
+
+def render(serving, **body) -> str:
+    return asyncio.run(render_prompt(serving, ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": ASK, **body})))
+
+
+def test_documents_reach_a_template_that_reads_them(serving):
+    text = render(serving, documents=DOCUMENTS)
+    assert text.startswith("<|im_start|>system\nDocuments:\n[Bridge] The bridge opened in 1932.\n[Tunnel] Opened in 1965.")
+    assert render(serving, chat_template_kwargs={"documents": DOCUMENTS}) == text  # the other way of passing them
+    assert render(serving).startswith("<|im_start|>user\n")
+
+
+def test_documents_twice_is_refused(serving):
+    with pytest.raises(APIError) as err:
+        render(serving, documents=DOCUMENTS, chat_template_kwargs={"documents": DOCUMENTS})
+    assert err.value.param == "documents"
+
+
+def test_documents_for_a_template_that_does_not_read_them_are_a_400(client, model_name):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model_name, messages=ASK, max_tokens=4, extra_body={"documents": DOCUMENTS})
+    assert err.value.body["param"] == "documents" and "does not show documents" in err.value.body["message"]
