@@ -28,6 +28,12 @@ _RENDER_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_
 _IMAGE_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="images")
 
 
+# Request fields that are chat template variables: passed to a template that reads them, a 400 for
+# one that does not (never dropped while the reply pretends). Each with the templates that read it.
+TEMPLATE_FIELDS = {"documents": "a RAG template, such as Granite's or Command R's",
+                   "reasoning_effort": "a reasoning model's, such as gpt-oss's"}
+
+
 async def render_prompt(serving: Serving, req: ChatCompletionRequest,
                         tools: list[dict[str, Any]] | None = None) -> str:
     """The conversation as the prompt text: the model's chat template (or --chat-template, or the
@@ -43,18 +49,19 @@ async def render_prompt(serving: Serving, req: ChatCompletionRequest,
             raise bad_request(f"chat_template_kwargs may not set {reserved!r}", "chat_template_kwargs")
     if tools is not None:
         kwargs["tools"] = tools
-    if req.documents is not None:
-        template = req.chat_template or serving.config.chat_template or serving.tokenizer.chat_template
-        if "documents" in kwargs:
-            raise bad_request("give documents or chat_template_kwargs.documents, not both", "documents")
+    template = req.chat_template or serving.config.chat_template or serving.tokenizer.chat_template
+    for name, which in TEMPLATE_FIELDS.items():
+        if getattr(req, name) is None:
+            continue
+        if name in kwargs:
+            raise bad_request(f"give {name} or chat_template_kwargs.{name}, not both", name)
         try:
-            reads_documents = not template or "documents" in template_variables(template)  # none: the render's 400
+            read = not template or name in template_variables(template)  # no template: the render's 400
         except ChatTemplateError as e:
             raise bad_request(str(e), "messages") from None
-        if not reads_documents:
-            raise bad_request("documents: this chat template does not show documents to the model (a RAG "
-                              "template does, such as Granite's or Command R's)", "documents")
-        kwargs["documents"] = req.documents
+        if not read:
+            raise bad_request(f"{name}: this chat template does not read it ({which} does)", name)
+        kwargs[name] = getattr(req, name)
     loop = asyncio.get_running_loop()
     limit = serving.config.chat_template_timeout_s
     render = lambda: serving.tokenizer.apply_chat_template(  # noqa: E731

@@ -400,6 +400,8 @@ class ChatCompletionRequest(SamplingFields):
     # (vLLM) for a template that shows documents to the model (RAG: Granite's, Command R's), as
     # transformers passes them: e.g. {"title": ..., "text": ...} each
     documents: list[dict[str, str]] | None = Field(None, min_length=1)
+    # (OpenAI) for a template that reads it (gpt-oss's: "Reasoning: high" in its system turn)
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     add_special_tokens: bool = False  # (vLLM) the template writes the special tokens itself
     tools: list[ChatTool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None

@@ -24,7 +24,7 @@ NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "functions": ([],), "function_call": ("none",),
     "tools": ([],), "tool_choice": ("none",),  # on /v1/completions (chat declares and honours them)
     "audio": (), "modalities": (["text"],), "prediction": (),
-    "reasoning_effort": (), "web_search_options": (), "verbosity": (), "store": (False,),
+    "web_search_options": (), "verbosity": (), "store": (False,),
     "service_tier": ("auto", "default"), "best_of": (1,),
     # In messages of the history.
     "refusal": (), "annotations": ([],),

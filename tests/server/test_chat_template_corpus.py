@@ -26,7 +26,8 @@ TEMPLATES = ["meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instru
              "NousResearch-Hermes-3-Llama-3.1-8B-tool_use", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
              "microsoft-Phi-3.5-mini-instruct", "HuggingFaceTB-SmolLM3-3B",
              # RAG templates: they show the request's documents to the model
-             "ibm-granite-granite-3.3-2B-Instruct", "CohereForAI-c4ai-command-r7b-12-2024-tool_use"]
+             "ibm-granite-granite-3.3-2B-Instruct", "CohereForAI-c4ai-command-r7b-12-2024-tool_use",
+             "openai-gpt-oss-120b"]  # reads reasoning_effort
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
                                            "parameters": {"type": "object", "properties": {
                                                "city": {"type": "string", "description": "The city"}},
@@ -43,6 +44,7 @@ CONVERSATIONS = {
                                                                      "arguments": {"city": "Paris"}}}]},
         {"role": "tool", "tool_call_id": "call_abc123xyz", "content": "21 C, sunny"}]),
     "thinking off": dict(messages=[{"role": "user", "content": "Hi"}], enable_thinking=False),
+    "reasoning effort": dict(messages=[{"role": "user", "content": "Hi"}], reasoning_effort="high"),
     "documents": dict(messages=[{"role": "user", "content": "When was the bridge opened?"}], documents=[
         {"title": "Bridge", "text": "The bridge opened in 1932."},
         {"title": "Tunnel", "text": "The tunnel opened in 1965."}]),
@@ -125,17 +127,24 @@ def test_continue_final_message_as_transformers(templates, hf_tokenizer, name):
     assert ours() == want
 
 
-RAG_TEMPLATES = ["ibm-granite-granite-3.3-2B-Instruct", "CohereForAI-c4ai-command-r7b-12-2024-tool_use"]
+# The request fields that are template variables (server/chat.py's TEMPLATE_FIELDS): the
+# corpus' templates that read each, and what its conversation puts in the text.
+READ_BY = {"documents": (["ibm-granite-granite-3.3-2B-Instruct", "CohereForAI-c4ai-command-r7b-12-2024-tool_use"],
+                         ["The bridge opened in 1932.", "The tunnel opened in 1965."]),
+           "reasoning_effort": (["openai-gpt-oss-120b"], ["Reasoning: high"])}
 
 
+@pytest.mark.parametrize("field", list(READ_BY))
 @pytest.mark.parametrize("name", TEMPLATES)
-def test_the_templates_that_read_documents_are_known_and_show_them(templates, name):
-    """The server refuses documents for a template that does not read them: the corpus' RAG
-    templates are found to read them, the others not, and the documents reach the text."""
-    reads = "documents" in template_variables(templates[name])
-    assert reads == (name in RAG_TEMPLATES)
+def test_the_templates_that_read_a_field_are_known_and_show_it(templates, name, field):
+    """The server refuses documents or reasoning_effort for a template that does not read them:
+    the templates that do are found to, the others not, and the value reaches the text."""
+    readers, shown = READ_BY[field]
+    reads = field in template_variables(templates[name])
+    assert reads == (name in readers)
     if reads:
-        conv = CONVERSATIONS["documents"]  # tools left undefined, as the server renders a request without them
+        conv = next(c for c in CONVERSATIONS.values() if field in c)
+        # tools left undefined, as the server renders a request without them
         text = render_chat_template(templates[name], conv["messages"], add_generation_prompt=True, bos_token=BOS,
-                                    eos_token=EOS, documents=conv["documents"])
-        assert "The bridge opened in 1932." in text and "The tunnel opened in 1965." in text
+                                    eos_token=EOS, **{field: conv[field]})
+        assert all(s in text for s in shown), text

@@ -1,6 +1,7 @@
-"""vLLM's `documents` on chat completions: they reach a chat template that reads them (a RAG
-template: the prompt shows each document), and for one that does not (SmolLM2's) they are a 400
-naming `documents` — never dropped while the reply pretends to have read them."""
+"""Chat request fields that are chat template variables — vLLM's `documents`, OpenAI's
+`reasoning_effort`: they reach a template that reads them (a RAG template shows each document;
+gpt-oss's states the effort), and for one that does not (SmolLM2's) they are a 400 naming the
+field — never dropped while the reply pretends to have used them."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from corellm.server.errors import APIError
 from corellm.server.protocol import ChatCompletionRequest
 
 # A RAG template in the style of Granite's: the documents in a system turn before the messages.
-RAG_TEMPLATE = ("{% if documents %}<|im_start|>system\nDocuments:\n{% for d in documents %}[{{ d.title }}] {{ d.text }}\n"
+RAG_TEMPLATE = ("{% if reasoning_effort %}Effort: {{ reasoning_effort }}\n{% endif %}"
+                "{% if documents %}<|im_start|>system\nDocuments:\n{% for d in documents %}[{{ d.title }}] {{ d.text }}\n"
                 "{% endfor %}<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
                 "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 DOCUMENTS = [{"title": "Bridge", "text": "The bridge opened in 1932."}, {"title": "Tunnel", "text": "Opened in 1965."}]
@@ -43,13 +45,19 @@ def test_documents_reach_a_template_that_reads_them(serving):
     assert render(serving).startswith("<|im_start|>user\n")
 
 
-def test_documents_twice_is_refused(serving):
+def test_reasoning_effort_reaches_a_template_that_reads_it(serving):
+    assert render(serving, reasoning_effort="low").startswith("Effort: low\n<|im_start|>user\n")
+
+
+@pytest.mark.parametrize("field, value", [("documents", DOCUMENTS), ("reasoning_effort", "high")])
+def test_a_field_given_twice_is_refused(serving, field, value):
     with pytest.raises(APIError) as err:
-        render(serving, documents=DOCUMENTS, chat_template_kwargs={"documents": DOCUMENTS})
-    assert err.value.param == "documents"
+        render(serving, **{field: value}, chat_template_kwargs={field: value})
+    assert err.value.param == field
 
 
-def test_documents_for_a_template_that_does_not_read_them_are_a_400(client, model_name):
+@pytest.mark.parametrize("field, value", [("documents", DOCUMENTS), ("reasoning_effort", "high")])
+def test_a_field_for_a_template_that_does_not_read_it_is_a_400(client, model_name, field, value):
     with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(model=model_name, messages=ASK, max_tokens=4, extra_body={"documents": DOCUMENTS})
-    assert err.value.body["param"] == "documents" and "does not show documents" in err.value.body["message"]
+        client.chat.completions.create(model=model_name, messages=ASK, max_tokens=4, extra_body={field: value})
+    assert err.value.body["param"] == field and "does not read it" in err.value.body["message"], err.value.body
