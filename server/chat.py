@@ -99,7 +99,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
     if tools.constraint is not None:
         params.structured_outputs, structured_field = tools.constraint, "tools"
         params.skip_special_tokens = False  # a call may open with a special token the parser must see
-    await serving.check_constraint(params.structured_outputs, structured_field)
+    await serving.check_constraint(params, structured_field)
     reasoning_parser = serving.engine.config.reasoning_parser
     response_id, request_id = serving.new_ids("chatcmpl", request, req.request_id)
     images = [(f"messages[{i}].content[{j}]", part.image_url) for i, m in enumerate(req.messages)

@@ -71,7 +71,7 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
                               f"prompt_logprobs={req.prompt_logprobs} differs", "prompt_logprobs")
         params = dataclasses.replace(params, prompt_logprobs=req.logprobs)
     structured_field = req.structured_output()[1]
-    await serving.check_constraint(params.structured_outputs, structured_field)
+    await serving.check_constraint(params, structured_field)
     processed = [serving.prepare(f"{request_id}-{i}", ids, text, params, max_tokens,
                                  cache_salt=req.cache_salt, priority=req.priority, structured_field=structured_field)
                  for i, (ids, text) in enumerate(_prompts(req, serving))]

@@ -110,7 +110,8 @@ NOT_WITH_BEAM_SEARCH = {
     "response_format": lambda v: v is None or v.type == "text", "structured_outputs": lambda v: v is None,
     "guided_json": lambda v: v is None, "guided_regex": lambda v: v is None, "guided_choice": lambda v: v is None,
     "guided_grammar": lambda v: v is None, "structural_tag": lambda v: v is None,
-    "guided_whitespace_pattern": lambda v: v is None, "tools": lambda v: not v, "suffix": lambda v: not v}
+    "guided_whitespace_pattern": lambda v: v is None, "thinking_token_budget": lambda v: v is None,
+    "tools": lambda v: not v, "suffix": lambda v: not v}
 
 
 class SamplingFields(RequestPart):
@@ -152,6 +153,7 @@ class SamplingFields(RequestPart):
     truncate_prompt_tokens: int | None = Field(None, ge=-1, lt=2**31)  # the prompt's last k tokens; -1: the context's
     return_token_ids: bool = False  # the prompt's and the choices' token ids in the response
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:N"
+    thinking_token_budget: int | None = Field(None, ge=-1, lt=2**31)  # (vLLM) the reasoning's tokens at most
     use_beam_search: bool = False  # (vLLM) n beams; corellm.beam_search states the algorithm
     length_penalty: float = 1.0  # (vLLM) beam search's: a sequence's score is its logprob / length ** this
     # Structured output, in OpenAI's spelling, vLLM's, and vLLM's older one (at most one of them).
@@ -275,6 +277,7 @@ class SamplingFields(RequestPart):
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output, logit_bias=logit_bias,
             allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
+            thinking_token_budget=self.thinking_token_budget,
             structured_outputs=self.structured_output()[0],
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
 

@@ -32,7 +32,7 @@ NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "guided_decoding_backend": ("auto", "llguidance", "guidance"), "logits_processors": ([],),
     "mm_processor_kwargs": ({},), "prompt_embeds": (), "kv_transfer_params": (),
     "vllm_xargs": (),
-    "thinking_token_budget": (), "reasoning_effort_budget": (),
+    "reasoning_effort_budget": (),
 }
 
 # Fields of the APIs that change nothing corellm computes, accepted as they are.

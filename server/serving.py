@@ -19,7 +19,8 @@ from corellm.beam_search import BeamSearch, BeamSearchParams
 from corellm.engine.async_llm import AsyncLLM, EngineDeadError
 from corellm.engine.input_processor import ProcessedRequest
 from corellm.outputs import CompletionOutput, RequestOutput
-from corellm.sampling_params import SamplingParams, StructuredOutputsParams
+from corellm.sampling_params import SamplingParams
+from corellm.structured_output.reasoning_wait import ForcedReasoningEnd
 from corellm.server.admission import Admission, AdmissionLimits
 from corellm.server.errors import APIError, bad_request, error_chunk
 
@@ -117,14 +118,20 @@ class Serving:
                 raise bad_request(named, structured_field) from None
             raise bad_request(message, _param_named_in(message)) from None
 
-    async def check_constraint(self, spec: StructuredOutputsParams | None, field: str | None) -> None:
-        """Compiles a request's output constraint on a worker thread (a large grammar takes a while:
-        the event loop serves the other requests meanwhile), within grammar_compile_timeout_s; a
-        bad one is a 400 naming `field`. The compiled grammar is cached for the engine."""
-        if spec is None:
+    async def check_constraint(self, params: SamplingParams, field: str | None) -> None:
+        """Compiles a request's output constraint (and, with a thinking_token_budget on a
+        reasoning model, its reasoning's forced end) on a worker thread (a large grammar takes a
+        while: the event loop serves the other requests meanwhile), within
+        grammar_compile_timeout_s; a bad one is a 400 naming `field`. The compiled grammars are
+        cached for the engine."""
+        specs = [] if params.structured_outputs is None else [params.structured_outputs]
+        if params.thinking_token_budget is not None and self.engine.config.reasoning_parser is not None:
+            specs.append(ForcedReasoningEnd(params.structured_outputs))
+        if not specs:
             return
+        compiler = self.engine.parts.grammar_compiler
         loop = asyncio.get_running_loop()
-        check = loop.run_in_executor(_GRAMMAR_POOL, self.engine.parts.grammar_compiler.check, spec)
+        check = loop.run_in_executor(_GRAMMAR_POOL, lambda: [compiler.check(spec) for spec in specs])
         try:
             await asyncio.wait_for(check, self.config.grammar_compile_timeout_s)
         except asyncio.TimeoutError:
@@ -270,7 +277,8 @@ class Serving:
 # The engine's ValueErrors start with the field they are about; the API's name for it.
 _ENGINE_FIELDS = {"prompt_token_ids": "prompt", "The prompt": "prompt", "stop_token_ids": "stop_token_ids",
                   "logit_bias": "logit_bias", "logprobs": "logprobs", "min_tokens": "min_tokens",
-                  "max_tokens": "max_tokens", "seed": "seed", "stop": "stop", "priority": "priority"}
+                  "max_tokens": "max_tokens", "seed": "seed", "stop": "stop", "priority": "priority",
+                  "thinking_token_budget": "thinking_token_budget"}
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:

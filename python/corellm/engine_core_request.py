@@ -5,9 +5,13 @@ as the scheduler's payload, so it lives outside both engine/ and worker/."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from corellm.multimodal.features import MultiModalFeature
 from corellm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # (structured_output imports this module)
+    from corellm.structured_output.reasoning_wait import ReasoningBudget
 
 
 @dataclass
@@ -33,7 +37,16 @@ class EngineCoreRequest:
     # With a reasoning model: the grammar applies only once the output holds this text (the end
     # of its reasoning block, "</think>"); None: from the first token.
     grammar_starts_after: str | None = None
+    # With thinking_token_budget, a reasoning model and a prompt that does not close the
+    # reasoning block: the block's budget (the engine forces "</think>" once it is spent).
+    reasoning_budget: ReasoningBudget | None = None
     # One per image in the prompt (a LLaVA model): its pixels, placeholder range and content hash.
     # The hashes key the prefix-cache blocks over the placeholders; the model runner encodes the
     # images (or finds them in its encoder cache) and merges their rows into the embeddings.
     mm_features: list[MultiModalFeature] = field(default_factory=list)
+
+    @property
+    def uses_grammar(self) -> bool:
+        """Its sampled tokens may be masked (structured output, or a reasoning budget's forced
+        end): the StructuredOutputManager follows it, and it gets no speculative drafts."""
+        return self.grammar_key is not None or self.reasoning_budget is not None

@@ -40,13 +40,16 @@ class LLM:
                  limit_mm_per_prompt: dict | None = None, allowed_media_domains: tuple[str, ...] = (),
                  tensor_parallel_size: int = 1, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
                  master_port: int = 0, disable_custom_all_reduce: bool = False, data_parallel_size: int = 1,
-                 loaded_model: LoadedModel | None = None):
+                 reasoning_parser: str | None = None, loaded_model: LoadedModel | None = None):
         """quantization: "gguf" (a GGUF file's quantized weights computed as they are; the default for
         a .gguf on the CPU), "int8" (an HF checkpoint's projections quantized to int8 at load: W8A8
         on the CPU or a Hopper GPU), "fp8" (the projections in fp8 e4m3 on a Hopper GPU) or "none"
         (weights in dtype).
         speculative_config: speculative decoding, as vLLM names it (see SpeculativeConfig), e.g.
         {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}.
+        reasoning_parser: a reasoning model's format ("deepseek_r1" or "qwen3", as the server's
+        --reasoning-parser): structured output applies to the answer after its <think> block, and
+        SamplingParams.thinking_token_budget bounds the block.
         limit_mm_per_prompt: a LLaVA model's images per prompt at most ({"image": N}; default 1);
         allowed_media_domains: the hosts whose image URLs may be fetched (default none).
         tensor_parallel_size: the model split over this many processes (heads, intermediate rows
@@ -92,7 +95,7 @@ class LLM:
                                    tensor_parallel_size=tensor_parallel_size, nnodes=nnodes, node_rank=node_rank,
                                    master_addr=master_addr, master_port=master_port,
                                    disable_custom_all_reduce=disable_custom_all_reduce,
-                                   torchrun=torchrun is not None)
+                                   reasoning_parser=reasoning_parser, torchrun=torchrun is not None)
         # Under torchrun: on rank 0 the workers to send results to; on the others this rank's loop.
         self._torchrun_workers: TensorParallelWorkers | None = None
         self._follower: WorkerLoop | None = None

@@ -185,6 +185,10 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     # Constrain the output to a JSON schema, a regex, a choice or a grammar (structured output).
     structured_outputs: StructuredOutputsParams | None = None
+    # (vLLM) A reasoning model's reasoning block may take at most this many tokens: then the
+    # engine ends it ("</think>") and the answer follows. None or -1: no limit. Needs the
+    # engine's reasoning_parser (structured_output/reasoning_wait.py states the rule).
+    thinking_token_budget: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -258,6 +262,12 @@ class SamplingParams:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.")
+        if self.thinking_token_budget is not None and (not is_int(self.thinking_token_budget)
+                                                       or not -1 <= self.thinking_token_budget < 2**31):
+            raise ValueError(f"thinking_token_budget must be a number of tokens (or -1: no limit), "
+                             f"got {self.thinking_token_budget!r}.")
+        if self.thinking_token_budget == -1:
+            self.thinking_token_budget = None
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got "
                              f"{type(self.structured_outputs).__name__}.")

@@ -40,3 +40,23 @@ def test_chat_template_kwargs_may_not_replace_the_servers_variables(reasoning_cl
         reasoning_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=ASK, max_tokens=1,
                                                  extra_body={"chat_template_kwargs": {"tools": []}})
     assert err.value.body["param"] == "chat_template_kwargs"
+
+
+def test_thinking_token_budget_cuts_the_reasoning_and_the_answer_follows(reasoning_client):
+    args = dict(model="SmolLM2-135M-Instruct", messages=ASK, max_tokens=24, temperature=0)
+    free = reasoning_client.chat.completions.create(**args).choices[0].message
+    cut = reasoning_client.chat.completions.create(**args, extra_body={"thinking_token_budget": 4}).choices[0].message
+    reasoning = cut.model_extra["reasoning_content"]
+    assert free.model_extra["reasoning_content"].startswith(reasoning) and len(reasoning) < 40, reasoning
+    assert cut.content, cut  # the end was forced after 4 tokens: the rest is the answer
+    chunks = list(reasoning_client.chat.completions.create(stream=True, **args,
+                                                           extra_body={"thinking_token_budget": 4}))
+    assert "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks if c.choices) == reasoning
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == cut.content
+
+
+def test_thinking_token_budget_needs_a_reasoning_parser(client, model_name):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=model_name, messages=ASK, max_tokens=4,
+                                       extra_body={"thinking_token_budget": 4})
+    assert err.value.body["param"] == "thinking_token_budget" and "--reasoning-parser" in err.value.body["message"]

@@ -142,7 +142,7 @@ class EngineCore:
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """A request with a grammar enters the scheduler once its matcher is ready (see step)."""
-        if request.grammar_key is not None:
+        if request.uses_grammar:
             self.structured_output.add(request)
         else:
             self._schedule_request(request)
@@ -167,7 +167,7 @@ class EngineCore:
             stop_token_ids=request.stop_token_ids, priority=request.priority,
             arrival_time=request.arrival_time, cache_salt=salt,
             mm_ranges=[(f.offset, f.length, f.hash) for f in request.mm_features],
-            use_structured_output=request.grammar_key is not None, payload=request)
+            use_structured_output=request.uses_grammar, payload=request)
 
     def _admit_ready_grammars(self, wait: bool) -> None:
         """Requests whose grammar is now compiled enter the scheduler (or fail, if it did not

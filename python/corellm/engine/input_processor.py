@@ -12,8 +12,9 @@ from typing import Any
 from corellm.engine_core_request import EngineCoreRequest
 from corellm.multimodal.image_inputs import ImageInputs
 from corellm.reasoning_parser import THINK_END, THINK_START
-from corellm.sampling_params import SamplingParams
+from corellm.sampling_params import SamplingParams, StructuredOutputsParams
 from corellm.structured_output import GrammarCompiler
+from corellm.structured_output.reasoning_wait import ForcedReasoningEnd, ReasoningBudget
 from corellm.tokenizer import Tokenizer
 
 PromptType = str | dict[str, Any]
@@ -135,6 +136,7 @@ class InputProcessor:
             self.grammar_compiler.check(params.structured_outputs)  # ValueError naming the field
             grammar_key = params.structured_outputs.key()
         grammar_starts_after = self._grammar_starts_after(ids) if grammar_key is not None else None
+        reasoning_budget = self._reasoning_budget(ids, params.thinking_token_budget, params.structured_outputs)
         arrival = time.time() if arrival_time is None else arrival_time
         parent_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
         samples = []
@@ -157,6 +159,7 @@ class InputProcessor:
                 cache_salt=cache_salt,
                 grammar_key=grammar_key,
                 grammar_starts_after=grammar_starts_after,
+                reasoning_budget=reasoning_budget,
                 mm_features=mm_features,
             ))
         return ProcessedRequest(request_id, text, ids, params, samples)
@@ -164,12 +167,37 @@ class InputProcessor:
     def _grammar_starts_after(self, prompt_ids: list[int]) -> str | None:
         """With a reasoning model, a grammar waits for the end of the reasoning block, unless the
         prompt closed it already (thinking turned off in the template)."""
-        if self.reasoning_parser is None:
-            return None
-        tail = self.tokenizer.decode(prompt_ids[-32:], skip_special_tokens=False)
-        if THINK_END in tail and tail.rfind(THINK_END) > tail.rfind(THINK_START):
+        if self.reasoning_parser is None or self._prompt_block(prompt_ids) == "closed":
             return None
         return THINK_END
+
+    def _prompt_block(self, prompt_ids: list[int]) -> str:
+        """Where the prompt's end leaves the reasoning block: "closed" (it ends with an empty or
+        whole block: thinking turned off in the template), "open" (its last block is not closed:
+        the template opened it), or "none" (no block, or only earlier ones: examples, history)."""
+        tail = self.tokenizer.decode(prompt_ids[-32:], skip_special_tokens=False)
+        end, start = tail.rfind(THINK_END), tail.rfind(THINK_START)
+        if end > start:
+            return "closed" if not tail[end + len(THINK_END):].strip() else "none"
+        return "open" if start >= 0 else "none"
+
+    def _reasoning_budget(self, prompt_ids: list[int], tokens: int | None,
+                          answer: StructuredOutputsParams | None) -> ReasoningBudget | None:
+        """thinking_token_budget as the engine applies it: none where the prompt closed the
+        block (there is no reasoning to bound). The output is reasoning from its first token
+        where the prompt opened the block, and always with deepseek_r1 (ReasoningParser)."""
+        if tokens is None:
+            return None
+        if self.reasoning_parser is None:
+            raise ValueError("thinking_token_budget needs a reasoning model: start the engine with a reasoning "
+                             "parser (reasoning_parser= / --reasoning-parser deepseek_r1|qwen3)")
+        if self.grammar_compiler is None:
+            raise ValueError("thinking_token_budget: this engine has no grammar compiler")
+        block = self._prompt_block(prompt_ids)
+        if block == "closed":
+            return None
+        self.grammar_compiler.check(ForcedReasoningEnd(answer))  # compiled now: the end is forced without delay
+        return ReasoningBudget(tokens, opened=block == "open" or self.reasoning_parser == "deepseek_r1")
 
     def check_priority(self, priority: object) -> None:
         """ValueError unless priority is an int32, and 0 where the policy is FCFS (vLLM's rule: a

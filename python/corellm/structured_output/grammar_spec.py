@@ -1,7 +1,7 @@
 """A StructuredOutputsParams as the llguidance grammar that enforces it: a JSON schema (or any JSON
 object), a regex, a choice among strings (a Lark alternation of JSON-escaped literals), a
 grammar in Lark or GBNF (converted to Lark), or a structural tag (free text with JSON after each
-tag: llguidance's lazy triggers).
+tag: llguidance's lazy triggers); and a reasoning's forced end (reasoning_wait.ForcedReasoningEnd).
 
 JSON is written with flexible whitespace (up to 20 characters at a time), none at all
 (disable_any_whitespace) or the request's own whitespace_pattern; with
@@ -17,6 +17,7 @@ from types import ModuleType
 from typing import Any
 
 from corellm.sampling_params import StructuredOutputsParams
+from corellm.structured_output.reasoning_wait import ForcedReasoningEnd
 
 
 def llguidance_module() -> ModuleType:
@@ -80,9 +81,11 @@ def _schema(spec: StructuredOutputsParams, schema: dict[str, Any]) -> dict[str, 
     return closed_objects(schema) if spec.disable_additional_properties else schema
 
 
-def grammar_of(spec: StructuredOutputsParams) -> str:
+def grammar_of(spec: StructuredOutputsParams | ForcedReasoningEnd) -> str:
     """The llguidance grammar (its serialized form) of the spec; ValueError naming the field when
     the spec cannot even be turned into one (a GBNF grammar that does not convert)."""
+    if isinstance(spec, ForcedReasoningEnd):
+        return spec.grammar(None if spec.answer is None else grammar_of(spec.answer))
     llguidance = llguidance_module()
     kind = spec.kind
     if kind in ("json", "json_object"):

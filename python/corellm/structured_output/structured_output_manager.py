@@ -11,7 +11,10 @@ Per step (EngineCore.step, seed 000 step 3):
      (a rejected token ends the request with an error). A complete grammar allows only EOS, so
      the request then ends on EOS as any other does (vLLM's behaviour).
 A reasoning model's request (EngineCoreRequest.grammar_starts_after) samples freely until its
-output holds the end of its reasoning block; its grammar applies from the next token on.
+output holds the end of its reasoning block; its grammar applies from the next token on. With a
+reasoning budget (EngineCoreRequest.reasoning_budget) the block is cut once it has taken its
+tokens: the request's matcher becomes the forced end's ("</think>", then its grammar or any
+text); reasoning_wait.py states the rule.
 
 A request whose grammar is still compiling waits here (awaiting) and enters the scheduler once
 its matcher is ready: the others are not held up."""
@@ -28,6 +31,7 @@ from corellm.engine_core_request import EngineCoreRequest
 from corellm.structured_output.grammar_compiler import GrammarCompiler
 from corellm.structured_output.grammar_output import GrammarOutput
 from corellm.structured_output.grammar_spec import llguidance_module
+from corellm.structured_output.reasoning_wait import ForcedReasoningEnd, ReasoningWait
 
 
 class StructuredOutputManager:
@@ -36,17 +40,21 @@ class StructuredOutputManager:
         self.overlap = overlap  # fill the bitmask while the forward runs (see above)
         self.words = (compiler.vocab_size + 31) // 32  # int32 words per bitmask row
         self.matchers: dict = {}  # request id -> its llguidance.LLMatcher
-        self.awaiting: dict[str, tuple[EngineCoreRequest, concurrent.futures.Future]] = {}
-        self.dormant: dict[str, tuple[str, str]] = {}  # request id -> (the text that wakes its grammar, output tail)
+        # request id -> (the request, its futures: of its grammar's matcher, of its forced end's)
+        self.awaiting: dict[str, tuple[EngineCoreRequest, list[concurrent.futures.Future | None]]] = {}
+        self.dormant: dict[str, ReasoningWait] = {}  # request id -> its wait for the end of its reasoning
+        self.forced_ends: dict = {}  # request id -> the matcher of its reasoning's forced end, for when it is spent
         self._executor = None  # llguidance.LLExecutor, made on first use (it starts threads)
         self._worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="corellm-bitmask")
         self.fill_seconds: collections.deque[float] = collections.deque(maxlen=4096)  # recent bitmask fills (bench/structured.py)
 
     # ------------------------------------------------------------------ requests
     def add(self, request: EngineCoreRequest) -> None:
-        """Starts getting the request's matcher; ready() hands it back once it exists."""
+        """Starts getting the request's matchers; ready() hands the request back once they exist."""
         spec = request.sampling_params.structured_outputs
-        self.awaiting[request.request_id] = (request, self.compiler.matcher_future(spec))
+        futures = [self.compiler.matcher_future(spec) if request.grammar_key is not None else None,
+                   self.compiler.matcher_future(ForcedReasoningEnd(spec)) if request.reasoning_budget else None]
+        self.awaiting[request.request_id] = (request, futures)
 
     def ready(self, timeout: float = 0.0) -> list[tuple[EngineCoreRequest, str | None, bool]]:
         """The awaiting requests whose matcher is done (waiting up to `timeout` seconds for the
@@ -55,31 +63,43 @@ class StructuredOutputManager:
         if not self.awaiting:
             return []
         if timeout > 0:
-            concurrent.futures.wait([f for _, f in self.awaiting.values()], timeout,
+            concurrent.futures.wait([f for _, fs in self.awaiting.values() for f in fs if f is not None], timeout,
                                     return_when=concurrent.futures.FIRST_COMPLETED)
         done = []
-        for req_id, (request, future) in list(self.awaiting.items()):
-            if not future.done():
+        for req_id, (request, (grammar, forced_end)) in list(self.awaiting.items()):
+            if not all(f.done() for f in (grammar, forced_end) if f is not None):
                 continue
             del self.awaiting[req_id]
             try:
-                self.matchers[req_id] = future.result()
-                if request.grammar_starts_after:
-                    self.dormant[req_id] = (request.grammar_starts_after, "")
+                if grammar is not None:
+                    self.matchers[req_id] = grammar.result()
+                if forced_end is not None:
+                    self.forced_ends[req_id] = forced_end.result()
+                if request.grammar_starts_after or request.reasoning_budget:
+                    wait = ReasoningWait(request.reasoning_budget)
+                    if wait.exhausted_at_start:
+                        self._force_the_end(req_id)
+                    else:
+                        self.dormant[req_id] = wait
                 done.append((request, None, False))
             except ValueError as e:  # the spec: named in the message (GrammarCompiler)
+                self.remove([req_id])
                 done.append((request, str(e), True))
             except Exception as e:  # noqa: BLE001 - a compiler failure ends its request only
+                self.remove([req_id])
                 done.append((request, f"{type(e).__name__}: {e}", False))
         return done
 
     def remove(self, request_ids) -> None:
         for req_id in request_ids:
             self.matchers.pop(req_id, None)
+            self.forced_ends.pop(req_id, None)
             self.dormant.pop(req_id, None)
             awaiting = self.awaiting.pop(req_id, None)
             if awaiting is not None:
-                awaiting[1].cancel()
+                for future in awaiting[1]:
+                    if future is not None:
+                        future.cancel()
 
     # ------------------------------------------------------------------ the step
     def start_bitmask(self, so) -> concurrent.futures.Future | None:
@@ -88,11 +108,12 @@ class StructuredOutputManager:
         if not flags.any():
             return None
         req_ids = so.req_ids
-        rows = np.flatnonzero(flags)
-        if self.dormant:
-            rows = np.array([i for i in rows.tolist() if req_ids[i] not in self.dormant], dtype=np.int64)
-            if not len(rows):
-                return None
+        # The marked rows whose grammar applies now (not those still reasoning, nor a reasoning
+        # budget's whose reasoning ended by itself without a grammar for the answer).
+        rows = np.array([i for i in np.flatnonzero(flags).tolist()
+                         if req_ids[i] in self.matchers and req_ids[i] not in self.dormant], dtype=np.int64)
+        if not len(rows):
+            return None
         bitmask = np.empty((len(rows), self.words), dtype=np.int32)
         bitmask_rows = np.full(len(req_ids), -1, dtype=np.int32)
         bitmask_rows[rows] = np.arange(len(rows), dtype=np.int32)
@@ -140,14 +161,19 @@ class StructuredOutputManager:
                 f"sampled token {token} was refused ({_first_line(matcher.get_error())})")
 
     def _watch(self, req_id: str, token: int) -> None:
-        """A dormant grammar wakes once the output holds its marker (the token after it is the
-        grammar's first)."""
-        marker, tail = self.dormant[req_id]
-        tail = (tail + self.compiler.tokenizer.decode([token], skip_special_tokens=False))[-4 * len(marker):]
-        if marker in tail:
+        """A dormant grammar wakes once the output holds the end of the reasoning (the token after
+        it is the grammar's first); a spent budget forces that end."""
+        state = self.dormant[req_id].feed(self.compiler.tokenizer.decode([token], skip_special_tokens=False))
+        if state == "ended":
             del self.dormant[req_id]
-        else:
-            self.dormant[req_id] = (marker, tail)
+            self.forced_ends.pop(req_id, None)
+        elif state == "exhausted":
+            del self.dormant[req_id]
+            self._force_the_end(req_id)
+
+    def _force_the_end(self, req_id: str) -> None:
+        """From the next token on, the request follows its forced end's grammar."""
+        self.matchers[req_id] = self.forced_ends.pop(req_id)
 
     def shutdown(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)

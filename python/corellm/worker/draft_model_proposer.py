@@ -78,7 +78,7 @@ class DraftModelProposer:
             self.states.pop(req_id, None)
         for new in so.scheduled_new_reqs:  # new, or resumed after preemption: draft KV from scratch
             request = new.payload
-            if request.grammar_key is None:  # structured requests get no drafts
+            if not request.uses_grammar:  # structured requests get no drafts
                 self.states[new.req_id] = DraftState(list(new.token_ids))
         rows = dict(zip(so.req_ids, so.batch_rows.tolist()))
         tokens, counts, finished = result.new_token_ids.tolist(), result.num_new_tokens.tolist(), result.finish_reasons
