@@ -11,29 +11,9 @@ import json
 import jsonschema
 import pytest
 
-from corellm.model.gguf_file import GGUFModelFile
-from corellm.model.loader import default_model_path
 from corellm.sampling_params import StructuredOutputsParams
-from corellm.structured_output import GrammarCompiler
 from corellm.structured_output.grammar_spec import closed_objects
-
-
-@pytest.fixture(scope="module")
-def compiler():
-    tok = GGUFModelFile(default_model_path()).tokenizer()
-    c = GrammarCompiler(tok, 49152, [tok.eos_token_id])
-    yield c
-    c.shutdown()
-
-
-def accepts(compiler, spec: StructuredOutputsParams, text: str, complete: bool = True) -> bool:
-    """Whether the grammar takes every token of the text (and, if complete, may end there)."""
-    matcher = compiler.matcher_future(spec).result()
-    ids = compiler.tokenizer.encode(text, add_special_tokens=False)
-    if matcher.validate_tokens(ids) != len(ids):
-        return False
-    matcher.consume_tokens(ids)
-    return matcher.is_accepting() or not complete
+from tests.structured_output.conftest import accepts
 
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},

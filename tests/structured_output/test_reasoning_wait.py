@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from corellm.model.gguf_file import GGUFModelFile
-from corellm.model.loader import default_model_path
 from corellm.sampling_params import StructuredOutputsParams
-from corellm.structured_output import GrammarCompiler
 from corellm.structured_output.reasoning_wait import ForcedReasoningEnd, ReasoningBudget, ReasoningWait
+from tests.structured_output.conftest import accepts
 
 
 def states(wait: ReasoningWait, pieces: list[str]) -> list[str]:
@@ -39,23 +37,6 @@ def test_a_budget_of_zero_ends_the_block_before_its_first_token():
     wait = ReasoningWait(ReasoningBudget(0, opened=False))
     assert not wait.exhausted_at_start and states(wait, ["<think>"]) == ["exhausted"]
     assert not ReasoningWait().exhausted_at_start
-
-
-@pytest.fixture(scope="module")
-def compiler():
-    tok = GGUFModelFile(default_model_path()).tokenizer()
-    c = GrammarCompiler(tok, 49152, [tok.eos_token_id])
-    yield c
-    c.shutdown()
-
-
-def accepts(compiler, spec, text: str) -> bool:
-    matcher = compiler.matcher_future(spec).result()
-    ids = compiler.tokenizer.encode(text, add_special_tokens=False)
-    if matcher.validate_tokens(ids) != len(ids):
-        return False
-    matcher.consume_tokens(ids)
-    return matcher.is_accepting()
 
 
 TAG = {"type": "structural_tag", "triggers": ["<f="], "structures": [
