@@ -7,14 +7,18 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
+from corellm.beam_search import BeamSearchParams
 from corellm.chat_template import template_variables
+from corellm.engine.input_processor import ProcessedRequest
 from corellm.reasoning_parser import ReasoningParser
 from corellm.server.assistant_message import AssistantMessage
-from corellm.server.chat_tools import resolve_chat_tools
+from corellm.sampling_params import SamplingParams
+from corellm.server.chat_tools import ChatTools, resolve_chat_tools
 from corellm.server.errors import bad_request
 from corellm.server.logprobs import TokenLabels, chat_logprobs, prompt_logprobs
 from corellm.server.protocol import ChatCompletionRequest, ImagePart
@@ -77,7 +81,34 @@ async def render_prompt(serving: Serving, req: ChatCompletionRequest,
         raise bad_request(str(e), param) from None
 
 
-async def create_chat_completion(serving: Serving, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:
+@dataclass
+class ChatTurn:
+    """A chat request made ready to run: its prompt, its engine request (or beam search) and how
+    each choice's reply is read from the model's text."""
+
+    model: str
+    response_id: str  # the reply's id (Serving.new_ids)
+    request_id: str  # the engine's
+    text: str | None  # the prompt's text (None when it was cut)
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_tokens: int | None
+    structured_field: str | None  # the request field its output constraint came from
+    tools: ChatTools
+    reasoning_parser: str | None
+    processed: ProcessedRequest | None  # None with beam search
+    beam: BeamSearchParams | None
+
+    def reply(self) -> AssistantMessage:
+        """A new reader of one choice's text: its reasoning, content and tool calls."""
+        return AssistantMessage(ReasoningParser(self.reasoning_parser) if self.reasoning_parser else None,
+                                self.tools.parser())
+
+
+async def prepare_chat(serving: Serving, request: web.Request, req: ChatCompletionRequest,
+                       id_prefix: str = "chatcmpl") -> ChatTurn:
+    """Renders, tokenizes and checks the conversation, and prepares its engine request (not yet
+    submitted): every 400 a chat request can get comes from here."""
     model = serving.check_model(req.model)
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
@@ -93,15 +124,13 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
     max_tokens = req.max_completion_tokens or req.max_tokens
     beam = req.beam_search_params(max_tokens)
     top_n = req.top_logprobs or 0
-    labels = TokenLabels(serving.tokenizer, req.return_tokens_as_token_ids)
     params = req.sampling_params(serving.defaults(), max_tokens, top_n if req.logprobs else None)
     structured_field = req.structured_output()[1]
     if tools.constraint is not None:
         params.structured_outputs, structured_field = tools.constraint, "tools"
         params.skip_special_tokens = False  # a call may open with a special token the parser must see
     await serving.check_constraint(params, structured_field)
-    reasoning_parser = serving.engine.config.reasoning_parser
-    response_id, request_id = serving.new_ids("chatcmpl", request, req.request_id)
+    response_id, request_id = serving.new_ids(id_prefix, request, req.request_id)
     images = [(f"messages[{i}].content[{j}]", part.image_url) for i, m in enumerate(req.messages)
               if isinstance(m.content, list) for j, part in enumerate(m.content) if isinstance(part, ImagePart)]
     for name, image_url in images:
@@ -118,16 +147,23 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
     processed = None
     if beam is None:
         processed = await asyncio.get_running_loop().run_in_executor(_IMAGE_POOL, prepare) if images else prepare()
+    return ChatTurn(model, response_id, request_id, text, prompt_ids, params, max_tokens, structured_field, tools,
+                    serving.engine.config.reasoning_parser, processed, beam)
 
-    def reply() -> AssistantMessage:
-        return AssistantMessage(ReasoningParser(reasoning_parser) if reasoning_parser else None, tools.parser())
+
+async def create_chat_completion(serving: Serving, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:
+    turn = await prepare_chat(serving, request, req)
+    model, response_id, request_id, processed = turn.model, turn.response_id, turn.request_id, turn.processed
+    params, structured_field, beam, reply = turn.params, turn.structured_field, turn.beam, turn.reply
+    top_n = req.top_logprobs or 0
+    labels = TokenLabels(serving.tokenizer, req.return_tokens_as_token_ids)
 
     n = params.n
     echoed = req.echoed_text()
     if not req.stream:
         if beam is not None:
-            out = await serving.beam_search(request_id, prompt_ids, text, beam, max_tokens, kind="messages",
-                                            cache_salt=req.cache_salt, priority=req.priority,
+            out = await serving.beam_search(request_id, turn.prompt_ids, turn.text, beam, turn.max_tokens,
+                                            kind="messages", cache_salt=req.cache_salt, priority=req.priority,
                                             skip_special_tokens=req.skip_special_tokens)
         else:
             (out,) = await serving.run_all([processed], structured_field)
