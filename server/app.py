@@ -14,26 +14,19 @@ import corellm
 from corellm.engine.async_llm import AsyncLLM, EngineDeadError
 from corellm.server.chat import create_chat_completion, render_prompt
 from corellm.server.completions import create_completion
-from corellm.server.errors import APIError, bad_request
+from corellm.server.errors import APIError, bad_request, validation_error
 from corellm.server.metrics import ServerMetrics
 from corellm.server.openapi import openapi_spec
 from corellm.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from corellm.server.request_fields import check_request_fields
+from corellm.server.responses import create_response
+from corellm.server.responses_protocol import ResponsesRequest
 from corellm.server.serving import REQUEST_ID, ServerConfig, Serving, now
 
 logger = logging.getLogger("corellm.server")
 
 SERVING = web.AppKey("serving", Serving)
 METRICS = web.AppKey("metrics", ServerMetrics)
-
-
-def _validation_error(e: ValidationError) -> APIError:
-    first = e.errors()[0]
-    loc = ".".join(str(x) for x in first.get("loc", ()))
-    msg = first.get("msg", "invalid value")
-    if first.get("type") == "value_error" and "error" in first.get("ctx", {}):
-        msg = str(first["ctx"]["error"])  # our validators' own sentence, without pydantic's "Value error, "
-    return bad_request(f"{loc}: {msg}" if loc else msg, param=loc or None)
 
 
 async def parse(request: web.Request, model: type[BaseModel]) -> BaseModel:
@@ -56,7 +49,7 @@ async def parse(request: web.Request, model: type[BaseModel]) -> BaseModel:
     try:
         parsed = model.model_validate(body)
     except ValidationError as e:
-        raise _validation_error(e) from None
+        raise validation_error(e) from None
     check_request_fields(parsed)
     return parsed
 
@@ -106,6 +99,10 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     return await create_chat_completion(request.app[SERVING], request, await parse(request, ChatCompletionRequest))
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    return await create_response(request.app[SERVING], request, await parse(request, ResponsesRequest))
 
 
 async def models(request: web.Request) -> web.Response:
@@ -197,6 +194,7 @@ def create_app(engine: AsyncLLM, config: ServerConfig) -> web.Application:
         None if stats.first_token is None else stats.first_token - stats.arrival, end - stats.arrival))
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/responses", responses)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

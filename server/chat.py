@@ -106,7 +106,7 @@ class ChatTurn:
 
 
 async def prepare_chat(serving: Serving, request: web.Request, req: ChatCompletionRequest,
-                       id_prefix: str = "chatcmpl") -> ChatTurn:
+                       id_prefix: str = "chatcmpl-") -> ChatTurn:
     """Renders, tokenizes and checks the conversation, and prepares its engine request (not yet
     submitted): every 400 a chat request can get comes from here."""
     model = serving.check_model(req.model)

@@ -50,7 +50,7 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
         raise bad_request("max_tokens must be at least 1 (0 only with echo: the prompt scored alone)", "max_tokens")
     max_tokens = 1 if scoring_only else req.max_tokens
     beam = req.beam_search_params(max_tokens)
-    response_id, request_id = serving.new_ids("cmpl", request, req.request_id)
+    response_id, request_id = serving.new_ids("cmpl-", request, req.request_id)
     if beam is not None:
         searches = [asyncio.ensure_future(serving.beam_search(
             f"{request_id}-{i}", ids, text, beam, max_tokens, cache_salt=req.cache_salt, priority=req.priority,

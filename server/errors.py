@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from aiohttp import web
+from pydantic import ValidationError
 
 
 class APIError(Exception):
@@ -28,3 +29,13 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 def error_chunk(err: APIError) -> bytes:
     """The SSE event that ends a stream with an error."""
     return f"data: {json.dumps(err.body())}\n\n".encode()
+
+
+def validation_error(e: ValidationError) -> APIError:
+    """A pydantic validation failure as a 400 naming the field (its dotted location)."""
+    first = e.errors()[0]
+    loc = ".".join(str(x) for x in first.get("loc", ()))
+    msg = first.get("msg", "invalid value")
+    if first.get("type") == "value_error" and "error" in first.get("ctx", {}):
+        msg = str(first["ctx"]["error"])  # our validators' own sentence, without pydantic's "Value error, "
+    return bad_request(f"{loc}: {msg}" if loc else msg, param=loc or None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import corellm
 from corellm.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from corellm.server.responses_protocol import ResponsesRequest
 
 _ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
     "message": {"type": "string"}, "type": {"type": "string"},
@@ -40,7 +41,7 @@ def _get(summary: str, content_type: str = "application/json") -> dict:
 
 
 def openapi_spec() -> dict:
-    models = [CompletionRequest, ChatCompletionRequest, TokenizeRequest, DetokenizeRequest]
+    models = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest]
     schemas: dict = {}
     for m in models:
         schema = m.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -52,6 +53,7 @@ def openapi_spec() -> dict:
         "paths": {
             "/v1/completions": _post(CompletionRequest, "Text completion"),
             "/v1/chat/completions": _post(ChatCompletionRequest, "Chat completion"),
+            "/v1/responses": _post(ResponsesRequest, "A response (OpenAI's Responses API; not stored)"),
             "/tokenize": _post(TokenizeRequest, "Tokenize a prompt or messages"),
             "/detokenize": _post(DetokenizeRequest, "Token ids to text"),
             "/tokenizer_info": _get("The tokenizer's special tokens and chat template"),

@@ -142,14 +142,15 @@ class Serving:
 
     @staticmethod
     def new_ids(prefix: str, request: web.Request, given: str | None) -> tuple[str, str]:
-        """(the response's id, the engine's). The response's is prefix-<the X-Request-Id header,
-        else the body's request_id, else a new uuid> (vLLM's order), and what follows the prefix
-        is the reply's X-Request-Id header (REQUEST_ID); the engine's always holds a new uuid, so
-        that two requests that name themselves alike stay apart in the engine."""
-        engine_id = f"{prefix}-{uuid.uuid4().hex}"
+        """(the response's id, the engine's). The response's is the prefix ("cmpl-", "chatcmpl-",
+        "resp_") and the X-Request-Id header, else the body's request_id, else a new uuid (vLLM's
+        order), and what follows the prefix is the reply's X-Request-Id header (REQUEST_ID); the
+        engine's always holds a new uuid, so that two requests that name themselves alike stay
+        apart in the engine."""
+        engine_id = f"{prefix}{uuid.uuid4().hex}"
         named = request.headers.get("X-Request-Id") or given
-        request[REQUEST_ID] = named or engine_id.removeprefix(f"{prefix}-")
-        return (f"{prefix}-{named}" if named else engine_id), engine_id
+        request[REQUEST_ID] = named or engine_id.removeprefix(prefix)
+        return (f"{prefix}{named}" if named else engine_id), engine_id
 
     def submit(self, processed: list[ProcessedRequest]) -> list:
         """Admits (or refuses with 429) and submits all of `processed` at once; returns their

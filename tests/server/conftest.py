@@ -10,7 +10,12 @@ import tempfile
 import time
 import urllib.request
 
+from pathlib import Path
+
 import pytest
+
+# A ChatML template that shows tools to the model (for a server with --tool-call-parser hermes).
+TOOLS_TEMPLATE = Path(__file__).parent / "templates" / "chatml_tools.jinja"
 
 
 def free_port() -> int:
@@ -71,3 +76,29 @@ def client(server):
 @pytest.fixture(scope="session")
 def model_name(client):
     return client.models.list().data[0].id
+
+
+def _client_of(server: Server):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def tools_client():
+    """A server that calls tools: SmolLM2 with TOOLS_TEMPLATE, auto tool choice, Hermes' format."""
+    server = Server("--chat-template", str(TOOLS_TEMPLATE), "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
+    try:
+        yield _client_of(server)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def reasoning_client():
+    """A server that reads reasoning (SmolLM2 standing in, --reasoning-parser deepseek_r1: its
+    output is reasoning until it writes </think>)."""
+    server = Server("--reasoning-parser", "deepseek_r1")
+    try:
+        yield _client_of(server)
+    finally:
+        server.stop()

@@ -1,26 +1,16 @@
 """A reasoning model's reply through the server (SmolLM2 standing in, --reasoning-parser
 deepseek_r1: the prompt opens the <think> block, so until the model writes </think> everything is
 reasoning): reasoning_content apart from content, whole and streamed; chat_template_kwargs may
-not replace the server's own template variables; the parser checks (ReasoningParser) and the grammar's wait for the end of the
-reasoning (StructuredOutputManager) have their own unit tests."""
+not replace the server's own template variables; thinking_token_budget cuts the reasoning; the
+parser checks (ReasoningParser) and the grammar's wait for the end of the reasoning
+(StructuredOutputManager, ReasoningWait) have their own unit tests."""
 
 from __future__ import annotations
 
 import openai
 import pytest
 
-from tests.server.conftest import Server
-
 ASK = [{"role": "user", "content": "Is 7 prime?"}]
-
-
-@pytest.fixture(scope="module")
-def reasoning_client():
-    server = Server("--reasoning-parser", "deepseek_r1")
-    try:
-        yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    finally:
-        server.stop()
 
 
 def test_reasoning_content_apart_whole_and_streamed(reasoning_client):

@@ -8,15 +8,12 @@ assistant's calls and the tool results reaches the template; the 400s name the f
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import jsonschema
 import openai
 import pytest
 
-from tests.server.conftest import Server
 
-TEMPLATE = Path(__file__).parent / "templates" / "chatml_tools.jinja"
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
                                             "parameters": {"type": "object", "properties": {
                                                 "city": {"type": "string", "minLength": 1, "maxLength": 30},
@@ -30,15 +27,6 @@ ADD = {"type": "function", "function": {"name": "add", "description": "Adds two 
 TOOLS = [WEATHER, ADD]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 ASK = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
-
-
-@pytest.fixture(scope="module")
-def tools_client():
-    server = Server("--chat-template", str(TEMPLATE), "--enable-auto-tool-choice", "--tool-call-parser", "hermes")
-    try:
-        yield openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    finally:
-        server.stop()
 
 
 def create(client, **kw):

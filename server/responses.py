@@ -1,0 +1,247 @@
+"""POST /v1/responses: OpenAI's Responses API over the chat path. The request becomes a chat
+request (responses_protocol.py), prepared as any chat (prepare_chat: template, tools, structured
+output, checks); the model's reply is read as chat reads it (AssistantMessage) and written as the
+Responses API's output items — a reasoning item (with --reasoning-parser), the message's
+output_text, function_call items — whole, or streamed as its events (response.created,
+response.output_item.added, response.output_text.delta, ..., response.completed), each with its
+sequence_number. A reply cut by max_output_tokens is status "incomplete"."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from corellm.reasoning_parser import THINK_END
+from corellm.server.chat import ChatTurn, prepare_chat
+from corellm.engine.async_llm import EngineDeadError
+from corellm.server.errors import APIError, validation_error
+from corellm.server.protocol import ChatCompletionRequest
+from corellm.server.responses_protocol import FIELD_NAMES, ResponsesRequest
+from corellm.server.serving import Serving, now
+
+
+async def create_response(serving: Serving, request: web.Request, req: ResponsesRequest) -> web.StreamResponse:
+    turn = await _prepared(serving, request, req)
+    created = now()
+    if not req.stream:
+        (out,) = await serving.run_all([turn.processed], turn.structured_field)
+        c = out.outputs[0]
+        message = turn.reply()
+        message.feed(c.text)
+        message.finish()
+        body = _response(turn, req, created, _items(message.message()), c.finish_reason)
+        body["usage"] = _usage(serving, out.prompt_token_ids, c.token_ids, out.num_cached_tokens, turn)
+        return web.json_response(body)
+
+    resp, outputs = await serving.start_stream(request, [turn.processed], turn.structured_field)
+    events = _ResponseEvents(resp)
+    in_progress = _response(turn, req, created, [], None)
+    try:
+        await events.send("response.created", response=in_progress)
+        await events.send("response.in_progress", response=in_progress)
+        message = turn.reply()
+        token_ids: list[int] = []
+        prompt_ids, cached, finish = turn.prompt_ids, 0, None
+        async with contextlib.aclosing(outputs):  # closed at once on a disconnect
+            async for _, out in outputs:
+                prompt_ids, cached = out.prompt_token_ids, out.num_cached_tokens
+                for c in out.outputs:
+                    token_ids += c.token_ids
+                    for delta in message.feed(c.text) if c.text else []:
+                        await events.delta(delta)
+                    if c.finish_reason is not None:
+                        finish = c.finish_reason
+                        for delta in message.finish():
+                            await events.delta(delta)
+        await events.close_item()
+        body = _response(turn, req, created, events.items, finish)
+        body["usage"] = _usage(serving, prompt_ids, token_ids, cached, turn)
+        await events.send("response.completed" if body["status"] == "completed" else "response.incomplete",
+                          response=body)
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise
+    except Exception as e:  # noqa: BLE001 - one request's failure ends its stream, not the server
+        await events.error(e)
+    finally:
+        serving.abort([turn.processed])
+    return resp
+
+
+async def _prepared(serving: Serving, request: web.Request, req: ResponsesRequest) -> ChatTurn:
+    """The chat turn of the request; a 400 names the Responses field (input, not messages)."""
+    try:
+        chat = ChatCompletionRequest.model_validate(req.chat_body())
+        return await prepare_chat(serving, request, chat, id_prefix="resp_")
+    except ValidationError as e:
+        raise _renamed(validation_error(e)) from None
+    except APIError as e:
+        raise _renamed(e) from None
+
+
+def _renamed(error: APIError) -> APIError:
+    if error.param is not None:
+        head, _, rest = error.param.partition(".")
+        if head in FIELD_NAMES:
+            error.param = FIELD_NAMES[head] + (f".{rest}" if rest and head != "messages" else "")
+            error.message = error.message.replace(head, FIELD_NAMES[head], 1)
+    return error
+
+
+def _response(turn: ChatTurn, req: ResponsesRequest, created: int, output: list[dict[str, Any]],
+              finish_reason: str | None) -> dict[str, Any]:
+    """The response object; status "in_progress" until the finish reason is known."""
+    status = "in_progress" if finish_reason is None else "incomplete" if finish_reason == "length" else "completed"
+    fmt = req.text.format if req.text is not None and req.text.format is not None else None
+    return {
+        "id": turn.response_id, "object": "response", "created_at": created, "status": status, "model": turn.model,
+        "output": output, "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+        "temperature": turn.params.temperature, "top_p": turn.params.top_p,
+        "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
+        "tool_choice": (req.tool_choice if isinstance(req.tool_choice, str) or req.tool_choice is None
+                        else req.tool_choice.model_dump()) or turn.tools.mode,
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
+        "reasoning": {"effort": req.reasoning.effort if req.reasoning else None, "summary": None},
+        "store": False, "previous_response_id": None, "truncation": "disabled", "user": req.user,
+        "metadata": req.metadata or {}, "usage": None,
+    }
+
+
+def _items(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """The output items of a whole chat message: reasoning, the text, the function calls."""
+    items = []
+    if message.get("reasoning_content"):
+        items.append(_reasoning_item(message["reasoning_content"]))
+    if message.get("content") or not message.get("tool_calls"):
+        items.append(_message_item(message.get("content") or ""))
+    for call in message.get("tool_calls") or []:
+        items.append(_call_item(call["id"], call["function"]["name"], call["function"]["arguments"]))
+    return items
+
+
+def _reasoning_item(text: str, status: str = "completed") -> dict[str, Any]:
+    return {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}] if text else [], "status": status}
+
+
+def _message_item(text: str, status: str = "completed") -> dict[str, Any]:
+    return {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": status, "role": "assistant",
+            "content": [_text_part(text)] if status == "completed" else []}
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _call_item(call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
+    return {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": call_id, "name": name,
+            "arguments": arguments, "status": status}
+
+
+def _usage(serving: Serving, prompt_ids: list[int], token_ids: list[int], cached: int,
+           turn: ChatTurn) -> dict[str, Any]:
+    return {"input_tokens": len(prompt_ids), "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens": len(token_ids),
+            "output_tokens_details": {"reasoning_tokens": _reasoning_tokens(serving, token_ids, turn)},
+            "total_tokens": len(prompt_ids) + len(token_ids)}
+
+
+def _reasoning_tokens(serving: Serving, token_ids: list[int], turn: ChatTurn) -> int:
+    """The output's tokens up to the end of its reasoning (all of them if it never ended)."""
+    if turn.reasoning_parser is None:
+        return 0
+    text = ""
+    for i, token in enumerate(token_ids):
+        text += serving.tokenizer.decode([token], skip_special_tokens=False)
+        if THINK_END in text[-4 * len(THINK_END):]:
+            return i + 1
+    return len(token_ids)
+
+
+class _ResponseEvents:
+    """The stream's events, from the chat deltas of the reply: each output item opened
+    (output_item.added, and its content part), written (its deltas) and closed (its .done events)
+    in turn; `items` holds the closed items."""
+
+    def __init__(self, resp: web.StreamResponse):
+        self.resp = resp
+        self.sequence = 0
+        self.items: list[dict[str, Any]] = []
+        self.open: dict[str, Any] | None = None  # the item being written
+        self.text = ""  # its text (or a call's arguments) so far
+
+    async def send(self, kind: str, **fields: Any) -> None:
+        event = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        await self.resp.write(f"event: {kind}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n".encode())
+
+    async def error(self, err: BaseException) -> None:
+        """Ends the stream with the Responses API's error event."""
+        api = err if isinstance(err, APIError) else APIError(500, f"{type(err).__name__}: {err}", "internal_error")
+        if isinstance(err, EngineDeadError):
+            api = APIError(503, str(err), "service_unavailable")
+        await self.send("error", code=api.code or api.type, message=api.message, param=api.param)
+
+    async def delta(self, delta: dict[str, Any]) -> None:
+        if delta.get("reasoning_content"):
+            await self._write("reasoning", delta["reasoning_content"])
+        if delta.get("content"):
+            await self._write("message", delta["content"])
+        for call in delta.get("tool_calls") or []:
+            if "id" in call:  # a call starts
+                await self.close_item()
+                await self._open(_call_item(call["id"], call["function"]["name"], "", "in_progress"))
+            await self._write("function_call", call["function"].get("arguments") or "")
+
+    async def _write(self, kind: str, text: str) -> None:
+        if self.open is None or self.open["type"] != kind:
+            await self.close_item()
+            await self._open(_reasoning_item("", "in_progress") if kind == "reasoning"
+                             else _message_item("", "in_progress"))
+        if not text:
+            return
+        self.text += text
+        where = {"item_id": self.open["id"], "output_index": len(self.items)}
+        if kind == "function_call":
+            await self.send("response.function_call_arguments.delta", **where, delta=text)
+        elif kind == "reasoning":
+            await self.send("response.reasoning_text.delta", **where, content_index=0, delta=text)
+        else:
+            await self.send("response.output_text.delta", **where, content_index=0, delta=text, logprobs=[])
+
+    async def _open(self, item: dict[str, Any]) -> None:
+        self.open, self.text = item, ""
+        await self.send("response.output_item.added", output_index=len(self.items), item=item)
+        if item["type"] == "message":
+            await self.send("response.content_part.added", item_id=item["id"], output_index=len(self.items),
+                            content_index=0, part=_text_part(""))
+
+    async def close_item(self) -> None:
+        """Ends the item being written (if any): its .done events, then output_item.done."""
+        item = self.open
+        if item is None:
+            return
+        where = {"item_id": item["id"], "output_index": len(self.items)}
+        if item["type"] == "message":
+            part = _text_part(self.text)
+            await self.send("response.output_text.done", **where, content_index=0, text=self.text, logprobs=[])
+            await self.send("response.content_part.done", **where, content_index=0, part=part)
+            item["content"] = [part]
+        elif item["type"] == "reasoning":
+            await self.send("response.reasoning_text.done", **where, content_index=0, text=self.text)
+            item["content"] = [{"type": "reasoning_text", "text": self.text}]
+        else:
+            await self.send("response.function_call_arguments.done", **where, arguments=self.text)
+            item["arguments"] = self.text
+        item["status"] = "completed"
+        await self.send("response.output_item.done", output_index=len(self.items), item=item)
+        self.items.append(item)
+        self.open = None

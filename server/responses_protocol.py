@@ -1,0 +1,237 @@
+"""The body of POST /v1/responses (OpenAI's Responses API, as vLLM serves it) and the chat request
+it amounts to: `instructions` become the system message, `input` the conversation (messages,
+function calls and their outputs, reasoning items given back), `text.format` the response_format,
+`reasoning.effort` the template's reasoning_effort, flat function `tools` chat tools. Responses
+are not stored: `store` true, `previous_response_id` and `background` are 400s naming them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Field, Tag
+
+from corellm.server.errors import bad_request
+from corellm.server.protocol import RequestPart
+
+# The chat fields whose errors a Responses client knows by another name.
+FIELD_NAMES = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format",
+               "reasoning_effort": "reasoning.effort", "tools": "tools", "tool_choice": "tool_choice"}
+
+
+class InputText(RequestPart):
+    type: Literal["input_text", "output_text"]
+    text: str
+    annotations: list[Any] | None = None  # an output_text given back: its annotations (none are made)
+
+
+class InputImage(RequestPart):
+    type: Literal["input_image"]
+    image_url: str  # a data URL, or http(s) where the server allows the host
+    detail: str | None = None
+
+
+InputPart = Annotated[InputText | InputImage, Field(discriminator="type")]
+
+
+class MessageItem(RequestPart):
+    type: Literal["message"] = "message"
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[InputPart]
+    id: str | None = None  # an output message given back
+    status: str | None = None
+
+
+class FunctionCallItem(RequestPart):
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(RequestPart):
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1)
+    output: str
+    id: str | None = None
+    status: str | None = None
+
+
+class ReasoningText(RequestPart):
+    type: Literal["reasoning_text", "summary_text"]
+    text: str
+
+
+class ReasoningItem(RequestPart):
+    type: Literal["reasoning"]
+    content: list[ReasoningText] | None = None
+    summary: list[ReasoningText] = Field(default_factory=list)
+    id: str | None = None
+    status: str | None = None
+    encrypted_content: str | None = None  # never made here: refused
+
+
+def _item_type(item: Any) -> str:
+    """An input item's type: a message may leave it out (OpenAI's EasyInputMessage)."""
+    return item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", "message")
+
+
+InputItem = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
+                      | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+                      | Annotated[ReasoningItem, Tag("reasoning")], Discriminator(_item_type)]
+
+
+class TextFormat(RequestPart):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = Field(None, min_length=1, max_length=64)
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class TextOptions(RequestPart):
+    format: TextFormat | None = None
+    verbosity: str | None = None  # only "medium", the default: corellm does not steer length
+
+
+class ReasoningOptions(RequestPart):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: str | None = None  # no summaries are made: refused
+
+
+class FunctionTool(RequestPart):
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamedFunctionChoice(RequestPart):
+    type: Literal["function"]
+    name: str
+
+
+class ResponsesRequest(RequestPart):
+    model: str | None = None
+    input: str | list[InputItem]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    stream: bool = False
+    text: TextOptions | None = None
+    reasoning: ReasoningOptions | None = None
+    tools: list[FunctionTool] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
+    parallel_tool_calls: bool | None = None
+    store: bool | None = None  # only false: responses are not kept
+    previous_response_id: str | None = None  # needs stored responses: refused
+    background: bool | None = None  # only false
+    truncation: str | None = None  # only "disabled": "auto" would drop input silently
+    include: list[Any] | None = None  # none of the extra outputs is made: only empty
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    # vLLM's sampling extras that chat takes too
+    top_k: int | None = Field(None, ge=-1, lt=2**31)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0, le=2)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    thinking_token_budget: int | None = Field(None, ge=-1, lt=2**31)
+    request_id: str | None = None
+
+    def chat_body(self) -> dict[str, Any]:
+        """The chat completion request this response is made from (validated by its model)."""
+        self._refuse_what_is_not_made()
+        body: dict[str, Any] = {"model": self.model or "", "messages": self.messages(), "stream": self.stream}
+        for name, value in (("max_tokens", self.max_output_tokens), ("temperature", self.temperature),
+                            ("top_p", self.top_p), ("parallel_tool_calls", self.parallel_tool_calls),
+                            ("top_k", self.top_k), ("min_p", self.min_p), ("repetition_penalty", self.repetition_penalty),
+                            ("seed", self.seed), ("thinking_token_budget", self.thinking_token_budget),
+                            ("request_id", self.request_id)):
+            if value is not None:
+                body[name] = value
+        fmt = self.text.format if self.text is not None else None
+        if fmt is not None and fmt.type == "json_schema":
+            body["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": fmt.name or "response", "schema": fmt.schema_, "strict": fmt.strict}}
+        elif fmt is not None and fmt.type == "json_object":
+            body["response_format"] = {"type": "json_object"}
+        if self.reasoning is not None and self.reasoning.effort is not None:
+            body["reasoning_effort"] = self.reasoning.effort
+        if self.tools:
+            body["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
+                             for t in self.tools]
+        if self.tool_choice is not None:
+            choice = self.tool_choice
+            body["tool_choice"] = choice if isinstance(choice, str) else {"type": "function",
+                                                                          "function": {"name": choice.name}}
+        return body
+
+    def _refuse_what_is_not_made(self) -> None:
+        refused = [
+            ("store", bool(self.store), "corellm keeps no responses (send store: false)"),
+            ("previous_response_id", self.previous_response_id is not None,
+             "corellm keeps no responses: send the conversation in input"),
+            ("background", bool(self.background), "responses are made while the request waits"),
+            ("truncation", self.truncation not in (None, "disabled"), "only \"disabled\": an input too long is a 400"),
+            ("include", bool(self.include), "none of the extra outputs is made"),
+            ("reasoning.summary", self.reasoning is not None and self.reasoning.summary is not None,
+             "no reasoning summaries are made (the reasoning comes whole)"),
+            ("text.verbosity", self.text is not None and self.text.verbosity not in (None, "medium"),
+             "corellm does not steer the answer's length"),
+        ]
+        if not isinstance(self.input, str):
+            refused += [(f"input[{i}].encrypted_content", True, "corellm makes none, so takes none back")
+                        for i, item in enumerate(self.input)
+                        if isinstance(item, ReasoningItem) and item.encrypted_content is not None]
+        for field, given, why in refused:
+            if given:
+                raise bad_request(f"{field} is not supported: {why}", field, "unsupported_field")
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The conversation as chat messages: instructions first; consecutive function calls are
+        one assistant message's tool_calls; a reasoning item is the next assistant turn's
+        reasoning_content."""
+        messages: list[dict[str, Any]] = []
+        if self.instructions:
+            messages.append({"role": "system", "content": self.instructions})
+        if isinstance(self.input, str):
+            return messages + [{"role": "user", "content": self.input}]
+        reasoning: list[str] = []
+        for i, item in enumerate(self.input):
+            if isinstance(item, ReasoningItem):
+                reasoning += [part.text for part in item.content or item.summary]
+                continue
+            if isinstance(item, FunctionCallItem):
+                call = {"id": item.call_id, "type": "function",
+                        "function": {"name": item.name, "arguments": item.arguments}}
+                last = messages[-1] if messages else None
+                if last is not None and last["role"] == "assistant" and last.get("tool_calls") is not None \
+                        and not reasoning:
+                    last["tool_calls"].append(call)
+                    continue
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            elif isinstance(item, FunctionCallOutputItem):
+                messages.append({"role": "tool", "tool_call_id": item.call_id, "content": item.output})
+            else:
+                messages.append({"role": "system" if item.role == "developer" else item.role,
+                                 "content": _content(item.content)})
+            if reasoning:
+                if messages[-1]["role"] != "assistant":
+                    raise bad_request(f"input[{i}]: a reasoning item must be followed by the assistant's message or "
+                                      f"function call it led to", "input")
+                messages[-1]["reasoning_content"] = "".join(reasoning)
+                reasoning = []
+        if reasoning:
+            raise bad_request("input: a reasoning item must be followed by the assistant's message or function call "
+                              "it led to", "input")
+        return messages
+
+
+def _content(content: str | list[InputText | InputImage]) -> str | list[dict[str, Any]]:
+    if isinstance(content, str):
+        return content
+    return [{"type": "text", "text": p.text} if isinstance(p, InputText) else
+            {"type": "image_url", "image_url": {"url": p.image_url, "detail": p.detail}} for p in content]

@@ -1,0 +1,148 @@
+"""POST /v1/responses through the official openai client. The oracle is the server's own chat path:
+a response (greedy) gives the same text, reasoning, tool calls and usage as the chat completion of
+the same conversation; streamed, its events come in order with consecutive sequence numbers and
+their deltas join to the whole; instructions, developer and assistant turns, function calls and
+their outputs and reasoning items given back in `input` are the chat messages they stand for;
+what corellm does not make (stored responses, background runs, summaries, other tool types) is a
+400 naming the field."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from tests.server.test_tools_api import ADD, SCHEMAS, WEATHER
+
+MODEL = "SmolLM2-135M-Instruct"
+
+
+def respond(client, **kw):
+    return client.responses.create(model=MODEL, **{"max_output_tokens": 24, "temperature": 0, **kw})
+
+
+def chat(client, messages, **kw):
+    return client.chat.completions.create(model=MODEL, messages=messages,
+                                          **{"max_tokens": 24, "temperature": 0, **kw})
+
+
+def test_a_response_is_the_chat_completion_of_its_conversation(client):
+    out = respond(client, instructions="You are terse.", input="What is the capital of France?")
+    want = chat(client, [{"role": "system", "content": "You are terse."},
+                         {"role": "user", "content": "What is the capital of France?"}])
+    assert out.output_text == want.choices[0].message.content
+    assert out.id.startswith("resp_") and out.object == "response" and out.model == MODEL
+    assert out.status == ("incomplete" if want.choices[0].finish_reason == "length" else "completed")
+    assert (out.usage.input_tokens, out.usage.output_tokens) == (want.usage.prompt_tokens,
+                                                                 want.usage.completion_tokens)
+    [item] = out.output
+    assert item.type == "message" and item.role == "assistant" and item.content[0].type == "output_text"
+
+
+def test_a_cut_response_is_incomplete(client):
+    out = respond(client, input="Tell me a long story.", max_output_tokens=3)
+    assert out.status == "incomplete" and out.incomplete_details.reason == "max_output_tokens"
+    assert out.usage.output_tokens == 3
+
+
+def test_the_stream_is_the_whole_response_in_events(client):
+    whole = respond(client, input="Say hello.")
+    events = list(respond(client, input="Say hello.", stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          f"response.{whole.status}"]
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == whole.output_text == events[-1].response.output_text
+    assert events[-1].response.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_input_items_are_the_messages_they_stand_for(client):
+    items = [{"role": "developer", "content": "Answer with one word."},
+             {"role": "user", "content": [{"type": "input_text", "text": "A colour?"}]},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Blue."}]},
+             {"role": "user", "content": "Another?"}]
+    out = respond(client, input=items)
+    want = chat(client, [{"role": "system", "content": "Answer with one word."},
+                         {"role": "user", "content": "A colour?"}, {"role": "assistant", "content": "Blue."},
+                         {"role": "user", "content": "Another?"}])
+    assert out.output_text == want.choices[0].message.content
+
+
+def test_text_format_holds_the_output_to_a_schema(client):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+              "additionalProperties": False}
+    out = respond(client, input="Name a city, as JSON.", max_output_tokens=40,
+                  text={"format": {"type": "json_schema", "name": "city", "schema": schema, "strict": True}})
+    assert out.status == "completed"
+    jsonschema.validate(json.loads(out.output_text), schema)
+
+
+@pytest.mark.parametrize("fields, param", [
+    ({"store": True}, "store"),
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"background": True}, "background"),
+    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"truncation": "auto"}, "truncation"),
+    ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),
+    ({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "x"},
+                {"role": "assistant", "content": "y"}]}, "input[0].encrypted_content"),
+    ({"input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "hmm"}]}]}, "input"),
+    ({"tools": [{"type": "web_search"}]}, "tools.0"),
+    ({"max_output_tokens": 10**6}, "max_output_tokens"),
+    ({"reasoning": {"effort": "high"}}, "reasoning.effort"),  # SmolLM2's template does not read it
+])
+def test_what_is_not_made_is_a_400_naming_it(client, fields, param):
+    with pytest.raises(openai.BadRequestError) as err:
+        respond(client, **{"input": "Hi", **fields})
+    assert err.value.body["param"].startswith(param), err.value.body
+
+
+def flat(tool: dict) -> dict:
+    """A chat tool in the Responses API's flat form."""
+    return {"type": "function", **tool["function"]}
+
+
+ASK = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+
+
+def test_function_calls_come_as_items_and_go_back_as_input(tools_client):
+    out = respond(tools_client, input=ASK, tools=[flat(WEATHER), flat(ADD)], tool_choice="required",
+                  parallel_tool_calls=False, max_output_tokens=120)
+    [call] = [item for item in out.output if item.type == "function_call"]
+    want = chat(tools_client, ASK, tools=[WEATHER, ADD], tool_choice="required", parallel_tool_calls=False,
+                max_tokens=120).choices[0].message.tool_calls[0]
+    assert (call.name, call.arguments) == (want.function.name, want.function.arguments) and call.call_id
+    jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+    events = list(respond(tools_client, input=ASK, tools=[flat(WEATHER)], tool_choice="required",
+                          parallel_tool_calls=False, max_output_tokens=120, stream=True))
+    pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(pieces) > 1 and "".join(pieces) == events[-1].response.output[0].arguments
+    # The call and its result given back: the same prompt as chat's assistant tool_calls and tool message.
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "21 C, sunny"}
+    back = respond(tools_client, input=ASK + [call.model_dump(exclude_none=True), result], tools=[flat(WEATHER)],
+                   tool_choice="none", max_output_tokens=30)
+    again = chat(tools_client, ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": "21 C, sunny"}], tools=[WEATHER], tool_choice="none",
+        max_tokens=30)
+    assert back.output_text == again.choices[0].message.content
+
+
+def test_reasoning_comes_as_its_own_item(reasoning_client):
+    ask = [{"role": "user", "content": "Is 7 prime?"}]
+    out = respond(reasoning_client, input=ask, extra_body={"thinking_token_budget": 6})
+    want = chat(reasoning_client, ask, extra_body={"thinking_token_budget": 6}).choices[0].message
+    reasoning, message = out.output
+    assert reasoning.type == "reasoning" and reasoning.content[0].text == want.model_extra["reasoning_content"]
+    assert message.type == "message" and out.output_text == want.content
+    # its budget, then the tokens of "</think>" (at most one a character)
+    assert 6 < out.usage.output_tokens_details.reasoning_tokens <= min(6 + len("</think>"), out.usage.output_tokens)
+    events = list(respond(reasoning_client, input=ask, stream=True, extra_body={"thinking_token_budget": 6}))
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == reasoning.content[0].text
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == out.output_text
