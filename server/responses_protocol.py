@@ -144,7 +144,7 @@ class ResponsesRequest(RequestPart):
     def chat_body(self) -> dict[str, Any]:
         """The chat completion request this response is made from (validated by its model)."""
         self._refuse_what_is_not_made()
-        body: dict[str, Any] = {"model": self.model or "", "messages": self.messages(), "stream": self.stream}
+        body: dict[str, Any] = {"model": self.model, "messages": self.messages(), "stream": self.stream}
         for name, value in (("max_tokens", self.max_output_tokens), ("temperature", self.temperature),
                             ("top_p", self.top_p), ("parallel_tool_calls", self.parallel_tool_calls),
                             ("top_k", self.top_k), ("min_p", self.min_p), ("repetition_penalty", self.repetition_penalty),
