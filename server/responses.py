@@ -22,7 +22,7 @@ from corellm.server.chat import ChatTurn, prepare_chat
 from corellm.engine.async_llm import EngineDeadError
 from corellm.server.errors import APIError, validation_error
 from corellm.server.protocol import ChatCompletionRequest
-from corellm.server.responses_protocol import FIELD_NAMES, ResponsesRequest
+from corellm.server.responses_protocol import ENCRYPTED_REASONING, FIELD_NAMES, ResponsesRequest, reasoning_content
 from corellm.server.serving import Serving, now
 
 
@@ -35,12 +35,13 @@ async def create_response(serving: Serving, request: web.Request, req: Responses
         message = turn.reply()
         message.feed(c.text)
         message.finish()
-        body = _response(turn, req, created, _items(message.message()), c.finish_reason)
+        items = _with_encrypted_reasoning(_items(message.message()), req)
+        body = _response(turn, req, created, items, c.finish_reason)
         body["usage"] = _usage(serving, out.prompt_token_ids, c.token_ids, out.num_cached_tokens, turn)
         return web.json_response(body)
 
     resp, outputs = await serving.start_stream(request, [turn.processed], turn.structured_field)
-    events = _ResponseEvents(resp)
+    events = _ResponseEvents(resp, encrypted_reasoning=ENCRYPTED_REASONING in (req.include or ()))
     in_progress = _response(turn, req, created, [], None)
     try:
         await events.send("response.created", response=in_progress)
@@ -132,6 +133,16 @@ def _reasoning_item(text: str, status: str = "completed") -> dict[str, Any]:
             "content": [{"type": "reasoning_text", "text": text}] if text else [], "status": status}
 
 
+def _with_encrypted_reasoning(items: list[dict[str, Any]], req: ResponsesRequest) -> list[dict[str, Any]]:
+    """With include ["reasoning.encrypted_content"]: each reasoning item carries its text in
+    base64 as well, as a client that keeps no server state gives it back next turn."""
+    if ENCRYPTED_REASONING in (req.include or ()):
+        for item in items:
+            if item["type"] == "reasoning":
+                item["encrypted_content"] = reasoning_content("".join(p["text"] for p in item["content"]))
+    return items
+
+
 def _message_item(text: str, status: str = "completed") -> dict[str, Any]:
     return {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": status, "role": "assistant",
             "content": [_text_part(text)] if status == "completed" else []}
@@ -171,8 +182,9 @@ class _ResponseEvents:
     (output_item.added, and its content part), written (its deltas) and closed (its .done events)
     in turn; `items` holds the closed items."""
 
-    def __init__(self, resp: web.StreamResponse):
+    def __init__(self, resp: web.StreamResponse, encrypted_reasoning: bool):
         self.resp = resp
+        self.encrypted_reasoning = encrypted_reasoning  # reasoning items carry encrypted_content too
         self.sequence = 0
         self.items: list[dict[str, Any]] = []
         self.open: dict[str, Any] | None = None  # the item being written
@@ -238,6 +250,8 @@ class _ResponseEvents:
         elif item["type"] == "reasoning":
             await self.send("response.reasoning_text.done", **where, content_index=0, text=self.text)
             item["content"] = [{"type": "reasoning_text", "text": self.text}]
+            if self.encrypted_reasoning:
+                item["encrypted_content"] = reasoning_content(self.text)
         else:
             await self.send("response.function_call_arguments.done", **where, arguments=self.text)
             item["arguments"] = self.text

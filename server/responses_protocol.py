@@ -6,12 +6,16 @@ are not stored: `store` true, `previous_response_id` and `background` are 400s n
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag
 
 from corellm.server.errors import bad_request
 from corellm.server.protocol import RequestPart
+
+ENCRYPTED_REASONING = "reasoning.encrypted_content"  # the one value of `include` honoured
 
 # The chat fields whose errors a Responses client knows by another name.
 FIELD_NAMES = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format",
@@ -69,7 +73,9 @@ class ReasoningItem(RequestPart):
     summary: list[ReasoningText] = Field(default_factory=list)
     id: str | None = None
     status: str | None = None
-    encrypted_content: str | None = None  # never made here: refused
+    # The reasoning as corellm gives it out with include ["reasoning.encrypted_content"]: its text
+    # in base64 (not encrypted: the client holds the conversation anyway), read back as the text.
+    encrypted_content: str | None = None
 
 
 def _item_type(item: Any) -> str:
@@ -130,7 +136,7 @@ class ResponsesRequest(RequestPart):
     previous_response_id: str | None = None  # needs stored responses: refused
     background: bool | None = None  # only false
     truncation: str | None = None  # only "disabled": "auto" would drop input silently
-    include: list[Any] | None = None  # none of the extra outputs is made: only empty
+    include: list[str] | None = None  # of the extra outputs, only "reasoning.encrypted_content"
     user: str | None = None
     metadata: dict[str, str] | None = None
     # vLLM's sampling extras that chat takes too
@@ -176,16 +182,13 @@ class ResponsesRequest(RequestPart):
              "corellm keeps no responses: send the conversation in input"),
             ("background", bool(self.background), "responses are made while the request waits"),
             ("truncation", self.truncation not in (None, "disabled"), "only \"disabled\": an input too long is a 400"),
-            ("include", bool(self.include), "none of the extra outputs is made"),
+            ("include", bool(set(self.include or ()) - {ENCRYPTED_REASONING}),
+             f"of the extra outputs only {ENCRYPTED_REASONING!r} is made"),
             ("reasoning.summary", self.reasoning is not None and self.reasoning.summary is not None,
              "no reasoning summaries are made (the reasoning comes whole)"),
             ("text.verbosity", self.text is not None and self.text.verbosity not in (None, "medium"),
              "corellm does not steer the answer's length"),
         ]
-        if not isinstance(self.input, str):
-            refused += [(f"input[{i}].encrypted_content", True, "corellm makes none, so takes none back")
-                        for i, item in enumerate(self.input)
-                        if isinstance(item, ReasoningItem) and item.encrypted_content is not None]
         for field, given, why in refused:
             if given:
                 raise bad_request(f"{field} is not supported: {why}", field, "unsupported_field")
@@ -203,6 +206,8 @@ class ResponsesRequest(RequestPart):
         for i, item in enumerate(self.input):
             if isinstance(item, ReasoningItem):
                 reasoning += [part.text for part in item.content or item.summary]
+                if item.encrypted_content is not None and not item.content:
+                    reasoning.append(reasoning_from_content(item.encrypted_content, f"input[{i}].encrypted_content"))
                 continue
             if isinstance(item, FunctionCallItem):
                 call = {"id": item.call_id, "type": "function",
@@ -235,3 +240,18 @@ def _content(content: str | list[InputText | InputImage]) -> str | list[dict[str
         return content
     return [{"type": "text", "text": p.text} if isinstance(p, InputText) else
             {"type": "image_url", "image_url": {"url": p.image_url, "detail": p.detail}} for p in content]
+
+
+def reasoning_content(text: str) -> str:
+    """A reasoning item's encrypted_content as corellm gives it out: the text in base64."""
+    return base64.b64encode(text.encode()).decode()
+
+
+def reasoning_from_content(content: str, field: str) -> str:
+    """The reasoning text of an encrypted_content corellm gave out; a 400 naming the field for
+    any other."""
+    try:
+        return base64.b64decode(content, validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        raise bad_request(f"{field}: not an encrypted_content corellm made (the reasoning's text in base64)",
+                          field) from None

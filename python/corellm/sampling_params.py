@@ -19,6 +19,9 @@ class RequestOutputKind(enum.Enum):
 _GREEDY_EPS = 1e-5  # temperatures below this are greedy, as in vLLM
 
 
+_KINDS = ("json", "regex", "choice", "grammar", "structural_tag")  # StructuredOutputsParams' fields that are a kind
+
+
 @dataclass
 class StructuredOutputsParams:
     """What a request's output must match: exactly one of a JSON schema (`json`, a dict or its
@@ -52,8 +55,7 @@ class StructuredOutputsParams:
     disable_fallback: bool = False
 
     def __post_init__(self) -> None:
-        given = [name for name in ("json", "regex", "choice", "grammar", "structural_tag")
-                 if getattr(self, name) is not None]
+        given = [name for name in _KINDS if getattr(self, name) is not None]
         if self.json_object:
             given.append("json_object")
         if len(given) != 1:
@@ -91,8 +93,7 @@ class StructuredOutputsParams:
     @property
     def kind(self) -> str:
         """The one field given: "json", "json_object", "regex", "choice", "grammar" or "structural_tag"."""
-        return "json_object" if self.json_object else next(
-            name for name in ("json", "regex", "choice", "grammar", "structural_tag") if getattr(self, name) is not None)
+        return "json_object" if self.json_object else next(name for name in _KINDS if getattr(self, name) is not None)
 
     def key(self) -> str:
         """A canonical text of the spec: equal specs, equal keys (the compiled-grammar cache's key)."""

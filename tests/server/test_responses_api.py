@@ -89,8 +89,9 @@ def test_text_format_holds_the_output_to_a_schema(client):
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"truncation": "auto"}, "truncation"),
     ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),
-    ({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "x"},
+    ({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "not base64!"},
                 {"role": "assistant", "content": "y"}]}, "input[0].encrypted_content"),
+    ({"include": ["reasoning.encrypted_content", "message.output_text.logprobs"]}, "include"),
     ({"input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "hmm"}]}]}, "input"),
     ({"tools": [{"type": "web_search"}]}, "tools.0"),
     ({"max_output_tokens": 10**6}, "max_output_tokens"),
@@ -143,6 +144,40 @@ def test_reasoning_comes_as_its_own_item(reasoning_client):
     assert message.type == "message" and out.output_text == want.content
     # its budget, then the tokens of "</think>" (at most one a character)
     assert 6 < out.usage.output_tokens_details.reasoning_tokens <= min(6 + len("</think>"), out.usage.output_tokens)
-    events = list(respond(reasoning_client, input=ask, stream=True, extra_body={"thinking_token_budget": 6}))
+    events = list(respond(reasoning_client, input=ask, stream=True, extra_body={"thinking_token_budget": 6},
+                          include=["reasoning.encrypted_content"]))
     assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == reasoning.content[0].text
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == out.output_text
+    # A client that keeps no server state (store false) gives the reasoning back as it got it:
+    # the next turn's prompt is chat's with the assistant's reasoning_content.
+    [done] = [e.item for e in events if e.type == "response.output_item.done" and e.item.type == "reasoning"]
+    assert done.encrypted_content
+    given_back = {"type": "reasoning", "summary": [], "encrypted_content": done.encrypted_content}
+    follow = [{"role": "user", "content": "And 9?"}]
+    nxt = respond(reasoning_client, input=ask + [given_back, {"role": "assistant", "content": out.output_text}] + follow)
+    want = chat(reasoning_client, ask + [{"role": "assistant", "content": out.output_text,
+                                          "reasoning_content": reasoning.content[0].text}] + follow)
+    assert nxt.output[-1].content[0].text == want.choices[0].message.content
+
+
+def test_input_items_become_chat_messages():
+    from corellm.server.responses_protocol import ResponsesRequest, reasoning_content
+
+    req = ResponsesRequest.model_validate({"instructions": "Be brief.", "input": [
+        {"role": "developer", "content": "No lists."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather "}, {"type": "input_text", "text": "in Oslo?"}]},
+        {"type": "reasoning", "summary": [], "encrypted_content": reasoning_content("I should call the tool. ✓")},
+        {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": '{"city": "Oslo"}'},
+        {"type": "function_call", "call_id": "c2", "name": "get_time", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "-3 C"},
+        {"type": "function_call_output", "call_id": "c2", "output": "09:00"},
+        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Now answer."}]},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Cold."}]}]})
+    assert req.messages() == [
+        {"role": "system", "content": "Be brief."}, {"role": "system", "content": "No lists."},
+        {"role": "user", "content": [{"type": "text", "text": "Weather "}, {"type": "text", "text": "in Oslo?"}]},
+        {"role": "assistant", "content": None, "reasoning_content": "I should call the tool. ✓", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+            {"id": "c2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "-3 C"}, {"role": "tool", "tool_call_id": "c2", "content": "09:00"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Cold."}], "reasoning_content": "Now answer."}]
