@@ -17,9 +17,9 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
+from corellm.engine.async_llm import EngineDeadError
 from corellm.reasoning_parser import THINK_END
 from corellm.server.chat import ChatTurn, prepare_chat
-from corellm.engine.async_llm import EngineDeadError
 from corellm.server.errors import APIError, validation_error
 from corellm.server.protocol import ChatCompletionRequest
 from corellm.server.responses_protocol import ENCRYPTED_REASONING, FIELD_NAMES, ResponsesRequest, reasoning_content
@@ -60,7 +60,7 @@ async def create_response(serving: Serving, request: web.Request, req: Responses
                         finish = c.finish_reason
                         for delta in message.finish():
                             await events.delta(delta)
-        await events.close_item()
+        await events.close_answer()
         body = _response(turn, req, created, events.items, finish)
         body["usage"] = _usage(serving, prompt_ids, token_ids, cached, turn)
         await events.send("response.completed" if body["status"] == "completed" else "response.incomplete",
@@ -235,6 +235,13 @@ class _ResponseEvents:
         if item["type"] == "message":
             await self.send("response.content_part.added", item_id=item["id"], output_index=len(self.items),
                             content_index=0, part=_text_part(""))
+
+    async def close_answer(self) -> None:
+        """Ends the stream's items; a reply that made neither text nor calls (all of it reasoning)
+        still gets its message item, empty, as the whole response has it."""
+        if not any(item["type"] != "reasoning" for item in self.items + [self.open or {"type": "reasoning"}]):
+            await self._write("message", "")
+        await self.close_item()
 
     async def close_item(self) -> None:
         """Ends the item being written (if any): its .done events, then output_item.done."""

@@ -148,6 +148,11 @@ def test_reasoning_comes_as_its_own_item(reasoning_client):
                           include=["reasoning.encrypted_content"]))
     assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == reasoning.content[0].text
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == out.output_text
+    # A reply that is all reasoning (cut before it ended) still has its message item, empty, whole or streamed.
+    cut = respond(reasoning_client, input=ask, max_output_tokens=3)
+    streamed = list(respond(reasoning_client, input=ask, max_output_tokens=3, stream=True))[-1].response
+    assert [i.type for i in cut.output] == [i.type for i in streamed.output] == ["reasoning", "message"]
+    assert cut.output_text == streamed.output_text == "" and cut.status == "incomplete"
     # A client that keeps no server state (store false) gives the reasoning back as it got it:
     # the next turn's prompt is chat's with the assistant's reasoning_content.
     [done] = [e.item for e in events if e.type == "response.output_item.done" and e.item.type == "reasoning"]
