@@ -53,6 +53,7 @@ async def render_prompt(serving: Serving, req: ChatCompletionRequest,
             raise bad_request(f"chat_template_kwargs may not set {reserved!r}", "chat_template_kwargs")
     if tools is not None:
         kwargs["tools"] = tools
+    # The request's (where allowed), the server's (--chat-template) or the model's.
     template = req.chat_template or serving.config.chat_template or serving.tokenizer.chat_template
     for name, which in TEMPLATE_FIELDS.items():
         if getattr(req, name) is None:
@@ -70,7 +71,7 @@ async def render_prompt(serving: Serving, req: ChatCompletionRequest,
     limit = serving.config.chat_template_timeout_s
     render = lambda: serving.tokenizer.apply_chat_template(  # noqa: E731
         messages, add_generation_prompt=req.add_generation_prompt,
-        chat_template=req.chat_template or serving.config.chat_template, max_render_seconds=limit,
+        chat_template=template, max_render_seconds=limit,
         continue_final_message=req.continue_final_message, **kwargs)
     try:
         return await asyncio.wait_for(loop.run_in_executor(_RENDER_POOL, render), limit + 1.0)

@@ -18,12 +18,12 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from corellm.engine.async_llm import EngineDeadError
-from corellm.reasoning_parser import THINK_END
 from corellm.server.chat import ChatTurn, prepare_chat
 from corellm.server.errors import APIError, validation_error
 from corellm.server.protocol import ChatCompletionRequest
-from corellm.server.responses_protocol import ENCRYPTED_REASONING, FIELD_NAMES, ResponsesRequest, reasoning_content
+from corellm.server.responses_protocol import FIELD_NAMES, ResponsesRequest, reasoning_content
 from corellm.server.serving import Serving, now
+from corellm.structured_output.reasoning_wait import ReasoningWait
 
 
 async def create_response(serving: Serving, request: web.Request, req: ResponsesRequest) -> web.StreamResponse:
@@ -35,13 +35,13 @@ async def create_response(serving: Serving, request: web.Request, req: Responses
         message = turn.reply()
         message.feed(c.text)
         message.finish()
-        items = _with_encrypted_reasoning(_items(message.message()), req)
+        items = _items(message.message(), encrypted_reasoning=req.encrypted_reasoning)
         body = _response(turn, req, created, items, c.finish_reason)
         body["usage"] = _usage(serving, out.prompt_token_ids, c.token_ids, out.num_cached_tokens, turn)
         return web.json_response(body)
 
     resp, outputs = await serving.start_stream(request, [turn.processed], turn.structured_field)
-    events = _ResponseEvents(resp, encrypted_reasoning=ENCRYPTED_REASONING in (req.include or ()))
+    events = _ResponseEvents(resp, encrypted_reasoning=req.encrypted_reasoning)
     in_progress = _response(turn, req, created, [], None)
     try:
         await events.send("response.created", response=in_progress)
@@ -116,11 +116,11 @@ def _response(turn: ChatTurn, req: ResponsesRequest, created: int, output: list[
     }
 
 
-def _items(message: dict[str, Any]) -> list[dict[str, Any]]:
+def _items(message: dict[str, Any], encrypted_reasoning: bool) -> list[dict[str, Any]]:
     """The output items of a whole chat message: reasoning, the text, the function calls."""
     items = []
     if message.get("reasoning_content"):
-        items.append(_reasoning_item(message["reasoning_content"]))
+        items.append(_reasoning_item(message["reasoning_content"], encrypted=encrypted_reasoning))
     if message.get("content") or not message.get("tool_calls"):
         items.append(_message_item(message.get("content") or ""))
     for call in message.get("tool_calls") or []:
@@ -128,19 +128,14 @@ def _items(message: dict[str, Any]) -> list[dict[str, Any]]:
     return items
 
 
-def _reasoning_item(text: str, status: str = "completed") -> dict[str, Any]:
-    return {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [],
+def _reasoning_item(text: str, status: str = "completed", encrypted: bool = False) -> dict[str, Any]:
+    """encrypted (include ["reasoning.encrypted_content"]): the item carries its text in base64
+    as well, as a client that keeps no server state gives it back next turn."""
+    item = {"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}", "summary": [],
             "content": [{"type": "reasoning_text", "text": text}] if text else [], "status": status}
-
-
-def _with_encrypted_reasoning(items: list[dict[str, Any]], req: ResponsesRequest) -> list[dict[str, Any]]:
-    """With include ["reasoning.encrypted_content"]: each reasoning item carries its text in
-    base64 as well, as a client that keeps no server state gives it back next turn."""
-    if ENCRYPTED_REASONING in (req.include or ()):
-        for item in items:
-            if item["type"] == "reasoning":
-                item["encrypted_content"] = reasoning_content("".join(p["text"] for p in item["content"]))
-    return items
+    if encrypted:
+        item["encrypted_content"] = reasoning_content(text)
+    return item
 
 
 def _message_item(text: str, status: str = "completed") -> dict[str, Any]:
@@ -169,10 +164,9 @@ def _reasoning_tokens(serving: Serving, token_ids: list[int], turn: ChatTurn) ->
     """The output's tokens up to the end of its reasoning (all of them if it never ended)."""
     if turn.reasoning_parser is None:
         return 0
-    text = ""
+    wait = ReasoningWait()  # the engine's own watch for the end of a reasoning block
     for i, token in enumerate(token_ids):
-        text += serving.tokenizer.decode([token], skip_special_tokens=False)
-        if THINK_END in text[-4 * len(THINK_END):]:
+        if wait.feed(serving.tokenizer.decode([token], skip_special_tokens=False)) == "ended":
             return i + 1
     return len(token_ids)
 
@@ -256,9 +250,7 @@ class _ResponseEvents:
             item["content"] = [part]
         elif item["type"] == "reasoning":
             await self.send("response.reasoning_text.done", **where, content_index=0, text=self.text)
-            item["content"] = [{"type": "reasoning_text", "text": self.text}]
-            if self.encrypted_reasoning:
-                item["encrypted_content"] = reasoning_content(self.text)
+            item.update({**_reasoning_item(self.text, encrypted=self.encrypted_reasoning), "id": item["id"]})
         else:
             await self.send("response.function_call_arguments.done", **where, arguments=self.text)
             item["arguments"] = self.text

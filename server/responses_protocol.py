@@ -19,7 +19,7 @@ ENCRYPTED_REASONING = "reasoning.encrypted_content"  # the one value of `include
 
 # The chat fields whose errors a Responses client knows by another name.
 FIELD_NAMES = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format",
-               "reasoning_effort": "reasoning.effort", "tools": "tools", "tool_choice": "tool_choice"}
+               "reasoning_effort": "reasoning.effort"}
 
 
 class InputText(RequestPart):
@@ -146,6 +146,11 @@ class ResponsesRequest(RequestPart):
     seed: int | None = Field(None, ge=0, lt=2**63)
     thinking_token_budget: int | None = Field(None, ge=-1, lt=2**31)
     request_id: str | None = None
+
+    @property
+    def encrypted_reasoning(self) -> bool:
+        """Whether the reasoning items carry encrypted_content (include asks for it)."""
+        return ENCRYPTED_REASONING in (self.include or ())
 
     def chat_body(self) -> dict[str, Any]:
         """The chat completion request this response is made from (validated by its model)."""

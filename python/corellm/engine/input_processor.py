@@ -135,8 +135,12 @@ class InputProcessor:
                 raise ValueError("structured_outputs: this engine has no grammar compiler")
             self.grammar_compiler.check(params.structured_outputs)  # ValueError naming the field
             grammar_key = params.structured_outputs.key()
-        grammar_starts_after = self._grammar_starts_after(ids) if grammar_key is not None else None
-        reasoning_budget = self._reasoning_budget(ids, params.thinking_token_budget, params.structured_outputs)
+        # Where the prompt leaves a reasoning model's block: read once, for the grammar and the budget.
+        block = None
+        if self.reasoning_parser is not None and (grammar_key is not None or params.thinking_token_budget is not None):
+            block = self._prompt_block(ids)
+        grammar_starts_after = THINK_END if grammar_key is not None and block not in (None, "closed") else None
+        reasoning_budget = self._reasoning_budget(block, params.thinking_token_budget, params.structured_outputs)
         arrival = time.time() if arrival_time is None else arrival_time
         parent_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
         samples = []
@@ -164,13 +168,6 @@ class InputProcessor:
             ))
         return ProcessedRequest(request_id, text, ids, params, samples)
 
-    def _grammar_starts_after(self, prompt_ids: list[int]) -> str | None:
-        """With a reasoning model, a grammar waits for the end of the reasoning block, unless the
-        prompt closed it already (thinking turned off in the template)."""
-        if self.reasoning_parser is None or self._prompt_block(prompt_ids) == "closed":
-            return None
-        return THINK_END
-
     def _prompt_block(self, prompt_ids: list[int]) -> str:
         """Where the prompt's end leaves the reasoning block: "closed" (it ends with an empty or
         whole block: thinking turned off in the template), "open" (its last block is not closed:
@@ -181,11 +178,12 @@ class InputProcessor:
             return "closed" if not tail[end + len(THINK_END):].strip() else "none"
         return "open" if start >= 0 else "none"
 
-    def _reasoning_budget(self, prompt_ids: list[int], tokens: int | None,
+    def _reasoning_budget(self, block: str | None, tokens: int | None,
                           answer: StructuredOutputsParams | None) -> ReasoningBudget | None:
-        """thinking_token_budget as the engine applies it: none where the prompt closed the
-        block (there is no reasoning to bound). The output is reasoning from its first token
-        where the prompt opened the block, and always with deepseek_r1 (ReasoningParser)."""
+        """thinking_token_budget as the engine applies it, given where the prompt leaves the block
+        (_prompt_block): none where the prompt closed it (there is no reasoning to bound). The
+        output is reasoning from its first token where the prompt opened the block, and always
+        with deepseek_r1 (ReasoningParser)."""
         if tokens is None:
             return None
         if self.reasoning_parser is None:
@@ -193,7 +191,6 @@ class InputProcessor:
                              "parser (reasoning_parser= / --reasoning-parser deepseek_r1|qwen3)")
         if self.grammar_compiler is None:
             raise ValueError("thinking_token_budget: this engine has no grammar compiler")
-        block = self._prompt_block(prompt_ids)
         if block == "closed":
             return None
         self.grammar_compiler.check(ForcedReasoningEnd(answer))  # compiled now: the end is forced without delay
