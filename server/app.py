@@ -19,7 +19,8 @@ from corellm.server.metrics import ServerMetrics
 from corellm.server.openapi import openapi_spec
 from corellm.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from corellm.server.request_fields import check_request_fields
-from corellm.server.responses import create_response
+from corellm.server.responses import (cancel_response, create_response, delete_response, get_response,
+                                      list_input_items)
 from corellm.server.responses_protocol import ResponsesRequest
 from corellm.server.serving import REQUEST_ID, ServerConfig, Serving, now
 
@@ -103,6 +104,22 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def responses(request: web.Request) -> web.StreamResponse:
     return await create_response(request.app[SERVING], request, await parse(request, ResponsesRequest))
+
+
+async def response_by_id(request: web.Request) -> web.Response:
+    return get_response(request.app[SERVING], request)
+
+
+async def response_deleted(request: web.Request) -> web.Response:
+    return delete_response(request.app[SERVING], request)
+
+
+async def response_cancelled(request: web.Request) -> web.Response:
+    return await cancel_response(request.app[SERVING], request)
+
+
+async def response_input_items(request: web.Request) -> web.Response:
+    return list_input_items(request.app[SERVING], request)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -195,6 +212,10 @@ def create_app(engine: AsyncLLM, config: ServerConfig) -> web.Application:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/responses", responses)
+    app.router.add_get("/v1/responses/{response_id}", response_by_id)
+    app.router.add_delete("/v1/responses/{response_id}", response_deleted)
+    app.router.add_post("/v1/responses/{response_id}/cancel", response_cancelled)
+    app.router.add_get("/v1/responses/{response_id}/input_items", response_input_items)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

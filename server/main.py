@@ -49,6 +49,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queued-tokens", type=int, default=limits.max_queued_tokens,
                    help="prompt tokens waiting for their first token beyond which new requests get 429")
     p.add_argument("--shutdown-timeout", type=float, default=30.0)
+    p.add_argument("--max-stored-responses", type=int, default=ServerConfig.max_stored_responses,
+                   help="responses of the Responses API kept in memory for GET, previous_response_id and "
+                        "background runs (least recently used out first; 0: none, store true is then a 400)")
     p.add_argument("--data-parallel-size", "-dp", type=int, default=1,
                    help="engine replicas (each a process, each possibly tensor-parallel) behind this server, "
                         "requests routed by load and prompt prefix")
@@ -128,6 +131,8 @@ def read_chat_template(path: str | None) -> str | None:
 def run(args: argparse.Namespace) -> int:
     if args.data_parallel_size < 1:
         raise ValueError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
+    if args.max_stored_responses < 0:
+        raise ValueError(f"--max-stored-responses must be >= 0, got {args.max_stored_responses}")
     torchrun = TorchrunPlace.from_environment()
     if torchrun is not None and (args.data_parallel_size > 1 or args.headless):
         raise ValueError("under torchrun, every process is a tensor-parallel rank: --data-parallel-size and "
@@ -168,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
                                  chat_template=read_chat_template(args.chat_template),
                                  enable_auto_tool_choice=args.enable_auto_tool_choice,
                                  tool_call_parser=args.tool_call_parser,
-                                 max_body_bytes=args.max_body_bytes,
+                                 max_body_bytes=args.max_body_bytes, max_stored_responses=args.max_stored_responses,
                                  admission=AdmissionLimits(args.max_queued_requests, args.max_queued_tokens))
     try:
         asyncio.run(serve(engine, server_config, args.host, args.port, args.shutdown_timeout, started))

@@ -40,6 +40,19 @@ def _get(summary: str, content_type: str = "application/json") -> dict:
                                                       "503": {"description": "Engine not serving"}}}}
 
 
+def _stored_response(method: str, summary: str, query: dict[str, dict] | None = None) -> dict:
+    """A route about one stored response (/v1/responses/{response_id}...)."""
+    error = {"content": {"application/json": {"schema": _ERROR}}}
+    parameters = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    parameters += [{"name": name, "in": "query", "required": False, "schema": schema}
+                   for name, schema in (query or {}).items()]
+    return {method: {"summary": summary, "parameters": parameters, "responses": {
+        "200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}},
+        "400": {"description": "Bad request", **error}, "401": {"description": "Unauthorized", **error},
+        "404": {"description": "No such stored response", **error},
+        "503": {"description": "Shutting down", **error}}}}
+
+
 def openapi_spec() -> dict:
     models = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest]
     schemas: dict = {}
@@ -53,7 +66,16 @@ def openapi_spec() -> dict:
         "paths": {
             "/v1/completions": _post(CompletionRequest, "Text completion"),
             "/v1/chat/completions": _post(ChatCompletionRequest, "Chat completion"),
-            "/v1/responses": _post(ResponsesRequest, "A response (OpenAI's Responses API; not stored)"),
+            "/v1/responses": _post(ResponsesRequest, "A response (OpenAI's Responses API)"),
+            "/v1/responses/{response_id}": {
+                **_stored_response("get", "A stored response", {"stream": {"type": "string", "enum": ["false"]}}),
+                **_stored_response("delete", "Forget a stored response")},
+            "/v1/responses/{response_id}/cancel": _stored_response("post", "Cancel a background response"),
+            "/v1/responses/{response_id}/input_items": _stored_response(
+                "get", "The conversation that led to a stored response",
+                {"limit": {"type": "integer", "minimum": 1, "maximum": 100},
+                 "order": {"type": "string", "enum": ["asc", "desc"]},
+                 "after": {"type": "string"}, "before": {"type": "string"}}),
             "/tokenize": _post(TokenizeRequest, "Tokenize a prompt or messages"),
             "/detokenize": _post(DetokenizeRequest, "Token ids to text"),
             "/tokenizer_info": _get("The tokenizer's special tokens and chat template"),

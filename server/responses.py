@@ -4,7 +4,13 @@ output, checks); the model's reply is read as chat reads it (AssistantMessage) a
 Responses API's output items — a reasoning item (with --reasoning-parser), the message's
 output_text, function_call items — whole, or streamed as its events (response.created,
 response.output_item.added, response.output_text.delta, ..., response.completed), each with its
-sequence_number. A reply cut by max_output_tokens is status "incomplete"."""
+sequence_number. A reply cut by max_output_tokens is status "incomplete".
+
+Unless `store` is false, the finished response is kept (response_store.py): GET /v1/responses/{id}
+reads it back, .../input_items lists the conversation that led to it, DELETE forgets it, and a
+request naming it in `previous_response_id` continues its conversation. With `background` the
+POST answers at once with the response "queued", made while the client polls GET (or cancels it:
+POST .../cancel)."""
 
 from __future__ import annotations
 
@@ -19,30 +25,38 @@ from pydantic import ValidationError
 
 from corellm.engine.async_llm import EngineDeadError
 from corellm.server.chat import ChatTurn, prepare_chat
-from corellm.server.errors import APIError, validation_error
+from corellm.outputs import RequestOutput
+from corellm.server.errors import APIError, bad_request, validation_error
 from corellm.server.protocol import ChatCompletionRequest
+from corellm.server.response_store import StoredResponse
 from corellm.server.responses_protocol import FIELD_NAMES, ResponsesRequest, reasoning_content
 from corellm.server.serving import Serving, now
 from corellm.structured_output.reasoning_wait import ReasoningWait
 
 
 async def create_response(serving: Serving, request: web.Request, req: ResponsesRequest) -> web.StreamResponse:
-    turn = await _prepared(serving, request, req)
+    keep = _kept(serving, req)
+    previous = None
+    if req.previous_response_id is not None:
+        previous = serving.responses.get(req.previous_response_id, param="previous_response_id")
+        if previous.in_progress:
+            raise bad_request(f"previous_response_id: response {req.previous_response_id!r} is still "
+                              f"{previous.body['status']}; continue it once it is done", "previous_response_id")
+    turn = await _prepared(serving, request, req if previous is None else req.continuing(previous.conversation()))
     created = now()
+    stored = StoredResponse({}, req.own_input_items() if keep else [], previous, background=bool(req.background))
+    if req.background:
+        return _start_in_background(serving, turn, req, created, stored)
     if not req.stream:
         (out,) = await serving.run_all([turn.processed], turn.structured_field)
-        c = out.outputs[0]
-        message = turn.reply()
-        message.feed(c.text)
-        message.finish()
-        items = _items(message.message(), encrypted_reasoning=req.encrypted_reasoning)
-        body = _response(turn, req, created, items, c.finish_reason)
-        body["usage"] = _usage(serving, out.prompt_token_ids, c.token_ids, out.num_cached_tokens, turn)
-        return web.json_response(body)
+        stored.body = _whole(serving, turn, req, created, out, stored=keep)
+        if keep:
+            serving.responses.put(stored)
+        return web.json_response(stored.body)
 
     resp, outputs = await serving.start_stream(request, [turn.processed], turn.structured_field)
     events = _ResponseEvents(resp, encrypted_reasoning=req.encrypted_reasoning)
-    in_progress = _response(turn, req, created, [], None)
+    in_progress = _response(turn, req, created, [], None, stored=keep)
     try:
         await events.send("response.created", response=in_progress)
         await events.send("response.in_progress", response=in_progress)
@@ -61,8 +75,11 @@ async def create_response(serving: Serving, request: web.Request, req: Responses
                         for delta in message.finish():
                             await events.delta(delta)
         await events.close_answer()
-        body = _response(turn, req, created, events.items, finish)
+        body = _response(turn, req, created, events.items, finish, stored=keep)
         body["usage"] = _usage(serving, prompt_ids, token_ids, cached, turn)
+        if keep:
+            stored.body = body
+            serving.responses.put(stored)
         await events.send("response.completed" if body["status"] == "completed" else "response.incomplete",
                           response=body)
     except (ConnectionResetError, asyncio.CancelledError):
@@ -72,6 +89,143 @@ async def create_response(serving: Serving, request: web.Request, req: Responses
     finally:
         serving.abort([turn.processed])
     return resp
+
+
+def get_response(serving: Serving, request: web.Request) -> web.Response:
+    """GET /v1/responses/{id}: the stored response as it stands (a background one: queued, in
+    progress, or done)."""
+    _check_query(request, {"stream": ("false",)})
+    return web.json_response(serving.responses.get(request.match_info["response_id"]).body)
+
+
+def delete_response(serving: Serving, request: web.Request) -> web.Response:
+    """DELETE /v1/responses/{id}: forgets the response (cancelling it if it is being made); the
+    responses that continued it keep their conversation."""
+    _check_query(request, {})
+    response_id = request.match_info["response_id"]
+    stored = serving.responses.delete(response_id)
+    if stored.task is not None:
+        stored.task.cancel()
+    return web.json_response({"id": response_id, "object": "response", "deleted": True})
+
+
+async def cancel_response(serving: Serving, request: web.Request) -> web.Response:
+    """POST /v1/responses/{id}/cancel: a background response being made ends "cancelled" (one
+    already done is answered as it is)."""
+    _check_query(request, {})
+    stored = serving.responses.get(request.match_info["response_id"])
+    if not stored.background:
+        raise bad_request("only a response made with background true can be cancelled", "response_id")
+    if stored.task is not None and not stored.task.done():
+        stored.task.cancel()
+        await asyncio.wait([stored.task])  # its settling callback runs first: the body says "cancelled"
+    return web.json_response(stored.body)
+
+
+def list_input_items(serving: Serving, request: web.Request) -> web.Response:
+    """GET /v1/responses/{id}/input_items: the conversation that led to the response (the items of
+    the responses it continued, then its own input), a page at a time: `limit` (1-100, 20), `order`
+    ("desc", newest first, or "asc"), `after` / `before` an item id."""
+    _check_query(request, {"limit": None, "order": ("asc", "desc"), "after": None, "before": None})
+    stored = serving.responses.get(request.match_info["response_id"])
+    query = request.query
+    try:
+        limit = int(query.get("limit", "20"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        raise bad_request(f"limit must be an integer from 1 to 100, got {query['limit']!r}", "limit")
+    items = stored.input_items()
+    if query.get("order", "desc") == "desc":
+        items = items[::-1]
+    ids = [item.get("id") for item in items]
+    start, end = 0, len(items)
+    for name in ("after", "before"):
+        if name in query:
+            if query[name] not in ids:
+                raise bad_request(f"{name}: no input item {query[name]!r} in response "
+                                  f"{request.match_info['response_id']!r}", name)
+            if name == "after":
+                start = ids.index(query[name]) + 1
+            else:
+                end = ids.index(query[name])
+    page = items[start:min(end, start + limit)]
+    return web.json_response({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                              "last_id": page[-1]["id"] if page else None, "has_more": start + limit < end})
+
+
+def _check_query(request: web.Request, allowed: dict[str, tuple[str, ...] | None]) -> None:
+    """A 400 naming the first query parameter not in `allowed` (or with a value not among its own)."""
+    for name, value in request.query.items():
+        if name not in allowed:
+            raise bad_request(f"the query parameter {name!r} is not supported here", name, "unsupported_field")
+        if allowed[name] is not None and value not in allowed[name]:
+            raise bad_request(f"{name}={value!r} is not supported here (only {', '.join(allowed[name])})", name,
+                              "unsupported_field")
+
+
+def _kept(serving: Serving, req: ResponsesRequest) -> bool:
+    """Whether the response is to be kept: unless store is false, when the server keeps any."""
+    if serving.responses.capacity == 0:
+        for field, given in (("store", bool(req.store)), ("background", bool(req.background))):
+            if given:
+                raise bad_request(f"{field} is not supported: this server keeps no responses "
+                                  f"(--max-stored-responses 0); send the conversation in input", field,
+                                  "unsupported_field")
+    return req.store is not False and serving.responses.capacity > 0
+
+
+def _start_in_background(serving: Serving, turn: ChatTurn, req: ResponsesRequest, created: int,
+                         stored: StoredResponse) -> web.Response:
+    """Admits the request (a 429 is this POST's answer), keeps its response "queued" and makes it
+    on a task of its own, which the client's going does not end (cancel and DELETE do). The drain
+    on shutdown waits for it as for a request in flight."""
+    streams = serving.submit([turn.processed])
+    stored.body = {**_response(turn, req, created, [], None, stored=True), "status": "queued"}
+    serving.responses.put(stored)
+    serving.active += 1
+    stored.task = asyncio.create_task(_make_in_background(serving, turn, req, created, stored, streams))
+
+    def settled(_: asyncio.Task) -> None:  # also when cancelled before it ever ran
+        serving.active -= 1
+        serving.abort([turn.processed])
+        if stored.in_progress:
+            stored.body["status"] = "cancelled"
+
+    stored.task.add_done_callback(settled)
+    return web.json_response(stored.body)
+
+
+async def _make_in_background(serving: Serving, turn: ChatTurn, req: ResponsesRequest, created: int,
+                              stored: StoredResponse, streams: list) -> None:
+    stored.body["status"] = "in_progress"
+    try:
+        (out,) = await serving.finish_all(streams, [turn.processed], turn.structured_field)
+        stored.body.update(_whole(serving, turn, req, created, out, stored=True))
+    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:  # noqa: BLE001 - the response fails; the server serves on
+        api = _api_error(e)
+        stored.body.update(status="failed", error={"code": api.code or api.type, "message": api.message})
+
+
+def _api_error(err: BaseException) -> APIError:
+    if isinstance(err, EngineDeadError):
+        return APIError(503, str(err), "service_unavailable")
+    return err if isinstance(err, APIError) else APIError(500, f"{type(err).__name__}: {err}", "internal_error")
+
+
+def _whole(serving: Serving, turn: ChatTurn, req: ResponsesRequest, created: int, out: RequestOutput,
+           stored: bool) -> dict[str, Any]:
+    """The finished response of a whole (not streamed) output."""
+    c = out.outputs[0]
+    message = turn.reply()
+    message.feed(c.text)
+    message.finish()
+    items = _items(message.message(), encrypted_reasoning=req.encrypted_reasoning)
+    body = _response(turn, req, created, items, c.finish_reason, stored=stored)
+    body["usage"] = _usage(serving, out.prompt_token_ids, c.token_ids, out.num_cached_tokens, turn)
+    return body
 
 
 async def _prepared(serving: Serving, request: web.Request, req: ResponsesRequest) -> ChatTurn:
@@ -95,7 +249,7 @@ def _renamed(error: APIError) -> APIError:
 
 
 def _response(turn: ChatTurn, req: ResponsesRequest, created: int, output: list[dict[str, Any]],
-              finish_reason: str | None) -> dict[str, Any]:
+              finish_reason: str | None, stored: bool) -> dict[str, Any]:
     """The response object; status "in_progress" until the finish reason is known."""
     status = "in_progress" if finish_reason is None else "incomplete" if finish_reason == "length" else "completed"
     fmt = req.text.format if req.text is not None and req.text.format is not None else None
@@ -111,7 +265,8 @@ def _response(turn: ChatTurn, req: ResponsesRequest, created: int, output: list[
         "parallel_tool_calls": req.parallel_tool_calls is not False,
         "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
         "reasoning": {"effort": req.reasoning.effort if req.reasoning else None, "summary": None},
-        "store": False, "previous_response_id": None, "truncation": "disabled", "user": req.user,
+        "store": stored, "previous_response_id": req.previous_response_id, "background": bool(req.background),
+        "truncation": "disabled", "user": req.user,
         "metadata": req.metadata or {}, "usage": None,
     }
 
@@ -191,9 +346,7 @@ class _ResponseEvents:
 
     async def error(self, err: BaseException) -> None:
         """Ends the stream with the Responses API's error event."""
-        api = err if isinstance(err, APIError) else APIError(500, f"{type(err).__name__}: {err}", "internal_error")
-        if isinstance(err, EngineDeadError):
-            api = APIError(503, str(err), "service_unavailable")
+        api = _api_error(err)
         await self.send("error", code=api.code or api.type, message=api.message, param=api.param)
 
     async def delta(self, delta: dict[str, Any]) -> None:

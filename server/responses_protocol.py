@@ -1,16 +1,18 @@
 """The body of POST /v1/responses (OpenAI's Responses API, as vLLM serves it) and the chat request
 it amounts to: `instructions` become the system message, `input` the conversation (messages,
 function calls and their outputs, reasoning items given back), `text.format` the response_format,
-`reasoning.effort` the template's reasoning_effort, flat function `tools` chat tools. Responses
-are not stored: `store` true, `previous_response_id` and `background` are 400s naming them."""
+`reasoning.effort` the template's reasoning_effort, flat function `tools` chat tools. A request
+that continues a stored response (`previous_response_id`) is that response's conversation (its
+input and output items, response_store.py) followed by its own input."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag
+from pydantic import Discriminator, Field, PrivateAttr, Tag, TypeAdapter
 
 from corellm.server.errors import bad_request
 from corellm.server.protocol import RequestPart
@@ -26,6 +28,7 @@ class InputText(RequestPart):
     type: Literal["input_text", "output_text"]
     text: str
     annotations: list[Any] | None = None  # an output_text given back: its annotations (none are made)
+    logprobs: list[Any] | None = None  # and its logprobs (read as the text alone)
 
 
 class InputImage(RequestPart):
@@ -86,6 +89,8 @@ def _item_type(item: Any) -> str:
 InputItem = Annotated[Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
                       | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
                       | Annotated[ReasoningItem, Tag("reasoning")], Discriminator(_item_type)]
+_INPUT_ITEMS = TypeAdapter(list[InputItem])
+_ITEM_ID_PREFIXES = {"message": "msg_", "function_call": "fc_", "function_call_output": "fco_", "reasoning": "rs_"}
 
 
 class TextFormat(RequestPart):
@@ -132,9 +137,9 @@ class ResponsesRequest(RequestPart):
     tools: list[FunctionTool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
     parallel_tool_calls: bool | None = None
-    store: bool | None = None  # only false: responses are not kept
-    previous_response_id: str | None = None  # needs stored responses: refused
-    background: bool | None = None  # only false
+    store: bool | None = None  # None: true, as OpenAI (kept unless the server keeps none)
+    previous_response_id: str | None = Field(None, min_length=1)
+    background: bool | None = None
     truncation: str | None = None  # only "disabled": "auto" would drop input silently
     include: list[str] | None = None  # of the extra outputs, only "reasoning.encrypted_content"
     user: str | None = None
@@ -146,6 +151,8 @@ class ResponsesRequest(RequestPart):
     seed: int | None = Field(None, ge=0, lt=2**63)
     thinking_token_budget: int | None = Field(None, ge=-1, lt=2**31)
     request_id: str | None = None
+    # Of `input`, the items a continued response's conversation put first (continuing()).
+    _history: int = PrivateAttr(default=0)
 
     @property
     def encrypted_reasoning(self) -> bool:
@@ -180,12 +187,37 @@ class ResponsesRequest(RequestPart):
                                                                           "function": {"name": choice.name}}
         return body
 
+    def own_input_items(self) -> list[dict[str, Any]]:
+        """This request's input as the items a stored response keeps (each with an id, as GET
+        .../input_items lists them): a string input is the user's message."""
+        if isinstance(self.input, str):
+            return [{"type": "message", "id": f"msg_{uuid.uuid4().hex}", "role": "user", "status": "completed",
+                     "content": [{"type": "input_text", "text": self.input}]}]
+        items = []
+        for item in self.input[self._history:]:
+            kept = item.model_dump(by_alias=True, exclude_none=True)
+            kept.setdefault("id", f"{_ITEM_ID_PREFIXES[kept['type']]}{uuid.uuid4().hex}")
+            items.append(kept)
+        return items
+
+    def continuing(self, conversation: list[dict[str, Any]]) -> ResponsesRequest:
+        """This request after a stored response's conversation (its input and output items): the
+        same fields, its input those items then its own. Its instructions are its own (a previous
+        response's are not carried over, as OpenAI)."""
+        own = [MessageItem(role="user", content=self.input)] if isinstance(self.input, str) else list(self.input)
+        merged = self.model_copy(update={"input": _INPUT_ITEMS.validate_python(conversation) + own})
+        merged._history = len(conversation)
+        return merged
+
+    def _where(self, i: int) -> str:
+        """How an error names input item i (its own index, past a continued conversation)."""
+        return f"input[{i - self._history}]" if i >= self._history else f"the previous response's item {i}"
+
     def _refuse_what_is_not_made(self) -> None:
         refused = [
-            ("store", bool(self.store), "corellm keeps no responses (send store: false)"),
-            ("previous_response_id", self.previous_response_id is not None,
-             "corellm keeps no responses: send the conversation in input"),
-            ("background", bool(self.background), "responses are made while the request waits"),
+            ("background", bool(self.background) and self.stream,
+             "a background response is not streamed (poll GET /v1/responses/{id})"),
+            ("background", bool(self.background) and self.store is False, "a background response needs store"),
             ("truncation", self.truncation not in (None, "disabled"), "only \"disabled\": an input too long is a 400"),
             ("include", bool(set(self.include or ()) - {ENCRYPTED_REASONING}),
              f"of the extra outputs only {ENCRYPTED_REASONING!r} is made"),
@@ -212,7 +244,8 @@ class ResponsesRequest(RequestPart):
             if isinstance(item, ReasoningItem):
                 reasoning += [part.text for part in item.content or item.summary]
                 if item.encrypted_content is not None and not item.content:
-                    reasoning.append(reasoning_from_content(item.encrypted_content, f"input[{i}].encrypted_content"))
+                    where = f"{self._where(i)}.encrypted_content"
+                    reasoning.append(reasoning_from_content(item.encrypted_content, where))
                 continue
             if isinstance(item, FunctionCallItem):
                 call = {"id": item.call_id, "type": "function",
@@ -230,8 +263,8 @@ class ResponsesRequest(RequestPart):
                                  "content": _content(item.content)})
             if reasoning:
                 if messages[-1]["role"] != "assistant":
-                    raise bad_request(f"input[{i}]: a reasoning item must be followed by the assistant's message or "
-                                      f"function call it led to", "input")
+                    raise bad_request(f"{self._where(i)}: a reasoning item must be followed by the assistant's "
+                                      "message or function call it led to", "input")
                 messages[-1]["reasoning_content"] = "".join(reasoning)
                 reasoning = []
         if reasoning:

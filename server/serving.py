@@ -23,6 +23,7 @@ from corellm.sampling_params import SamplingParams
 from corellm.structured_output.reasoning_wait import ForcedReasoningEnd
 from corellm.server.admission import Admission, AdmissionLimits
 from corellm.server.errors import APIError, bad_request, error_chunk
+from corellm.server.response_store import ResponseStore
 
 
 # The id a completion or chat reply's X-Request-Id header carries (a key of the aiohttp request).
@@ -44,6 +45,7 @@ class ServerConfig:
     chat_template_timeout_s: float = 2.0
     grammar_compile_timeout_s: float = 10.0
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
+    max_stored_responses: int = 1024  # the Responses API's store (0: none kept)
 
 
 class Serving:
@@ -52,7 +54,8 @@ class Serving:
         self.config = config
         self.admission = Admission(engine, config.admission)
         self.draining = False  # set on SIGTERM: new requests get 503
-        self.active = 0  # requests being handled (the drain waits for these)
+        self.active = 0  # requests being handled, background responses included (the drain waits for these)
+        self.responses = ResponseStore(config.max_stored_responses)
 
     @property
     def tokenizer(self):
@@ -186,6 +189,11 @@ class Serving:
                       structured_field: str | None = None) -> list[RequestOutput]:
         """Runs requests to completion (FINAL_ONLY); cancelling aborts every one of them.
         structured_field: as for prepare()."""
+        return await self.finish_all(self.submit(processed), processed, structured_field)
+
+    async def finish_all(self, streams: list, processed: list[ProcessedRequest],
+                         structured_field: str | None = None) -> list[RequestOutput]:
+        """run_all of requests already submitted (`streams`: submit()'s answer for `processed`)."""
         async def one(outputs) -> RequestOutput:
             final = None
             async with contextlib.aclosing(outputs):
@@ -193,7 +201,7 @@ class Serving:
                     final = self._check(out, structured_field)
             return final
 
-        tasks = [asyncio.ensure_future(one(s)) for s in self.submit(processed)]
+        tasks = [asyncio.ensure_future(one(s)) for s in streams]
         try:
             return list(await asyncio.gather(*tasks))
         except EngineDeadError as e:

@@ -3,8 +3,8 @@ a response (greedy) gives the same text, reasoning, tool calls and usage as the 
 the same conversation; streamed, its events come in order with consecutive sequence numbers and
 their deltas join to the whole; instructions, developer and assistant turns, function calls and
 their outputs and reasoning items given back in `input` are the chat messages they stand for;
-what corellm does not make (stored responses, background runs, summaries, other tool types) is a
-400 naming the field."""
+what corellm does not make (summaries, logprobs, other tool types) is a 400 naming the field. Stored
+responses: test_responses_store.py."""
 
 from __future__ import annotations
 
@@ -83,9 +83,6 @@ def test_text_format_holds_the_output_to_a_schema(client):
 
 
 @pytest.mark.parametrize("fields, param", [
-    ({"store": True}, "store"),
-    ({"previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"background": True}, "background"),
     ({"include": ["message.output_text.logprobs"]}, "include"),
     ({"truncation": "auto"}, "truncation"),
     ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),
