@@ -9,6 +9,10 @@ request to one replica, streaming the answer back as it comes:
                      sharing a prefix meet the same prefix cache) unless that replica has `slack`
                      more requests in flight than the least loaded one, which then takes it
 
+A stored response (the Responses API's) lives in the replica that made it: a request about one — its
+GET, DELETE, cancel or input_items, or a new response continuing it (`previous_response_id`) — goes to
+the replica that answers GET /v1/responses/{id} for it.
+
 A replica whose process dies is reported by /health (status "degraded", the replica named); the
 requests it was serving get 503 (or, mid-stream, an error event), new ones go to the others; /health
 is 503 only when no replica is left."""
@@ -77,25 +81,59 @@ class Router:
         return preferred if preferred.in_flight <= least.in_flight + self.slack else least
 
 
+    async def holder(self, response_id: str, headers: dict[str, str]) -> Replica | None:
+        """The live replica that stores the response (None: none does)."""
+        async def stores(r: Replica) -> bool:
+            try:
+                async with self.session.get(f"{r.url}/v1/responses/{response_id}", headers=headers,
+                                            timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                    return resp.status == 200
+            except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError):
+                return False
+
+        alive = [r for r in self.replicas if r.alive()]
+        found = await asyncio.gather(*(stores(r) for r in alive))
+        return next((r for r, yes in zip(alive, found) if yes), None)
+
+
+def stored_response_named(request: web.Request, body: bytes) -> str | None:
+    """The id of the stored response a request is about: in its path (/v1/responses/{id}...), or a
+    new response's previous_response_id."""
+    parts = request.path.strip("/").split("/")
+    if parts[:2] == ["v1", "responses"] and len(parts) > 2:
+        return parts[2]
+    if parts == ["v1", "responses"] and request.method == "POST":
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return None
+        previous = payload.get("previous_response_id") if isinstance(payload, dict) else None
+        return previous if isinstance(previous, str) and previous else None
+    return None
+
+
 def affinity_key(body: bytes) -> bytes:
-    """The start of the request's prompt (its messages' or its prompt's first 256 characters)."""
+    """The start of the request's prompt (its messages', its prompt's or a response's input's first 256
+    characters)."""
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return b""
     if not isinstance(payload, dict):
         return b""
-    prompt = payload.get("messages", payload.get("prompt", ""))
+    prompt = payload.get("messages", payload.get("prompt", payload.get("input", "")))
     return json.dumps(prompt, sort_keys=True)[:256].encode()
 
 
 async def forward(request: web.Request) -> web.StreamResponse:
     router: Router = request.app["router"]
     body = await request.read()
-    replica = router.pick(affinity_key(body))
+    headers = {k: request.headers[k] for k in _FORWARDED_HEADERS if k in request.headers}
+    stored = stored_response_named(request, body)
+    replica = await router.holder(stored, headers) if stored is not None else None
+    replica = replica or router.pick(affinity_key(body))
     if replica is None:
         return APIError(503, "no engine replica is running", "service_unavailable").response()
-    headers = {k: request.headers[k] for k in _FORWARDED_HEADERS if k in request.headers}
     response: web.StreamResponse | None = None
     replica.in_flight += 1
     try:

@@ -66,6 +66,19 @@ def test_a_request_id_header_goes_through_the_router_and_back(dp_server):
         assert r.headers["X-Request-Id"] == "dp-7" and json.loads(r.read())["id"] == "cmpl-dp-7"
 
 
+def test_a_stored_response_is_found_in_the_replica_that_made_it(dp_server):
+    url = dp_server.url + "/v1/responses"
+    made = [post(url, {"input": f"Question {i}: what is {i} + {i}?", "max_output_tokens": 3, "temperature": 0})
+            for i in range(8)]
+    assert all(status == 200 for status, _, _ in made) and {replica for _, _, replica in made} == {"0", "1"}
+    for _, body, replica in made:
+        with urllib.request.urlopen(f"{url}/{body['id']}", timeout=30) as r:
+            assert json.loads(r.read())["output"] == body["output"] and r.headers["X-Corellm-Replica"] == replica
+        status, nxt, by = post(url, {"previous_response_id": body["id"], "input": "And twice that?",
+                                     "max_output_tokens": 3, "temperature": 0})
+        assert status == 200 and by == replica and nxt["previous_response_id"] == body["id"]
+
+
 def test_a_dead_replica_fails_its_requests_with_503_and_the_other_serves_on(dp_server):
     long = {"model": "SmolLM2-135M-Instruct", "prompt": "Tell me a long story.", "max_tokens": 400,
             "temperature": 0, "ignore_eos": True}
