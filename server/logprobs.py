@@ -66,17 +66,17 @@ def echo_logprobs(prompt_ids: list[int], positions: list[PositionLogprobs | None
 def chat_logprobs(c: CompletionOutput, labels: TokenLabels, top_n: int) -> dict | None:
     if c.logprobs is None:
         return None
-    content = []
-    for tid, pos in zip(c.token_ids, c.logprobs):
-        chosen = pos[tid]
-        text = labels.text(tid, chosen.decoded_token)
-        ranked = sorted(pos.items(), key=lambda kv: -kv[1].logprob)[:top_n]
-        content.append({
-            "token": text, "logprob": chosen.logprob, "bytes": list(text.encode("utf-8")),
-            "top_logprobs": [{"token": (t := labels.text(tid2, lp.decoded_token)), "logprob": lp.logprob,
-                              "bytes": list(t.encode("utf-8"))} for tid2, lp in ranked],
-        })
-    return {"content": content}
+    return {"content": [token_logprob(tid, pos, labels, top_n) for tid, pos in zip(c.token_ids, c.logprobs)]}
+
+
+def token_logprob(token_id: int, pos: PositionLogprobs, labels: TokenLabels, top_n: int) -> dict:
+    """One sampled token in the chat format (the Responses API's too): {token, logprob, bytes,
+    top_logprobs: the top_n most likely there}."""
+    text = labels.text(token_id, pos[token_id].decoded_token)
+    ranked = sorted(pos.items(), key=lambda kv: -kv[1].logprob)[:top_n]
+    return {"token": text, "logprob": pos[token_id].logprob, "bytes": list(text.encode("utf-8")),
+            "top_logprobs": [{"token": (t := labels.text(tid, lp.decoded_token)), "logprob": lp.logprob,
+                              "bytes": list(t.encode("utf-8"))} for tid, lp in ranked]}
 
 
 def prompt_logprobs(positions: list[PositionLogprobs | None] | None) -> list | None:

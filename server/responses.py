@@ -25,13 +25,14 @@ from pydantic import ValidationError
 
 from corellm.engine.async_llm import EngineDeadError
 from corellm.server.chat import ChatTurn, prepare_chat
-from corellm.outputs import RequestOutput
+from corellm.outputs import PositionLogprobs, RequestOutput
+from corellm.reasoning_parser import ReasoningParser
 from corellm.server.errors import APIError, bad_request, validation_error
+from corellm.server.logprobs import TokenLabels, token_logprob
 from corellm.server.protocol import ChatCompletionRequest
 from corellm.server.response_store import StoredResponse
 from corellm.server.responses_protocol import FIELD_NAMES, ResponsesRequest, reasoning_content
 from corellm.server.serving import Serving, now
-from corellm.structured_output.reasoning_wait import ReasoningWait
 
 
 async def create_response(serving: Serving, request: web.Request, req: ResponsesRequest) -> web.StreamResponse:
@@ -55,7 +56,7 @@ async def create_response(serving: Serving, request: web.Request, req: Responses
         return web.json_response(stored.body)
 
     resp, outputs = await serving.start_stream(request, [turn.processed], turn.structured_field)
-    events = _ResponseEvents(resp, encrypted_reasoning=req.encrypted_reasoning)
+    events = _ResponseEvents(resp, _ReplyTokens(serving, turn, req), encrypted_reasoning=req.encrypted_reasoning)
     in_progress = _response(turn, req, created, [], None, stored=keep)
     try:
         await events.send("response.created", response=in_progress)
@@ -68,15 +69,17 @@ async def create_response(serving: Serving, request: web.Request, req: Responses
                 prompt_ids, cached = out.prompt_token_ids, out.num_cached_tokens
                 for c in out.outputs:
                     token_ids += c.token_ids
+                    events.tokens.feed(c.token_ids, c.logprobs)
                     for delta in message.feed(c.text) if c.text else []:
                         await events.delta(delta)
                     if c.finish_reason is not None:
                         finish = c.finish_reason
+                        events.tokens.finish()
                         for delta in message.finish():
                             await events.delta(delta)
         await events.close_answer()
         body = _response(turn, req, created, events.items, finish, stored=keep)
-        body["usage"] = _usage(serving, prompt_ids, token_ids, cached, turn)
+        body["usage"] = _usage(prompt_ids, token_ids, cached, events.tokens)
         if keep:
             stored.body = body
             serving.responses.put(stored)
@@ -222,10 +225,61 @@ def _whole(serving: Serving, turn: ChatTurn, req: ResponsesRequest, created: int
     message = turn.reply()
     message.feed(c.text)
     message.finish()
-    items = _items(message.message(), encrypted_reasoning=req.encrypted_reasoning)
+    tokens = _ReplyTokens(serving, turn, req)
+    tokens.feed(c.token_ids, c.logprobs)
+    tokens.finish()
+    items = _items(message.message(), encrypted_reasoning=req.encrypted_reasoning, logprobs=tokens.answer_logprobs)
     body = _response(turn, req, created, items, c.finish_reason, stored=stored)
-    body["usage"] = _usage(serving, out.prompt_token_ids, c.token_ids, out.num_cached_tokens, turn)
+    body["usage"] = _usage(out.prompt_token_ids, c.token_ids, out.num_cached_tokens, tokens)
     return body
+
+
+class _ReplyTokens:
+    """A reply's tokens told apart as they come, as its reasoning parser splits its text: the
+    reasoning's (up to the token that ends the block) and the answer's, whose text is the message's
+    (all of them without a parser, or when the reply opened no block). With logprobs asked for, the
+    answer tokens' entries (chat's format), all of them and those not yet handed out to a delta."""
+
+    def __init__(self, serving: Serving, turn: ChatTurn, req: ResponsesRequest):
+        self.tokenizer = serving.tokenizer
+        self.parser = ReasoningParser(turn.reasoning_parser) if turn.reasoning_parser else None
+        self.labels = TokenLabels(serving.tokenizer) if req.output_logprobs else None
+        self.top_n = req.top_logprobs or 0
+        self.reasoning = 0  # tokens of the reasoning
+        self.answer_logprobs: list[dict[str, Any]] = []
+        self._handed_out = 0
+        self._undecided: list[dict[str, Any] | None] = []  # before a leading <think> could be told
+
+    def feed(self, token_ids: list[int], logprobs: list[PositionLogprobs] | None) -> None:
+        for i, token_id in enumerate(token_ids):
+            entry = None if self.labels is None or logprobs is None else \
+                token_logprob(token_id, logprobs[i], self.labels, self.top_n)
+            if self.parser is None or self.parser.part == "answer":
+                self._answer([entry])
+                continue
+            self.parser.feed(self.tokenizer.decode([token_id], skip_special_tokens=False))
+            if self.parser.part == "start":
+                self._undecided.append(entry)
+            elif self.parser.opened:  # in the block, or the token that ends it
+                self.reasoning += len(self._undecided) + 1
+                self._undecided = []
+            else:  # the reply opened no block: all of it is the answer
+                self._answer(self._undecided + [entry])
+                self._undecided = []
+
+    def finish(self) -> None:
+        """The end of the reply: tokens still undecided are the answer's (their text is)."""
+        self._answer(self._undecided)
+        self._undecided = []
+
+    def _answer(self, entries: list[dict[str, Any] | None]) -> None:
+        self.answer_logprobs += [e for e in entries if e is not None]
+
+    def hand_out(self) -> list[dict[str, Any]]:
+        """The answer's entries not handed out yet (for the next text delta)."""
+        new = self.answer_logprobs[self._handed_out:]
+        self._handed_out = len(self.answer_logprobs)
+        return new
 
 
 async def _prepared(serving: Serving, request: web.Request, req: ResponsesRequest) -> ChatTurn:
@@ -271,13 +325,15 @@ def _response(turn: ChatTurn, req: ResponsesRequest, created: int, output: list[
     }
 
 
-def _items(message: dict[str, Any], encrypted_reasoning: bool) -> list[dict[str, Any]]:
-    """The output items of a whole chat message: reasoning, the text, the function calls."""
+def _items(message: dict[str, Any], encrypted_reasoning: bool,
+           logprobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The output items of a whole chat message: reasoning, the text (with its tokens' logprobs),
+    the function calls."""
     items = []
     if message.get("reasoning_content"):
         items.append(_reasoning_item(message["reasoning_content"], encrypted=encrypted_reasoning))
     if message.get("content") or not message.get("tool_calls"):
-        items.append(_message_item(message.get("content") or ""))
+        items.append(_message_item(message.get("content") or "", logprobs=logprobs))
     for call in message.get("tool_calls") or []:
         items.append(_call_item(call["id"], call["function"]["name"], call["function"]["arguments"]))
     return items
@@ -293,13 +349,13 @@ def _reasoning_item(text: str, status: str = "completed", encrypted: bool = Fals
     return item
 
 
-def _message_item(text: str, status: str = "completed") -> dict[str, Any]:
+def _message_item(text: str, status: str = "completed", logprobs: list[dict[str, Any]] = ()) -> dict[str, Any]:
     return {"type": "message", "id": f"msg_{uuid.uuid4().hex}", "status": status, "role": "assistant",
-            "content": [_text_part(text)] if status == "completed" else []}
+            "content": [_text_part(text, logprobs)] if status == "completed" else []}
 
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: list[dict[str, Any]] = ()) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": list(logprobs)}
 
 
 def _call_item(call_id: str, name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
@@ -307,23 +363,10 @@ def _call_item(call_id: str, name: str, arguments: str, status: str = "completed
             "arguments": arguments, "status": status}
 
 
-def _usage(serving: Serving, prompt_ids: list[int], token_ids: list[int], cached: int,
-           turn: ChatTurn) -> dict[str, Any]:
+def _usage(prompt_ids: list[int], token_ids: list[int], cached: int, tokens: _ReplyTokens) -> dict[str, Any]:
     return {"input_tokens": len(prompt_ids), "input_tokens_details": {"cached_tokens": cached},
-            "output_tokens": len(token_ids),
-            "output_tokens_details": {"reasoning_tokens": _reasoning_tokens(serving, token_ids, turn)},
+            "output_tokens": len(token_ids), "output_tokens_details": {"reasoning_tokens": tokens.reasoning},
             "total_tokens": len(prompt_ids) + len(token_ids)}
-
-
-def _reasoning_tokens(serving: Serving, token_ids: list[int], turn: ChatTurn) -> int:
-    """The output's tokens up to the end of its reasoning (all of them if it never ended)."""
-    if turn.reasoning_parser is None:
-        return 0
-    wait = ReasoningWait()  # the engine's own watch for the end of a reasoning block
-    for i, token in enumerate(token_ids):
-        if wait.feed(serving.tokenizer.decode([token], skip_special_tokens=False)) == "ended":
-            return i + 1
-    return len(token_ids)
 
 
 class _ResponseEvents:
@@ -331,8 +374,9 @@ class _ResponseEvents:
     (output_item.added, and its content part), written (its deltas) and closed (its .done events)
     in turn; `items` holds the closed items."""
 
-    def __init__(self, resp: web.StreamResponse, encrypted_reasoning: bool):
+    def __init__(self, resp: web.StreamResponse, tokens: _ReplyTokens, encrypted_reasoning: bool):
         self.resp = resp
+        self.tokens = tokens  # the reply's tokens: the answer's logprobs go out with its text deltas
         self.encrypted_reasoning = encrypted_reasoning  # reasoning items carry encrypted_content too
         self.sequence = 0
         self.items: list[dict[str, Any]] = []
@@ -374,7 +418,8 @@ class _ResponseEvents:
         elif kind == "reasoning":
             await self.send("response.reasoning_text.delta", **where, content_index=0, delta=text)
         else:
-            await self.send("response.output_text.delta", **where, content_index=0, delta=text, logprobs=[])
+            await self.send("response.output_text.delta", **where, content_index=0, delta=text,
+                            logprobs=self.tokens.hand_out())
 
     async def _open(self, item: dict[str, Any]) -> None:
         self.open, self.text = item, ""
@@ -397,8 +442,12 @@ class _ResponseEvents:
             return
         where = {"item_id": item["id"], "output_index": len(self.items)}
         if item["type"] == "message":
-            part = _text_part(self.text)
-            await self.send("response.output_text.done", **where, content_index=0, text=self.text, logprobs=[])
+            last = self.tokens.hand_out()  # tokens with no text of their own after the last delta (the EOS)
+            if last:
+                await self.send("response.output_text.delta", **where, content_index=0, delta="", logprobs=last)
+            part = _text_part(self.text, self.tokens.answer_logprobs)
+            await self.send("response.output_text.done", **where, content_index=0, text=self.text,
+                            logprobs=part["logprobs"])
             await self.send("response.content_part.done", **where, content_index=0, part=part)
             item["content"] = [part]
         elif item["type"] == "reasoning":

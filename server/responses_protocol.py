@@ -17,7 +17,8 @@ from pydantic import Discriminator, Field, PrivateAttr, Tag, TypeAdapter
 from corellm.server.errors import bad_request
 from corellm.server.protocol import RequestPart
 
-ENCRYPTED_REASONING = "reasoning.encrypted_content"  # the one value of `include` honoured
+ENCRYPTED_REASONING = "reasoning.encrypted_content"  # the values of `include` honoured
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
 
 # The chat fields whose errors a Responses client knows by another name.
 FIELD_NAMES = {"messages": "input", "max_tokens": "max_output_tokens", "response_format": "text.format",
@@ -141,7 +142,8 @@ class ResponsesRequest(RequestPart):
     previous_response_id: str | None = Field(None, min_length=1)
     background: bool | None = None
     truncation: str | None = None  # only "disabled": "auto" would drop input silently
-    include: list[str] | None = None  # of the extra outputs, only "reasoning.encrypted_content"
+    include: list[str] | None = None  # of the extra outputs, ENCRYPTED_REASONING and OUTPUT_LOGPROBS
+    top_logprobs: int | None = Field(None, ge=0, le=20)  # with OUTPUT_LOGPROBS
     user: str | None = None
     metadata: dict[str, str] | None = None
     # vLLM's sampling extras that chat takes too
@@ -158,6 +160,11 @@ class ResponsesRequest(RequestPart):
     def encrypted_reasoning(self) -> bool:
         """Whether the reasoning items carry encrypted_content (include asks for it)."""
         return ENCRYPTED_REASONING in (self.include or ())
+
+    @property
+    def output_logprobs(self) -> bool:
+        """Whether the message's output_text carries its tokens' logprobs (include asks for them)."""
+        return OUTPUT_LOGPROBS in (self.include or ())
 
     def chat_body(self) -> dict[str, Any]:
         """The chat completion request this response is made from (validated by its model)."""
@@ -178,6 +185,8 @@ class ResponsesRequest(RequestPart):
             body["response_format"] = {"type": "json_object"}
         if self.reasoning is not None and self.reasoning.effort is not None:
             body["reasoning_effort"] = self.reasoning.effort
+        if self.output_logprobs:
+            body.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
         if self.tools:
             body["tools"] = [{"type": "function", "function": t.model_dump(exclude={"type"}, exclude_none=True)}
                              for t in self.tools]
@@ -219,8 +228,12 @@ class ResponsesRequest(RequestPart):
              "a background response is not streamed (poll GET /v1/responses/{id})"),
             ("background", bool(self.background) and self.store is False, "a background response needs store"),
             ("truncation", self.truncation not in (None, "disabled"), "only \"disabled\": an input too long is a 400"),
-            ("include", bool(set(self.include or ()) - {ENCRYPTED_REASONING}),
-             f"of the extra outputs only {ENCRYPTED_REASONING!r} is made"),
+            ("include", bool(set(self.include or ()) - {ENCRYPTED_REASONING, OUTPUT_LOGPROBS}),
+             f"of the extra outputs only {ENCRYPTED_REASONING!r} and {OUTPUT_LOGPROBS!r} are made"),
+            ("include", self.output_logprobs and bool(self.tools),
+             "logprobs are not made with tools (the answer's tokens are not told from the calls')"),
+            ("top_logprobs", self.top_logprobs is not None and not self.output_logprobs,
+             f"top_logprobs goes with include [{OUTPUT_LOGPROBS!r}]"),
             ("reasoning.summary", self.reasoning is not None and self.reasoning.summary is not None,
              "no reasoning summaries are made (the reasoning comes whole)"),
             ("text.verbosity", self.text is not None and self.text.verbosity not in (None, "medium"),

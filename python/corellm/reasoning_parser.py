@@ -74,3 +74,14 @@ class ReasoningParser:
     def reasoning_ended(self) -> bool:
         return self._state == "answer"
 
+    @property
+    def part(self) -> str:
+        """Where the output is: "start" (undecided: a leading <think> may still come), "reasoning"
+        or "answer"."""
+        return self._state
+
+    @property
+    def opened(self) -> bool:
+        """Whether the output is (or was) in a reasoning block."""
+        return self._opened
+

@@ -3,7 +3,9 @@ a response (greedy) gives the same text, reasoning, tool calls and usage as the 
 the same conversation; streamed, its events come in order with consecutive sequence numbers and
 their deltas join to the whole; instructions, developer and assistant turns, function calls and
 their outputs and reasoning items given back in `input` are the chat messages they stand for;
-what corellm does not make (summaries, logprobs, other tool types) is a 400 naming the field. Stored
+with include ["message.output_text.logprobs"] the message's tokens carry chat's logprobs (the
+reasoning's left out), whole and in the stream's deltas; what corellm does not make (summaries,
+other tool types, logprobs beside tools) is a 400 naming the field. Stored
 responses: test_responses_store.py."""
 
 from __future__ import annotations
@@ -83,12 +85,15 @@ def test_text_format_holds_the_output_to_a_schema(client):
 
 
 @pytest.mark.parametrize("fields, param", [
-    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"include": ["file_search_call.results"]}, "include"),
+    ({"top_logprobs": 2}, "top_logprobs"),  # without include's logprobs it would give nothing
+    ({"include": ["message.output_text.logprobs"], "top_logprobs": 21}, "top_logprobs"),
     ({"truncation": "auto"}, "truncation"),
     ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),
     ({"input": [{"type": "reasoning", "summary": [], "encrypted_content": "not base64!"},
                 {"role": "assistant", "content": "y"}]}, "input[0].encrypted_content"),
-    ({"include": ["reasoning.encrypted_content", "message.output_text.logprobs"]}, "include"),
+    ({"include": ["reasoning.encrypted_content", "code_interpreter_call.outputs"]}, "include"),
+    ({"include": ["message.output_text.logprobs"], "tools": [{"type": "function", "name": "f"}]}, "include"),
     ({"input": [{"type": "reasoning", "summary": [{"type": "summary_text", "text": "hmm"}]}]}, "input"),
     ({"tools": [{"type": "web_search"}]}, "tools.0"),
     ({"max_output_tokens": 10**6}, "max_output_tokens"),
@@ -183,3 +188,64 @@ def test_input_items_become_chat_messages():
             {"id": "c2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "-3 C"}, {"role": "tool", "tool_call_id": "c2", "content": "09:00"},
         {"role": "assistant", "content": [{"type": "text", "text": "Cold."}], "reasoning_content": "Now answer."}]
+
+
+LOGPROBS = ["message.output_text.logprobs"]
+
+
+def same_logprobs(got, want):
+    assert [e.token for e in got] == [e.token for e in want]
+    assert [e.logprob for e in got] == pytest.approx([e.logprob for e in want], abs=1e-5)
+    for g, w in zip(got, want):
+        assert [t.token for t in g.top_logprobs] == [t.token for t in w.top_logprobs]
+
+
+def test_logprobs_are_the_chat_completions(client):
+    ask = [{"role": "user", "content": "Name three colours."}]
+    out = respond(client, input=ask, include=LOGPROBS, top_logprobs=3)
+    want = chat(client, ask, logprobs=True, top_logprobs=3).choices[0].logprobs.content
+    got = out.output[0].content[0].logprobs
+    assert len(got) == out.usage.output_tokens and all(len(e.top_logprobs) == 3 for e in got)
+    same_logprobs(got, want)
+    events = list(respond(client, input=ask, include=LOGPROBS, top_logprobs=3, stream=True))
+    streamed = [e for ev in events if ev.type == "response.output_text.delta" for e in ev.logprobs]
+    [done] = [ev for ev in events if ev.type == "response.output_text.done"]
+    same_logprobs(streamed, want)
+    same_logprobs(done.logprobs, want)
+    same_logprobs(events[-1].response.output[0].content[0].logprobs, want)
+    # without include: none
+    assert respond(client, input=ask).output[0].content[0].logprobs == []
+
+
+def test_logprobs_leave_the_reasoning_out(reasoning_client):
+    ask = [{"role": "user", "content": "Is 7 prime?"}]
+    extra = {"thinking_token_budget": 6}
+    out = respond(reasoning_client, input=ask, include=LOGPROBS, extra_body=extra)
+    want = chat(reasoning_client, ask, logprobs=True, extra_body=extra).choices[0].logprobs.content
+    reasoning = out.usage.output_tokens_details.reasoning_tokens
+    got = out.output[-1].content[0].logprobs
+    assert 0 < reasoning and len(got) == out.usage.output_tokens - reasoning
+    same_logprobs(got, want[reasoning:])
+    events = list(respond(reasoning_client, input=ask, include=LOGPROBS, extra_body=extra, stream=True))
+    same_logprobs([e for ev in events if ev.type == "response.output_text.delta" for e in ev.logprobs], want[reasoning:])
+
+
+@pytest.mark.parametrize("parser, pieces, reasoning", [
+    ("qwen3", ["Hello", " world"], 0),  # thinking off: no block, all of it the answer
+    ("qwen3", ["<think>", "hm", "</think>", "Hi"], 3),
+    ("qwen3", ["\n", "<", "think>", "x", "</think>", "A"], 5),  # undecided until the tag is whole
+    ("qwen3", ["\n", "Hi"], 0),
+    ("deepseek_r1", ["a", "b"], 2),  # the prompt opened the block, never closed
+    ("deepseek_r1", ["a", "</think>", "\n", "b"], 2),
+])
+def test_reasoning_tokens_are_those_of_the_block(parser, pieces, reasoning):
+    from types import SimpleNamespace
+
+    from corellm.server.responses import _ReplyTokens
+
+    tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens: pieces[ids[0]])
+    tokens = _ReplyTokens(SimpleNamespace(tokenizer=tokenizer), SimpleNamespace(reasoning_parser=parser),
+                          SimpleNamespace(output_logprobs=False, top_logprobs=None))
+    tokens.feed(list(range(len(pieces))), None)
+    tokens.finish()
+    assert tokens.reasoning == reasoning
