@@ -6,6 +6,10 @@ one fixed batch of 16, whose time is its slowest request's), greedy. Each
 cell runs the plain engine and the speculative one in turn, `--repeats` times (a noisy VM moves
 both alike), and keeps the median; the table gives output tok/s, the ratio, the drafts' acceptance
 rate and mean accepted length, and whether the outputs were identical (they must be, greedy).
+The "predicted" workloads are the free-writing prompts with a `prediction` (OpenAI's Predicted
+Outputs) on the speculative side: the plain engine's own reply to the prompt (the best case: a
+client asking again for an answer it holds, as a regenerate button), and that reply with every
+seventh word replaced ("predicted~"): the drafts come from the prediction where the output follows it.
 
     .venv/bin/python bench/spec_decode.py
     .venv/bin/python bench/spec_decode.py --speculative-config '{"method": "ngram", "num_speculative_tokens": 8}'
@@ -79,6 +83,20 @@ FREE = ["Write a short story about a dragon who learns to bake bread.",
         "Give some tips for learning to play the guitar."]
 
 
+def predicted_prompts(replies: dict[str, str], every: int = 0):
+    """The free prompts, each with its prediction: the reply in `replies` (by the prompt's text),
+    with every `every`-th word replaced when every > 0."""
+    def make(n: int) -> list[tuple[list[dict], str]]:
+        out = []
+        for conv in free_prompts(n):
+            words = replies[conv[0]["content"]].split(" ")
+            if every:
+                words = [w if (k + 1) % every else "something" for k, w in enumerate(words)]
+            out.append((conv, " ".join(words)))
+        return out
+    return make
+
+
 def copy_prompts(n: int) -> list[list[dict]]:
     out = []
     for i in range(n):
@@ -93,6 +111,14 @@ def free_prompts(n: int) -> list[list[dict]]:
 
 
 def timed(llm, conversations, params) -> tuple[float, list[list[int]]]:
+    """conversations: each a list of messages, or (messages, prediction) for the speculative side
+    of the edit workload (params then becomes one SamplingParams per conversation)."""
+    if conversations and isinstance(conversations[0], tuple):
+        predictions = [p if llm.config.speculative_config is not None else None for _, p in conversations]
+        params = [params.clone() for _ in conversations]
+        for one, prediction in zip(params, predictions):
+            one.prediction = prediction
+        conversations = [c for c, _ in conversations]
     t = time.perf_counter()
     outs = llm.chat(conversations, params, use_tqdm=False)
     dt = time.perf_counter() - t
@@ -125,7 +151,11 @@ def main() -> None:
     print(f"CPU path: {cpu_kernel_path()}, {torch.get_num_threads()} threads; speculative_config {spec}")
     print(f"{'workload':<18} {'plain tok/s':>12} {'spec tok/s':>11} {'ratio':>7} {'accept':>7} {'mean acc':>9} "
           f"{'identical':>9}")
-    for name, make in (("copy", copy_prompts), ("free", free_prompts)):
+    replies = {c[0]["content"]: o.outputs[0].text for c, o in zip(
+        free_prompts(args.rounds * args.batch), plain.chat(free_prompts(args.rounds * args.batch), params, use_tqdm=False))}
+    workloads = (("copy", copy_prompts), ("free", free_prompts), ("predicted", predicted_prompts(replies)),
+                 ("predicted~", predicted_prompts(replies, every=7)))
+    for name, make in workloads:
         for batch in (1, args.batch):
             convs = make(4 if batch == 1 else args.rounds * batch)
             groups = [convs[i:i + 1] for i in range(4)] if batch == 1 else [convs]  # 1: four prompts in turn

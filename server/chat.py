@@ -22,7 +22,7 @@ from corellm.server.chat_tools import ChatTools, resolve_chat_tools
 from corellm.server.errors import bad_request
 from corellm.server.logprobs import TokenLabels, chat_logprobs, prompt_logprobs
 from corellm.server.protocol import ChatCompletionRequest, ImagePart
-from corellm.server.serving import Serving, now, send_event, stream_errors, usage
+from corellm.server.serving import Serving, now, prediction_details, send_event, stream_errors, usage
 from corellm.tokenizer import ChatTemplateError
 
 # Template rendering runs in a worker thread, bounded in time and output by the sandbox itself
@@ -161,6 +161,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
 
     n = params.n
     echoed = req.echoed_text()
+    predicted = processed.samples[0].prediction_token_ids if processed is not None else []
     if not req.stream:
         if beam is not None:
             out = await serving.beam_search(request_id, turn.prompt_ids, turn.text, beam, turn.max_tokens,
@@ -183,9 +184,10 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
             if req.return_token_ids:
                 choices[-1]["token_ids"] = list(c.token_ids)
         completion_tokens = sum(len(c.token_ids) for c in out.outputs)
+        details = prediction_details(predicted, [c.token_ids for c in out.outputs])
         body = {"id": response_id, "object": "chat.completion", "created": now(), "model": model, "choices": choices,
                 "prompt_logprobs": prompt_logprobs(out.prompt_logprobs),
-                "usage": usage(len(out.prompt_token_ids), completion_tokens, out.num_cached_tokens)}
+                "usage": usage(len(out.prompt_token_ids), completion_tokens, out.num_cached_tokens, details)}
         if req.return_token_ids:
             body["prompt_token_ids"] = out.prompt_token_ids
         return web.json_response(body)
@@ -195,6 +197,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
     head = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model}
     completion_tokens = cached_tokens = 0
     messages = [reply() for _ in range(n)]
+    output_ids: list[list[int]] = [[] for _ in range(n)]  # each choice's tokens (a prediction's usage)
     continuous_usage = (req.stream_options is not None and req.stream_options.include_usage
                         and req.stream_options.continuous_usage_stats)
 
@@ -220,6 +223,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
                 cached_tokens = out.num_cached_tokens
                 for c in out.outputs:
                     completion_tokens += len(c.token_ids)
+                    output_ids[c.index] += c.token_ids if predicted else []
                     message = messages[c.index]
                     deltas = message.feed(c.text) if c.text else []
                     logprobs = chat_logprobs(c, labels, top_n) if req.logprobs and c.token_ids else None
@@ -234,8 +238,9 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
                         finish = "tool_calls" if message.has_tool_calls and c.finish_reason == "stop" else c.finish_reason
                         await send_event(resp, chunk(c.index, {}, finish))
         if req.stream_options and req.stream_options.include_usage:
-            await send_event(resp, {**head, "choices": [],
-                                    "usage": usage(len(processed.prompt_token_ids), completion_tokens, cached_tokens)})
+            await send_event(resp, {**head, "choices": [], "usage": usage(
+                len(processed.prompt_token_ids), completion_tokens, cached_tokens,
+                prediction_details(predicted, output_ids))})
         await resp.write(b"data: [DONE]\n\n")
     except (ConnectionResetError, asyncio.CancelledError):
         raise

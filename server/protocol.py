@@ -111,7 +111,7 @@ NOT_WITH_BEAM_SEARCH = {
     "guided_json": lambda v: v is None, "guided_regex": lambda v: v is None, "guided_choice": lambda v: v is None,
     "guided_grammar": lambda v: v is None, "structural_tag": lambda v: v is None,
     "guided_whitespace_pattern": lambda v: v is None, "thinking_token_budget": lambda v: v is None,
-    "tools": lambda v: not v, "suffix": lambda v: not v}
+    "tools": lambda v: not v, "suffix": lambda v: not v, "prediction": lambda v: v is None}
 
 
 class SamplingFields(RequestPart):
@@ -389,6 +389,16 @@ class NamedToolChoice(RequestPart):
     function: NamedFunction
 
 
+class Prediction(RequestPart):
+    """(OpenAI's Predicted Outputs) text the reply is expected to largely repeat."""
+
+    type: Literal["content"]
+    content: Annotated[str, Field(min_length=1)] | Annotated[list[TextPart], Field(min_length=1)]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
@@ -409,7 +419,18 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ChatTool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None  # default true
+    prediction: Prediction | None = None
 
+    def sampling_params(self, defaults: dict[str, Any], max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        params = super().sampling_params(defaults, max_tokens, logprobs)
+        if self.prediction is not None:
+            text = self.prediction.text()
+            if not text:
+                from corellm.server.errors import bad_request
+
+                raise bad_request("prediction: its content holds no text", "prediction")
+            params.prediction = text
+        return params
 
     def echoed_text(self) -> str:
         """What the reply starts with under echo (vLLM's rule): the last message's text where its

@@ -23,7 +23,8 @@ NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     # OpenAI: the old function calling, other modalities, server-side state.
     "functions": ([],), "function_call": ("none",),
     "tools": ([],), "tool_choice": ("none",),  # on /v1/completions (chat declares and honours them)
-    "audio": (), "modalities": (["text"],), "prediction": (),
+    "prediction": (),  # on /v1/completions and /v1/responses (chat's, with n-gram speculative decoding)
+    "audio": (), "modalities": (["text"],),
     "web_search_options": (), "verbosity": (), "store": (False,),
     "service_tier": ("auto", "default"), "best_of": (1,),
     # In messages of the history.

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import difflib
 import json
 import time
 import uuid
@@ -287,15 +288,31 @@ class Serving:
 _ENGINE_FIELDS = {"prompt_token_ids": "prompt", "The prompt": "prompt", "stop_token_ids": "stop_token_ids",
                   "logit_bias": "logit_bias", "logprobs": "logprobs", "min_tokens": "min_tokens",
                   "max_tokens": "max_tokens", "seed": "seed", "stop": "stop", "priority": "priority",
-                  "thinking_token_budget": "thinking_token_budget"}
+                  "thinking_token_budget": "thinking_token_budget", "prediction": "prediction"}
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int,
+          completion_details: dict | None = None) -> dict:
     """OpenAI's usage object: each prompt counted once (not once per sample, as vLLM), the part of
-    it served from the prefix cache in prompt_tokens_details.cached_tokens."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    it served from the prefix cache in prompt_tokens_details.cached_tokens; completion_details:
+    completion_tokens_details (prediction_details)."""
+    body = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+    if completion_details is not None:
+        body["completion_tokens_details"] = completion_details
+    return body
+
+
+def prediction_details(prediction_ids: list[int], outputs: list[list[int]]) -> dict | None:
+    """OpenAI's completion_tokens_details for a request with a prediction (None without one): of
+    the prediction's tokens, per output those that appear in it, in order (the matching blocks of
+    difflib's comparison of the two token sequences), and those that do not, summed over outputs."""
+    if not prediction_ids:
+        return None
+    accepted = sum(block.size for tokens in outputs for block in
+                   difflib.SequenceMatcher(None, prediction_ids, tokens, autojunk=False).get_matching_blocks())
+    return {"accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": len(prediction_ids) * len(outputs) - accepted}
 
 
 def _param_named_in(message: str) -> str | None:

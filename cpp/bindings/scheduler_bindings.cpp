@@ -223,7 +223,7 @@ void bind_scheduler(py::module_& m) {
            [](Scheduler& s, std::string request_id, const py::object& prompt_token_ids, int32_t max_tokens,
               int32_t min_tokens, bool ignore_eos, int32_t eos_token_id, const py::object& stop_token_ids,
               int32_t priority, double arrival_time, std::string cache_salt, const py::list& mm_ranges,
-              bool use_structured_output, py::object payload) {
+              bool use_structured_output, const py::object& prediction_token_ids, py::object payload) {
              EngineCoreRequest request;
              request.request_id = std::move(request_id);
              request.prompt_token_ids = to_int32_vector(prompt_token_ids, "prompt_token_ids", 0);
@@ -242,6 +242,7 @@ void bind_scheduler(py::module_& m) {
                    {range[0].cast<int32_t>(), range[1].cast<int32_t>(), range[2].cast<std::string>()});
              }
              request.use_structured_output = use_structured_output;
+             request.prediction_token_ids = to_int32_vector(prediction_token_ids, "prediction_token_ids", 0);
              if (!payload.is_none()) request.payload = std::make_shared<PyPayload>(std::move(payload));
              s.add_request(std::move(request));
            },
@@ -249,7 +250,7 @@ void bind_scheduler(py::module_& m) {
            py::arg("min_tokens") = 0, py::arg("ignore_eos") = false, py::arg("eos_token_id") = -1,
            py::arg("stop_token_ids") = py::tuple(), py::arg("priority") = 0,
            py::arg("arrival_time") = 0.0, py::arg("cache_salt") = "", py::arg("mm_ranges") = py::list(),
-           py::arg("use_structured_output") = false,
+           py::arg("use_structured_output") = false, py::arg("prediction_token_ids") = py::tuple(),
            py::arg("payload") = py::none())
       .def("schedule", &Scheduler::schedule, py::call_guard<py::gil_scoped_release>())
       .def("update_from_output",

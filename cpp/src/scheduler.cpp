@@ -103,6 +103,7 @@ void Scheduler::add_request(EngineCoreRequest new_request) {
   request->cache_salt = std::move(new_request.cache_salt);
   request->mm_ranges = std::move(new_request.mm_ranges);
   request->use_structured_output = new_request.use_structured_output;
+  request->prediction_token_ids = std::move(new_request.prediction_token_ids);
   request->payload = std::move(new_request.payload);
   request->token_ids.reserve(static_cast<size_t>(
       std::min<int64_t>(config_.max_model_len, num_prompt + request->max_tokens)));

@@ -1,12 +1,14 @@
 // Scheduler, speculative decoding's part: which of a request's drafts a step verifies (its
 // acceptance rate against what a token costs the step), what a verification teaches, and the
-// next drafts (the n-gram proposer, or a draft model's through set_draft_token_ids). The rest of
+// next drafts (the request's prediction, else the n-gram proposer; or a draft model's through
+// set_draft_token_ids). The rest of
 // the scheduling algorithm is in scheduler.cpp.
 #include <algorithm>
 #include <cmath>
 
 #include "corellm/check.h"
 #include "corellm/ngram_proposer.h"
+#include "corellm/prediction_proposer.h"
 #include "corellm/scheduler.h"
 
 namespace corellm {
@@ -68,9 +70,16 @@ void Scheduler::propose_drafts(Request& request) {
   }
   const NgramParams params{config_.prompt_lookup_min, config_.prompt_lookup_max};
   request.draft_token_ids.resize(static_cast<size_t>(config_.num_speculative_tokens));
-  const int32_t n = propose_ngram_drafts(request.token_ids.data(), request.num_tokens(), params,
-                                         config_.num_speculative_tokens, request.draft_token_ids.data(),
-                                         ngram_scratch_);
+  int32_t n = 0;
+  if (!request.prediction_token_ids.empty()) {  // where the output stands in its prediction
+    n = propose_prediction_drafts(request.prediction_token_ids, request.token_ids.data() + request.num_prompt_tokens,
+                                  request.num_output_tokens(), params, config_.num_speculative_tokens,
+                                  request.draft_token_ids.data(), request.prediction_cursor);
+  }
+  if (n == 0) {  // the request's own tokens (prompt lookup)
+    n = propose_ngram_drafts(request.token_ids.data(), request.num_tokens(), params, config_.num_speculative_tokens,
+                             request.draft_token_ids.data(), ngram_scratch_);
+  }
   request.draft_token_ids.resize(static_cast<size_t>(n));
 }
 

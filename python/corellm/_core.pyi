@@ -172,7 +172,9 @@ class Scheduler:
         priority: int = 0,
         arrival_time: float = 0.0,
         cache_salt: str = "",
+        mm_ranges: list[tuple[int, int, str]] = ...,
         use_structured_output: bool = False,
+        prediction_token_ids: _Ids = (),
         payload: Any = None,
     ) -> None: ...
     def schedule(self) -> SchedulerOutput: ...

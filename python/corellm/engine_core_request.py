@@ -44,6 +44,8 @@ class EngineCoreRequest:
     # The hashes key the prefix-cache blocks over the placeholders; the model runner encodes the
     # images (or finds them in its encoder cache) and merges their rows into the embeddings.
     mm_features: list[MultiModalFeature] = field(default_factory=list)
+    # Its prediction's tokens (SamplingParams.prediction): the scheduler drafts from them first.
+    prediction_token_ids: list[int] = field(default_factory=list)
 
     @property
     def uses_grammar(self) -> bool:

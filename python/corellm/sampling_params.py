@@ -190,6 +190,10 @@ class SamplingParams:
     # engine ends it ("</think>") and the answer follows. None or -1: no limit. Needs the
     # engine's reasoning_parser (structured_output/reasoning_wait.py states the rule).
     thinking_token_budget: int | None = None
+    # (OpenAI's Predicted Outputs) Text the output is expected to largely repeat (a file being
+    # edited): with n-gram speculative decoding its tokens are the drafts, where the output has
+    # reached in it. The output is the same as without; only faster where it follows the text.
+    prediction: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -269,6 +273,8 @@ class SamplingParams:
                              f"got {self.thinking_token_budget!r}.")
         if self.thinking_token_budget == -1:
             self.thinking_token_budget = None
+        if self.prediction is not None and (not isinstance(self.prediction, str) or not self.prediction):
+            raise ValueError(f"prediction must be a non-empty string, got {self.prediction!r}.")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got "
                              f"{type(self.structured_outputs).__name__}.")

@@ -296,3 +296,69 @@ TEST(SpeculativeBatchBuilder, WritesDraftsAndOneLogitsRowPerDraftPlusOne) {
   EXPECT_EQ(b.row_token_ids(0), (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 9}));
   EXPECT_EQ(b.row_token_ids(1), (std::vector<int32_t>{1, 2, 3, 4, 5, 6}));
 }
+
+// ---- drafts from a prediction (prediction_proposer.h) ----
+
+namespace {
+
+// The drafts proposed after the output `output`, with the cursor carried across calls.
+struct Follower {
+  std::vector<int32_t> prediction;
+  NgramParams params{2, 3};
+  PredictionCursor cursor;
+  std::vector<int32_t> propose(const std::vector<int32_t>& output, int32_t k) {
+    std::vector<int32_t> drafts(static_cast<size_t>(std::max(k, 0)));
+    const int32_t n = propose_prediction_drafts(prediction, output.data(), static_cast<int32_t>(output.size()), params,
+                                                k, drafts.data(), cursor);
+    drafts.resize(static_cast<size_t>(n));
+    return drafts;
+  }
+};
+
+}  // namespace
+
+TEST(PredictionProposer, FollowsTheOutputThroughThePrediction) {
+  Follower f{{10, 11, 12, 13, 14, 15}};
+  EXPECT_EQ(f.propose({10}, 3), (std::vector<int32_t>{11, 12, 13}));
+  EXPECT_EQ(f.propose({10, 11, 12}, 3), (std::vector<int32_t>{13, 14, 15}));  // two accepted at once
+  EXPECT_EQ(f.propose({10, 11, 12, 13, 14}, 3), (std::vector<int32_t>{15}));   // near its end
+  EXPECT_TRUE(f.propose({10, 11, 12, 13, 14, 15}, 3).empty());                // at its end
+  EXPECT_EQ(f.cursor.position, 6);
+}
+
+TEST(PredictionProposer, FindsItsPlaceAgainAfterTheOutputLeavesIt) {
+  // The output writes its own tokens (7, 8), then comes back to the prediction.
+  Follower inserted{{1, 2, 3, 4, 5, 6, 7, 8, 9}};
+  EXPECT_EQ(inserted.propose({1, 2}, 2), (std::vector<int32_t>{3, 4}));
+  EXPECT_TRUE(inserted.propose({1, 2, 70, 80}, 2).empty());  // lost: no 2-token suffix of the output in it
+  EXPECT_EQ(inserted.cursor.position, -1);
+  EXPECT_EQ(inserted.propose({1, 2, 70, 80, 3, 4}, 2), (std::vector<int32_t>{5, 6}));
+  // The output skips part of the prediction (a deletion): found ahead.
+  Follower skipped{{1, 2, 3, 4, 5, 6, 7, 8, 9}};
+  EXPECT_EQ(skipped.propose({1, 2}, 2), (std::vector<int32_t>{3, 4}));
+  EXPECT_EQ(skipped.propose({1, 2, 6, 7}, 2), (std::vector<int32_t>{8, 9}));
+}
+
+TEST(PredictionProposer, ARepeatedSuffixIsFoundAheadOfWhereTheOutputWas) {
+  // 5 6 occurs twice; the output, past the first, changes a token then writes 5 6: the second one.
+  Follower f{{5, 6, 1, 2, 5, 6, 3, 4}};
+  EXPECT_EQ(f.propose({5, 6, 1}, 1), (std::vector<int32_t>{2}));
+  EXPECT_EQ(f.propose({5, 6, 1, 9, 5, 6}, 2), (std::vector<int32_t>{3, 4}));
+  // Nothing ahead: the first occurrence anywhere (the output went back).
+  Follower back{{5, 6, 1, 2, 3}};
+  EXPECT_EQ(back.propose({5, 6, 1, 2, 3}, 2), (std::vector<int32_t>{}));
+  EXPECT_EQ(back.propose({5, 6, 1, 2, 3, 5, 6}, 2), (std::vector<int32_t>{1, 2}));
+}
+
+TEST(PredictionProposer, TheSchedulerDraftsFromThePredictionFirst) {
+  Scheduler s(spec_config(3));
+  EngineCoreRequest r = make_request("p", {40, 41, 42, 40, 41}, 12);  // its prompt alone would draft 42
+  r.prediction_token_ids = {7, 8, 9, 10, 11};
+  s.add_request(std::move(r));
+  auto plan = s.schedule();
+  close(s, *plan, {{7}});
+  plan = s.schedule();  // the decode step verifies the prediction's next tokens
+  EXPECT_EQ(plan->draft_token_ids, (std::vector<int32_t>{8, 9, 10}));
+  close(s, *plan, {{8, 9, 30}});  // 10 refused: the output leaves the prediction, no suffix found in it
+  EXPECT_TRUE(s.find_request("p")->draft_token_ids.empty());
+}

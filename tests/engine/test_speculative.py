@@ -64,6 +64,47 @@ def test_ngram_greedy_tokens_and_logprobs_are_identical(plain, ngram) -> None:
     assert drafts > 50 and accepted > drafts / 3, (drafts, accepted)  # the copies were speculated on
 
 
+def test_a_prediction_drafts_where_the_output_follows_it(plain, ngram) -> None:
+    """OpenAI's Predicted Outputs: the prediction's tokens are the drafts where the output has reached
+    in it. A free prompt (few n-gram drafts of its own), greedy: the same tokens and logprobs with
+    the exact output, an edited one (words changed, a sentence dropped, one inserted) or an unrelated
+    text as the prediction; the drafts accepted follow how much of the output the prediction holds."""
+    prompt = PROMPTS[0]
+    want = run(plain, [prompt], GREEDY)[0]
+    text = plain.generate([prompt], GREEDY, use_tqdm=False)[0].outputs[0].text
+    words = text.split(" ")
+    edited = " ".join(words[:5] + ["entirely", "new", "words"] + words[5:12] + words[16:])
+    accepted = {}
+    for name, prediction in (("exact", text), ("edited", edited), ("unrelated", PARAGRAPH)):
+        before = spec_totals(ngram)
+        assert run(ngram, [prompt], SamplingParams(
+            temperature=0, max_tokens=48, logprobs=2, prediction=prediction))[0] == want, name
+        after = spec_totals(ngram)
+        accepted[name] = after["corellm:spec_decode_num_accepted_tokens"] - before["corellm:spec_decode_num_accepted_tokens"]
+    without = spec_totals(ngram)
+    run(ngram, [prompt], GREEDY)
+    accepted["none"] = spec_totals(ngram)["corellm:spec_decode_num_accepted_tokens"] - \
+        without["corellm:spec_decode_num_accepted_tokens"]
+    assert accepted["exact"] >= 0.75 * len(want[0]) - 1, accepted  # every step but the first takes its drafts
+    assert accepted["exact"] >= accepted["edited"] > accepted["none"] + 10, accepted
+    assert accepted["unrelated"] <= accepted["none"] + 4, accepted
+
+
+def test_a_prediction_needs_drafts_it_can_be_used_for(plain, ngram) -> None:
+    with pytest.raises(ValueError, match="prediction needs n-gram speculative decoding"):
+        plain.generate([PROMPTS[0]], SamplingParams(max_tokens=4, prediction="Hello"), use_tqdm=False)
+    from corellm.sampling_params import StructuredOutputsParams
+
+    with pytest.raises(ValueError, match="prediction cannot speed up a request with structured output"):
+        ngram.generate([PROMPTS[0]], SamplingParams(max_tokens=4, prediction="yes",
+                                                    structured_outputs=StructuredOutputsParams(choice=["yes", "no"])),
+                       use_tqdm=False)
+    with pytest.raises(ValueError, match="prediction has 600 tokens, more than any output could hold"):
+        ngram.generate([PROMPTS[0]], SamplingParams(max_tokens=4, prediction=" a" * 600), use_tqdm=False)
+    with pytest.raises(ValueError, match="prediction must be a non-empty string"):
+        SamplingParams(prediction="")
+
+
 def test_seeded_sampling_draws_the_same_tokens(plain, ngram) -> None:
     params = [SamplingParams(temperature=0.8, top_p=0.95, top_k=50, seed=s, max_tokens=40, presence_penalty=0.3 * (s % 2),
                              min_tokens=5) for s in range(4)]

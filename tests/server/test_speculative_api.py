@@ -1,12 +1,15 @@
 """The server with speculative decoding (--speculative-config): streamed and plain completions
 equal a server without it under greedy, the spec_decode counters move, and a bad JSON config
-stops the server at start with a message naming the problem."""
+stops the server at start with a message naming the problem. A chat's `prediction` (OpenAI's
+Predicted Outputs) gives the same reply, its tokens drafted (the accepted count moves), with
+completion_tokens_details; where no draft could come of it, a 400 naming it."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 
 import pytest
@@ -61,3 +64,60 @@ def test_bad_config_is_a_clear_start_error(config: str, message: str) -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert message in proc.stderr, proc.stderr
+
+
+def metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
+                   if line.startswith(name + "{"))
+
+
+def test_a_prediction_gives_the_same_reply_faster(server, spec_server) -> None:
+    openai = pytest.importorskip("openai")
+    plain, spec = (openai.OpenAI(base_url=s.url + "/v1", api_key="-", max_retries=0) for s in (server, spec_server))
+    ask = dict(model="SmolLM2-135M-Instruct", max_tokens=60, temperature=0,
+               messages=[{"role": "user", "content": "Write a haiku about the sea."}])
+    want = plain.chat.completions.create(**ask)
+    text = want.choices[0].message.content
+    accepted = "corellm:spec_decode_num_accepted_tokens_total"
+    before = metric(spec_server.url, accepted)
+    got = spec.chat.completions.create(**ask, prediction={"type": "content", "content": text})
+    assert got.choices[0].message.content == text
+    assert metric(spec_server.url, accepted) - before >= 0.6 * want.usage.completion_tokens
+    details = got.usage.completion_tokens_details
+    predicted = details.accepted_prediction_tokens + details.rejected_prediction_tokens
+    assert details.accepted_prediction_tokens >= 0.9 * predicted > 0
+    # streamed, the prediction as content parts; the usage at the end
+    chunks = list(spec.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True},
+                                               prediction={"type": "content", "content": [
+                                                   {"type": "text", "text": text[:20]}, {"type": "text", "text": text[20:]}]}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens == details.accepted_prediction_tokens
+    # an unrelated prediction: the same reply, all of it rejected but what the two share
+    other = spec.chat.completions.create(**ask, prediction={"type": "content", "content": PROMPT})
+    assert other.choices[0].message.content == text
+    unrelated = other.usage.completion_tokens_details
+    assert unrelated.rejected_prediction_tokens > unrelated.accepted_prediction_tokens
+
+
+@pytest.mark.parametrize("where, body, param", [
+    ("plain", {"prediction": {"type": "content", "content": "Hi"}}, "prediction"),  # no speculative decoding
+    ("spec", {"prediction": {"type": "content", "content": "{}"}, "response_format": {"type": "json_object"}},
+     "prediction"),
+    ("spec", {"prediction": {"type": "content", "content": []}}, "prediction.content"),
+    ("spec", {"prediction": {"type": "text", "content": "Hi"}}, "prediction.type"),
+])
+def test_a_prediction_no_draft_comes_of_is_a_400(server, spec_server, where, body, param) -> None:
+    url = (server if where == "plain" else spec_server).url
+    data = json.dumps({"model": "SmolLM2-135M-Instruct", "max_tokens": 4,
+                       "messages": [{"role": "user", "content": "Hi"}], **body}).encode()
+    req = urllib.request.Request(url + "/v1/chat/completions", data, {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=60)
+    assert err.value.code == 400 and json.loads(err.value.read())["error"]["param"].startswith(param)
+    completion_req = urllib.request.Request(url + "/v1/completions", json.dumps(
+        {"prompt": "Hi", "max_tokens": 2, "prediction": {"type": "content", "content": "x"}}).encode(),
+        {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:  # chat's alone
+        urllib.request.urlopen(completion_req, timeout=60)
+    assert json.loads(err.value.read())["error"]["param"] == "prediction"

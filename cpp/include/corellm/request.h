@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "corellm/prediction_proposer.h"
 #include "corellm/prefix_hash.h"
 
 namespace corellm {
@@ -62,6 +63,7 @@ struct EngineCoreRequest {
   std::string cache_salt;  // isolates prefix-cache sharing between tenants
   std::vector<MultiModalRange> mm_ranges;  // its images' placeholders, in prompt order
   bool use_structured_output = false;  // a grammar constrains its tokens (SchedulerOutput.uses_grammar)
+  std::vector<int32_t> prediction_token_ids;  // text the output should largely repeat: drafts (prediction_proposer.h)
   std::shared_ptr<RequestPayload> payload;
 };
 
@@ -123,6 +125,8 @@ struct Request {
   // schedules them (cleared by every update and by preemption), and how often its drafts pass.
   std::vector<int32_t> draft_token_ids;
   DraftAcceptance draft_acceptance;
+  std::vector<int32_t> prediction_token_ids;  // a prediction's tokens: drafts from there first
+  PredictionCursor prediction_cursor;
 
   int32_t batch_row = -1;  // row in the persistent input batch while RUNNING, else -1
   int32_t num_preemptions = 0;

@@ -167,7 +167,8 @@ class EngineCore:
             stop_token_ids=request.stop_token_ids, priority=request.priority,
             arrival_time=request.arrival_time, cache_salt=salt,
             mm_ranges=[(f.offset, f.length, f.hash) for f in request.mm_features],
-            use_structured_output=request.uses_grammar, payload=request)
+            use_structured_output=request.uses_grammar, prediction_token_ids=request.prediction_token_ids,
+            payload=request)
 
     def _admit_ready_grammars(self, wait: bool) -> None:
         """Requests whose grammar is now compiled enter the scheduler (or fail, if it did not

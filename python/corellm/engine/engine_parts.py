@@ -70,7 +70,8 @@ class EngineParts:
         engine_core = EngineCore(loaded, config, grammar_compiler, tp_workers=workers)
         input_processor = InputProcessor(loaded.tokenizer, loaded.config.vocab_size, engine_core.max_model_len,
                                          extra_eos, config.seed, config.scheduling_policy, grammar_compiler,
-                                         config.reasoning_parser, image_inputs=image_inputs_of(loaded, config))
+                                         config.reasoning_parser, image_inputs=image_inputs_of(loaded, config),
+                                         prediction_drafts=engine_core.scheduler.config.prompt_lookup_max > 0)
         return cls(loaded, engine_core, input_processor, OutputProcessor(loaded.tokenizer), grammar_compiler)
 
     def generation_defaults(self) -> dict:

@@ -44,7 +44,7 @@ class InputProcessor:
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_model_len: int,
                  extra_eos_token_ids: list[int] | None = None, seed: int = 0, scheduling_policy: str = "fcfs",
                  grammar_compiler: GrammarCompiler | None = None, reasoning_parser: str | None = None,
-                 image_inputs: ImageInputs | None = None):
+                 image_inputs: ImageInputs | None = None, prediction_drafts: bool = False):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -54,6 +54,7 @@ class InputProcessor:
         self.reasoning_parser = reasoning_parser  # a reasoning model: grammars start after its reasoning
         self._rng = random.Random(seed)  # seeds for requests that bring none: reproducible per engine
         self.image_inputs = image_inputs  # a model that takes images (LLaVA); None: text only
+        self.prediction_drafts = prediction_drafts  # the scheduler drafts n-grams (a prediction's too)
 
     def images(self, prompt: PromptType, ids: list[int]):
         """(ids with each image's placeholders expanded, its MultiModalFeatures) for a prompt's
@@ -141,6 +142,8 @@ class InputProcessor:
             block = self._prompt_block(ids)
         grammar_starts_after = THINK_END if grammar_key is not None and block not in (None, "closed") else None
         reasoning_budget = self._reasoning_budget(block, params.thinking_token_budget, params.structured_outputs)
+        prediction_token_ids = self.prediction_token_ids(params, constrained=grammar_key is not None
+                                                         or reasoning_budget is not None)
         arrival = time.time() if arrival_time is None else arrival_time
         parent_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
         samples = []
@@ -165,6 +168,7 @@ class InputProcessor:
                 grammar_starts_after=grammar_starts_after,
                 reasoning_budget=reasoning_budget,
                 mm_features=mm_features,
+                prediction_token_ids=prediction_token_ids,
             ))
         return ProcessedRequest(request_id, text, ids, params, samples)
 
@@ -205,6 +209,24 @@ class InputProcessor:
             raise ValueError(f"priority {priority} needs the priority scheduling policy (this engine runs "
                              f"{self.scheduling_policy!r}: start it with scheduling_policy='priority' / "
                              f"--scheduling-policy priority)")
+
+    def prediction_token_ids(self, params: SamplingParams, constrained: bool) -> list[int]:
+        """The prediction's tokens (drafts where the output follows it); a ValueError when no draft
+        would ever be taken from them: an engine without n-gram speculative decoding, or a request
+        whose tokens are masked (structured output, a thinking budget: they get no drafts)."""
+        if params.prediction is None:
+            return []
+        if not self.prediction_drafts:
+            raise ValueError('prediction needs n-gram speculative decoding: start the engine with a speculative '
+                             'config such as {"method": "ngram", "num_speculative_tokens": 4}')
+        if constrained:
+            raise ValueError("prediction cannot speed up a request with structured output or a thinking token "
+                             "budget (its tokens are masked: it gets no drafts)")
+        ids = self.tokenizer.encode(params.prediction, add_special_tokens=False)
+        if len(ids) > self.max_model_len:
+            raise ValueError(f"prediction has {len(ids)} tokens, more than any output could hold (the context is "
+                             f"{self.max_model_len} tokens)")
+        return ids
 
     def bad_words_token_ids(self, params: SamplingParams) -> list[list[int]]:
         """Each bad word's tokens alone and after a space (vLLM's rule: a word inside a text is
