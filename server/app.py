@@ -14,6 +14,7 @@ import corellm
 from corellm.engine.async_llm import AsyncLLM, EngineDeadError
 from corellm.server.chat import create_chat_completion, render_prompt
 from corellm.server.completions import create_completion
+from corellm.server.embeddings import EmbeddingRequest, create_embedding
 from corellm.server.errors import APIError, bad_request, validation_error
 from corellm.server.metrics import ServerMetrics
 from corellm.server.openapi import openapi_spec
@@ -104,6 +105,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def responses(request: web.Request) -> web.StreamResponse:
     return await create_response(request.app[SERVING], request, await parse(request, ResponsesRequest))
+
+
+async def embeddings(request: web.Request) -> web.Response:
+    return await create_embedding(request.app[SERVING], request, await parse(request, EmbeddingRequest))
 
 
 async def response_by_id(request: web.Request) -> web.Response:
@@ -212,6 +217,7 @@ def create_app(engine: AsyncLLM, config: ServerConfig) -> web.Application:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/v1/responses/{response_id}", response_by_id)
     app.router.add_delete("/v1/responses/{response_id}", response_deleted)
     app.router.add_post("/v1/responses/{response_id}/cancel", response_cancelled)

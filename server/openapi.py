@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import corellm
 from corellm.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from corellm.server.embeddings import EmbeddingRequest
 from corellm.server.responses_protocol import ResponsesRequest
 
 _ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
@@ -54,7 +55,8 @@ def _stored_response(method: str, summary: str, query: dict[str, dict] | None = 
 
 
 def openapi_spec() -> dict:
-    models = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, TokenizeRequest, DetokenizeRequest]
+    models = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, EmbeddingRequest, TokenizeRequest,
+              DetokenizeRequest]
     schemas: dict = {}
     for m in models:
         schema = m.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -67,6 +69,7 @@ def openapi_spec() -> dict:
             "/v1/completions": _post(CompletionRequest, "Text completion"),
             "/v1/chat/completions": _post(ChatCompletionRequest, "Chat completion"),
             "/v1/responses": _post(ResponsesRequest, "A response (OpenAI's Responses API)"),
+            "/v1/embeddings": _post(EmbeddingRequest, "Embeddings of the inputs (the prompt's hidden states pooled)"),
             "/v1/responses/{response_id}": {
                 **_stored_response("get", "A stored response", {"stream": {"type": "string", "enum": ["false"]}}),
                 **_stored_response("delete", "Forget a stored response")},

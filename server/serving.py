@@ -103,7 +103,7 @@ class Serving:
         if len(prompt_ids) >= limit:
             raise bad_request(f"This model's maximum context length is {limit} tokens. However, your {kind} has "
                               f"{len(prompt_ids)} tokens; at least one token must be left for the completion.",
-                              "messages" if kind == "messages" else "prompt", "context_length_exceeded")
+                              kind if kind in ("messages", "input") else "prompt", "context_length_exceeded")
         if requested_max_tokens is not None and len(prompt_ids) + requested_max_tokens > limit:
             raise bad_request(f"This model's maximum context length is {limit} tokens. However, you requested "
                               f"{len(prompt_ids) + requested_max_tokens} tokens ({len(prompt_ids)} in the {kind}, "

@@ -21,7 +21,8 @@ with _lasting_objects():  # torch's import makes ~200k objects that live as long
     from corellm.native import _core
     from corellm.config import EngineConfig, SchedulerConfig
     from corellm.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
-    from corellm.outputs import CompletionOutput, Logprob, RequestOutput
+    from corellm.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, RequestOutput
+    from corellm.pooling_params import PoolingParams
     from corellm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
 __version__ = "0.1.0"
@@ -36,6 +37,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'corellm' has no attribute {name!r}")
 
 
-__all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "CompletionOutput", "EngineConfig",
-           "Logprob", "RequestOutput", "RequestOutputKind", "SamplingParams", "SchedulerConfig",
+__all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "CompletionOutput", "EmbeddingOutput",
+           "EmbeddingRequestOutput", "EngineConfig", "Logprob", "PoolingParams", "RequestOutput", "RequestOutputKind",
+           "SamplingParams", "SchedulerConfig",
            "StructuredOutputsParams", "_core", "__version__"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from corellm.native import _core
+from corellm.pooling_params import POOLING_TYPES
 from corellm.reasoning_parser import REASONING_PARSERS
 
 # quantization= values: "gguf" keeps a GGUF file's quantized tensors as they are (CPU kernels,
@@ -166,6 +167,9 @@ class EngineConfig:
     # A reasoning model's <think> block format ("deepseek_r1", "qwen3"): structured output applies
     # after the reasoning; the server splits reasoning_content from the answer.
     reasoning_parser: str | None = None
+    # Embedding requests (PoolingParams): how the prompt's hidden states become a vector ("LAST",
+    # "MEAN", "CLS"); None: the model's (its sentence-transformers pooling config), else LAST.
+    pooling_type: str | None = None
     # Speculative decoding (None: off); a dict is read by SpeculativeConfig.from_dict.
     speculative_config: SpeculativeConfig | dict | None = None
     # Image inputs (a LLaVA model): at most this many images per prompt (vLLM's
@@ -207,6 +211,8 @@ class EngineConfig:
                 raise ValueError(f"limit_mm_per_prompt takes {{'image': N}}, got {limits!r}")
             _check_int("limit_mm_per_prompt['image']", limits.get("image", 1), 0)
         object.__setattr__(self, "allowed_media_domains", tuple(self.allowed_media_domains))
+        if self.pooling_type is not None and str(self.pooling_type).upper() not in POOLING_TYPES:
+            raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}, got {self.pooling_type!r}")
         if self.speculative_config is not None:
             object.__setattr__(self, "speculative_config", SpeculativeConfig.from_dict(self.speculative_config))
         if self.max_model_len is not None:

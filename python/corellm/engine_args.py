@@ -9,6 +9,7 @@ import os
 
 from corellm.config import QUANTIZATION_METHODS, EngineConfig
 from corellm.distributed.torchrun import TorchrunPlace
+from corellm.pooling_params import POOLING_TYPES
 from corellm.reasoning_parser import REASONING_PARSERS
 
 
@@ -30,6 +31,9 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reasoning-parser", default=None, choices=list(REASONING_PARSERS),
                    help="a reasoning model's <think> format: reasoning_content apart, structured output after it")
+    p.add_argument("--pooling-type", default=None, choices=list(POOLING_TYPES),
+                   help="how embedding requests pool the prompt's hidden states (default: the model's "
+                        "sentence-transformers pooling config, else LAST)")
     p.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
                         '"prompt_lookup_max": 4}\' or \'{"method": "draft_model", "model": PATH, '
@@ -97,7 +101,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         max_model_len=args.max_model_len,
                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                         block_size=args.block_size, seed=args.seed, scheduling_policy=args.scheduling_policy,
-                        reasoning_parser=args.reasoning_parser,
+                        reasoning_parser=args.reasoning_parser, pooling_type=args.pooling_type,
                         speculative_config=speculative_config_from_arg(args.speculative_config),
                         limit_mm_per_prompt=limit_mm_from_arg(args.limit_mm_per_prompt),
                         allowed_media_domains=tuple(args.allowed_media_domains),

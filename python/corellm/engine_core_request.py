@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from corellm.multimodal.features import MultiModalFeature
+from corellm.pooling_params import PoolingParams
 from corellm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # (structured_output imports this module)
@@ -46,6 +47,9 @@ class EngineCoreRequest:
     mm_features: list[MultiModalFeature] = field(default_factory=list)
     # Its prediction's tokens (SamplingParams.prediction): the scheduler drafts from them first.
     prediction_token_ids: list[int] = field(default_factory=list)
+    # An embedding request: its prompt's hidden states pooled into a vector (worker/pooler.py);
+    # its sampling_params then ask for the one token that ends it, which nobody reads.
+    pooling: PoolingParams | None = None
 
     @property
     def uses_grammar(self) -> bool:

@@ -22,7 +22,8 @@ from corellm.engine.data_parallel_replicas import DataParallelReplicas
 from corellm.engine.engine_parts import EngineParts
 from corellm.engine.input_processor import PromptType
 from corellm.model.loader import LoadedModel
-from corellm.outputs import RequestOutput
+from corellm.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from corellm.pooling_params import PoolingParams
 from corellm.sampling_params import RequestOutputKind, SamplingParams
 from corellm.tokenizer import Tokenizer
 from corellm.worker.tp_workers import TensorParallelWorkers, WorkerLoop
@@ -40,7 +41,8 @@ class LLM:
                  limit_mm_per_prompt: dict | None = None, allowed_media_domains: tuple[str, ...] = (),
                  tensor_parallel_size: int = 1, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
                  master_port: int = 0, disable_custom_all_reduce: bool = False, data_parallel_size: int = 1,
-                 reasoning_parser: str | None = None, loaded_model: LoadedModel | None = None):
+                 reasoning_parser: str | None = None, pooling_type: str | None = None,
+                 loaded_model: LoadedModel | None = None):
         """quantization: "gguf" (a GGUF file's quantized weights computed as they are; the default for
         a .gguf on the CPU), "int8" (an HF checkpoint's projections quantized to int8 at load: W8A8
         on the CPU or a Hopper GPU), "fp8" (the projections in fp8 e4m3 on a Hopper GPU) or "none"
@@ -50,6 +52,8 @@ class LLM:
         reasoning_parser: a reasoning model's format ("deepseek_r1" or "qwen3", as the server's
         --reasoning-parser): structured output applies to the answer after its <think> block, and
         SamplingParams.thinking_token_budget bounds the block.
+        pooling_type: how embed() pools the prompt's hidden states ("LAST", "MEAN", "CLS"; default:
+        the model's sentence-transformers pooling config, else LAST).
         limit_mm_per_prompt: a LLaVA model's images per prompt at most ({"image": N}; default 1);
         allowed_media_domains: the hosts whose image URLs may be fetched (default none).
         tensor_parallel_size: the model split over this many processes (heads, intermediate rows
@@ -95,7 +99,8 @@ class LLM:
                                    tensor_parallel_size=tensor_parallel_size, nnodes=nnodes, node_rank=node_rank,
                                    master_addr=master_addr, master_port=master_port,
                                    disable_custom_all_reduce=disable_custom_all_reduce,
-                                   reasoning_parser=reasoning_parser, torchrun=torchrun is not None)
+                                   reasoning_parser=reasoning_parser, pooling_type=pooling_type,
+                                   torchrun=torchrun is not None)
         # Under torchrun: on rank 0 the workers to send results to; on the others this rank's loop.
         self._torchrun_workers: TensorParallelWorkers | None = None
         self._follower: WorkerLoop | None = None
@@ -199,6 +204,24 @@ class LLM:
         """One RequestOutput per prompt, in order. priority: one per prompt (lower runs first),
         with scheduling_policy="priority"."""
         return self._on_every_rank(lambda: self._generate(prompts, sampling_params, use_tqdm, priority))
+
+    def embed(self, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams | None = None,
+              use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
+        """One vector per prompt, in order (vLLM's embed): the prompt's final hidden states pooled
+        by the engine's pooling_type (LAST, MEAN or CLS: the model's sentence-transformers config,
+        else LAST), L2-normalized unless pooling_params.normalize is False. With data_parallel_size
+        > 1 this process computes them all."""
+        return self._on_every_rank(lambda: self._embed(prompts, pooling_params or PoolingParams(), use_tqdm))
+
+    def _embed(self, prompts, params: PoolingParams, use_tqdm: bool) -> list[EmbeddingRequestOutput]:
+        prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        processed = [self.input_processor.process(str(next(self._ids)), prompt, params) for prompt in prompts]
+        results = []
+        for out in self._run(processed, use_tqdm):
+            if out.embedding is None:
+                raise RuntimeError(f"request {out.request_id} failed: {out.metrics.get('error', 'no vector made')}")
+            results.append(EmbeddingRequestOutput(out.request_id, out.prompt_token_ids, EmbeddingOutput(out.embedding)))
+        return results
 
     def _generate(self, prompts, sampling_params, use_tqdm: bool, priority) -> list[RequestOutput]:
         if isinstance(prompts, (str, dict)):

@@ -22,6 +22,7 @@ from corellm.engine.engine_core_outputs import EngineCoreOutput, EngineCoreOutpu
 from corellm.engine.step_cost_model import StepCostModel
 from corellm.engine_core_request import EngineCoreRequest
 from corellm.model.loader import LoadedModel
+from corellm.pooling_params import pooling_type_of
 from corellm.structured_output import GrammarCompiler, StructuredOutputManager
 from corellm.worker.kv_cache import bytes_per_block, kv_cache_budget
 from corellm.worker.draft_model_proposer import DraftModelProposer, load_draft_model
@@ -115,7 +116,8 @@ class EngineCore:
         self.scheduler_config = plan_scheduler_config(loaded, config, draft)
         native = self.scheduler_config.to_native()
         self.scheduler = _core.Scheduler(native)
-        self.model_runner = ModelRunner(loaded, native, enforce_eager=config.enforce_eager, tp_workers=tp_workers)
+        self.model_runner = ModelRunner(loaded, native, enforce_eager=config.enforce_eager, tp_workers=tp_workers,
+                                        pooling_type=pooling_type_of(loaded.path, config.pooling_type))
         self.drafter = None if draft is None else DraftModelProposer(draft, spec.num_speculative_tokens, native,
                                                                       self.model_runner)
         self.structured_output = StructuredOutputManager(grammar_compiler)
@@ -158,9 +160,11 @@ class EngineCore:
 
     def _add_to_scheduler(self, request: EngineCoreRequest) -> None:
         p = request.sampling_params
-        # A request whose prompt logprobs are wanted must compute every prompt position: keep it
-        # out of prefix-cache sharing with a salt of its own.
-        salt = request.cache_salt if p.prompt_logprobs is None else f"{request.cache_salt}\x00{request.request_id}"
+        # A request whose prompt logprobs are wanted, or whose pooling reads every prompt row, must
+        # compute every prompt position: keep it out of prefix-cache sharing with a salt of its own.
+        every_position = p.prompt_logprobs is not None or (
+            request.pooling is not None and self.model_runner.pooler.needs_every_position)
+        salt = f"{request.cache_salt}\x00{request.request_id}" if every_position else request.cache_salt
         self.scheduler.add_request(
             request.request_id, request.prompt_token_ids, max_tokens=p.max_tokens, min_tokens=p.min_tokens,
             ignore_eos=p.ignore_eos, eos_token_id=-1 if request.eos_token_id is None else request.eos_token_id,
@@ -253,6 +257,7 @@ class EngineCore:
             if req_id in mro.logprobs:
                 out.new_logprobs = mro.logprobs[req_id][:n]
             out.new_prompt_logprobs = mro.prompt_logprobs.pop(req_id, None)
+            out.pooled = mro.pooled.get(req_id)
             for token in new:  # structured requests get no drafts: one token
                 self._advance_grammar(out, token)
             outputs.append(out)

@@ -21,6 +21,7 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage's cached_tokens)
     new_logprobs: list[SampledTokenLogprobs] | None = None  # the new tokens', if the request asked
     new_prompt_logprobs: PromptLogprobs | None = None  # prompt positions computed this step, if asked
+    pooled: list[float] | None = None  # an embedding request's vector (when its prompt is computed)
     error: str | None = None  # why the request failed (finish_reason "error")
     # The SamplingParams field whose content made the request fail ("structured_outputs": the
     # output cannot follow its grammar with this model), None when the engine is at fault.

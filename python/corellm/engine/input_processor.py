@@ -11,8 +11,9 @@ from typing import Any
 
 from corellm.engine_core_request import EngineCoreRequest
 from corellm.multimodal.image_inputs import ImageInputs
+from corellm.pooling_params import PoolingParams
 from corellm.reasoning_parser import THINK_END, THINK_START
-from corellm.sampling_params import SamplingParams, StructuredOutputsParams
+from corellm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from corellm.structured_output import GrammarCompiler
 from corellm.structured_output.reasoning_wait import ForcedReasoningEnd, ReasoningBudget
 from corellm.tokenizer import Tokenizer
@@ -95,12 +96,18 @@ class InputProcessor:
         raise ValueError(f"a prompt must be a string or a dict with 'prompt_token_ids' or 'prompt', "
                          f"got {type(prompt).__name__}")
 
-    def process(self, request_id: str, prompt: PromptType, params: SamplingParams | None,
+    def process(self, request_id: str, prompt: PromptType, params: SamplingParams | PoolingParams | None,
                 arrival_time: float | None = None, priority: int = 0, cache_salt: str = "") -> ProcessedRequest:
+        """params: how to generate, or PoolingParams for an embedding request (as vLLM takes
+        either): its prompt is computed and pooled; the one token it samples to end is not kept."""
         if params is None:
             params = SamplingParams()
+        pooling = None
+        if isinstance(params, PoolingParams):
+            pooling, params = params, SamplingParams(max_tokens=1, temperature=0.0,
+                                                     output_kind=RequestOutputKind.FINAL_ONLY)
         if not isinstance(params, SamplingParams):
-            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+            raise ValueError(f"sampling params must be a SamplingParams or a PoolingParams, got {type(params).__name__}")
         text, ids = self.tokenize(prompt)
         ids, mm_features = self.images(prompt, ids)
         if not ids:
@@ -169,6 +176,7 @@ class InputProcessor:
                 reasoning_budget=reasoning_budget,
                 mm_features=mm_features,
                 prediction_token_ids=prediction_token_ids,
+                pooling=pooling,
             ))
         return ProcessedRequest(request_id, text, ids, params, samples)
 

@@ -41,6 +41,7 @@ class RequestState:
     num_cached_tokens: int = 0
     error: str | None = None
     error_field: str | None = None  # EngineCoreOutput.error_field
+    embedding: list[float] | None = None  # an embedding request's vector
 
     @property
     def finished(self) -> bool:
@@ -135,6 +136,8 @@ class OutputProcessor:
                     tid, plp.logprobs[j], plp.ranks[j], plp.top_token_ids[j], plp.top_logprobs[j])
         if out.error is not None:
             state.error, state.error_field = out.error, out.error_field
+        if out.pooled is not None:
+            state.embedding = out.pooled
         stop_terminated = out.finished and out.finish_reason == "stop"  # a stop token or EOS ended it
         seen = sample.detokenizer.num_tokens
         stop_str = sample.detokenizer.update(out.new_token_ids, stop_terminated) if out.new_token_ids else None
@@ -192,7 +195,7 @@ class OutputProcessor:
         req = state.request
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, state.prompt_logprobs, completions,
                              finished, state.num_cached_tokens,
-                             metrics=self._error_metrics(state))
+                             metrics=self._error_metrics(state), embedding=state.embedding)
 
     @staticmethod
     def _error_metrics(state: RequestState) -> dict:

@@ -9,7 +9,7 @@ ModelRunnerOutput."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from corellm.worker.cuda_graphs import CUDAGraphRunner
 from corellm.worker.encoder_cache import EncoderCache
 from corellm.worker.kv_cache import allocate_kv_caches
 from corellm.worker.model_runner_output import ModelRunnerOutput, PromptLogprobs, SampledTokenLogprobs
+from corellm.worker.pooler import Pooler
 from corellm.worker.sampling_state import SamplingState
 from corellm.worker import token_bitmasks
 from corellm.worker.step_activity import StepActivity
@@ -52,14 +53,18 @@ class ExecuteModelState:
     scheduler_output: _core.SchedulerOutput
     logits: torch.Tensor | None  # float32 [num_reqs, vocab]
     prompt_logprobs: dict[str, PromptLogprobs]
+    pooled: dict[str, list[float]] = field(default_factory=dict)  # embedding requests done this step
 
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, scheduler_config: _core.SchedulerConfig, enforce_eager: bool = False,
-                 tp_workers: TensorParallelWorkers | None = None):
+                 tp_workers: TensorParallelWorkers | None = None, pooling_type: str = "LAST"):
         """On CUDA, decode batches replay captured CUDA graphs unless enforce_eager. tp_workers:
         the model is rank 0 of a tensor-parallel group whose other ranks run in these workers;
-        each step's inputs are sent to them before the forward."""
+        each step's inputs are sent to them before the forward. pooling_type: how embedding
+        requests' vectors are made (worker/pooler.py)."""
+        self.pooler = Pooler(pooling_type)
+        self._pooling: set[str] = set()  # the embedding requests in the batch (most steps: none)
         self.model = loaded.model
         self.device = self.model.device
         self.vocab_size = loaded.config.vocab_size
@@ -116,8 +121,9 @@ class ModelRunner:
             hidden = self.forward(so, spans)
             logits = self.model.compute_logits(hidden[torch.from_numpy(b.logits_indices).long().to(self.device)])
             prompt_logprobs = self._prompt_logprobs(spans, hidden)
+            pooled = self._pool(so, hidden)
         # The sampler runs where the logits are (corellm's CPU or CUDA kernel).
-        self._state = ExecuteModelState(so, logits.float().contiguous(), prompt_logprobs)
+        self._state = ExecuteModelState(so, logits.float().contiguous(), prompt_logprobs, pooled)
         return None
 
     def forward(self, so: _core.SchedulerOutput, prompt_spans: list[PromptSpan] = ()) -> torch.Tensor:
@@ -204,6 +210,9 @@ class ModelRunner:
         for req_id in list(so.finished_req_ids) + list(so.preempted_req_ids):
             self.sampling.remove(req_id)
             self.mm_features.pop(req_id, None)
+            self._pooling.discard(req_id)
+        for req_id in so.finished_req_ids:
+            self.pooler.drop(req_id)
         for image_hash in so.freed_encoder_hashes:
             self.encoder_cache.drop(image_hash)
         for new in so.scheduled_new_reqs:
@@ -212,6 +221,8 @@ class ModelRunner:
             self.sampling.add(request, new.batch_row, outputs)
             if request.mm_features:
                 self.mm_features[request.request_id] = request.mm_features
+            if request.pooling is not None:
+                self._pooling.add(request.request_id)
         self.builder.update_states(so)
 
     def _prompt_spans(self, so: _core.SchedulerOutput) -> list[PromptSpan]:
@@ -230,6 +241,24 @@ class ModelRunner:
             if end > start:
                 spans.append(PromptSpan(req_id, start, end, int(qsl[i]), int(qsl[i]) + (end - start)))
         return spans
+
+    def _pool(self, so: _core.SchedulerOutput, hidden: torch.Tensor) -> dict[str, list[float]]:
+        """The vectors of the embedding requests whose prompt this step completes (the pooler keeps
+        what earlier chunks left)."""
+        pooled = {}
+        if not self._pooling:
+            return pooled
+        qsl = self.builder.query_start_loc
+        for i, req_id in enumerate(so.req_ids):
+            if req_id not in self._pooling:
+                continue
+            r = self.sampling.requests[req_id]
+            start, n = int(so.num_computed_tokens[i]), int(so.num_scheduled_tokens[i])
+            vector = self.pooler.pool(req_id, r.request.pooling, len(r.request.prompt_token_ids), start,
+                                      hidden[int(qsl[i]):int(qsl[i]) + n])
+            if vector is not None:
+                pooled[req_id] = vector
+        return pooled
 
     def _prompt_logprobs(self, spans: list[PromptSpan], hidden: torch.Tensor) -> dict[str, PromptLogprobs]:
         out: dict[str, PromptLogprobs] = {}
@@ -285,7 +314,7 @@ class ModelRunner:
             new_tokens = result.sampled_token_ids.cpu().numpy()[:, None]
         samples = so.samples_token
         new_tokens[~samples] = -1
-        out = ModelRunnerOutput(req_ids, new_tokens, prompt_logprobs=state.prompt_logprobs)
+        out = ModelRunnerOutput(req_ids, new_tokens, prompt_logprobs=state.prompt_logprobs, pooled=state.pooled)
         for i in np.nonzero(samples & (new_tokens[:, 0] < 0))[0]:
             constrained = masks is not None and masks[1][i] >= 0
             out.errors[req_ids[i]] = ("its grammar or allowed_token_ids leave no token to sample here" if constrained

@@ -43,6 +43,7 @@ class ModelRunnerOutput:
     logprobs: dict[str, list[SampledTokenLogprobs]] = field(default_factory=dict)
     prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)  # prompt chunks computed now
     errors: dict[str, str] = field(default_factory=dict)  # request id -> why it failed this step
+    pooled: dict[str, list[float]] = field(default_factory=dict)  # embedding requests whose prompt is done
 
     @classmethod
     def empty(cls) -> "ModelRunnerOutput":

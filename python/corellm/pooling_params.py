@@ -1,0 +1,52 @@
+"""PoolingParams: an embedding request (vLLM's PoolingParams for its "embed" task), given where a
+SamplingParams would be: the engine computes the prompt (no token is kept) and pools its final
+hidden states — the final norm's output, as transformers' `last_hidden_state` — into one vector:
+
+    LAST   the prompt's last token's row (decoder embedding models: Qwen3-Embedding, e5-mistral)
+    MEAN   the mean of every prompt row, in fp32
+    CLS    the prompt's first token's row
+
+The pooling type is the model's (pooling_type_of: its sentence-transformers 1_Pooling/config.json,
+else LAST), or the engine's `pooling_type`; the vector is L2-normalized unless `normalize` is
+False."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+POOLING_TYPES = ("LAST", "MEAN", "CLS")
+
+# sentence-transformers' pooling modes (1_Pooling/config.json) -> corellm's
+_SENTENCE_TRANSFORMERS_MODES = {"pooling_mode_lasttoken": "LAST", "pooling_mode_mean_tokens": "MEAN",
+                                "pooling_mode_cls_token": "CLS"}
+
+
+@dataclass
+class PoolingParams:
+    normalize: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.normalize, bool):
+            raise ValueError(f"normalize must be a bool, got {self.normalize!r}.")
+
+
+def pooling_type_of(model_path: str | Path, configured: str | None) -> str:
+    """The engine's pooling type: `configured` when given (one of POOLING_TYPES), else what the
+    model directory's sentence-transformers pooling config names (one mode set), else LAST."""
+    if configured is not None:
+        if configured.upper() not in POOLING_TYPES:
+            raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}, got {configured!r}")
+        return configured.upper()
+    config = Path(model_path) / "1_Pooling" / "config.json"
+    if config.is_file():
+        modes = json.loads(config.read_text())
+        chosen = [kind for key, kind in _SENTENCE_TRANSFORMERS_MODES.items() if modes.get(key)]
+        other = [k for k, v in modes.items() if k.startswith("pooling_mode_") and v and k not in _SENTENCE_TRANSFORMERS_MODES]
+        if len(chosen) != 1 or other:
+            raise ValueError(f"{config}: corellm pools by one of {', '.join(_SENTENCE_TRANSFORMERS_MODES)}, the "
+                             f"model asks for {[k for k, v in modes.items() if k.startswith('pooling_mode_') and v]}; "
+                             f"give pooling_type to choose")
+        return chosen[0]
+    return "LAST"

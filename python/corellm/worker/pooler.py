@@ -1,0 +1,61 @@
+"""Pooler: the embedding requests' vectors (PoolingParams), from each step's final hidden states.
+A request's prompt may be computed over several steps (chunked prefill, and again after a
+preemption): step by step the pooler keeps what its pooling type needs of the positions not yet
+taken in — CLS the first position's row, MEAN the running sum of the rows in position order, in
+float64 (a sequential scan: the same sum whatever the chunks) — and once the prompt's last position
+is computed gives the vector: LAST that row, MEAN the sum over the prompt's length, CLS the first
+row; in fp32, L2-normalized if the request asks. A row's bits do not depend on the batch (corellm's
+kernels), so neither does the vector."""
+
+from __future__ import annotations
+
+import torch
+
+from corellm.pooling_params import POOLING_TYPES, PoolingParams
+
+
+class Pooler:
+    def __init__(self, pooling_type: str):
+        if pooling_type not in POOLING_TYPES:
+            raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}, got {pooling_type!r}")
+        self.pooling_type = pooling_type
+        # request -> (the CLS row or the MEAN sum so far, the prompt positions taken in so far)
+        self._partial: dict[str, tuple[torch.Tensor | None, int]] = {}
+
+    @property
+    def needs_every_position(self) -> bool:
+        """Whether the vector reads rows before the prompt's last (MEAN, CLS): a prompt served from
+        another request's prefix-cache blocks would leave them uncomputed."""
+        return self.pooling_type != "LAST"
+
+    def drop(self, req_id: str) -> None:
+        """A finished request. (A preempted one keeps its part: the positions it computes again
+        are not taken in twice, and those its own cached blocks spare it were taken in before.)"""
+        self._partial.pop(req_id, None)
+
+    def pool(self, req_id: str, params: PoolingParams, prompt_len: int, start: int,
+             rows: torch.Tensor) -> list[float] | None:
+        """rows: the request's hidden rows this step, prompt positions [start, start + len(rows));
+        the vector once the prompt's last position is among them, else None."""
+        end = start + rows.shape[0]
+        if self.pooling_type != "LAST":
+            part, taken = self._partial.get(req_id, (None, 0))
+            new_from, new_to = max(taken, start), min(end, prompt_len)
+            if new_to > new_from:
+                new = rows[new_from - start:new_to - start]
+                if self.pooling_type == "MEAN":
+                    scan = new.double() if part is None else torch.cat([part[None], new.double()])
+                    part = scan.cumsum(dim=0)[-1]
+                elif new_from == 0:
+                    part = rows[0].float()
+                self._partial[req_id] = (part, new_to)
+        if end < prompt_len:
+            return None
+        if self.pooling_type == "LAST":
+            vector = rows[prompt_len - 1 - start].float()
+        else:
+            part, _ = self._partial.pop(req_id)
+            vector = (part / prompt_len).float() if self.pooling_type == "MEAN" else part
+        if params.normalize:
+            vector = torch.nn.functional.normalize(vector, dim=0)
+        return vector.cpu().tolist()

@@ -1,0 +1,74 @@
+"""POST /v1/embeddings (OpenAI's Embeddings API, as vLLM serves it): each input — a string, or token
+ids — becomes an embedding request (PoolingParams): the engine computes the prompt and pools its
+final hidden states by its pooling type (--pooling-type; worker/pooler.py), L2-normalized unless
+vLLM's `normalize` is false. The vectors come back as floats, or as base64 of their little-endian
+float32 bytes (`encoding_format`). A model answers embedding and generation requests alike: one
+trained for embeddings (Qwen3-Embedding, e5-mistral) gives vectors worth comparing."""
+
+from __future__ import annotations
+
+import base64
+from typing import Annotated, Literal
+
+import numpy as np
+from aiohttp import web
+from pydantic import Field
+
+from corellm.pooling_params import PoolingParams
+from corellm.server.errors import APIError, bad_request
+from corellm.server.protocol import MAX_REQUEST_ID_CHARS, RequestPart, TokenId
+from corellm.server.serving import Serving, now
+
+MAX_INPUTS = 2048  # OpenAI's limit on inputs per request
+
+Text = Annotated[str, Field(min_length=1)]
+Tokens = Annotated[list[TokenId], Field(min_length=1)]
+
+
+class EmbeddingRequest(RequestPart):
+    model: str | None = None
+    input: Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_INPUTS)] | Tokens \
+        | Annotated[list[Tokens], Field(min_length=1, max_length=MAX_INPUTS)]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)  # refused: no model served declares shorter vectors
+    user: str | None = None
+    # vLLM's extras
+    normalize: bool | None = None  # default true
+    add_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    priority: int = Field(0, ge=-2**31, lt=2**31)
+    request_id: str | None = Field(None, min_length=1, max_length=MAX_REQUEST_ID_CHARS, pattern=r"^[\x21-\x7e]+$")
+
+    def prompts(self) -> list[str | list[int]]:
+        if isinstance(self.input, str) or (self.input and isinstance(self.input[0], int)):
+            return [self.input]
+        return list(self.input)
+
+
+async def create_embedding(serving: Serving, request: web.Request, req: EmbeddingRequest) -> web.Response:
+    model = serving.check_model(req.model)
+    if req.dimensions is not None:
+        raise bad_request("dimensions is not supported: the served model declares no shorter (Matryoshka) vectors",
+                          "dimensions", "unsupported_field")
+    response_id, engine_id = serving.new_ids("embd-", request, req.request_id)
+    params = PoolingParams(normalize=req.normalize is not False)
+    processed = []
+    for i, prompt in enumerate(req.prompts()):
+        text = prompt if isinstance(prompt, str) else None
+        ids = serving.tokenizer.encode(prompt, add_special_tokens=req.add_special_tokens) if text is not None \
+            else prompt
+        if req.truncate_prompt_tokens is not None:
+            ids = serving.truncate_prompt(ids, req.truncate_prompt_tokens)
+        processed.append(serving.prepare(f"{engine_id}-{i}", ids, text, params, None, kind="input",
+                                         priority=req.priority))
+    outputs = await serving.run_all(processed)
+    data = []
+    for i, out in enumerate(outputs):
+        if out.embedding is None:
+            raise APIError(500, f"input {i} gave no vector: {out.metrics.get('error', 'unknown')}", "internal_error")
+        vector = out.embedding if req.encoding_format == "float" else \
+            base64.b64encode(np.asarray(out.embedding, dtype="<f4").tobytes()).decode()
+        data.append({"object": "embedding", "index": i, "embedding": vector})
+    tokens = sum(len(out.prompt_token_ids) for out in outputs)
+    return web.json_response({"id": response_id, "object": "list", "created": now(), "model": model, "data": data,
+                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
