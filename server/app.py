@@ -15,6 +15,7 @@ from corellm.engine.async_llm import AsyncLLM, EngineDeadError
 from corellm.server.chat import create_chat_completion, render_prompt
 from corellm.server.completions import create_completion
 from corellm.server.embeddings import EmbeddingRequest, create_embedding
+from corellm.server.scores import RerankRequest, ScoreRequest, create_rerank, create_score
 from corellm.server.errors import APIError, bad_request, validation_error
 from corellm.server.metrics import ServerMetrics
 from corellm.server.openapi import openapi_spec
@@ -109,6 +110,14 @@ async def responses(request: web.Request) -> web.StreamResponse:
 
 async def embeddings(request: web.Request) -> web.Response:
     return await create_embedding(request.app[SERVING], request, await parse(request, EmbeddingRequest))
+
+
+async def scores(request: web.Request) -> web.Response:
+    return await create_score(request.app[SERVING], request, await parse(request, ScoreRequest))
+
+
+async def rerank(request: web.Request) -> web.Response:
+    return await create_rerank(request.app[SERVING], request, await parse(request, RerankRequest))
 
 
 async def response_by_id(request: web.Request) -> web.Response:
@@ -218,6 +227,10 @@ def create_app(engine: AsyncLLM, config: ServerConfig) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/responses", responses)
     app.router.add_post("/v1/embeddings", embeddings)
+    for prefix in ("", "/v1"):
+        app.router.add_post(f"{prefix}/score", scores)
+    for prefix in ("", "/v1", "/v2"):
+        app.router.add_post(f"{prefix}/rerank", rerank)
     app.router.add_get("/v1/responses/{response_id}", response_by_id)
     app.router.add_delete("/v1/responses/{response_id}", response_deleted)
     app.router.add_post("/v1/responses/{response_id}/cancel", response_cancelled)

@@ -51,24 +51,29 @@ async def create_embedding(serving: Serving, request: web.Request, req: Embeddin
         raise bad_request("dimensions is not supported: the served model declares no shorter (Matryoshka) vectors",
                           "dimensions", "unsupported_field")
     response_id, engine_id = serving.new_ids("embd-", request, req.request_id)
-    params = PoolingParams(normalize=req.normalize is not False)
-    processed = []
-    for i, prompt in enumerate(req.prompts()):
-        text = prompt if isinstance(prompt, str) else None
-        ids = serving.tokenizer.encode(prompt, add_special_tokens=req.add_special_tokens) if text is not None \
-            else prompt
-        if req.truncate_prompt_tokens is not None:
-            ids = serving.truncate_prompt(ids, req.truncate_prompt_tokens)
-        processed.append(serving.prepare(f"{engine_id}-{i}", ids, text, params, None, kind="input",
-                                         priority=req.priority))
-    outputs = await serving.run_all(processed)
-    data = []
-    for i, out in enumerate(outputs):
-        if out.embedding is None:
-            raise APIError(500, f"input {i} gave no vector: {out.metrics.get('error', 'unknown')}", "internal_error")
-        vector = out.embedding if req.encoding_format == "float" else \
-            base64.b64encode(np.asarray(out.embedding, dtype="<f4").tobytes()).decode()
-        data.append({"object": "embedding", "index": i, "embedding": vector})
-    tokens = sum(len(out.prompt_token_ids) for out in outputs)
+    vectors, tokens = await embed(serving, engine_id, req.prompts(), PoolingParams(normalize=req.normalize is not False),
+                                  add_special_tokens=req.add_special_tokens,
+                                  truncate_prompt_tokens=req.truncate_prompt_tokens, priority=req.priority)
+    data = [{"object": "embedding", "index": i, "embedding": vector if req.encoding_format == "float" else
+             base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()} for i, vector in enumerate(vectors)]
     return web.json_response({"id": response_id, "object": "list", "created": now(), "model": model, "data": data,
                               "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+async def embed(serving: Serving, engine_id: str, prompts: list[str | list[int]], params: PoolingParams,
+                add_special_tokens: bool = True, truncate_prompt_tokens: int | None = None, priority: int = 0,
+                field: str = "input") -> tuple[list[list[float]], int]:
+    """The prompts' vectors, in order, and their tokens in all (a 400 naming `field` for a prompt
+    the context cannot hold)."""
+    processed = []
+    for i, prompt in enumerate(prompts):
+        text = prompt if isinstance(prompt, str) else None
+        ids = serving.tokenizer.encode(prompt, add_special_tokens=add_special_tokens) if text is not None else prompt
+        if truncate_prompt_tokens is not None:
+            ids = serving.truncate_prompt(ids, truncate_prompt_tokens)
+        processed.append(serving.prepare(f"{engine_id}-{i}", ids, text, params, None, kind=field, priority=priority))
+    outputs = await serving.run_all(processed)
+    for i, out in enumerate(outputs):
+        if out.embedding is None:
+            raise APIError(500, f"{field} {i} gave no vector: {out.metrics.get('error', 'unknown')}", "internal_error")
+    return [out.embedding for out in outputs], sum(len(out.prompt_token_ids) for out in outputs)

@@ -6,6 +6,7 @@ import corellm
 from corellm.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from corellm.server.embeddings import EmbeddingRequest
 from corellm.server.responses_protocol import ResponsesRequest
+from corellm.server.scores import RerankRequest, ScoreRequest
 
 _ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
     "message": {"type": "string"}, "type": {"type": "string"},
@@ -55,8 +56,8 @@ def _stored_response(method: str, summary: str, query: dict[str, dict] | None = 
 
 
 def openapi_spec() -> dict:
-    models = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, EmbeddingRequest, TokenizeRequest,
-              DetokenizeRequest]
+    models = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, EmbeddingRequest, ScoreRequest,
+              RerankRequest, TokenizeRequest, DetokenizeRequest]
     schemas: dict = {}
     for m in models:
         schema = m.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -70,6 +71,10 @@ def openapi_spec() -> dict:
             "/v1/chat/completions": _post(ChatCompletionRequest, "Chat completion"),
             "/v1/responses": _post(ResponsesRequest, "A response (OpenAI's Responses API)"),
             "/v1/embeddings": _post(EmbeddingRequest, "Embeddings of the inputs (the prompt's hidden states pooled)"),
+            **{f"{prefix}/score": _post(ScoreRequest, "The cosine similarity of texts' embeddings, per pair")
+               for prefix in ("", "/v1")},
+            **{f"{prefix}/rerank": _post(RerankRequest, "Documents ranked by their embeddings' similarity to a query")
+               for prefix in ("", "/v1", "/v2")},
             "/v1/responses/{response_id}": {
                 **_stored_response("get", "A stored response", {"stream": {"type": "string", "enum": ["false"]}}),
                 **_stored_response("delete", "Forget a stored response")},

@@ -94,8 +94,8 @@ class Serving:
                 requested_max_tokens: int | None, kind: str = "prompt", cache_salt: str | None = None,
                 priority: int = 0, structured_field: str | None = None,
                 images: list[tuple[str, str]] | None = None) -> ProcessedRequest:
-        """Validates one prompt against the context; the messages name the numbers.
-        structured_field: the request field its output constraint came from (the engine checks
+        """Validates one prompt against the context; the messages name the numbers and `kind`, the
+        request field the prompt came from ("prompt", "messages", "input", ...). structured_field: the request field its output constraint came from (the engine checks
         the constraint and its error then names that field). images: (the part's name, its URL)
         for each image of the messages, in order. The context check counts an image's placeholder
         tokens once they are expanded (the engine's own check)."""
@@ -103,7 +103,7 @@ class Serving:
         if len(prompt_ids) >= limit:
             raise bad_request(f"This model's maximum context length is {limit} tokens. However, your {kind} has "
                               f"{len(prompt_ids)} tokens; at least one token must be left for the completion.",
-                              kind if kind in ("messages", "input") else "prompt", "context_length_exceeded")
+                              kind, "context_length_exceeded")
         if requested_max_tokens is not None and len(prompt_ids) + requested_max_tokens > limit:
             raise bad_request(f"This model's maximum context length is {limit} tokens. However, you requested "
                               f"{len(prompt_ids) + requested_max_tokens} tokens ({len(prompt_ids)} in the {kind}, "

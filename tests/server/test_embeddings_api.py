@@ -1,10 +1,14 @@
 """POST /v1/embeddings through the official openai client: the vectors are the engine's own
 (LLM.embed, bit for bit), as floats or base64 float32, for strings and token ids; usage counts the
-inputs' tokens; what is not made (dimensions) and bad inputs are 400s naming the field."""
+inputs' tokens; what is not made (dimensions) and bad inputs are 400s naming the field. /score and
+/rerank: the cosine similarities of the same vectors, per pair and ranked."""
 
 from __future__ import annotations
 
 import base64
+import json
+import urllib.error
+import urllib.request
 
 import numpy as np
 import openai
@@ -50,3 +54,53 @@ def test_bad_requests_name_the_field(client, body, param):
     with pytest.raises(openai.BadRequestError) as err:
         client.embeddings.create(**{"model": MODEL, "input": "Hi", **body})
     assert err.value.body["param"].startswith(param), err.value.body
+
+
+def post(server, path: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(server.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+DOCS = ["Paris is the capital of France.", "Bananas are yellow.", "France's capital city is Paris."]
+
+
+def test_scores_are_cosine_similarities_of_the_vectors(server, offline):
+    query = "What is the capital of France?"
+    vectors = {t: np.asarray(o.outputs.embedding, dtype=np.float64)
+               for t, o in zip([query] + DOCS, offline.embed([query] + DOCS, use_tqdm=False))}
+    want = [float(vectors[query] @ vectors[d]) for d in DOCS]
+    status, body = post(server, "/score", {"queries": query, "documents": DOCS})
+    assert status == 200 and [d["score"] for d in body["data"]] == pytest.approx(want, abs=1e-9)
+    assert [d["index"] for d in body["data"]] == [0, 1, 2]
+    # vLLM's older names, under /v1; pairwise lists
+    status, older = post(server, "/v1/score", {"text_1": [query, DOCS[0]], "text_2": [DOCS[0], DOCS[2]]})
+    assert status == 200 and [d["score"] for d in older["data"]] == pytest.approx(
+        [want[0], float(vectors[DOCS[0]] @ vectors[DOCS[2]])], abs=1e-9)
+    # rerank: best first, the top_n best
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        status, ranked = post(server, path, {"query": query, "documents": DOCS, "top_n": 2})
+        assert status == 200
+        best = sorted(range(3), key=lambda i: -want[i])[:2]
+        assert [r["index"] for r in ranked["results"]] == best
+        assert [r["relevance_score"] for r in ranked["results"]] == pytest.approx([want[i] for i in best], abs=1e-9)
+        assert ranked["results"][0]["document"]["text"] == DOCS[best[0]]
+    status, bare = post(server, "/rerank", {"query": query, "documents": DOCS, "return_documents": False})
+    assert len(bare["results"]) == 3 and "document" not in bare["results"][0] and bare["usage"]["total_tokens"] > 0
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/score", {"queries": "a", "text_1": "a", "documents": "b"}, "queries"),
+    ("/score", {"queries": "a"}, "documents"),
+    ("/score", {"queries": ["a", "b"], "documents": ["c", "d", "e"]}, "queries"),
+    ("/score", {"queries": "a", "documents": ["word " * 600]}, "documents"),
+    ("/rerank", {"query": "word " * 600, "documents": ["b"]}, "query"),
+    ("/rerank", {"query": "a", "documents": []}, "documents"),
+    ("/rerank", {"query": "a", "documents": ["b"], "top_n": -1}, "top_n"),
+])
+def test_bad_score_requests_name_the_field(server, path, body, param):
+    status, err = post(server, path, body)
+    assert status == 400 and err["error"]["param"].startswith(param), err
