@@ -96,44 +96,18 @@ async def reply_request_id(request: web.Request, response: web.StreamResponse) -
         response.headers["X-Request-Id"] = named
 
 
-async def completions(request: web.Request) -> web.StreamResponse:
-    return await create_completion(request.app[SERVING], request, await parse(request, CompletionRequest))
+def body_route(create, model: type[BaseModel]):
+    """A route whose request body is a `model`: create(serving, request, the parsed body)."""
+    async def route(request: web.Request) -> web.StreamResponse:
+        return await create(request.app[SERVING], request, await parse(request, model))
+    return route
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await create_chat_completion(request.app[SERVING], request, await parse(request, ChatCompletionRequest))
-
-
-async def responses(request: web.Request) -> web.StreamResponse:
-    return await create_response(request.app[SERVING], request, await parse(request, ResponsesRequest))
-
-
-async def embeddings(request: web.Request) -> web.Response:
-    return await create_embedding(request.app[SERVING], request, await parse(request, EmbeddingRequest))
-
-
-async def scores(request: web.Request) -> web.Response:
-    return await create_score(request.app[SERVING], request, await parse(request, ScoreRequest))
-
-
-async def rerank(request: web.Request) -> web.Response:
-    return await create_rerank(request.app[SERVING], request, await parse(request, RerankRequest))
-
-
-async def response_by_id(request: web.Request) -> web.Response:
-    return get_response(request.app[SERVING], request)
-
-
-async def response_deleted(request: web.Request) -> web.Response:
-    return delete_response(request.app[SERVING], request)
-
-
-async def response_cancelled(request: web.Request) -> web.Response:
-    return await cancel_response(request.app[SERVING], request)
-
-
-async def response_input_items(request: web.Request) -> web.Response:
-    return list_input_items(request.app[SERVING], request)
+def stored_response_route(handle):
+    """A route about a stored response (responses.py): handle(serving, request)."""
+    async def route(request: web.Request) -> web.Response:
+        return await handle(request.app[SERVING], request)
+    return route
 
 
 async def models(request: web.Request) -> web.Response:
@@ -223,18 +197,18 @@ def create_app(engine: AsyncLLM, config: ServerConfig) -> web.Application:
     engine.done_listeners.append(lambda out, stats, end: app[METRICS].on_request_done(
         len(out.prompt_token_ids), [c.finish_reason for c in out.outputs],
         None if stats.first_token is None else stats.first_token - stats.arrival, end - stats.arrival))
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/responses", responses)
-    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_post("/v1/completions", body_route(create_completion, CompletionRequest))
+    app.router.add_post("/v1/chat/completions", body_route(create_chat_completion, ChatCompletionRequest))
+    app.router.add_post("/v1/responses", body_route(create_response, ResponsesRequest))
+    app.router.add_post("/v1/embeddings", body_route(create_embedding, EmbeddingRequest))
     for prefix in ("", "/v1"):
-        app.router.add_post(f"{prefix}/score", scores)
+        app.router.add_post(f"{prefix}/score", body_route(create_score, ScoreRequest))
     for prefix in ("", "/v1", "/v2"):
-        app.router.add_post(f"{prefix}/rerank", rerank)
-    app.router.add_get("/v1/responses/{response_id}", response_by_id)
-    app.router.add_delete("/v1/responses/{response_id}", response_deleted)
-    app.router.add_post("/v1/responses/{response_id}/cancel", response_cancelled)
-    app.router.add_get("/v1/responses/{response_id}/input_items", response_input_items)
+        app.router.add_post(f"{prefix}/rerank", body_route(create_rerank, RerankRequest))
+    app.router.add_get("/v1/responses/{response_id}", stored_response_route(get_response))
+    app.router.add_delete("/v1/responses/{response_id}", stored_response_route(delete_response))
+    app.router.add_post("/v1/responses/{response_id}/cancel", stored_response_route(cancel_response))
+    app.router.add_get("/v1/responses/{response_id}/input_items", stored_response_route(list_input_items))
     app.router.add_get("/v1/models", models)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)

@@ -13,6 +13,7 @@ own store."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,8 +70,10 @@ class ResponseStore:
         self._responses.pop(response_id, None)
         self._responses[response_id] = stored
         excess = len(self._responses) - self.capacity
-        for old_id in [i for i, r in self._responses.items() if not r.in_progress][:max(excess, 0)]:
-            del self._responses[old_id]
+        if excess > 0:
+            finished = (i for i, r in self._responses.items() if not r.in_progress)
+            for old_id in list(itertools.islice(finished, excess)):
+                del self._responses[old_id]
 
     def get(self, response_id: str, param: str | None = None) -> StoredResponse:
         """The stored response (now the most recently used); a 404 naming it when there is none —

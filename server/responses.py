@@ -94,14 +94,14 @@ async def create_response(serving: Serving, request: web.Request, req: Responses
     return resp
 
 
-def get_response(serving: Serving, request: web.Request) -> web.Response:
+async def get_response(serving: Serving, request: web.Request) -> web.Response:
     """GET /v1/responses/{id}: the stored response as it stands (a background one: queued, in
     progress, or done)."""
     _check_query(request, {"stream": ("false",)})
     return web.json_response(serving.responses.get(request.match_info["response_id"]).body)
 
 
-def delete_response(serving: Serving, request: web.Request) -> web.Response:
+async def delete_response(serving: Serving, request: web.Request) -> web.Response:
     """DELETE /v1/responses/{id}: forgets the response (cancelling it if it is being made); the
     responses that continued it keep their conversation."""
     _check_query(request, {})
@@ -125,7 +125,7 @@ async def cancel_response(serving: Serving, request: web.Request) -> web.Respons
     return web.json_response(stored.body)
 
 
-def list_input_items(serving: Serving, request: web.Request) -> web.Response:
+async def list_input_items(serving: Serving, request: web.Request) -> web.Response:
     """GET /v1/responses/{id}/input_items: the conversation that led to the response (the items of
     the responses it continued, then its own input), a page at a time: `limit` (1-100, 20), `order`
     ("desc", newest first, or "asc"), `after` / `before` an item id."""

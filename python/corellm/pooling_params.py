@@ -41,12 +41,9 @@ def pooling_type_of(model_path: str | Path, configured: str | None) -> str:
         return configured.upper()
     config = Path(model_path) / "1_Pooling" / "config.json"
     if config.is_file():
-        modes = json.loads(config.read_text())
-        chosen = [kind for key, kind in _SENTENCE_TRANSFORMERS_MODES.items() if modes.get(key)]
-        other = [k for k, v in modes.items() if k.startswith("pooling_mode_") and v and k not in _SENTENCE_TRANSFORMERS_MODES]
-        if len(chosen) != 1 or other:
+        asked = [key for key, on in json.loads(config.read_text()).items() if key.startswith("pooling_mode_") and on]
+        if len(asked) != 1 or asked[0] not in _SENTENCE_TRANSFORMERS_MODES:
             raise ValueError(f"{config}: corellm pools by one of {', '.join(_SENTENCE_TRANSFORMERS_MODES)}, the "
-                             f"model asks for {[k for k, v in modes.items() if k.startswith('pooling_mode_') and v]}; "
-                             f"give pooling_type to choose")
-        return chosen[0]
+                             f"model asks for {asked}; give pooling_type to choose")
+        return _SENTENCE_TRANSFORMERS_MODES[asked[0]]
     return "LAST"
