@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check: one call on a lent GPU machine (offline) that builds corellm with its CUDA module
-# and runs, most valuable first: the import, the CUDA kernel tests, the CUDA engine tests, the
+# and runs, most valuable first: the import, C++ errors reaching Python, the CUDA kernel tests (a
+# process per file), the CUDA engine tests, the
 # CUDA kernel benchmark (bench/cuda_kernels.py) and the offline throughput benchmark on a
 # random-weight Qwen3-0.6B-shaped model (256 requests, 100-1024 tokens in and out).
 #
@@ -19,8 +20,9 @@
 # step after `machine` fails at once, naming what is missing.
 #
 # Uses the machine's python3 with its preinstalled torch, pybind11, scikit-build-core and pytest,
-# plus the wheels gpu_prepare.sh carried (llguidance; nvidia-cutlass, whose headers the build
-# compiles the scaled fp8 / int8 GEMMs with); nothing is downloaded (pip --no-index).
+# plus the wheels gpu_prepare.sh carried (gguf, which the model loader imports; llguidance;
+# nvidia-cutlass, whose headers the build compiles the scaled fp8 / int8 GEMMs with); nothing is
+# downloaded (pip --no-index).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/corellm_gpu_check}
@@ -129,8 +131,12 @@ step build 240 bash -c "shopt -s nullglob; wheels=(build/device-deps/wheels/*.wh
   if [ \${#wheels[@]} -gt 0 ]; then $PY -m pip install --no-index --no-deps \${wheels[*]} || exit 1; fi
   CORELLM_CUDA=ON $PY -m pip install -v --no-build-isolation --no-deps --no-index -e ."
 step import 30 "$PY" -c "import corellm, corellm._cuda as c; print('corellm._cuda head sizes', c.ATTENTION_HEAD_SIZES); assert c.scaled_gemm_built(), 'built without the CUTLASS scaled GEMMs'"
+pytest_step native_errors 40 tests/ops/test_native_errors.py
+# One process per kernel file: a kernel that crashes its process costs only its own file's tests.
 export CUDA_LAUNCH_BLOCKING=1  # a kernel that faults is named by the call that launched it
-pytest_step kernel_tests 150 tests/ops/test_cuda_ops.py tests/ops/test_cuda_sampler.py tests/ops/test_cuda_scaled_gemm.py
+pytest_step kernel_tests_ops 100 tests/ops/test_cuda_ops.py
+pytest_step kernel_tests_sampler 60 tests/ops/test_cuda_sampler.py
+pytest_step kernel_tests_scaled_gemm 60 tests/ops/test_cuda_scaled_gemm.py
 unset CUDA_LAUNCH_BLOCKING
 pytest_step engine_tests 180 tests/engine/test_cuda_engine.py tests/engine/test_cuda_graphs.py tests/model/test_scaled_weight.py
 step kernel_bench 120 "$PY" bench/kernels.py --device cuda --json "$OUT/cuda_kernels.json"
