@@ -138,17 +138,25 @@ step machine 30 bash -c "nvidia-smi; nvcc --version; $PY -c 'import torch; print
 # /opt/gcc g++ built extensions that died on their first C++ exception), with its link flags.
 step cxx_probe 90 bash -c 'bash bench/cxx_probe.sh "$0" >"$1"' "$PY" "$LOGS/cxx_choice"
 sed 's/^/      /' "$LOGS/cxx_probe.log" >>"$OUT/summary.txt"
-IFS='|' read -r probed_cxx probed_ldflags probed_cmake_args 2>/dev/null <"$LOGS/cxx_choice"
+IFS='|' read -r probed_cxx probed_cxxflags probed_ldflags probed_cmake_args 2>/dev/null <"$LOGS/cxx_choice"
 if [ -n "${probed_cxx:-}" ]; then
-  export CXX=$probed_cxx CUDAHOSTCXX=$probed_cxx LDFLAGS=${probed_ldflags:-}
+  export CXX=$probed_cxx CUDAHOSTCXX=$probed_cxx CXXFLAGS=${probed_cxxflags:-} LDFLAGS=${probed_ldflags:-}
   CMAKE_ARGS="$CMAKE_ARGS ${probed_cmake_args:-}"
-  note "      building with CXX=$CXX LDFLAGS=$LDFLAGS CMAKE_ARGS=$CMAKE_ARGS"
+  note "      building with CXX=$CXX CXXFLAGS=$CXXFLAGS LDFLAGS=$LDFLAGS CMAKE_ARGS=$CMAKE_ARGS"
 fi
 step build 240 bash -c "shopt -s nullglob; wheels=(build/device-deps/wheels/*.whl);
   if [ \${#wheels[@]} -gt 0 ]; then $PY -m pip install --no-index --no-deps \${wheels[*]} || exit 1; fi
   CORELLM_CUDA=ON $PY -m pip install -v --no-build-isolation --no-deps --no-index -e ."
 step import 30 "$PY" -c "import corellm, corellm._cuda as c; print('corellm._cuda head sizes', c.ATTENTION_HEAD_SIZES); assert c.scaled_gemm_built(), 'built without the CUTLASS scaled GEMMs'"
 pytest_step native_errors 40 tests/ops/test_native_errors.py
+# Where a C++ error crashes instead: the native stack of the crash (cuda-gdb debugs host code too;
+# the image has no gdb), its first frames into the summary.
+if grep -q "^FAIL  native_errors" "$OUT/summary.txt" && command -v cuda-gdb >/dev/null; then
+  timeout 90 cuda-gdb -batch -ex run -ex bt -ex "info sharedlibrary" --args "$PY" -c \
+    "import torch, corellm._core as native; native.BlockPool(0)" >"$LOGS/native_errors_backtrace.log" 2>&1
+  grep -E "^#[0-9]+ " "$LOGS/native_errors_backtrace.log" | head -12 | cut -c1-200 | sed 's/^/      /' >>"$OUT/summary.txt"
+  pack_logs
+fi
 # One process per kernel file: a kernel that crashes its process costs only its own file's tests.
 export CUDA_LAUNCH_BLOCKING=1  # a kernel that faults is named by the call that launched it
 pytest_step kernel_tests_ops 100 tests/ops/test_cuda_ops.py
