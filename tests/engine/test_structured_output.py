@@ -110,7 +110,9 @@ def test_json_written_compactly_and_a_structural_tag_in_running_text(llm):
             "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}}]}
     prompt = ('Weather tool calls.\nUser: weather in Paris?\nAssistant: <function=get_weather>{"city": "Paris"}'
               '</function>\nUser: weather in London?\nAssistant:')
-    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=40, structured_outputs=constrained(
+    # (The stop string ends the reply where the few-shot dialogue would go on: whether the model
+    # ends it with its EOS depends on the CPU path's rounding.)
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=40, stop=["\nUser:"], structured_outputs=constrained(
         structural_tag=tag, disable_any_whitespace=True, disable_additional_properties=True)),
                        use_tqdm=False)[0].outputs[0]
     call = re.fullmatch(r"(.*?)<function=get_weather>(.*?)</function>(.*)", out.text, re.S)
