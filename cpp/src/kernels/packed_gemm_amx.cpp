@@ -77,11 +77,17 @@ void tile_x(const GemmArgs& a, int64_t groups, int64_t begin, int64_t end, uint1
 }
 
 constexpr int64_t kPrefetchGroups = 4;
+// Software prefetches only for long rows (k >= 1024: 32 groups, a panel of 64 KiB or more, which
+// the first level cannot keep between the row tiles that reuse it). Below that the 48 prefetches a
+// group cost more than they bring: without them the whole-model GEMM (bench/kernels.py, Intel Xeon
+// VM, 2 threads) took 85 / 337 ms at 512 / 2048 rows against 95 / 389 ms with them, while the
+// k = 1536 projection ran 5-10 % slower without.
+constexpr int64_t kPrefetchMinGroups = 32;
 
 // sums[16 RowTiles][32] (fp32, rows `stride` bytes apart) for RowTiles (1 or 2) tiles of x rows
 // from row tile rt x one panel.
 template <int RowTiles>
-void panel_sums(const TiledX& x, int64_t rt, const uint16_t* panel, float* sums, int stride) {
+void panel_sums(const TiledX& x, int64_t rt, const uint16_t* panel, float* sums, int stride, bool prefetch) {
   constexpr int kTileRowBytes = kTileK * sizeof(uint16_t);
   _tile_zero(0);
   _tile_zero(1);
@@ -90,7 +96,7 @@ void panel_sums(const TiledX& x, int64_t rt, const uint16_t* panel, float* sums,
     _tile_zero(3);
   }
   for (int64_t g = 0; g < x.groups; ++g) {
-    if (g + kPrefetchGroups < x.groups) {  // x's tiles come from L2, W's from L2 or memory: ask ahead
+    if (prefetch && g + kPrefetchGroups < x.groups) {  // x's tiles come from L2, W's from L2 or memory: ask ahead
       for (int r = 0; r < RowTiles; ++r) {
         const char* next = reinterpret_cast<const char*>(x.tile(rt + r, g + kPrefetchGroups));
         for (int line = 0; line < 16; ++line) _mm_prefetch(next + 64 * line, _MM_HINT_T0);
@@ -167,6 +173,7 @@ void bf16_gemm_amx(const GemmArgs& a) {
     alignas(64) float sums[2 * kTileRows * kGemmPanelCols];
     const int64_t chunk = row_chunk(a.k);
     const bool direct_f32 = a.y_dtype == DType::F32 && a.bias == nullptr;
+    const bool prefetch = groups >= kPrefetchMinGroups;
     for (int64_t r0 = 0; r0 < a.m; r0 += chunk) {
       const int64_t chunk_end = std::min(a.m, r0 + chunk);
       for (int64_t p = panels * t / threads; p < panels * (t + 1) / threads; ++p) {
@@ -178,9 +185,9 @@ void bf16_gemm_amx(const GemmArgs& a) {
           float* out = in_place ? static_cast<float*>(a.y) + r * a.y_stride + p * kGemmPanelCols : sums;
           const int stride = in_place ? static_cast<int>(a.y_stride * sizeof(float)) : kGemmPanelCols * sizeof(float);
           if (rows > kTileRows) {
-            panel_sums<2>(x, r / kTileRows, panel, out, stride);
+            panel_sums<2>(x, r / kTileRows, panel, out, stride, prefetch);
           } else {
-            panel_sums<1>(x, r / kTileRows, panel, out, stride);
+            panel_sums<1>(x, r / kTileRows, panel, out, stride, prefetch);
           }
           if (!in_place) store_rows(sums, rows, a, r, p * kGemmPanelCols);
         }
