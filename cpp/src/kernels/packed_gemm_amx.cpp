@@ -76,18 +76,30 @@ void tile_x(const GemmArgs& a, int64_t groups, int64_t begin, int64_t end, uint1
   }
 }
 
+// How a row tile pair's products fetch their operands: measured on the Intel Xeon VM (2 threads,
+// bench/kernels.py --linear-only and SmolLM2's projections one by one).
+struct TileLoads {
+  // Software prefetches, 4 groups ahead, only for long rows (k >= 1024: 32 groups, a panel of 64
+  // KiB or more, which the first level cannot keep between the row tiles that reuse it). Below
+  // that the 48 prefetches a group cost more than they bring: the whole-model GEMM took 85 / 337
+  // ms at 512 / 2048 rows against 95 / 389 ms with them; the k = 1536 projection ran 5-10 %
+  // slower without.
+  bool prefetch;
+  // x's tiles loaded with the non-temporal hint (TILELOADDT1) where many row tiles go past each
+  // panel (a chunk of 128 rows or more) and the panel fits the first level (k < 1024): x, read once
+  // per panel, then no longer evicts the panel that every row tile reuses. k = 576 projections at
+  // 512 and 2048 rows: +10-25 % (one thread: +20-45 %); at 16 rows, where x itself stays in the
+  // first level across the panels, the hint cost 10 %.
+  bool stream_x;
+};
 constexpr int64_t kPrefetchGroups = 4;
-// Software prefetches only for long rows (k >= 1024: 32 groups, a panel of 64 KiB or more, which
-// the first level cannot keep between the row tiles that reuse it). Below that the 48 prefetches a
-// group cost more than they bring: without them the whole-model GEMM (bench/kernels.py, Intel Xeon
-// VM, 2 threads) took 85 / 337 ms at 512 / 2048 rows against 95 / 389 ms with them, while the
-// k = 1536 projection ran 5-10 % slower without.
 constexpr int64_t kPrefetchMinGroups = 32;
+constexpr int64_t kStreamMinRows = 128;
 
 // sums[16 RowTiles][32] (fp32, rows `stride` bytes apart) for RowTiles (1 or 2) tiles of x rows
 // from row tile rt x one panel.
 template <int RowTiles>
-void panel_sums(const TiledX& x, int64_t rt, const uint16_t* panel, float* sums, int stride, bool prefetch) {
+void panel_sums(const TiledX& x, int64_t rt, const uint16_t* panel, float* sums, int stride, TileLoads loads) {
   constexpr int kTileRowBytes = kTileK * sizeof(uint16_t);
   _tile_zero(0);
   _tile_zero(1);
@@ -96,7 +108,7 @@ void panel_sums(const TiledX& x, int64_t rt, const uint16_t* panel, float* sums,
     _tile_zero(3);
   }
   for (int64_t g = 0; g < x.groups; ++g) {
-    if (prefetch && g + kPrefetchGroups < x.groups) {  // x's tiles come from L2, W's from L2 or memory: ask ahead
+    if (loads.prefetch && g + kPrefetchGroups < x.groups) {  // x's tiles come from L2, W's from L2 or memory: ask ahead
       for (int r = 0; r < RowTiles; ++r) {
         const char* next = reinterpret_cast<const char*>(x.tile(rt + r, g + kPrefetchGroups));
         for (int line = 0; line < 16; ++line) _mm_prefetch(next + 64 * line, _MM_HINT_T0);
@@ -107,11 +119,19 @@ void panel_sums(const TiledX& x, int64_t rt, const uint16_t* panel, float* sums,
     // Each load as late as its first use, so that it overlaps the product before it (a tile
     // is not renamed: loading one waits for the products that still read it).
     const uint16_t* b = panel + g * kGemmPairGroup * kGemmPanelCols * 2;
-    _tile_loadd(4, x.tile(rt, g), kTileRowBytes);
+    if (loads.stream_x) {
+      _tile_stream_loadd(4, x.tile(rt, g), kTileRowBytes);
+    } else {
+      _tile_loadd(4, x.tile(rt, g), kTileRowBytes);
+    }
     _tile_loadd(6, b, kPanelRowBytes);
     _tile_dpbf16ps(0, 4, 6);
     if (RowTiles == 2) {
-      _tile_loadd(5, x.tile(rt + 1, g), kTileRowBytes);
+      if (loads.stream_x) {
+        _tile_stream_loadd(5, x.tile(rt + 1, g), kTileRowBytes);
+      } else {
+        _tile_loadd(5, x.tile(rt + 1, g), kTileRowBytes);
+      }
       _tile_dpbf16ps(2, 5, 6);
     }
     _tile_loadd(7, b + kGemmPanelCols, kPanelRowBytes);  // columns 16-31: the row's second 64 bytes
@@ -173,9 +193,10 @@ void bf16_gemm_amx(const GemmArgs& a) {
     alignas(64) float sums[2 * kTileRows * kGemmPanelCols];
     const int64_t chunk = row_chunk(a.k);
     const bool direct_f32 = a.y_dtype == DType::F32 && a.bias == nullptr;
-    const bool prefetch = groups >= kPrefetchMinGroups;
+    const bool long_rows = groups >= kPrefetchMinGroups;
     for (int64_t r0 = 0; r0 < a.m; r0 += chunk) {
       const int64_t chunk_end = std::min(a.m, r0 + chunk);
+      const TileLoads loads{long_rows, !long_rows && chunk_end - r0 >= kStreamMinRows};
       for (int64_t p = panels * t / threads; p < panels * (t + 1) / threads; ++p) {
         const uint16_t* panel = a.packed + p * panel_size;
         for (int64_t r = r0; r < chunk_end; r += 2 * kTileRows) {
@@ -185,9 +206,9 @@ void bf16_gemm_amx(const GemmArgs& a) {
           float* out = in_place ? static_cast<float*>(a.y) + r * a.y_stride + p * kGemmPanelCols : sums;
           const int stride = in_place ? static_cast<int>(a.y_stride * sizeof(float)) : kGemmPanelCols * sizeof(float);
           if (rows > kTileRows) {
-            panel_sums<2>(x, r / kTileRows, panel, out, stride, prefetch);
+            panel_sums<2>(x, r / kTileRows, panel, out, stride, loads);
           } else {
-            panel_sums<1>(x, r / kTileRows, panel, out, stride, prefetch);
+            panel_sums<1>(x, r / kTileRows, panel, out, stride, loads);
           }
           if (!in_place) store_rows(sums, rows, a, r, p * kGemmPanelCols);
         }
