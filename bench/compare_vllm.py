@@ -61,7 +61,9 @@ def hf_model_dir() -> Path:
         return out
     import safetensors.torch
     import torch
-    import transformers
+    from hf_transformers import import_transformers
+
+    transformers = import_transformers()
 
     from corellm.model.gguf_file import GGUFModelFile
     from corellm.model.loader import default_model_path

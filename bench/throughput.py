@@ -107,7 +107,9 @@ def run_corellm(args, prompts: list[list[int]], output_lens: list[int]) -> dict:
 
 
 def run_hf(args, prompts: list[list[int]], output_lens: list[int]) -> dict:
-    import transformers
+    from hf_transformers import import_transformers
+
+    transformers = import_transformers()
 
     from corellm.model.loader import resolve_model_path
 

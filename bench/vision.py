@@ -114,8 +114,10 @@ def run_size(image_size: int, decoder_layers: int, repeats: int, workdir: Path) 
     del llm, model
     row = {"image_size": image_size, "positions": (image_size // 14) ** 2 + 1, "corellm_encoder_s": ours_encoder,
            "corellm_ttft_s": ours_ttft}
+    from hf_transformers import import_transformers
+
     try:
-        import transformers
+        transformers = import_transformers()
     except ImportError:
         return row
     hf = transformers.LlavaForConditionalGeneration.from_pretrained(str(directory), dtype=torch.bfloat16).eval()
