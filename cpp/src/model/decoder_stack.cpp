@@ -2,6 +2,7 @@
 // as the Python layers, chained over scratch buffers owned by the stack.
 #include "corellm/model/decoder_stack.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -11,6 +12,14 @@
 #include "corellm/kernels/packed_gemm.h"
 
 namespace corellm {
+
+namespace {
+// Rows of the MLP taken at a time: gate_up's output for a block (rows x 2 x intermediate) is read
+// back by the activation and the activation by down while they are still in the caches, where a
+// whole step's (2048 tokens: 12 MiB for SmolLM2) went to memory and back. A row's result does not
+// depend on the block it is in (the GEMMs and the activation are row by row).
+constexpr int64_t kMlpBlockRows = 256;
+}  // namespace
 
 DecoderStack::DecoderStack(const DecoderDims& dims, const EmbeddingWeight& embed, std::vector<DecoderLayerWeights> layers,
                            const uint16_t* final_norm, const KVCacheShape& cache, const DecoderTensorParallel& tp)
@@ -56,8 +65,9 @@ void DecoderStack::reserve(int64_t num_tokens) {
   h_.resize(rows * dims_.hidden);
   qkv_.resize(rows * qkv_size_);
   attn_.resize(rows * q_size_);
-  gate_up_.resize(rows * 2 * dims_.intermediate);
-  act_.resize(rows * dims_.intermediate);
+  const auto mlp_rows = std::min<size_t>(rows, kMlpBlockRows);
+  gate_up_.resize(mlp_rows * 2 * dims_.intermediate);
+  act_.resize(mlp_rows * dims_.intermediate);
 }
 
 void DecoderStack::forward(const DecoderStepArgs& step) {
@@ -143,13 +153,17 @@ void DecoderStack::layer(const DecoderLayerWeights& w, const DecoderStepArgs& st
     rms_norm(h, hidden, h, hidden, w.attention_output_norm, n, hidden, dims_.eps, bf16);
   }
   fused_add_rms_norm(h, hidden, x, hidden, w.post_attention_norm, n, hidden, dims_.eps, bf16);
-  w.gate_up.forward(h, hidden, gate_up_.data(), 2 * inter, n);
-  if (dims_.activation == GatedActivation::kGeluTanh) {
-    gelu_tanh_and_mul(act_.data(), inter, gate_up_.data(), 2 * inter, n, inter, bf16);
-  } else {
-    silu_and_mul(act_.data(), inter, gate_up_.data(), 2 * inter, n, inter, bf16);
+  for (int64_t r0 = 0; r0 < n; r0 += kMlpBlockRows) {  // down's rows overwrite h's after gate_up read them
+    const int64_t rows = std::min(kMlpBlockRows, n - r0);
+    uint16_t* hb = h + r0 * hidden;
+    w.gate_up.forward(hb, hidden, gate_up_.data(), 2 * inter, rows);
+    if (dims_.activation == GatedActivation::kGeluTanh) {
+      gelu_tanh_and_mul(act_.data(), inter, gate_up_.data(), 2 * inter, rows, inter, bf16);
+    } else {
+      silu_and_mul(act_.data(), inter, gate_up_.data(), 2 * inter, rows, inter, bf16);
+    }
+    w.down.forward(act_.data(), inter, hb, hidden, rows);
   }
-  w.down.forward(act_.data(), inter, h, hidden, n);
   all_reduce(h, n);
   if (w.mlp_output_norm != nullptr) rms_norm(h, hidden, h, hidden, w.mlp_output_norm, n, hidden, dims_.eps, bf16);
 }

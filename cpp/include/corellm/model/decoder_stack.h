@@ -126,7 +126,7 @@ class DecoderStack {
   std::vector<int32_t> local_ids_;  // tensor parallelism: the step's ids in this rank's rows
   int64_t q_size_, kv_size_, qkv_size_;
   // Scratch, each [tokens, width]: the residual stream, the normed/projected activations,
-  // qkv, attention output, gate_up, and the MLP's activation.
+  // qkv, attention output; gate_up and the MLP's activation for one block of the MLP's rows.
   std::vector<uint16_t> residual_, h_, qkv_, attn_, gate_up_, act_;
 };
 
