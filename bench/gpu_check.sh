@@ -32,6 +32,7 @@ LOGS=$(mktemp -d /tmp/corellm_gpu_logs.XXXX)
 mkdir -p "$OUT"
 : >"$OUT/summary.txt"
 export PYTHONUNBUFFERED=1  # a step cut by `timeout` keeps everything it printed
+export CORELLM_REPORT_AT_ONCE=1  # tests/conftest.py: a failure's traceback printed when it fails (a crash loses the rest)
 export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 PYTEST=("$PY" -m pytest -q -rs -p no:cacheprovider -o faulthandler_timeout=100)
 status=0
