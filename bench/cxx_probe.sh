@@ -8,17 +8,17 @@
 # For each candidate ($CXX, the g++ on PATH, the system's g++ / g++-14 / -13 / -12, clang++) it
 # builds, with CMake and pybind11_add_module as corellm's modules are built, a module whose two
 # functions throw (std::invalid_argument directly; corellm::InvalidArgument through check.h from a
-# static library linked with OpenMP, as the engine's checks), imports it into PYTHON after torch (as
-# the engine does) and checks that Python gets a ValueError from each. Ways, in order: as built
+# static library linked with OpenMP, as the engine's checks), imports it into PYTHON after torch,
+# asks for AMX permission (as corellm does at import, on a CPU with AMX) and checks that Python
+# gets a ValueError from each. Ways, in order: lazy binding (a diagnosis, never chosen); as built
 # (Release: -O3, -fvisibility=hidden, pybind11's LTO when the toolchain has it, stripped after the
-# link); unstripped (CMAKE_STRIP=true); without link-time optimization (which pybind11 leaves to
-# CMAKE_INTERPROCEDURAL_OPTIMIZATION when it is set); CET-marked objects (-fcf-protection=full:
-# a kernel with user shadow stacks faults a return the shadow stack does not hold); libgcc and
-# libstdc++ linked statically (LDFLAGS). The first that passes is printed; what each did goes to
-# stderr. Exit status 1 when none passes.
+# link, bound at load: -z now); unstripped (CMAKE_STRIP=true); without link-time optimization (which
+# pybind11 leaves to CMAKE_INTERPROCEDURAL_OPTIMIZATION when it is set); CET-marked objects
+# (-fcf-protection=full); libgcc and libstdc++ linked statically. The first that passes is printed;
+# what each did goes to stderr. Exit status 1 when none passes.
 #
-# On the GPU image (2026-12-04) the first probe, fail() alone, passed "as built" while corellm's
-# own modules still crashed: fail_checked() is the engine's shape.
+# On the GPU image (2026-12-04) probes without the AMX request passed while corellm's own modules,
+# whose process holds AMX permission, crashed on their first exception.
 set -uo pipefail
 PY=$(command -v "${1:-python3}") || { echo "cxx_probe: no ${1:-python3}" >&2; exit 1; }
 PY=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")  # absolute (the probes run in their folders), links kept
@@ -30,11 +30,15 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 # library linked with OpenMP, as corellm's kernels are).
 cat >"$work/probe.cpp" <<'EOF'
 #include <pybind11/pybind11.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <stdexcept>
 int probe_check_positive(int value);
 PYBIND11_MODULE(cxx_probe, m) {
   m.def("fail", [](int value) -> int { throw std::invalid_argument("probe value " + std::to_string(value)); });
   m.def("fail_checked", [](int value) { return probe_check_positive(value); });
+  // As corellm's cpu_isa.cpp does at import on a CPU with AMX: ARCH_REQ_XCOMP_PERM for XTILEDATA.
+  m.def("request_amx", []() { return syscall(SYS_arch_prctl, 0x1023, 18) == 0; });
 }
 EOF
 cat >"$work/check.cpp" <<'EOF'
@@ -70,12 +74,15 @@ target_link_libraries(cxx_probe PRIVATE probe_check)
 EOF
 pybind11_dir=$("$PY" -m pybind11 --cmakedir 2>/dev/null) || { echo "cxx_probe: $PY has no pybind11" >&2; exit 1; }
 true_cmd=$(command -v true)
-# A way to build: its name, CXXFLAGS, LDFLAGS and the CMake arguments.
-ways=("as built|||"
-      "unstripped|||-DCMAKE_STRIP=$true_cmd"
-      "no LTO|||-DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF"
-      "CET-marked (shadow stack)|-fcf-protection=full||"
-      "static runtime||-static-libgcc -static-libstdc++|")
+# A way to build: its name, CXXFLAGS, LDFLAGS and the CMake arguments. The first, lazy binding
+# (corellm's modules before 2026-12-04), is a diagnosis only, never chosen: whether it fails where
+# the next, as built (-z now), passes.
+ways=("lazy binding (diagnosis)|||"
+      "as built||-Wl,-z,now|"
+      "unstripped||-Wl,-z,now|-DCMAKE_STRIP=$true_cmd"
+      "no LTO||-Wl,-z,now|-DCMAKE_INTERPROCEDURAL_OPTIMIZATION=OFF"
+      "CET-marked (shadow stack)|-fcf-protection=full|-Wl,-z,now|"
+      "static runtime||-Wl,-z,now -static-libgcc -static-libstdc++|")
 n=0
 for cxx in "${candidates[@]}"; do
   for way in "${ways[@]}"; do
@@ -94,15 +101,16 @@ for cxx in "${candidates[@]}"; do
       out=$(cd "$dir" && "$PY" -c "
 import torch
 import cxx_probe
+amx = cxx_probe.request_amx()
 try:
     cxx_probe.$call
 except ValueError as e:
-    print('ValueError:', e)" 2>&1)
+    print('ValueError (AMX permission %s):' % ('held' if amx else 'not held'), e)" 2>&1)
       rc=$?
       echo "cxx_probe: $cxx, $name, $call: exit $rc: $(echo "$out" | tail -1)" >&2
       [ "$rc" -eq 0 ] || failed=1
     done
-    if [ "$failed" -eq 0 ]; then
+    if [ "$failed" -eq 0 ] && [[ "$name" != *diagnosis* ]]; then
       echo "$cxx|$cxxflags|$ldflags|$cmake_args"
       exit 0
     fi
