@@ -18,7 +18,8 @@
 //   a = paged_attention(q, cache)      [n, q] (the layer's window, if any)
 //   h = a Wo^T                         (Gemma 3: h = rms_norm(h), its post-attention norm)
 //   x += h, h = rms_norm(x)
-//   h = down(act(gate(h)) * up(h))     act: silu (SwiGLU) or gelu_tanh (GeGLU)
+//   h = down(act(gate(h)) * up(h))     act: silu (SwiGLU) or gelu_tanh (GeGLU); in blocks of 256
+//                                      rows, each block's intermediates kept in the caches
 //                                      (Gemma 3: h = rms_norm(h), its post-feedforward norm)
 // and after the last layer: x += h, out = rms_norm(x). The embedding rows are scaled first when
 // the model says so (Gemma 3: times sqrt(hidden), the factor and the product rounded to bf16 as
