@@ -43,8 +43,11 @@ def ref_probs(logits, temperature, top_k=0, top_p=1.0, min_p=0.0):
 
 
 def test_greedy_is_argmax_with_lowest_id_on_ties():
-    logits = torch.randn(6, 1000)
+    logits = torch.randn(6, 999)
     logits[2, 10] = logits[2, 700] = 50.0
+    logits[3, 998] = 60.0  # the largest in the tail past the last whole 32 logits
+    logits[4, :] = float("-inf")
+    logits[4, 37] = -1e30
     out = ops.sample(logits.clone(), metadata(6))
     expected = logits.argmax(-1).to(torch.int32)
     expected[2] = 10
@@ -161,9 +164,46 @@ def test_top_p_over_a_large_flat_vocabulary():
     assert 0 <= t < V // 2 + 1
 
 
-def test_nan_row_fails_only_that_request():
-    logits = torch.randn(3, 100)
-    logits[1, 5] = float("nan")
+@pytest.mark.parametrize("k", [1, 7, 100, 4999])
+def test_top_k_keeps_the_k_largest_and_their_ties(k):
+    # Logits rounded to one decimal: many ties, at the k-th largest too (all of which are kept).
+    V, N = 5000, 4000
+    row = (torch.randn(V, generator=torch.Generator().manual_seed(k)) * 3).round(decimals=1)
+    kth = torch.topk(row, k).values[-1]
+    md = SamplingMetadata(temperature=torch.full((N,), 50.0), seeds=torch.full((N,), 11, dtype=torch.int64),
+                          steps=torch.arange(N, dtype=torch.int64), top_k=torch.full((N,), k, dtype=torch.int32))
+    drawn = ops.sample(row.repeat(N, 1), md).sampled_token_ids.long()
+    assert bool((row[drawn] >= kth).all()), "a token below the k-th largest was drawn"
+    kept = int((row >= kth).sum())
+    if kept <= 20:  # at temperature 50 every kept token is drawn, the ties at the boundary too
+        assert len(set(drawn.tolist())) == kept
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
+def test_top_p_on_peaked_rows_of_a_large_vocabulary(top_p):
+    # Peaked rows (a few hundred tokens within 2^-10 of the largest weight): the kept set from the
+    # gathered tokens alone; every draw is within the float64 reference's kept set (or the one
+    # token past its boundary, which float rounding may move) and the draws follow its weights.
+    V, N = 49152, 3000
+    row = torch.randn(V, generator=torch.Generator().manual_seed(3)) * 4
+    md = metadata(N, 1.0, seed=9, top_p=torch.full((N,), top_p))
+    md.steps = torch.arange(N, dtype=torch.int64)
+    drawn = ops.sample(row.repeat(N, 1), md).sampled_token_ids.long()
+    p = ref_probs(row, 1.0, 0, top_p, 0.0)
+    order = torch.argsort(row, descending=True)
+    rank = torch.empty(V, dtype=torch.long)
+    rank[order] = torch.arange(V)
+    assert int(rank[drawn].max()) <= int((p > 0).sum()), "a token past the top-p boundary was drawn"
+    top = order[:5]  # the heaviest tokens' counts against the reference
+    counts = torch.stack([(drawn == t).sum() for t in top]).double()
+    expected = (p[top] * N)
+    assert torch.all((counts - expected).abs() <= 5 * expected.sqrt() + 5), (counts, expected)
+
+
+@pytest.mark.parametrize("nan_at", [5, 13, 21, 29, 70, 992, 1006])  # each of the 4 running maxima, the tail
+def test_nan_row_fails_only_that_request(nan_at):
+    logits = torch.randn(3, 1007)
+    logits[1, nan_at] = float("nan")
     out = ops.sample(logits, metadata(3, num_logprobs=2))
     assert int(out.sampled_token_ids[1]) == -1
     assert int(out.sampled_token_ids[0]) >= 0 and int(out.sampled_token_ids[2]) >= 0
