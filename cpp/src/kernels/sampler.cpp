@@ -93,6 +93,24 @@ int32_t argmax(const float* x, int64_t v, float mx) {
   return 0;
 }
 
+// Tokens x[t] > bound, 8 compared at a time (AVX2, the baseline): calls on_above(t) for each, in
+// order; on_above returns the bound for the tokens after t (it may raise it).
+template <class OnAbove>
+void scan_above(const float* x, int64_t v, float bound, OnAbove on_above) {
+  int64_t t = 0;
+  for (; t + 8 <= v; t += 8) {
+    auto hits = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + t), _mm256_set1_ps(bound), _CMP_GT_OQ)));
+    while (hits != 0) {
+      const int j = __builtin_ctz(hits);
+      hits &= hits - 1;
+      if (x[t + j] > bound) bound = on_above(t + j);  // the bound may have risen since the compare
+    }
+  }
+  for (; t < v; ++t) {
+    if (x[t] > bound) bound = on_above(t);
+  }
+}
+
 void raw_logprobs(const SamplingBatch& b, int64_t i, const float* x, float& log_z) {
   const int64_t v = b.vocab_size;
   const float mx = row_max(x, v);
@@ -108,15 +126,17 @@ void raw_logprobs(const SamplingBatch& b, int64_t i, const float* x, float& log_
   auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& c) {
     return a.first > c.first || (a.first == c.first && a.second < c.second);
   };
-  for (int64_t t = 0; t < v; ++t) {
-    if (static_cast<int64_t>(best.size()) == n && !(x[t] > best.front().first)) continue;
-    best.emplace_back(x[t], static_cast<int32_t>(t));
-    std::push_heap(best.begin(), best.end(), better);  // heap top = the worst kept
-    if (static_cast<int64_t>(best.size()) > n) {
-      std::pop_heap(best.begin(), best.end(), better);
-      best.pop_back();
-    }
-  }
+  // A heap of the best n so far (top: the worst kept), which only a logit above that worst enters
+  // (a later id loses a tie), the rest of the row compared 8 at a time.
+  const int64_t first = std::min(n, v);
+  for (int64_t t = 0; t < first; ++t) best.emplace_back(x[t], static_cast<int32_t>(t));
+  std::make_heap(best.begin(), best.end(), better);
+  scan_above(x + first, v - first, best.front().first, [&](int64_t t) {
+    std::pop_heap(best.begin(), best.end(), better);
+    best.back() = {x[first + t], static_cast<int32_t>(first + t)};
+    std::push_heap(best.begin(), best.end(), better);
+    return best.front().first;
+  });
   std::sort(best.begin(), best.end(), better);
   for (int64_t k = 0; k < n; ++k) {
     b.top_ids[i * n + k] = best[static_cast<size_t>(k)].second;
@@ -175,24 +195,6 @@ bool apply_processors(const SamplingBatch& b, int64_t i, float* x, std::vector<i
     changed |= !scratch.empty();
   }
   return changed;
-}
-
-// Tokens x[t] > bound, 8 compared at a time (AVX2, the baseline): calls on_above(t) for each, in
-// order; on_above returns the bound for the tokens after t (it may raise it).
-template <class OnAbove>
-void scan_above(const float* x, int64_t v, float bound, OnAbove on_above) {
-  int64_t t = 0;
-  for (; t + 8 <= v; t += 8) {
-    auto hits = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + t), _mm256_set1_ps(bound), _CMP_GT_OQ)));
-    while (hits != 0) {
-      const int j = __builtin_ctz(hits);
-      hits &= hits - 1;
-      if (x[t + j] > bound) bound = on_above(t + j);  // the bound may have risen since the compare
-    }
-  }
-  for (; t < v; ++t) {
-    if (x[t] > bound) bound = on_above(t);
-  }
 }
 
 // The k-th largest of x (0 < k < v; counted with multiplicity, as std::nth_element would place
