@@ -214,13 +214,13 @@ float kth_largest(const float* x, int64_t v, int64_t k, std::vector<float>& heap
   return heap.front();
 }
 
-// sample_top_p for a flat row, whose prefix holds many tokens. Without sorting the vocabulary: one pass sums the mass of buckets of the weights' float bits
-// (order-preserving for positive floats, 8 buckets per power of two); walking the buckets from
-// the top finds the one where the prefix crosses the target, and only its tokens are sorted. A
-// second pass draws u by inverse CDF over the kept set in vocabulary order (any fixed order gives
-// the same distribution).
-int32_t top_p_by_buckets(const float* x, int64_t v, float top_p, float u, std::vector<std::pair<float, int32_t>>& cand,
-                     std::vector<double>& mass) {
+// sample_top_p for a flat row, whose prefix holds many tokens. Without sorting the vocabulary:
+// one pass sums the mass of buckets of the weights' float bits (order-preserving for positive
+// floats, 8 buckets per power of two); walking the buckets from the top finds the one where the
+// prefix crosses the target, and only its tokens are sorted. A second pass draws u by inverse
+// CDF over the kept set in vocabulary order.
+int32_t top_p_by_buckets(const float* x, int64_t v, float top_p, float u,
+                         std::vector<std::pair<float, int32_t>>& cand, std::vector<double>& mass) {
   constexpr int kShift = 20;
   constexpr int kBuckets = (0x3F800000 >> kShift) + 1;  // up to the bits of 1.0f
   auto bucket = [](float w) {
@@ -280,8 +280,8 @@ int32_t top_p_by_buckets(const float* x, int64_t v, float top_p, float u, std::v
 // reaches the target, as it does for a peaked row: one pass gathers those (8 compared at a
 // time), and when they are few only they are sorted (0.02 ms a row at 49152 tokens, where the
 // buckets' pass over the whole vocabulary took 0.3 ms); otherwise top_p_by_buckets. Then u draws
-// by inverse CDF over the kept set in vocabulary order (any fixed order gives the same
-// distribution; this one is the CUDA sampler's).
+// by inverse CDF over the kept set in vocabulary order (as the CUDA sampler does; any fixed order
+// gives the same distribution).
 int32_t sample_top_p(const float* x, int64_t v, double total, float top_p, float u,
                      std::vector<std::pair<float, int32_t>>& cand, std::vector<double>& mass) {
   constexpr size_t kMostGathered = 4096;
