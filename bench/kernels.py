@@ -117,6 +117,12 @@ def torch_sample(logits, temperature, top_p):
     return idx.gather(-1, choice)
 
 
+def torch_sample_top_k(logits, temperature, top_k):
+    values, idx = (logits / temperature[:, None]).topk(top_k, -1)
+    choice = torch.multinomial(torch.softmax(values, -1), 1)
+    return idx.gather(-1, choice)
+
+
 # ---------------------------------------------------------------- cases
 
 def attention_batch(num_seqs, seq_len, q_len, dtype):
@@ -319,6 +325,10 @@ def run(dtype: torch.dtype, linear_only: bool = False) -> list[dict]:
         temp, top_p = md.temperature, md.top_p
         add("sample (T=0.8, top_p=0.9)", f"{n} x {VOCAB}", lambda: ops.sample(logits.clone(), md),
             lambda: torch_sample(logits.clone(), temp, top_p), nbytes=logits.numel() * 4)
+        md_k = ops.SamplingMetadata(temperature=md.temperature, seeds=md.seeds, steps=md.steps,
+                                    top_k=torch.full((n,), 50, dtype=torch.int32))
+        add("sample (T=0.8, top_k=50)", f"{n} x {VOCAB}", lambda: ops.sample(logits.clone(), md_k),
+            lambda: torch_sample_top_k(logits.clone(), temp, 50), nbytes=logits.numel() * 4)
         md0 = ops.SamplingMetadata(temperature=torch.zeros(n), seeds=md.seeds, steps=md.steps)
         add("sample (greedy)", f"{n} x {VOCAB}", lambda: ops.sample(logits.clone(), md0),
             lambda: logits.clone().argmax(-1), nbytes=logits.numel() * 4)
