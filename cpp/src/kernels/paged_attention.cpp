@@ -183,15 +183,17 @@ void run_spans(const PagedAttentionArgs& a, const WorkItem& w, const WorkItem* n
     // Into L2 (the blocks are scattered): this span's values (needed after its scores) at once
     // when it is the item's first; and the blocks folded after it (the next span's keys and
     // values, or after the item's last span the first span of the thread's next item), a line
-    // at a time while this span is folded (NextSpanLines). The amx fold asks for the next span at
-    // once instead.
+    // at a time while this span is folded (NextSpanLines). The amx fold asks for them at once
+    // instead: spread over its tile products, 64 decodes x 192 keys x 30 layers took 22.1-23.0 ms
+    // against 20.7-22.8 (Intel Xeon VM, 2 threads); and asking for the next item's first span too
+    // (it had waited on its first keys) took 21.4-23.3 against 22.3-23.7 ms.
     if (blk == w.block_begin) {
       for (int64_t b = blk; b < end; ++b) prefetch_l2(value_cache + block_offset(c, table[b], w.kv_head), hd * bs * 2);
     }
     attention::NextSpanLines next(hd * bs * 2);
     if (end < w.block_end) {
       add_span_blocks(a, w, end, std::min(w.block_end, end + blocks_per_span), next);
-    } else if (next_item != nullptr && !amx) {
+    } else if (next_item != nullptr) {
       add_span_blocks(a, *next_item, next_item->block_begin, first_span_end(*next_item, blocks_per_span), next);
     }
     if (amx) {
