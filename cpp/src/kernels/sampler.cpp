@@ -93,6 +93,12 @@ int32_t argmax(const float* x, int64_t v, float mx) {
   return 0;
 }
 
+// The order of (value, token id) pairs for top-n logprobs and top-p: larger values first, ties
+// to the lower id.
+bool ranks_before(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& c) {
+  return a.first > c.first || (a.first == c.first && a.second < c.second);
+}
+
 // Tokens x[t] > bound, 8 compared at a time (AVX2, the baseline): calls on_above(t) for each, in
 // order; on_above returns the bound for the tokens after t (it may raise it).
 template <class OnAbove>
@@ -123,21 +129,18 @@ void raw_logprobs(const SamplingBatch& b, int64_t i, const float* x, float& log_
   // Top n by logit, descending, ties to the lower id: a partial sort of (logit, id) pairs.
   std::vector<std::pair<float, int32_t>> best;
   best.reserve(static_cast<size_t>(n) + 1);
-  auto better = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& c) {
-    return a.first > c.first || (a.first == c.first && a.second < c.second);
-  };
   // A heap of the best n so far (top: the worst kept), which only a logit above that worst enters
   // (a later id loses a tie), the rest of the row compared 8 at a time.
   const int64_t first = std::min(n, v);
   for (int64_t t = 0; t < first; ++t) best.emplace_back(x[t], static_cast<int32_t>(t));
-  std::make_heap(best.begin(), best.end(), better);
+  std::make_heap(best.begin(), best.end(), ranks_before);
   scan_above(x + first, v - first, best.front().first, [&](int64_t t) {
-    std::pop_heap(best.begin(), best.end(), better);
+    std::pop_heap(best.begin(), best.end(), ranks_before);
     best.back() = {x[first + t], static_cast<int32_t>(first + t)};
-    std::push_heap(best.begin(), best.end(), better);
+    std::push_heap(best.begin(), best.end(), ranks_before);
     return best.front().first;
   });
-  std::sort(best.begin(), best.end(), better);
+  std::sort(best.begin(), best.end(), ranks_before);
   for (int64_t k = 0; k < n; ++k) {
     b.top_ids[i * n + k] = best[static_cast<size_t>(k)].second;
     b.top_logprobs[i * n + k] = best[static_cast<size_t>(k)].first - log_z;
@@ -250,8 +253,7 @@ int32_t top_p_by_buckets(const float* x, int64_t v, float top_p, float u,
     if (x[t] > 0.0f && bucket(x[t]) == cross) cand.emplace_back(x[t], static_cast<int32_t>(t));
   }
   if (cand.empty()) return -1;  // no weight at all: the caller's NaN / all-banned handling
-  std::sort(cand.begin(), cand.end(),
-            [](const auto& a, const auto& c) { return a.first > c.first || (a.first == c.first && a.second < c.second); });
+  std::sort(cand.begin(), cand.end(), ranks_before);
   double kept = above;
   size_t last = 0;
   for (; last < cand.size(); ++last) {
@@ -295,8 +297,7 @@ int32_t sample_top_p(const float* x, int64_t v, double total, float top_p, float
     return cand.size() > kMostGathered ? std::numeric_limits<float>::infinity() : bound;  // too many: stop
   });
   if (gathered < target || cand.size() > kMostGathered) return top_p_by_buckets(x, v, top_p, u, cand, mass);
-  std::sort(cand.begin(), cand.end(),
-            [](const auto& a, const auto& c) { return a.first > c.first || (a.first == c.first && a.second < c.second); });
+  std::sort(cand.begin(), cand.end(), ranks_before);
   double kept = 0.0;
   size_t last = 0;
   for (; last < cand.size(); ++last) {
