@@ -157,3 +157,34 @@ def test_an_engine_with_a_path_the_cpu_cannot_run_fails_before_loading():
                           "from corellm import LLM; LLM()"], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode != 0 and "CORELLM_ISA=sse2: unknown instruction-set path" in run.stderr
     assert "KV cache" not in run.stderr  # nothing was loaded or allocated
+
+
+def view_at_line_offset(x: torch.Tensor, stride: int, byte_offset: int) -> torch.Tensor:
+    """A copy of x whose first row starts `byte_offset` bytes past a 64-byte line, rows `stride` apart."""
+    m, kk = x.shape
+    storage = torch.zeros(m * stride + 64, dtype=x.dtype)
+    start = (-storage.data_ptr() // 2) % 32 + byte_offset // 2
+    view = storage[start : start + m * stride].view(m, stride)[:, :kk]
+    view.copy_(x)
+    assert view.data_ptr() % 64 == byte_offset
+    return view
+
+
+@pytest.mark.parametrize("isa", ISAS)
+def test_x_read_in_place_or_copied_gives_the_same_rows_over_several_row_chunks(isa):
+    """The amx path reads x's tiles in place when its rows start on 64-byte lines and k is a whole
+    number of 32-column groups, and copies them otherwise (and the last, partial row tile); the
+    rows are cut into equal chunks of up to 768 KiB of x. Every way gives the same bits, row by row."""
+    g = torch.Generator().manual_seed(5)
+    m, n, kk = 1500, 96, 576  # three chunks of 512 rows (the last one short), and a partial row tile
+    w = torch.randn(n, kk, generator=g).bfloat16()
+    packed = pack(w)
+    x = torch.randn(m, kk, generator=g).bfloat16()
+    in_place = view_at_line_offset(x, kk + 64, 0)  # row stride 1280 bytes: every row on a line
+    y = gemm(in_place, packed, n, isa=isa)
+    want = torch.nn.functional.linear(x.double(), w.double())
+    torch.testing.assert_close(y.double(), want, atol=0.05 * want.abs().max().item() / 8, rtol=1e-2)
+    assert torch.equal(gemm(view_at_line_offset(x, kk + 64, 2), packed, n, isa=isa), y)  # copied
+    assert torch.equal(gemm(view_at_line_offset(x, kk + 8, 0), packed, n, isa=isa), y)  # rows off the lines
+    for i in (0, 511, 512, 1023, 1024, 1487, 1499):
+        assert torch.equal(gemm(x[i : i + 1].contiguous(), packed, n, isa=isa)[0], y[i])

@@ -1,9 +1,10 @@
 // The bf16 GEMM on AMX-BF16 tiles (the amx path of packed_gemm.h).
 //
 // Tiles: 0-3 hold the fp32 sums of a block of 32 rows x one 32-column panel (tile 2i + j: row
-// tile i, column half j), 4-5 two tiles of 16 x rows x 32 input columns (from x copied into
-// tile order: TiledX), 6-7 the panel's two 16-column halves for the same 32 input columns (16
-// rows of pairs, loaded straight from the packed layout with a row stride of 128 bytes). Per group of 32 input columns, four tile dot
+// tile i, column half j), 4-5 two tiles of 16 x rows x 32 input columns (read from x in place, or
+// from a copy in tile order: XTiles), 6-7 the panel's two 16-column halves for the same 32 input
+// columns (16 rows of pairs, loaded straight from the packed layout with a row stride of 128
+// bytes). Per group of 32 input columns, four tile dot
 // products; after the last group the sums are stored to a buffer, the bias is added and the row
 // is rounded once, as on the avx512bf16 path. Every row's sums come from its own x row and the
 // panel alone, over the groups in order: a row's result does not depend on the rows beside it.
@@ -28,11 +29,19 @@ namespace corellm {
 
 namespace {
 
-// Rows of x taken at a time: as many as fit in half of the core's L2 (2 MiB on every CPU with
-// AMX), at least 128 and a multiple of 32: W streams from memory once per chunk, and the tiles
-// go through W so fast that a small chunk would leave them waiting on it.
-constexpr int64_t kChunkBytes = 1 << 20;
-int64_t row_chunk(int64_t k) { return std::max<int64_t>(128, kChunkBytes / (k * 2) / 32 * 32); }
+// Rows of x taken at a time: the rows are cut into equal chunks (a multiple of 32 rows) of at most
+// kChunkBytes of x, at least 128 rows: W streams from memory once per chunk, and x's chunk stays
+// in the core's L2 (2 MiB on every CPU with AMX) while the thread's panels go past it, next to the
+// panels and y's lines. Measured on the Intel Xeon VM (2 threads, SmolLM2's projections, x read in
+// place): 1 MiB chunks cut 2048 rows into 896 + 896 + 256 and ran the 3072 x 576 projection at
+// 3.0-3.2 ms; four chunks of 512 rows take 2.45-2.5 ms (and the 960-column one 780 vs 815-866 us),
+// and 512 rows stay one chunk (the products per chunk keep the tiles busy while W arrives).
+constexpr int64_t kChunkBytes = 768 << 10;
+int64_t row_chunk(int64_t m, int64_t k) {
+  const int64_t most = std::max<int64_t>(128, kChunkBytes / (k * 2) / 32 * 32);
+  const int64_t chunks = (m + most - 1) / most;
+  return ((m + chunks - 1) / chunks + 31) / 32 * 32;
+}
 constexpr int64_t kTileRows = 16;   // x rows (and rows of sums) per tile
 constexpr int64_t kTileK = 32;      // input columns per tile: kGemmPairGroup pairs
 constexpr int kPanelRowBytes = static_cast<int>(kGemmPanelCols * 2 * sizeof(uint16_t));  // one k pair
@@ -40,27 +49,42 @@ constexpr int kPanelRowBytes = static_cast<int>(kGemmPanelCols * 2 * sizeof(uint
 // Every tile 16 rows (kTileRows) x 64 bytes: 16 fp32 sums, or 16 bf16 pairs.
 void configure_tiles() { amx_tiles::load_amx_config(amx_tiles::uniform_config()); }
 
-// x laid out as tiles: for each 16 rows, for each group of 32 input columns, the 16 x 32 block
-// as one contiguous kilobyte (zero past k and past the last row), each aligned to a cache line.
-// A tile load then reads 16 whole, consecutive cache lines, which the prefetchers follow; read in
-// place, it would be 16 rows k apart, and each row split across two lines wherever x's rows are
-// not 64-byte aligned (a split tile load costs about three aligned ones). Copying x is a pass
-// over m x k values, small next to the m x n x k products.
-struct TiledX {
-  const uint16_t* tiles;
+// Where each 16-row x 32-column tile of x is read from. In place where x allows it (rows whose
+// start is 64-byte aligned, k a whole number of groups, so each tile row is one whole cache line
+// of x's own row): a tile load reads 16 lines, one per row; copying x instead costs a pass over
+// m x k values written and read again (130 of the 680 us of a 2048 x 576 x 576 product). The row
+// tiles x does not fill (the last one, when m is not a multiple of 16), and every row tile of an
+// x that is not laid out so, are copied into `copied`: per row tile, per group, the 16 x 32 block
+// as one contiguous kilobyte (zero past k and past the last row), each aligned to a cache line
+// (read in place, rows split across two lines would cost about three aligned tile loads each).
+struct XTiles {
+  const uint16_t* x;        // x's first row, read in place for row tiles below in_place_tiles
+  int64_t x_stride;         // elements between x's rows
+  int64_t in_place_tiles;   // row tiles read from x itself
+  const uint16_t* copied;   // the others, from row tile in_place_tiles on
   int64_t groups;
 
   static constexpr int64_t kTileElements = kTileRows * kTileK;
   const uint16_t* tile(int64_t row_tile, int64_t group) const {
-    return tiles + (row_tile * groups + group) * kTileElements;
+    if (row_tile < in_place_tiles) return x + row_tile * kTileRows * x_stride + group * kTileK;
+    return copied + ((row_tile - in_place_tiles) * groups + group) * kTileElements;
+  }
+  int row_bytes(int64_t row_tile) const {
+    return row_tile < in_place_tiles ? static_cast<int>(x_stride * sizeof(uint16_t)) : static_cast<int>(kTileK * sizeof(uint16_t));
   }
 };
 
-// Row tiles [begin, end) of x into `tiles` (TiledX's layout).
-void tile_x(const GemmArgs& a, int64_t groups, int64_t begin, int64_t end, uint16_t* tiles) {
-  for (int64_t rt = begin; rt < end; ++rt) {
-    for (int64_t g = 0; g < groups; ++g) {
-      uint16_t* dst = tiles + (rt * groups + g) * TiledX::kTileElements;
+// The row tiles of x that can be read in place (XTiles).
+int64_t in_place_row_tiles(const GemmArgs& a) {
+  const bool aligned = reinterpret_cast<uintptr_t>(a.x) % 64 == 0 && (a.x_stride * sizeof(uint16_t)) % 64 == 0;
+  return aligned && a.k % kTileK == 0 ? a.m / kTileRows : 0;
+}
+
+// Row tiles [begin, end) of x, from row tile x.in_place_tiles on, into `copied` (XTiles' layout).
+void copy_x_tiles(const GemmArgs& a, const XTiles& x, int64_t begin, int64_t end, uint16_t* copied) {
+  for (int64_t rt = std::max(begin, x.in_place_tiles); rt < end; ++rt) {
+    for (int64_t g = 0; g < x.groups; ++g) {
+      uint16_t* dst = copied + ((rt - x.in_place_tiles) * x.groups + g) * XTiles::kTileElements;
       const int64_t cols = std::min(kTileK, a.k - g * kTileK);
       for (int64_t i = 0; i < kTileRows; ++i) {
         const int64_t r = rt * kTileRows + i;
@@ -76,31 +100,20 @@ void tile_x(const GemmArgs& a, int64_t groups, int64_t begin, int64_t end, uint1
   }
 }
 
-// How a row tile pair's products fetch their operands: measured on the Intel Xeon VM (2 threads,
-// bench/kernels.py --linear-only and SmolLM2's projections one by one).
-struct TileLoads {
-  // Software prefetches, 4 groups ahead, only for long rows (k >= 1024: 32 groups, a panel of 64
-  // KiB or more, which the first level cannot keep between the row tiles that reuse it). Below
-  // that the 48 prefetches a group cost more than they bring: the whole-model GEMM took 85 / 337
-  // ms at 512 / 2048 rows against 95 / 389 ms with them; the k = 1536 projection ran 5-10 %
-  // slower without.
-  bool prefetch;
-  // x's tiles loaded with the non-temporal hint (TILELOADDT1) where many row tiles go past each
-  // panel (a chunk of 128 rows or more) and the panel fits the first level (k < 1024): x, read once
-  // per panel, then no longer evicts the panel that every row tile reuses. k = 576 projections at
-  // 512 and 2048 rows: +10-25 % (one thread: +20-45 %); at 16 rows, where x itself stays in the
-  // first level across the panels, the hint cost 10 %.
-  bool stream_x;
-};
-constexpr int64_t kPrefetchGroups = 4;
-constexpr int64_t kPrefetchMinGroups = 32;
+// x's tiles are loaded with the non-temporal hint (TILELOADDT1) where many row tiles go past each
+// panel (a chunk of 128 rows or more): x, read once per panel, then no longer evicts the panel
+// that every row tile reuses. Measured on the Intel Xeon VM (2 threads): k = 576 projections at
+// 512 and 2048 rows +10-25 % (one thread: +20-45 %); at 16 rows, where x itself stays in the first
+// level across the panels, the hint cost 10 %. Software prefetches of the next groups' tiles (and of
+// the next panel, spread over the current one) only slowed it: 48 prefetches a group cost more than
+// they bring, even for k = 1536, whose panel (96 KiB) the first level cannot keep (1.40 vs 1.52 ms
+// at 2048 rows, 42 vs 46 us at 64, x read in place).
 constexpr int64_t kStreamMinRows = 128;
 
 // sums[16 RowTiles][32] (fp32, rows `stride` bytes apart) for RowTiles (1 or 2) tiles of x rows
 // from row tile rt x one panel.
 template <int RowTiles>
-void panel_sums(const TiledX& x, int64_t rt, const uint16_t* panel, float* sums, int stride, TileLoads loads) {
-  constexpr int kTileRowBytes = kTileK * sizeof(uint16_t);
+void panel_sums(const XTiles& x, int64_t rt, const uint16_t* panel, float* sums, int stride, bool stream_x) {
   _tile_zero(0);
   _tile_zero(1);
   if (RowTiles == 2) {
@@ -108,29 +121,21 @@ void panel_sums(const TiledX& x, int64_t rt, const uint16_t* panel, float* sums,
     _tile_zero(3);
   }
   for (int64_t g = 0; g < x.groups; ++g) {
-    if (loads.prefetch && g + kPrefetchGroups < x.groups) {  // x's tiles come from L2, W's from L2 or memory: ask ahead
-      for (int r = 0; r < RowTiles; ++r) {
-        const char* next = reinterpret_cast<const char*>(x.tile(rt + r, g + kPrefetchGroups));
-        for (int line = 0; line < 16; ++line) _mm_prefetch(next + 64 * line, _MM_HINT_T0);
-      }
-      const char* next_w = reinterpret_cast<const char*>(panel + (g + kPrefetchGroups) * kGemmPairGroup * kGemmPanelCols * 2);
-      for (int line = 0; line < 32; ++line) _mm_prefetch(next_w + 64 * line, _MM_HINT_T0);
-    }
     // Each load as late as its first use, so that it overlaps the product before it (a tile
     // is not renamed: loading one waits for the products that still read it).
     const uint16_t* b = panel + g * kGemmPairGroup * kGemmPanelCols * 2;
-    if (loads.stream_x) {
-      _tile_stream_loadd(4, x.tile(rt, g), kTileRowBytes);
+    if (stream_x) {
+      _tile_stream_loadd(4, x.tile(rt, g), x.row_bytes(rt));
     } else {
-      _tile_loadd(4, x.tile(rt, g), kTileRowBytes);
+      _tile_loadd(4, x.tile(rt, g), x.row_bytes(rt));
     }
     _tile_loadd(6, b, kPanelRowBytes);
     _tile_dpbf16ps(0, 4, 6);
     if (RowTiles == 2) {
-      if (loads.stream_x) {
-        _tile_stream_loadd(5, x.tile(rt + 1, g), kTileRowBytes);
+      if (stream_x) {
+        _tile_stream_loadd(5, x.tile(rt + 1, g), x.row_bytes(rt + 1));
       } else {
-        _tile_loadd(5, x.tile(rt + 1, g), kTileRowBytes);
+        _tile_loadd(5, x.tile(rt + 1, g), x.row_bytes(rt + 1));
       }
       _tile_dpbf16ps(2, 5, 6);
     }
@@ -182,21 +187,23 @@ void bf16_gemm_amx(const GemmArgs& a) {
   const int64_t groups = gemm_padded_pairs(a.k) * 2 / kTileK;
   const int64_t panels = gemm_num_panels(a.n), panel_size = gemm_panel_elements(a.k);
   const int64_t row_tiles = (a.m + kTileRows - 1) / kTileRows;
-  uint16_t* tiles = thread_scratch<TiledX, uint16_t>(row_tiles * groups * TiledX::kTileElements);
-  const TiledX x{tiles, groups};
+  const int64_t in_place = in_place_row_tiles(a);
+  uint16_t* copied = thread_scratch<XTiles, uint16_t>((row_tiles - in_place) * groups * XTiles::kTileElements);
+  const XTiles x{a.x, a.x_stride, in_place, copied, groups};
 #pragma omp parallel if (gemm_worth_threads(a))
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    tile_x(a, groups, row_tiles * t / threads, row_tiles * (t + 1) / threads, tiles);
+    if (in_place < row_tiles) {
+      copy_x_tiles(a, x, row_tiles * t / threads, row_tiles * (t + 1) / threads, copied);
 #pragma omp barrier
+    }
     configure_tiles();
     alignas(64) float sums[2 * kTileRows * kGemmPanelCols];
-    const int64_t chunk = row_chunk(a.k);
+    const int64_t chunk = row_chunk(a.m, a.k);
     const bool direct_f32 = a.y_dtype == DType::F32 && a.bias == nullptr;
-    const bool long_rows = groups >= kPrefetchMinGroups;
     for (int64_t r0 = 0; r0 < a.m; r0 += chunk) {
       const int64_t chunk_end = std::min(a.m, r0 + chunk);
-      const TileLoads loads{long_rows, !long_rows && chunk_end - r0 >= kStreamMinRows};
+      const bool stream_x = chunk_end - r0 >= kStreamMinRows;
       for (int64_t p = panels * t / threads; p < panels * (t + 1) / threads; ++p) {
         const uint16_t* panel = a.packed + p * panel_size;
         for (int64_t r = r0; r < chunk_end; r += 2 * kTileRows) {
@@ -206,9 +213,9 @@ void bf16_gemm_amx(const GemmArgs& a) {
           float* out = in_place ? static_cast<float*>(a.y) + r * a.y_stride + p * kGemmPanelCols : sums;
           const int stride = in_place ? static_cast<int>(a.y_stride * sizeof(float)) : kGemmPanelCols * sizeof(float);
           if (rows > kTileRows) {
-            panel_sums<2>(x, r / kTileRows, panel, out, stride, loads);
+            panel_sums<2>(x, r / kTileRows, panel, out, stride, stream_x);
           } else {
-            panel_sums<1>(x, r / kTileRows, panel, out, stride, loads);
+            panel_sums<1>(x, r / kTileRows, panel, out, stride, stream_x);
           }
           if (!in_place) store_rows(sums, rows, a, r, p * kGemmPanelCols);
         }
