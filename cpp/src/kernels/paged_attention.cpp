@@ -26,6 +26,7 @@
 #include "attention_amx.h"
 #include "attention_block.h"
 #include "attention_tile.h"
+#include "corellm/aligned_vector.h"
 #include "corellm/check.h"
 
 namespace corellm {
@@ -97,21 +98,6 @@ struct WorkItem {
   int64_t block_begin, block_end;  // KV blocks this item reads
   int64_t partial;                 // index of its partial-result slot, or -1: write `out`
 };
-
-// Storage aligned to a cache line: the amx span fold loads its rows as tiles, and a tile row
-// split across two lines costs about three whole ones.
-template <class T>
-struct CacheLineAllocator {
-  using value_type = T;
-  CacheLineAllocator() = default;
-  template <class U>
-  CacheLineAllocator(const CacheLineAllocator<U>&) {}  // NOLINT: rebinding
-  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
-  bool operator==(const CacheLineAllocator&) const { return true; }
-};
-template <class T>
-using AlignedVector = std::vector<T, CacheLineAllocator<T>>;
 
 // Per-thread scratch, reused across items. The span fold's row buffers (qb, acc, tile_s,
 // tile_p) hold attention::tile_padded_rows(rows) rows.

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "corellm/aligned_vector.h"
 #include "corellm/kernels/paged_attention.h"
 #include "corellm/model/linear_weight.h"
 #include "corellm/shm_all_reduce.h"
@@ -127,8 +128,9 @@ class DecoderStack {
   std::vector<int32_t> local_ids_;  // tensor parallelism: the step's ids in this rank's rows
   int64_t q_size_, kv_size_, qkv_size_;
   // Scratch, each [tokens, width]: the residual stream, the normed/projected activations,
-  // qkv, attention output; gate_up and the MLP's activation for one block of the MLP's rows.
-  std::vector<uint16_t> residual_, h_, qkv_, attn_, gate_up_, act_;
+  // qkv, attention output; gate_up and the MLP's activation for one block of the MLP's rows. On
+  // cache lines: the amx GEMM reads its x in place when the rows start on lines.
+  AlignedVector<uint16_t> residual_, h_, qkv_, attn_, gate_up_, act_;
 };
 
 }  // namespace corellm
