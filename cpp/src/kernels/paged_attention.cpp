@@ -20,7 +20,6 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <new>
 #include <vector>
 
 #include "attention_amx.h"
