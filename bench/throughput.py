@@ -88,7 +88,8 @@ def run_corellm(args, prompts: list[list[int]], output_lens: list[int]) -> dict:
               max_num_batched_tokens=args.max_num_batched_tokens,
               max_model_len=args.input_len[1] + args.output_len[1] + 16,
               tensor_parallel_size=args.tensor_parallel_size, disable_custom_all_reduce=args.disable_custom_all_reduce,
-              **({"block_size": args.block_size} if args.block_size else {}))
+              **({"block_size": args.block_size} if args.block_size else {}),
+              **({"quantization": args.quantization} if args.quantization else {}))
     load_s = time.perf_counter() - t0
     params = [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in output_lens]
     llm.generate([{"prompt_token_ids": p} for p in prompts[:2]], params[:2], use_tqdm=False)  # warm-up
@@ -148,6 +149,8 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
     parser.add_argument("--block-size", type=int, default=None, help="KV block size (default: the engine's)")
+    parser.add_argument("--quantization", default=None,
+                        help="corellm's quantization= (default: the engine's: gguf for a .gguf file); none: bf16 weights")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="corellm's ranks (processes)")
     parser.add_argument("--disable-custom-all-reduce", action="store_true",
                         help="the ranks' all-reduces through gloo rather than shared memory")
@@ -185,6 +188,7 @@ def main() -> None:
     print(f"\n{args.num_prompts} prompts x ({span(args.input_len)} in, {span(args.output_len)} out), {args.dtype}, "
           f"{args.device}, "
           f"threads {torch.get_num_threads()}"
+          + (f", quantization={args.quantization}" if args.quantization else "")
           + (f", corellm in {args.tensor_parallel_size} tensor-parallel ranks (all-reduce over "
              f"{'gloo' if args.disable_custom_all_reduce else 'shared memory'})" if args.tensor_parallel_size > 1 else ""))
     print(f"{'backend':<10} {'elapsed s':>10} {'req/s':>8} {'output tok/s':>13} {'total tok/s':>12}")
