@@ -105,8 +105,12 @@ void tile_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int64
   constexpr Layout L = layout_of(T);
   const int64_t blocks = a.k / L.block;
   const uint8_t* panel = a.packed + p * blocks * L.bytes;
+  // The 16 fp32 sums stay in registers: every loop over them unrolled (constant indices), and only a
+  // copy's address given to store_rows. Otherwise acc lived on the stack, loaded and stored around
+  // each fused multiply-add, because the tile store may write any memory whose address escaped.
   F<Lanes> acc[kTileRows];
-  for (auto& v : acc) v = Lanes::zero_f();
+#pragma GCC unroll 16
+  for (int r = 0; r < kTileRows; ++r) acc[r] = Lanes::zero_f();
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* pb = panel + b * L.bytes;
     const F<Lanes> d = Lanes::f16(pb + L.d_off);
@@ -114,6 +118,7 @@ void tile_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int64
       F<Lanes> m{};
       if constexpr (L.has_min) m = Lanes::f16(pb + L.m_off);
       tile_sums(x, r0, b, T == QuantType::kQ8_0 ? pb + L.q_off : values + b * kGroupBytes, sums);
+#pragma GCC unroll 16
       for (int r = 0; r < kTileRows; ++r) {
         acc[r] = kernel::legacy_epilogue<Lanes, T>(acc[r], sums_row(sums, r), d, m, x, r0 + r, b);
       }
@@ -124,13 +129,17 @@ void tile_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int64
         const F<Lanes> scale = Lanes::mul(d, Lanes::u8(pb + L.sc_off + 16 * j));
         const F<Lanes> mins = Lanes::mul(dmin, Lanes::u8(pb + L.mn_off + 16 * j));
         tile_sums(x, r0, g, values + g * kGroupBytes, sums);
+#pragma GCC unroll 16
         for (int r = 0; r < kTileRows; ++r) {
           acc[r] = kernel::k_epilogue<Lanes>(acc[r], sums_row(sums, r), scale, mins, x, r0 + r, g);
         }
       }
     }
   }
-  kernel::store_rows<Lanes>(a, acc, r0, kTileRows, p);
+  F<Lanes> out[kTileRows];
+#pragma GCC unroll 16
+  for (int r = 0; r < kTileRows; ++r) out[r] = acc[r];
+  kernel::store_rows<Lanes>(a, out, r0, kTileRows, p);
 }
 
 template <QuantType T>
