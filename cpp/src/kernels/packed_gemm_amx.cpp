@@ -187,13 +187,13 @@ void bf16_gemm_amx(const GemmArgs& a) {
   const int64_t groups = gemm_padded_pairs(a.k) * 2 / kTileK;
   const int64_t panels = gemm_num_panels(a.n), panel_size = gemm_panel_elements(a.k);
   const int64_t row_tiles = (a.m + kTileRows - 1) / kTileRows;
-  const int64_t in_place = in_place_row_tiles(a);
-  uint16_t* copied = thread_scratch<XTiles, uint16_t>((row_tiles - in_place) * groups * XTiles::kTileElements);
-  const XTiles x{a.x, a.x_stride, in_place, copied, groups};
+  const int64_t in_place_tiles = in_place_row_tiles(a);
+  uint16_t* copied = thread_scratch<XTiles, uint16_t>((row_tiles - in_place_tiles) * groups * XTiles::kTileElements);
+  const XTiles x{a.x, a.x_stride, in_place_tiles, copied, groups};
 #pragma omp parallel if (gemm_worth_threads(a))
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    if (in_place < row_tiles) {
+    if (in_place_tiles < row_tiles) {
       copy_x_tiles(a, x, row_tiles * t / threads, row_tiles * (t + 1) / threads, copied);
 #pragma omp barrier
     }
