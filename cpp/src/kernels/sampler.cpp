@@ -117,6 +117,26 @@ void scan_above(const float* x, int64_t v, float bound, OnAbove on_above) {
   }
 }
 
+inline float value_of(float e) { return e; }
+inline float value_of(const std::pair<float, int32_t>& e) { return e.first; }
+
+// The k largest of x[0, v) (1 <= k <= v) in `heap`, a heap under `order` (a comparator that ranks
+// the better first, so that the heap's front is the worst kept); entry(t) makes token t's element.
+// The first k seed it; after them only a value above the worst kept enters (a later token loses a
+// tie), the rest of the row compared 8 at a time (scan_above).
+template <class Entry, class Order, class MakeEntry>
+void keep_largest(const float* x, int64_t v, int64_t k, std::vector<Entry>& heap, Order order, MakeEntry entry) {
+  heap.clear();
+  for (int64_t t = 0; t < k; ++t) heap.push_back(entry(t));
+  std::make_heap(heap.begin(), heap.end(), order);
+  scan_above(x + k, v - k, value_of(heap.front()), [&](int64_t t) {
+    std::pop_heap(heap.begin(), heap.end(), order);
+    heap.back() = entry(k + t);
+    std::push_heap(heap.begin(), heap.end(), order);
+    return value_of(heap.front());
+  });
+}
+
 void raw_logprobs(const SamplingBatch& b, int64_t i, const float* x, float& log_z) {
   const int64_t v = b.vocab_size;
   const float mx = row_max(x, v);
@@ -129,17 +149,8 @@ void raw_logprobs(const SamplingBatch& b, int64_t i, const float* x, float& log_
   // Top n by logit, descending, ties to the lower id: a partial sort of (logit, id) pairs.
   std::vector<std::pair<float, int32_t>> best;
   best.reserve(static_cast<size_t>(n) + 1);
-  // A heap of the best n so far (top: the worst kept), which only a logit above that worst enters
-  // (a later id loses a tie), the rest of the row compared 8 at a time.
-  const int64_t first = std::min(n, v);
-  for (int64_t t = 0; t < first; ++t) best.emplace_back(x[t], static_cast<int32_t>(t));
-  std::make_heap(best.begin(), best.end(), ranks_before);
-  scan_above(x + first, v - first, best.front().first, [&](int64_t t) {
-    std::pop_heap(best.begin(), best.end(), ranks_before);
-    best.back() = {x[first + t], static_cast<int32_t>(first + t)};
-    std::push_heap(best.begin(), best.end(), ranks_before);
-    return best.front().first;
-  });
+  keep_largest(x, v, std::min(n, v), best, ranks_before,
+               [&](int64_t t) { return std::pair<float, int32_t>(x[t], static_cast<int32_t>(t)); });
   std::sort(best.begin(), best.end(), ranks_before);
   for (int64_t k = 0; k < n; ++k) {
     b.top_ids[i * n + k] = best[static_cast<size_t>(k)].second;
@@ -200,20 +211,27 @@ bool apply_processors(const SamplingBatch& b, int64_t i, float* x, std::vector<i
   return changed;
 }
 
+// The top-p prefix's end among the candidates: cand sorted by ranks_before, then walked from the
+// top, adding each weight to `kept` (on entry: the mass ranked above every candidate) until it
+// reaches target; returns the index of the token where it does (the last candidate when rounding
+// never gets there), `kept` then the prefix's mass.
+size_t prefix_end(std::vector<std::pair<float, int32_t>>& cand, double target, double& kept) {
+  std::sort(cand.begin(), cand.end(), ranks_before);
+  size_t last = 0;
+  for (; last < cand.size(); ++last) {
+    kept += cand[last].first;
+    if (kept >= target) break;
+  }
+  return std::min(last, cand.size() - 1);
+}
+
 // The k-th largest of x (0 < k < v; counted with multiplicity, as std::nth_element would place
 // it; no NaN in x): a min-heap of the k largest seen, which only a value above its smallest
 // enters. After the first k values the scan compares 8 at a time against that smallest, and
 // few pass (about k ln(v / k) for logits in random order), where sorting or partitioning the
 // whole vocabulary cost 0.4 ms a row at 49152 tokens.
 float kth_largest(const float* x, int64_t v, int64_t k, std::vector<float>& heap) {
-  heap.assign(x, x + k);
-  std::make_heap(heap.begin(), heap.end(), std::greater<float>());  // front: the smallest kept
-  scan_above(x + k, v - k, heap.front(), [&](int64_t t) {
-    std::pop_heap(heap.begin(), heap.end(), std::greater<float>());
-    heap.back() = x[k + t];
-    std::push_heap(heap.begin(), heap.end(), std::greater<float>());
-    return heap.front();
-  });
+  keep_largest(x, v, k, heap, std::greater<float>(), [&](int64_t t) { return x[t]; });  // front: the smallest kept
   return heap.front();
 }
 
@@ -253,15 +271,8 @@ int32_t top_p_by_buckets(const float* x, int64_t v, float top_p, float u,
     if (x[t] > 0.0f && bucket(x[t]) == cross) cand.emplace_back(x[t], static_cast<int32_t>(t));
   }
   if (cand.empty()) return -1;  // no weight at all: the caller's NaN / all-banned handling
-  std::sort(cand.begin(), cand.end(), ranks_before);
   double kept = above;
-  size_t last = 0;
-  for (; last < cand.size(); ++last) {
-    kept += cand[last].first;
-    if (kept >= target) break;
-  }
-  last = std::min(last, cand.size() - 1);  // rounding: the whole bucket
-  const auto [w_last, id_last] = cand[last];
+  const auto [w_last, id_last] = cand[prefix_end(cand, target, kept)];
   const double pick = static_cast<double>(u) * kept;
   double acc = 0.0;
   int32_t chosen = -1;
@@ -297,15 +308,8 @@ int32_t sample_top_p(const float* x, int64_t v, double total, float top_p, float
     return cand.size() > kMostGathered ? std::numeric_limits<float>::infinity() : bound;  // too many: stop
   });
   if (gathered < target || cand.size() > kMostGathered) return top_p_by_buckets(x, v, top_p, u, cand, mass);
-  std::sort(cand.begin(), cand.end(), ranks_before);
   double kept = 0.0;
-  size_t last = 0;
-  for (; last < cand.size(); ++last) {
-    kept += cand[last].first;
-    if (kept >= target) break;
-  }
-  last = std::min(last, cand.size() - 1);  // rounding: all that was gathered
-  cand.resize(last + 1);
+  cand.resize(prefix_end(cand, target, kept) + 1);
   std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& c) { return a.second < c.second; });
   const double pick = static_cast<double>(u) * kept;
   double acc = 0.0;
