@@ -76,6 +76,20 @@ def test_silu_extremes_are_finite():
     torch.testing.assert_close(got, torch.tensor([[0.0, 0.0, 0.0, 88.0, 200.0]]), atol=1e-4, rtol=1e-6)
 
 
+@pytest.mark.parametrize("op", [ops.silu_and_mul, ops.gelu_tanh_and_mul])
+def test_gated_activation_bits_do_not_depend_on_the_width(op):
+    """The bf16 loop takes whole registers of columns and the last few one at a time: a value gets
+    the same bits either way (here all 256 in registers with d = 256, then each alone with d = 1)."""
+    g = torch.Generator().manual_seed(5)
+    gate = torch.cat([6 * torch.randn(200, generator=g), -120 * torch.rand(40, generator=g),
+                      torch.tensor([0.0, -0.0, 88.7, -88.7, 100.0, -100.0, 1e-39, -1e-39, 3.0, -3.0, 5.5, -5.5,
+                                    float("inf"), -float("inf"), 40.0, -40.0])])
+    up = torch.cat([torch.randn(240, generator=g), 1e-3 * torch.rand(16, generator=g)])
+    wide = op(torch.cat([gate, up]).reshape(1, -1).bfloat16())
+    one_by_one = op(torch.stack([gate, up], dim=1).bfloat16())
+    assert torch.equal(wide.view(torch.int16).reshape(-1), one_by_one.view(torch.int16).reshape(-1))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("is_neox", [True, False])
 @pytest.mark.parametrize("heads, kv_heads, head_size, rot_dim", [(9, 3, 64, 64), (4, 4, 128, 64), (8, 2, 32, 32)])

@@ -19,6 +19,7 @@
 
 #include "corellm/kernels/cpu_isa.h"
 #include "fast_math.h"
+#include "lanes_avx512.h"
 
 namespace corellm::attention {
 
@@ -69,17 +70,7 @@ inline void fold_block_generic(const RowState& row, const float* kf, const float
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
 namespace avx512 {
 
-// e^x on 16 lanes, the polynomial of fast_exp.
-inline __m512 exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpLowest)), _mm512_set1_ps(kExpHighest));
-  const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(kLog2e));
-  const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(y, n);
-  __m512 p = _mm512_set1_ps(kExp2Poly[0]);
-  for (int i = 1; i < 7; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[i]));
-  const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
+using corellm::avx512::exp16;
 
 // Visible lanes of the 16 keys starting at t0, for keys [lo, hi).
 inline __mmask16 visible_lanes(int64_t t0, int64_t lo, int64_t hi, int64_t& first, int64_t& last) {

@@ -2,21 +2,42 @@
 // (elementwise_loops.h) compiled for AVX2 and for AVX-512, the process's path choosing (cpu_isa.h).
 #include "corellm/kernels/elementwise.h"
 
+#include <immintrin.h>
+
 #include <cmath>
+#include <type_traits>
 
 #include "corellm/check.h"
 #include "corellm/kernels/cpu_isa.h"
 #include "fast_math.h"
+#include "lanes_avx2.h"
+#include "lanes_avx512.h"
 
 namespace corellm {
 
+// Each path's vector lanes (elementwise_loops.h's Lanes): its register of fp32 lanes, bf16 in and
+// out of it, and e^x.
 namespace elementwise_avx2 {
+struct Lanes {
+  using Vec = __m256;
+  static constexpr int64_t kWidth = 8;
+  static Vec load(const uint16_t* p) { return avx2::load_bf16x8(p); }
+  static void store(uint16_t* p, Vec v) { avx2::store_bf16x8(p, v); }
+  static Vec exp(Vec x) { return avx2::exp8(x); }
+};
 #include "elementwise_loops.h"
 }  // namespace elementwise_avx2
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512")
 namespace elementwise_avx512 {
+struct Lanes {
+  using Vec = __m512;
+  static constexpr int64_t kWidth = 16;
+  static Vec load(const uint16_t* p) { return avx512::load_bf16x16(p); }
+  static void store(uint16_t* p, Vec v) { avx512::store_bf16x16(p, v); }
+  static Vec exp(Vec x) { return avx512::exp16(x); }
+};
 #include "elementwise_loops.h"
 }  // namespace elementwise_avx512
 #pragma GCC pop_options
