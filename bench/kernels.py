@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from corellm import _core, ops
+from corellm.model.rope import cos_sin_cache
 
 # SmolLM2-135M
 HIDDEN, INTER, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 576, 1536, 9, 3, 64, 49152
@@ -287,7 +288,10 @@ def run(dtype: torch.dtype, linear_only: bool = False) -> list[dict]:
         gu = torch.randn(tokens, 2 * INTER).to(dtype)
         add("silu_and_mul", f"{label} x {2 * INTER}", lambda: ops.silu_and_mul(gu), lambda: torch_silu_and_mul(gu),
             nbytes=3 * tokens * INTER * esize)
-        cache = torch.randn(8192, HEAD_DIM)
+        # A real cos / sin table: rotations keep q and k's size over the timed repetitions (which
+        # rotate in place); a random one grew them to infinities and denormals, timing those instead.
+        inv_freq = 10000.0 ** (-torch.arange(0, HEAD_DIM, 2, dtype=torch.float32) / HEAD_DIM)
+        cache = cos_sin_cache(None, 8192, inv_freq=inv_freq)
         pos = torch.randint(0, 8192, (tokens,), dtype=torch.int32)
         qkv = torch.randn(tokens, (HEADS + 2 * KV_HEADS) * HEAD_DIM).to(dtype)
         q, k = qkv[:, : HEADS * HEAD_DIM], qkv[:, HEADS * HEAD_DIM : (HEADS + KV_HEADS) * HEAD_DIM]
