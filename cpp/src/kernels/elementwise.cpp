@@ -16,13 +16,15 @@
 namespace corellm {
 
 // Each path's vector lanes (elementwise_loops.h's Lanes): its register of fp32 lanes, bf16 in and
-// out of it, and e^x.
+// out of it (and rounded in place), the sum across it, and e^x.
 namespace elementwise_avx2 {
 struct Lanes {
   using Vec = __m256;
   static constexpr int64_t kWidth = 8;
   static Vec load(const uint16_t* p) { return avx2::load_bf16x8(p); }
   static void store(uint16_t* p, Vec v) { avx2::store_bf16x8(p, v); }
+  static Vec round(Vec v) { return avx2::round_bf16x8(v); }
+  static float sum(Vec v) { return avx2::reduce_add8(v); }
   static Vec exp(Vec x) { return avx2::exp8(x); }
 };
 #include "elementwise_loops.h"
@@ -36,6 +38,8 @@ struct Lanes {
   static constexpr int64_t kWidth = 16;
   static Vec load(const uint16_t* p) { return avx512::load_bf16x16(p); }
   static void store(uint16_t* p, Vec v) { avx512::store_bf16x16(p, v); }
+  static Vec round(Vec v) { return avx512::round_bf16x16(v); }
+  static float sum(Vec v) { return avx512::reduce_add16(v); }
   static Vec exp(Vec x) { return avx512::exp16(x); }
 };
 #include "elementwise_loops.h"

@@ -5,7 +5,8 @@
 // RMSNorm's sum of squares, whose order follows the register width: each path is batch-invariant
 // on its own. No include guard and no includes: the includer provides dtype.h, fast_math.h,
 // <cmath> and <type_traits> first, and the path's Lanes (Vec, a register of kWidth fp32 lanes;
-// load and store of kWidth bf16; exp, fast_exp's polynomial lane by lane).
+// load and store of kWidth bf16, round as round_to rounds; sum across the lanes in a fixed order;
+// exp, fast_exp's polynomial lane by lane).
 
 struct Loops {
   // Work below this many elements runs on the calling thread: a parallel region costs more.
@@ -13,18 +14,46 @@ struct Loops {
 
   template <class T>
   static void rms_norm_row(T* out, const T* x, const T* w, int64_t n, float eps) {
+    if constexpr (std::is_same_v<T, uint16_t>) {
+      if (n % (2 * Lanes::kWidth) == 0) return normalize_lanes(out, x, w, n, inverse_rms(sum_of_squares_lanes(x, n), n, eps));
+    }
     float sum_sq = 0.0f;
 #pragma omp simd reduction(+ : sum_sq)
     for (int64_t i = 0; i < n; ++i) {
       const float v = load_f32(x + i);
       sum_sq += v * v;
     }
-    const float inv = 1.0f / std::sqrt(sum_sq / static_cast<float>(n) + eps);
+    const float inv = inverse_rms(sum_sq, n, eps);
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) {
       // HF order: normalize in fp32, round to the dtype, then multiply by the weight.
       const float normed = round_to(load_f32(x + i) * inv, x);
       store_f32(out + i, load_f32(w + i) * normed);
+    }
+  }
+
+  static float inverse_rms(float sum_sq, int64_t n, float eps) {
+    return 1.0f / std::sqrt(sum_sq / static_cast<float>(n) + eps);
+  }
+
+  // A bf16 row of whole pairs of registers, in explicit registers (GCC's own vectorization summed
+  // its 32 partial sums one after another through memory, and rounded twice per value the long
+  // way): the squares summed in two registers (alternate registers of columns), added lane by
+  // lane, then across the lanes (Lanes::sum); the order depends on the path and the row's length
+  // alone.
+  static float sum_of_squares_lanes(const uint16_t* x, int64_t n) {
+    typename Lanes::Vec even{}, odd{};
+    for (int64_t i = 0; i < n; i += 2 * Lanes::kWidth) {
+      const typename Lanes::Vec a = Lanes::load(x + i), b = Lanes::load(x + i + Lanes::kWidth);
+      even += a * a;
+      odd += b * b;
+    }
+    return Lanes::sum(even + odd);
+  }
+  // out = w * round(x * inv) (HF's order), rounded.
+  static void normalize_lanes(uint16_t* out, const uint16_t* x, const uint16_t* w, int64_t n, float inv) {
+    for (int64_t i = 0; i < n; i += Lanes::kWidth) {
+      Lanes::store(out + i, Lanes::load(w + i) * Lanes::round(Lanes::load(x + i) * inv));
     }
   }
 
@@ -44,6 +73,21 @@ struct Loops {
     for (int64_t t = 0; t < num_tokens; ++t) {
       T* xr = x + t * x_stride;
       T* rr = residual + t * residual_stride;
+      if constexpr (std::is_same_v<T, uint16_t>) {
+        if (hidden % (2 * Lanes::kWidth) == 0) {  // the sum and its squares in one pass, as above
+          typename Lanes::Vec even{}, odd{};
+          for (int64_t i = 0; i < hidden; i += 2 * Lanes::kWidth) {
+            const typename Lanes::Vec a = Lanes::round(Lanes::load(xr + i) + Lanes::load(rr + i));
+            const typename Lanes::Vec b = Lanes::round(Lanes::load(xr + i + Lanes::kWidth) + Lanes::load(rr + i + Lanes::kWidth));
+            Lanes::store(rr + i, a);
+            Lanes::store(rr + i + Lanes::kWidth, b);
+            even += a * a;
+            odd += b * b;
+          }
+          normalize_lanes(xr, rr, w, hidden, inverse_rms(Lanes::sum(even + odd), hidden, eps));
+          continue;
+        }
+      }
 #pragma omp simd
       for (int64_t i = 0; i < hidden; ++i) store_f32(rr + i, load_f32(xr + i) + load_f32(rr + i));
       rms_norm_row(xr, rr, w, hidden, eps);

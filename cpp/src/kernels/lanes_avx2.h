@@ -42,18 +42,26 @@ inline float reduce_add8(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 
-// v rounded to bf16 to nearest even (a NaN kept, made quiet), stored at p (unaligned): dtype.h's
-// f32_to_bf16 on 8 lanes, so that a vector loop and its scalar tail give the same bits.
-inline void store_bf16x8(uint16_t* p, __m256 v) {
+// v rounded to bf16 to nearest even (a NaN kept, made quiet): dtype.h's f32_to_bf16 on 8 lanes,
+// so that a vector loop and its scalar tail give the same bits. The bf16 bits in each lane's low half.
+inline __m256i bf16_bits8(__m256 v) {
   const __m256i bits = _mm256_castps_si256(v);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
   const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), 16);
   const __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
-  const __m256i out = _mm256_blendv_epi8(rounded, quiet_nan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  return _mm256_blendv_epi8(rounded, quiet_nan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+}
+
+// v rounded to bf16 and stored at p (unaligned).
+inline void store_bf16x8(uint16_t* p, __m256 v) {
+  const __m256i bits = bf16_bits8(v);
   // 8 lanes of at most 16 bits packed to 8 words (packus works within 128-bit halves: fix the order)
-  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(out, out), 0x08);
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(bits, bits), 0x08);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
 }
+
+// v rounded to bf16 and widened back: round_to on 8 lanes.
+inline __m256 round_bf16x8(__m256 v) { return _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits8(v), 16)); }
 
 // e^x on 8 lanes, the polynomial of fast_exp.
 inline __m256 exp8(__m256 x) {
