@@ -15,7 +15,9 @@ struct Loops {
   template <class T>
   static void rms_norm_row(T* out, const T* x, const T* w, int64_t n, float eps) {
     if constexpr (std::is_same_v<T, uint16_t>) {
-      if (n % (2 * Lanes::kWidth) == 0) return normalize_lanes(out, x, w, n, inverse_rms(sum_of_squares_lanes(x, n), n, eps));
+      if (n % (2 * Lanes::kWidth) == 0) {
+        return normalize_lanes(out, x, w, n, inverse_rms(sum_of_squares_lanes(x, n), n, eps));
+      }
     }
     float sum_sq = 0.0f;
 #pragma omp simd reduction(+ : sum_sq)
@@ -37,10 +39,9 @@ struct Loops {
   }
 
   // A bf16 row of whole pairs of registers, in explicit registers (GCC's own vectorization summed
-  // its 32 partial sums one after another through memory, and rounded twice per value the long
-  // way): the squares summed in two registers (alternate registers of columns), added lane by
-  // lane, then across the lanes (Lanes::sum); the order depends on the path and the row's length
-  // alone.
+  // its 32 partial sums one after another through memory): the squares summed in two registers
+  // (alternate registers of columns), added lane by lane, then across the lanes (Lanes::sum); the
+  // order depends on the path and the row's length alone.
   static float sum_of_squares_lanes(const uint16_t* x, int64_t n) {
     typename Lanes::Vec even{}, odd{};
     for (int64_t i = 0; i < n; i += 2 * Lanes::kWidth) {
@@ -77,10 +78,11 @@ struct Loops {
         if (hidden % (2 * Lanes::kWidth) == 0) {  // the sum and its squares in one pass, as above
           typename Lanes::Vec even{}, odd{};
           for (int64_t i = 0; i < hidden; i += 2 * Lanes::kWidth) {
+            const int64_t j = i + Lanes::kWidth;
             const typename Lanes::Vec a = Lanes::round(Lanes::load(xr + i) + Lanes::load(rr + i));
-            const typename Lanes::Vec b = Lanes::round(Lanes::load(xr + i + Lanes::kWidth) + Lanes::load(rr + i + Lanes::kWidth));
+            const typename Lanes::Vec b = Lanes::round(Lanes::load(xr + j) + Lanes::load(rr + j));
             Lanes::store(rr + i, a);
-            Lanes::store(rr + i + Lanes::kWidth, b);
+            Lanes::store(rr + j, b);
             even += a * a;
             odd += b * b;
           }
@@ -118,7 +120,7 @@ struct Loops {
   // (SwiGLU: act = silu; GeGLU: act = gelu_tanh). bf16 rows go Lanes::kWidth columns at a time in
   // explicit registers, the last few one at a time, with the same bits: left to the compiler, the
   // loop divided twice per register (the exponential's clamp made two versions of the quotient),
-  // and SwiGLU on 256 x 1536 took 100 us instead of 65 (Intel Xeon VM, 2 threads).
+  // and SwiGLU on 256 x 1536 took 100-112 us instead of 83-85 (Intel Xeon VM, 2 threads).
   template <class T, class Act>
   static void gated_activation(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t num_tokens,
                                int64_t d, Act act) {

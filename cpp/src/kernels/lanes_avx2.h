@@ -47,7 +47,8 @@ inline float reduce_add8(__m256 v) {
 inline __m256i bf16_bits8(__m256 v) {
   const __m256i bits = _mm256_castps_si256(v);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd)), 16);
+  const __m256i up = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd);  // to nearest, ties to even
+  const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, up), 16);
   const __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
   return _mm256_blendv_epi8(rounded, quiet_nan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
 }

@@ -1,8 +1,8 @@
 // 16-lane AVX-512 helpers: 16 bf16 widened to fp32 and rounded back (as dtype.h's scalar
 // f32_to_bf16, so that a vector loop and its scalar tail give the same bits), a sum across the
-// lanes in a fixed order, and e^x with fast_exp's polynomial. Private to the kernels library; compiled for AVX-512 F/BW/VL/DQ in a
-// target region of its own, so any source may include it, and called only where the process's path
-// has AVX-512 (the elementwise activations, the attention folds).
+// lanes in a fixed order, and e^x with fast_exp's polynomial. Private to the kernels library;
+// compiled for AVX-512 F/BW/VL/DQ in a target region of its own, so any source may include it, and
+// called only where the process's path has AVX-512 (the elementwise loops, the attention folds).
 #pragma once
 
 #include <immintrin.h>
@@ -27,7 +27,8 @@ inline __m512 load_bf16x16(const uint16_t* p) {
 inline __m512i bf16_bits16(__m512 v) {
   const __m512i bits = _mm512_castps_si512(v);
   const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd)), 16);
+  const __m512i up = _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd);  // to nearest, ties to even
+  const __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(bits, up), 16);
   const __m512i quiet_nan = _mm512_or_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(0x40));
   return _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded, quiet_nan);
 }
