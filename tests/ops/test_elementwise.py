@@ -42,6 +42,19 @@ def test_fused_add_rms_norm(dtype, num_tokens):
     torch.testing.assert_close(got_x, want_x, **TOL[dtype])
 
 
+@pytest.mark.parametrize("hidden", [576, 1000, 64])
+def test_fused_add_rms_norm_is_add_then_rms_norm_bit_for_bit(hidden):
+    """A layer's input norm is the fused kernel, the first layer's the plain one: for the same
+    residual they must give the same bits (one pass over the sum and its squares, or two)."""
+    g = torch.Generator().manual_seed(hidden)
+    x, r = (4 * torch.randn(33, hidden, generator=g)).bfloat16(), torch.randn(33, hidden, generator=g).bfloat16()
+    w = torch.randn(hidden, generator=g).bfloat16()
+    got_x, got_res = ops.fused_add_rms_norm(x.clone(), r.clone(), w, 1e-5)
+    res = (x.float() + r.float()).bfloat16()
+    assert torch.equal(got_res.view(torch.int16), res.view(torch.int16))
+    assert torch.equal(got_x.view(torch.int16), ops.rms_norm(res, w, 1e-5).view(torch.int16))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("num_tokens, d", [(1, 1536), (13, 100), (257, 1536)])
 def test_silu_and_mul(dtype, num_tokens, d):
