@@ -74,47 +74,17 @@ struct Loops {
     for (int64_t t = 0; t < num_tokens; ++t) {
       T* xr = x + t * x_stride;
       T* rr = residual + t * residual_stride;
-      if constexpr (std::is_same_v<T, uint16_t>) {
-        if (hidden % (2 * Lanes::kWidth) == 0) {  // the sum and its squares in one pass, as above
-          typename Lanes::Vec even{}, odd{};
-          for (int64_t i = 0; i < hidden; i += 2 * Lanes::kWidth) {
-            const int64_t j = i + Lanes::kWidth;
-            const typename Lanes::Vec a = Lanes::round(Lanes::load(xr + i) + Lanes::load(rr + i));
-            const typename Lanes::Vec b = Lanes::round(Lanes::load(xr + j) + Lanes::load(rr + j));
-            Lanes::store(rr + i, a);
-            Lanes::store(rr + j, b);
-            even += a * a;
-            odd += b * b;
-          }
-          normalize_lanes(xr, rr, w, hidden, inverse_rms(Lanes::sum(even + odd), hidden, eps));
-          continue;
-        }
-      }
 #pragma omp simd
       for (int64_t i = 0; i < hidden; ++i) store_f32(rr + i, load_f32(xr + i) + load_f32(rr + i));
       rms_norm_row(xr, rr, w, hidden, eps);
     }
   }
 
-  // The activations on one fp32 value or on a register of them (Lanes::Vec, by GCC's vector
-  // arithmetic): the same operations in the same order, so the same bits lane by lane.
-  template <class V>
-  static V silu_of(V x) {
-    if constexpr (std::is_same_v<V, float>) {
-      return silu(x);
-    } else {
-      return x / (1.0f + Lanes::exp(-x));
-    }
-  }
-  template <class V>
-  static V gelu_tanh_of(V x) {
-    if constexpr (std::is_same_v<V, float>) {
-      return gelu_tanh(x);
-    } else {
-      const V u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-      return x / (1.0f + Lanes::exp(-2.0f * u));
-    }
-  }
+  // e^x on one value (fast_exp) or on a register of them (Lanes::exp, the same bits lane by lane).
+  struct ExpOf {
+    float operator()(float x) const { return fast_exp(x); }
+    typename Lanes::Vec operator()(typename Lanes::Vec x) const { return Lanes::exp(x); }
+  };
 
   // out[t, i] = act(gate[t, i]) * up[t, i] in fp32, rounded once: the gated MLPs' activation
   // (SwiGLU: act = silu; GeGLU: act = gelu_tanh). bf16 rows go Lanes::kWidth columns at a time in
@@ -143,13 +113,13 @@ struct Loops {
   template <class T>
   static void silu_and_mul(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t num_tokens,
                            int64_t d) {
-    gated_activation(out, out_stride, x, x_stride, num_tokens, d, [](auto g) { return silu_of(g); });
+    gated_activation(out, out_stride, x, x_stride, num_tokens, d, [](auto g) { return silu_by(g, ExpOf{}); });
   }
 
   template <class T>
   static void gelu_tanh_and_mul(T* out, int64_t out_stride, const T* x, int64_t x_stride, int64_t num_tokens,
                                 int64_t d) {
-    gated_activation(out, out_stride, x, x_stride, num_tokens, d, [](auto g) { return gelu_tanh_of(g); });
+    gated_activation(out, out_stride, x, x_stride, num_tokens, d, [](auto g) { return gelu_tanh_by(g, ExpOf{}); });
   }
 
   template <class T>

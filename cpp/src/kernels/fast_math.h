@@ -33,14 +33,21 @@ inline float fast_exp(float x) {
   return p * scale;
 }
 
-inline float silu(float x) { return x / (1.0f + fast_exp(-x)); }
+// The activations written once for one float or a register of them (GCC's vector arithmetic, as
+// the elementwise loops use them), given e^x for that type: the same operations in the same order,
+// so the same bits lane by lane.
+template <class V, class Exp>
+inline V silu_by(V x, Exp exp) {
+  return x / (1.0f + exp(-x));
+}
 
 // GELU with the tanh approximation (PyTorch's approximate="tanh", Gemma's gelu_pytorch_tanh):
 // 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3), computed as x / (1 + e^(-2u)) — the
 // same function, since 0.5 (1 + tanh(u)) = 1 / (1 + e^(-2u)) — so that it needs one exponential.
-inline float gelu_tanh(float x) {
-  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-  return x / (1.0f + fast_exp(-2.0f * u));
+template <class V, class Exp>
+inline V gelu_tanh_by(V x, Exp exp) {
+  const V u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  return x / (1.0f + exp(-2.0f * u));
 }
 
 }  // namespace corellm
