@@ -13,7 +13,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
+#include "corellm/shared_ranges.h"
 #include "packed_gemm_paths.h"
 #include "thread_scratch.h"
 
@@ -190,7 +192,16 @@ void bf16_gemm_amx(const GemmArgs& a) {
   const int64_t in_place_tiles = in_place_row_tiles(a);
   uint16_t* copied = thread_scratch<XTiles, uint16_t>((row_tiles - in_place_tiles) * groups * XTiles::kTileElements);
   const XTiles x{a.x, a.x_stride, in_place_tiles, copied, groups};
-#pragma omp parallel if (gemm_worth_threads(a))
+  // Each chunk of rows' panels: a thread's share as a static schedule would give it, the rest of
+  // the others' once its own are done (SharedRanges: every panel is computed the same whichever
+  // thread takes it).
+  const bool threaded = gemm_worth_threads(a);
+  const int planned_threads = threaded ? omp_get_max_threads() : 1;
+  const int64_t chunk = row_chunk(a.m, a.k);
+  std::vector<SharedRanges> chunk_panels;
+  chunk_panels.reserve(static_cast<size_t>((a.m + chunk - 1) / chunk));
+  for (int64_t r0 = 0; r0 < a.m; r0 += chunk) chunk_panels.emplace_back(panels, planned_threads);
+#pragma omp parallel if (threaded)
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
     if (in_place_tiles < row_tiles) {
@@ -199,12 +210,12 @@ void bf16_gemm_amx(const GemmArgs& a) {
     }
     configure_tiles();
     alignas(64) float sums[2 * kTileRows * kGemmPanelCols];
-    const int64_t chunk = row_chunk(a.m, a.k);
     const bool direct_f32 = a.y_dtype == DType::F32 && a.bias == nullptr;
-    for (int64_t r0 = 0; r0 < a.m; r0 += chunk) {
+    for (int64_t r0 = 0, c = 0; r0 < a.m; r0 += chunk, ++c) {
       const int64_t chunk_end = std::min(a.m, r0 + chunk);
       const bool stream_x = chunk_end - r0 >= kStreamMinRows;
-      for (int64_t p = panels * t / threads; p < panels * (t + 1) / threads; ++p) {
+      SharedRanges& shared = chunk_panels[static_cast<size_t>(c)];
+      for (int64_t p = shared.next(static_cast<int>(t)); p >= 0; p = shared.next(static_cast<int>(t))) {
         const uint16_t* panel = a.packed + p * panel_size;
         for (int64_t r = r0; r < chunk_end; r += 2 * kTileRows) {
           const int64_t rows = std::min(2 * kTileRows, chunk_end - r);
