@@ -62,6 +62,7 @@ TEST(SharedRanges, ThreadsInterleavedMeetInTheMiddle) {
 
 TEST(SharedRanges, RejectsBadSizes) {
   EXPECT_THROW(SharedRanges(10, 0), std::invalid_argument);
+  EXPECT_THROW(SharedRanges(10, -1), std::invalid_argument);
   EXPECT_THROW(SharedRanges(-1, 2), std::invalid_argument);
   EXPECT_THROW(SharedRanges(int64_t{1} << 32, 2), std::invalid_argument);
 }

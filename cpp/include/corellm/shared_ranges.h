@@ -25,9 +25,10 @@ namespace corellm {
 class SharedRanges {
  public:
   // items [0, num_items) cut into `threads` ranges as a static schedule would cut them.
-  SharedRanges(int64_t num_items, int threads) : threads_(threads), ranges_(new Range[threads]) {
+  SharedRanges(int64_t num_items, int threads) : threads_(threads) {
     CORELLM_CHECK_ARG(threads >= 1 && num_items >= 0 && num_items < (int64_t{1} << 32),
                       "SharedRanges: ", num_items, " items over ", threads, " threads");
+    ranges_.reset(new Range[static_cast<size_t>(threads)]);
     for (int t = 0; t < threads; ++t) {
       const uint64_t begin = static_cast<uint64_t>(num_items * t / threads);
       const uint64_t end = static_cast<uint64_t>(num_items * (t + 1) / threads);
@@ -39,6 +40,7 @@ class SharedRanges {
   // back, the next thread's first), or -1 when every item has been taken. A range whose thread
   // never calls (a team smaller than planned) is taken from its back by the others.
   int64_t next(int thread) {
+    CORELLM_DCHECK(thread >= 0 && thread < threads_, "SharedRanges: thread ", thread, " of ", threads_);
     const int64_t own = take(thread, /*from_front=*/true);
     if (own >= 0) return own;
     for (int i = 1; i < threads_; ++i) {
