@@ -50,12 +50,17 @@ TEST(SharedRanges, OwnRangeFrontToBackThenTheOthersFromTheBack) {
 
 TEST(SharedRanges, ThreadsInterleavedMeetInTheMiddle) {
   SharedRanges shared(6, 2);
+  EXPECT_EQ(shared.own_front(0), 0);
   EXPECT_EQ(shared.next(0), 0);
+  EXPECT_EQ(shared.own_front(0), 1);
   EXPECT_EQ(shared.next(1), 3);
   EXPECT_EQ(shared.next(1), 4);
   EXPECT_EQ(shared.next(1), 5);
+  EXPECT_EQ(shared.own_front(1), -1);
   EXPECT_EQ(shared.next(1), 2);  // thread 1 done: it takes thread 0's last item
+  EXPECT_EQ(shared.own_front(0), 1);
   EXPECT_EQ(shared.next(0), 1);
+  EXPECT_EQ(shared.own_front(0), -1);
   EXPECT_EQ(shared.next(0), -1);
   EXPECT_EQ(shared.next(1), -1);
 }

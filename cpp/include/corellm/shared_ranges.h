@@ -9,6 +9,9 @@
 // run) beside a process taking ~30 % of one core in 3 ms bursts, static ranges -> shared, six
 // alternating runs each: 64 rows 18.7-21.8 -> 18.2-20.1 ms, 512 rows 81.6-87.8 -> 74.3-81.0 ms
 // (faster in 10 of 12 pairs); alone, within the VM's noise (64 rows 14.5-16.3 against 14.4-16.5 ms).
+// The vector paths' GEMM (packed_gemm_vector.h; avx512bf16 forced on the same VM, three runs each):
+// 16 / 64 / 512 rows 29.7-31.5 / 104-108 / 796-817 -> 27.3-28.8 / 95.8-103 / 698-722 ms beside
+// the same process; alone 22.2-25.6 / 79.9-85.0 / 632-633 -> 22.1-24.1 / 79.6-82.5 / 613-628.
 //
 // Each range is one 64-bit atomic (front in the low half, end in the high half), claimed by
 // compare-and-swap from either side: an item is taken exactly once.
@@ -48,6 +51,15 @@ class SharedRanges {
       if (stolen >= 0) return stolen;
     }
     return -1;
+  }
+
+  // The item `thread`'s next call would take from its own range, -1 once that range is empty: a
+  // hint for fetching its operands early (another thread may still take it first).
+  int64_t own_front(int thread) const {
+    CORELLM_DCHECK(thread >= 0 && thread < threads_, "SharedRanges: thread ", thread, " of ", threads_);
+    const uint64_t v = ranges_[thread].packed.load(std::memory_order_relaxed);
+    const uint64_t front = v & 0xFFFFFFFFu, end = v >> 32;
+    return front < end ? static_cast<int64_t>(front) : -1;
   }
 
  private:

@@ -14,8 +14,9 @@
 // whatever the block (one chain per 16 columns, k pairs in order), so a row's result does not
 // depend on the rows computed beside it.
 //
-// Include it inside the path's target region, after every system header (and packed_gemm_paths.h):
-// its templates are compiled for that path's instructions, in each source its own copy.
+// Include it inside the path's target region, after every system header (<vector> among them) and
+// packed_gemm_paths.h and corellm/shared_ranges.h: its templates are compiled for that path's
+// instructions, in each source its own copy.
 #pragma once
 
 #include <utility>
@@ -115,27 +116,36 @@ void panel_all_rows(PanelRows b, int64_t m, const uint16_t* next_panel) {
   }
 }
 
-// Contiguous ranges of panels per thread (one sequential stream each); small products stay on
-// one thread. Threads write disjoint columns: no barrier between chunks of rows. Many rows: a
-// chunk of rows at a time, so that the chunk of x stays in this core's L2 while the thread's
-// panels stream past it.
+// Contiguous ranges of panels per thread (one sequential stream each), shared once a thread's
+// own are done (SharedRanges: the other's from its back, so that a thread that loses its core
+// does not hold the other at the end); small products stay on one thread. Threads write
+// disjoint columns: no barrier between chunks of rows. Many rows: a chunk of rows at a time, so
+// that the chunk of x stays in this core's L2 while the thread's panels stream past it.
 template <class Lanes>
 void gemm(const GemmArgs& a) {
   const bool y_f32 = a.y_dtype == DType::F32;
   const int64_t y_item = y_f32 ? 4 : 2;
   const int64_t panels = gemm_num_panels(a.n), panel_size = gemm_panel_elements(a.k);
-#pragma omp parallel if (gemm_worth_threads(a))
+  const bool threaded = gemm_worth_threads(a);
+  const int planned_threads = threaded ? omp_get_max_threads() : 1;
+  const int64_t chunks = (a.m + kRowChunk - 1) / kRowChunk;
+  std::vector<SharedRanges> chunk_panels;
+  chunk_panels.reserve(static_cast<size_t>(chunks));
+  for (int64_t c = 0; c < chunks; ++c) chunk_panels.emplace_back(panels, planned_threads);
+#pragma omp parallel if (threaded)
   {
-    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    const int64_t first = panels * t / threads, last = panels * (t + 1) / threads;
-    for (int64_t r = 0; r < a.m; r += kRowChunk) {
-      const int64_t rows = std::min(kRowChunk, a.m - r);
-      for (int64_t p = first; p < last; ++p) {
+    const int t = omp_get_thread_num();
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t r = c * kRowChunk, rows = std::min(kRowChunk, a.m - r);
+      SharedRanges& shared = chunk_panels[static_cast<size_t>(c)];
+      for (int64_t p = shared.next(t); p >= 0; p = shared.next(t)) {
         const PanelRows b{a.x + r * a.x_stride, a.x_stride, a.packed + p * panel_size, a.bias,
                           static_cast<char*>(a.y) + r * a.y_stride * y_item, a.y_stride, y_f32,
                           p * kGemmPanelCols, a.n, a.k};
-        // After the range's last panel, its first again for the next chunk of rows (if any).
-        const int64_t after = p + 1 < last ? p + 1 : (r + kRowChunk < a.m ? first : -1);
+        // Fetched meanwhile: the thread's next panel of its range, or after the range's last its
+        // first again for the next chunk of rows (if any).
+        int64_t after = shared.own_front(t);
+        if (after < 0 && c + 1 < chunks) after = chunk_panels[static_cast<size_t>(c + 1)].own_front(t);
         panel_all_rows<Lanes>(b, rows, after < 0 ? nullptr : a.packed + after * panel_size);
       }
     }
