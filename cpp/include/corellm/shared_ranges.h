@@ -39,9 +39,9 @@ class SharedRanges {
     }
   }
 
-  // The next item for `thread` (0 .. threads - 1: its own range's front, else another range's
-  // back, the next thread's first), or -1 when every item has been taken. A range whose thread
-  // never calls (a team smaller than planned) is taken from its back by the others.
+  // The next item for `thread` (0 .. threads - 1): its own range's front, else the back of another
+  // range (the next thread's, then the one after), or -1 when every item has been taken. A range
+  // whose thread never calls (a team smaller than planned) is taken from its back by the others.
   int64_t next(int thread) {
     CORELLM_DCHECK(thread >= 0 && thread < threads_, "SharedRanges: thread ", thread, " of ", threads_);
     const int64_t own = take(thread, /*from_front=*/true);
