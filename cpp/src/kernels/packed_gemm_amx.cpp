@@ -13,9 +13,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
-#include "corellm/shared_ranges.h"
 #include "packed_gemm_paths.h"
 #include "thread_scratch.h"
 
@@ -187,21 +185,14 @@ void store_rows(const float* sums, int64_t rows, const GemmArgs& a, int64_t row0
 
 void bf16_gemm_amx(const GemmArgs& a) {
   const int64_t groups = gemm_padded_pairs(a.k) * 2 / kTileK;
-  const int64_t panels = gemm_num_panels(a.n), panel_size = gemm_panel_elements(a.k);
+  const int64_t panel_size = gemm_panel_elements(a.k);
   const int64_t row_tiles = (a.m + kTileRows - 1) / kTileRows;
   const int64_t in_place_tiles = in_place_row_tiles(a);
   uint16_t* copied = thread_scratch<XTiles, uint16_t>((row_tiles - in_place_tiles) * groups * XTiles::kTileElements);
   const XTiles x{a.x, a.x_stride, in_place_tiles, copied, groups};
-  // Each chunk of rows' panels: a thread's share as a static schedule would give it, the rest of
-  // the others' once its own are done (SharedRanges: every panel is computed the same whichever
-  // thread takes it).
-  const bool threaded = gemm_worth_threads(a);
-  const int planned_threads = threaded ? omp_get_max_threads() : 1;
   const int64_t chunk = row_chunk(a.m, a.k);
-  std::vector<SharedRanges> chunk_panels;
-  chunk_panels.reserve(static_cast<size_t>((a.m + chunk - 1) / chunk));
-  for (int64_t r0 = 0; r0 < a.m; r0 += chunk) chunk_panels.emplace_back(panels, planned_threads);
-#pragma omp parallel if (threaded)
+  std::vector<SharedRanges> chunk_panels = gemm_shared_panels(a, chunk);
+#pragma omp parallel if (gemm_worth_threads(a))
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
     if (in_place_tiles < row_tiles) {

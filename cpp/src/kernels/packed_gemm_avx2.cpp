@@ -31,9 +31,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
-#include "corellm/shared_ranges.h"
 #include "lanes_avx2.h"
 #include "packed_gemm_paths.h"
 #include "packed_gemm_vector.h"

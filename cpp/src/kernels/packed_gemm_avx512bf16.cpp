@@ -9,9 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
-#include "corellm/shared_ranges.h"
 #include "packed_gemm_paths.h"
 
 // Everything below is compiled for AVX-512-BF16, whatever the build's baseline; it runs only

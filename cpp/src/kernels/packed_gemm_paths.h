@@ -2,11 +2,15 @@
 // layout. Private to the kernels library.
 #pragma once
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "corellm/kernels/dtype.h"
 #include "corellm/kernels/packed_gemm.h"
+#include "corellm/shared_ranges.h"
 #include "next_panel.h"
 
 namespace corellm {
@@ -37,6 +41,17 @@ inline int gemm_half_columns(int64_t n, int64_t col0, int h) {
 // Whether the GEMM is big enough to be worth the OpenMP team (below it, one thread: waking the
 // others costs more than the products).
 inline bool gemm_worth_threads(const GemmArgs& a) { return a.n * a.k * a.m >= (1 << 16); }
+
+// Per chunk of `chunk` rows, its panels shared by the team that runs the GEMM (SharedRanges: a
+// thread's static share first, then the others' from their backs; every panel is computed the same
+// whichever thread takes it).
+inline std::vector<SharedRanges> gemm_shared_panels(const GemmArgs& a, int64_t chunk) {
+  const int threads = gemm_worth_threads(a) ? omp_get_max_threads() : 1;
+  std::vector<SharedRanges> per_chunk;
+  per_chunk.reserve(static_cast<size_t>((a.m + chunk - 1) / chunk));
+  for (int64_t r0 = 0; r0 < a.m; r0 += chunk) per_chunk.emplace_back(gemm_num_panels(a.n), threads);
+  return per_chunk;
+}
 
 void bf16_gemm_avx2(const GemmArgs& a);        // packed_gemm_avx2.cpp
 void bf16_gemm_avx512(const GemmArgs& a);      // packed_gemm_avx512.cpp

@@ -14,9 +14,8 @@
 // whatever the block (one chain per 16 columns, k pairs in order), so a row's result does not
 // depend on the rows computed beside it.
 //
-// Include it inside the path's target region, after every system header (<vector> among them) and
-// packed_gemm_paths.h and corellm/shared_ranges.h: its templates are compiled for that path's
-// instructions, in each source its own copy.
+// Include it inside the path's target region, after every system header (and packed_gemm_paths.h):
+// its templates are compiled for that path's instructions, in each source its own copy.
 #pragma once
 
 #include <utility>
@@ -125,14 +124,10 @@ template <class Lanes>
 void gemm(const GemmArgs& a) {
   const bool y_f32 = a.y_dtype == DType::F32;
   const int64_t y_item = y_f32 ? 4 : 2;
-  const int64_t panels = gemm_num_panels(a.n), panel_size = gemm_panel_elements(a.k);
-  const bool threaded = gemm_worth_threads(a);
-  const int planned_threads = threaded ? omp_get_max_threads() : 1;
-  const int64_t chunks = (a.m + kRowChunk - 1) / kRowChunk;
-  std::vector<SharedRanges> chunk_panels;
-  chunk_panels.reserve(static_cast<size_t>(chunks));
-  for (int64_t c = 0; c < chunks; ++c) chunk_panels.emplace_back(panels, planned_threads);
-#pragma omp parallel if (threaded)
+  const int64_t panel_size = gemm_panel_elements(a.k);
+  std::vector<SharedRanges> chunk_panels = gemm_shared_panels(a, kRowChunk);
+  const auto chunks = static_cast<int64_t>(chunk_panels.size());
+#pragma omp parallel if (gemm_worth_threads(a))
   {
     const int t = omp_get_thread_num();
     for (int64_t c = 0; c < chunks; ++c) {
