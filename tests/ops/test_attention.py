@@ -169,6 +169,32 @@ def test_reshape_and_cache_writes_each_slot(dtype, block_size):
     assert written == (n - 1) * kv_heads
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_size", [2, 16, 32])
+def test_reshape_and_cache_writes_runs_of_consecutive_slots(dtype, block_size):
+    """A prefill's tokens take consecutive slots: runs starting on odd and even slots, crossing
+    blocks, a token alone between runs, a padded token inside a run; every other slot stays zero."""
+    num_blocks, kv_heads, head_size = 12, 3, 64
+    k_shape, v_shape = ops.kv_cache_shapes(num_blocks, kv_heads, head_size, block_size, dtype)
+    kc, vc = torch.zeros(k_shape, dtype=dtype), torch.zeros(v_shape, dtype=dtype)
+    runs = [range(3, 3 + 2 * block_size + 1), range(4 * block_size, 4 * block_size + 6), [7 * block_size + 1],
+            range(8 * block_size, 8 * block_size + 5)]
+    slots = torch.tensor([s for run in runs for s in run], dtype=torch.int32)
+    slots[-3] = -1  # padding inside the last run: its neighbours are written alone
+    n = len(slots)
+    kv = torch.randn(n, 2 * kv_heads * head_size).to(dtype)
+    key, value = kv[:, : kv_heads * head_size], kv[:, kv_heads * head_size :]
+    ops.reshape_and_cache(key, value, kc, vc, slots)
+    k_all, v_all = ops.unpack_kv_cache(kc, vc)
+    want_k, want_v = torch.zeros_like(k_all), torch.zeros_like(v_all)
+    for t in range(n):
+        if int(slots[t]) >= 0:
+            b, o = divmod(int(slots[t]), block_size)
+            want_k[b, o], want_v[b, o] = key[t].view(kv_heads, head_size), value[t].view(kv_heads, head_size)
+    assert torch.equal(k_all, want_k)
+    assert torch.equal(v_all, want_v)
+
+
 def test_prefill_then_decode_through_the_cache_equals_dense_attention():
     """Write K/V with reshape_and_cache step by step, attend, compare with dense causal attention."""
     torch.manual_seed(0)
