@@ -104,16 +104,28 @@ void copy_x_tiles(const GemmArgs& a, const XTiles& x, int64_t begin, int64_t end
 // panel (a chunk of 128 rows or more): x, read once per panel, then no longer evicts the panel
 // that every row tile reuses. Measured on the Intel Xeon VM (2 threads): k = 576 projections at
 // 512 and 2048 rows +10-25 % (one thread: +20-45 %); at 16 rows, where x itself stays in the first
-// level across the panels, the hint cost 10 %. Software prefetches of the next groups' tiles (and of
-// the next panel, spread over the current one) only slowed it: 48 prefetches a group cost more than
-// they bring, even for k = 1536, whose panel (96 KiB) the first level cannot keep (1.40 vs 1.52 ms
-// at 2048 rows, 42 vs 46 us at 64, x read in place).
+// level across the panels, the hint cost 10 %. Software prefetches of the next groups' tiles only
+// slowed it: 48 prefetches a group cost more than they bring, even for k = 1536, whose panel (96
+// KiB) the first level cannot keep (1.40 vs 1.52 ms at 2048 rows, x read in place).
 constexpr int64_t kStreamMinRows = 128;
+
+// The thread's next panel is fetched into L2 while a chunk of more than kFetchNextMinRows rows
+// goes past the current one (NextPanel, a step per group of each row block): the first row block
+// of a panel read from memory otherwise waits on it, and memory idles while the later blocks run.
+// Measured on the Intel Xeon VM (2 threads, SmolLM2's projections each with its own weights, the
+// whole model's 270 MB streamed from memory, four alternating runs): 64 rows 16.4-17.2 -> 16.0-17.1
+// ms, 512 rows 67.6-70.6 -> 64.8-67.2, 2048 rows 266-271 -> 254-259; an engine decode step of 32
+// requests 24.6-24.9 -> 22.2-24.0 ms. From 1 to 16 rows, where the products hardly delay the panel
+// stream, it cost 5-12 %. Where the weights come from the last level instead (30 layers of one
+// projection alone), about even: at 64 rows gate_up 4.8-4.9 -> 4.4-4.6 ms, qkv 1.33-1.39 ->
+// 1.41-1.47.
+constexpr int64_t kFetchNextMinRows = kTileRows;
 
 // sums[16 RowTiles][32] (fp32, rows `stride` bytes apart) for RowTiles (1 or 2) tiles of x rows
 // from row tile rt x one panel.
 template <int RowTiles>
-void panel_sums(const XTiles& x, int64_t rt, const uint16_t* panel, float* sums, int stride, bool stream_x) {
+void panel_sums(const XTiles& x, int64_t rt, const uint16_t* panel, float* sums, int stride, bool stream_x,
+                NextPanel& next) {
   _tile_zero(0);
   _tile_zero(1);
   if (RowTiles == 2) {
@@ -124,6 +136,7 @@ void panel_sums(const XTiles& x, int64_t rt, const uint16_t* panel, float* sums,
     // Each load as late as its first use, so that it overlaps the product before it (a tile
     // is not renamed: loading one waits for the products that still read it).
     const uint16_t* b = panel + g * kGemmPairGroup * kGemmPanelCols * 2;
+    next.step();
     if (stream_x) {
       _tile_stream_loadd(4, x.tile(rt, g), x.row_bytes(rt));
     } else {
@@ -192,6 +205,7 @@ void bf16_gemm_amx(const GemmArgs& a) {
   const XTiles x{a.x, a.x_stride, in_place_tiles, copied, groups};
   const int64_t chunk = row_chunk(a.m, a.k);
   std::vector<SharedRanges> chunk_panels = gemm_shared_panels(a, chunk);
+  const auto chunks = static_cast<int64_t>(chunk_panels.size());
 #pragma omp parallel if (gemm_worth_threads(a))
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
@@ -208,6 +222,15 @@ void bf16_gemm_amx(const GemmArgs& a) {
       SharedRanges& shared = chunk_panels[static_cast<size_t>(c)];
       for (int64_t p = shared.next(static_cast<int>(t)); p >= 0; p = shared.next(static_cast<int>(t))) {
         const uint16_t* panel = a.packed + p * panel_size;
+        // Fetched meanwhile: the thread's next panel of its range, or after the range's last its
+        // first again for the next chunk of rows (if any).
+        NextPanel next;
+        if (chunk_end - r0 > kFetchNextMinRows) {
+          int64_t after = shared.own_front(static_cast<int>(t));
+          if (after < 0 && c + 1 < chunks) after = chunk_panels[static_cast<size_t>(c + 1)].own_front(static_cast<int>(t));
+          const int64_t row_blocks = (chunk_end - r0 + 2 * kTileRows - 1) / (2 * kTileRows);
+          if (after >= 0) next = NextPanel(a.packed + after * panel_size, panel_size * sizeof(uint16_t), row_blocks * groups);
+        }
         for (int64_t r = r0; r < chunk_end; r += 2 * kTileRows) {
           const int64_t rows = std::min(2 * kTileRows, chunk_end - r);
           // fp32 out (logits) without a bias, whole tiles: the tiles are the result, stored in place.
@@ -215,9 +238,9 @@ void bf16_gemm_amx(const GemmArgs& a) {
           float* out = in_place ? static_cast<float*>(a.y) + r * a.y_stride + p * kGemmPanelCols : sums;
           const int stride = in_place ? static_cast<int>(a.y_stride * sizeof(float)) : kGemmPanelCols * sizeof(float);
           if (rows > kTileRows) {
-            panel_sums<2>(x, r / kTileRows, panel, out, stride, stream_x);
+            panel_sums<2>(x, r / kTileRows, panel, out, stride, stream_x, next);
           } else {
-            panel_sums<1>(x, r / kTileRows, panel, out, stride, stream_x);
+            panel_sums<1>(x, r / kTileRows, panel, out, stride, stream_x, next);
           }
           if (!in_place) store_rows(sums, rows, a, r, p * kGemmPanelCols);
         }
