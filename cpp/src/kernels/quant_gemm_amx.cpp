@@ -91,6 +91,15 @@ void lay_out_values(const uint8_t* panel, int64_t blocks, uint8_t* out) {
 
 // 16 x rows from r0: the integer sums of group g (x at values 32 g + offset) into `sums`.
 inline void tile_sums(const QuantizedRows& x, int64_t r0, int64_t g, const uint8_t* values, int32_t* sums) {
+  // Every other group, the 16 rows' next lines of x (two groups each) asked for into L1: the x
+  // tile's load, 16 lines from L2, was where the tiles waited most (a quarter of the samples in a
+  // Q4_1 prefill). Whole-model Q4_1 GEMM, Intel Xeon VM, 2 threads, three alternating runs: 64 rows
+  // 20.4-20.9 -> 18.5-19.1 ms, 512 rows 136-151 -> 131-146.
+  if (g % 2 == 0 && 32 * (g + 2) < x.k) {
+    const int8_t* ahead = x.row_q(r0) + 32 * (g + 2);
+#pragma GCC unroll 16
+    for (int r = 0; r < kTileRows; ++r) _mm_prefetch(reinterpret_cast<const char*>(ahead + r * x.k), _MM_HINT_T0);
+  }
   _tile_zero(0);                                   // kSums
   _tile_loadd(1, x.row_q(r0) + 32 * g, x.k);       // kX
   _tile_loadd(2, values, 64);                      // kValues
