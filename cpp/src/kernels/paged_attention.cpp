@@ -436,6 +436,27 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
       if (splits > 1) num_partials += nkv * splits;  // each head's splits in consecutive slots
     }
   }
+  // The units with the most work first (keys x query tokens; a prefill's later chunks see more
+  // keys), so that the last ones to finish are small: the one thread still working at the end
+  // waits less (with a unit of three items that wait had grown). Intel Xeon VM, 2 threads, 30
+  // layers, three alternating runs: one prompt of 512 tokens 23.8-24.8 ms in chunk order, 23.2-24.5
+  // largest first; four of 128 7.8-8.1 -> 7.6-7.7 ms. A unit's items keep their order.
+  {
+    const auto units = static_cast<int64_t>(items.size()) / nkv;
+    std::vector<int64_t> order(static_cast<size_t>(units));
+    for (int64_t u = 0; u < units; ++u) order[static_cast<size_t>(u)] = u;
+    auto work = [&](int64_t u) {
+      const WorkItem& w = items[static_cast<size_t>(u * nkv)];
+      return (w.block_end - w.block_begin) * (w.q_end - w.q_begin);
+    };
+    std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return work(x) > work(y); });
+    std::vector<WorkItem> sorted;
+    sorted.reserve(items.size());
+    for (int64_t u : order) {
+      sorted.insert(sorted.end(), items.begin() + u * nkv, items.begin() + (u + 1) * nkv);
+    }
+    items.swap(sorted);
+  }
   const int64_t group = a.num_heads / nkv;
   // Not zeroed (a batch of long decodes has megabytes of slots): combine reads only the rows
   // each split wrote.
