@@ -205,7 +205,6 @@ void bf16_gemm_amx(const GemmArgs& a) {
   const XTiles x{a.x, a.x_stride, in_place_tiles, copied, groups};
   const int64_t chunk = row_chunk(a.m, a.k);
   std::vector<SharedRanges> chunk_panels = gemm_shared_panels(a, chunk);
-  const auto chunks = static_cast<int64_t>(chunk_panels.size());
 #pragma omp parallel if (gemm_worth_threads(a))
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
@@ -222,12 +221,9 @@ void bf16_gemm_amx(const GemmArgs& a) {
       SharedRanges& shared = chunk_panels[static_cast<size_t>(c)];
       for (int64_t p = shared.next(static_cast<int>(t)); p >= 0; p = shared.next(static_cast<int>(t))) {
         const uint16_t* panel = a.packed + p * panel_size;
-        // Fetched meanwhile: the thread's next panel of its range, or after the range's last its
-        // first again for the next chunk of rows (if any).
         NextPanel next;
         if (chunk_end - r0 > kFetchNextMinRows) {
-          int64_t after = shared.own_front(static_cast<int>(t));
-          if (after < 0 && c + 1 < chunks) after = chunk_panels[static_cast<size_t>(c + 1)].own_front(static_cast<int>(t));
+          const int64_t after = gemm_next_own_panel(chunk_panels, static_cast<size_t>(c), static_cast<int>(t));
           const int64_t row_blocks = (chunk_end - r0 + 2 * kTileRows - 1) / (2 * kTileRows);
           if (after >= 0) next = NextPanel(a.packed + after * panel_size, panel_size * sizeof(uint16_t), row_blocks * groups);
         }

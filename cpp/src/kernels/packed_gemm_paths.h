@@ -53,6 +53,15 @@ inline std::vector<SharedRanges> gemm_shared_panels(const GemmArgs& a, int64_t c
   return per_chunk;
 }
 
+// The panel `thread` computes after its current one in chunk c (gemm_shared_panels), to fetch
+// meanwhile: the next of its own range, or after its range's last its first of chunk c + 1; -1:
+// none.
+inline int64_t gemm_next_own_panel(const std::vector<SharedRanges>& chunk_panels, size_t c, int thread) {
+  const int64_t after = chunk_panels[c].own_front(thread);
+  if (after >= 0 || c + 1 >= chunk_panels.size()) return after;
+  return chunk_panels[c + 1].own_front(thread);
+}
+
 void bf16_gemm_avx2(const GemmArgs& a);        // packed_gemm_avx2.cpp
 void bf16_gemm_avx512(const GemmArgs& a);      // packed_gemm_avx512.cpp
 void bf16_gemm_avx512bf16(const GemmArgs& a);  // packed_gemm_avx512bf16.cpp

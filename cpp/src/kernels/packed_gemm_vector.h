@@ -137,10 +137,7 @@ void gemm(const GemmArgs& a) {
         const PanelRows b{a.x + r * a.x_stride, a.x_stride, a.packed + p * panel_size, a.bias,
                           static_cast<char*>(a.y) + r * a.y_stride * y_item, a.y_stride, y_f32,
                           p * kGemmPanelCols, a.n, a.k};
-        // Fetched meanwhile: the thread's next panel of its range, or after the range's last its
-        // first again for the next chunk of rows (if any).
-        int64_t after = shared.own_front(t);
-        if (after < 0 && c + 1 < chunks) after = chunk_panels[static_cast<size_t>(c + 1)].own_front(t);
+        const int64_t after = gemm_next_own_panel(chunk_panels, static_cast<size_t>(c), t);  // fetched meanwhile
         panel_all_rows<Lanes>(b, rows, after < 0 ? nullptr : a.packed + after * panel_size);
       }
     }
