@@ -23,7 +23,7 @@ from corellm.server.errors import bad_request
 from corellm.server.logprobs import TokenLabels, chat_logprobs, prompt_logprobs
 from corellm.server.protocol import ChatCompletionRequest, ImagePart
 from corellm.server.serving import Serving, now, prediction_details, send_event, stream_errors, usage
-from corellm.tokenizer import ChatTemplateError
+from corellm.tokenizer import CHAT_TEMPLATE_PARAMETERS, ChatTemplateError
 
 # Template rendering runs in a worker thread, bounded in time and output by the sandbox itself
 # (corellm.chat_template), so a pathological template neither stalls the event loop nor keeps a
@@ -48,9 +48,8 @@ async def render_prompt(serving: Serving, req: ChatCompletionRequest,
                           "--allow-request-chat-template)", "chat_template")
     messages = [m.as_template_message(content_parts=serving.takes_images) for m in req.messages]
     kwargs = dict(req.chat_template_kwargs or {})
-    for reserved in ("messages", "tools", "add_generation_prompt"):
-        if reserved in kwargs:
-            raise bad_request(f"chat_template_kwargs may not set {reserved!r}", "chat_template_kwargs")
+    for reserved in sorted(kwargs.keys() & (CHAT_TEMPLATE_PARAMETERS | {"tools"})):
+        raise bad_request(f"chat_template_kwargs may not set {reserved!r}", "chat_template_kwargs")
     if tools is not None:
         kwargs["tools"] = tools
     # The request's (where allowed), the server's (--chat-template) or the model's.

@@ -25,7 +25,7 @@ from corellm.model.loader import LoadedModel
 from corellm.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from corellm.pooling_params import PoolingParams
 from corellm.sampling_params import RequestOutputKind, SamplingParams
-from corellm.tokenizer import Tokenizer
+from corellm.tokenizer import CHAT_TEMPLATE_PARAMETERS, Tokenizer
 from corellm.worker.tp_workers import TensorParallelWorkers, WorkerLoop
 
 logger = logging.getLogger("corellm")
@@ -354,6 +354,8 @@ class LLM:
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tok = self.loaded.tokenizer
         extra = dict(chat_template_kwargs or {})
+        for reserved in sorted(extra.keys() & (CHAT_TEMPLATE_PARAMETERS | ({"tools"} if tools is not None else set()))):
+            raise ValueError(f"chat_template_kwargs may not set {reserved!r}")
         if tools is not None:
             extra["tools"] = tools
         prompts = []

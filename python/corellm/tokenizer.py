@@ -15,6 +15,14 @@ from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
 from corellm.chat_template import DEFAULT_MAX_SECONDS, ChatTemplateError, render_chat_template  # noqa: F401
 
 
+# The names Tokenizer.apply_chat_template and render_chat_template take for their own parameters:
+# a template variable (chat_template_kwargs) named so would reach the call as a second value for
+# that parameter, or replace it. Callers that pass a user's variables refuse these names.
+CHAT_TEMPLATE_PARAMETERS = frozenset({"self", "messages", "template", "chat_template", "add_generation_prompt",
+                                      "continue_final_message", "max_render_seconds", "max_seconds",
+                                      "max_output_chars"})
+
+
 @dataclass
 class Tokenizer:
     backend: tokenizers.Tokenizer

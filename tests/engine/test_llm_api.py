@@ -212,5 +212,10 @@ def test_chat_continues_the_final_message_and_passes_template_variables(llm):
                    chat_template=template, tools=[{"type": "function", "function": {"name": "f"}}],
                    chat_template_kwargs={"greeting": "hi"})[0]
     assert out.prompt == "hi|x1"
+    for reserved in ("self", "chat_template"):  # the renderer's own parameters
+        with pytest.raises(ValueError, match=f"chat_template_kwargs may not set '{reserved}'"):
+            llm.chat(conv, use_tqdm=False, chat_template_kwargs={reserved: 1})
+    with pytest.raises(ValueError, match="chat_template_kwargs may not set 'tools'"):
+        llm.chat(conv, use_tqdm=False, tools=[], chat_template_kwargs={"tools": []})
     with pytest.raises(ValueError, match="continue_final_message needs add_generation_prompt false"):
         llm.chat(conv, continue_final_message=True, use_tqdm=False)

@@ -6,16 +6,19 @@ field — never dropped while the reply pretends to have used them."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 from types import SimpleNamespace
 
 import openai
 import pytest
 
+from corellm.chat_template import render_chat_template
 from corellm.model.gguf_file import GGUFModelFile
 from corellm.model.loader import default_model_path
 from corellm.server.chat import render_prompt
 from corellm.server.errors import APIError
 from corellm.server.protocol import ChatCompletionRequest
+from corellm.tokenizer import CHAT_TEMPLATE_PARAMETERS, Tokenizer
 
 # A RAG template in the style of Granite's: the documents in a system turn before the messages.
 RAG_TEMPLATE = ("{% if reasoning_effort %}Effort: {{ reasoning_effort }}\n{% endif %}"
@@ -54,6 +57,22 @@ def test_a_field_given_twice_is_refused(serving, field, value):
     with pytest.raises(APIError) as err:
         render(serving, **{field: value}, chat_template_kwargs={field: value})
     assert err.value.param == field
+
+
+@pytest.mark.parametrize("name", sorted(CHAT_TEMPLATE_PARAMETERS | {"tools"}))
+def test_chat_template_kwargs_naming_a_parameter_of_the_renderer_is_refused(serving, name):
+    """A variable named as one of the renderer's own parameters ("self" came from a fuzzer: a 500)
+    is a 400 naming it."""
+    with pytest.raises(APIError) as err:
+        render(serving, chat_template_kwargs={name: [0.5], "greeting": "hi"})
+    assert err.value.param == "chat_template_kwargs" and repr(name) in str(err.value)
+
+
+def test_the_renderers_parameters_are_all_reserved():
+    own = set()
+    for function in (Tokenizer.apply_chat_template, render_chat_template):
+        own |= {p.name for p in inspect.signature(function).parameters.values() if p.kind != p.VAR_KEYWORD}
+    assert own == CHAT_TEMPLATE_PARAMETERS
 
 
 @pytest.mark.parametrize("field, value", [("documents", DOCUMENTS), ("reasoning_effort", "high")])
