@@ -4,10 +4,11 @@
 // tile i, column half j), 4-5 two tiles of 16 x rows x 32 input columns (read from x in place, or
 // from a copy in tile order: XTiles), 6-7 the panel's two 16-column halves for the same 32 input
 // columns (16 rows of pairs, loaded straight from the packed layout with a row stride of 128
-// bytes). Per group of 32 input columns, four tile dot
-// products; after the last group the sums are stored to a buffer, the bias is added and the row
-// is rounded once, as on the avx512bf16 path. Every row's sums come from its own x row and the
-// panel alone, over the groups in order: a row's result does not depend on the rows beside it.
+// bytes). Per group of 32 input columns, four tile dot products; after the last group the sums
+// are stored to a buffer, and while the next block's products run the bias is added and the row
+// is rounded once (PendingRows), as on the avx512bf16 path. Every row's sums come from its own x
+// row and the panel alone, over the groups in order: a row's result does not depend on the rows
+// beside it.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -121,11 +122,65 @@ constexpr int64_t kStreamMinRows = 128;
 // 1.41-1.47.
 constexpr int64_t kFetchNextMinRows = kTileRows;
 
+// y[row0 + begin .. row0 + end)[col0 .. col0 + 32) = sums' rows [begin, end) + bias, rounded to
+// bf16 or kept fp32. A whole panel of bf16 goes out one 64-byte store per row (two 32-byte halves
+// would cost a third more: y is written to memory, and every partial line is read first).
+void store_rows(const float* sums, int64_t begin, int64_t end, const GemmArgs& a, int64_t row0, int64_t col0) {
+  const bool y_f32 = a.y_dtype == DType::F32;
+  if (!y_f32 && gemm_half_columns(a.n, col0, 1) == 16) {
+    const __m512 b0 = gemm_store::bias_of(a.bias, col0, 0xFFFF), b1 = gemm_store::bias_of(a.bias, col0 + 16, 0xFFFF);
+    for (int64_t r = begin; r < end; ++r) {
+      const float* s = sums + r * kGemmPanelCols;
+      const __m256i lo = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(s), b0));
+      const __m256i hi = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(s + 16), b1));
+      _mm512_storeu_si512(static_cast<uint16_t*>(a.y) + (row0 + r) * a.y_stride + col0,
+                          _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+    }
+    return;
+  }
+  for (int h = 0; h < 2; ++h) {
+    const int cols = gemm_half_columns(a.n, col0, h);
+    if (cols == 0) break;
+    const __mmask16 mask = gemm_store::mask_of(cols);
+    const int64_t c0 = 16 * h;
+    const __m512 b = gemm_store::bias_of(a.bias, col0 + c0, mask);
+    for (int64_t r = begin; r < end; ++r) {
+      gemm_store::store<true>(a.y, (row0 + r) * a.y_stride + col0 + c0, y_f32, mask,
+                        _mm512_add_ps(_mm512_loadu_ps(sums + r * kGemmPanelCols + c0), b));
+    }
+  }
+}
+
+// A block's sums not yet stored to y: the next block's group loop stores them a few rows per group
+// (step), so that their rounding and y's stores run on the vector unit while the tiles compute,
+// instead of after the products with the tiles idle; finish() stores the rest. Measured on the
+// Intel Xeon VM (2 threads, SmolLM2's projections with the whole model's weights, alternating
+// runs): 64 rows 15.4-17.9 -> 14.1-14.2 ms, 512 rows 67.0-68.6 -> 61.5-62.7, 2048 rows 267 -> 249-258;
+// gate_up alone (30 layers, 512 rows) 22.2-23.7 -> 19.5-19.9 ms; 1 and 16 rows unchanged.
+struct PendingRows {
+  const float* sums = nullptr;
+  int64_t rows = 0, done = 0, per_step = 0, row0 = 0, col0 = 0;
+
+  PendingRows() = default;
+  PendingRows(const float* sums_, int64_t rows_, int64_t row0_, int64_t col0_, int64_t steps)
+      : sums(sums_), rows(rows_), per_step((rows_ + steps - 1) / steps), row0(row0_), col0(col0_) {}
+  void step(const GemmArgs& a) {
+    if (done >= rows) return;
+    const int64_t end = std::min(rows, done + per_step);
+    store_rows(sums, done, end, a, row0, col0);
+    done = end;
+  }
+  void finish(const GemmArgs& a) {
+    if (done < rows) store_rows(sums, done, rows, a, row0, col0);
+    done = rows;
+  }
+};
+
 // sums[16 RowTiles][32] (fp32, rows `stride` bytes apart) for RowTiles (1 or 2) tiles of x rows
 // from row tile rt x one panel.
 template <int RowTiles>
 void panel_sums(const XTiles& x, int64_t rt, const uint16_t* panel, float* sums, int stride, bool stream_x,
-                NextPanel& next) {
+                NextPanel& next, PendingRows& pending, const GemmArgs& a) {
   _tile_zero(0);
   _tile_zero(1);
   if (RowTiles == 2) {
@@ -155,42 +210,15 @@ void panel_sums(const XTiles& x, int64_t rt, const uint16_t* panel, float* sums,
     _tile_loadd(7, b + kGemmPanelCols, kPanelRowBytes);  // columns 16-31: the row's second 64 bytes
     _tile_dpbf16ps(1, 4, 7);
     if (RowTiles == 2) _tile_dpbf16ps(3, 5, 7);
+    pending.step(a);
   }
+  pending.finish(a);
   _tile_stored(0, sums, stride);
   _tile_stored(1, sums + 16, stride);
   if (RowTiles == 2) {
     float* lower = reinterpret_cast<float*>(reinterpret_cast<char*>(sums) + kTileRows * stride);
     _tile_stored(2, lower, stride);
     _tile_stored(3, lower + 16, stride);
-  }
-}
-
-// y[rows][col0 .. col0 + 32) = sums + bias, rounded to bf16 or kept fp32. A whole panel of bf16
-// goes out one 64-byte store per row (two 32-byte halves would cost a third more: y is written
-// to memory, and every partial line is read first).
-void store_rows(const float* sums, int64_t rows, const GemmArgs& a, int64_t row0, int64_t col0) {
-  const bool y_f32 = a.y_dtype == DType::F32;
-  if (!y_f32 && gemm_half_columns(a.n, col0, 1) == 16) {
-    const __m512 b0 = gemm_store::bias_of(a.bias, col0, 0xFFFF), b1 = gemm_store::bias_of(a.bias, col0 + 16, 0xFFFF);
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* s = sums + r * kGemmPanelCols;
-      const __m256i lo = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(s), b0));
-      const __m256i hi = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(s + 16), b1));
-      _mm512_storeu_si512(static_cast<uint16_t*>(a.y) + (row0 + r) * a.y_stride + col0,
-                          _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
-    }
-    return;
-  }
-  for (int h = 0; h < 2; ++h) {
-    const int cols = gemm_half_columns(a.n, col0, h);
-    if (cols == 0) break;
-    const __mmask16 mask = gemm_store::mask_of(cols);
-    const int64_t c0 = 16 * h;
-    const __m512 b = gemm_store::bias_of(a.bias, col0 + c0, mask);
-    for (int64_t r = 0; r < rows; ++r) {
-      gemm_store::store<true>(a.y, (row0 + r) * a.y_stride + col0 + c0, y_f32, mask,
-                        _mm512_add_ps(_mm512_loadu_ps(sums + r * kGemmPanelCols + c0), b));
-    }
   }
 }
 
@@ -213,7 +241,9 @@ void bf16_gemm_amx(const GemmArgs& a) {
 #pragma omp barrier
     }
     configure_tiles();
-    alignas(64) float sums[2 * kTileRows * kGemmPanelCols];
+    alignas(64) float sums[2][2 * kTileRows * kGemmPanelCols];  // a block's, and the block's before
+    int which = 0;
+    PendingRows pending;
     const bool direct_f32 = a.y_dtype == DType::F32 && a.bias == nullptr;
     for (int64_t r0 = 0, c = 0; r0 < a.m; r0 += chunk, ++c) {
       const int64_t chunk_end = std::min(a.m, r0 + chunk);
@@ -231,17 +261,21 @@ void bf16_gemm_amx(const GemmArgs& a) {
           const int64_t rows = std::min(2 * kTileRows, chunk_end - r);
           // fp32 out (logits) without a bias, whole tiles: the tiles are the result, stored in place.
           const bool in_place = direct_f32 && rows % kTileRows == 0 && gemm_half_columns(a.n, p * kGemmPanelCols, 1) == 16;
-          float* out = in_place ? static_cast<float*>(a.y) + r * a.y_stride + p * kGemmPanelCols : sums;
+          float* out = in_place ? static_cast<float*>(a.y) + r * a.y_stride + p * kGemmPanelCols : sums[which];
           const int stride = in_place ? static_cast<int>(a.y_stride * sizeof(float)) : kGemmPanelCols * sizeof(float);
           if (rows > kTileRows) {
-            panel_sums<2>(x, r / kTileRows, panel, out, stride, stream_x, next);
+            panel_sums<2>(x, r / kTileRows, panel, out, stride, stream_x, next, pending, a);
           } else {
-            panel_sums<1>(x, r / kTileRows, panel, out, stride, stream_x, next);
+            panel_sums<1>(x, r / kTileRows, panel, out, stride, stream_x, next, pending, a);
           }
-          if (!in_place) store_rows(sums, rows, a, r, p * kGemmPanelCols);
+          if (!in_place) {
+            pending = PendingRows(sums[which], rows, r, p * kGemmPanelCols, groups);
+            which ^= 1;
+          }
         }
       }
     }
+    pending.finish(a);
     _tile_release();
   }
 }
