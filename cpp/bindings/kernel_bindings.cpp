@@ -213,6 +213,21 @@ void bind_kernels(py::module_& m) {
         arg("x"), arg("x_stride"), arg("packed"), arg("bias"), arg("y"), arg("y_stride"), arg("m"), arg("n"), arg("k"),
         arg("y_dtype") = static_cast<int32_t>(DType::BF16), arg("isa") = std::string(),
         py::call_guard<py::gil_scoped_release>());
+  k.def("bf16_gemm_gated_fused", [](int64_t n, const std::string& isa) {
+        return bf16_gemm_gated_fused(isa.empty() ? cpu_isa() : cpu_isa_named(isa), n);
+      }, arg("n"), arg("isa") = std::string());
+  k.def("bf16_gemm_gated",
+        [](uintptr_t x, int64_t x_stride, uintptr_t packed, uintptr_t bias, uintptr_t out, int64_t out_stride,
+           int64_t m, int64_t n, int64_t kk, const std::string& activation, const std::string& isa) {
+          CORELLM_CHECK_ARG(activation == "silu" || activation == "gelu_tanh",
+                            "bf16_gemm_gated: activation must be 'silu' or 'gelu_tanh', got '", activation, "'");
+          const GatedActivation act = activation == "silu" ? GatedActivation::kSilu : GatedActivation::kGeluTanh;
+          bf16_gemm_gated(ptr<const uint16_t>(x), x_stride, ptr<const uint16_t>(packed), ptr<const uint16_t>(bias),
+                          ptr<uint16_t>(out), out_stride, m, n, kk, act, isa.empty() ? cpu_isa() : cpu_isa_named(isa));
+        },
+        arg("x"), arg("x_stride"), arg("packed"), arg("bias"), arg("out"), arg("out_stride"), arg("m"), arg("n"),
+        arg("k"), arg("activation") = std::string("silu"), arg("isa") = std::string(),
+        py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace corellm::binding

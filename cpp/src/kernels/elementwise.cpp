@@ -112,6 +112,15 @@ void gelu_tanh_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_s
   });
 }
 
+void gated_activation_and_mul(GatedActivation act, void* out, int64_t out_stride, const void* x, int64_t x_stride,
+                              int64_t num_tokens, int64_t d, DType dtype) {
+  if (act == GatedActivation::kGeluTanh) {
+    gelu_tanh_and_mul(out, out_stride, x, x_stride, num_tokens, d, dtype);
+  } else {
+    silu_and_mul(out, out_stride, x, x_stride, num_tokens, d, dtype);
+  }
+}
+
 void rotary_embedding(const int32_t* positions, void* q, int64_t q_stride, void* k, int64_t k_stride,
                       const float* cos_sin_cache, int64_t max_position, int64_t num_tokens,
                       int64_t num_heads, int64_t num_kv_heads, int64_t head_size, int64_t rot_dim,

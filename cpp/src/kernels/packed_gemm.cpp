@@ -53,6 +53,21 @@ void bf16_gemm(const uint16_t* x, int64_t x_stride, const uint16_t* packed, cons
   CORELLM_CHECK_ARG(false, "bf16_gemm: unknown instruction-set path ", static_cast<int>(isa));
 }
 
+// The amx path pairs whole panels: each half a whole number of them.
+bool bf16_gemm_gated_fused(CpuIsa isa, int64_t n) { return isa == CpuIsa::kAmx && n % (2 * kGemmPanelCols) == 0; }
+
+void bf16_gemm_gated(const uint16_t* x, int64_t x_stride, const uint16_t* packed, const uint16_t* bias, uint16_t* out,
+                     int64_t out_stride, int64_t m, int64_t n, int64_t k, GatedActivation act, CpuIsa isa) {
+  CORELLM_CHECK_ARG(m >= 0 && n >= 2 && k >= 1, "bf16_gemm_gated: bad shape m=", m, " n=", n, " k=", k);
+  CORELLM_CHECK_ARG(act == GatedActivation::kSilu || act == GatedActivation::kGeluTanh,
+                    "bf16_gemm_gated: unknown gated activation ", static_cast<int32_t>(act));
+  check_cpu_runs(isa, "bf16_gemm_gated");
+  CORELLM_CHECK_ARG(bf16_gemm_gated_fused(isa, n), "bf16_gemm_gated: no fused pass on the ", cpu_isa_name(isa),
+                    " path for n=", n, " (amx, n a multiple of 64): use bf16_gemm and gated_activation_and_mul");
+  if (m == 0) return;
+  bf16_gemm_gated_amx({x, x_stride, packed, bias, out, out_stride, m, n, k, DType::BF16}, act);
+}
+
 double bf16_dot_peak(CpuIsa isa, int64_t iterations) {
   check_cpu_runs(isa, "bf16_dot_peak");
   switch (isa) {

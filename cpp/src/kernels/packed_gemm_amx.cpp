@@ -15,6 +15,9 @@
 #include <algorithm>
 #include <cstring>
 
+#include "corellm/check.h"
+#include "fast_math.h"
+#include "lanes_avx512.h"
 #include "packed_gemm_paths.h"
 #include "thread_scratch.h"
 
@@ -122,36 +125,76 @@ constexpr int64_t kStreamMinRows = 128;
 // 1.41-1.47.
 constexpr int64_t kFetchNextMinRows = kTileRows;
 
-// y[row0 + begin .. row0 + end)[col0 .. col0 + 32) = sums' rows [begin, end) + bias, rounded to
-// bf16 or kept fp32. A whole panel of bf16 goes out one 64-byte store per row (two 32-byte halves
-// would cost a third more: y is written to memory, and every partial line is read first).
-void store_rows(const float* sums, int64_t begin, int64_t end, const GemmArgs& a, int64_t row0, int64_t col0) {
+// Where a block's sums go once PendingRows rounds them:
+//   kY      y's columns [col, col + 32), + bias[col ..] (the plain GEMM);
+//   kGate   a gated GEMM's gate half (bf16_gemm_gated): + bias[col ..] and rounded to bf16 as y's
+//           would be, into the thread's gate rows (32 a row, from the chunk's first row: gate_row0);
+//   kGated  its up half: + bias[col ..], rounded, times act(the gate's value), rounded again, into
+//           y's columns [out_col, out_col + 32) — silu_and_mul's arithmetic, the same bits.
+enum class SumsTo { kY, kGate, kGated };
+struct SumsTarget {
+  SumsTo to = SumsTo::kY;
+  int64_t col = 0;               // the panel's first column of W (and of the bias)
+  int64_t out_col = 0;           // kGated: its first column of y
+  uint16_t* gate_rows = nullptr;  // kGate, kGated
+  int64_t gate_row0 = 0;
+  GatedActivation act = GatedActivation::kSilu;
+};
+
+// The gated activation on 16 bf16 values widened to fp32: elementwise_loops.h's, lane by lane.
+struct Exp16 {
+  __m512 operator()(__m512 v) const { return avx512::exp16(v); }
+};
+__m512 gated_act(__m512 g, GatedActivation act) {
+  return act == GatedActivation::kSilu ? silu_by(g, Exp16{}) : gelu_tanh_by(g, Exp16{});
+}
+
+// 16 sums + bias, rounded to bf16 by AVX-512-BF16 (bf16_gemm's y), and widened back.
+__m512 rounded(__m512 sums, __m512 bias) {
+  const __m256i bf16 = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(sums, bias));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16));
+}
+
+// Rows [begin, end) of a block's sums (rows 32 floats apart, the block's row 0 being x's row
+// row0) to their target, rounded to bf16 or kept fp32 (kY with an fp32 y). A whole panel of bf16
+// goes out one 64-byte store per row (two 32-byte halves would cost a third more: y is written to
+// memory, and every partial line is read first).
+void store_rows(const float* sums, int64_t begin, int64_t end, const GemmArgs& a, int64_t row0, const SumsTarget& t) {
   const bool y_f32 = a.y_dtype == DType::F32;
-  if (!y_f32 && gemm_half_columns(a.n, col0, 1) == 16) {
-    const __m512 b0 = gemm_store::bias_of(a.bias, col0, 0xFFFF), b1 = gemm_store::bias_of(a.bias, col0 + 16, 0xFFFF);
-    for (int64_t r = begin; r < end; ++r) {
-      const float* s = sums + r * kGemmPanelCols;
-      const __m256i lo = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(s), b0));
-      const __m256i hi = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(s + 16), b1));
-      _mm512_storeu_si512(static_cast<uint16_t*>(a.y) + (row0 + r) * a.y_stride + col0,
-                          _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+  if (t.to == SumsTo::kY && (y_f32 || gemm_half_columns(a.n, t.col, 1) < 16)) {  // masked halves
+    for (int h = 0; h < 2; ++h) {
+      const int cols = gemm_half_columns(a.n, t.col, h);
+      if (cols == 0) break;
+      const __mmask16 mask = gemm_store::mask_of(cols);
+      const int64_t c0 = 16 * h;
+      const __m512 b = gemm_store::bias_of(a.bias, t.col + c0, mask);
+      for (int64_t r = begin; r < end; ++r) {
+        gemm_store::store<true>(a.y, (row0 + r) * a.y_stride + t.col + c0, y_f32, mask,
+                                _mm512_add_ps(_mm512_loadu_ps(sums + r * kGemmPanelCols + c0), b));
+      }
     }
     return;
   }
-  for (int h = 0; h < 2; ++h) {
-    const int cols = gemm_half_columns(a.n, col0, h);
-    if (cols == 0) break;
-    const __mmask16 mask = gemm_store::mask_of(cols);
-    const int64_t c0 = 16 * h;
-    const __m512 b = gemm_store::bias_of(a.bias, col0 + c0, mask);
-    for (int64_t r = begin; r < end; ++r) {
-      gemm_store::store<true>(a.y, (row0 + r) * a.y_stride + col0 + c0, y_f32, mask,
-                        _mm512_add_ps(_mm512_loadu_ps(sums + r * kGemmPanelCols + c0), b));
+  const __m512 b0 = gemm_store::bias_of(a.bias, t.col, 0xFFFF), b1 = gemm_store::bias_of(a.bias, t.col + 16, 0xFFFF);
+  auto* y = static_cast<uint16_t*>(a.y);
+  for (int64_t r = begin; r < end; ++r) {
+    const float* s = sums + r * kGemmPanelCols;
+    if (t.to == SumsTo::kGated) {
+      const uint16_t* g = t.gate_rows + (row0 + r - t.gate_row0) * kGemmPanelCols;
+      uint16_t* out = y + (row0 + r) * a.y_stride + t.out_col;
+      avx512::store_bf16x16(out, gated_act(avx512::load_bf16x16(g), t.act) * rounded(_mm512_loadu_ps(s), b0));
+      avx512::store_bf16x16(out + 16, gated_act(avx512::load_bf16x16(g + 16), t.act) * rounded(_mm512_loadu_ps(s + 16), b1));
+      continue;
     }
+    const __m256i lo = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(s), b0));
+    const __m256i hi = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(s + 16), b1));
+    uint16_t* out = t.to == SumsTo::kGate ? t.gate_rows + (row0 + r - t.gate_row0) * kGemmPanelCols
+                                          : y + (row0 + r) * a.y_stride + t.col;
+    _mm512_storeu_si512(out, _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
   }
 }
 
-// A block's sums not yet stored to y: the next block's group loop stores them a few rows per group
+// A block's sums not yet stored: the next block's group loop stores them a few rows per group
 // (step), so that their rounding and y's stores run on the vector unit while the tiles compute,
 // instead of after the products with the tiles idle; finish() stores the rest. Measured on the
 // Intel Xeon VM (2 threads, SmolLM2's projections with the whole model's weights, alternating
@@ -159,19 +202,20 @@ void store_rows(const float* sums, int64_t begin, int64_t end, const GemmArgs& a
 // gate_up alone (30 layers, 512 rows) 22.2-23.7 -> 19.5-19.9 ms; 1 and 16 rows unchanged.
 struct PendingRows {
   const float* sums = nullptr;
-  int64_t rows = 0, done = 0, per_step = 0, row0 = 0, col0 = 0;
+  int64_t rows = 0, done = 0, per_step = 0, row0 = 0;
+  SumsTarget target;
 
   PendingRows() = default;
-  PendingRows(const float* sums_, int64_t rows_, int64_t row0_, int64_t col0_, int64_t steps)
-      : sums(sums_), rows(rows_), per_step((rows_ + steps - 1) / steps), row0(row0_), col0(col0_) {}
+  PendingRows(const float* sums_, int64_t rows_, int64_t row0_, const SumsTarget& target_, int64_t steps)
+      : sums(sums_), rows(rows_), per_step((rows_ + steps - 1) / steps), row0(row0_), target(target_) {}
   void step(const GemmArgs& a) {
     if (done >= rows) return;
     const int64_t end = std::min(rows, done + per_step);
-    store_rows(sums, done, end, a, row0, col0);
+    store_rows(sums, done, end, a, row0, target);
     done = end;
   }
   void finish(const GemmArgs& a) {
-    if (done < rows) store_rows(sums, done, rows, a, row0, col0);
+    if (done < rows) store_rows(sums, done, rows, a, row0, target);
     done = rows;
   }
 };
@@ -222,9 +266,36 @@ void panel_sums(const XTiles& x, int64_t rt, const uint16_t* panel, float* sums,
   }
 }
 
-}  // namespace
+// A thread's blocks of 32 rows of [r0, r1) x one panel, each block's sums stored by the next
+// block (pending) to `target`; the panel fetched next (next) a step per group.
+void panel_pass(const XTiles& x, const GemmArgs& a, const uint16_t* panel, int64_t r0, int64_t r1, bool stream_x,
+                NextPanel& next, const SumsTarget& target, float (&sums)[2][2 * kTileRows * kGemmPanelCols],
+                int& which, PendingRows& pending) {
+  // fp32 out (logits) without a bias, whole tiles: the tiles are the result, stored in place.
+  const bool direct_f32 = target.to == SumsTo::kY && a.y_dtype == DType::F32 && a.bias == nullptr &&
+                          gemm_half_columns(a.n, target.col, 1) == 16;
+  for (int64_t r = r0; r < r1; r += 2 * kTileRows) {
+    const int64_t rows = std::min(2 * kTileRows, r1 - r);
+    const bool in_place = direct_f32 && rows % kTileRows == 0;
+    float* out = in_place ? static_cast<float*>(a.y) + r * a.y_stride + target.col : sums[which];
+    const int stride = in_place ? static_cast<int>(a.y_stride * sizeof(float)) : kGemmPanelCols * sizeof(float);
+    if (rows > kTileRows) {
+      panel_sums<2>(x, r / kTileRows, panel, out, stride, stream_x, next, pending, a);
+    } else {
+      panel_sums<1>(x, r / kTileRows, panel, out, stride, stream_x, next, pending, a);
+    }
+    if (!in_place) {
+      pending = PendingRows(sums[which], rows, r, target, x.groups);
+      which ^= 1;
+    }
+  }
+}
 
-void bf16_gemm_amx(const GemmArgs& a) {
+// The GEMM, or with `gated` the gated one (a.n = 2d columns of W, y d columns): its units are then
+// pairs of panels, the gate's panel u and the up half's u + d / 32, whose passes run one after the
+// other over the chunk's rows (each panel stays in the first level over its pass), the gate's
+// rounded values kept in the thread's gate rows for the up pass to combine.
+void gemm_amx(const GemmArgs& a, const GatedActivation* gated) {
   const int64_t groups = gemm_padded_pairs(a.k) * 2 / kTileK;
   const int64_t panel_size = gemm_panel_elements(a.k);
   const int64_t row_tiles = (a.m + kTileRows - 1) / kTileRows;
@@ -232,7 +303,10 @@ void bf16_gemm_amx(const GemmArgs& a) {
   uint16_t* copied = thread_scratch<XTiles, uint16_t>((row_tiles - in_place_tiles) * groups * XTiles::kTileElements);
   const XTiles x{a.x, a.x_stride, in_place_tiles, copied, groups};
   const int64_t chunk = row_chunk(a.m, a.k);
-  std::vector<SharedRanges> chunk_panels = gemm_shared_panels(a, chunk);
+  const int64_t pairs = gated ? a.n / 2 / kGemmPanelCols : 0;  // the up half's first panel
+  GemmArgs units = a;  // what gemm_shared_panels shares: panels, or pairs of them
+  if (gated) units.n = a.n / 2;
+  std::vector<SharedRanges> chunk_panels = gemm_shared_panels(units, chunk);
 #pragma omp parallel if (gemm_worth_threads(a))
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
@@ -244,40 +318,57 @@ void bf16_gemm_amx(const GemmArgs& a) {
     alignas(64) float sums[2][2 * kTileRows * kGemmPanelCols];  // a block's, and the block's before
     int which = 0;
     PendingRows pending;
-    const bool direct_f32 = a.y_dtype == DType::F32 && a.bias == nullptr;
+    uint16_t* gate_rows = gated ? thread_scratch<SumsTarget, uint16_t>(std::min(chunk, a.m) * kGemmPanelCols) : nullptr;
     for (int64_t r0 = 0, c = 0; r0 < a.m; r0 += chunk, ++c) {
       const int64_t chunk_end = std::min(a.m, r0 + chunk);
       const bool stream_x = chunk_end - r0 >= kStreamMinRows;
       SharedRanges& shared = chunk_panels[static_cast<size_t>(c)];
-      for (int64_t p = shared.next(static_cast<int>(t)); p >= 0; p = shared.next(static_cast<int>(t))) {
-        const uint16_t* panel = a.packed + p * panel_size;
-        NextPanel next;
+      for (int64_t u = shared.next(static_cast<int>(t)); u >= 0; u = shared.next(static_cast<int>(t))) {
+        NextPanel next, next_up;
         if (chunk_end - r0 > kFetchNextMinRows) {
           const int64_t after = gemm_next_own_panel(chunk_panels, static_cast<size_t>(c), static_cast<int>(t));
-          const int64_t row_blocks = (chunk_end - r0 + 2 * kTileRows - 1) / (2 * kTileRows);
-          if (after >= 0) next = NextPanel(a.packed + after * panel_size, panel_size * sizeof(uint16_t), row_blocks * groups);
+          const int64_t steps = (chunk_end - r0 + 2 * kTileRows - 1) / (2 * kTileRows) * groups;
+          const auto bytes = static_cast<int64_t>(panel_size * sizeof(uint16_t));
+          if (after >= 0) next = NextPanel(a.packed + after * panel_size, bytes, steps);
+          if (after >= 0 && gated) next_up = NextPanel(a.packed + (after + pairs) * panel_size, bytes, steps);
         }
-        for (int64_t r = r0; r < chunk_end; r += 2 * kTileRows) {
-          const int64_t rows = std::min(2 * kTileRows, chunk_end - r);
-          // fp32 out (logits) without a bias, whole tiles: the tiles are the result, stored in place.
-          const bool in_place = direct_f32 && rows % kTileRows == 0 && gemm_half_columns(a.n, p * kGemmPanelCols, 1) == 16;
-          float* out = in_place ? static_cast<float*>(a.y) + r * a.y_stride + p * kGemmPanelCols : sums[which];
-          const int stride = in_place ? static_cast<int>(a.y_stride * sizeof(float)) : kGemmPanelCols * sizeof(float);
-          if (rows > kTileRows) {
-            panel_sums<2>(x, r / kTileRows, panel, out, stride, stream_x, next, pending, a);
-          } else {
-            panel_sums<1>(x, r / kTileRows, panel, out, stride, stream_x, next, pending, a);
-          }
-          if (!in_place) {
-            pending = PendingRows(sums[which], rows, r, p * kGemmPanelCols, groups);
-            which ^= 1;
-          }
+        if (!gated) {
+          SumsTarget to;
+          to.col = u * kGemmPanelCols;
+          panel_pass(x, a, a.packed + u * panel_size, r0, chunk_end, stream_x, next, to, sums, which, pending);
+          continue;
         }
+        SumsTarget gate;
+        gate.to = SumsTo::kGate;
+        gate.col = u * kGemmPanelCols;
+        gate.gate_rows = gate_rows;
+        gate.gate_row0 = r0;
+        panel_pass(x, a, a.packed + u * panel_size, r0, chunk_end, stream_x, next, gate, sums, which, pending);
+        // The up pass's first block stores the gate pass's last (pending holds one block): every
+        // gate row is in place before a block of up reads it, and read before the next unit (or
+        // chunk) overwrites it.
+        SumsTarget up = gate;
+        up.to = SumsTo::kGated;
+        up.col = (u + pairs) * kGemmPanelCols;
+        up.out_col = u * kGemmPanelCols;
+        up.act = *gated;
+        panel_pass(x, a, a.packed + (u + pairs) * panel_size, r0, chunk_end, stream_x, next_up, up, sums, which,
+                   pending);
       }
     }
     pending.finish(a);
     _tile_release();
   }
+}
+
+}  // namespace
+
+void bf16_gemm_amx(const GemmArgs& a) { gemm_amx(a, nullptr); }
+
+void bf16_gemm_gated_amx(const GemmArgs& a, GatedActivation act) {
+  CORELLM_CHECK_ARG(a.n % (2 * kGemmPanelCols) == 0 && a.y_dtype == DType::BF16,
+                    "bf16_gemm_gated_amx: n / 2 must be a multiple of 32 and y bf16");
+  gemm_amx(a, &act);
 }
 
 double bf16_dot_peak_amx(int64_t iterations) {

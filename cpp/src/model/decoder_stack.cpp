@@ -156,12 +156,7 @@ void DecoderStack::layer(const DecoderLayerWeights& w, const DecoderStepArgs& st
   for (int64_t r0 = 0; r0 < n; r0 += kMlpBlockRows) {  // down's rows overwrite h's after gate_up read them
     const int64_t rows = std::min(kMlpBlockRows, n - r0);
     uint16_t* hb = h + r0 * hidden;
-    w.gate_up.forward(hb, hidden, gate_up_.data(), 2 * inter, rows);
-    if (dims_.activation == GatedActivation::kGeluTanh) {
-      gelu_tanh_and_mul(act_.data(), inter, gate_up_.data(), 2 * inter, rows, inter, bf16);
-    } else {
-      silu_and_mul(act_.data(), inter, gate_up_.data(), 2 * inter, rows, inter, bf16);
-    }
+    w.gate_up.forward_gated(hb, hidden, act_.data(), inter, rows, dims_.activation, gate_up_.data());
     w.down.forward(act_.data(), inter, hb, hidden, rows);
   }
   all_reduce(h, n);

@@ -18,6 +18,9 @@ void rms_norm(void* out, int64_t out_stride, const void* x, int64_t x_stride, co
 void fused_add_rms_norm(void* x, int64_t x_stride, void* residual, int64_t residual_stride,
                         const void* weight, int64_t num_tokens, int64_t hidden, float eps, DType dtype);
 
+// The activation of a gated MLP: out = act(gate) * up (SwiGLU: silu; GeGLU: gelu_tanh).
+enum class GatedActivation : int32_t { kSilu = 0, kGeluTanh = 1 };
+
 // out[t, :d] = silu(x[t, :d]) * x[t, d:2d].
 void silu_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride, int64_t num_tokens,
                   int64_t d, DType dtype);
@@ -26,6 +29,10 @@ void silu_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride
 // rounded once to the dtype.
 void gelu_tanh_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride, int64_t num_tokens,
                        int64_t d, DType dtype);
+
+// silu_and_mul or gelu_tanh_and_mul, by `act`.
+void gated_activation_and_mul(GatedActivation act, void* out, int64_t out_stride, const void* x, int64_t x_stride,
+                              int64_t num_tokens, int64_t d, DType dtype);
 
 // In place on q [num_tokens, num_heads, head_size] and k [num_tokens, num_kv_heads, head_size]
 // (token strides given; heads contiguous): rotates the first rot_dim dims of every head by the

@@ -25,6 +25,7 @@
 
 #include "corellm/kernels/cpu_isa.h"
 #include "corellm/kernels/dtype.h"
+#include "corellm/kernels/elementwise.h"
 
 namespace corellm {
 
@@ -49,6 +50,17 @@ void bf16_gemm_pack(const uint16_t* w, uint16_t* packed, int64_t n, int64_t k);
 void bf16_gemm(const uint16_t* x, int64_t x_stride, const uint16_t* packed, const uint16_t* bias, void* y,
                int64_t y_stride, int64_t m, int64_t n, int64_t k, DType y_dtype = DType::BF16,
                CpuIsa isa = cpu_isa());
+
+// A gated MLP's first projection and its activation in one pass, where the path has it
+// (bf16_gemm_gated_fused): W [n, k] packed is gate_up, its first n / 2 rows the gate's and the
+// others up's (bias likewise); out [m, n / 2] (row stride out_stride) = act(g) * u, g and u the
+// two halves of bf16_gemm's y, each rounded to bf16 as y is, the product in fp32 rounded once —
+// bf16_gemm then gated_activation_and_mul (elementwise.h) bit for bit, without y's m x n values
+// written and read back: on amx the up panel's sums are combined with the gate's while they are
+// still in the first level, the work shared in pairs of panels.
+bool bf16_gemm_gated_fused(CpuIsa isa, int64_t n);
+void bf16_gemm_gated(const uint16_t* x, int64_t x_stride, const uint16_t* packed, const uint16_t* bias, uint16_t* out,
+                     int64_t out_stride, int64_t m, int64_t n, int64_t k, GatedActivation act, CpuIsa isa = cpu_isa());
 
 // The path's bf16 dot-product peak, for benchmarks: `iterations` rounds of independent dot
 // products on operands already in registers (tiles) on every thread of the OpenMP team; returns

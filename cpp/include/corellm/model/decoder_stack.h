@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "corellm/aligned_vector.h"
+#include "corellm/kernels/elementwise.h"
 #include "corellm/kernels/paged_attention.h"
 #include "corellm/model/linear_weight.h"
 #include "corellm/shm_all_reduce.h"
@@ -37,9 +38,6 @@
 namespace corellm {
 
 // Every pointer below must outlive the stack; the model (python/corellm/model/llama.py) owns them.
-// The MLP's gated activation.
-enum class GatedActivation : int32_t { kSilu = 0, kGeluTanh = 1 };
-
 struct DecoderDims {
   int64_t vocab_size = 0;
   int64_t hidden = 0;

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "corellm/kernels/elementwise.h"
+
 namespace corellm {
 
 constexpr int32_t kBf16Packed = -1;  // LinearPart::ggml_type of a part packed by bf16_gemm_pack
@@ -30,6 +32,12 @@ struct LinearWeight {
   // y [m, n] (row stride y_stride) = x [m, k] (row stride x_stride) W^T (+ b), bf16; each part
   // by its GEMM, into its columns of y.
   void forward(const uint16_t* x, int64_t x_stride, uint16_t* y, int64_t y_stride, int64_t m) const;
+
+  // A gated MLP's gate_up (n = 2d: the gate's rows, then up's): out [m, d] (row stride
+  // out_stride) = act(gate) * up, as forward into y then gated_activation_and_mul — in one pass
+  // where the GEMM has it (one bf16 part, bf16_gemm_gated_fused), else through `scratch` [m, n].
+  void forward_gated(const uint16_t* x, int64_t x_stride, uint16_t* out, int64_t out_stride, int64_t m,
+                     GatedActivation act, uint16_t* scratch) const;
 };
 
 // The token embedding table [vocab, hidden]: bf16 row-major (kBf16Packed here meaning plain

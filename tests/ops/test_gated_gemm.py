@@ -1,0 +1,94 @@
+"""bf16_gemm_gated, a gated MLP's gate_up projection and its activation in one pass (amx): bit for
+bit bf16_gemm then silu_and_mul / gelu_tanh_and_mul on the same path — every tile and row-block
+remainder, more than one row chunk, x read in place or copied, a bias, strided x and out — and the
+paths or shapes without the fused pass refused, naming them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from corellm import _core, ops
+
+k = _core.kernels
+needs_amx = pytest.mark.skipif("amx" not in k.supported_cpu_isas(), reason="the fused pass is the amx path's")
+ACTIVATIONS = {"silu": ops.silu_and_mul, "gelu_tanh": ops.gelu_tanh_and_mul}
+
+
+def pack(w: torch.Tensor) -> torch.Tensor:
+    n, kk = w.shape
+    packed = torch.full((k.bf16_gemm_packed_size(n, kk),), float("nan"), dtype=torch.bfloat16)
+    k.bf16_gemm_pack(w.data_ptr(), packed.data_ptr(), n, kk)
+    return packed
+
+
+def gated(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None, activation: str,
+          out: torch.Tensor | None = None, isa: str = "amx") -> torch.Tensor:
+    m, kk = x.shape
+    if out is None:
+        out = torch.empty(m, n // 2, dtype=torch.bfloat16)
+    k.bf16_gemm_gated(x.data_ptr(), x.stride(0), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                      out.data_ptr(), out.stride(0), m, n, kk, activation=activation, isa=isa)
+    return out
+
+
+def unfused(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
+    m, kk = x.shape
+    y = torch.empty(m, n, dtype=torch.bfloat16)
+    k.bf16_gemm(x.data_ptr(), x.stride(0), packed.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(),
+                n, m, n, kk, isa="amx")
+    return ACTIVATIONS[activation](y)
+
+
+def operands(m: int, n: int, kk: int, bias: bool, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, kk, generator=g).bfloat16()
+    w = (torch.randn(n, kk, generator=g) / kk**0.5).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16() if bias else None
+    return x, w, b
+
+
+@needs_amx
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("m", [1, 2, 15, 16, 17, 31, 32, 33, 64, 130, 300])
+@pytest.mark.parametrize("n, kk, bias", [(64, 96, False), (128, 70, True), (3072, 576, False), (192, 1536, True)])
+def test_fused_pass_is_the_gemm_then_the_activation_bit_for_bit(m, n, kk, bias, activation):
+    x, w, b = operands(m, n, kk, bias, seed=m * n + kk)
+    packed = pack(w)
+    want = unfused(x, packed, n, b, activation)
+    assert torch.equal(gated(x, packed, n, b, activation), want)
+    # and near the float64 reference: act(g) * u of the rounded halves
+    y = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double()).bfloat16().double()
+    gate, up = y[:, : n // 2], y[:, n // 2 :]
+    act = torch.nn.functional.silu(gate) if activation == "silu" else torch.nn.functional.gelu(gate, approximate="tanh")
+    torch.testing.assert_close(want.double(), act * up, atol=0.05, rtol=0.02)
+
+
+@needs_amx
+def test_several_row_chunks_strided_x_and_out_and_rows_independent_of_the_batch():
+    m, n, kk = 1400, 256, 576  # 576-wide rows: chunks of at most 672 rows
+    x, w, b = operands(m, n, kk, True, seed=7)
+    packed = pack(w)
+    wide_x = torch.zeros(m, kk + 32, dtype=torch.bfloat16)
+    wide_x[:, :kk] = x
+    out = torch.full((m, n // 2 + 48), 7.0, dtype=torch.bfloat16)
+    gated(wide_x[:, :kk], packed, n, b, "silu", out=out[:, : n // 2])
+    assert torch.equal(out[:, : n // 2], unfused(x, packed, n, b, "silu"))
+    assert torch.all(out[:, n // 2 :] == 7.0)  # nothing written past the row's d columns
+    for row in (0, 33, 700, m - 1):
+        assert torch.equal(gated(x[row : row + 1], packed, n, b, "silu"), out[row : row + 1, : n // 2])
+
+
+def test_paths_and_shapes_without_the_fused_pass_are_refused_naming_them():
+    assert not k.bf16_gemm_gated_fused(3072, isa="avx2")
+    x, w, _ = operands(4, 96, 64, False, seed=1)
+    packed = pack(w)
+    with pytest.raises(ValueError, match="no fused pass on the avx2 path for n=96"):
+        gated(x, packed, 96, None, "silu", isa="avx2")
+    if "amx" in k.supported_cpu_isas():
+        assert k.bf16_gemm_gated_fused(3072, isa="amx")
+        assert not k.bf16_gemm_gated_fused(96, isa="amx")  # halves of 48 columns: not whole panels
+        with pytest.raises(ValueError, match="no fused pass on the amx path for n=96"):
+            gated(x, packed, 96, None, "silu")
+    with pytest.raises(ValueError, match="activation must be 'silu' or 'gelu_tanh', got 'relu'"):
+        gated(x, packed, 96, None, "relu")
