@@ -2,9 +2,10 @@
 // on the process's instruction-set path (cpu_isa.h):
 //   - amx: AMX-BF16 tiles. Per thread, 2 x 2 tiles of fp32 sums (32 rows x 32 columns: one
 //     panel) stay in the tile registers over the whole of k, fed per 32 input columns by two
-//     tiles of x rows (x copied once into tile order, zero-padded) and the panel's two 16-column
-//     halves, loaded straight from the packed layout (a row stride of 128 bytes). One
-//     configuration of the tiles per thread and call.
+//     tiles of x rows (read in place, or copied into tile order where x's rows are not aligned)
+//     and the panel's two 16-column halves, loaded straight from the packed layout (a row stride
+//     of 128 bytes); a block's sums are rounded and stored while the next block's products run.
+//     One configuration of the tiles per thread and call.
 //   - avx512bf16: per panel and block of up to 8 rows of x it walks the k pairs, accumulating 32
 //     columns x the rows in fp32 registers (no horizontal reductions), and re-reads the panel
 //     from its caches for the next block of rows.
