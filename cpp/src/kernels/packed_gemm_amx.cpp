@@ -291,10 +291,29 @@ void panel_pass(const XTiles& x, const GemmArgs& a, const uint16_t* panel, int64
   }
 }
 
+// From this many rows per thread, the rows are split between the threads (each computing every
+// panel for its own rows: row_split_start) instead of the panels: a thread's x rows are then the
+// ones the row-parallel op before wrote from its own core (norms, the previous GEMM's rows), and
+// stay in its L2, where with the panels split every thread reads all of x, half of it from the
+// other core. Each thread streams all of W, so below this the panel split is faster. Measured on the
+// Intel Xeon VM (2 threads, 30 layers' norms and projections chained as in a decoder step): 512 rows
+// 62.0-64.5 -> 55.5-60.8 ms, 1024 rows 110-114 -> 98-100, 2048 rows 226-237 -> 177-201; 256 rows split
+// were 31.7-33.0 -> 34.6-35.5 (slower), 128 rows 21.4-22.2 -> 26.2-26.7.
+constexpr int64_t kRowSplitMinRowsPerThread = 256;
+
+// Thread t's first row of m rows split between `threads` (multiples of two row tiles; the last
+// thread's range ends at m).
+int64_t row_split_start(int64_t m, int64_t t, int64_t threads) {
+  if (t >= threads) return m;
+  return m * t / threads / (2 * kTileRows) * (2 * kTileRows);
+}
+
 // The GEMM, or with `gated` the gated one (a.n = 2d columns of W, y d columns): its units are then
 // pairs of panels, the gate's panel u and the up half's u + d / 32, whose passes run one after the
 // other over the chunk's rows (each panel stays in the first level over its pass), the gate's
-// rounded values kept in the thread's gate rows for the up pass to combine.
+// rounded values kept in the thread's gate rows for the up pass to combine. The threads share
+// each chunk's units (SharedRanges), or from kRowSplitMinRowsPerThread rows a thread each split
+// the rows and compute every unit for their own.
 void gemm_amx(const GemmArgs& a, const GatedActivation* gated) {
   const int64_t groups = gemm_padded_pairs(a.k) * 2 / kTileK;
   const int64_t panel_size = gemm_panel_elements(a.k);
@@ -302,12 +321,15 @@ void gemm_amx(const GemmArgs& a, const GatedActivation* gated) {
   const int64_t in_place_tiles = in_place_row_tiles(a);
   uint16_t* copied = thread_scratch<XTiles, uint16_t>((row_tiles - in_place_tiles) * groups * XTiles::kTileElements);
   const XTiles x{a.x, a.x_stride, in_place_tiles, copied, groups};
-  const int64_t chunk = row_chunk(a.m, a.k);
   const int64_t pairs = gated ? a.n / 2 / kGemmPanelCols : 0;  // the up half's first panel
-  GemmArgs units = a;  // what gemm_shared_panels shares: panels, or pairs of them
+  GemmArgs units = a;  // what the threads share: panels, or pairs of them
   if (gated) units.n = a.n / 2;
-  std::vector<SharedRanges> chunk_panels = gemm_shared_panels(units, chunk);
-#pragma omp parallel if (gemm_worth_threads(a))
+  const int64_t num_units = gemm_num_panels(units.n);
+  const int max_threads = gemm_worth_threads(a) ? omp_get_max_threads() : 1;
+  const bool row_split = max_threads > 1 && a.m >= kRowSplitMinRowsPerThread * max_threads;
+  const int64_t chunk = row_split ? row_chunk(row_split_start(a.m, 1, max_threads), a.k) : row_chunk(a.m, a.k);
+  std::vector<SharedRanges> chunk_panels = row_split ? std::vector<SharedRanges>() : gemm_shared_panels(units, chunk);
+#pragma omp parallel num_threads(max_threads)
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
     if (in_place_tiles < row_tiles) {
@@ -319,41 +341,51 @@ void gemm_amx(const GemmArgs& a, const GatedActivation* gated) {
     int which = 0;
     PendingRows pending;
     uint16_t* gate_rows = gated ? thread_scratch<SumsTarget, uint16_t>(std::min(chunk, a.m) * kGemmPanelCols) : nullptr;
-    for (int64_t r0 = 0, c = 0; r0 < a.m; r0 += chunk, ++c) {
-      const int64_t chunk_end = std::min(a.m, r0 + chunk);
-      const bool stream_x = chunk_end - r0 >= kStreamMinRows;
-      SharedRanges& shared = chunk_panels[static_cast<size_t>(c)];
-      for (int64_t u = shared.next(static_cast<int>(t)); u >= 0; u = shared.next(static_cast<int>(t))) {
-        NextPanel next, next_up;
-        if (chunk_end - r0 > kFetchNextMinRows) {
-          const int64_t after = gemm_next_own_panel(chunk_panels, static_cast<size_t>(c), static_cast<int>(t));
-          const int64_t steps = (chunk_end - r0 + 2 * kTileRows - 1) / (2 * kTileRows) * groups;
-          const auto bytes = static_cast<int64_t>(panel_size * sizeof(uint16_t));
-          if (after >= 0) next = NextPanel(a.packed + after * panel_size, bytes, steps);
-          if (after >= 0 && gated) next_up = NextPanel(a.packed + (after + pairs) * panel_size, bytes, steps);
+    // Unit u over rows [r0, r1), the thread's unit after it (-1: none) fetched meanwhile.
+    auto compute_unit = [&](int64_t u, int64_t r0, int64_t r1, int64_t after) {
+      const bool stream_x = r1 - r0 >= kStreamMinRows;
+      NextPanel next, next_up;
+      if (r1 - r0 > kFetchNextMinRows && after >= 0) {
+        const int64_t steps = (r1 - r0 + 2 * kTileRows - 1) / (2 * kTileRows) * groups;
+        const auto bytes = static_cast<int64_t>(panel_size * sizeof(uint16_t));
+        next = NextPanel(a.packed + after * panel_size, bytes, steps);
+        if (gated) next_up = NextPanel(a.packed + (after + pairs) * panel_size, bytes, steps);
+      }
+      if (!gated) {
+        SumsTarget to;
+        to.col = u * kGemmPanelCols;
+        panel_pass(x, a, a.packed + u * panel_size, r0, r1, stream_x, next, to, sums, which, pending);
+        return;
+      }
+      SumsTarget gate;
+      gate.to = SumsTo::kGate;
+      gate.col = u * kGemmPanelCols;
+      gate.gate_rows = gate_rows;
+      gate.gate_row0 = r0;
+      panel_pass(x, a, a.packed + u * panel_size, r0, r1, stream_x, next, gate, sums, which, pending);
+      // The up pass's first block stores the gate pass's last (pending holds one block): every
+      // gate row is in place before a block of up reads it, and read before the next unit (or
+      // chunk) overwrites it.
+      SumsTarget up = gate;
+      up.to = SumsTo::kGated;
+      up.col = (u + pairs) * kGemmPanelCols;
+      up.out_col = u * kGemmPanelCols;
+      up.act = *gated;
+      panel_pass(x, a, a.packed + (u + pairs) * panel_size, r0, r1, stream_x, next_up, up, sums, which, pending);
+    };
+    if (row_split) {
+      const int64_t lo = row_split_start(a.m, t, threads), hi = row_split_start(a.m, t + 1, threads);
+      for (int64_t r0 = lo; r0 < hi; r0 += chunk) {
+        const int64_t r1 = std::min(hi, r0 + chunk);
+        for (int64_t u = 0; u < num_units; ++u) compute_unit(u, r0, r1, u + 1 < num_units ? u + 1 : r1 < hi ? 0 : -1);
+      }
+    } else {
+      for (int64_t r0 = 0, c = 0; r0 < a.m; r0 += chunk, ++c) {
+        const int64_t r1 = std::min(a.m, r0 + chunk);
+        SharedRanges& shared = chunk_panels[static_cast<size_t>(c)];
+        for (int64_t u = shared.next(static_cast<int>(t)); u >= 0; u = shared.next(static_cast<int>(t))) {
+          compute_unit(u, r0, r1, gemm_next_own_panel(chunk_panels, static_cast<size_t>(c), static_cast<int>(t)));
         }
-        if (!gated) {
-          SumsTarget to;
-          to.col = u * kGemmPanelCols;
-          panel_pass(x, a, a.packed + u * panel_size, r0, chunk_end, stream_x, next, to, sums, which, pending);
-          continue;
-        }
-        SumsTarget gate;
-        gate.to = SumsTo::kGate;
-        gate.col = u * kGemmPanelCols;
-        gate.gate_rows = gate_rows;
-        gate.gate_row0 = r0;
-        panel_pass(x, a, a.packed + u * panel_size, r0, chunk_end, stream_x, next, gate, sums, which, pending);
-        // The up pass's first block stores the gate pass's last (pending holds one block): every
-        // gate row is in place before a block of up reads it, and read before the next unit (or
-        // chunk) overwrites it.
-        SumsTarget up = gate;
-        up.to = SumsTo::kGated;
-        up.col = (u + pairs) * kGemmPanelCols;
-        up.out_col = u * kGemmPanelCols;
-        up.act = *gated;
-        panel_pass(x, a, a.packed + (u + pairs) * panel_size, r0, chunk_end, stream_x, next_up, up, sums, which,
-                   pending);
       }
     }
     pending.finish(a);
