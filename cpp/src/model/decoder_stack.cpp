@@ -16,9 +16,15 @@ namespace corellm {
 namespace {
 // Rows of the MLP taken at a time: gate_up's output for a block (rows x 2 x intermediate) is read
 // back by the activation and the activation by down while they are still in the caches, where a
-// whole step's (2048 tokens: 12 MiB for SmolLM2) went to memory and back. A row's result does not
-// depend on the block it is in (the GEMMs and the activation are row by row).
+// whole step's (2048 tokens: 12 MiB for SmolLM2) went to memory and back. Where gate_up and its
+// activation are one pass (LinearWeight::gated_in_one_pass) only the activation is in between,
+// and blocks of 512 rows let the GEMMs split their rows between two threads (packed_gemm_amx.cpp):
+// 64 x 128-token prefill, Intel Xeon VM, 2 threads, steps of 512 / 2048 tokens: 1297-1467 ->
+// 1218-1285 / 1183-1312 -> 1136-1186 ms (the quantized path's, with 512, 2895-3144 -> 3031-3244: it
+// keeps 256). A row's result does not depend on the block it is in (the GEMMs and the activation
+// are row by row).
 constexpr int64_t kMlpBlockRows = 256;
+constexpr int64_t kOnePassMlpBlockRows = 512;
 }  // namespace
 
 DecoderStack::DecoderStack(const DecoderDims& dims, const EmbeddingWeight& embed, std::vector<DecoderLayerWeights> layers,
@@ -65,9 +71,8 @@ void DecoderStack::reserve(int64_t num_tokens) {
   h_.resize(rows * dims_.hidden);
   qkv_.resize(rows * qkv_size_);
   attn_.resize(rows * q_size_);
-  const auto mlp_rows = std::min<size_t>(rows, kMlpBlockRows);
-  gate_up_.resize(mlp_rows * 2 * dims_.intermediate);
-  act_.resize(mlp_rows * dims_.intermediate);
+  gate_up_.resize(std::min<size_t>(rows, kMlpBlockRows) * 2 * dims_.intermediate);
+  act_.resize(std::min<size_t>(rows, std::max(kMlpBlockRows, kOnePassMlpBlockRows)) * dims_.intermediate);
 }
 
 void DecoderStack::forward(const DecoderStepArgs& step) {
@@ -153,8 +158,9 @@ void DecoderStack::layer(const DecoderLayerWeights& w, const DecoderStepArgs& st
     rms_norm(h, hidden, h, hidden, w.attention_output_norm, n, hidden, dims_.eps, bf16);
   }
   fused_add_rms_norm(h, hidden, x, hidden, w.post_attention_norm, n, hidden, dims_.eps, bf16);
-  for (int64_t r0 = 0; r0 < n; r0 += kMlpBlockRows) {  // down's rows overwrite h's after gate_up read them
-    const int64_t rows = std::min(kMlpBlockRows, n - r0);
+  const int64_t block = w.gate_up.gated_in_one_pass() ? kOnePassMlpBlockRows : kMlpBlockRows;
+  for (int64_t r0 = 0; r0 < n; r0 += block) {  // down's rows overwrite h's after gate_up read them
+    const int64_t rows = std::min(block, n - r0);
     uint16_t* hb = h + r0 * hidden;
     w.gate_up.forward_gated(hb, hidden, act_.data(), inter, rows, dims_.activation, gate_up_.data());
     w.down.forward(act_.data(), inter, hb, hidden, rows);

@@ -50,12 +50,16 @@ void LinearWeight::forward(const uint16_t* x, int64_t x_stride, uint16_t* y, int
 void LinearWeight::forward_gated(const uint16_t* x, int64_t x_stride, uint16_t* out, int64_t out_stride, int64_t m,
                                  GatedActivation act, uint16_t* scratch) const {
   CORELLM_CHECK_ARG(n % 2 == 0, "a gated MLP's gate_up needs an even number of rows, got ", n);
-  if (parts.size() == 1 && parts[0].ggml_type == kBf16Packed && bf16_gemm_gated_fused(cpu_isa(), n)) {
+  if (gated_in_one_pass()) {
     bf16_gemm_gated(x, x_stride, static_cast<const uint16_t*>(parts[0].data), bias, out, out_stride, m, n, k, act);
     return;
   }
   forward(x, x_stride, scratch, n, m);
   gated_activation_and_mul(act, out, out_stride, scratch, n, m, n / 2, DType::BF16);
+}
+
+bool LinearWeight::gated_in_one_pass() const {
+  return parts.size() == 1 && parts[0].ggml_type == kBf16Packed && bf16_gemm_gated_fused(cpu_isa(), n);
 }
 
 void EmbeddingWeight::lookup(const int32_t* ids, int64_t count, int64_t vocab_size, int64_t hidden,

@@ -35,9 +35,11 @@ struct LinearWeight {
 
   // A gated MLP's gate_up (n = 2d: the gate's rows, then up's): out [m, d] (row stride
   // out_stride) = act(gate) * up, as forward into y then gated_activation_and_mul — in one pass
-  // where the GEMM has it (one bf16 part, bf16_gemm_gated_fused), else through `scratch` [m, n].
+  // where the GEMM has it (gated_in_one_pass), else through `scratch` [m, n].
   void forward_gated(const uint16_t* x, int64_t x_stride, uint16_t* out, int64_t out_stride, int64_t m,
                      GatedActivation act, uint16_t* scratch) const;
+  // Whether forward_gated runs as one pass here: one bf16 part and a path with bf16_gemm_gated.
+  bool gated_in_one_pass() const;
 };
 
 // The token embedding table [vocab, hidden]: bf16 row-major (kBf16Packed here meaning plain
