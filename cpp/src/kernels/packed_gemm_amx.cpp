@@ -31,6 +31,9 @@
 
 namespace corellm {
 
+// The path's own namespace: every function of it carries "amx" in its name, inlined or not
+// (tests/ops/test_portable_build.py tells the paths' functions from the baseline's by their names).
+namespace amx_gemm {
 namespace {
 
 // Rows of x taken at a time: the rows are cut into equal chunks (a multiple of 32 rows) of at most
@@ -394,6 +397,12 @@ void gemm_amx(const GemmArgs& a, const GatedActivation* gated) {
 }
 
 }  // namespace
+}  // namespace amx_gemm
+
+using amx_gemm::configure_tiles;
+using amx_gemm::gemm_amx;
+using amx_gemm::kTileK;
+using amx_gemm::kTileRows;
 
 void bf16_gemm_amx(const GemmArgs& a) { gemm_amx(a, nullptr); }
 
