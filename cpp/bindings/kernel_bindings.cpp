@@ -20,6 +20,13 @@
 namespace corellm::binding {
 namespace {
 
+// packed_gemm.h's XRows by name: "anywhere" or "by_thread".
+XRows x_rows_named(const std::string& name) {
+  CORELLM_CHECK_ARG(name == "anywhere" || name == "by_thread", "x_rows must be 'anywhere' or 'by_thread', got '",
+                    name, "'");
+  return name == "by_thread" ? XRows::kByThread : XRows::kAnywhere;
+}
+
 // SamplingBatch with named fields: corellm.ops.sample sets each array's address by its name (0
 // for an absent one) and hands the batch to the CPU kernel, or to corellm._cuda's (which takes
 // this very type).
@@ -206,28 +213,31 @@ void bind_kernels(py::module_& m) {
         py::call_guard<py::gil_scoped_release>());
   k.def("bf16_gemm",
         [](uintptr_t x, int64_t x_stride, uintptr_t packed, uintptr_t bias, uintptr_t y, int64_t y_stride, int64_t m,
-           int64_t n, int64_t kk, int32_t y_dtype, const std::string& isa) {
+           int64_t n, int64_t kk, int32_t y_dtype, const std::string& isa, const std::string& x_rows) {
           bf16_gemm(ptr<const uint16_t>(x), x_stride, ptr<const uint16_t>(packed), ptr<const uint16_t>(bias),
-                    ptr<void>(y), y_stride, m, n, kk, dtype_of(y_dtype), isa.empty() ? cpu_isa() : cpu_isa_named(isa));
+                    ptr<void>(y), y_stride, m, n, kk, dtype_of(y_dtype), isa.empty() ? cpu_isa() : cpu_isa_named(isa),
+                    x_rows_named(x_rows));
         },
         arg("x"), arg("x_stride"), arg("packed"), arg("bias"), arg("y"), arg("y_stride"), arg("m"), arg("n"), arg("k"),
         arg("y_dtype") = static_cast<int32_t>(DType::BF16), arg("isa") = std::string(),
-        py::call_guard<py::gil_scoped_release>());
+        arg("x_rows") = std::string("anywhere"), py::call_guard<py::gil_scoped_release>());
   k.def("bf16_gemm_gated_fused", [](int64_t n, const std::string& isa) {
         return bf16_gemm_gated_fused(isa.empty() ? cpu_isa() : cpu_isa_named(isa), n);
       }, arg("n"), arg("isa") = std::string());
   k.def("bf16_gemm_gated",
         [](uintptr_t x, int64_t x_stride, uintptr_t packed, uintptr_t bias, uintptr_t out, int64_t out_stride,
-           int64_t m, int64_t n, int64_t kk, const std::string& activation, const std::string& isa) {
+           int64_t m, int64_t n, int64_t kk, const std::string& activation, const std::string& isa,
+           const std::string& x_rows) {
           CORELLM_CHECK_ARG(activation == "silu" || activation == "gelu_tanh",
                             "bf16_gemm_gated: activation must be 'silu' or 'gelu_tanh', got '", activation, "'");
           const GatedActivation act = activation == "silu" ? GatedActivation::kSilu : GatedActivation::kGeluTanh;
           bf16_gemm_gated(ptr<const uint16_t>(x), x_stride, ptr<const uint16_t>(packed), ptr<const uint16_t>(bias),
-                          ptr<uint16_t>(out), out_stride, m, n, kk, act, isa.empty() ? cpu_isa() : cpu_isa_named(isa));
+                          ptr<uint16_t>(out), out_stride, m, n, kk, act, isa.empty() ? cpu_isa() : cpu_isa_named(isa),
+                          x_rows_named(x_rows));
         },
         arg("x"), arg("x_stride"), arg("packed"), arg("bias"), arg("out"), arg("out_stride"), arg("m"), arg("n"),
         arg("k"), arg("activation") = std::string("silu"), arg("isa") = std::string(),
-        py::call_guard<py::gil_scoped_release>());
+        arg("x_rows") = std::string("anywhere"), py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace corellm::binding

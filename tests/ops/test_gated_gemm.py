@@ -1,6 +1,7 @@
 """bf16_gemm_gated, a gated MLP's gate_up projection and its activation in one pass (amx): bit for
 bit bf16_gemm then silu_and_mul / gelu_tanh_and_mul on the same path — every tile and row-block
-remainder, more than one row chunk, x read in place or copied, a bias, strided x and out — and the
+remainder, more than one row chunk, x read in place or copied, a bias, strided x and out, the rows
+split between the threads (x_rows="by_thread") or the panels — and the
 paths or shapes without the fused pass refused, naming them."""
 
 from __future__ import annotations
@@ -92,3 +93,24 @@ def test_paths_and_shapes_without_the_fused_pass_are_refused_naming_them():
             gated(x, packed, 96, None, "silu")
     with pytest.raises(ValueError, match="activation must be 'silu' or 'gelu_tanh', got 'relu'"):
         gated(x, packed, 96, None, "relu")
+
+
+@needs_amx
+@pytest.mark.parametrize("m", [511, 512, 700, 1400])
+def test_rows_split_between_the_threads_give_the_same_bits(m):
+    """x_rows="by_thread" (x's rows written by the team, row-parallel): from 256 rows a thread the
+    amx path splits the rows instead of the panels; every row's bits stay the same."""
+    n, kk = 3072, 576
+    x, w, b = operands(m, n, kk, True, seed=m)
+    packed = pack(w)
+    by_thread = torch.empty(m, n // 2, dtype=torch.bfloat16)
+    k.bf16_gemm_gated(x.data_ptr(), kk, packed.data_ptr(), b.data_ptr(), by_thread.data_ptr(), n // 2, m, n, kk,
+                      isa="amx", x_rows="by_thread")
+    assert torch.equal(by_thread, gated(x, packed, n, b, "silu"))
+    y_anywhere, y_by_thread = (torch.empty(m, n, dtype=torch.bfloat16) for _ in range(2))
+    for y, where in ((y_anywhere, "anywhere"), (y_by_thread, "by_thread")):
+        k.bf16_gemm(x.data_ptr(), kk, packed.data_ptr(), b.data_ptr(), y.data_ptr(), n, m, n, kk, isa="amx",
+                    x_rows=where)
+    assert torch.equal(y_by_thread, y_anywhere)
+    with pytest.raises(ValueError, match="x_rows must be 'anywhere' or 'by_thread', got 'mine'"):
+        k.bf16_gemm(x.data_ptr(), kk, packed.data_ptr(), 0, y_anywhere.data_ptr(), n, m, n, kk, x_rows="mine")

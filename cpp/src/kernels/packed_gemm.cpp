@@ -39,11 +39,11 @@ void bf16_gemm_pack(const uint16_t* w, uint16_t* packed, int64_t n, int64_t k) {
 bool bf16_gemm_available() { return !supported_cpu_isas().empty(); }
 
 void bf16_gemm(const uint16_t* x, int64_t x_stride, const uint16_t* packed, const uint16_t* bias, void* y,
-               int64_t y_stride, int64_t m, int64_t n, int64_t k, DType y_dtype, CpuIsa isa) {
+               int64_t y_stride, int64_t m, int64_t n, int64_t k, DType y_dtype, CpuIsa isa, XRows x_rows) {
   CORELLM_CHECK_ARG(m >= 0 && n >= 1 && k >= 1, "bf16_gemm: bad shape m=", m, " n=", n, " k=", k);
   check_cpu_runs(isa, "bf16_gemm");
   if (m == 0) return;
-  const GemmArgs args{x, x_stride, packed, bias, y, y_stride, m, n, k, y_dtype};
+  const GemmArgs args{x, x_stride, packed, bias, y, y_stride, m, n, k, y_dtype, x_rows};
   switch (isa) {
     case CpuIsa::kAmx: return bf16_gemm_amx(args);
     case CpuIsa::kAvx512Bf16: return bf16_gemm_avx512bf16(args);
@@ -57,7 +57,8 @@ void bf16_gemm(const uint16_t* x, int64_t x_stride, const uint16_t* packed, cons
 bool bf16_gemm_gated_fused(CpuIsa isa, int64_t n) { return isa == CpuIsa::kAmx && n % (2 * kGemmPanelCols) == 0; }
 
 void bf16_gemm_gated(const uint16_t* x, int64_t x_stride, const uint16_t* packed, const uint16_t* bias, uint16_t* out,
-                     int64_t out_stride, int64_t m, int64_t n, int64_t k, GatedActivation act, CpuIsa isa) {
+                     int64_t out_stride, int64_t m, int64_t n, int64_t k, GatedActivation act, CpuIsa isa,
+                     XRows x_rows) {
   CORELLM_CHECK_ARG(m >= 0 && n >= 2 && k >= 1, "bf16_gemm_gated: bad shape m=", m, " n=", n, " k=", k);
   CORELLM_CHECK_ARG(act == GatedActivation::kSilu || act == GatedActivation::kGeluTanh,
                     "bf16_gemm_gated: unknown gated activation ", static_cast<int32_t>(act));
@@ -65,7 +66,7 @@ void bf16_gemm_gated(const uint16_t* x, int64_t x_stride, const uint16_t* packed
   CORELLM_CHECK_ARG(bf16_gemm_gated_fused(isa, n), "bf16_gemm_gated: no fused pass on the ", cpu_isa_name(isa),
                     " path for n=", n, " (amx, n a multiple of 64): use bf16_gemm and gated_activation_and_mul");
   if (m == 0) return;
-  bf16_gemm_gated_amx({x, x_stride, packed, bias, out, out_stride, m, n, k, DType::BF16}, act);
+  bf16_gemm_gated_amx({x, x_stride, packed, bias, out, out_stride, m, n, k, DType::BF16, x_rows}, act);
 }
 
 double bf16_dot_peak(CpuIsa isa, int64_t iterations) {

@@ -294,14 +294,16 @@ void panel_pass(const XTiles& x, const GemmArgs& a, const uint16_t* panel, int64
   }
 }
 
-// From this many rows per thread, the rows are split between the threads (each computing every
-// panel for its own rows: row_split_start) instead of the panels: a thread's x rows are then the
-// ones the row-parallel op before wrote from its own core (norms, the previous GEMM's rows), and
-// stay in its L2, where with the panels split every thread reads all of x, half of it from the
-// other core. Each thread streams all of W, so below this the panel split is faster. Measured on the
-// Intel Xeon VM (2 threads, 30 layers' norms and projections chained as in a decoder step): 512 rows
-// 62.0-64.5 -> 55.5-60.8 ms, 1024 rows 110-114 -> 98-100, 2048 rows 226-237 -> 177-201; 256 rows split
-// were 31.7-33.0 -> 34.6-35.5 (slower), 128 rows 21.4-22.2 -> 26.2-26.7.
+// From this many rows per thread, where x's rows were written by the team (XRows::kByThread), the
+// rows are split between the threads (each computing every panel for its own rows:
+// row_split_start) instead of the panels: each thread's x rows are then the ones its core wrote,
+// which stay in its L2, where with the panels split every thread reads all of x, half of it from
+// the other core. Measured on the Intel Xeon VM (2 threads, 30 layers' norms and projections
+// chained as in a decoder step): 512 rows 62.0-64.5 -> 55.5-60.8 ms, 1024 rows 110-114 -> 98-100,
+// 2048 rows 226-237 -> 177-201; 256 rows split were 31.7-33.0 -> 34.6-35.5 (slower), 128 rows
+// 21.4-22.2 -> 26.2-26.7. With x read alike by both cores (the whole model's projections on one
+// x, bench/kernels.py) the split is slower (512 rows 92-93 -> 98-101 ms): a panel then serves half
+// the rows, and every thread streams all of W.
 constexpr int64_t kRowSplitMinRowsPerThread = 256;
 
 // Thread t's first row of m rows split between `threads` (multiples of two row tiles; the last
@@ -315,8 +317,8 @@ int64_t row_split_start(int64_t m, int64_t t, int64_t threads) {
 // pairs of panels, the gate's panel u and the up half's u + d / 32, whose passes run one after the
 // other over the chunk's rows (each panel stays in the first level over its pass), the gate's
 // rounded values kept in the thread's gate rows for the up pass to combine. The threads share
-// each chunk's units (SharedRanges), or from kRowSplitMinRowsPerThread rows a thread each split
-// the rows and compute every unit for their own.
+// each chunk's units (SharedRanges), or (kRowSplitMinRowsPerThread) split the rows and compute
+// every unit for their own.
 void gemm_amx(const GemmArgs& a, const GatedActivation* gated) {
   const int64_t groups = gemm_padded_pairs(a.k) * 2 / kTileK;
   const int64_t panel_size = gemm_panel_elements(a.k);
@@ -329,7 +331,7 @@ void gemm_amx(const GemmArgs& a, const GatedActivation* gated) {
   if (gated) units.n = a.n / 2;
   const int64_t num_units = gemm_num_panels(units.n);
   const int max_threads = gemm_worth_threads(a) ? omp_get_max_threads() : 1;
-  const bool row_split = max_threads > 1 && a.m >= kRowSplitMinRowsPerThread * max_threads;
+  const bool row_split = a.x_rows == XRows::kByThread && max_threads > 1 && a.m >= kRowSplitMinRowsPerThread * max_threads;
   const int64_t chunk = row_split ? row_chunk(row_split_start(a.m, 1, max_threads), a.k) : row_chunk(a.m, a.k);
   std::vector<SharedRanges> chunk_panels = row_split ? std::vector<SharedRanges>() : gemm_shared_panels(units, chunk);
 #pragma omp parallel num_threads(max_threads)

@@ -24,6 +24,7 @@ struct GemmArgs {
   int64_t y_stride;
   int64_t m, n, k;
   DType y_dtype;
+  XRows x_rows = XRows::kAnywhere;
 };
 
 // K pairs per panel row group: k is padded (with zero weights) to whole groups of 16 pairs (32

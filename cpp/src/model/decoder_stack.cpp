@@ -135,7 +135,7 @@ void DecoderStack::layer(const DecoderLayerWeights& w, const DecoderStepArgs& st
   } else {
     fused_add_rms_norm(h, hidden, x, hidden, w.input_norm, n, hidden, dims_.eps, bf16);
   }
-  w.qkv.forward(h, hidden, qkv, qkv_size_, n);
+  w.qkv.forward(h, hidden, qkv, qkv_size_, n, XRows::kByThread);  // h: the norm's rows
   uint16_t *q = qkv, *k = qkv + q_size_, *v = qkv + q_size_ + kv_size_;
   if (w.q_norm != nullptr) {  // per head, in place: each token's heads are contiguous rows
     for (int64_t t = 0; t < n; ++t) {
@@ -162,8 +162,9 @@ void DecoderStack::layer(const DecoderLayerWeights& w, const DecoderStepArgs& st
   for (int64_t r0 = 0; r0 < n; r0 += block) {  // down's rows overwrite h's after gate_up read them
     const int64_t rows = std::min(block, n - r0);
     uint16_t* hb = h + r0 * hidden;
-    w.gate_up.forward_gated(hb, hidden, act_.data(), inter, rows, dims_.activation, gate_up_.data());
-    w.down.forward(act_.data(), inter, hb, hidden, rows);
+    // hb: the norm's rows; act_: gate_up's, split as down splits them
+    w.gate_up.forward_gated(hb, hidden, act_.data(), inter, rows, dims_.activation, gate_up_.data(), XRows::kByThread);
+    w.down.forward(act_.data(), inter, hb, hidden, rows, XRows::kByThread);
   }
   all_reduce(h, n);
   if (w.mlp_output_norm != nullptr) rms_norm(h, hidden, h, hidden, w.mlp_output_norm, n, hidden, dims_.eps, bf16);

@@ -23,11 +23,13 @@ void LinearWeight::check(const char* what) const {
   CORELLM_CHECK_ARG(covered == n, what, ": the parts cover ", covered, " of ", n, " rows");
 }
 
-void LinearWeight::forward(const uint16_t* x, int64_t x_stride, uint16_t* y, int64_t y_stride, int64_t m) const {
+void LinearWeight::forward(const uint16_t* x, int64_t x_stride, uint16_t* y, int64_t y_stride, int64_t m,
+                           XRows x_rows) const {
   for (const LinearPart& p : parts) {
     const uint16_t* part_bias = bias ? bias + p.row_offset : nullptr;
     if (p.ggml_type == kBf16Packed) {
-      bf16_gemm(x, x_stride, static_cast<const uint16_t*>(p.data), part_bias, y + p.row_offset, y_stride, m, p.rows, k);
+      bf16_gemm(x, x_stride, static_cast<const uint16_t*>(p.data), part_bias, y + p.row_offset, y_stride, m, p.rows, k,
+                DType::BF16, cpu_isa(), x_rows);
       continue;
     }
     QuantGemmArgs a;
@@ -48,13 +50,14 @@ void LinearWeight::forward(const uint16_t* x, int64_t x_stride, uint16_t* y, int
 }
 
 void LinearWeight::forward_gated(const uint16_t* x, int64_t x_stride, uint16_t* out, int64_t out_stride, int64_t m,
-                                 GatedActivation act, uint16_t* scratch) const {
+                                 GatedActivation act, uint16_t* scratch, XRows x_rows) const {
   CORELLM_CHECK_ARG(n % 2 == 0, "a gated MLP's gate_up needs an even number of rows, got ", n);
   if (gated_in_one_pass()) {
-    bf16_gemm_gated(x, x_stride, static_cast<const uint16_t*>(parts[0].data), bias, out, out_stride, m, n, k, act);
+    bf16_gemm_gated(x, x_stride, static_cast<const uint16_t*>(parts[0].data), bias, out, out_stride, m, n, k, act,
+                    cpu_isa(), x_rows);
     return;
   }
-  forward(x, x_stride, scratch, n, m);
+  forward(x, x_stride, scratch, n, m, x_rows);
   gated_activation_and_mul(act, out, out_stride, scratch, n, m, n / 2, DType::BF16);
 }
 

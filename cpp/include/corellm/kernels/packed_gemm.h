@@ -43,6 +43,13 @@ int64_t bf16_gemm_packed_size(int64_t n, int64_t k);
 // rounded up to 16.
 void bf16_gemm_pack(const uint16_t* w, uint16_t* packed, int64_t n, int64_t k);
 
+// Where x's rows were written, for how the threads share a GEMM: kAnywhere, or kByThread — by this
+// OpenMP team, each thread a contiguous range of rows in order (a row-parallel op: the norms, or a
+// GEMM that split its rows). With kByThread and many rows the amx path splits the rows the same way
+// (each thread computing every panel for its own rows, which its core wrote), else the panels (each
+// thread reads every row, but a panel serves all of them).
+enum class XRows { kAnywhere, kByThread };
+
 // x [m, k] (row stride x_stride), packed W of an [n, k] weight, bias [n] or null: bf16; fp32
 // accumulation. y [m, n] (row stride y_stride, in elements): bf16 (rounded to nearest even) or,
 // y_dtype F32, the fp32 sums themselves (logits, without a separate conversion pass). Each row's
@@ -50,7 +57,7 @@ void bf16_gemm_pack(const uint16_t* w, uint16_t* packed, int64_t n, int64_t k);
 // isa: the process's path unless a test or benchmark asks for another this CPU runs.
 void bf16_gemm(const uint16_t* x, int64_t x_stride, const uint16_t* packed, const uint16_t* bias, void* y,
                int64_t y_stride, int64_t m, int64_t n, int64_t k, DType y_dtype = DType::BF16,
-               CpuIsa isa = cpu_isa());
+               CpuIsa isa = cpu_isa(), XRows x_rows = XRows::kAnywhere);
 
 // A gated MLP's first projection and its activation in one pass, where the path has it
 // (bf16_gemm_gated_fused): W [n, k] packed is gate_up, its first n / 2 rows the gate's and the
@@ -61,7 +68,8 @@ void bf16_gemm(const uint16_t* x, int64_t x_stride, const uint16_t* packed, cons
 // still in the first level, the work shared in pairs of panels.
 bool bf16_gemm_gated_fused(CpuIsa isa, int64_t n);
 void bf16_gemm_gated(const uint16_t* x, int64_t x_stride, const uint16_t* packed, const uint16_t* bias, uint16_t* out,
-                     int64_t out_stride, int64_t m, int64_t n, int64_t k, GatedActivation act, CpuIsa isa = cpu_isa());
+                     int64_t out_stride, int64_t m, int64_t n, int64_t k, GatedActivation act, CpuIsa isa = cpu_isa(),
+                     XRows x_rows = XRows::kAnywhere);
 
 // The path's bf16 dot-product peak, for benchmarks: `iterations` rounds of independent dot
 // products on operands already in registers (tiles) on every thread of the OpenMP team; returns

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "corellm/kernels/elementwise.h"
+#include "corellm/kernels/packed_gemm.h"
 
 namespace corellm {
 
@@ -31,13 +32,15 @@ struct LinearWeight {
 
   // y [m, n] (row stride y_stride) = x [m, k] (row stride x_stride) W^T (+ b), bf16; each part
   // by its GEMM, into its columns of y.
-  void forward(const uint16_t* x, int64_t x_stride, uint16_t* y, int64_t y_stride, int64_t m) const;
+  // x_rows: where x's rows were written (packed_gemm.h's XRows), for the bf16 GEMM's split.
+  void forward(const uint16_t* x, int64_t x_stride, uint16_t* y, int64_t y_stride, int64_t m,
+               XRows x_rows = XRows::kAnywhere) const;
 
   // A gated MLP's gate_up (n = 2d: the gate's rows, then up's): out [m, d] (row stride
   // out_stride) = act(gate) * up, as forward into y then gated_activation_and_mul — in one pass
   // where the GEMM has it (gated_in_one_pass), else through `scratch` [m, n].
   void forward_gated(const uint16_t* x, int64_t x_stride, uint16_t* out, int64_t out_stride, int64_t m,
-                     GatedActivation act, uint16_t* scratch) const;
+                     GatedActivation act, uint16_t* scratch, XRows x_rows = XRows::kAnywhere) const;
   // Whether forward_gated runs as one pass here: one bf16 part and a path with bf16_gemm_gated.
   bool gated_in_one_pass() const;
 };
