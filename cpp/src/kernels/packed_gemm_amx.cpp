@@ -327,13 +327,11 @@ void gemm_amx(const GemmArgs& a, const GatedActivation* gated) {
   uint16_t* copied = thread_scratch<XTiles, uint16_t>((row_tiles - in_place_tiles) * groups * XTiles::kTileElements);
   const XTiles x{a.x, a.x_stride, in_place_tiles, copied, groups};
   const int64_t pairs = gated ? a.n / 2 / kGemmPanelCols : 0;  // the up half's first panel
-  GemmArgs units = a;  // what the threads share: panels, or pairs of them
-  if (gated) units.n = a.n / 2;
-  const int64_t num_units = gemm_num_panels(units.n);
+  const int64_t num_units = gemm_num_panels(gated ? a.n / 2 : a.n);  // panels, or pairs of them
   const int max_threads = gemm_worth_threads(a) ? omp_get_max_threads() : 1;
   const bool row_split = a.x_rows == XRows::kByThread && max_threads > 1 && a.m >= kRowSplitMinRowsPerThread * max_threads;
   const int64_t chunk = row_split ? row_chunk(row_split_start(a.m, 1, max_threads), a.k) : row_chunk(a.m, a.k);
-  std::vector<SharedRanges> chunk_panels = row_split ? std::vector<SharedRanges>() : gemm_shared_panels(units, chunk);
+  std::vector<SharedRanges> chunk_panels = row_split ? std::vector<SharedRanges>() : gemm_shared_panels(a, chunk, num_units);
 #pragma omp parallel num_threads(max_threads)
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
