@@ -344,11 +344,12 @@ void gemm_amx(const GemmArgs& a, const GatedActivation* gated) {
     int which = 0;
     PendingRows pending;
     uint16_t* gate_rows = gated ? thread_scratch<SumsTarget, uint16_t>(std::min(chunk, a.m) * kGemmPanelCols) : nullptr;
-    // Unit u over rows [r0, r1), the thread's unit after it (-1: none) fetched meanwhile.
+    // Unit u over rows [r0, r1), the thread's unit after it fetched meanwhile (-1: none, and for
+    // chunks of kFetchNextMinRows rows or fewer).
     auto compute_unit = [&](int64_t u, int64_t r0, int64_t r1, int64_t after) {
       const bool stream_x = r1 - r0 >= kStreamMinRows;
       NextPanel next, next_up;
-      if (r1 - r0 > kFetchNextMinRows && after >= 0) {
+      if (after >= 0) {
         const int64_t steps = (r1 - r0 + 2 * kTileRows - 1) / (2 * kTileRows) * groups;
         const auto bytes = static_cast<int64_t>(panel_size * sizeof(uint16_t));
         next = NextPanel(a.packed + after * panel_size, bytes, steps);
@@ -376,7 +377,7 @@ void gemm_amx(const GemmArgs& a, const GatedActivation* gated) {
       up.act = *gated;
       panel_pass(x, a, a.packed + (u + pairs) * panel_size, r0, r1, stream_x, next_up, up, sums, which, pending);
     };
-    if (row_split) {
+    if (row_split) {  // chunks of at least kRowSplitMinRowsPerThread / 2 rows: always fetching
       const int64_t lo = row_split_start(a.m, t, threads), hi = row_split_start(a.m, t + 1, threads);
       for (int64_t r0 = lo; r0 < hi; r0 += chunk) {
         const int64_t r1 = std::min(hi, r0 + chunk);
@@ -385,9 +386,12 @@ void gemm_amx(const GemmArgs& a, const GatedActivation* gated) {
     } else {
       for (int64_t r0 = 0, c = 0; r0 < a.m; r0 += chunk, ++c) {
         const int64_t r1 = std::min(a.m, r0 + chunk);
+        const bool fetch_next = r1 - r0 > kFetchNextMinRows;
         SharedRanges& shared = chunk_panels[static_cast<size_t>(c)];
         for (int64_t u = shared.next(static_cast<int>(t)); u >= 0; u = shared.next(static_cast<int>(t))) {
-          compute_unit(u, r0, r1, gemm_next_own_panel(chunk_panels, static_cast<size_t>(c), static_cast<int>(t)));
+          const int64_t after =
+              fetch_next ? gemm_next_own_panel(chunk_panels, static_cast<size_t>(c), static_cast<int>(t)) : -1;
+          compute_unit(u, r0, r1, after);
         }
       }
     }
