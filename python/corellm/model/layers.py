@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from corellm import ops
 from corellm.distributed.parallel_state import TensorParallel
 from corellm.native import _core
+from corellm.ops._checks import check_shape
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.model_config import ModelConfig
 from corellm.model.quantized_tensor import QuantizedTensor
@@ -107,34 +108,44 @@ class Linear:
         fused = QuantizedTensor.concat([q for _, q in parts]) if len(parts) > 1 else None
         self.quantized = [(0, fused)] if fused is not None else parts
 
-    def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out_dtype: torch.dtype | None = None,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
         """x [m, in] -> [m, out] in the weight's dtype, or out_dtype (float32 from the packed and
-        quantized GEMMs: their fp32 sums, not rounded to bf16 first)."""
+        quantized GEMMs: their fp32 sums, not rounded to bf16 first). out: where to write it (a
+        contiguous [m, out] tensor of that dtype, e.g. a buffer the caller reuses: the packed and
+        quantized GEMMs write into it; the other paths copy their result there); returned."""
+        y_dtype = out_dtype or self.dtype
+        if out is not None:
+            check_shape("LinearWeight", "out", out, (x.shape[0], self.shape[0]))
+            if out.dtype != y_dtype or not out.is_contiguous():
+                raise ValueError(f"LinearWeight: out must be a contiguous {y_dtype} tensor, got {out.dtype}"
+                                 f"{'' if out.is_contiguous() else ', not contiguous'}")
         if self.quantized:
-            return self._quantized_call(x, out_dtype or self.dtype)
-        if self.scaled is not None:
-            y = self.scaled.matmul(x)
-            if self.bias is not None:
-                y += self.bias
-            return y.to(out_dtype or self.dtype)
+            return self._quantized_call(x, y_dtype, out)
         if self.packed is not None:
             n, k = self.shape
             if x.stride(-1) != 1 or x.dtype != torch.bfloat16:
                 x = x.to(torch.bfloat16).contiguous()
-            f32 = out_dtype == torch.float32
-            y = torch.empty((x.shape[0], n), dtype=torch.float32 if f32 else torch.bfloat16)
+            f32 = y_dtype == torch.float32
+            y = out if out is not None else torch.empty((x.shape[0], n), dtype=torch.float32 if f32 else torch.bfloat16)
             _core.kernels.bf16_gemm(x.data_ptr(), x.stride(0), self.packed.data_ptr(),
                                     0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(), n, x.shape[0],
                                     n, k, _core.kernels.DTYPE_F32 if f32 else _core.kernels.DTYPE_BF16)
             return y
-        if self._onednn_packed is not None:
+        if self.scaled is not None:
+            y = self.scaled.matmul(x)
+            if self.bias is not None:
+                y += self.bias
+        elif self._onednn_packed is not None:
             y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), self._onednn_packed, self.bias, "none", [], "")
         else:
             y = F.linear(x, self.weight, self.bias)
-        return y if out_dtype is None else y.to(out_dtype)
+        if out is not None:
+            return out.copy_(y)
+        return y.to(y_dtype)
 
-    def _quantized_call(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-        y = torch.empty((x.shape[0], self.shape[0]), dtype=out_dtype)
+    def _quantized_call(self, x: torch.Tensor, out_dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
+        y = out if out is not None else torch.empty((x.shape[0], self.shape[0]), dtype=out_dtype)
         # A bf16 bias is added by the kernel before its one rounding; an fp32 one after, the same sum.
         in_kernel = self.bias is not None and self.bias.dtype == torch.bfloat16
         for offset, q in self.quantized:

@@ -206,11 +206,13 @@ class LlamaForCausalLM:
         h, _ = ops.fused_add_rms_norm(h, residual, self.norm, self.config.rms_norm_eps)
         return h
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
         """[n, hidden] -> float32 logits [n, vocab] (tensor parallelism: gathered on rank 0; the
-        other ranks get None)."""
-        logits = self.lm_head(hidden, out_dtype=torch.float32)
+        other ranks get None). out: a float32 [n, vocab] tensor to write them into, returned."""
         if self.tp.size == 1:
-            return logits
-        full = self.tp.gather_last_dim(logits)
-        return None if full is None else full[:, : self.full_config.vocab_size]
+            return self.lm_head(hidden, out_dtype=torch.float32, out=out)
+        full = self.tp.gather_last_dim(self.lm_head(hidden, out_dtype=torch.float32))
+        if full is None:
+            return None
+        full = full[:, : self.full_config.vocab_size]
+        return full if out is None else out.copy_(full)

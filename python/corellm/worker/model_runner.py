@@ -25,6 +25,7 @@ from corellm.multimodal.features import MultiModalFeature
 from corellm.worker.cuda_graphs import CUDAGraphRunner
 from corellm.worker.encoder_cache import EncoderCache
 from corellm.worker.kv_cache import allocate_kv_caches
+from corellm.worker.logits_buffer import LogitsBuffer
 from corellm.worker.model_runner_output import ModelRunnerOutput, PromptLogprobs, SampledTokenLogprobs
 from corellm.worker.pooler import Pooler
 from corellm.worker.sampling_state import SamplingState
@@ -83,6 +84,10 @@ class ModelRunner:
         self.builder = _core.BatchBuilder(max_num_reqs=c.max_num_seqs, max_model_len=c.max_model_len,
                                           block_size=c.block_size, max_num_batched_tokens=c.max_num_batched_tokens)
         self.sampling = SamplingState(c.max_num_seqs)
+        # A step's logits rows: a request's sampled row, plus one per draft token it verifies.
+        self.logits_buffer = LogitsBuffer(self.vocab_size, min(c.max_num_batched_tokens,
+                                                               c.max_num_seqs * (1 + c.num_speculative_tokens)),
+                                          self.device)
         # Image inputs (a LLaVA model): each running request's images, and their encoder outputs.
         self.mm_features: dict[str, list[MultiModalFeature]] = {}
         self.encoder_cache = EncoderCache()
@@ -119,7 +124,8 @@ class ModelRunner:
         spans = self._prompt_spans(so)
         with torch.inference_mode(), self.activity.running():
             hidden = self.forward(so, spans)
-            logits = self.model.compute_logits(hidden[torch.from_numpy(b.logits_indices).long().to(self.device)])
+            rows = hidden[torch.from_numpy(b.logits_indices).long().to(self.device)]
+            logits = self.model.compute_logits(rows, out=self.logits_buffer.rows(rows.shape[0]))
             prompt_logprobs = self._prompt_logprobs(spans, hidden)
             pooled = self._pool(so, hidden)
         # The sampler runs where the logits are (corellm's CPU or CUDA kernel).
