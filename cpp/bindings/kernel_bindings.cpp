@@ -148,6 +148,23 @@ void bind_kernels(py::module_& m) {
   bind_sampling_batch(k);
   k.def("sample", &sample, arg("batch"), py::call_guard<py::gil_scoped_release>());
   k.def("philox_uniform", &philox_uniform, arg("seed"), arg("counter"));
+  k.def("token_logprobs",
+        [](uintptr_t logits, int64_t num_rows, int64_t vocab_size, uintptr_t token_ids, int64_t num_top,
+           uintptr_t logprobs, uintptr_t ranks, uintptr_t top_ids, uintptr_t top_logprobs) {
+          TokenLogprobsBatch b;
+          b.num_rows = num_rows;
+          b.vocab_size = vocab_size;
+          b.logits = ptr<const float>(logits);
+          b.token_ids = ptr<const int32_t>(token_ids);
+          b.num_top = num_top;
+          b.logprobs = ptr<float>(logprobs);
+          b.ranks = ptr<int32_t>(ranks);
+          b.top_ids = ptr<int32_t>(top_ids);
+          b.top_logprobs = ptr<float>(top_logprobs);
+          token_logprobs(b);
+        },
+        arg("logits"), arg("num_rows"), arg("vocab_size"), arg("token_ids"), arg("num_top"), arg("logprobs"),
+        arg("ranks"), arg("top_ids"), arg("top_logprobs"), py::call_guard<py::gil_scoped_release>());
   bind_rejection_batch(k);
   k.def("rejection_sample", &rejection_sample, arg("batch"), py::call_guard<py::gil_scoped_release>());
   k.def("supported_cpu_isas", [] {

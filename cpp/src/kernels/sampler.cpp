@@ -137,25 +137,35 @@ void keep_largest(const float* x, int64_t v, int64_t k, std::vector<Entry>& heap
   });
 }
 
-void raw_logprobs(const SamplingBatch& b, int64_t i, const float* x, float& log_z) {
-  const int64_t v = b.vocab_size;
+// A raw row's log-normaliser log Z = max + log sum exp(x - max), and for n > 0 its top n tokens
+// by logit (descending, ties to the lower id) with their logprobs x - log Z, into top_ids[0, n)
+// and top_logprobs[0, n). `best` is the caller's scratch.
+float raw_log_z_and_top(const float* x, int64_t v, int64_t n, int32_t* top_ids, float* top_logprobs,
+                        std::vector<std::pair<float, int32_t>>& best) {
   const float mx = row_max(x, v);
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int64_t t = 0; t < v; ++t) sum += fast_exp(x[t] - mx);
-  log_z = mx + std::log(sum);
-  const int64_t n = b.num_logprobs;
-  if (n <= 0) return;
-  // Top n by logit, descending, ties to the lower id: a partial sort of (logit, id) pairs.
-  std::vector<std::pair<float, int32_t>> best;
+  const float log_z = mx + std::log(sum);
+  if (n <= 0) return log_z;
+  best.clear();
   best.reserve(static_cast<size_t>(n) + 1);
   keep_largest(x, v, std::min(n, v), best, ranks_before,
                [&](int64_t t) { return std::pair<float, int32_t>(x[t], static_cast<int32_t>(t)); });
   std::sort(best.begin(), best.end(), ranks_before);
   for (int64_t k = 0; k < n; ++k) {
-    b.top_ids[i * n + k] = best[static_cast<size_t>(k)].second;
-    b.top_logprobs[i * n + k] = best[static_cast<size_t>(k)].first - log_z;
+    top_ids[k] = best[static_cast<size_t>(k)].second;
+    top_logprobs[k] = best[static_cast<size_t>(k)].first - log_z;
   }
+  return log_z;
+}
+
+// A logit's rank in its raw row: 1 + the tokens with a larger logit (1 = most likely).
+int32_t rank_in_row(const float* x, int64_t v, float logit) {
+  int32_t above = 0;
+#pragma omp simd reduction(+ : above)
+  for (int64_t t = 0; t < v; ++t) above += x[t] > logit ? 1 : 0;
+  return above + 1;
 }
 
 // Tokens the row's grammar does not allow -> -inf, 32 at a time (a word of all ones allows all).
@@ -440,6 +450,7 @@ void sample(const SamplingBatch& b) {
     std::vector<double> mass;  // top-p's bucket masses
     std::vector<float> heap;  // top-k's k largest logits
     std::vector<float> chunk_mass;  // the kept weights' mass per chunk of tokens
+    std::vector<std::pair<float, int32_t>> best;  // the top-n logprobs' tokens
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < b.num_reqs; ++i) {
       float* x = b.logits + i * b.vocab_size;
@@ -459,7 +470,8 @@ void sample(const SamplingBatch& b) {
       }
       float log_z = 0.0f;
       if (b.num_logprobs >= 0) {
-        raw_logprobs(b, i, x, log_z);
+        log_z = raw_log_z_and_top(x, b.vocab_size, b.num_logprobs, b.top_ids + i * b.num_logprobs,
+                                  b.top_logprobs + i * b.num_logprobs, best);
         raw.assign(x, x + b.vocab_size);
       }
       const bool processed = apply_processors(b, i, x, scratch);
@@ -483,11 +495,33 @@ void sample(const SamplingBatch& b) {
         b.sampled_rank[i] = 0;
       } else if (b.num_logprobs >= 0) {
         const float logit = raw[static_cast<size_t>(token)];
-        int32_t rank = 1;
-        for (int64_t t = 0; t < b.vocab_size; ++t) rank += raw[static_cast<size_t>(t)] > logit ? 1 : 0;
         b.sampled_logprob[i] = logit - log_z;
-        b.sampled_rank[i] = rank;
+        b.sampled_rank[i] = rank_in_row(raw.data(), b.vocab_size, logit);
       }
+    }
+  }
+}
+
+void token_logprobs(const TokenLogprobsBatch& b) {
+  CORELLM_CHECK_ARG(b.num_rows >= 0 && b.vocab_size > 0, "token_logprobs: bad shape [", b.num_rows, ", ",
+                    b.vocab_size, "]");
+  CORELLM_CHECK_ARG(b.num_top >= 0 && b.num_top <= b.vocab_size, "token_logprobs: num_top ", b.num_top,
+                    " is outside [0, ", b.vocab_size, "]");
+  for (int64_t i = 0; i < b.num_rows; ++i) {
+    CORELLM_CHECK_ARG(b.token_ids[i] >= 0 && b.token_ids[i] < b.vocab_size, "token_logprobs: row ", i, "'s token id ",
+                      b.token_ids[i], " is outside the vocabulary [0, ", b.vocab_size, ")");
+  }
+#pragma omp parallel if (b.num_rows > 1)
+  {
+    std::vector<std::pair<float, int32_t>> best;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < b.num_rows; ++i) {
+      const float* x = b.logits + i * b.vocab_size;
+      const float log_z = raw_log_z_and_top(x, b.vocab_size, b.num_top, b.top_ids + i * b.num_top,
+                                            b.top_logprobs + i * b.num_top, best);
+      const float logit = x[b.token_ids[i]];
+      b.logprobs[i] = logit - log_z;
+      b.ranks[i] = rank_in_row(x, b.vocab_size, logit);
     }
   }
 }

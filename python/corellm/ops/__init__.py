@@ -8,11 +8,13 @@ from corellm.ops.rejection_sampler import rejection_sample
 from corellm.ops.rotary import rotary_embedding
 from corellm.ops.sampler import SamplerOutput, SamplingMetadata, TokenLists, sample
 from corellm.ops.scaled_gemm import quantize_rows, scaled_gemm
+from corellm.ops.token_logprobs import TokenLogprobs, token_logprobs
 
 __all__ = [
     "SamplerOutput",
     "SamplingMetadata",
     "TokenLists",
+    "TokenLogprobs",
     "fused_add_rms_norm",
     "gelu_tanh_and_mul",
     "kv_cache_shapes",
@@ -26,5 +28,6 @@ __all__ = [
     "sample",
     "scaled_gemm",
     "silu_and_mul",
+    "token_logprobs",
     "unpack_kv_cache",
 ]

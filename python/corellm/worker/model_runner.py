@@ -124,9 +124,11 @@ class ModelRunner:
         spans = self._prompt_spans(so)
         with torch.inference_mode(), self.activity.running():
             hidden = self.forward(so, spans)
+            # Prompt logprobs first: their pieces and then the sampled rows take the logits buffer in
+            # turn (tp_workers.py's ranks gather in the same order).
+            prompt_logprobs = self._prompt_logprobs(spans, hidden)
             rows = hidden[torch.from_numpy(b.logits_indices).long().to(self.device)]
             logits = self.model.compute_logits(rows, out=self.logits_buffer.rows(rows.shape[0]))
-            prompt_logprobs = self._prompt_logprobs(spans, hidden)
             pooled = self._pool(so, hidden)
         # The sampler runs where the logits are (corellm's CPU or CUDA kernel).
         self._state = ExecuteModelState(so, logits.float().contiguous(), prompt_logprobs, pooled)
@@ -233,8 +235,10 @@ class ModelRunner:
 
     def _prompt_spans(self, so: _core.SchedulerOutput) -> list[PromptSpan]:
         """The step's prompt positions to score, per request that asked for prompt logprobs (after
-        prepare_inputs: the builder's query_start_loc locates each request's rows)."""
+        prepare_inputs: the builder's query_start_loc locates each request's rows), in pieces of
+        at most the logits buffer's rows (each piece's logits are written there in turn)."""
         spans = []
+        piece = self.logits_buffer.max_rows
         computed, scheduled = so.num_computed_tokens, so.num_scheduled_tokens
         qsl = self.builder.query_start_loc
         for i, req_id in enumerate(so.req_ids):
@@ -244,8 +248,9 @@ class ModelRunner:
             start = int(computed[i])
             # Query position p predicts the token at p + 1; only prompt tokens are scored here.
             end = min(start + int(scheduled[i]), len(r.request.prompt_token_ids) - 1)
-            if end > start:
-                spans.append(PromptSpan(req_id, start, end, int(qsl[i]), int(qsl[i]) + (end - start)))
+            for a in range(start, end, piece):
+                b = min(end, a + piece)
+                spans.append(PromptSpan(req_id, a, b, int(qsl[i]) + (a - start), int(qsl[i]) + (b - start)))
         return spans
 
     def _pool(self, so: _core.SchedulerOutput, hidden: torch.Tensor) -> dict[str, list[float]]:
@@ -267,22 +272,23 @@ class ModelRunner:
         return pooled
 
     def _prompt_logprobs(self, spans: list[PromptSpan], hidden: torch.Tensor) -> dict[str, PromptLogprobs]:
+        """Each span's positions scored: the logits of its rows (into the logits buffer on the
+        CPU), then ops.token_logprobs — the raw distribution's logprob and rank of the next prompt
+        token, and the top prompt_logprobs tokens. A request's pieces are joined."""
         out: dict[str, PromptLogprobs] = {}
         for span in spans:
-            req_id, start, end = span.req_id, span.start, span.end
-            r = self.sampling.requests[req_id]
-            prompt = r.request.prompt_token_ids
-            h = hidden[span.hidden_start:span.hidden_end]
-            lp = torch.log_softmax(self.model.compute_logits(h), dim=-1).cpu()
-            targets = torch.tensor(prompt[start + 1 : end + 1], dtype=torch.long)
-            chosen = lp.gather(1, targets[:, None])[:, 0]
-            ranks = (lp > chosen[:, None]).sum(-1) + 1
-            k = r.request.sampling_params.prompt_logprobs
-            top = torch.topk(lp, k, dim=-1) if k > 0 else None
-            out[req_id] = PromptLogprobs(
-                start=start + 1, token_ids=targets.tolist(), logprobs=chosen.tolist(), ranks=ranks.tolist(),
-                top_token_ids=top.indices.tolist() if top is not None else [[] for _ in range(end - start)],
-                top_logprobs=top.values.tolist() if top is not None else [[] for _ in range(end - start)])
+            r = self.sampling.requests[span.req_id]
+            n = span.end - span.start
+            logits = self.model.compute_logits(hidden[span.hidden_start:span.hidden_end],
+                                               out=self.logits_buffer.rows(n))
+            targets = r.request.prompt_token_ids[span.start + 1 : span.end + 1]
+            scored = ops.token_logprobs(logits, torch.tensor(targets, dtype=torch.int32, device=logits.device),
+                                       r.request.sampling_params.prompt_logprobs)
+            piece = PromptLogprobs(start=span.start + 1, token_ids=list(targets), logprobs=scored.logprobs.tolist(),
+                                   ranks=scored.ranks.tolist(), top_token_ids=scored.top_token_ids.tolist(),
+                                   top_logprobs=scored.top_logprobs.tolist())
+            earlier = out.get(span.req_id)
+            out[span.req_id] = piece if earlier is None else earlier.followed_by(piece)
         return out
 
     # ------------------------------------------------------------------ phase 2

@@ -31,6 +31,15 @@ class PromptLogprobs:
     top_token_ids: list[list[int]]
     top_logprobs: list[list[float]]
 
+    def followed_by(self, later: PromptLogprobs) -> PromptLogprobs:
+        """These positions and then `later`'s, which must start where these end."""
+        if later.start != self.start + len(self.token_ids):
+            raise ValueError(f"prompt logprobs from position {later.start} do not follow those of "
+                             f"[{self.start}, {self.start + len(self.token_ids)})")
+        return PromptLogprobs(self.start, self.token_ids + later.token_ids, self.logprobs + later.logprobs,
+                              self.ranks + later.ranks, self.top_token_ids + later.top_token_ids,
+                              self.top_logprobs + later.top_logprobs)
+
 
 @dataclass
 class ModelRunnerOutput:

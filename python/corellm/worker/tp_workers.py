@@ -105,9 +105,9 @@ class Worker:
             else:
                 hidden = model.forward(step.input_ids.to(device), step.positions.to(device), step.attn, self.kv_caches,
                                        inputs_embeds=inputs_embeds)
-            model.compute_logits(hidden[step.logits_indices.to(device)])
             for start, end in step.prompt_rows:  # rank 0's prompt logprobs: the same gathers, in order
                 model.compute_logits(hidden[start:end])
+            model.compute_logits(hidden[step.logits_indices.to(device)])
 
 
 class WorkerLoop:
