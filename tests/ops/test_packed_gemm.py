@@ -188,3 +188,25 @@ def test_x_read_in_place_or_copied_gives_the_same_rows_over_several_row_chunks(i
     assert torch.equal(gemm(view_at_line_offset(x, kk + 8, 0), packed, n, isa=isa), y)  # rows off the lines
     for i in (0, 511, 512, 1023, 1024, 1487, 1499):
         assert torch.equal(gemm(x[i : i + 1].contiguous(), packed, n, isa=isa)[0], y[i])
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_a_y_larger_than_the_caches_gets_the_same_rows(isa, out_dtype):
+    """From 4 MiB of y per thread, where its rows start on 64-byte lines, the amx path writes y's
+    lines past the caches (non-temporal stores; an fp32 y's tiles no longer stored in place): the
+    same bits as the rows computed alone and as a y off the lines (stored the usual way), with a
+    ragged last panel (stored the usual way) and nothing written past a row's n columns."""
+    g = torch.Generator().manual_seed(6)
+    m, n, kk = 520, 8200, 64  # y 17 MB in fp32, 8.5 MB in bf16: streamed by up to 4 / 2 threads
+    w = torch.randn(n, kk, generator=g).bfloat16()
+    packed = pack(w)
+    x = torch.randn(m, kk, generator=g).bfloat16()
+    y_wide = torch.zeros(m, n + 24, dtype=out_dtype)  # row stride 8224: every row on a line
+    y = gemm(x, packed, n, y=y_wide[:, :n], isa=isa)
+    assert (y_wide[:, n:] == 0).all()
+    want = torch.nn.functional.linear(x.double(), w.double())
+    torch.testing.assert_close(y.double(), want, atol=0.05 * want.abs().max().item() / 8, rtol=1e-2)
+    for i in (0, 31, 32, 519):
+        assert torch.equal(gemm(x[i : i + 1].contiguous(), packed, n, out_dtype=out_dtype, isa=isa)[0], y[i])
+    assert torch.equal(gemm(x, packed, n, out_dtype=out_dtype, isa=isa), y)  # row stride 8200: off the lines
