@@ -116,9 +116,9 @@ class Linear:
         quantized GEMMs write into it; the other paths copy their result there); returned."""
         y_dtype = out_dtype or self.dtype
         if out is not None:
-            check_shape("LinearWeight", "out", out, (x.shape[0], self.shape[0]))
+            check_shape("Linear", "out", out, (x.shape[0], self.shape[0]))
             if out.dtype != y_dtype or not out.is_contiguous():
-                raise ValueError(f"LinearWeight: out must be a contiguous {y_dtype} tensor, got {out.dtype}"
+                raise ValueError(f"Linear: out must be a contiguous {y_dtype} tensor, got {out.dtype}"
                                  f"{'' if out.is_contiguous() else ', not contiguous'}")
         if self.quantized:
             return self._quantized_call(x, y_dtype, out)

@@ -9,9 +9,9 @@ next prompt token) and echo with logprobs.
 
 On the CPU one kernel (sampler.h's token_logprobs) runs each row in three passes over it — the
 sampler's own arithmetic, so a prompt token's logprob and rank are the ones the sampler gives the
-same token when it samples it — with no [n, vocab] temporaries: torch's log_softmax, comparison
-and top-k over 2048 rows of a 49,152-token vocabulary took ~480 ms there, most of it in fresh
-memory. On other devices: torch's ops, as before."""
+same token when it samples it — with no [n, vocab] temporaries: over 2048 rows of a 49,152-token
+vocabulary 44 ms, where torch's log_softmax, comparison and top-k took ~480 ms (Intel Xeon VM, 2
+threads). On other devices: torch's ops, as before."""
 
 from __future__ import annotations
 

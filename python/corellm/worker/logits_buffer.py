@@ -4,8 +4,8 @@ A step's logits are [rows, vocab] float32: 50 MB for 256 decoding requests over 
 tokens. A fresh tensor that size is fresh memory from the kernel each step (glibc maps every
 allocation above 32 MiB anew and unmaps it on free), and each of its 4 KiB pages faults on its
 first write: the LM head at 256 rows took 20 ms into a fresh tensor and 7 ms into a reused one
-(Intel Xeon VM, 2 threads), and 256 requests decoding 64 tokens each took 8.1-8.3 s instead of
-6.9-7.1 s. The runner asks for a view of the rows a step needs; the tensor grows to the largest
+(Intel Xeon VM, 2 threads), and 256 requests decoding 64 tokens each took 7.4-7.5 s instead of
+6.5 s. The runner asks for a view of the rows a step needs; the tensor grows to the largest
 step seen (a power of two of rows, at most max_rows) and stays.
 
 Not on a GPU: torch's caching allocator already reuses device memory there, and a buffer kept
