@@ -59,6 +59,24 @@ def test_cuda_engine_matches_the_cpu_engine(tiny_dir, dtype):
             assert len(got) == len(want) == 16  # bf16: other GEMMs on each side; the run must complete
 
 
+def test_cuda_prompt_logprobs_match_the_cpu_engine(tiny_dir):
+    """Prompt logprobs on the GPU (torch's log_softmax over each piece of rows) against the CPU
+    engine's (ops.token_logprobs' kernel), fp32: each prompt token's logprob within 1e-4, and the
+    same most likely token where the reference's top two are clearly apart."""
+    prompt = {"prompt_token_ids": torch.randint(0, 384, (40,), generator=torch.Generator().manual_seed(3)).tolist()}
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=2)
+    cpu = LLM(str(tiny_dir), dtype="float32", device="cpu", max_model_len=128, max_num_seqs=4)
+    want = cpu.generate(prompt, params, use_tqdm=False)[0].prompt_logprobs
+    got = cuda_llm(tiny_dir, max_num_seqs=4).generate(prompt, params, use_tqdm=False)[0].prompt_logprobs
+    assert want[0] is None and got[0] is None and len(got) == len(want) == 40
+    for p in range(1, 40):
+        token = prompt["prompt_token_ids"][p]
+        assert abs(got[p][token].logprob - want[p][token].logprob) < 1e-4
+        top = sorted(want[p].items(), key=lambda item: -item[1].logprob)
+        if top[0][1].logprob - top[1][1].logprob > 1e-3:
+            assert got[p][top[0][0]].rank == 1
+
+
 @pytest.mark.parametrize("machinery", ["batch of 8", "chunked prefill", "prefix-cache hit"])
 def test_cuda_engine_consistency(tiny_dir, machinery):
     """Each prompt's greedy tokens (fp32) alone on the GPU equal those under the engine's machinery
