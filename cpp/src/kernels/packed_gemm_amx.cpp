@@ -208,11 +208,11 @@ void store_rows(const float* sums, int64_t begin, int64_t end, const GemmArgs& a
       avx512::store_bf16x16(out + 16, gated_act(avx512::load_bf16x16(g + 16), t.act) * rounded(_mm512_loadu_ps(s + 16), b1));
       continue;
     }
-    const __m256i lo = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(s), b0));
-    const __m256i hi = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(s + 16), b1));
+    // Both halves rounded by one instruction (the second operand's into the low half).
+    const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_add_ps(_mm512_loadu_ps(s + 16), b1),
+                                                   _mm512_add_ps(_mm512_loadu_ps(s), b0));
     uint16_t* out = t.to == SumsTo::kGate ? t.gate_rows + (row0 + r - t.gate_row0) * kGemmPanelCols
                                           : y + (row0 + r) * a.y_stride + t.col;
-    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
     if (t.stream) {
       _mm512_stream_si512(reinterpret_cast<__m512i*>(out), v);
     } else {
