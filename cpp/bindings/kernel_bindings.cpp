@@ -15,6 +15,7 @@
 #include "corellm/kernels/quant_gemm.h"
 #include "corellm/kernels/rejection_sampler.h"
 #include "corellm/kernels/sampler.h"
+#include "corellm/kernels/token_logprobs.h"
 #include "glue.h"
 
 namespace corellm::binding {

@@ -1,4 +1,4 @@
-"""ops.token_logprobs (sampler.h's token_logprobs on the CPU): the logprob, rank and top tokens of
+"""ops.token_logprobs (token_logprobs.h on the CPU): the logprob, rank and top tokens of
 given tokens under raw logits, against a float64 reference; the same bits the sampler gives a token
 it samples; each row independent of the others; bad input refused by name. And the engine's prompt
 logprobs, scored in pieces of the logits buffer's rows, the same whatever the piece size.

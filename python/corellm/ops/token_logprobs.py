@@ -7,7 +7,7 @@ next prompt token) and echo with logprobs.
     out.top_token_ids    [n, num_top]: the most likely tokens, descending, ties to the lower id
     out.top_logprobs     [n, num_top]: their logprobs
 
-On the CPU one kernel (sampler.h's token_logprobs) runs each row in three passes over it — the
+On the CPU one kernel (token_logprobs.h) runs each row in three passes over it — the
 sampler's own arithmetic, so a prompt token's logprob and rank are the ones the sampler gives the
 same token when it samples it — with no [n, vocab] temporaries: over 2048 rows of a 49,152-token
 vocabulary 44 ms, where torch's log_softmax, comparison and top-k took ~480 ms (Intel Xeon VM, 2
