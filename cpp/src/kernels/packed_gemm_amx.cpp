@@ -353,10 +353,10 @@ void gemm_amx(const GemmArgs& a, const GatedActivation* gated) {
   const XTiles x{a.x, a.x_stride, in_place_tiles, copied, groups};
   const int64_t pairs = gated ? a.n / 2 / kGemmPanelCols : 0;  // the up half's first panel
   const int64_t num_units = gemm_num_panels(gated ? a.n / 2 : a.n);  // panels, or pairs of them
-  const int max_threads = gemm_worth_threads(a) ? omp_get_max_threads() : 1;
+  const int max_threads = gemm_team_size(a);
   const bool row_split = a.x_rows == XRows::kByThread && max_threads > 1 && a.m >= kRowSplitMinRowsPerThread * max_threads;
   const int64_t chunk = row_split ? row_chunk(row_split_start(a.m, 1, max_threads), a.k) : row_chunk(a.m, a.k);
-  std::vector<SharedRanges> chunk_panels = row_split ? std::vector<SharedRanges>() : gemm_shared_panels(a, chunk, num_units);
+  std::vector<SharedRanges> chunk_panels = row_split ? std::vector<SharedRanges>() : gemm_shared_panels(a.m, chunk, num_units, max_threads);
   const bool stream_y = gated == nullptr && streams_y(a, max_threads);
 #pragma omp parallel num_threads(max_threads)
   {

@@ -43,15 +43,17 @@ inline int gemm_half_columns(int64_t n, int64_t col0, int h) {
 // others costs more than the products).
 inline bool gemm_worth_threads(const GemmArgs& a) { return a.n * a.k * a.m >= (1 << 16); }
 
-// Per chunk of `chunk` rows, `units` (W's panels, or pairs of them) shared by the team that runs
-// the GEMM — gemm_worth_threads(a)'s, whatever the units (SharedRanges: a thread's static share
-// first, then the others' from their backs; every unit is computed the same whichever thread takes
-// it).
-inline std::vector<SharedRanges> gemm_shared_panels(const GemmArgs& a, int64_t chunk, int64_t units) {
-  const int threads = gemm_worth_threads(a) ? omp_get_max_threads() : 1;
+// The team that runs the GEMM: the OpenMP team where the GEMM is worth it, else one thread. Its
+// parallel region and its shared units (gemm_shared_panels) both take this one number.
+inline int gemm_team_size(const GemmArgs& a) { return gemm_worth_threads(a) ? omp_get_max_threads() : 1; }
+
+// Per chunk of `chunk` of the m rows, `units` (W's panels, or pairs of them) shared by a team of
+// `threads` (gemm_team_size; SharedRanges: a thread's static share first, then the others' from
+// their backs; every unit is computed the same whichever thread takes it).
+inline std::vector<SharedRanges> gemm_shared_panels(int64_t m, int64_t chunk, int64_t units, int threads) {
   std::vector<SharedRanges> per_chunk;
-  per_chunk.reserve(static_cast<size_t>((a.m + chunk - 1) / chunk));
-  for (int64_t r0 = 0; r0 < a.m; r0 += chunk) per_chunk.emplace_back(units, threads);
+  per_chunk.reserve(static_cast<size_t>((m + chunk - 1) / chunk));
+  for (int64_t r0 = 0; r0 < m; r0 += chunk) per_chunk.emplace_back(units, threads);
   return per_chunk;
 }
 

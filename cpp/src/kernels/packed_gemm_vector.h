@@ -125,9 +125,10 @@ void gemm(const GemmArgs& a) {
   const bool y_f32 = a.y_dtype == DType::F32;
   const int64_t y_item = y_f32 ? 4 : 2;
   const int64_t panel_size = gemm_panel_elements(a.k);
-  std::vector<SharedRanges> chunk_panels = gemm_shared_panels(a, kRowChunk, gemm_num_panels(a.n));
+  const int team = gemm_team_size(a);
+  std::vector<SharedRanges> chunk_panels = gemm_shared_panels(a.m, kRowChunk, gemm_num_panels(a.n), team);
   const auto chunks = static_cast<int64_t>(chunk_panels.size());
-#pragma omp parallel if (gemm_worth_threads(a))
+#pragma omp parallel num_threads(team)
   {
     const int t = omp_get_thread_num();
     for (int64_t c = 0; c < chunks; ++c) {
