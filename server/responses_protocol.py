@@ -25,11 +25,22 @@ FIELD_NAMES = {"messages": "input", "max_tokens": "max_output_tokens", "response
                "reasoning_effort": "reasoning.effort"}
 
 
-class InputText(RequestPart):
-    type: Literal["input_text", "output_text"]
+class TextPart(RequestPart):
+    """A message's text: input_text, or an output_text given back (read as its text alone)."""
+
     text: str
     annotations: list[Any] | None = None  # an output_text given back: its annotations (none are made)
-    logprobs: list[Any] | None = None  # and its logprobs (read as the text alone)
+    logprobs: list[Any] | None = None  # and its logprobs
+
+
+# One class per type, so that the discriminator maps each type to its own schema in /openapi.json
+# (one schema under two types let a fuzzer's "wrong type" for one of them be valid for the other).
+class InputText(TextPart):
+    type: Literal["input_text"]
+
+
+class OutputText(TextPart):
+    type: Literal["output_text"]
 
 
 class InputImage(RequestPart):
@@ -38,7 +49,7 @@ class InputImage(RequestPart):
     detail: str | None = None
 
 
-InputPart = Annotated[InputText | InputImage, Field(discriminator="type")]
+InputPart = Annotated[InputText | OutputText | InputImage, Field(discriminator="type")]
 
 
 class MessageItem(RequestPart):
@@ -286,10 +297,10 @@ class ResponsesRequest(RequestPart):
         return messages
 
 
-def _content(content: str | list[InputText | InputImage]) -> str | list[dict[str, Any]]:
+def _content(content: str | list[TextPart | InputImage]) -> str | list[dict[str, Any]]:
     if isinstance(content, str):
         return content
-    return [{"type": "text", "text": p.text} if isinstance(p, InputText) else
+    return [{"type": "text", "text": p.text} if isinstance(p, TextPart) else
             {"type": "image_url", "image_url": {"url": p.image_url, "detail": p.detail}} for p in content]
 
 
