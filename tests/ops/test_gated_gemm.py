@@ -1,8 +1,8 @@
-"""bf16_gemm_gated, a gated MLP's gate_up projection and its activation in one pass (amx): bit for
-bit bf16_gemm then silu_and_mul / gelu_tanh_and_mul on the same path — every tile and row-block
-remainder, more than one row chunk, x read in place or copied, a bias, strided x and out, the rows
-split between the threads (x_rows="by_thread") or the panels — and the
-paths or shapes without the fused pass refused, naming them."""
+"""bf16_gemm_gated, a gated MLP's gate_up projection and its activation in one pass (amx, avx512bf16,
+avx512): bit for bit bf16_gemm then silu_and_mul / gelu_tanh_and_mul on the same path — every tile
+and row-block remainder, more than one row chunk, x read in place or copied (amx), a bias, strided x
+and out, the rows split between the threads (x_rows="by_thread") or the panels — and the paths or
+shapes without the fused pass refused, naming them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,11 @@ import torch
 from corellm import _core, ops
 
 k = _core.kernels
-needs_amx = pytest.mark.skipif("amx" not in k.supported_cpu_isas(), reason="the fused pass is the amx path's")
+needs_amx = pytest.mark.skipif("amx" not in k.supported_cpu_isas(), reason="the amx path's row split")
+FUSED_ISAS = [isa for isa in ("amx", "avx512bf16", "avx512") if isa in k.supported_cpu_isas()]
+fused_isas = pytest.mark.parametrize("isa", [
+    pytest.param(isa, marks=pytest.mark.skipif(isa not in FUSED_ISAS, reason=f"this CPU has no {isa}"))
+    for isa in ("amx", "avx512bf16", "avx512")])
 ACTIVATIONS = {"silu": ops.silu_and_mul, "gelu_tanh": ops.gelu_tanh_and_mul}
 
 
@@ -33,11 +37,12 @@ def gated(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | No
     return out
 
 
-def unfused(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
+def unfused(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None, activation: str,
+            isa: str = "amx") -> torch.Tensor:
     m, kk = x.shape
     y = torch.empty(m, n, dtype=torch.bfloat16)
     k.bf16_gemm(x.data_ptr(), x.stride(0), packed.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(),
-                n, m, n, kk, isa="amx")
+                n, m, n, kk, isa=isa)
     return ACTIVATIONS[activation](y)
 
 
@@ -49,15 +54,15 @@ def operands(m: int, n: int, kk: int, bias: bool, seed: int):
     return x, w, b
 
 
-@needs_amx
+@fused_isas
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
-@pytest.mark.parametrize("m", [1, 2, 15, 16, 17, 31, 32, 33, 64, 130, 300])
+@pytest.mark.parametrize("m", [1, 2, 7, 12, 15, 16, 17, 31, 32, 33, 64, 130, 300])
 @pytest.mark.parametrize("n, kk, bias", [(64, 96, False), (128, 70, True), (3072, 576, False), (192, 1536, True)])
-def test_fused_pass_is_the_gemm_then_the_activation_bit_for_bit(m, n, kk, bias, activation):
+def test_fused_pass_is_the_gemm_then_the_activation_bit_for_bit(m, n, kk, bias, activation, isa):
     x, w, b = operands(m, n, kk, bias, seed=m * n + kk)
     packed = pack(w)
-    want = unfused(x, packed, n, b, activation)
-    assert torch.equal(gated(x, packed, n, b, activation), want)
+    want = unfused(x, packed, n, b, activation, isa)
+    assert torch.equal(gated(x, packed, n, b, activation, isa=isa), want)
     # and near the float64 reference: act(g) * u of the rounded halves
     y = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double()).bfloat16().double()
     gate, up = y[:, : n // 2], y[:, n // 2 :]
@@ -65,19 +70,19 @@ def test_fused_pass_is_the_gemm_then_the_activation_bit_for_bit(m, n, kk, bias, 
     torch.testing.assert_close(want.double(), act * up, atol=0.05, rtol=0.02)
 
 
-@needs_amx
-def test_several_row_chunks_strided_x_and_out_and_rows_independent_of_the_batch():
-    m, n, kk = 1400, 256, 576  # 576-wide rows: chunks of at most 672 rows
+@fused_isas
+def test_several_row_chunks_strided_x_and_out_and_rows_independent_of_the_batch(isa):
+    m, n, kk = 1400, 256, 576  # 576-wide rows: chunks of at most 672 rows (amx), 128 (the vector paths)
     x, w, b = operands(m, n, kk, True, seed=7)
     packed = pack(w)
     wide_x = torch.zeros(m, kk + 32, dtype=torch.bfloat16)
     wide_x[:, :kk] = x
     out = torch.full((m, n // 2 + 48), 7.0, dtype=torch.bfloat16)
-    gated(wide_x[:, :kk], packed, n, b, "silu", out=out[:, : n // 2])
-    assert torch.equal(out[:, : n // 2], unfused(x, packed, n, b, "silu"))
+    gated(wide_x[:, :kk], packed, n, b, "silu", out=out[:, : n // 2], isa=isa)
+    assert torch.equal(out[:, : n // 2], unfused(x, packed, n, b, "silu", isa))
     assert torch.all(out[:, n // 2 :] == 7.0)  # nothing written past the row's d columns
     for row in (0, 33, 700, m - 1):
-        assert torch.equal(gated(x[row : row + 1], packed, n, b, "silu"), out[row : row + 1, : n // 2])
+        assert torch.equal(gated(x[row : row + 1], packed, n, b, "silu", isa=isa), out[row : row + 1, : n // 2])
 
 
 def test_paths_and_shapes_without_the_fused_pass_are_refused_naming_them():
@@ -86,11 +91,11 @@ def test_paths_and_shapes_without_the_fused_pass_are_refused_naming_them():
     packed = pack(w)
     with pytest.raises(ValueError, match="no fused pass on the avx2 path for n=96"):
         gated(x, packed, 96, None, "silu", isa="avx2")
-    if "amx" in k.supported_cpu_isas():
-        assert k.bf16_gemm_gated_fused(3072, isa="amx")
-        assert not k.bf16_gemm_gated_fused(96, isa="amx")  # halves of 48 columns: not whole panels
-        with pytest.raises(ValueError, match="no fused pass on the amx path for n=96"):
-            gated(x, packed, 96, None, "silu")
+    for isa in FUSED_ISAS:
+        assert k.bf16_gemm_gated_fused(3072, isa=isa)
+        assert not k.bf16_gemm_gated_fused(96, isa=isa)  # halves of 48 columns: not whole panels
+        with pytest.raises(ValueError, match=f"no fused pass on the {isa} path for n=96"):
+            gated(x, packed, 96, None, "silu", isa=isa)
     with pytest.raises(ValueError, match="activation must be 'silu' or 'gelu_tanh', got 'relu'"):
         gated(x, packed, 96, None, "relu")
 

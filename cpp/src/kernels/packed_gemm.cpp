@@ -53,8 +53,11 @@ void bf16_gemm(const uint16_t* x, int64_t x_stride, const uint16_t* packed, cons
   CORELLM_CHECK_ARG(false, "bf16_gemm: unknown instruction-set path ", static_cast<int>(isa));
 }
 
-// The amx path pairs whole panels: each half a whole number of them.
-bool bf16_gemm_gated_fused(CpuIsa isa, int64_t n) { return isa == CpuIsa::kAmx && n % (2 * kGemmPanelCols) == 0; }
+// The amx and AVX-512 paths pair whole panels: each half a whole number of them. (The avx2 path's
+// ways from 4 rows on widen x and the panels first; it computes the GEMM, then the activation.)
+bool bf16_gemm_gated_fused(CpuIsa isa, int64_t n) {
+  return isa != CpuIsa::kAvx2 && n % (2 * kGemmPanelCols) == 0;
+}
 
 void bf16_gemm_gated(const uint16_t* x, int64_t x_stride, const uint16_t* packed, const uint16_t* bias, uint16_t* out,
                      int64_t out_stride, int64_t m, int64_t n, int64_t k, GatedActivation act, CpuIsa isa,
@@ -64,9 +67,17 @@ void bf16_gemm_gated(const uint16_t* x, int64_t x_stride, const uint16_t* packed
                     "bf16_gemm_gated: unknown gated activation ", static_cast<int32_t>(act));
   check_cpu_runs(isa, "bf16_gemm_gated");
   CORELLM_CHECK_ARG(bf16_gemm_gated_fused(isa, n), "bf16_gemm_gated: no fused pass on the ", cpu_isa_name(isa),
-                    " path for n=", n, " (amx, n a multiple of 64): use bf16_gemm and gated_activation_and_mul");
+                    " path for n=", n, " (amx, avx512bf16 or avx512, n a multiple of 64): use bf16_gemm and ",
+                    "gated_activation_and_mul");
   if (m == 0) return;
-  bf16_gemm_gated_amx({x, x_stride, packed, bias, out, out_stride, m, n, k, DType::BF16, x_rows}, act);
+  const GemmArgs args{x, x_stride, packed, bias, out, out_stride, m, n, k, DType::BF16, x_rows};
+  switch (isa) {
+    case CpuIsa::kAmx: return bf16_gemm_gated_amx(args, act);
+    case CpuIsa::kAvx512Bf16: return bf16_gemm_gated_avx512bf16(args, act);
+    case CpuIsa::kAvx512: return bf16_gemm_gated_avx512(args, act);
+    case CpuIsa::kAvx2: break;
+  }
+  CORELLM_CHECK_ARG(false, "bf16_gemm_gated: unknown instruction-set path ", static_cast<int>(isa));
 }
 
 double bf16_dot_peak(CpuIsa isa, int64_t iterations) {

@@ -158,20 +158,6 @@ bool streams_y(const GemmArgs& a, int threads) {
   return on_lines && a.m * a.n * bytes >= kStreamYMinBytesPerThread * threads;
 }
 
-// The gated activation on 16 bf16 values widened to fp32: elementwise_loops.h's, lane by lane.
-struct Exp16 {
-  __m512 operator()(__m512 v) const { return avx512::exp16(v); }
-};
-__m512 gated_act(__m512 g, GatedActivation act) {
-  return act == GatedActivation::kSilu ? silu_by(g, Exp16{}) : gelu_tanh_by(g, Exp16{});
-}
-
-// 16 sums + bias, rounded to bf16 by AVX-512-BF16 (bf16_gemm's y), and widened back.
-__m512 rounded(__m512 sums, __m512 bias) {
-  const __m256i bf16 = (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(sums, bias));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16));
-}
-
 // Rows [begin, end) of a block's sums (rows 32 floats apart, the block's row 0 being x's row
 // row0) to their target, rounded to bf16 or kept fp32 (kY with an fp32 y). A whole panel of bf16
 // goes out one 64-byte store per row (two 32-byte halves would cost a third more: y is written to
@@ -204,8 +190,8 @@ void store_rows(const float* sums, int64_t begin, int64_t end, const GemmArgs& a
     if (t.to == SumsTo::kGated) {
       const uint16_t* g = t.gate_rows + (row0 + r - t.gate_row0) * kGemmPanelCols;
       uint16_t* out = y + (row0 + r) * a.y_stride + t.out_col;
-      avx512::store_bf16x16(out, gated_act(avx512::load_bf16x16(g), t.act) * rounded(_mm512_loadu_ps(s), b0));
-      avx512::store_bf16x16(out + 16, gated_act(avx512::load_bf16x16(g + 16), t.act) * rounded(_mm512_loadu_ps(s + 16), b1));
+      gemm_store::store_gated<true>(out, 0, _mm512_loadu_ps(s), b0, g, t.act);
+      gemm_store::store_gated<true>(out, 16, _mm512_loadu_ps(s + 16), b1, g + 16, t.act);
       continue;
     }
     // Both halves rounded by one instruction (the second operand's into the low half).

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "fast_math.h"
+#include "lanes_avx512.h"
 #include "packed_gemm_paths.h"
 
 // Everything below is compiled for AVX-512 F/BW/VL/DQ, whatever the build's baseline; it runs
@@ -42,12 +44,19 @@ struct Avx512Lanes {
   static void store(void* y, int64_t at, bool y_f32, int cols, Acc v, const uint16_t* bias, int64_t col) {
     gemm_store::store_with_bias<false>(y, at, y_f32, cols, v, bias, col);
   }
+  static constexpr bool kGatedStore = true;
+  static void store_gated(uint16_t* y, int64_t at, Acc v, const uint16_t* bias, int64_t col, const uint16_t* gate,
+                          GatedActivation act) {
+    gemm_store::store_gated<false>(y, at, v, gemm_store::bias_of(bias, col, 0xFFFF), gate, act);
+  }
   static void opaque(Acc& v) { __asm__ volatile("" : "+v"(v)); }
 };
 
 }  // namespace
 
 void bf16_gemm_avx512(const GemmArgs& a) { gemm_vector::gemm<Avx512Lanes>(a); }
+
+void bf16_gemm_gated_avx512(const GemmArgs& a, GatedActivation act) { gemm_vector::gemm_gated<Avx512Lanes>(a, act); }
 
 double bf16_dot_peak_avx512(int64_t iterations) { return gemm_vector::dot_peak<Avx512Lanes>(iterations); }
 

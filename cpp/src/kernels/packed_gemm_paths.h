@@ -12,6 +12,7 @@
 #include "corellm/kernels/packed_gemm.h"
 #include "corellm/shared_ranges.h"
 #include "next_panel.h"
+#include "thread_scratch.h"
 
 namespace corellm {
 
@@ -72,6 +73,8 @@ void bf16_gemm_avx512bf16(const GemmArgs& a);  // packed_gemm_avx512bf16.cpp
 void bf16_gemm_amx(const GemmArgs& a);         // packed_gemm_amx.cpp
 // a.n = 2d (gate rows, then up rows), y = [m, d]: bf16_gemm_gated's fused pass.
 void bf16_gemm_gated_amx(const GemmArgs& a, GatedActivation act);
+void bf16_gemm_gated_avx512bf16(const GemmArgs& a, GatedActivation act);  // packed_gemm_vector.h's
+void bf16_gemm_gated_avx512(const GemmArgs& a, GatedActivation act);
 
 // The path's bf16 dot-product peak: `iterations` rounds of independent dot products on operands
 // in registers (tiles), on every thread of the OpenMP team; returns the flops done.

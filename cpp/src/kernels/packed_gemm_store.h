@@ -3,9 +3,12 @@
 // bf16 (to nearest even: by the AVX-512-BF16 instruction, or in integer arithmetic on plain
 // AVX-512, which keeps denormals the instruction flushes).
 //
-// Include it inside the path's target region (packed_gemm_target.h), after every system header:
-// its functions are compiled for that path's instructions, each source its own copy (anonymous
-// namespace), so that no other source can end up calling them.
+// A gated GEMM's up half (bf16_gemm_gated) ends in store_gated: its sums rounded as y's would be,
+// times the activation of the gate's rounded value, rounded again — silu_and_mul's arithmetic.
+//
+// Include it inside the path's target region (packed_gemm_target.h), after every system header
+// and lanes_avx512.h: its functions are compiled for that path's instructions, each source its own
+// copy (anonymous namespace), so that no other source can end up calling them.
 #pragma once
 
 namespace corellm::gemm_store {
@@ -47,6 +50,35 @@ template <bool HardwareBf16>
 inline void store_with_bias(void* y, int64_t at, bool y_f32, int cols, __m512 v, const uint16_t* bias, int64_t col) {
   const __mmask16 mask = mask_of(cols);
   store<HardwareBf16>(y, at, y_f32, mask, _mm512_add_ps(v, bias_of(bias, col, mask)));
+}
+
+// v rounded to bf16 as store<HardwareBf16> would store it, and widened back to fp32.
+template <bool HardwareBf16>
+inline __m512 rounded_as_stored(__m512 v) {
+  __m256i bf16;
+  if constexpr (HardwareBf16) {
+    bf16 = (__m256i)_mm512_cvtneps_pbh(v);
+  } else {
+    bf16 = round_to_bf16(v);
+  }
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bf16), 16));
+}
+
+// The gated activation on 16 values: elementwise_loops.h's (silu_by / gelu_tanh_by over exp16),
+// lane by lane the same bits.
+struct Exp16 {
+  __m512 operator()(__m512 v) const { return avx512::exp16(v); }
+};
+inline __m512 gated_act(__m512 g, GatedActivation act) {
+  return act == GatedActivation::kSilu ? silu_by(g, Exp16{}) : gelu_tanh_by(g, Exp16{});
+}
+
+// y[at .. at + 16) = act(gate[0 .. 16)) * (v + bias), the up half's sums plus their 16 columns'
+// bias (bias_of) rounded as y's (HardwareBf16), the product rounded as the elementwise loops round it.
+template <bool HardwareBf16>
+inline void store_gated(uint16_t* y, int64_t at, __m512 v, __m512 bias, const uint16_t* gate, GatedActivation act) {
+  const __m512 up = rounded_as_stored<HardwareBf16>(_mm512_add_ps(v, bias));
+  avx512::store_bf16x16(y + at, gated_act(avx512::load_bf16x16(gate), act) * up);
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 //   Lanes::X  broadcast_x(pair)  one k pair of the row (two bf16 in 32 bits) on every lane
 //   dot(acc, x, w)               acc + x0 w0 + x1 w1 on each column
 //   zero(), store(y, at, y_f32, cols, acc, bias) (the bias added, then one rounding), opaque(acc)
+//   kGatedStore, store_gated(y, at, acc, bias, col, gate, act)  where the path has gemm_gated: a
+//                                gated GEMM's up half (act(gate) * the rounded sums + bias)
 //   kMaxRows                     rows of x per block: their sums stay in registers
 //
 // Per panel and block of up to kMaxRows x rows it walks the k pairs, accumulating 32 columns x
@@ -40,7 +42,12 @@ struct PanelRows {
   void* y;  // the block's first row
   int64_t y_stride;
   bool y_f32;
-  int64_t col0, n, k;
+  int64_t col0, n, k;  // the panel's first column of W (and of the bias), W's columns, x's
+  int64_t y_col;       // y's column for col0
+  // A gated GEMM's up half: the gate's rounded values for the block's first row (32 a row, the
+  // panel's columns), combined by Lanes::store_gated into y's bf16. Null: y = the sums + bias.
+  const uint16_t* gate = nullptr;
+  GatedActivation act = GatedActivation::kSilu;
 };
 
 template <class Lanes, int MR>
@@ -68,9 +75,17 @@ void panel_rows(const PanelRows& b, NextPanel& next) {
   for (int h = 0; h < 2; ++h) {
     const int cols = gemm_half_columns(b.n, b.col0, h);
     if (cols == 0) break;
-    for (int r = 0; r < MR; ++r) {
-      Lanes::store(b.y, r * b.y_stride + b.col0 + 16 * h, b.y_f32, cols, acc[r][h], b.bias, b.col0 + 16 * h);
+    const int64_t y_at = b.y_col + 16 * h, col = b.col0 + 16 * h;
+    if constexpr (Lanes::kGatedStore) {
+      if (b.gate != nullptr) {  // gemm_gated's panels are whole
+        for (int r = 0; r < MR; ++r) {
+          Lanes::store_gated(static_cast<uint16_t*>(b.y), r * b.y_stride + y_at, acc[r][h], b.bias, col,
+                             b.gate + r * kGemmPanelCols + 16 * h, b.act);
+        }
+        continue;
+      }
     }
+    for (int r = 0; r < MR; ++r) Lanes::store(b.y, r * b.y_stride + y_at, b.y_f32, cols, acc[r][h], b.bias, col);
   }
 }
 
@@ -103,6 +118,7 @@ void panel_all_rows(PanelRows b, int64_t m, const uint16_t* next_panel) {
     PanelRows block = b;
     block.x = b.x + r * b.x_stride;
     block.y = static_cast<char*>(b.y) + r * b.y_stride * y_item;
+    if (b.gate != nullptr) block.gate = b.gate + r * kGemmPanelCols;
     panel_tail_rows<Lanes>(block, rows, next);
   };
   int64_t r = 0;
@@ -137,9 +153,48 @@ void gemm(const GemmArgs& a) {
       for (int64_t p = shared.next(t); p >= 0; p = shared.next(t)) {
         const PanelRows b{a.x + r * a.x_stride, a.x_stride, a.packed + p * panel_size, a.bias,
                           static_cast<char*>(a.y) + r * a.y_stride * y_item, a.y_stride, y_f32,
-                          p * kGemmPanelCols, a.n, a.k};
+                          p * kGemmPanelCols, a.n, a.k, p * kGemmPanelCols};
         const int64_t after = gemm_next_own_panel(chunk_panels, static_cast<size_t>(c), t);  // fetched meanwhile
         panel_all_rows<Lanes>(b, rows, after < 0 ? nullptr : a.packed + after * panel_size);
+      }
+    }
+  }
+}
+
+// The gated GEMM (bf16_gemm_gated: a.n = 2d columns of W, the gate's d then the up half's, d a
+// multiple of 32; y = [m, d] bf16): its units are pairs of panels, the gate's u and the up half's
+// u + d / 32, shared by the threads as gemm's panels are. Per chunk of rows and unit, the gate
+// panel's pass stores its rounded sums (y's bits) into the thread's gate rows; the up panel's pass
+// combines them with its own in store_gated (act(gate) * up, silu_and_mul's arithmetic): the same
+// bits as the GEMM then the activation, without the 2d-wide y's write and read.
+template <class Lanes>
+void gemm_gated(const GemmArgs& a, GatedActivation act) {
+  static_assert(Lanes::kGatedStore, "the path's lanes have no store_gated");
+  const int64_t panel_size = gemm_panel_elements(a.k);
+  const int64_t pairs = a.n / 2 / kGemmPanelCols;  // the up half's first panel
+  const int team = gemm_team_size(a);
+  std::vector<SharedRanges> chunk_units = gemm_shared_panels(a.m, kRowChunk, pairs, team);
+  const auto chunks = static_cast<int64_t>(chunk_units.size());
+  auto* y = static_cast<uint16_t*>(a.y);
+#pragma omp parallel num_threads(team)
+  {
+    const int t = omp_get_thread_num();
+    uint16_t* gate_rows = thread_scratch<PanelRows, uint16_t>(std::min(kRowChunk, a.m) * kGemmPanelCols);
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t r = c * kRowChunk, rows = std::min(kRowChunk, a.m - r);
+      SharedRanges& shared = chunk_units[static_cast<size_t>(c)];
+      for (int64_t u = shared.next(t); u >= 0; u = shared.next(t)) {
+        const uint16_t* gate_panel = a.packed + u * panel_size;
+        const uint16_t* up_panel = a.packed + (u + pairs) * panel_size;
+        const PanelRows gate{a.x + r * a.x_stride, a.x_stride, gate_panel, a.bias, gate_rows, kGemmPanelCols, false,
+                             u * kGemmPanelCols, a.n, a.k, 0};
+        panel_all_rows<Lanes>(gate, rows, up_panel);
+        PanelRows up{a.x + r * a.x_stride, a.x_stride, up_panel, a.bias, y + r * a.y_stride, a.y_stride, false,
+                     (u + pairs) * kGemmPanelCols, a.n, a.k, u * kGemmPanelCols};
+        up.gate = gate_rows;
+        up.act = act;
+        const int64_t after = gemm_next_own_panel(chunk_units, static_cast<size_t>(c), t);  // fetched meanwhile
+        panel_all_rows<Lanes>(up, rows, after < 0 ? nullptr : a.packed + after * panel_size);
       }
     }
   }

@@ -64,8 +64,8 @@ void bf16_gemm(const uint16_t* x, int64_t x_stride, const uint16_t* packed, cons
 // others up's (bias likewise); out [m, n / 2] (row stride out_stride) = act(g) * u, g and u the
 // two halves of bf16_gemm's y, each rounded to bf16 as y is, the product in fp32 rounded once —
 // bf16_gemm then gated_activation_and_mul (elementwise.h) bit for bit, without y's m x n values
-// written and read back: on amx the up panel's sums are combined with the gate's while they are
-// still in the first level, the work shared in pairs of panels.
+// written and read back: on amx, avx512bf16 and avx512 the up panel's sums are combined with the
+// gate's while they are still in the first level, the work shared in pairs of panels.
 bool bf16_gemm_gated_fused(CpuIsa isa, int64_t n);
 void bf16_gemm_gated(const uint16_t* x, int64_t x_stride, const uint16_t* packed, const uint16_t* bias, uint16_t* out,
                      int64_t out_stride, int64_t m, int64_t n, int64_t k, GatedActivation act, CpuIsa isa = cpu_isa(),
