@@ -56,7 +56,7 @@ struct Avx512Lanes {
 
 void bf16_gemm_avx512(const GemmArgs& a) { gemm_vector::gemm<Avx512Lanes>(a); }
 
-void bf16_gemm_gated_avx512(const GemmArgs& a, GatedActivation act) { gemm_vector::gemm_gated<Avx512Lanes>(a, act); }
+void bf16_gemm_gated_avx512(const GemmArgs& a, GatedActivation act) { gemm_vector::gemm<Avx512Lanes>(a, &act); }
 
 double bf16_dot_peak_avx512(int64_t iterations) { return gemm_vector::dot_peak<Avx512Lanes>(iterations); }
 

@@ -51,7 +51,7 @@ struct Avx512Bf16Lanes {
 
 void bf16_gemm_avx512bf16(const GemmArgs& a) { gemm_vector::gemm<Avx512Bf16Lanes>(a); }
 
-void bf16_gemm_gated_avx512bf16(const GemmArgs& a, GatedActivation act) { gemm_vector::gemm_gated<Avx512Bf16Lanes>(a, act); }
+void bf16_gemm_gated_avx512bf16(const GemmArgs& a, GatedActivation act) { gemm_vector::gemm<Avx512Bf16Lanes>(a, &act); }
 
 double bf16_dot_peak_avx512bf16(int64_t iterations) { return gemm_vector::dot_peak<Avx512Bf16Lanes>(iterations); }
 

@@ -6,7 +6,7 @@
 // A gated GEMM's up half (bf16_gemm_gated) ends in store_gated: its sums rounded as y's would be,
 // times the activation of the gate's rounded value, rounded again — silu_and_mul's arithmetic.
 //
-// Include it inside the path's target region (packed_gemm_target.h), after every system header
+// Include it inside the path's target region (its #pragma GCC target), after every system header
 // and lanes_avx512.h: its functions are compiled for that path's instructions, each source its own
 // copy (anonymous namespace), so that no other source can end up calling them.
 #pragma once

@@ -6,7 +6,7 @@
 //   Lanes::X  broadcast_x(pair)  one k pair of the row (two bf16 in 32 bits) on every lane
 //   dot(acc, x, w)               acc + x0 w0 + x1 w1 on each column
 //   zero(), store(y, at, y_f32, cols, acc, bias) (the bias added, then one rounding), opaque(acc)
-//   kGatedStore, store_gated(y, at, acc, bias, col, gate, act)  where the path has gemm_gated: a
+//   kGatedStore, store_gated(y, at, acc, bias, col, gate, act)  where the path has gemm's gated pass: a
 //                                gated GEMM's up half (act(gate) * the rounded sums + bias)
 //   kMaxRows                     rows of x per block: their sums stay in registers
 //
@@ -77,7 +77,7 @@ void panel_rows(const PanelRows& b, NextPanel& next) {
     if (cols == 0) break;
     const int64_t y_at = b.y_col + 16 * h, col = b.col0 + 16 * h;
     if constexpr (Lanes::kGatedStore) {
-      if (b.gate != nullptr) {  // gemm_gated's panels are whole
+      if (b.gate != nullptr) {  // the gated pass's panels are whole
         for (int r = 0; r < MR; ++r) {
           Lanes::store_gated(static_cast<uint16_t*>(b.y), r * b.y_stride + y_at, acc[r][h], b.bias, col,
                              b.gate + r * kGemmPanelCols + 16 * h, b.act);
@@ -136,65 +136,52 @@ void panel_all_rows(PanelRows b, int64_t m, const uint16_t* next_panel) {
 // does not hold the other at the end); small products stay on one thread. Threads write
 // disjoint columns: no barrier between chunks of rows. Many rows: a chunk of rows at a time, so
 // that the chunk of x stays in this core's L2 while the thread's panels stream past it.
+//
+// With `gated` (bf16_gemm_gated: a.n = 2d columns of W, the gate's d then the up half's, d a
+// multiple of 32; y = [m, d] bf16) the units are pairs of panels, the gate's u and the up half's
+// u + d / 32: per chunk of rows, the gate panel's pass stores its rounded sums (y's bits) into the
+// thread's gate rows, and the up panel's pass combines them with its own in store_gated (act(gate)
+// * up, silu_and_mul's arithmetic): the same bits as the GEMM then the activation, without the
+// 2d-wide y's write and read.
 template <class Lanes>
-void gemm(const GemmArgs& a) {
+void gemm(const GemmArgs& a, const GatedActivation* gated = nullptr) {
   const bool y_f32 = a.y_dtype == DType::F32;
   const int64_t y_item = y_f32 ? 4 : 2;
   const int64_t panel_size = gemm_panel_elements(a.k);
+  const int64_t pairs = gated ? a.n / 2 / kGemmPanelCols : 0;  // the up half's first panel
+  CORELLM_DCHECK(gated == nullptr || Lanes::kGatedStore, "gemm_vector: no gated pass on this path");
   const int team = gemm_team_size(a);
-  std::vector<SharedRanges> chunk_panels = gemm_shared_panels(a.m, kRowChunk, gemm_num_panels(a.n), team);
-  const auto chunks = static_cast<int64_t>(chunk_panels.size());
-#pragma omp parallel num_threads(team)
-  {
-    const int t = omp_get_thread_num();
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t r = c * kRowChunk, rows = std::min(kRowChunk, a.m - r);
-      SharedRanges& shared = chunk_panels[static_cast<size_t>(c)];
-      for (int64_t p = shared.next(t); p >= 0; p = shared.next(t)) {
-        const PanelRows b{a.x + r * a.x_stride, a.x_stride, a.packed + p * panel_size, a.bias,
-                          static_cast<char*>(a.y) + r * a.y_stride * y_item, a.y_stride, y_f32,
-                          p * kGemmPanelCols, a.n, a.k, p * kGemmPanelCols};
-        const int64_t after = gemm_next_own_panel(chunk_panels, static_cast<size_t>(c), t);  // fetched meanwhile
-        panel_all_rows<Lanes>(b, rows, after < 0 ? nullptr : a.packed + after * panel_size);
-      }
-    }
-  }
-}
-
-// The gated GEMM (bf16_gemm_gated: a.n = 2d columns of W, the gate's d then the up half's, d a
-// multiple of 32; y = [m, d] bf16): its units are pairs of panels, the gate's u and the up half's
-// u + d / 32, shared by the threads as gemm's panels are. Per chunk of rows and unit, the gate
-// panel's pass stores its rounded sums (y's bits) into the thread's gate rows; the up panel's pass
-// combines them with its own in store_gated (act(gate) * up, silu_and_mul's arithmetic): the same
-// bits as the GEMM then the activation, without the 2d-wide y's write and read.
-template <class Lanes>
-void gemm_gated(const GemmArgs& a, GatedActivation act) {
-  static_assert(Lanes::kGatedStore, "the path's lanes have no store_gated");
-  const int64_t panel_size = gemm_panel_elements(a.k);
-  const int64_t pairs = a.n / 2 / kGemmPanelCols;  // the up half's first panel
-  const int team = gemm_team_size(a);
-  std::vector<SharedRanges> chunk_units = gemm_shared_panels(a.m, kRowChunk, pairs, team);
+  std::vector<SharedRanges> chunk_units =
+      gemm_shared_panels(a.m, kRowChunk, gated ? pairs : gemm_num_panels(a.n), team);
   const auto chunks = static_cast<int64_t>(chunk_units.size());
-  auto* y = static_cast<uint16_t*>(a.y);
 #pragma omp parallel num_threads(team)
   {
     const int t = omp_get_thread_num();
-    uint16_t* gate_rows = thread_scratch<PanelRows, uint16_t>(std::min(kRowChunk, a.m) * kGemmPanelCols);
+    uint16_t* gate_rows = gated ? thread_scratch<PanelRows, uint16_t>(std::min(kRowChunk, a.m) * kGemmPanelCols) : nullptr;
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t r = c * kRowChunk, rows = std::min(kRowChunk, a.m - r);
       SharedRanges& shared = chunk_units[static_cast<size_t>(c)];
       for (int64_t u = shared.next(t); u >= 0; u = shared.next(t)) {
-        const uint16_t* gate_panel = a.packed + u * panel_size;
-        const uint16_t* up_panel = a.packed + (u + pairs) * panel_size;
-        const PanelRows gate{a.x + r * a.x_stride, a.x_stride, gate_panel, a.bias, gate_rows, kGemmPanelCols, false,
-                             u * kGemmPanelCols, a.n, a.k, 0};
-        panel_all_rows<Lanes>(gate, rows, up_panel);
-        PanelRows up{a.x + r * a.x_stride, a.x_stride, up_panel, a.bias, y + r * a.y_stride, a.y_stride, false,
-                     (u + pairs) * kGemmPanelCols, a.n, a.k, u * kGemmPanelCols};
-        up.gate = gate_rows;
-        up.act = act;
         const int64_t after = gemm_next_own_panel(chunk_units, static_cast<size_t>(c), t);  // fetched meanwhile
-        panel_all_rows<Lanes>(up, rows, after < 0 ? nullptr : a.packed + after * panel_size);
+        const uint16_t* next = after < 0 ? nullptr : a.packed + after * panel_size;
+        PanelRows b{a.x + r * a.x_stride, a.x_stride, a.packed + u * panel_size, a.bias,
+                    static_cast<char*>(a.y) + r * a.y_stride * y_item, a.y_stride, y_f32,
+                    u * kGemmPanelCols, a.n, a.k, u * kGemmPanelCols};
+        if constexpr (Lanes::kGatedStore) {
+          if (gated != nullptr) {
+            PanelRows gate = b;  // into the gate rows; the up panel fetched meanwhile
+            gate.y = gate_rows;
+            gate.y_stride = kGemmPanelCols;
+            gate.y_col = 0;
+            const uint16_t* up_panel = a.packed + (u + pairs) * panel_size;
+            panel_all_rows<Lanes>(gate, rows, up_panel);
+            b.panel = up_panel;
+            b.col0 = (u + pairs) * kGemmPanelCols;
+            b.gate = gate_rows;
+            b.act = *gated;
+          }
+        }
+        panel_all_rows<Lanes>(b, rows, next);
       }
     }
   }
