@@ -128,8 +128,10 @@ def llama_bench(bin_dir: Path, model: Path, threads: int) -> dict:
 
 
 def corellm_single_stream(llm, reps: int = 3) -> dict:
-    """Like llama-bench: pp512 = a 512-token prompt's prefill, tg128 = 128 tokens decoded after a
-    one-token prompt; each the mean of `reps` runs after a warm-up of the same shape."""
+    """Like llama-bench: pp512 = a 512-token prompt's prefill, tg128 = 128 one-token forwards (a
+    one-token prompt's, which gives the first token, then 127 decodes: llama-bench's tg128 times 128
+    one-token decodes, and asking for 129 tokens here timed 129 forwards for 128); each the mean of
+    `reps` runs after a warm-up of the same shape."""
     import torch
 
     from corellm import SamplingParams
@@ -137,7 +139,7 @@ def corellm_single_stream(llm, reps: int = 3) -> dict:
     g = torch.Generator().manual_seed(0)
     prompts = torch.randint(1000, 49000, (reps + 1, 512), generator=g).tolist()  # distinct: no cache hits
     prefill = SamplingParams(max_tokens=1, temperature=0)
-    decode = SamplingParams(max_tokens=129, temperature=0, ignore_eos=True)
+    decode = SamplingParams(max_tokens=128, temperature=0, ignore_eos=True)
     llm.generate({"prompt_token_ids": prompts[reps]}, prefill, use_tqdm=False)
     llm.generate({"prompt_token_ids": prompts[reps][:1]}, SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
     pp, tg = [], []

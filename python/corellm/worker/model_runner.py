@@ -28,6 +28,7 @@ from corellm.worker.kv_cache import allocate_kv_caches
 from corellm.worker.logits_buffer import LogitsBuffer
 from corellm.worker.model_runner_output import ModelRunnerOutput, PromptLogprobs, SampledTokenLogprobs
 from corellm.worker.pooler import Pooler
+from corellm.worker.sampled_rows import sampled_rows
 from corellm.worker.sampling_state import SamplingState
 from corellm.worker import token_bitmasks
 from corellm.worker.step_activity import StepActivity
@@ -127,7 +128,7 @@ class ModelRunner:
             # Prompt logprobs first: their pieces and then the sampled rows take the logits buffer in
             # turn (tp_workers.py's ranks gather in the same order).
             prompt_logprobs = self._prompt_logprobs(spans, hidden)
-            rows = hidden[torch.from_numpy(b.logits_indices).long().to(self.device)]
+            rows = sampled_rows(hidden, b.logits_indices)
             logits = self.model.compute_logits(rows, out=self.logits_buffer.rows(rows.shape[0]))
             pooled = self._pool(so, hidden)
         # The sampler runs where the logits are (corellm's CPU or CUDA kernel).

@@ -34,6 +34,7 @@ import torch.multiprocessing as mp
 from corellm.distributed.broadcast_channel import BroadcastChannel
 from corellm.distributed.parallel_state import TensorParallel, collective_timeout, init_tensor_parallel
 from corellm.distributed.spawned_processes import StartSignal
+from corellm.worker.sampled_rows import sampled_rows
 from corellm.worker.step_activity import StepActivity
 from corellm.worker.step_message import RESULT, RPC, STEP, STOP, StepMessage
 
@@ -107,7 +108,7 @@ class Worker:
                                        inputs_embeds=inputs_embeds)
             for start, end in step.prompt_rows:  # rank 0's prompt logprobs: the same gathers, in order
                 model.compute_logits(hidden[start:end])
-            model.compute_logits(hidden[step.logits_indices.to(device)])
+            model.compute_logits(sampled_rows(hidden, step.logits_indices))
 
 
 class WorkerLoop:
