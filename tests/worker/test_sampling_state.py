@@ -87,3 +87,50 @@ def test_draft_rows_are_sampled_as_their_output_positions():
     state.record(["a", "b"], np.array([2, 0], dtype=np.int32), np.array([[8, 1, -1], [3, -1, -1]]))
     assert state.steps[[2, 0]].tolist() == [3, 1]
     assert state.requests["a"].output_token_ids == [7, 8, 1]
+
+
+def _plain_fields(md):
+    return {name: getattr(md, name) for name in ("top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                                                 "repetition_penalty", "output_token_ids", "prompt_token_ids",
+                                                 "logit_bias", "banned_token_ids")}
+
+
+def test_requests_of_temperature_alone_take_the_short_way_with_the_same_metadata():
+    """While every request asks for a temperature alone, metadata() and record() skip their full
+    ways: the same metadata as when a request with extras keeps the full way on."""
+    def run(with_extra: bool):
+        state = SamplingState(max_rows=8)
+        state.add(request("a", [1], temperature=0.0), row=4, output_token_ids=[])
+        state.add(request("b", [2], temperature=0.8, seed=2**63 + 1), row=2, output_token_ids=[5, 6])
+        if with_extra:
+            state.add(request("x", [3], top_k=5), row=7, output_token_ids=[])
+        assert bool(state.with_extras) == with_extra
+        rows = np.array([2, 4], dtype=np.int32)
+        state.record(["b", "a"], rows, np.array([[7], [-1]], dtype=np.int32))  # a sampled nothing
+        md = state.metadata(["b", "a"], rows)
+        return md, state
+    short, state = run(False)
+    full, _ = run(True)
+    for name in ("temperature", "seeds", "steps"):
+        assert getattr(short, name).tolist() == getattr(full, name).tolist(), name
+    assert short.steps.tolist() == [3, 0]
+    assert short.num_logprobs == full.num_logprobs == -1
+    assert all(v is None for v in _plain_fields(short).values()) and _plain_fields(short) == _plain_fields(full)
+    assert state.requests["b"].output_token_ids == [5, 6]  # nothing kept without a penalty
+
+
+def test_every_extra_takes_the_full_way():
+    extras = [dict(top_k=3), dict(top_p=0.5), dict(min_p=0.1), dict(presence_penalty=0.5),
+              dict(frequency_penalty=-0.5), dict(repetition_penalty=1.1), dict(logit_bias={3: 1.0}),
+              dict(min_tokens=1, max_tokens=4), dict(logprobs=0)]
+    for params in extras:
+        state = SamplingState(max_rows=2)
+        state.add(request("r", [1], **params), row=0, output_token_ids=[])
+        assert state.with_extras == {"r"}, params
+        state.remove("r")
+        assert not state.with_extras
+    state = SamplingState(max_rows=2)
+    r = request("w", [1])
+    r.bad_words_token_ids = [[4]]
+    state.add(r, row=0, output_token_ids=[])
+    assert state.with_extras == {"w"}
