@@ -85,10 +85,6 @@ class SamplerOutput:
     top_logprobs: torch.Tensor | None = None  # float32 [n, num_logprobs]
 
 
-def _ptr(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.data_ptr()
-
-
 def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
     """logits: float32 [num_reqs, vocab_size], contiguous; overwritten with processed values. On
     CUDA every metadata tensor is on the logits' device too, and so are the outputs."""
@@ -165,7 +161,9 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
     batch.logits, batch.sampled = logits.data_ptr(), sampled.data_ptr()
     for name in ("temperature", "top_k", "top_p", "min_p", "seeds", "steps", "presence_penalty",
                  "frequency_penalty", "repetition_penalty"):
-        setattr(batch, name, _ptr(getattr(md, name)))
+        t = getattr(md, name)
+        if t is not None:  # an absent array stays 0 (null), as the struct starts
+            setattr(batch, name, t.data_ptr())
     for prefix, tl in (("output", outputs), ("prompt", prompts), ("bias", bias), ("banned", banned)):
         if tl is not None:
             setattr(batch, f"{prefix}_offsets", tl.offsets.data_ptr())
@@ -175,7 +173,8 @@ def sample(logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
     if md.allowed_token_bitmask is not None:
         batch.bitmask, batch.bitmask_rows = md.allowed_token_bitmask.data_ptr(), md.bitmask_rows.data_ptr()
         batch.bitmask_words = md.allowed_token_bitmask.shape[1]
-    batch.sampled_logprob, batch.sampled_rank = _ptr(out.logprobs), _ptr(out.ranks)
-    batch.top_ids, batch.top_logprobs = _ptr(out.top_token_ids), _ptr(out.top_logprobs)
+    if out.logprobs is not None:
+        batch.sampled_logprob, batch.sampled_rank = out.logprobs.data_ptr(), out.ranks.data_ptr()
+        batch.top_ids, batch.top_logprobs = out.top_token_ids.data_ptr(), out.top_logprobs.data_ptr()
     be.kernels.sample(batch, *be.extra)
     return out

@@ -239,6 +239,8 @@ class ModelRunner:
         prepare_inputs: the builder's query_start_loc locates each request's rows), in pieces of
         at most the logits buffer's rows (each piece's logits are written there in turn)."""
         spans = []
+        if not self.sampling.with_prompt_logprobs:
+            return spans
         piece = self.logits_buffer.max_rows
         computed, scheduled = so.num_computed_tokens, so.num_scheduled_tokens
         qsl = self.builder.query_start_loc

@@ -54,6 +54,7 @@ class SamplingState:
         # the caches, each numpy call of the full ways costs several microseconds, and on one
         # request decoding they were ~1.5 % of the step (AMD EPYC Zen 4, SmolLM2-135M BF16).
         self.with_extras: set[str] = set()
+        self.with_prompt_logprobs: set[str] = set()  # the runner scores prompts only while one runs
 
     def add(self, request: EngineCoreRequest, row: int, output_token_ids: list[int]) -> None:
         p = request.sampling_params
@@ -77,12 +78,15 @@ class SamplingState:
                 or p.repetition_penalty != 1 or p.logit_bias or p.min_tokens > 0 or request.bad_words_token_ids
                 or p.logprobs is not None):
             self.with_extras.add(request.request_id)
+        if p.prompt_logprobs is not None:
+            self.with_prompt_logprobs.add(request.request_id)
 
     def remove(self, req_id: str) -> None:
         self.requests.pop(req_id, None)
         self.with_allowed_token_ids.discard(req_id)
         self.with_bad_words.discard(req_id)
         self.with_extras.discard(req_id)
+        self.with_prompt_logprobs.discard(req_id)
 
     def allowed_token_bitmask(self, req_ids: list[str], vocab_size: int) -> TokenBitmask | None:
         """The step's requests' allowed_token_ids as bitmask rows (token_bitmasks.py); None when no
