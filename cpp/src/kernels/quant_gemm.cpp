@@ -320,8 +320,12 @@ void quant_gemm(const QuantGemmArgs& a, QuantPath path) {
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < a.m; ++r) quant::quantize_rows(a.x, a.x_stride, a.x_dtype, r, r + 1, x);
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-    for (int64_t r = 0; r < a.m; r += kRowChunk) {
-      run(a, x, {r, std::min(a.m, r + kRowChunk), panels * t / threads, panels * (t + 1) / threads});
+    // The kernels read the arguments per panel: from this thread's copies, not from the calling
+    // thread's stack (packed_gemm_vector.h's gemm says why).
+    const QuantGemmArgs own = a;
+    const quant::QuantizedRows own_x = x;
+    for (int64_t r = 0; r < own.m; r += kRowChunk) {
+      run(own, own_x, {r, std::min(own.m, r + kRowChunk), panels * t / threads, panels * (t + 1) / threads});
     }
   }
 }
