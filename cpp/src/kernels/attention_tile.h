@@ -28,11 +28,15 @@ constexpr int kTileRows = 8;        // rows sharing each K/V load (accumulators 
 constexpr int64_t kSpanKeys = 128;  // the most keys one span holds (blocks of up to 128 keys)
 
 // The blocks a thread folds after this span (the next span's K and V, or its next item's first),
-// fetched into L2 while this span is folded: a few cache lines per step() of the fold (a dim
-// pair of the scores, a key pair of P V), spread over the whole fold so that they arrive in time.
-// Asked for at once, a span's 512 lines overflow the miss buffers and most are dropped:
-// spread, batched decodes run 1.26-1.44x faster (AMD EPYC Zen 4, 2 threads, 16-64 sequences of
-// 192-1024 tokens from memory, the two variants run alternately on bench/kernels.py's decode cases).
+// fetched into L2 while this span is folded: a few cache lines per step() of the fold, spread over
+// the whole fold so that they arrive in time. Asked for at once, a span's 512 lines overflow the
+// miss buffers and most are dropped: spread, batched decodes run 1.26-1.44x faster (AMD EPYC Zen 4,
+// 2 threads, 16-64 sequences of 192-1024 tokens from memory, the two variants run alternately on
+// bench/kernels.py's decode cases). The avx512 fold steps once per 16 keys of the scores and once
+// per 16 keys x 16 dims of P V (a dozen lines a step), not once per dot product: the step's loads
+// and stores of this object had sat in the dot products' loop (a decode's 3 rows: 3 dot products
+// per step), and 30 layers of 64 decodes x 192 keys took 8.40-8.57 -> 7.85-8.02 ms with the caches
+// warm, 11.56-12.66 -> 11.02-11.66 ms from memory (five alternating pairs, AMD EPYC Zen 4, 2 threads).
 class NextSpanLines {
  public:
   explicit NextSpanLines(int64_t block_bytes) : block_bytes_(block_bytes) {}
@@ -128,9 +132,9 @@ void tile_scores(const TileRows& rows, const Span& span, int64_t bs, int64_t r0,
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     const uint16_t* kb = span.k[kv];
+    if (span.next != nullptr) span.next->step();
 #pragma GCC unroll 4
     for (int dp = 0; dp < HD / 2; ++dp) {
-      if (span.next != nullptr) span.next->step();
       const __m512bh k = (__m512bh)_mm512_loadu_si512(kb + dp * bs * 2);
       for (int r = 0; r < R; ++r) {
         const auto q = static_cast<int32_t>(rows.qb[(r0 + r) * (HD / 2) + dp]);
@@ -218,10 +222,10 @@ void tile_values(const TileRows& rows, const Span& span, int64_t r0, int64_t pai
       const uint16_t* vv = span.v[kv] + 16 * c * 2;
       const uint32_t* pv = sc.p + r0 * (kSpanKeys / 2) + kv * 8;
       const int64_t written = span.valid_end - (span.t0 + kv * 16);  // keys of the vector written
+      if (span.next != nullptr) span.next->step();
       if (written >= 16) {
 #pragma GCC unroll 8
         for (int j = 0; j < 8; ++j) {
-          if (span.next != nullptr) span.next->step();
           const __m512bh v = (__m512bh)_mm512_loadu_si512(vv + j * HD * 2);
           for (int r = 0; r < R; ++r) {
             const auto p = static_cast<int32_t>(pv[r * (kSpanKeys / 2) + j]);
