@@ -176,6 +176,7 @@ void bind_kernels(py::module_& m) {
   k.def("cpu_isa", [] { return std::string(cpu_isa_name(cpu_isa())); },
         "The process's path: CORELLM_ISA if set, else the best this CPU runs (ValueError when it runs none).");
   k.def("cpu_model_name", &cpu_model_name);
+  k.def("cpu_is_amd", &cpu_is_amd, "True on an AMD CPU (CPUID vendor AuthenticAMD).");
   k.def("bf16_dot_peak", [](const std::string& isa, int64_t iterations) { return bf16_dot_peak(cpu_isa_named(isa), iterations); },
         arg("isa"), arg("iterations"), py::call_guard<py::gil_scoped_release>());
   k.def("bf16_gemm_available", &bf16_gemm_available);

@@ -148,6 +148,18 @@ bool cpu_has_amx_int8() {
   return amx_int8;
 }
 
+bool cpu_is_amd() {
+  static const bool amd = [] {
+    const Cpuid r = cpuid(0, 0);  // the vendor string: ebx, edx, ecx
+    char vendor[13] = {};
+    std::memcpy(vendor, &r.ebx, 4);
+    std::memcpy(vendor + 4, &r.edx, 4);
+    std::memcpy(vendor + 8, &r.ecx, 4);
+    return std::strcmp(vendor, "AuthenticAMD") == 0;
+  }();
+  return amd;
+}
+
 const char* cpu_isa_name(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kAvx2: return "avx2";

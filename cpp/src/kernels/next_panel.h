@@ -9,19 +9,42 @@
 // the bf16 GEMM 1.08-1.13x at 1 row, 1.33x at 16, 1.16x at 64, 1.05-1.08x at 512; the quantized
 // one (avx512vnni) 1.11-1.34x at 16 rows, 1.02-1.10x at 64, unchanged at 1 and 512; a decode step of
 // 16 / 64 requests with bf16 weights 1.23x / 1.07x faster.
+//
+// In a single-stream decode (one row) each panel line is used once, so on AMD CPUs the panels are
+// fetched with the non-temporal hint there (ReadOnce::kYes). Our reading of why it pays: lines so
+// fetched are not kept in the last-level cache, which then keeps what the step does reuse (the KV
+// cache, the activations, the interpreter's state between steps) and would not have held the
+// weights anyway (even the default model's 92 MiB are three times that cache). AMD EPYC Zen 4,
+// 2 threads, tg128, eight alternating pairs of builds: the default Q4_1 file 293 -> 320 tok/s
+// (median; 7 of 8 pairs faster), the BF16 file 109 -> 115 (7 of 8); the quantized GEMM alone at one
+// row on 150 MB of weights Q4_1 28 -> 30 GB/s, Q8_0 31.5 -> 33.3, Q4_0 and IQ4_NL level. Kept on
+// the L2 hint: the types whose blocks take more work to unpack (Q5_0 -12 %, Q5_1, the K types
+// -14 to -18 %, IQ4_XS: quant_gemm_kernel.h), more rows (4 decodes: 1-5 % slower, the lines wait
+// longer before use; more blocks of rows reuse each panel from L2: up to 25 % slower) and every
+// panel on other vendors' CPUs (not measured).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 
+#include "corellm/kernels/cpu_isa.h"
+
 namespace corellm {
+
+// Whether the panel's lines are fetched with the non-temporal hint (read once) or into L2.
+enum class ReadOnce : bool { kNo = false, kYes = true };
+
+// The hint for a panel that `rows` rows read (see above).
+inline ReadOnce read_once_panel(int64_t rows) {
+  return rows == 1 && cpu_is_amd() ? ReadOnce::kYes : ReadOnce::kNo;
+}
 
 class NextPanel {
  public:
   NextPanel() = default;  // nothing to fetch
   // `bytes` from `next` over `steps` calls of step() (every call or every few calls).
-  NextPanel(const void* next, int64_t bytes, int64_t steps)
-      : line_(static_cast<const char*>(next)), end_(line_ + bytes) {
+  NextPanel(const void* next, int64_t bytes, int64_t steps, ReadOnce read_once = ReadOnce::kNo)
+      : line_(static_cast<const char*>(next)), end_(line_ + bytes), read_once_(read_once == ReadOnce::kYes) {
     const int64_t lines = (bytes + kLine - 1) / kLine;
     steps = std::max<int64_t>(steps, 1);
     every_ = lines >= steps ? 1 : steps / lines;
@@ -32,13 +55,19 @@ class NextPanel {
   void step() {
     if (--countdown_ != 0) return;
     countdown_ = every_;
-    for (int64_t i = 0; i < per_step_ && line_ < end_; ++i, line_ += kLine) __builtin_prefetch(line_, 0, 2);
+    if (read_once_) return fetch<0>();
+    fetch<2>();
   }
 
  private:
   static constexpr int64_t kLine = 64;
+  template <int kLocality>  // __builtin_prefetch's: 0 non-temporal, 2 into L2
+  void fetch() {
+    for (int64_t i = 0; i < per_step_ && line_ < end_; ++i, line_ += kLine) __builtin_prefetch(line_, 0, kLocality);
+  }
   const char* line_ = nullptr;
   const char* end_ = nullptr;
+  bool read_once_ = false;
   int64_t every_ = 1, per_step_ = 0, countdown_ = 1;
 };
 

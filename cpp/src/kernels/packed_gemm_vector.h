@@ -113,7 +113,8 @@ void panel_all_rows(PanelRows b, int64_t m, const uint16_t* next_panel) {
   const int64_t blocks = (m + kRows - 1) / kRows;  // the split keeps the count
   NextPanel next = next_panel == nullptr ? NextPanel()
                                          : NextPanel(next_panel, gemm_panel_elements(b.k) * sizeof(uint16_t),
-                                                     blocks * ((b.k + 1) / 2));  // a step per k pair of each block
+                                                     blocks * ((b.k + 1) / 2),  // a step per k pair of each block
+                                                     read_once_panel(m));
   auto run_block = [&](int64_t r, int64_t rows) {
     PanelRows block = b;
     block.x = b.x + r * b.x_stride;

@@ -101,9 +101,13 @@ void panels(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& ra
   const int64_t panel_bytes = a.k / L.block * L.bytes, rows = range.r1 - range.r0;
   const int64_t left = rows % kRows;
   const int64_t blocks_of_rows = rows / kRows + left / kTailRows + left % kTailRows;
+  // the types whose panels gained from the non-temporal hint (next_panel.h)
+  constexpr bool kStreams = T == QuantType::kQ4_0 || T == QuantType::kQ4_1 || T == QuantType::kQ8_0 ||
+                            T == QuantType::kIQ4_NL;
+  const ReadOnce read_once = kStreams ? read_once_panel(rows) : ReadOnce::kNo;
   for (int64_t p = range.p0; p < range.p1; ++p) {
     NextPanel next = p + 1 < range.p1 ? NextPanel(a.packed + (p + 1) * panel_bytes, panel_bytes,
-                                                  blocks_of_rows * (a.k / L.block))
+                                                  blocks_of_rows * (a.k / L.block), read_once)
                                       : NextPanel();
     int64_t r = range.r0;
     for (; r + kRows <= range.r1; r += kRows) panel_rows<Lanes, T, kRows>(a, x, r, p, next);

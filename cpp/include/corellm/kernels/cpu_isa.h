@@ -38,6 +38,11 @@ bool cpu_has_avx512_vnni();
 // AMX-INT8 (TDPBSUD, quant_gemm.h's amx path), with the tile-data permission the amx path holds.
 bool cpu_has_amx_int8();
 
+// An AMD CPU (CPUID vendor "AuthenticAMD"): where a weight panel read once is fetched with the
+// non-temporal hint (next_panel.h), measured faster there; other vendors keep the L2 hint until
+// measured on them.
+bool cpu_is_amd();
+
 // InvalidArgument "<what>: this CPU cannot run the <isa> path" unless it can (a test or benchmark
 // asking a kernel for a path by name).
 void check_cpu_runs(CpuIsa isa, const char* what);
