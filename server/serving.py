@@ -27,8 +27,8 @@ from corellm.server.errors import APIError, bad_request, error_chunk
 from corellm.server.response_store import ResponseStore
 
 
-# The id a completion or chat reply's X-Request-Id header carries (a key of the aiohttp request).
-REQUEST_ID = "corellm.request_id"
+# The id a completion or chat reply's X-Request-Id header carries (a typed key of the aiohttp request).
+REQUEST_ID = web.RequestKey("corellm.request_id", str)
 
 # Grammars (structured output, tools) compile here, off the event loop.
 _GRAMMAR_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar-check")
