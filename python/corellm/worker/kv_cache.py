@@ -9,6 +9,7 @@ import mmap
 import os
 import threading
 import time
+import weakref
 
 import torch
 
@@ -72,7 +73,17 @@ def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int, dt
         for t in tensors:
             t.zero_()
         return caches
-    threading.Thread(target=_populate_all, args=(tensors, activity), name="corellm-kv-commit", daemon=True).start()
+    # The thread gets the pages' addresses, never the tensors: had it held them, the last reference
+    # to a deleted engine's cache could be its own, and freeing the cache from a daemon thread
+    # while the interpreter exits killed the process (torch gives up the GIL to free the memory, the
+    # exiting interpreter ends the thread when it asks for it back, and that unwinding through
+    # torch's C++ frame calls std::terminate: "terminate called without an active exception", exit
+    # code 134 after a script's last line). `freed` is set when any of them is freed.
+    freed = threading.Event()
+    for t in tensors:
+        weakref.finalize(t, freed.set)
+    threading.Thread(target=_populate_all, args=(_commit_order(tensors), freed, activity), name="corellm-kv-commit",
+                     daemon=True).start()
     return caches
 
 
@@ -128,20 +139,26 @@ def _commit_order(tensors: list[torch.Tensor], chunk: int = _HUGE_PAGE) -> list[
     return ranges
 
 
-def _populate_all(tensors: list[torch.Tensor], activity: StepActivity | None) -> None:
+def _populate_all(ranges: list[tuple[int, int]], freed: threading.Event, activity: StepActivity | None) -> None:
     # At the lowest priority (nice 19, this thread only), and a chunk (one 2 MiB page) at a time,
     # each in a pause of the steps: the kernel's zeroing of the pages (and in a VM the host's
     # faulting them in, which stalls the vCPU whatever the priority) would otherwise take a core
     # from the forward passes of the first requests; any page the engine writes first is faulted
-    # in by that write anyway.
+    # in by that write anyway. Stops once the cache is freed (its engine deleted); a chunk asked for
+    # as it is freed fails or populates memory that is no longer the cache's, which the advice
+    # leaves as it was.
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     except OSError:
         pass
     try:
-        for start, length in _commit_order(tensors):
-            while activity is not None and (idle := activity.idle_seconds()) < COMMIT_AFTER_IDLE_S:
+        for start, length in ranges:
+            while (not freed.is_set() and activity is not None
+                   and (idle := activity.idle_seconds()) < COMMIT_AFTER_IDLE_S):
                 time.sleep(COMMIT_AFTER_IDLE_S - idle)
+            if freed.is_set():
+                return
             _populate(start, length)
     except OSError as e:  # the pages will be faulted in as they are first written instead
-        logger.error("%s; the KV cache's memory is committed as it is used", e)
+        if not freed.is_set():
+            logger.error("%s; the KV cache's memory is committed as it is used", e)
