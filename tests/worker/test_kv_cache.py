@@ -4,8 +4,8 @@ cache), and what the engine writes meanwhile is kept (the kernel populates pages
 touching their contents). Run in a fresh interpreter: in this one, memory freed by earlier tests
 may already be resident, which would hide whether the commit happened. Where the system gives
 transparent huge pages on request, the cache is on 2 MiB pages; the commit goes in the order the
-engine first writes: the first blocks of every layer before the later ones; and only while no
-step runs (StepActivity)."""
+engine first writes: the first blocks of every layer before the later ones; only while no step
+runs (StepActivity); and the thread that does it never holds the cache itself."""
 
 from __future__ import annotations
 
