@@ -20,8 +20,9 @@
 // row on 150 MB of weights Q4_1 28 -> 30 GB/s, Q8_0 31.5 -> 33.3, Q4_0 and IQ4_NL level. Kept on
 // the L2 hint: the types whose blocks take more work to unpack (Q5_0 -12 %, Q5_1, the K types
 // -14 to -18 %, IQ4_XS: quant_gemm_kernel.h), more rows (4 decodes: 1-5 % slower, the lines wait
-// longer before use; more blocks of rows reuse each panel from L2: up to 25 % slower) and every
-// panel on other vendors' CPUs (not measured).
+// longer before use; more blocks of rows reuse each panel from L2: up to 25 % slower), the avx2
+// paths (forced on the same Zen 4, nine pairs: no gain) and the avx512 one (not measured): each
+// path's Lanes::kNonTemporalOneRow; and every panel on other vendors' CPUs (not measured).
 #pragma once
 
 #include <algorithm>

@@ -45,6 +45,7 @@ struct Avx512Lanes {
     gemm_store::store_with_bias<false>(y, at, y_f32, cols, v, bias, col);
   }
   static constexpr bool kGatedStore = true;
+  static constexpr bool kNonTemporalOneRow = false;  // not measured (next_panel.h)
   static void store_gated(uint16_t* y, int64_t at, Acc v, const uint16_t* bias, int64_t col, const uint16_t* gate,
                           GatedActivation act) {
     gemm_store::store_gated<false>(y, at, v, gemm_store::bias_of(bias, col, 0xFFFF), gate, act);

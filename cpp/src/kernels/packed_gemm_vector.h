@@ -9,6 +9,8 @@
 //   kGatedStore, store_gated(y, at, acc, bias, col, gate, act)  where the path has gemm's gated pass: a
 //                                gated GEMM's up half (act(gate) * the rounded sums + bias)
 //   kMaxRows                     rows of x per block: their sums stay in registers
+//   kNonTemporalOneRow           one row's panels fetched with the non-temporal hint on AMD CPUs
+//                                (next_panel.h): true where that was measured faster
 //
 // Per panel and block of up to kMaxRows x rows it walks the k pairs, accumulating 32 columns x
 // the rows, and re-reads the panel from its caches for the next block of rows; meanwhile the
@@ -114,7 +116,7 @@ void panel_all_rows(PanelRows b, int64_t m, const uint16_t* next_panel) {
   NextPanel next = next_panel == nullptr ? NextPanel()
                                          : NextPanel(next_panel, gemm_panel_elements(b.k) * sizeof(uint16_t),
                                                      blocks * ((b.k + 1) / 2),  // a step per k pair of each block
-                                                     read_once_panel(m));
+                                                     Lanes::kNonTemporalOneRow ? read_once_panel(m) : ReadOnce::kNo);
   auto run_block = [&](int64_t r, int64_t rows) {
     PanelRows block = b;
     block.x = b.x + r * b.x_stride;

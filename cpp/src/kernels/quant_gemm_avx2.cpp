@@ -34,6 +34,7 @@ struct Avx2Lanes {
     __m256 lo, hi;
   };
   static constexpr int kMaxRows = 16;
+  static constexpr bool kNonTemporalOneRow = false;  // not measured faster here (next_panel.h)
   static __m256i load32(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   static I load(const uint8_t* p) { return {load32(p), load32(p + 32)}; }
   static I and_bytes(I v, uint8_t b) {

@@ -20,6 +20,8 @@
 //   iq4_levels(v)              each byte's 4-bit level index -> the level plus 128 (a byte lookup)
 //   q8_values_of(U, V)         (HasQ8Values) q8_values from 8 vectors of unsigned bytes in registers
 //   cvt, fmadd, fnmadd, mul, set1_f, zero_f, store16(float*, F)
+//   kNonTemporalOneRow         one row's panels of the streaming types fetched with the
+//                              non-temporal hint on AMD CPUs (next_panel.h): where measured faster
 // Per panel and block of MR rows, for each weight block: the block's unsigned values are built
 // once in registers (nibbles masked, high bits moved in), then for each row the integer dot
 // products and the type's epilogue (quant_gemm.h), lane by lane the same float operations as the
@@ -101,9 +103,9 @@ void panels(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& ra
   const int64_t panel_bytes = a.k / L.block * L.bytes, rows = range.r1 - range.r0;
   const int64_t left = rows % kRows;
   const int64_t blocks_of_rows = rows / kRows + left / kTailRows + left % kTailRows;
-  // the types whose panels gained from the non-temporal hint (next_panel.h)
-  constexpr bool kStreams = T == QuantType::kQ4_0 || T == QuantType::kQ4_1 || T == QuantType::kQ8_0 ||
-                            T == QuantType::kIQ4_NL;
+  // the types whose panels gained from the non-temporal hint, on the paths where it did (next_panel.h)
+  constexpr bool kStreams = Lanes::kNonTemporalOneRow && (T == QuantType::kQ4_0 || T == QuantType::kQ4_1 ||
+                                                          T == QuantType::kQ8_0 || T == QuantType::kIQ4_NL);
   const ReadOnce read_once = kStreams ? read_once_panel(rows) : ReadOnce::kNo;
   for (int64_t p = range.p0; p < range.p1; ++p) {
     NextPanel next = p + 1 < range.p1 ? NextPanel(a.packed + (p + 1) * panel_bytes, panel_bytes,

@@ -13,6 +13,7 @@ struct Avx512VnniLanes {
   using I = __m512i;
   using F = __m512;
   static constexpr int kMaxRows = 8;
+  static constexpr bool kNonTemporalOneRow = true;  // next_panel.h
   static I load(const uint8_t* p) { return _mm512_loadu_si512(p); }
   static I and_bytes(I v, uint8_t b) { return _mm512_and_si512(v, _mm512_set1_epi8(static_cast<char>(b))); }
   static I low_nibbles(I v) { return and_bytes(v, 0x0F); }
