@@ -1,9 +1,12 @@
 """AsyncLLM directly: concurrent generators, abort by id and by cancelling, DELTA outputs that
-join to the full text, and blocks back in the pool afterwards."""
+join to the full text, and blocks back in the pool afterwards; a program that ends without
+shutdown() exits cleanly."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 
@@ -72,3 +75,35 @@ def test_priorities_reach_the_scheduler_through_the_server():
             await server.close()
 
     asyncio.run(run())
+
+
+# Requests still decoding when the program's event loop ends, and no shutdown().
+ENDS_WITHOUT_SHUTDOWN = r"""
+import asyncio
+from corellm.config import EngineConfig
+from corellm.engine.async_llm import AsyncLLM
+from corellm.sampling_params import SamplingParams
+
+async def main():
+    engine = AsyncLLM(EngineConfig(max_model_len=512, kv_cache_memory=64 * 1024**2))
+    engine.start()
+    async def one(i):
+        params = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+        async for _ in engine.generate({"prompt_token_ids": [1000 + i] * 50}, params):
+            pass
+    tasks = [asyncio.create_task(one(i)) for i in range(8)]
+    await asyncio.sleep(0.5)
+    print("leaving", flush=True)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("run", range(3))
+def test_a_program_that_ends_without_shutdown_exits_cleanly(run):
+    """The engine thread is stopped and joined at exit: ended by the interpreter's finalization in
+    the middle of a step, it died through a C++ frame and took the process with it (std::terminate,
+    exit code 134, in 5 of 6 runs before)."""
+    done = subprocess.run([sys.executable, "-c", ENDS_WITHOUT_SHUTDOWN], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "leaving", done.stderr[-2000:]
+    assert "terminate called" not in done.stderr and "engine thread died" not in done.stderr, done.stderr[-2000:]

@@ -11,7 +11,9 @@ is counted here, on the event loop, so that a server can refuse work before it i
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import functools
 import logging
 import queue
 import threading
@@ -51,6 +53,12 @@ class _Pending:
     queued: bool = True  # no token came yet: counted in the queued load
 
 
+def _stop_engine_thread(thread: threading.Thread, inbox: queue.SimpleQueue, timeout_s: float = 10.0) -> None:
+    """Asks the engine thread to stop after its current step and waits for it (at most timeout_s)."""
+    inbox.put(("stop", None))
+    thread.join(timeout_s)
+
+
 class AsyncLLM:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None):
         refuse_while_importing_main("AsyncLLM")
@@ -77,9 +85,16 @@ class AsyncLLM:
         self._thread: threading.Thread | None = threading.Thread(target=self._engine_thread, args=(build,),
                                                                  name="corellm-engine", daemon=True)
         self._thread.start()
+        # A program that ends without shutdown() has its engine thread stopped and joined before the
+        # interpreter finalizes: ended there in the middle of a step (a kernel called with the GIL
+        # given up), the thread was killed through a C++ frame and the process died with
+        # std::terminate, exit code 134 ("terminate called without an active exception").
+        self._stop_at_exit = functools.partial(_stop_engine_thread, self._thread, self._inbox)
+        atexit.register(self._stop_at_exit)
         built.wait()
         if failure:
             self._thread.join()
+            atexit.unregister(self._stop_at_exit)
             raise failure[0]
         self.loaded, self.engine_core = self.parts.loaded, self.parts.engine_core
         self.input_processor, self.output_processor = self.parts.input_processor, self.parts.output_processor
@@ -112,8 +127,8 @@ class AsyncLLM:
     async def shutdown(self) -> None:
         if self._thread is None:
             return
-        self._inbox.put(("stop", None))
-        await asyncio.get_running_loop().run_in_executor(None, self._thread.join, 10.0)
+        atexit.unregister(self._stop_at_exit)
+        await asyncio.get_running_loop().run_in_executor(None, self._stop_at_exit)
         self._thread = None
 
     # ------------------------------------------------------------------ engine thread
@@ -152,12 +167,17 @@ class AsyncLLM:
                     continue
                 self._post(core.step())
         except BaseException as e:  # noqa: BLE001 - reported, never hidden
+            if isinstance(e, RuntimeError) and self._loop is not None and self._loop.is_closed():
+                # the program's event loop ended without shutdown(): nobody is left to take the
+                # outputs, so the engine stops (at exit, _stop_engine_thread joins it)
+                logger.info("the event loop was closed without AsyncLLM.shutdown(); the engine stops")
+                return
             logger.exception("the engine thread died")
             self.dead_error = e
             if self._loop is not None:
                 self._loop.call_soon_threadsafe(self._fail_all, e)
 
-    def _post(self, outputs: EngineCoreOutputs) -> None:
+    def _post(self, outputs: EngineCoreOutputs) -> None:  # RuntimeError once the loop is closed
         self._loop.call_soon_threadsafe(self._on_outputs, outputs)
 
     # ------------------------------------------------------------------ event loop side
