@@ -35,9 +35,10 @@ namespace corellm {
 // Whether the panel's lines are fetched with the non-temporal hint (read once) or into L2.
 enum class ReadOnce : bool { kNo = false, kYes = true };
 
-// The hint for a panel that `rows` rows read (see above).
-inline ReadOnce read_once_panel(int64_t rows) {
-  return rows == 1 && cpu_is_amd() ? ReadOnce::kYes : ReadOnce::kNo;
+// The hint for a panel that `rows` rows read, on a path (and weight type) where the non-temporal
+// one measured faster or not (see above). Constant over a GEMM's chunk of rows: taken once for it.
+inline ReadOnce read_once_panel(bool measured_faster, int64_t rows) {
+  return measured_faster && rows == 1 && cpu_is_amd() ? ReadOnce::kYes : ReadOnce::kNo;
 }
 
 class NextPanel {

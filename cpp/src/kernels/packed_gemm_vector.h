@@ -104,9 +104,9 @@ void panel_tail_rows(PanelRows b, int64_t m, NextPanel& next) {
 // the last full block's rows evenly (16 rows as 8 + 8 rather than 12 + 4: a small block's few
 // accumulators leave the dot-product unit waiting on their latency). A row's sums do not depend on
 // its block. next_panel: the panel this thread computes after this one (null: none), prefetched
-// meanwhile.
+// meanwhile with the hint read_once.
 template <class Lanes>
-void panel_all_rows(PanelRows b, int64_t m, const uint16_t* next_panel) {
+void panel_all_rows(PanelRows b, int64_t m, const uint16_t* next_panel, ReadOnce read_once) {
   constexpr int64_t kRows = Lanes::kMaxRows;
   const int64_t y_item = b.y_f32 ? 4 : 2;
   int64_t full = m / kRows, rem = m % kRows;
@@ -116,7 +116,7 @@ void panel_all_rows(PanelRows b, int64_t m, const uint16_t* next_panel) {
   NextPanel next = next_panel == nullptr ? NextPanel()
                                          : NextPanel(next_panel, gemm_panel_elements(b.k) * sizeof(uint16_t),
                                                      blocks * ((b.k + 1) / 2),  // a step per k pair of each block
-                                                     Lanes::kNonTemporalOneRow ? read_once_panel(m) : ReadOnce::kNo);
+                                                     read_once);
   auto run_block = [&](int64_t r, int64_t rows) {
     PanelRows block = b;
     block.x = b.x + r * b.x_stride;
@@ -168,6 +168,7 @@ void gemm(const GemmArgs& a, const GatedActivation* gated = nullptr) {
     uint16_t* gate_rows = gated ? thread_scratch<PanelRows, uint16_t>(std::min(kRowChunk, own.m) * kGemmPanelCols) : nullptr;
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t r = c * kRowChunk, rows = std::min(kRowChunk, own.m - r);
+      const ReadOnce read_once = read_once_panel(Lanes::kNonTemporalOneRow, rows);
       SharedRanges& shared = chunk_units[static_cast<size_t>(c)];
       for (int64_t u = shared.next(t); u >= 0; u = shared.next(t)) {
         const int64_t after = gemm_next_own_panel(chunk_units, static_cast<size_t>(c), t);  // fetched meanwhile
@@ -182,14 +183,14 @@ void gemm(const GemmArgs& a, const GatedActivation* gated = nullptr) {
             gate.y_stride = kGemmPanelCols;
             gate.y_col = 0;
             const uint16_t* up_panel = own.packed + (u + pairs) * panel_size;
-            panel_all_rows<Lanes>(gate, rows, up_panel);
+            panel_all_rows<Lanes>(gate, rows, up_panel, read_once);
             b.panel = up_panel;
             b.col0 = (u + pairs) * kGemmPanelCols;
             b.gate = gate_rows;
             b.act = *gated;
           }
         }
-        panel_all_rows<Lanes>(b, rows, next);
+        panel_all_rows<Lanes>(b, rows, next, read_once);
       }
     }
   }

@@ -106,7 +106,7 @@ void panels(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& ra
   // the types whose panels gained from the non-temporal hint, on the paths where it did (next_panel.h)
   constexpr bool kStreams = Lanes::kNonTemporalOneRow && (T == QuantType::kQ4_0 || T == QuantType::kQ4_1 ||
                                                           T == QuantType::kQ8_0 || T == QuantType::kIQ4_NL);
-  const ReadOnce read_once = kStreams ? read_once_panel(rows) : ReadOnce::kNo;
+  const ReadOnce read_once = read_once_panel(kStreams, rows);
   for (int64_t p = range.p0; p < range.p1; ++p) {
     NextPanel next = p + 1 < range.p1 ? NextPanel(a.packed + (p + 1) * panel_bytes, panel_bytes,
                                                   blocks_of_rows * (a.k / L.block), read_once)
