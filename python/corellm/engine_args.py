@@ -26,6 +26,12 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num
     p.add_argument("--max-num-seqs", type=int, default=max_num_seqs)
     p.add_argument("--max-num-batched-tokens", type=int, default=max_num_batched_tokens)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse the KV blocks of prompts' common prefixes (on by default; "
+                        "--no-enable-prefix-caching: every prompt computed afresh)")
+    p.add_argument("--long-prefill-token-threshold", type=int, default=0, metavar="N",
+                   help="> 0: at most N of one request's prompt tokens per step, so that a long prompt "
+                        "shares its steps with the others (0: no cap beyond --max-num-batched-tokens)")
     p.add_argument("--kv-cache-memory", type=float, default=None,
                    help="KV cache size: bytes if >= 1, else a fraction of free memory (default on the CPU: 2 GiB)")
     p.add_argument("--seed", type=int, default=0)
@@ -100,7 +106,9 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, dtype=args.dtype, quantization=args.quantization, device=args.device, enforce_eager=args.enforce_eager,
                         max_model_len=args.max_model_len,
                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                        block_size=args.block_size, seed=args.seed, scheduling_policy=args.scheduling_policy,
+                        block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
+                        long_prefill_token_threshold=args.long_prefill_token_threshold,
+                        seed=args.seed, scheduling_policy=args.scheduling_policy,
                         reasoning_parser=args.reasoning_parser, pooling_type=args.pooling_type,
                         speculative_config=speculative_config_from_arg(args.speculative_config),
                         limit_mm_per_prompt=limit_mm_from_arg(args.limit_mm_per_prompt),

@@ -51,3 +51,27 @@ def test_valid_config_round_trips_to_native() -> None:
     assert native.num_blocks == 100 and native.block_size == 8 and native.max_model_len == 512
     assert native.scheduling_policy == _core.SchedulingPolicy.PRIORITY
     assert native.long_prefill_token_threshold == 64
+
+
+def engine_config_of(*flags: str):
+    """The EngineConfig `corellm serve` / `corellm generate` make of these flags."""
+    import argparse
+
+    from corellm.engine_args import add_engine_args, engine_config_from_args
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default=None)
+    add_engine_args(p)
+    return engine_config_from_args(p.parse_args(list(flags)))
+
+
+def test_prefix_caching_and_the_long_prefill_cap_from_the_command_line() -> None:
+    """vLLM's flags: prefix caching on unless --no-enable-prefix-caching; --long-prefill-token-threshold
+    caps one request's prompt tokens per step (engine_core.py hands both to the scheduler)."""
+    default = engine_config_of()
+    assert default.enable_prefix_caching and default.long_prefill_token_threshold == 0
+    off = engine_config_of("--no-enable-prefix-caching", "--long-prefill-token-threshold", "64")
+    assert not off.enable_prefix_caching and off.long_prefill_token_threshold == 64
+    assert engine_config_of("--enable-prefix-caching").enable_prefix_caching
+    with pytest.raises(ValueError, match="long_prefill_token_threshold must be >= 0"):
+        engine_config_of("--long-prefill-token-threshold", "-1")
