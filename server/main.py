@@ -29,6 +29,8 @@ logger = logging.getLogger("corellm.server")
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help=f"HF model directory, .gguf file, or {DEFAULT_MODEL} (default)")
+    p.add_argument("--model", dest="model_option", default=None, metavar="MODEL",
+                   help="the model as a flag instead (as vLLM's serve also takes it)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the name clients use (default: the model's)")
@@ -129,6 +131,10 @@ def read_chat_template(path: str | None) -> str | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.model_option is not None:
+        if args.model is not None and args.model != args.model_option:
+            raise ValueError(f"two models given: {args.model!r} and --model {args.model_option!r}")
+        args.model = args.model_option
     if args.data_parallel_size < 1:
         raise ValueError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
     if args.max_stored_responses < 0:

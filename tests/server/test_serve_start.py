@@ -1,5 +1,5 @@
 """`corellm serve` refuses an address it cannot listen on with a clear error (exit status 2), before
-it loads the model rather than after; it builds the grammar compiler's llguidance tokenizer only
+it loads the model rather than after; takes the model as an argument or as --model; it builds the grammar compiler's llguidance tokenizer only
 once no request is in flight (llguidance holds the GIL while it builds)."""
 
 from __future__ import annotations
@@ -33,6 +33,16 @@ def test_an_address_of_another_machine_is_a_clear_start_error() -> None:
     proc = serve("--host", "192.0.2.1", "--port", "8000")  # TEST-NET-1: never this machine's
     assert proc.returncode == 2
     assert "cannot listen on 192.0.2.1:8000" in proc.stderr, proc.stderr
+
+
+def test_the_model_may_come_as_a_flag_but_not_twice(tmp_path) -> None:
+    """`--model PATH` as vLLM's serve takes it (here a missing file, so that the loader names it);
+    a positional model and a different --model is a start error naming both."""
+    missing = tmp_path / "missing.gguf"
+    proc = serve("--model", str(missing))
+    assert proc.returncode == 2 and f"model '{missing}': no such file or directory" in proc.stderr, proc.stderr
+    proc = serve("a.gguf", "--model", "b.gguf")
+    assert proc.returncode == 2 and "two models given: 'a.gguf' and --model 'b.gguf'" in proc.stderr, proc.stderr
 
 
 def test_the_grammar_tokenizer_is_built_at_the_first_check_without_requests_in_flight() -> None:
