@@ -15,6 +15,8 @@ from corellm.reasoning_parser import REASONING_PARSERS
 # "none" keeps (or dequantizes to) the dtype. Unset: "gguf" for a GGUF file on the CPU, else
 # "none" (model/loader.py).
 QUANTIZATION_METHODS = ("gguf", "int8", "fp8", "none")
+# generation_config.json fields that become a request's sampling defaults (vLLM's behaviour).
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 _POLICIES = {"fcfs": _core.SchedulingPolicy.FCFS, "priority": _core.SchedulingPolicy.PRIORITY}
 
@@ -170,6 +172,12 @@ class EngineConfig:
     # Embedding requests (PoolingParams): how the prompt's hidden states become a vector ("LAST",
     # "MEAN", "CLS"); None: the model's (its sentence-transformers pooling config), else LAST.
     pooling_type: str | None = None
+    # Where a request's sampling defaults (the fields it leaves out, of GENERATION_DEFAULTS) come
+    # from, as vLLM's generation_config: "auto" the model's generation_config.json, "vllm" none
+    # (SamplingParams' own), or a folder whose generation_config.json replaces the model's (its
+    # eos_token_id too). override_generation_config: defaults set over those, e.g. {"temperature": 0.5}.
+    generation_config: str = "auto"
+    override_generation_config: dict | None = None
     # Speculative decoding (None: off); a dict is read by SpeculativeConfig.from_dict.
     speculative_config: SpeculativeConfig | dict | None = None
     # Image inputs (a LLaVA model): at most this many images per prompt (vLLM's
@@ -211,6 +219,18 @@ class EngineConfig:
                 raise ValueError(f"limit_mm_per_prompt takes {{'image': N}}, got {limits!r}")
             _check_int("limit_mm_per_prompt['image']", limits.get("image", 1), 0)
         object.__setattr__(self, "allowed_media_domains", tuple(self.allowed_media_domains))
+        if not isinstance(self.generation_config, str) or not self.generation_config:
+            raise ValueError(f"generation_config must be 'auto', 'vllm' or a folder, got {self.generation_config!r}")
+        overrides = self.override_generation_config
+        if overrides is not None:
+            if not isinstance(overrides, dict):
+                raise ValueError(f"override_generation_config must be a dict, got {overrides!r}")
+            for key, value in overrides.items():
+                if key not in GENERATION_DEFAULTS:
+                    raise ValueError(f"override_generation_config: {key!r} is not a sampling default; "
+                                     f"the defaults are {', '.join(GENERATION_DEFAULTS)}")
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"override_generation_config: {key} must be a number, got {value!r}")
         if self.pooling_type is not None and str(self.pooling_type).upper() not in POOLING_TYPES:
             raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}, got {self.pooling_type!r}")
         if self.speculative_config is not None:

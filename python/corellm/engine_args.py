@@ -40,6 +40,12 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num
     p.add_argument("--pooling-type", default=None, choices=list(POOLING_TYPES),
                    help="how embedding requests pool the prompt's hidden states (default: the model's "
                         "sentence-transformers pooling config, else LAST)")
+    p.add_argument("--generation-config", default="auto", metavar="auto|vllm|FOLDER",
+                   help="where the sampling defaults (temperature, top_p, top_k, min_p, repetition_penalty) of "
+                        "requests that leave them out come from: auto, the model's generation_config.json; vllm, "
+                        "none; or a folder's generation_config.json (its eos_token_id too)")
+    p.add_argument("--override-generation-config", default=None, metavar="JSON",
+                   help='sampling defaults set over those, e.g. \'{"temperature": 0.5}\'')
     p.add_argument("--speculative-config", default=None, metavar="JSON",
                    help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
                         '"prompt_lookup_max": 4}\' or \'{"method": "draft_model", "model": PATH, '
@@ -110,6 +116,9 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         long_prefill_token_threshold=args.long_prefill_token_threshold,
                         seed=args.seed, scheduling_policy=args.scheduling_policy,
                         reasoning_parser=args.reasoning_parser, pooling_type=args.pooling_type,
+                        generation_config=args.generation_config,
+                        override_generation_config=json_object_arg("--override-generation-config",
+                                                                   args.override_generation_config),
                         speculative_config=speculative_config_from_arg(args.speculative_config),
                         limit_mm_per_prompt=limit_mm_from_arg(args.limit_mm_per_prompt),
                         allowed_media_domains=tuple(args.allowed_media_domains),

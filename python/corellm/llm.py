@@ -42,6 +42,7 @@ class LLM:
                  tensor_parallel_size: int = 1, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
                  master_port: int = 0, disable_custom_all_reduce: bool = False, data_parallel_size: int = 1,
                  reasoning_parser: str | None = None, pooling_type: str | None = None,
+                 generation_config: str = "auto", override_generation_config: dict | None = None,
                  loaded_model: LoadedModel | None = None):
         """quantization: "gguf" (a GGUF file's quantized weights computed as they are; the default for
         a .gguf on the CPU), "int8" (an HF checkpoint's projections quantized to int8 at load: W8A8
@@ -54,6 +55,10 @@ class LLM:
         SamplingParams.thinking_token_budget bounds the block.
         pooling_type: how embed() pools the prompt's hidden states ("LAST", "MEAN", "CLS"; default:
         the model's sentence-transformers pooling config, else LAST).
+        generation_config: where the sampling defaults of get_default_sampling_params() (and of
+        generate() without sampling params) come from, as vLLM's: "auto" the model's
+        generation_config.json, "vllm" none, or a folder holding a generation_config.json;
+        override_generation_config: defaults set over those, e.g. {"temperature": 0.5}.
         limit_mm_per_prompt: a LLaVA model's images per prompt at most ({"image": N}; default 1);
         allowed_media_domains: the hosts whose image URLs may be fetched (default none).
         tensor_parallel_size: the model split over this many processes (heads, intermediate rows
@@ -100,6 +105,8 @@ class LLM:
                                    master_addr=master_addr, master_port=master_port,
                                    disable_custom_all_reduce=disable_custom_all_reduce,
                                    reasoning_parser=reasoning_parser, pooling_type=pooling_type,
+                                   generation_config=generation_config,
+                                   override_generation_config=override_generation_config,
                                    torchrun=torchrun is not None)
         # Under torchrun: on rank 0 the workers to send results to; on the others this rank's loop.
         self._torchrun_workers: TensorParallelWorkers | None = None

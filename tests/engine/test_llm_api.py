@@ -195,6 +195,39 @@ def test_prompt_logprobs_and_generation_config_defaults(tmp_path):
     assert llm.input_processor.stop_token_ids(SamplingParams(ignore_eos=True)) == []
 
 
+def test_generation_config_vllm_a_folder_and_overrides(tmp_path):
+    """vLLM's generation_config: "vllm" drops the model's sampling defaults (its extra EOS stays), a
+    folder's generation_config.json replaces the model's (its EOS too), and overrides are set over
+    either; a default that is no sampling field, a non-number or a folder without the file is a
+    ValueError naming it, before the model loads."""
+    make_tiny_model("llama3", tmp_path / "model", seed=2)
+    write_tokenizer(tmp_path / "model")
+    (tmp_path / "model" / "generation_config.json").write_text(
+        json.dumps({"temperature": 0.6, "top_p": 0.9, "eos_token_id": [2, 5]}))
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "generation_config.json").write_text(json.dumps({"top_k": 20, "eos_token_id": 7}))
+    common = dict(dtype="float32", max_model_len=64, kv_cache_memory=8 * 1024**2)
+    model = str(tmp_path / "model")
+
+    plain = LLM(model, generation_config="vllm", **common)
+    defaults = plain.get_default_sampling_params()
+    assert (defaults.temperature, defaults.top_p) == (SamplingParams().temperature, SamplingParams().top_p)
+    assert plain.input_processor.stop_token_ids(SamplingParams()) == [5]
+    del plain
+    folder = LLM(model, generation_config=str(tmp_path / "other"), override_generation_config={"temperature": 0.25},
+                 **common)
+    defaults = folder.get_default_sampling_params()
+    assert (defaults.top_k, defaults.temperature, defaults.top_p) == (20, 0.25, SamplingParams().top_p)
+    assert folder.input_processor.stop_token_ids(SamplingParams()) == [7]
+    del folder
+
+    for kwargs, message in [({"override_generation_config": {"max_tokens": 9}}, "'max_tokens' is not a sampling default"),
+                            ({"override_generation_config": {"top_p": "0.5"}}, "top_p must be a number"),
+                            ({"generation_config": str(tmp_path)}, "a folder holding a generation_config.json")]:
+        with pytest.raises(ValueError, match=message):
+            LLM(model, **kwargs, **common)
+
+
 def test_cli_generate():
     r = subprocess.run([sys.executable, "-m", "corellm.cli", "generate", "The capital of France is", "--max-tokens", "8"],
                        capture_output=True, text=True, timeout=300)

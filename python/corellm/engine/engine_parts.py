@@ -3,12 +3,14 @@ and output processors around it — wired from one EngineConfig, in this one pla
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from corellm.config import EngineConfig
+from corellm.config import GENERATION_DEFAULTS, EngineConfig
 from corellm.engine.engine_core import EngineCore
 from corellm.engine.input_processor import InputProcessor
 from corellm.engine.output_processor import OutputProcessor
@@ -22,9 +24,6 @@ from corellm.worker.tp_workers import TensorParallelWorkers
 
 logger = logging.getLogger("corellm")
 
-# generation_config.json fields that become a request's sampling defaults (vLLM's behaviour).
-GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-
 
 @dataclass
 class EngineParts:
@@ -33,6 +32,7 @@ class EngineParts:
     input_processor: InputProcessor
     output_processor: OutputProcessor
     grammar_compiler: GrammarCompiler
+    sampling_defaults: dict  # the fields a request leaves out (config.generation_config)
 
     @classmethod
     def build(cls, config: EngineConfig, loaded: LoadedModel | None = None) -> EngineParts:
@@ -42,6 +42,9 @@ class EngineParts:
         if torch.device(config.device).type == "cpu":
             logger.info("CPU kernels: %s, %d threads", cpu_kernel_path(), torch.get_num_threads())
         workers = None
+        folder_config = None  # a --generation-config folder's, read before anything loads
+        if config.generation_config not in ("auto", "vllm"):
+            folder_config = read_generation_config(config.generation_config)
         if config.node_rank != 0:
             raise ValueError(f"node_rank {config.node_rank}: only node 0 runs the engine; the other nodes run their "
                              f"ranks with `corellm serve MODEL --headless --node-rank {config.node_rank} ...`")
@@ -63,7 +66,8 @@ class EngineParts:
         logger.info("weights: %.1f MiB (%s), quantization %s", sum(weights.values()) / 2**20,
                     ", ".join(f"{kind} {size / 2**20:.1f} MiB" for kind, size in sorted(weights.items())),
                     loaded.quantization)
-        eos = loaded.generation_config.get("eos_token_id")
+        generation_config = loaded.generation_config if folder_config is None else folder_config
+        eos = generation_config.get("eos_token_id")
         extra_eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         eos_ids = [t for t in [loaded.tokenizer.eos_token_id, *extra_eos] if t is not None]
         grammar_compiler = GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size, list(dict.fromkeys(eos_ids)))
@@ -72,12 +76,35 @@ class EngineParts:
                                          extra_eos, config.seed, config.scheduling_policy, grammar_compiler,
                                          config.reasoning_parser, image_inputs=image_inputs_of(loaded, config),
                                          prediction_drafts=engine_core.scheduler.config.prompt_lookup_max > 0)
-        return cls(loaded, engine_core, input_processor, OutputProcessor(loaded.tokenizer), grammar_compiler)
+        return cls(loaded, engine_core, input_processor, OutputProcessor(loaded.tokenizer), grammar_compiler,
+                   sampling_defaults_of(generation_config, config))
 
     def generation_defaults(self) -> dict:
-        """The model's generation_config sampling defaults that are set."""
-        gen = self.loaded.generation_config
-        return {k: gen[k] for k in GENERATION_DEFAULTS if gen.get(k) is not None}
+        """The sampling defaults a request's left-out fields take (the model's generation_config's,
+        unless the engine was configured otherwise)."""
+        return dict(self.sampling_defaults)
+
+
+def read_generation_config(folder: str) -> dict:
+    """generation_config.json of a folder given as --generation-config (ValueError naming what is wrong)."""
+    path = Path(folder) / "generation_config.json"
+    if not path.is_file():
+        raise ValueError(f"generation_config: {folder!r} is not 'auto', 'vllm' or a folder holding a "
+                         f"generation_config.json")
+    try:
+        gen = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"generation_config: {path} is not readable JSON: {e}") from None
+    if not isinstance(gen, dict):
+        raise ValueError(f"generation_config: {path} must hold a JSON object")
+    return gen
+
+
+def sampling_defaults_of(generation_config: dict, config: EngineConfig) -> dict:
+    """The sampling defaults set by the generation config ("vllm": none), then the overrides."""
+    gen = {} if config.generation_config == "vllm" else generation_config
+    defaults = {k: gen[k] for k in GENERATION_DEFAULTS if gen.get(k) is not None}
+    return {**defaults, **(config.override_generation_config or {})}
 
 
 def image_inputs_of(loaded: LoadedModel, config: EngineConfig) -> ImageInputs | None:
