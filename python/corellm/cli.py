@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 
@@ -19,16 +20,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ValueError("corellm generate does not run under torchrun (every rank would run it): launch "
                          "`corellm serve` under torchrun")
     with startup_gc.lasting_objects():
-        llm = LLM(c.model, dtype=c.dtype, quantization=c.quantization, device=c.device, enforce_eager=c.enforce_eager,
-                  max_model_len=c.max_model_len, max_num_seqs=c.max_num_seqs,
-                  max_num_batched_tokens=c.max_num_batched_tokens, block_size=c.block_size,
-                  kv_cache_memory=c.kv_cache_memory, seed=c.seed, scheduling_policy=c.scheduling_policy,
-                  speculative_config=c.speculative_config, limit_mm_per_prompt=c.limit_mm_per_prompt,
-                  allowed_media_domains=c.allowed_media_domains, tensor_parallel_size=c.tensor_parallel_size,
-                  nnodes=c.nnodes, node_rank=c.node_rank, master_addr=c.master_addr, master_port=c.master_port,
-                  disable_custom_all_reduce=c.disable_custom_all_reduce)
-    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                            max_tokens=args.max_tokens, seed=args.sampling_seed, n=args.n)
+        # every field of the configuration, as given (the torchrun place is LLM's own to find)
+        llm = LLM(c.model, **{f.name: getattr(c, f.name) for f in dataclasses.fields(c)
+                              if f.name not in ("model", "torchrun")})
+    # Greedy unless the model's generation config (or --override-generation-config) says otherwise;
+    # the sampling flags given win over both.
+    given = {name: value for name, value in (("temperature", args.temperature), ("top_p", args.top_p),
+                                             ("top_k", args.top_k)) if value is not None}
+    sampling = {"temperature": 0.0, **llm.parts.generation_defaults(), **given}
+    params = SamplingParams(**sampling, max_tokens=args.max_tokens, seed=args.sampling_seed, n=args.n)
     prompts = args.prompt
     if args.chat:
         outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False)
@@ -52,9 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_args(gen)
     gen.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--temperature", type=float, default=None,
+                     help="default: the model's generation config's, else 0 (greedy)")
+    gen.add_argument("--top-p", type=float, default=None, help="default: the model's generation config's, else 1")
+    gen.add_argument("--top-k", type=int, default=None, help="default: the model's generation config's, else 0 (off)")
     gen.add_argument("--n", type=int, default=1)
     gen.add_argument("--sampling-seed", type=int, default=None)
     gen.add_argument("--chat", action="store_true", help="wrap each prompt as a user message (chat template)")

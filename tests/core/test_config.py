@@ -75,3 +75,16 @@ def test_prefix_caching_and_the_long_prefill_cap_from_the_command_line() -> None
     assert engine_config_of("--enable-prefix-caching").enable_prefix_caching
     with pytest.raises(ValueError, match="long_prefill_token_threshold must be >= 0"):
         engine_config_of("--long-prefill-token-threshold", "-1")
+
+
+def test_every_engine_setting_is_an_llm_parameter() -> None:
+    """`corellm generate` builds its LLM from every EngineConfig field (none dropped on the way), so
+    each must be a parameter of LLM under the same name."""
+    import dataclasses
+    import inspect
+
+    from corellm import LLM
+    from corellm.config import EngineConfig
+
+    settings = {f.name for f in dataclasses.fields(EngineConfig)} - {"model", "torchrun"}
+    assert settings <= set(inspect.signature(LLM).parameters), settings - set(inspect.signature(LLM).parameters)
