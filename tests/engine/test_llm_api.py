@@ -223,6 +223,7 @@ def test_generation_config_vllm_a_folder_and_overrides(tmp_path):
 
     for kwargs, message in [({"override_generation_config": {"max_tokens": 9}}, "'max_tokens' is not a sampling default"),
                             ({"override_generation_config": {"top_p": "0.5"}}, "top_p must be a number"),
+                            ({"override_generation_config": {"temperature": -1}}, "override_generation_config: temp"),
                             ({"generation_config": str(tmp_path)}, "a folder holding a generation_config.json")]:
         with pytest.raises(ValueError, match=message):
             LLM(model, **kwargs, **common)
