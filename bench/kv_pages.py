@@ -1,4 +1,4 @@
-"""Decode attention on KV caches on 4 KiB pages vs transparent 2 MiB pages (kv_cache.prefer_huge_pages),
+"""Decode attention on KV caches on 4 KiB pages vs transparent 2 MiB pages (huge_pages.prefer_huge_pages),
 with each sequence's blocks consecutive (a fresh server) and scattered over the whole cache (a server
 that has run a while: blocks freed, cached and reused in LRU order).
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from corellm import ops
-from corellm.worker.kv_cache import prefer_huge_pages
+from corellm.huge_pages import prefer_huge_pages
 
 LAYERS, KV_HEADS, HEADS, HEAD_DIM, BLOCK = 30, 3, 9, 64, 16
 

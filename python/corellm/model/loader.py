@@ -17,6 +17,7 @@ from corellm.model.hf_dir import HFModelDir
 from corellm.model.llama import LlamaForCausalLM
 from corellm.model.llava import LlavaForConditionalGeneration
 from corellm.model.model_config import ModelConfig
+from corellm.model.packed_weight_arena import gather_packed_weights
 from corellm.model.weight_cache import GGUFWeightCache
 from corellm.multimodal.image_processor import ImageProcessor
 from corellm.tokenizer import Tokenizer
@@ -231,6 +232,9 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
     with torch.inference_mode():
         scaled_type = method if method in ("fp8", "int8") and device_.type == "cuda" else None
         llm.load_weights(weights.items() if isinstance(weights, dict) else weights, str(path), scaled_type=scaled_type)
+    del weights  # the loaded tensors the layers did not keep, freed before their packed forms move
+    if device_.type == "cpu":
+        gather_packed_weights(llm)
     name = DEFAULT_MODEL if path == default_model_path_or_none() else path.name
     return LoadedModel(llm, tokenizer, config, generation_config, name=name, path=str(path), quantization=method,
                        image_processor=image_processor)

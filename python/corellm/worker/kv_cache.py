@@ -14,6 +14,7 @@ import weakref
 import torch
 
 from corellm import ops
+from corellm.huge_pages import HUGE_PAGE, libc as _libc, page_span as _pages, prefer_huge_pages
 from corellm.model.model_config import ModelConfig
 from corellm.worker.step_activity import StepActivity
 
@@ -88,32 +89,16 @@ def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int, dt
 
 
 COMMIT_AFTER_IDLE_S = 0.05  # longer than the engine's own work between two steps
-_MADV_HUGEPAGE = 14
 _MADV_POPULATE_WRITE = 23
-_HUGE_PAGE = 2 * 1024**2
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
-def _pages(t: torch.Tensor) -> tuple[int, int]:
-    """The start and length of the pages t lies on (its allocation's own: a large tensor has its mapping)."""
-    start = t.data_ptr() // mmap.PAGESIZE * mmap.PAGESIZE
-    return start, t.data_ptr() + t.numel() * t.element_size() - start
-
-
-def prefer_huge_pages(t: torch.Tensor) -> bool:
-    """Asks the kernel to back t's memory with transparent 2 MiB pages (madvise MADV_HUGEPAGE, before
-    the pages are faulted in); True when it took the advice. Decode attention reads each sequence's
-    KV blocks wherever the block pool put them: once a server has run a while (blocks freed, cached
-    and reused in LRU order) they lie scattered over the whole cache, and on 4 KiB pages nearly
-    every block is a TLB miss, a nested page walk in a VM. 64 sequences x 192 tokens, 30 layers'
-    2 GiB of caches, AMD EPYC Zen 5 VM, 2 threads: with the blocks scattered, decode attention
-    15.3-18.8 ms on 4 KiB pages, 11.6-14.6 ms on 2 MiB pages (1.27-1.4x); with each sequence's
-    blocks consecutive, about the same on both (1.00-1.03x; bench/kv_pages.py). A system that gives
-    no huge pages on request (transparent_hugepage "never", or a kernel without them) keeps 4 KiB
-    pages, silently."""
-    start, length = _pages(t)
-    return length >= _HUGE_PAGE and _libc.madvise(start, length, _MADV_HUGEPAGE) == 0
+# prefer_huge_pages (corellm/huge_pages.py) on the caches: decode attention reads each sequence's
+# KV blocks wherever the block pool put them; once a server has run a while (blocks freed, cached
+# and reused in LRU order) they lie scattered over the whole cache, and on 4 KiB pages nearly every
+# block is a TLB miss, a nested page walk in a VM. 64 sequences x 192 tokens, 30 layers' 2 GiB of
+# caches, AMD EPYC Zen 5 VM, 2 threads: with the blocks scattered, decode attention 15.3-18.8 ms on
+# 4 KiB pages, 11.6-14.6 ms on 2 MiB pages (1.27-1.4x); with each sequence's blocks consecutive,
+# about the same on both (1.00-1.03x; bench/kv_pages.py).
 
 
 def _populate(start: int, length: int) -> bool:
@@ -128,7 +113,7 @@ def _populate(start: int, length: int) -> bool:
     raise OSError(code, f"committing the KV cache's memory: {errno.errorcode.get(code, code)}")
 
 
-def _commit_order(tensors: list[torch.Tensor], chunk: int = _HUGE_PAGE) -> list[tuple[int, int]]:
+def _commit_order(tensors: list[torch.Tensor], chunk: int = HUGE_PAGE) -> list[tuple[int, int]]:
     """Every tensor's pages as (start, length) ranges of up to `chunk` bytes, in the order the engine
     first writes them: the block pool hands blocks out from block 0 up, and a block is a slice of
     every layer's cache, so the first chunk of every tensor comes first, then the second of each..."""

@@ -1,0 +1,72 @@
+"""The CPU's packed weights gathered into one arena on transparent 2 MiB pages once a model is loaded.
+
+A decode step at one sequence streams every packed weight once, and the packed tensors (one torch
+allocation each, on 4 KiB pages) cost the stream a TLB miss every 64 lines and stop the hardware
+prefetcher at every 4 KiB boundary. So the bf16 GEMM panels and the quantized GEMM blocks are copied,
+in the order the model reads them, into one allocation the kernel is asked to back with 2 MiB pages
+(huge_pages.prefer_huge_pages), and every holder is pointed at its slice: the same bytes, so the same
+results. Measured on an AMD EPYC Zen 4 VM (2 threads, one row, four alternating pairs each): the
+quantized GEMM over ~150 MB of SmolLM2's projections Q4_1 29.4-30.4 -> 31.1-31.5 GB/s, Q8_0 29.9-31.0
+-> 31.8-32.4; the bf16 projections of 30 layers 4.93-5.01 -> 4.82-4.95 ms.
+
+Where the system gives no huge pages on request, nothing moves. Tensors on a GPU are left alone."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from corellm.huge_pages import HUGE_PAGE, libc, prefer_huge_pages
+
+logger = logging.getLogger("corellm")
+
+_ALIGN = 64  # each slice starts on a cache line, as torch's own allocations do
+
+
+def packed_holders(model) -> list[tuple[object, str]]:
+    """(object, attribute) for every packed weight tensor of the model, in the order a step reads
+    them: the embedding's quantized rows, each linear layer's bf16 panels or quantized parts, the LM
+    head (all_linears puts it first) last. A tensor held twice (a tied LM head) appears twice."""
+    holders: list[tuple[object, str]] = []
+    embed = getattr(model, "embed", None)
+    if embed is not None and embed.quantized is not None:
+        holders.append((embed.quantized, "packed"))
+    linears = model.all_linears()
+    for linear in linears[1:] + linears[:1]:
+        if linear.packed is not None:
+            holders.append((linear, "packed"))
+        holders.extend((q, "packed") for _, q in linear.quantized)
+    return holders
+
+
+def gather_packed_weights(model) -> int:
+    """Moves the model's packed CPU weights into one arena on 2 MiB pages (see above); returns the
+    bytes moved (0 where nothing moved)."""
+    holders = [(o, a, getattr(o, a).data_ptr()) for o, a in packed_holders(model) if getattr(o, a).device.type == "cpu"]
+    slots: dict[int, tuple[torch.Tensor, int]] = {}  # data_ptr -> (tensor, its offset in the arena)
+    size = 0
+    for owner, attr, ptr in holders:
+        t = getattr(owner, attr)
+        if ptr not in slots:
+            slots[ptr] = (t, size)
+            size += (t.numel() * t.element_size() + _ALIGN - 1) // _ALIGN * _ALIGN
+    if size < HUGE_PAGE:
+        return 0
+    block = torch.empty(size + HUGE_PAGE, dtype=torch.uint8)
+    start = -block.data_ptr() % HUGE_PAGE  # the arena starts on a 2 MiB boundary
+    arena = block[start : start + size]
+    if not prefer_huge_pages(arena):
+        return 0
+    views: dict[int, torch.Tensor] = {}
+    for ptr, (t, offset) in slots.items():
+        nbytes = t.numel() * t.element_size()
+        piece = arena[offset : offset + nbytes]
+        piece.copy_(t.contiguous().view(-1).view(torch.uint8))
+        views[ptr] = piece.view(t.dtype).view(t.shape)
+    for owner, attr, ptr in holders:
+        setattr(owner, attr, views[ptr])
+    del slots
+    libc.malloc_trim(0)  # the old tensors' memory back to the system (glibc keeps freed heap pages)
+    logger.debug("packed weights: %.1f MiB gathered on 2 MiB pages", size / 2**20)
+    return size
