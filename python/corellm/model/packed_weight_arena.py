@@ -42,15 +42,18 @@ def packed_holders(model) -> list[tuple[object, str]]:
 
 def gather_packed_weights(model) -> int:
     """Moves the model's packed CPU weights into one arena on 2 MiB pages (see above); returns the
-    bytes moved (0 where nothing moved)."""
-    holders = [(o, a, getattr(o, a).data_ptr()) for o, a in packed_holders(model) if getattr(o, a).device.type == "cpu"]
-    slots: dict[int, tuple[torch.Tensor, int]] = {}  # data_ptr -> (tensor, its offset in the arena)
-    size = 0
-    for owner, attr, ptr in holders:
+    bytes moved (0 where nothing moved). Each tensor is let go as soon as it is copied, so that the
+    memory held at once stays about one model's weights, not two."""
+    holders: dict[int, list[tuple[object, str]]] = {}  # data_ptr -> its holders, in reading order
+    for owner, attr in packed_holders(model):
         t = getattr(owner, attr)
-        if ptr not in slots:
-            slots[ptr] = (t, size)
-            size += (t.numel() * t.element_size() + _ALIGN - 1) // _ALIGN * _ALIGN
+        if t.device.type == "cpu":
+            holders.setdefault(t.data_ptr(), []).append((owner, attr))
+    offsets, size = {}, 0
+    for ptr, (first, *_) in holders.items():
+        t = getattr(*first)
+        offsets[ptr] = size
+        size += (t.numel() * t.element_size() + _ALIGN - 1) // _ALIGN * _ALIGN
     if size < HUGE_PAGE:
         return 0
     block = torch.empty(size + HUGE_PAGE, dtype=torch.uint8)
@@ -58,15 +61,16 @@ def gather_packed_weights(model) -> int:
     arena = block[start : start + size]
     if not prefer_huge_pages(arena):
         return 0
-    views: dict[int, torch.Tensor] = {}
-    for ptr, (t, offset) in slots.items():
-        nbytes = t.numel() * t.element_size()
-        piece = arena[offset : offset + nbytes]
+    for ptr, owners in holders.items():
+        t = getattr(*owners[0])
+        piece = arena[offsets[ptr] : offsets[ptr] + t.numel() * t.element_size()]
         piece.copy_(t.contiguous().view(-1).view(torch.uint8))
-        views[ptr] = piece.view(t.dtype).view(t.shape)
-    for owner, attr, ptr in holders:
-        setattr(owner, attr, views[ptr])
-    del slots
-    libc.malloc_trim(0)  # the old tensors' memory back to the system (glibc keeps freed heap pages)
+        view = piece.view(t.dtype).view(t.shape)
+        del t
+        for owner, attr in owners:
+            setattr(owner, attr, view)
+    trim = getattr(libc, "malloc_trim", None)  # glibc: the old tensors' heap pages back to the system
+    if trim is not None:
+        trim(0)
     logger.debug("packed weights: %.1f MiB gathered on 2 MiB pages", size / 2**20)
     return size
