@@ -11,9 +11,9 @@ quantized GEMM over ~150 MB of SmolLM2's projections Q4_1 29.4-30.4 -> 31.1-31.5
 the TLB also holds the KV cache, the activations and the interpreter's state, more (six alternating
 pairs of fresh processes): tg128 BF16 106.0-116.9 -> 122.9-134.4 tok/s, the default Q4_1 file
 241.6-333.9 -> 270.1-315.9; two engines in one process, alternating twelve runs: BF16 median 119.0
--> 131.1, Q4_1 240.3 -> 265.1, Gemma 3 270M Q4_K_M 106.8 -> 111.4; a decode step of 64 sequences
-60.2-64.3 -> 54.4 ms. The start-up pays for
-the arena's first touch (the engine's part 0.12-0.19 -> 0.16-0.34 s).
+-> 131.1, Q4_1 240.3 -> 265.1, Gemma 3 270M Q4_K_M 106.8 -> 111.4. A decode step of 64 sequences,
+compute-bound, is level (57.4-59.2 against 57.6-59.2 ms, the same way). The start-up pays for the
+arena's first touch (the engine's part 0.12-0.19 -> 0.16-0.34 s).
 
 Where the system gives no huge pages on request, nothing moves. Tensors on a GPU are left alone."""
 
