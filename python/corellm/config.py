@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 from corellm.native import _core
 from corellm.pooling_params import POOLING_TYPES
 from corellm.reasoning_parser import REASONING_PARSERS
+from corellm.sampling_params import SamplingParams
 
 # quantization= values: "gguf" keeps a GGUF file's quantized tensors as they are (CPU kernels,
 # quant_gemm.h); "int8" quantizes an HF checkpoint's linear layers to int8 at load (one scale per
@@ -231,6 +232,10 @@ class EngineConfig:
                                      f"the defaults are {', '.join(GENERATION_DEFAULTS)}")
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     raise ValueError(f"override_generation_config: {key} must be a number, got {value!r}")
+            try:  # a value SamplingParams refuses is refused here, not in every request
+                SamplingParams(**overrides)
+            except ValueError as e:
+                raise ValueError(f"override_generation_config: {e}") from None
         if self.pooling_type is not None and str(self.pooling_type).upper() not in POOLING_TYPES:
             raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}, got {self.pooling_type!r}")
         if self.speculative_config is not None:

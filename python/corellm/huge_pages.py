@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+from pathlib import Path
 
 import torch
 
 HUGE_PAGE = 2 * 1024**2
+THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 _MADV_HUGEPAGE = 14
 libc = ctypes.CDLL(None, use_errno=True)
 libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -28,3 +30,11 @@ def prefer_huge_pages(t: torch.Tensor) -> bool:
     request (transparent_hugepage "never", or a kernel without them) keeps 4 KiB pages: False."""
     start, length = page_span(t)
     return length >= HUGE_PAGE and libc.madvise(start, length, _MADV_HUGEPAGE) == 0
+
+
+def thp_setting() -> str:
+    """The system's transparent huge page setting, as the kernel prints it (or why it is unknown)."""
+    try:
+        return THP_ENABLED.read_text().strip()
+    except OSError as e:
+        return f"unreadable ({e.strerror})"

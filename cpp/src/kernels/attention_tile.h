@@ -46,32 +46,26 @@ class NextSpanLines {
     const int64_t lines = blocks_ * ((block_bytes_ + kLine - 1) / kLine);
     per_step_ = std::max<int64_t>(1, (lines + steps - 1) / std::max<int64_t>(steps, 1));
   }
-  void fetch_all() {
-    while (at_ < blocks_) step_line();
-  }
-  // The step's lines with the cursor in locals, stored back once. Stepped through the members,
-  // the cursor went through memory at each line (a store and a reload per prefetch), and those
-  // instructions held a third of a decode's P V samples: 30 layers of 64 decodes x 192 keys with
-  // the caches warm 7.14-7.22 -> 6.71-6.82 ms (avx512bf16, AMD EPYC Zen 4, 2 threads, alternating
-  // runs); from memory level (the fold then waits on the lines themselves: bench/kv_pages.py reads
-  // the KV at 23-26 GB/s, a plain read of random 2 KiB blocks with the same prefetches 28-29, of
-  // one sequential stream 46), avx2 level.
-  void step() {
+  void fetch_all() { advance(INT64_MAX); }
+  void step() { advance(per_step_); }
+
+ private:
+  static constexpr int64_t kLine = 64;
+  // Up to `lines` more lines, the cursor in locals and stored back once. Stepped through the
+  // members, the cursor went through memory at each line (a store and a reload per prefetch), and
+  // those instructions held a third of a decode's P V samples: 30 layers of 64 decodes x 192 keys
+  // with the caches warm 7.14-7.22 -> 6.71-6.82 ms (avx512bf16, AMD EPYC Zen 4, 2 threads,
+  // alternating runs); from memory level (the fold then waits on the lines themselves:
+  // bench/kv_pages.py reads the KV at 23-26 GB/s, a plain read of random 2 KiB blocks with the same
+  // prefetches 28-29, of one sequential stream 46), avx2 level.
+  void advance(int64_t lines) {
     int64_t at = at_, offset = offset_;
-    for (int64_t i = 0; i < per_step_ && at < blocks_; ++i) {
+    for (int64_t i = 0; i < lines && at < blocks_; ++i) {
       __builtin_prefetch(block_[at] + offset, 0, 2);
       offset += kLine;
       if (offset >= block_bytes_) offset = 0, ++at;
     }
     at_ = at, offset_ = offset;
-  }
-
- private:
-  static constexpr int64_t kLine = 64;
-  void step_line() {
-    __builtin_prefetch(block_[at_] + offset_, 0, 2);
-    offset_ += kLine;
-    if (offset_ >= block_bytes_) offset_ = 0, ++at_;
   }
   const char* block_[2 * kSpanKeys / 16] = {};
   int64_t blocks_ = 0, block_bytes_, per_step_ = 1, at_ = 0, offset_ = 0;

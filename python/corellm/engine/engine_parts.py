@@ -19,7 +19,6 @@ from corellm.model.tensor_parallel import check_divisible
 from corellm.multimodal.image_inputs import ImageInputs
 from corellm.multimodal.image_loader import ImageLimits
 from corellm.native import cpu_kernel_path
-from corellm.sampling_params import SamplingParams
 from corellm.structured_output import GrammarCompiler
 from corellm.worker.tp_workers import TensorParallelWorkers
 
@@ -46,10 +45,6 @@ class EngineParts:
         folder_config = None  # a --generation-config folder's, read before anything loads
         if config.generation_config not in ("auto", "vllm"):
             folder_config = read_generation_config(config.generation_config)
-        try:  # an override SamplingParams refuses is refused here, not in every request
-            SamplingParams(**(config.override_generation_config or {}))
-        except ValueError as e:
-            raise ValueError(f"override_generation_config: {e}") from None
         if config.node_rank != 0:
             raise ValueError(f"node_rank {config.node_rank}: only node 0 runs the engine; the other nodes run their "
                              f"ranks with `corellm serve MODEL --headless --node-rank {config.node_rank} ...`")

@@ -20,24 +20,14 @@ Where the system gives no huge pages on request, nothing moves. Tensors on a GPU
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import torch
 
-from corellm.huge_pages import HUGE_PAGE, libc, prefer_huge_pages
+from corellm.huge_pages import HUGE_PAGE, THP_ENABLED, libc, prefer_huge_pages, thp_setting
 
 logger = logging.getLogger("corellm")
 
 _ALIGN = 64  # each slice starts on a cache line, as torch's own allocations do
-THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-
-
-def thp_setting() -> str:
-    """The system's transparent huge page setting, as the kernel prints it (or why it is unknown)."""
-    try:
-        return THP_ENABLED.read_text().strip()
-    except OSError as e:
-        return f"unreadable ({e.strerror})"
 
 
 def packed_holders(model) -> list[tuple[object, str]]:
@@ -77,8 +67,7 @@ def gather_packed_weights(model) -> int:
     arena = block[start : start + size]
     if not prefer_huge_pages(arena):
         logger.info("packed weights stay on 4 KiB pages: the system gives no transparent 2 MiB pages on "
-                    "request (/sys/kernel/mm/transparent_hugepage/enabled: %s); decode reads them slower",
-                    thp_setting())
+                    "request (%s: %s); decode reads them slower", THP_ENABLED, thp_setting())
         return 0
     for ptr, owners in holders.items():
         t = getattr(*owners[0])

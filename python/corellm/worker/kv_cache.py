@@ -68,6 +68,13 @@ def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int, dt
               for _ in range(config.num_hidden_layers)]
     tensors = [t for pair in caches for t in pair]
     if device.type == "cpu":
+        # Decode attention reads each sequence's KV blocks wherever the block pool put them; once a
+        # server has run a while (blocks freed, cached and reused in LRU order) they lie scattered
+        # over the whole cache, and on 4 KiB pages nearly every block is a TLB miss, a nested page
+        # walk in a VM. 64 sequences x 192 tokens, 30 layers' 2 GiB of caches, AMD EPYC Zen 5 VM, 2
+        # threads: with the blocks scattered, decode attention 15.3-18.8 ms on 4 KiB pages,
+        # 11.6-14.6 ms on 2 MiB pages (1.27-1.4x); with each sequence's blocks consecutive, about the
+        # same on both (1.00-1.03x; bench/kv_pages.py).
         for t in tensors:
             prefer_huge_pages(t)
     if device.type != "cpu" or not _populate(_pages(tensors[0])[0], mmap.PAGESIZE):
@@ -90,15 +97,6 @@ def allocate_kv_caches(config: ModelConfig, num_blocks: int, block_size: int, dt
 
 COMMIT_AFTER_IDLE_S = 0.05  # longer than the engine's own work between two steps
 _MADV_POPULATE_WRITE = 23
-
-
-# prefer_huge_pages (corellm/huge_pages.py) on the caches: decode attention reads each sequence's
-# KV blocks wherever the block pool put them; once a server has run a while (blocks freed, cached
-# and reused in LRU order) they lie scattered over the whole cache, and on 4 KiB pages nearly every
-# block is a TLB miss, a nested page walk in a VM. 64 sequences x 192 tokens, 30 layers' 2 GiB of
-# caches, AMD EPYC Zen 5 VM, 2 threads: with the blocks scattered, decode attention 15.3-18.8 ms on
-# 4 KiB pages, 11.6-14.6 ms on 2 MiB pages (1.27-1.4x); with each sequence's blocks consecutive,
-# about the same on both (1.00-1.03x; bench/kv_pages.py).
 
 
 def _populate(start: int, length: int) -> bool:
