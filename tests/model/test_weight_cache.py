@@ -57,3 +57,17 @@ def test_dense_and_quantized_loads_have_their_own_entries(tmp_path, monkeypatch)
     assert again.model.embed.quantized is None and torch.equal(_embedding(again), _embedding(dense))
     # The dense weights are the quantized ones dequantized.
     assert torch.equal(quantized.model.embed.quantized.dequantize(torch.bfloat16), dense.model.embed.weight)
+
+
+def test_a_start_from_the_cache_does_not_import_the_gguf_package(tmp_path):
+    """The `gguf` package's import (~30 ms of start-up) is paid only where a GGUF file is parsed."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CORELLM_CACHE_DIR=str(tmp_path / "cache"))
+    script = ("import sys; from corellm.model import load_model; load_model(progress=False); "
+              "print('gguf' in sys.modules)")
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    again = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    assert first.stdout.split()[-1] == "True"  # the file parsed, the cache written
+    assert again.stdout.split()[-1] == "False"

@@ -14,10 +14,12 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+if TYPE_CHECKING:
+    from gguf.constants import GGMLQuantizationType
 
 # value type -> its struct format (scalars) and numpy dtype (arrays)
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<B", 10: "<Q", 11: "<q", 12: "<d"}
@@ -35,6 +37,11 @@ class GGUFTensor:
 
 class GGUFContents:
     def __init__(self, path: str | Path):
+        # The `gguf` package (its import reads every module of it, ~30 ms) only when a file is read:
+        # a start from the weight cache reads none.
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        self._quant_sizes = GGML_QUANT_SIZES
         self.path = Path(path)
         self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
         buf = self._map
@@ -99,16 +106,16 @@ class GGUFContents:
         return out
 
     def _tensor(self, name: str, kind: GGMLQuantizationType, dims: list[int], at: int) -> GGUFTensor:
-        block, type_size = GGML_QUANT_SIZES[kind]
+        block, type_size = self._quant_sizes[kind]
         elements = int(np.prod(dims)) if dims else 1
         nbytes = elements // block * type_size
         raw = self._map[at : at + nbytes]
         if len(raw) != nbytes:
             raise ValueError(f"tensor {name!r} runs past the end of the file")
         rows = list(reversed(dims[1:]))
-        if kind == GGMLQuantizationType.F32:
+        if kind.name == "F32":
             data = raw.view(np.float32).reshape(*rows, dims[0])
-        elif kind == GGMLQuantizationType.F16:
+        elif kind.name == "F16":
             data = raw.view(np.float16).reshape(*rows, dims[0])
         else:
             data = raw.reshape(*rows, dims[0] // block * type_size)
