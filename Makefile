@@ -61,9 +61,12 @@ build/.sysdeps:
 venv: $(VENV)/.deps
 
 # Editable install: Python sources are used in place; the extension is rebuilt incrementally in
-# build/<wheel tag> each time this runs.
+# build/<wheel tag> each time this runs. The sources' bytecode is written here too, so that no start
+# compiles them (where PYTHONDONTWRITEBYTECODE is set, every start would: ~0.1 s of corellm serve's
+# start-up); a source edited later is recompiled as usual.
 build: $(VENV)/.deps build/.sysdeps
 	$(PIP) install -q --no-build-isolation --no-deps -e .
+	$(PY) -m compileall -q python/corellm server
 
 cpp-build: build/.sysdeps
 	cmake -S . -B $(CPP_BUILD) -G Ninja $(CPP_FLAGS) -DCORELLM_BUILD_TESTS=ON -DCORELLM_BUILD_BENCH=ON \
