@@ -6,7 +6,9 @@ weights from disk instead.
 The key covers the file's path, size and modification time, the dtype, whether weights stay
 quantized, and the cache format: a changed file is read afresh. The cache lives in
 $CORELLM_CACHE_DIR (default ~/.cache/corellm); a cache that cannot be written is skipped with a
-log line, never an error."""
+log line, never an error. Writing an entry removes the entries of files that are gone or have
+changed since (every copy of a file at a new path, every edit of it, made an entry of its own, and
+nothing removed the old ones: test runs from fresh clones had left 15 GB)."""
 
 from __future__ import annotations
 
@@ -37,7 +39,9 @@ def cache_root() -> Path:
 class GGUFWeightCache:
     def __init__(self, gguf_path: Path, dtype: torch.dtype, quantized: bool = False):
         st = gguf_path.stat()
-        key = f"{_FORMAT}|{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{dtype}|{'gguf' if quantized else 'dense'}"
+        # what the entry was made from, kept in its meta.json: an entry whose file no longer matches is stale
+        self.source = {"path": str(gguf_path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        key = f"{_FORMAT}|{self.source['path']}|{st.st_size}|{st.st_mtime_ns}|{dtype}|{'gguf' if quantized else 'dense'}"
         digest = hashlib.sha256(key.encode()).hexdigest()[:20]
         kind = "gguf" if quantized else str(dtype).replace("torch.", "")
         self.dir = cache_root() / f"{gguf_path.stem}-{kind}-{digest}"
@@ -81,7 +85,7 @@ class GGUFWeightCache:
                     "tokenizer": {"bos_token_id": tokenizer.bos_token_id, "eos_token_ids": tokenizer.eos_token_ids,
                                   "pad_token_id": tokenizer.pad_token_id, "chat_template": tokenizer.chat_template,
                                   "source": tokenizer.source},
-                    "quantized": quantized}
+                    "quantized": quantized, "source": self.source}
             (tmp / "meta.json").write_text(json.dumps(meta))
             if self.dir.exists():
                 shutil.rmtree(tmp)
@@ -89,3 +93,33 @@ class GGUFWeightCache:
             tmp.rename(self.dir)  # atomic: readers see all files or none
         except OSError as e:
             logger.warning("could not write the weight cache %s: %s", self.dir, e)
+            return
+        self.remove_stale_entries()
+
+    def remove_stale_entries(self) -> None:
+        """Removes every entry whose GGUF file is gone, or has another size or modification time
+        than when the entry was made (an entry from before the source was recorded: gone only,
+        from its tokenizer's source). Entries being written (.tmp-*) and unreadable ones are left
+        alone; a process still mapping a removed entry's weights keeps them until it exits."""
+        for entry in cache_root().iterdir():
+            if entry == self.dir or entry.name.startswith("."):
+                continue
+            try:
+                meta = json.loads((entry / "meta.json").read_text())
+                source = meta.get("source") or {"path": meta["tokenizer"]["source"]}
+                if not _still_matches(source):
+                    shutil.rmtree(entry)
+                    logger.info("removed the stale weight cache entry %s (%s changed or gone)", entry, source["path"])
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                logger.debug("weight cache entry %s left alone: %s", entry, e)
+
+
+def _still_matches(source: dict) -> bool:
+    """Whether the file an entry was made from is still there as it was (size and modification
+    time, where the entry recorded them)."""
+    try:
+        st = os.stat(source["path"])
+    except FileNotFoundError:
+        return False
+    return all(source.get(field) in (None, value) for field, value in
+               (("size", st.st_size), ("mtime_ns", st.st_mtime_ns)))
