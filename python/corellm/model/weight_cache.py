@@ -99,15 +99,16 @@ class GGUFWeightCache:
     def remove_stale_entries(self) -> None:
         """Removes every entry whose GGUF file is gone, or has another size or modification time
         than when the entry was made (an entry from before the source was recorded: gone only,
-        from its tokenizer's source). Entries being written (.tmp-*) and unreadable ones are left
-        alone; a process still mapping a removed entry's weights keeps them until it exits."""
+        from its tokenizer's source where that is an absolute path). Entries being written (.tmp-*)
+        and unreadable ones are left alone; a process still mapping a removed entry's weights keeps
+        them until it exits."""
         for entry in cache_root().iterdir():
             if entry == self.dir or entry.name.startswith("."):
                 continue
             try:
                 meta = json.loads((entry / "meta.json").read_text())
                 source = meta.get("source") or {"path": meta["tokenizer"]["source"]}
-                if not _still_matches(source):
+                if os.path.isabs(source["path"]) and not _still_matches(source):
                     shutil.rmtree(entry)
                     logger.info("removed the stale weight cache entry %s (%s changed or gone)", entry, source["path"])
             except (OSError, ValueError, KeyError, TypeError) as e:
