@@ -71,8 +71,8 @@ class Serving:
         return name
 
     def defaults(self) -> dict:
-        """The model's generation_config sampling defaults (fields a request leaves out)."""
-        return self.engine.parts.generation_defaults()
+        """The sampling defaults of the fields a request leaves out (EngineParts.sampling_defaults)."""
+        return self.engine.parts.sampling_defaults
 
     @property
     def takes_images(self) -> bool:

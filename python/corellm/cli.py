@@ -27,7 +27,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # the sampling flags given win over both.
     given = {name: value for name, value in (("temperature", args.temperature), ("top_p", args.top_p),
                                              ("top_k", args.top_k)) if value is not None}
-    sampling = {"temperature": 0.0, **llm.parts.generation_defaults(), **given}
+    sampling = {"temperature": 0.0, **llm.parts.sampling_defaults, **given}
     params = SamplingParams(**sampling, max_tokens=args.max_tokens, seed=args.sampling_seed, n=args.n)
     prompts = args.prompt
     if args.chat:

@@ -202,7 +202,7 @@ class LLM:
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation_config.json defaults (vLLM's behaviour)."""
         self._engine_here("get_default_sampling_params")
-        return SamplingParams(**self.parts.generation_defaults())
+        return SamplingParams(**self.parts.sampling_defaults)
 
     # ------------------------------------------------------------------ generate
     def generate(self, prompts: PromptType | Sequence[PromptType],

@@ -32,7 +32,9 @@ class EngineParts:
     input_processor: InputProcessor
     output_processor: OutputProcessor
     grammar_compiler: GrammarCompiler
-    sampling_defaults: dict  # the fields a request leaves out (config.generation_config)
+    # The sampling defaults a request's left-out fields take: the model's generation_config's
+    # unless the engine was configured otherwise (sampling_defaults_of). Read, never changed.
+    sampling_defaults: dict
 
     @classmethod
     def build(cls, config: EngineConfig, loaded: LoadedModel | None = None) -> EngineParts:
@@ -78,11 +80,6 @@ class EngineParts:
                                          prediction_drafts=engine_core.scheduler.config.prompt_lookup_max > 0)
         return cls(loaded, engine_core, input_processor, OutputProcessor(loaded.tokenizer), grammar_compiler,
                    sampling_defaults_of(generation_config, config))
-
-    def generation_defaults(self) -> dict:
-        """The sampling defaults a request's left-out fields take (the model's generation_config's,
-        unless the engine was configured otherwise)."""
-        return dict(self.sampling_defaults)
 
 
 def read_generation_config(folder: str) -> dict:
