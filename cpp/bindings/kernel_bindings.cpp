@@ -1,5 +1,6 @@
 // Binds the CPU kernels into corellm._core.kernels. Kernels take raw addresses (torch's
 // tensor.data_ptr()), sizes, strides and a dtype tag; python/corellm/ops checks the tensors first.
+#include <omp.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -176,6 +177,8 @@ void bind_kernels(py::module_& m) {
   k.def("cpu_isa", [] { return std::string(cpu_isa_name(cpu_isa())); },
         "The process's path: CORELLM_ISA if set, else the best this CPU runs (ValueError when it runs none).");
   k.def("cpu_model_name", &cpu_model_name);
+  k.def("openmp_threads", [] { return omp_get_max_threads(); },
+        "The OpenMP team the CPU kernels run on (OMP_NUM_THREADS, else one per core).");
   k.def("cpu_is_amd", &cpu_is_amd, "True on an AMD CPU (CPUID vendor AuthenticAMD).");
   k.def("bf16_dot_peak", [](const std::string& isa, int64_t iterations) { return bf16_dot_peak(cpu_isa_named(isa), iterations); },
         arg("isa"), arg("iterations"), py::call_guard<py::gil_scoped_release>());

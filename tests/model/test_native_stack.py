@@ -65,6 +65,44 @@ def test_a_batch_is_bit_identical_to_the_per_op_forward_and_to_each_sequence_alo
     assert torch.equal(together, _decode(tiny_bf16, prompts, 8, native=True, together=False))
 
 
+def _split_expected() -> bool:
+    """Whether the native stack cuts a big step into a group per thread here (decoder_stack.cpp's
+    groups_for: a team of two threads, not the amx path)."""
+    return _core.kernels.openmp_threads() == 2 and _core.kernels.cpu_isa() != "amx"
+
+
+def test_a_step_split_between_the_threads_is_bit_identical_to_the_per_op_forward_and_alone(tiny_bf16):
+    """20 sequences: their prefill step and their decode steps are cut into two groups, one per
+    thread, where the team has two threads (the split's arithmetic is each token's own)."""
+    prompts = _prompts([9, 21, 5, 30, 17, 2, 40, 11, 3, 8, 14, 6, 25, 12, 7, 19, 4, 10, 16, 13], seed=6)
+    runner = PagedRunner(tiny_bf16, 64, len(prompts), block_size=8, seed=1, native=True)
+    steps = [runner.step(prompts)]
+    assert runner.native_stack.last_groups == (2 if _split_expected() else 1)
+    for _ in range(4):
+        steps.append(runner.step([[t] for t in steps[-1].argmax(-1).tolist()]))
+        assert runner.native_stack.last_groups == (2 if _split_expected() else 1)
+    together = torch.stack(steps[1:])
+    assert torch.equal(together, _decode(tiny_bf16, prompts, 4, native=False))
+    assert torch.equal(together, _decode(tiny_bf16, prompts, 4, native=True, together=False))
+
+
+def test_an_uneven_step_runs_whole(tiny_bf16):
+    """Decodes beside one long prefill chunk would leave one thread waiting: not split."""
+    runner = PagedRunner(tiny_bf16, 64, 9, block_size=8, native=True)
+    runner.step([[5]] * 8 + [list(range(40))])
+    assert runner.native_stack.last_groups == 1
+
+
+def test_a_refusal_in_one_group_of_a_split_step_is_raised(tiny_bf16):
+    """A kernel's error inside one thread's group reaches the caller as the error it is."""
+    runner = PagedRunner(tiny_bf16, 16, 20, native=True)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        runner.step([[3]] * 19 + [[384]])
+    ok = PagedRunner(tiny_bf16, 16, 20, native=True)
+    ok.step([[3]] * 20)
+    assert ok.native_stack.last_groups == (2 if _split_expected() else 1)
+
+
 def test_chunked_prefill_is_bit_identical_to_the_per_op_forward(tiny_bf16):
     prompt = _prompts([50], seed=3)[0]
     logits = {}

@@ -110,6 +110,12 @@ class NativeDecoderStack:
         w.key_cache, w.value_cache = key_cache.data_ptr(), value_cache.data_ptr()
         return w
 
+    @property
+    def last_groups(self) -> int:
+        """How many groups of sequences the last forward ran side by side, one per thread (1: the
+        whole step, every kernel on the whole team; decoder_stack.h's step split)."""
+        return self._stack.last_groups
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids, positions: int32 [num_tokens] -> the final norm's output [num_tokens, hidden]

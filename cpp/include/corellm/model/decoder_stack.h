@@ -24,6 +24,12 @@
 // and after the last layer: x += h, out = rms_norm(x). The embedding rows are scaled first when
 // the model says so (Gemma 3: times sqrt(hidden), the factor and the product rounded to bf16 as
 // HF does).
+//
+// The step split: a step of enough tokens over enough sequences is cut into groups of whole
+// sequences (step_split.h), and each thread of the team runs one group through every layer with
+// its kernels to itself, rather than the team splitting each kernel. A token's result is the same
+// either way (every kernel computes a token from its own inputs and its sequence's KV); when it
+// pays is measured beside groups_for (decoder_stack.cpp).
 #pragma once
 
 #include <cstdint>
@@ -32,7 +38,9 @@
 #include "corellm/aligned_vector.h"
 #include "corellm/kernels/elementwise.h"
 #include "corellm/kernels/paged_attention.h"
+#include "corellm/model/decoder_step.h"
 #include "corellm/model/linear_weight.h"
+#include "corellm/model/step_split.h"
 #include "corellm/shm_all_reduce.h"
 
 namespace corellm {
@@ -83,38 +91,37 @@ struct DecoderLayerWeights {
   void* value_cache = nullptr;
 };
 
-// One step's batch: its tokens and the attention metadata (python/corellm/model/attention_metadata.py).
-struct DecoderStepArgs {
-  const int32_t* input_ids = nullptr;  // [num_tokens]
-  // [num_tokens, hidden] bf16, or null: the decoder's input rows in place of the embedding lookup
-  // (a LLaVA step: image rows merged into the text embeddings).
-  const uint16_t* inputs_embeds = nullptr;
-  const int32_t* positions = nullptr;  // [num_tokens]
-  int64_t num_tokens = 0;              // >= 1
-  const int32_t* slot_mapping = nullptr;
-  const int32_t* block_table = nullptr;  // [num_seqs, block_table_stride]
-  int64_t block_table_stride = 0;
-  const int32_t* seq_lens = nullptr;
-  const int32_t* query_start_loc = nullptr;  // [num_seqs + 1]
-  int64_t num_seqs = 0;
-  uint16_t* out = nullptr;  // [num_tokens, hidden] bf16: the final norm's output
-};
-
 class DecoderStack {
  public:
   // embed [vocab_size, hidden], final_norm [hidden]; every pointer must outlive the stack.
   DecoderStack(const DecoderDims& dims, const EmbeddingWeight& embed, std::vector<DecoderLayerWeights> layers,
                const uint16_t* final_norm, const KVCacheShape& cache, const DecoderTensorParallel& tp = {});
 
-  // Runs the whole stack for the step's tokens. Not reentrant (one set of scratch buffers, grown
-  // to the largest step seen).
+  // Runs the whole stack for the step's tokens. Not reentrant (the scratch buffers, grown to the
+  // largest step seen, are the stack's).
   void forward(const DecoderStepArgs& step);
 
+  // How many groups of sequences the last forward ran side by side, one per thread (1: the whole
+  // step, every kernel on the whole team); 0 before the first.
+  int64_t last_groups() const { return last_groups_; }
+
  private:
-  void reserve(int64_t num_tokens);
-  void layer(const DecoderLayerWeights& w, const DecoderStepArgs& step, bool first);
-  void embed(const int32_t* ids, int64_t n);   // into the residual stream, scaled by embedding_multiplier
-  void lookup(const int32_t* ids, int64_t n);  // the rows (tensor parallelism: summed over the group)
+  // The buffers of one run of the stack over a step's rows, each [tokens, width]: the residual
+  // stream, the normed/projected activations, qkv, the attention's output; gate_up and the MLP's
+  // activation for one block of the MLP's rows. On cache lines: the amx GEMM reads its x in place
+  // when the rows start on lines.
+  struct Scratch {
+    AlignedVector<uint16_t> residual, h, qkv, attn, gate_up, act;
+  };
+
+  // The groups of sequences the step's tokens are cut into, one per thread; 1: the whole step
+  // on the whole team.
+  int64_t groups_for(const DecoderStepArgs& step) const;
+  void run(const DecoderStepArgs& step, Scratch& s);  // embedding, layers and final norm into step.out
+  void reserve(Scratch& s, int64_t num_tokens) const;
+  void layer(const DecoderLayerWeights& w, const DecoderStepArgs& step, Scratch& s, bool first);
+  void embed(const int32_t* ids, int64_t n, uint16_t* rows);   // scaled by embedding_multiplier
+  void lookup(const int32_t* ids, int64_t n, uint16_t* rows);  // the rows (tensor parallelism: summed over the group)
   void all_reduce(uint16_t* rows, int64_t n);  // n rows of hidden, summed over the group (no-op alone)
 
   DecoderDims dims_;
@@ -125,10 +132,9 @@ class DecoderStack {
   DecoderTensorParallel tp_;
   std::vector<int32_t> local_ids_;  // tensor parallelism: the step's ids in this rank's rows
   int64_t q_size_, kv_size_, qkv_size_;
-  // Scratch, each [tokens, width]: the residual stream, the normed/projected activations,
-  // qkv, attention output; gate_up and the MLP's activation for one block of the MLP's rows. On
-  // cache lines: the amx GEMM reads its x in place when the rows start on lines.
-  AlignedVector<uint16_t> residual_, h_, qkv_, attn_, gate_up_, act_;
+  std::vector<Scratch> scratch_;  // one per group of the step (groups_for)
+  StepSplit split_;
+  int64_t last_groups_ = 0;
 };
 
 }  // namespace corellm
