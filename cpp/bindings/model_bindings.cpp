@@ -112,8 +112,8 @@ void bind_model(py::module_& m) {
            arg("block_table"), arg("block_table_stride"), arg("seq_lens"), arg("query_start_loc"), arg("num_seqs"),
            arg("out"), arg("inputs_embeds") = 0, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("last_groups", &DecoderStack::last_groups,
-                             "How many groups of sequences the last forward ran side by side, one per thread "
-                             "(1: the whole step on the whole team; 0 before the first)");
+                             "How many groups of sequences the last forward cut its step into, each run by one "
+                             "thread (1: the whole step on the whole team; 0 before the first)");
 }
 
 }  // namespace corellm::binding

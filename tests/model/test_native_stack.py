@@ -66,21 +66,26 @@ def test_a_batch_is_bit_identical_to_the_per_op_forward_and_to_each_sequence_alo
 
 
 def _split_expected() -> bool:
-    """Whether the native stack cuts a big step into a group per thread here (decoder_stack.cpp's
-    groups_for: a team of two threads, not the amx path)."""
+    """Whether the native stack cuts a big step into groups run by its threads here
+    (decoder_stack.cpp's groups_for: a team of two threads, not the amx path)."""
     return _core.kernels.openmp_threads() == 2 and _core.kernels.cpu_isa() != "amx"
 
 
+def _assert_split(stack, groups: int):
+    """The last step ran in `groups` groups where the split is expected here, else whole."""
+    assert stack.last_groups == (groups if _split_expected() else 1)
+
+
 def test_a_step_split_between_the_threads_is_bit_identical_to_the_per_op_forward_and_alone(tiny_bf16):
-    """20 sequences: their prefill step and their decode steps are cut into two groups, one per
-    thread, where the team has two threads (the split's arithmetic is each token's own)."""
+    """20 sequences: their prefill step is cut into four groups and their decode steps into two
+    (8 tokens a group at least), run by the team's two threads (the arithmetic is each token's own)."""
     prompts = _prompts([9, 21, 5, 30, 17, 2, 40, 11, 3, 8, 14, 6, 25, 12, 7, 19, 4, 10, 16, 13], seed=6)
     runner = PagedRunner(tiny_bf16, 64, len(prompts), block_size=8, seed=1, native=True)
     steps = [runner.step(prompts)]
-    assert runner.native_stack.last_groups == (2 if _split_expected() else 1)
+    _assert_split(runner.native_stack, 4)
     for _ in range(4):
         steps.append(runner.step([[t] for t in steps[-1].argmax(-1).tolist()]))
-        assert runner.native_stack.last_groups == (2 if _split_expected() else 1)
+        _assert_split(runner.native_stack, 2)
     together = torch.stack(steps[1:])
     assert torch.equal(together, _decode(tiny_bf16, prompts, 4, native=False))
     assert torch.equal(together, _decode(tiny_bf16, prompts, 4, native=True, together=False))
@@ -100,7 +105,7 @@ def test_a_refusal_in_one_group_of_a_split_step_is_raised(tiny_bf16):
         runner.step([[3]] * 19 + [[384]])
     ok = PagedRunner(tiny_bf16, 16, 20, native=True)
     ok.step([[3]] * 20)
-    assert ok.native_stack.last_groups == (2 if _split_expected() else 1)
+    _assert_split(ok.native_stack, 2)
 
 
 def test_chunked_prefill_is_bit_identical_to_the_per_op_forward(tiny_bf16):

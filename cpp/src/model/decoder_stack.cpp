@@ -30,24 +30,32 @@ namespace {
 constexpr int64_t kMlpBlockRows = 256;
 constexpr int64_t kOnePassMlpBlockRows = 512;
 
-// The step split (forward): each thread runs a group of the step's sequences through the whole
-// stack with its kernels to itself, instead of the whole team splitting every kernel. A thread
-// then reads every weight panel itself (mostly from the L3, where the other read it shortly
-// before), but no thread waits for the other at each of a layer's ~10 kernels, and the threads'
-// kernels overlap: one's attention, bound by reading the KV cache, beside the other's GEMMs, bound
-// by the dot products. Offline, 64 x (128 in, 128 out), AMD EPYC Zen 4, 2 threads, alternating
-// runs in one process, tokens identical: decode steps 49.7 -> 39.0 ms (median), the run's prefill
-// 4.8 -> 4.1 s; Q4_K_M 51.5 -> 41.8 ms; 16 sequences 12.0 -> 11.2 ms (Q4_K_M 14.5 -> 11.3); the
-// avx512 and avx2 paths at 64: 57.5 -> 43.1 and 68.1 -> 56.2 ms. Below 8 tokens a group it was
-// slower (6 and 5 per thread: 7.9 -> 8.6 and 9.4 -> 11.7 ms; the avx512bf16 GEMM's 12-row blocks
-// fill best unsplit there) or no faster (2 and 3 per thread). Only measured on a team of 2 (more
-// threads would read the weights once each: until measured, they split every kernel as before),
-// and not on the amx path (its GEMM splits rows itself, and the Intel VM's bandwidth is a third of
-// this one's).
+// The step split (forward): the step's sequences cut into groups, and each thread of the team
+// runs whole groups through the whole stack with its kernels to itself (a group claimed when the
+// thread is free: one that loses its core for a while leaves the other groups to the other
+// thread), instead of the whole team splitting every kernel. A thread then reads every weight
+// panel itself (mostly from the L3, where another group read it shortly before), but no thread
+// waits for the other at each of a layer's ~10 kernels, and the threads' kernels overlap: one's
+// attention, bound by reading the KV cache, beside the other's GEMMs, bound by the dot products.
+// AMD EPYC Zen 4, 2 threads, offline 64 x (128 in, 128 out), alternating runs in one process,
+// tokens identical (median of 4 rounds; the VM drifts 10-20 % between runs):
+//   unsplit 730 out tok/s (decode step 45.2 ms, the run's prefill 4.35 s); a group per thread 810
+//   (39.5 ms, 3.88 s); two groups per thread 832 (39.1 ms, 3.73 s). Earlier rounds with one group
+//   per thread: Q4_K_M decode 51.5 -> 41.8 ms; 16 sequences 12.0 -> 11.2 ms (Q4_K_M 14.5 -> 11.3);
+//   the avx512 and avx2 paths at 64: 57.5 -> 43.1 and 68.1 -> 56.2 ms.
+// Below 8 tokens a group it was slower (6 and 5 per thread: 7.9 -> 8.6 and 9.4 -> 11.7 ms; the
+// avx512bf16 GEMM's 12-row blocks fill best unsplit there) or no faster (2 and 3 per thread).
+// Served (bench/serve.py, concurrency 64, 512-token steps, the load's client on the same two
+// cores) it measured neither faster nor slower: 4 alternating rounds, 571-624 against 599-645
+// out tok/s, ITL alike. Only measured on a team of 2 (with more threads each would read the
+// weights once: until measured, they split every kernel as before), and not on the amx path (its
+// GEMM splits rows itself, and the Intel VM's bandwidth is a third of this one's).
 constexpr int64_t kSplitMinTokensPerGroup = 8;
+constexpr int64_t kSplitGroupsPerThread = 2;
 constexpr int64_t kSplitMaxThreads = 2;
 // The most tokens in a group over the mean (StepSplit::imbalance) for the split to be worth it: a
-// step of 63 decodes and one 1985-token prefill chunk cuts into groups of 63 and 1985 tokens.
+// step of 63 decodes and one 1985-token prefill chunk cuts into groups of decodes and one of 1985
+// tokens, which one thread would run while the other waited.
 constexpr double kSplitMaxImbalance = 1.25;
 }  // namespace
 
@@ -103,7 +111,9 @@ int64_t DecoderStack::groups_for(const DecoderStepArgs& step) const {
   const int64_t threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   if (threads < 2 || threads > kSplitMaxThreads || tp_.all_reduce != nullptr || cpu_isa() == CpuIsa::kAmx) return 1;
   if (step.num_seqs < threads || step.num_tokens < threads * kSplitMinTokensPerGroup) return 1;
-  return threads;
+  const int64_t groups =
+      std::min({threads * kSplitGroupsPerThread, step.num_seqs, step.num_tokens / kSplitMinTokensPerGroup});
+  return std::max(groups, threads);
 }
 
 void DecoderStack::forward(const DecoderStepArgs& step) {
@@ -125,13 +135,15 @@ void DecoderStack::forward(const DecoderStepArgs& step) {
   last_groups_ = split_.size();
   if (scratch_.size() < static_cast<size_t>(split_.size())) scratch_.resize(static_cast<size_t>(split_.size()));
   for (int64_t g = 0; g < split_.size(); ++g) reserve(scratch_[static_cast<size_t>(g)], split_.group(g).num_tokens);
-  // A group per thread, each thread's kernels on that thread alone; an exception (a kernel's
-  // refusal) is caught in its thread and thrown here, after every group has run.
+  // Groups claimed by whichever thread is free, each thread's kernels on that thread alone; an
+  // exception (a kernel's refusal) is caught in its thread and thrown here, after every group ran.
   std::vector<std::exception_ptr> failed(static_cast<size_t>(split_.size()));
-#pragma omp parallel num_threads(static_cast<int>(split_.size()))
+  const int team = static_cast<int>(std::min<int64_t>(split_.size(), omp_get_max_threads()));
+#pragma omp parallel num_threads(team)
   {
     omp_set_num_threads(1);
-    for (int64_t g = omp_get_thread_num(); g < split_.size(); g += omp_get_num_threads()) {
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t g = 0; g < split_.size(); ++g) {
       try {
         run(split_.group(g), scratch_[static_cast<size_t>(g)]);
       } catch (...) {

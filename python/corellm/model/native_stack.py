@@ -112,8 +112,8 @@ class NativeDecoderStack:
 
     @property
     def last_groups(self) -> int:
-        """How many groups of sequences the last forward ran side by side, one per thread (1: the
-        whole step, every kernel on the whole team; decoder_stack.h's step split)."""
+        """How many groups of sequences the last forward cut its step into, each run by one thread
+        (1: the whole step, every kernel on the whole team; decoder_stack.h's step split)."""
         return self._stack.last_groups
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,

@@ -26,7 +26,7 @@
 // HF does).
 //
 // The step split: a step of enough tokens over enough sequences is cut into groups of whole
-// sequences (step_split.h), and each thread of the team runs one group through every layer with
+// sequences (step_split.h), and each thread of the team runs whole groups through every layer with
 // its kernels to itself, rather than the team splitting each kernel. A token's result is the same
 // either way (every kernel computes a token from its own inputs and its sequence's KV); when it
 // pays is measured beside groups_for (decoder_stack.cpp).
@@ -101,8 +101,8 @@ class DecoderStack {
   // largest step seen, are the stack's).
   void forward(const DecoderStepArgs& step);
 
-  // How many groups of sequences the last forward ran side by side, one per thread (1: the whole
-  // step, every kernel on the whole team); 0 before the first.
+  // How many groups of sequences the last forward cut its step into, each run by one thread (1:
+  // the whole step, every kernel on the whole team); 0 before the first.
   int64_t last_groups() const { return last_groups_; }
 
  private:
@@ -114,8 +114,8 @@ class DecoderStack {
     AlignedVector<uint16_t> residual, h, qkv, attn, gate_up, act;
   };
 
-  // The groups of sequences the step's tokens are cut into, one per thread; 1: the whole step
-  // on the whole team.
+  // The groups of sequences the step's tokens are cut into, each run by one thread; 1: the whole
+  // step on the whole team.
   int64_t groups_for(const DecoderStepArgs& step) const;
   void run(const DecoderStepArgs& step, Scratch& s);  // embedding, layers and final norm into step.out
   void reserve(Scratch& s, int64_t num_tokens) const;

@@ -1,7 +1,7 @@
 // A step's sequences cut into contiguous groups of near-equal token counts, each group a step of
 // its own (DecoderStepArgs over the same buffers: its sequences' tokens, block-table rows and
 // lengths, and its own query_start_loc from 0). DecoderStack::forward runs the groups side by
-// side, one per thread, when the step is big enough (decoder_stack.h).
+// side, each on one thread, when the step is big enough (decoder_stack.h).
 //
 // Cut points: walking the sequences in order, group g ends after the sequence whose end is
 // nearest to (g + 1) * num_tokens / groups (each group keeps at least one sequence). A token's
