@@ -3,7 +3,8 @@ as it is (quantization "gguf"), against transformers (fp32) running the file's d
 weights — what transformers' own GGUF loading computes. Activations are quantized to int8 per
 32 values, so logits move slightly; measured here, the worst logit differs by under 2% of the
 largest (fp32 activations), and the greedy tokens agree wherever transformers' top-2 margin is
-at least 0.25. The native decoder stack gives the per-op path's bits on quantized weights too."""
+at least 0.25. The native decoder stack gives the per-op path's bits on quantized weights too, also where it
+cuts a step into groups of sequences run by separate threads (the step split)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from corellm import _core
 from corellm.model import load_model
 from tests import quant_blocks
 from tests.model.runner import PagedRunner
@@ -88,3 +90,54 @@ def test_native_stack_gives_the_per_op_bits(quantized_pair):
     op, native = PagedRunner(ours.model, 64, 1), PagedRunner(ours.model, 64, 1, native=True)
     for chunk in chunks:
         assert torch.equal(native.step([chunk]), op.step([chunk]))
+
+
+def _split_expected() -> bool:
+    """Whether the native stack cuts a big step into groups run by its threads here
+    (decoder_stack.cpp's groups_for: a team of two threads, not the amx path)."""
+    return _core.kernels.openmp_threads() == 2 and _core.kernels.cpu_isa() != "amx"
+
+
+def _assert_groups(runner: PagedRunner, groups: int):
+    """The last step ran in `groups` groups where the split is expected here, else whole."""
+    assert runner.native_stack.last_groups == (groups if _split_expected() else 1)
+
+
+def test_a_split_step_gives_the_per_op_bits_and_each_sequence_alone(quantized_pair):
+    """20 sequences: their prefill step is cut into four groups and their decode steps into two
+    (8 tokens a group at least); every token's logits are those of the per-op forward and of the
+    sequence run alone."""
+    _, path, _ = quantized_pair
+    ours = load_model(str(path), progress=False, use_cache=False)
+    rng = np.random.default_rng(6)
+    prompts = [[int(t) for t in rng.integers(3, 384, size=n)] for n in rng.integers(2, 30, size=20)]
+    native, op = PagedRunner(ours.model, 64, 20, native=True), PagedRunner(ours.model, 64, 20)
+    alone = [PagedRunner(ours.model, 64, 1, native=True) for _ in prompts]
+    chunks = prompts
+    for step in range(4):
+        got = native.step(chunks)
+        _assert_groups(native, 4 if step == 0 else 2)
+        assert torch.equal(got, op.step(chunks))
+        assert torch.equal(got, torch.cat([runner.step([c]) for runner, c in zip(alone, chunks)]))
+        chunks = [[t] for t in got.argmax(-1).tolist()]
+
+
+def test_an_uneven_step_runs_whole(quantized_pair):
+    """Decodes beside one long prefill chunk would leave one thread waiting: not split."""
+    _, path, _ = quantized_pair
+    ours = load_model(str(path), progress=False, use_cache=False)
+    runner = PagedRunner(ours.model, 64, 9, native=True)
+    runner.step([[5]] * 8 + [PROMPT[:40]])
+    assert runner.native_stack.last_groups == 1
+
+
+def test_a_refusal_in_one_group_of_a_split_step_is_raised(quantized_pair):
+    """A kernel's error inside one thread's group reaches the caller as the error it is."""
+    _, path, _ = quantized_pair
+    ours = load_model(str(path), progress=False, use_cache=False)
+    runner = PagedRunner(ours.model, 16, 20, native=True)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        runner.step([[3]] * 19 + [[384]])
+    ok = PagedRunner(ours.model, 16, 20, native=True)
+    ok.step([[3]] * 20)
+    _assert_groups(ok, 2)

@@ -34,22 +34,23 @@ constexpr int64_t kOnePassMlpBlockRows = 512;
 // runs whole groups through the whole stack with its kernels to itself (a group claimed when the
 // thread is free: one that loses its core for a while leaves the other groups to the other
 // thread), instead of the whole team splitting every kernel. A thread then reads every weight
-// panel itself (mostly from the L3, where another group read it shortly before), but no thread
-// waits for the other at each of a layer's ~10 kernels, and the threads' kernels overlap: one's
-// attention, bound by reading the KV cache, beside the other's GEMMs, bound by the dot products.
-// AMD EPYC Zen 4, 2 threads, offline 64 x (128 in, 128 out), alternating runs in one process,
-// tokens identical (median of 4 rounds; the VM drifts 10-20 % between runs):
-//   unsplit 730 out tok/s (decode step 45.2 ms, the run's prefill 4.35 s); a group per thread 810
-//   (39.5 ms, 3.88 s); two groups per thread 832 (39.1 ms, 3.73 s). Earlier rounds with one group
-//   per thread: Q4_K_M decode 51.5 -> 41.8 ms; 16 sequences 12.0 -> 11.2 ms (Q4_K_M 14.5 -> 11.3);
-//   the avx512 and avx2 paths at 64: 57.5 -> 43.1 and 68.1 -> 56.2 ms.
-// Below 8 tokens a group it was slower (6 and 5 per thread: 7.9 -> 8.6 and 9.4 -> 11.7 ms; the
-// avx512bf16 GEMM's 12-row blocks fill best unsplit there) or no faster (2 and 3 per thread).
-// Served (bench/serve.py, concurrency 64, 512-token steps, the load's client on the same two
-// cores) it measured neither faster nor slower: 4 alternating rounds, 571-624 against 599-645
-// out tok/s, ITL alike. Only measured on a team of 2 (with more threads each would read the
-// weights once: until measured, they split every kernel as before), and not on the amx path (its
-// GEMM splits rows itself, and the Intel VM's bandwidth is a third of this one's).
+// itself (mostly from the L3, where another group read it shortly before), but no thread waits
+// for the other at each of a layer's ~10 kernels (the quantized GEMM shares its panels out
+// statically, then waits), and the threads' kernels overlap: one's attention, bound by reading the
+// KV cache, beside the other's GEMMs. AMD EPYC Zen 4, 2 threads, offline 64 x (128 in, 128 out),
+// alternating runs in one process, tokens identical (median of 3-4 rounds; the VM drifts 10-20 %
+// between runs):
+//   the default Q4_1 file: unsplit 730 out tok/s (decode step 45.2 ms, the run's prefill 4.35 s),
+//   a group per thread 810 (39.5 ms, 3.88 s), two groups per thread 832 (39.1 ms, 3.73 s); with a
+//   busy loop taking 15 % of a core beside it, 529 -> 663. Q4_K_M decode 51.5 -> 41.8 ms; 16
+//   sequences (8 tokens a group) Q4_1 12.0 -> 11.2 ms, Q4_K_M 14.5 -> 11.3; the avx512 and avx2
+//   paths (Q4_1) at 64: 57.5 -> 43.1 and 68.1 -> 56.2 ms. Below 8 tokens a group it was slower
+//   (6 and 5 per thread: 7.9 -> 8.6 and 9.4 -> 11.7 ms) or no faster (2 and 3 per thread).
+//   bf16 projections gain nothing: 64 sequences 621 -> 620 out tok/s (HF directory; the BF16 file
+//   643 -> 660), 16 sequences decode 14.0 -> 16.2 ms. So only a stack whose projections are all
+//   quantized splits.
+// Only measured on a team of 2 (with more threads each would read the weights once: until
+// measured, they split every kernel as before), and not on the amx path (not measured there).
 constexpr int64_t kSplitMinTokensPerGroup = 8;
 constexpr int64_t kSplitGroupsPerThread = 2;
 constexpr int64_t kSplitMaxThreads = 2;
@@ -89,6 +90,9 @@ DecoderStack::DecoderStack(const DecoderDims& dims, const EmbeddingWeight& embed
     w.o.check("DecoderStack: o");
     w.gate_up.check("DecoderStack: gate_up");
     w.down.check("DecoderStack: down");
+    for (const LinearWeight* linear : {&w.qkv, &w.o, &w.gate_up, &w.down}) {
+      for (const LinearPart& part : linear->parts) quantized_projections_ &= part.ggml_type != kBf16Packed;
+    }
     CORELLM_CHECK_ARG(w.qkv.n == qkv_size_ && w.qkv.k == dims.hidden && w.o.n == dims.hidden && w.o.k == q_size_ &&
                           w.gate_up.n == 2 * dims.intermediate && w.gate_up.k == dims.hidden &&
                           w.down.n == dims.hidden && w.down.k == dims.intermediate,
@@ -109,7 +113,10 @@ void DecoderStack::reserve(Scratch& s, int64_t num_tokens) const {
 
 int64_t DecoderStack::groups_for(const DecoderStepArgs& step) const {
   const int64_t threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  if (threads < 2 || threads > kSplitMaxThreads || tp_.all_reduce != nullptr || cpu_isa() == CpuIsa::kAmx) return 1;
+  if (!quantized_projections_ || threads < 2 || threads > kSplitMaxThreads || tp_.all_reduce != nullptr ||
+      cpu_isa() == CpuIsa::kAmx) {
+    return 1;
+  }
   if (step.num_seqs < threads || step.num_tokens < threads * kSplitMinTokensPerGroup) return 1;
   const int64_t groups =
       std::min({threads * kSplitGroupsPerThread, step.num_seqs, step.num_tokens / kSplitMinTokensPerGroup});

@@ -25,8 +25,8 @@
 // the model says so (Gemma 3: times sqrt(hidden), the factor and the product rounded to bf16 as
 // HF does).
 //
-// The step split: a step of enough tokens over enough sequences is cut into groups of whole
-// sequences (step_split.h), and each thread of the team runs whole groups through every layer with
+// The step split: a step of enough tokens over enough sequences, in a stack whose projections are
+// quantized, is cut into groups of whole sequences (step_split.h), and each thread of the team runs whole groups through every layer with
 // its kernels to itself, rather than the team splitting each kernel. A token's result is the same
 // either way (every kernel computes a token from its own inputs and its sequence's KV); when it
 // pays is measured beside groups_for (decoder_stack.cpp).
@@ -135,6 +135,7 @@ class DecoderStack {
   std::vector<Scratch> scratch_;  // one per group of the step (groups_for)
   StepSplit split_;
   int64_t last_groups_ = 0;
+  bool quantized_projections_ = true;  // every layer's projections in a quantized GGUF type (groups_for)
 };
 
 }  // namespace corellm
