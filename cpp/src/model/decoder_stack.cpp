@@ -46,8 +46,8 @@ constexpr int64_t kOnePassMlpBlockRows = 512;
 //   sequences (8 tokens a group) Q4_1 12.0 -> 11.2 ms, Q4_K_M 14.5 -> 11.3; the avx512 and avx2
 //   paths (Q4_1) at 64: 57.5 -> 43.1 and 68.1 -> 56.2 ms. Below 8 tokens a group it was slower
 //   (6 and 5 per thread: 7.9 -> 8.6 and 9.4 -> 11.7 ms) or no faster (2 and 3 per thread).
-//   bf16 projections gain nothing: 64 sequences 621 -> 620 out tok/s (HF directory; the BF16 file
-//   643 -> 660), 16 sequences decode 14.0 -> 16.2 ms. So only a stack whose projections are all
+//   bf16 projections gain nothing beyond the VM's noise: 64 sequences 621 -> 620 out tok/s (HF
+//   directory; the BF16 file 643 -> 660), and 16 sequences lose (decode 14.0 -> 16.2 ms). So only a stack whose projections are all
 //   quantized splits.
 // Only measured on a team of 2 (with more threads each would read the weights once: until
 // measured, they split every kernel as before), and not on the amx path (not measured there).
