@@ -141,3 +141,21 @@ def test_a_refusal_in_one_group_of_a_split_step_is_raised(quantized_pair):
     ok = PagedRunner(ours.model, 16, 20, native=True)
     ok.step([[3]] * 20)
     _assert_groups(ok, 2)
+
+
+def test_a_split_step_with_input_rows_gives_the_per_op_bits(quantized_pair):
+    """A LLaVA-like step (some embedding rows replaced) cut into groups: each group reads its own
+    tokens' rows."""
+    _, path, _ = quantized_pair
+    ours = load_model(str(path), progress=False, use_cache=False)
+    rng = np.random.default_rng(7)
+    prompts = [[int(t) for t in rng.integers(3, 384, size=n)] for n in rng.integers(8, 20, size=20)]
+    flat = [t for p in prompts for t in p]
+    with torch.inference_mode():
+        embeds = ours.model.embed_input_ids(torch.tensor(flat, dtype=torch.int32))
+        g = torch.Generator().manual_seed(8)
+        embeds[40:90] = torch.randn(50, embeds.shape[1], generator=g).to(embeds.dtype)
+    native, op = PagedRunner(ours.model, 64, 20, native=True), PagedRunner(ours.model, 64, 20)
+    got = native.step(prompts, inputs_embeds=embeds)
+    _assert_groups(native, 4)
+    assert torch.equal(got, op.step(prompts, inputs_embeds=embeds))
