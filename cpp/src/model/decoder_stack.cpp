@@ -118,9 +118,8 @@ int64_t DecoderStack::groups_for(const DecoderStepArgs& step) const {
     return 1;
   }
   if (step.num_seqs < threads || step.num_tokens < threads * kSplitMinTokensPerGroup) return 1;
-  const int64_t groups =
-      std::min({threads * kSplitGroupsPerThread, step.num_seqs, step.num_tokens / kSplitMinTokensPerGroup});
-  return std::max(groups, threads);
+  // At least `threads` groups: both bounds below were just checked to allow that many.
+  return std::min({threads * kSplitGroupsPerThread, step.num_seqs, step.num_tokens / kSplitMinTokensPerGroup});
 }
 
 void DecoderStack::forward(const DecoderStepArgs& step) {
@@ -134,19 +133,16 @@ void DecoderStack::forward(const DecoderStepArgs& step) {
   // Unsplit, or when the cut is uneven (one thread would be left waiting on the other): the whole
   // step, every kernel on the whole team.
   if (groups == 1 || split_.imbalance() > kSplitMaxImbalance) {
-    if (scratch_.empty()) scratch_.resize(1);
     last_groups_ = 1;
     run(step, scratch_[0]);
     return;
   }
   last_groups_ = split_.size();
   if (scratch_.size() < static_cast<size_t>(split_.size())) scratch_.resize(static_cast<size_t>(split_.size()));
-  for (int64_t g = 0; g < split_.size(); ++g) reserve(scratch_[static_cast<size_t>(g)], split_.group(g).num_tokens);
   // Groups claimed by whichever thread is free, each thread's kernels on that thread alone; an
   // exception (a kernel's refusal) is caught in its thread and thrown here, after every group ran.
   std::vector<std::exception_ptr> failed(static_cast<size_t>(split_.size()));
-  const int team = static_cast<int>(std::min<int64_t>(split_.size(), omp_get_max_threads()));
-#pragma omp parallel num_threads(team)
+#pragma omp parallel
   {
     omp_set_num_threads(1);
 #pragma omp for schedule(dynamic, 1) nowait

@@ -132,7 +132,7 @@ class DecoderStack {
   DecoderTensorParallel tp_;
   std::vector<int32_t> local_ids_;  // tensor parallelism: the step's ids in this rank's rows
   int64_t q_size_, kv_size_, qkv_size_;
-  std::vector<Scratch> scratch_;  // one per group of the step (groups_for)
+  std::vector<Scratch> scratch_ = std::vector<Scratch>(1);  // one per group of the step (groups_for); each run grows its own
   StepSplit split_;
   int64_t last_groups_ = 0;
   bool quantized_projections_ = true;  // every layer's projections in a quantized GGUF type (groups_for)
