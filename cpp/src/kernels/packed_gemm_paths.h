@@ -10,8 +10,8 @@
 
 #include "corellm/kernels/dtype.h"
 #include "corellm/kernels/packed_gemm.h"
-#include "corellm/shared_ranges.h"
 #include "next_panel.h"
+#include "shared_panels.h"
 #include "thread_scratch.h"
 
 namespace corellm {
@@ -45,27 +45,9 @@ inline int gemm_half_columns(int64_t n, int64_t col0, int h) {
 inline bool gemm_worth_threads(const GemmArgs& a) { return a.n * a.k * a.m >= (1 << 16); }
 
 // The team that runs the GEMM: the OpenMP team where the GEMM is worth it, else one thread. Its
-// parallel region and its shared units (gemm_shared_panels) both take this one number.
+// parallel region and its shared units (gemm_shared_panels, shared_panels.h) both take this one
+// number.
 inline int gemm_team_size(const GemmArgs& a) { return gemm_worth_threads(a) ? omp_get_max_threads() : 1; }
-
-// Per chunk of `chunk` of the m rows, `units` (W's panels, or pairs of them) shared by a team of
-// `threads` (gemm_team_size; SharedRanges: a thread's static share first, then the others' from
-// their backs; every unit is computed the same whichever thread takes it).
-inline std::vector<SharedRanges> gemm_shared_panels(int64_t m, int64_t chunk, int64_t units, int threads) {
-  std::vector<SharedRanges> per_chunk;
-  per_chunk.reserve(static_cast<size_t>((m + chunk - 1) / chunk));
-  for (int64_t r0 = 0; r0 < m; r0 += chunk) per_chunk.emplace_back(units, threads);
-  return per_chunk;
-}
-
-// The panel `thread` computes after its current one in chunk c (gemm_shared_panels), to fetch
-// meanwhile: the next of its own range, or after its range's last its first of chunk c + 1; -1:
-// none.
-inline int64_t gemm_next_own_panel(const std::vector<SharedRanges>& chunk_panels, size_t c, int thread) {
-  const int64_t after = chunk_panels[c].own_front(thread);
-  if (after >= 0 || c + 1 >= chunk_panels.size()) return after;
-  return chunk_panels[c + 1].own_front(thread);
-}
 
 void bf16_gemm_avx2(const GemmArgs& a);        // packed_gemm_avx2.cpp
 void bf16_gemm_avx512(const GemmArgs& a);      // packed_gemm_avx512.cpp
