@@ -59,18 +59,37 @@ def test_packing_keeps_the_values(type_name):
     assert q.nbytes == K.quant_gemm_packed_size(q.ggml_type, n, k)
 
 
+def paths_agree_within_bound(q: QuantizedTensor, x: torch.Tensor, w: np.ndarray) -> dict[str, torch.Tensor]:
+    """Every path's y for x (fp32): each the reference path's bits, the reference within the
+    activation bound of the float64 product with the dequantized weight w."""
+    got = {path: gemm(q, x, path=path) for path in PATHS}
+    for path in PATHS[1:]:
+        assert torch.equal(got[path], got["reference"]), f"{path} differs from the reference path"
+    err = np.abs(got["reference"].double().numpy() - x.double().numpy() @ w.astype(np.float64).T)
+    bound = activation_bound(x.numpy(), w)
+    assert (err <= bound).all(), f"worst error {err.max():.3g}, bound there {bound.flat[err.argmax()]:.3g}"
+    return got
+
+
 @pytest.mark.parametrize("type_name", ALL_TYPES)
 def test_paths_agree_and_are_within_the_activation_bound(type_name):
     n, k, m = 40, 512, 37  # the amx path: two tiles of 16 rows, 5 rows on the vector loops
     q, w = weight(type_name, n, k, seed=1)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(2))
-    got = {path: gemm(q, x, path=path) for path in PATHS}
-    for path in PATHS[1:]:
-        assert torch.equal(got[path], got["reference"]), f"{path} differs from the reference path"
-    want = x.double().numpy() @ w.astype(np.float64).T
-    err = np.abs(got["reference"].double().numpy() - want)
-    bound = activation_bound(x.numpy(), w)
-    assert (err <= bound).all(), f"worst error {err.max():.3g}, bound there {bound.flat[err.argmax()]:.3g}"
+    paths_agree_within_bound(q, x, w)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_1", "Q4_K", "Q6_K"])
+def test_many_rows_share_every_panel_once(type_name):
+    """Rows in several chunks of 128 (each chunk's panels shared by the team, taken one at a time
+    and from the other thread's back: quant_gemm.cpp), an odd number of panels: every path is the
+    reference's bits and within the bound, and each row is its bits alone."""
+    n, k, m = 200, 256, 300  # 13 panels of 16; chunks of 128, 128 and 44 rows (amx: a 12-row tail)
+    q, w = weight(type_name, n, k, seed=7)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(8))
+    got = paths_agree_within_bound(q, x, w)
+    for r in (0, 127, 128, 299):
+        assert torch.equal(gemm(q, x[r : r + 1])[0], got[PATHS[-1]][r]), f"row {r} depends on the batch"
 
 
 # A block's bytes, and where its fp16 scales lie, for the types a min/max rule leaves partly
@@ -95,11 +114,7 @@ def test_types_on_arbitrary_bits(type_name):
     w = dequantize(blocks, type_name)
     np.testing.assert_allclose(q.dequantize(torch.float32).numpy(), w, rtol=1e-6, atol=1e-7)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(12))
-    got = {path: gemm(q, x, path=path) for path in PATHS}
-    for path in PATHS[1:]:
-        assert torch.equal(got[path], got["reference"]), f"{path} differs from the reference path"
-    err = np.abs(got["reference"].double().numpy() - x.double().numpy() @ w.astype(np.float64).T)
-    assert (err <= activation_bound(x.numpy(), w)).all()
+    paths_agree_within_bound(q, x, w)
 
 
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0", "Q6_K", "Q5_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"])

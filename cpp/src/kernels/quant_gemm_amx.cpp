@@ -154,25 +154,29 @@ void tile_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int64
   kernel::store_rows<Lanes>(a, out, r0, kTileRows, p);
 }
 
+// Per panel the thread claims: rows in tiles of 16 through AMX (the tile configuration once per
+// call), then the rows past the last whole tile through the vector kernel while the panel is in
+// the caches.
 template <QuantType T>
-void run_type(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range) {
+void run_type(const QuantGemmArgs& a, const QuantizedRows& x, const PanelClaims& claims) {
   constexpr Layout L = layout_of(T);
-  const int64_t blocks = a.k / L.block, tiled_end = range.r0 + (range.r1 - range.r0) / kTileRows * kTileRows;
-  if (tiled_end > range.r0) {
-    configure_tiles();
-    uint8_t* values = thread_scratch<struct LaidOutValues, uint8_t>(a.k / 32 * kGroupBytes + 1024);
-    auto* sums = reinterpret_cast<int32_t*>(values + a.k / 32 * kGroupBytes);
-    const int64_t panel_bytes = blocks * L.bytes;
-    for (int64_t p = range.p0; p < range.p1; ++p) {
-      if constexpr (T != QuantType::kQ8_0) lay_out_values<T>(a.packed + p * panel_bytes, blocks, values);
-      NextPanel next = p + 1 < range.p1 ? NextPanel(a.packed + (p + 1) * panel_bytes, panel_bytes,
-                                                    (tiled_end - range.r0) / kTileRows * blocks)
-                                        : NextPanel();
-      for (int64_t r = range.r0; r < tiled_end; r += kTileRows) tile_rows<T>(a, x, r, p, values, sums, next);
-    }
-    _tile_release();
+  const int64_t blocks = a.k / L.block;
+  const int64_t tiled_end = claims.r0 + (claims.r1 - claims.r0) / kTileRows * kTileRows;
+  if (tiled_end == claims.r0) return kernel::panels<Lanes, T>(a, x, claims);
+  configure_tiles();
+  uint8_t* values = thread_scratch<struct LaidOutValues, uint8_t>(a.k / 32 * kGroupBytes + 1024);
+  auto* sums = reinterpret_cast<int32_t*>(values + a.k / 32 * kGroupBytes);
+  const int64_t panel_bytes = blocks * L.bytes;
+  for (int64_t p = claims.take(); p >= 0; p = claims.take()) {
+    if constexpr (T != QuantType::kQ8_0) lay_out_values<T>(a.packed + p * panel_bytes, blocks, values);
+    const int64_t after = claims.likely_next();
+    NextPanel next = after >= 0 ? NextPanel(a.packed + after * panel_bytes, panel_bytes,
+                                            (tiled_end - claims.r0) / kTileRows * blocks)
+                                : NextPanel();
+    for (int64_t r = claims.r0; r < tiled_end; r += kTileRows) tile_rows<T>(a, x, r, p, values, sums, next);
+    if (tiled_end < claims.r1) kernel::panel<Lanes, T>(a, x, tiled_end, claims.r1, p, /*after=*/-1);
   }
-  if (tiled_end < range.r1) kernel::panels<Lanes, T>(a, x, {tiled_end, range.r1, range.p0, range.p1});
+  _tile_release();
 }
 
 }  // namespace
@@ -180,21 +184,21 @@ void run_type(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& 
 
 namespace corellm::quant {
 
-void quant_gemm_amx(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range) {
+void quant_gemm_amx(const QuantGemmArgs& a, const QuantizedRows& x, const PanelClaims& claims) {
   using amx::run_type;
   switch (a.type) {
-    case QuantType::kQ4_0: return run_type<QuantType::kQ4_0>(a, x, range);
-    case QuantType::kQ4_1: return run_type<QuantType::kQ4_1>(a, x, range);
-    case QuantType::kQ5_0: return run_type<QuantType::kQ5_0>(a, x, range);
-    case QuantType::kQ5_1: return run_type<QuantType::kQ5_1>(a, x, range);
-    case QuantType::kQ8_0: return run_type<QuantType::kQ8_0>(a, x, range);
-    case QuantType::kQ4_K: return run_type<QuantType::kQ4_K>(a, x, range);
-    case QuantType::kQ5_K: return run_type<QuantType::kQ5_K>(a, x, range);
-    case QuantType::kQ6_K: return kernel::panels<Avx512VnniLanes, QuantType::kQ6_K>(a, x, range);
-    case QuantType::kQ2_K: return kernel::panels<Avx512VnniLanes, QuantType::kQ2_K>(a, x, range);
-    case QuantType::kQ3_K: return kernel::panels<Avx512VnniLanes, QuantType::kQ3_K>(a, x, range);
-    case QuantType::kIQ4_NL: return kernel::panels<Avx512VnniLanes, QuantType::kIQ4_NL>(a, x, range);
-    case QuantType::kIQ4_XS: return kernel::panels<Avx512VnniLanes, QuantType::kIQ4_XS>(a, x, range);
+    case QuantType::kQ4_0: return run_type<QuantType::kQ4_0>(a, x, claims);
+    case QuantType::kQ4_1: return run_type<QuantType::kQ4_1>(a, x, claims);
+    case QuantType::kQ5_0: return run_type<QuantType::kQ5_0>(a, x, claims);
+    case QuantType::kQ5_1: return run_type<QuantType::kQ5_1>(a, x, claims);
+    case QuantType::kQ8_0: return run_type<QuantType::kQ8_0>(a, x, claims);
+    case QuantType::kQ4_K: return run_type<QuantType::kQ4_K>(a, x, claims);
+    case QuantType::kQ5_K: return run_type<QuantType::kQ5_K>(a, x, claims);
+    case QuantType::kQ6_K: return kernel::panels<Avx512VnniLanes, QuantType::kQ6_K>(a, x, claims);
+    case QuantType::kQ2_K: return kernel::panels<Avx512VnniLanes, QuantType::kQ2_K>(a, x, claims);
+    case QuantType::kQ3_K: return kernel::panels<Avx512VnniLanes, QuantType::kQ3_K>(a, x, claims);
+    case QuantType::kIQ4_NL: return kernel::panels<Avx512VnniLanes, QuantType::kIQ4_NL>(a, x, claims);
+    case QuantType::kIQ4_XS: return kernel::panels<Avx512VnniLanes, QuantType::kIQ4_XS>(a, x, claims);
   }
 }
 

@@ -129,8 +129,8 @@ struct Avx2Lanes {
 
 }  // namespace
 
-void quant_gemm_avx2(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range) {
-  kernel::run<Avx2Lanes>(a, x, range);
+void quant_gemm_avx2(const QuantGemmArgs& a, const QuantizedRows& x, const PanelClaims& claims) {
+  kernel::run<Avx2Lanes>(a, x, claims);
 }
 
 }  // namespace corellm::quant

@@ -20,8 +20,8 @@
 
 namespace corellm::quant {
 
-void quant_gemm_avx512vnni(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range) {
-  kernel::run<Avx512VnniLanes>(a, x, range);
+void quant_gemm_avx512vnni(const QuantGemmArgs& a, const QuantizedRows& x, const PanelClaims& claims) {
+  kernel::run<Avx512VnniLanes>(a, x, claims);
 }
 
 }  // namespace corellm::quant

@@ -92,49 +92,55 @@ void panel_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int6
   store_rows<Lanes>(a, acc, r0, MR, p);
 }
 
-// Rows in blocks of Lanes::kMaxRows, whose sums wait in memory where they outnumber the registers
-// (each block's weight values are built once for all its rows); the rows left in blocks of
-// kTailRows where kMaxRows is larger, then one at a time.
+// Rows [r0, r1) x panel p in blocks of Lanes::kMaxRows, whose sums wait in memory where they
+// outnumber the registers (each block's weight values are built once for all its rows); the rows
+// left in blocks of kTailRows where kMaxRows is larger, then one at a time. `after`: the panel to
+// fetch meanwhile (-1: none).
 template <class Lanes, QuantType T>
-void panels(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range) {
+void panel(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int64_t r1, int64_t p, int64_t after) {
   constexpr int kRows = Lanes::kMaxRows;
   constexpr int kTailRows = kRows >= 16 && kRows % 4 == 0 ? 4 : 1;
   constexpr Layout L = layout_of(T);
-  const int64_t panel_bytes = a.k / L.block * L.bytes, rows = range.r1 - range.r0;
+  const int64_t panel_bytes = a.k / L.block * L.bytes, rows = r1 - r0;
   const int64_t left = rows % kRows;
   const int64_t blocks_of_rows = rows / kRows + left / kTailRows + left % kTailRows;
   // the types whose panels gained from the non-temporal hint, on the paths where it did (next_panel.h)
   constexpr bool kStreams = Lanes::kNonTemporalOneRow && (T == QuantType::kQ4_0 || T == QuantType::kQ4_1 ||
                                                           T == QuantType::kQ8_0 || T == QuantType::kIQ4_NL);
-  const ReadOnce read_once = read_once_panel(kStreams, rows);
-  for (int64_t p = range.p0; p < range.p1; ++p) {
-    NextPanel next = p + 1 < range.p1 ? NextPanel(a.packed + (p + 1) * panel_bytes, panel_bytes,
-                                                  blocks_of_rows * (a.k / L.block), read_once)
-                                      : NextPanel();
-    int64_t r = range.r0;
-    for (; r + kRows <= range.r1; r += kRows) panel_rows<Lanes, T, kRows>(a, x, r, p, next);
-    if constexpr (kTailRows > 1) {
-      for (; r + kTailRows <= range.r1; r += kTailRows) panel_rows<Lanes, T, kTailRows>(a, x, r, p, next);
-    }
-    for (; r < range.r1; ++r) panel_rows<Lanes, T, 1>(a, x, r, p, next);
+  NextPanel next = after >= 0 ? NextPanel(a.packed + after * panel_bytes, panel_bytes,
+                                          blocks_of_rows * (a.k / L.block), read_once_panel(kStreams, rows))
+                              : NextPanel();
+  int64_t r = r0;
+  for (; r + kRows <= r1; r += kRows) panel_rows<Lanes, T, kRows>(a, x, r, p, next);
+  if constexpr (kTailRows > 1) {
+    for (; r + kTailRows <= r1; r += kTailRows) panel_rows<Lanes, T, kTailRows>(a, x, r, p, next);
+  }
+  for (; r < r1; ++r) panel_rows<Lanes, T, 1>(a, x, r, p, next);
+}
+
+// Every panel the thread claims, for the claims' rows.
+template <class Lanes, QuantType T>
+void panels(const QuantGemmArgs& a, const QuantizedRows& x, const PanelClaims& claims) {
+  for (int64_t p = claims.take(); p >= 0; p = claims.take()) {
+    panel<Lanes, T>(a, x, claims.r0, claims.r1, p, claims.likely_next());
   }
 }
 
 template <class Lanes>
-void run(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range) {
+void run(const QuantGemmArgs& a, const QuantizedRows& x, const PanelClaims& claims) {
   switch (a.type) {
-    case QuantType::kQ4_0: return panels<Lanes, QuantType::kQ4_0>(a, x, range);
-    case QuantType::kQ4_1: return panels<Lanes, QuantType::kQ4_1>(a, x, range);
-    case QuantType::kQ5_0: return panels<Lanes, QuantType::kQ5_0>(a, x, range);
-    case QuantType::kQ5_1: return panels<Lanes, QuantType::kQ5_1>(a, x, range);
-    case QuantType::kQ8_0: return panels<Lanes, QuantType::kQ8_0>(a, x, range);
-    case QuantType::kQ2_K: return panels<Lanes, QuantType::kQ2_K>(a, x, range);
-    case QuantType::kQ3_K: return panels<Lanes, QuantType::kQ3_K>(a, x, range);
-    case QuantType::kIQ4_NL: return panels<Lanes, QuantType::kIQ4_NL>(a, x, range);
-    case QuantType::kIQ4_XS: return panels<Lanes, QuantType::kIQ4_XS>(a, x, range);
-    case QuantType::kQ4_K: return panels<Lanes, QuantType::kQ4_K>(a, x, range);
-    case QuantType::kQ5_K: return panels<Lanes, QuantType::kQ5_K>(a, x, range);
-    case QuantType::kQ6_K: return panels<Lanes, QuantType::kQ6_K>(a, x, range);
+    case QuantType::kQ4_0: return panels<Lanes, QuantType::kQ4_0>(a, x, claims);
+    case QuantType::kQ4_1: return panels<Lanes, QuantType::kQ4_1>(a, x, claims);
+    case QuantType::kQ5_0: return panels<Lanes, QuantType::kQ5_0>(a, x, claims);
+    case QuantType::kQ5_1: return panels<Lanes, QuantType::kQ5_1>(a, x, claims);
+    case QuantType::kQ8_0: return panels<Lanes, QuantType::kQ8_0>(a, x, claims);
+    case QuantType::kQ2_K: return panels<Lanes, QuantType::kQ2_K>(a, x, claims);
+    case QuantType::kQ3_K: return panels<Lanes, QuantType::kQ3_K>(a, x, claims);
+    case QuantType::kIQ4_NL: return panels<Lanes, QuantType::kIQ4_NL>(a, x, claims);
+    case QuantType::kIQ4_XS: return panels<Lanes, QuantType::kIQ4_XS>(a, x, claims);
+    case QuantType::kQ4_K: return panels<Lanes, QuantType::kQ4_K>(a, x, claims);
+    case QuantType::kQ5_K: return panels<Lanes, QuantType::kQ5_K>(a, x, claims);
+    case QuantType::kQ6_K: return panels<Lanes, QuantType::kQ6_K>(a, x, claims);
   }
 }
 

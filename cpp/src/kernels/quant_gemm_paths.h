@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "corellm/kernels/quant_gemm.h"
 #include "next_panel.h"
+#include "shared_panels.h"
 
 namespace corellm::quant {
 
@@ -34,15 +36,23 @@ struct QuantizedRows {
 // Quantizes rows [r0, r1) of x into rows [r0, r1) of `out` (quant_activations.cpp).
 void quantize_rows(const void* x, int64_t x_stride, DType x_dtype, int64_t r0, int64_t r1, const QuantizedRows& out);
 
-// One thread's share: rows [r0, r1) x panels [p0, p1) of y, from the quantized rows (each path's
-// source: quant_gemm.cpp's reference, quant_gemm_avx2.cpp, quant_gemm_avx512vnni.cpp,
-// quant_gemm_amx.cpp).
-struct PanelRange {
-  int64_t r0, r1, p0, p1;
+// One thread's share of a chunk of rows [r0, r1) of y: the panels it takes one at a time from the
+// chunk's shared ranges (shared_panels.h: its own contiguous range first, then the other threads'
+// from their backs), and for each the panel it will most likely take next, fetched meanwhile.
+struct PanelClaims {
+  int64_t r0, r1;
+  std::vector<SharedRanges>* chunk_panels;  // per chunk of rows (gemm_shared_panels)
+  size_t chunk;                             // this one's index
+  int thread;
+
+  int64_t take() const { return (*chunk_panels)[chunk].next(thread); }  // -1: every panel is taken
+  int64_t likely_next() const { return gemm_next_own_panel(*chunk_panels, chunk, thread); }  // -1: none
 };
-void quant_gemm_reference(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range);
-void quant_gemm_avx2(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range);
-void quant_gemm_avx512vnni(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range);
-void quant_gemm_amx(const QuantGemmArgs& a, const QuantizedRows& x, const PanelRange& range);
+// Each path's loop over its claims, from the quantized rows (quant_gemm.cpp's reference,
+// quant_gemm_avx2.cpp, quant_gemm_avx512vnni.cpp, quant_gemm_amx.cpp).
+void quant_gemm_reference(const QuantGemmArgs& a, const QuantizedRows& x, const PanelClaims& claims);
+void quant_gemm_avx2(const QuantGemmArgs& a, const QuantizedRows& x, const PanelClaims& claims);
+void quant_gemm_avx512vnni(const QuantGemmArgs& a, const QuantizedRows& x, const PanelClaims& claims);
+void quant_gemm_amx(const QuantGemmArgs& a, const QuantizedRows& x, const PanelClaims& claims);
 
 }  // namespace corellm::quant

@@ -35,20 +35,22 @@ constexpr int64_t kOnePassMlpBlockRows = 512;
 // thread is free: one that loses its core for a while leaves the other groups to the other
 // thread), instead of the whole team splitting every kernel. A thread then reads every weight
 // itself (mostly from the L3, where another group read it shortly before), but no thread waits
-// for the other at each of a layer's ~10 kernels (the quantized GEMM shares its panels out
-// statically, then waits), and the threads' kernels overlap: one's attention, bound by reading the
-// KV cache, beside the other's GEMMs. AMD EPYC Zen 4, 2 threads, offline 64 x (128 in, 128 out),
-// alternating runs in one process, tokens identical (median of 3-4 rounds; the VM drifts 10-20 %
-// between runs):
+// for the other at the end of each of a layer's ~10 kernels, and the threads' kernels overlap:
+// one's attention, bound by reading the KV cache, beside the other's GEMMs. AMD EPYC Zen 4, 2
+// threads, offline 64 x (128 in, 128 out), alternating runs in one process, tokens identical
+// (median of 3-4 rounds; the VM drifts 10-20 % between runs):
 //   the default Q4_1 file: unsplit 730 out tok/s (decode step 45.2 ms, the run's prefill 4.35 s),
 //   a group per thread 810 (39.5 ms, 3.88 s), two groups per thread 832 (39.1 ms, 3.73 s); with a
 //   busy loop taking 15 % of a core beside it, 529 -> 663. Q4_K_M decode 51.5 -> 41.8 ms; 16
 //   sequences (8 tokens a group) Q4_1 12.0 -> 11.2 ms, Q4_K_M 14.5 -> 11.3; the avx512 and avx2
 //   paths (Q4_1) at 64: 57.5 -> 43.1 and 68.1 -> 56.2 ms. Below 8 tokens a group it was slower
-//   (6 and 5 per thread: 7.9 -> 8.6 and 9.4 -> 11.7 ms) or no faster (2 and 3 per thread).
-//   bf16 projections gain nothing beyond the VM's noise: 64 sequences 621 -> 620 out tok/s (HF
-//   directory; the BF16 file 643 -> 660), and 16 sequences lose (decode 14.0 -> 16.2 ms). So only a stack whose projections are all
-//   quantized splits.
+//   (6 and 5 per thread: 7.9 -> 8.6 and 9.4 -> 11.7 ms) or no faster (2 and 3 per thread). Since
+//   the quantized GEMM shares its panels dynamically (quant_gemm.cpp) the split still leads: Q4_1,
+//   three alternating rounds, unsplit 650 / 813 / 643 against split 764 / 842 / 662 out tok/s.
+//   bf16 projections gain too little to tell from the VM's drift: 64 sequences, two groups per
+//   thread 621 -> 620 out tok/s (HF directory; the BF16 file 643 -> 660), one group per thread
+//   622 -> 642 (three rounds: 611 -> 621, 622 -> 669, and one unpaired), and 16 sequences lose
+//   (decode 14.0 -> 16.2 ms). So only a stack whose projections are all quantized splits.
 // Only measured on a team of 2 (with more threads each would read the weights once: until
 // measured, they split every kernel as before), and not on the amx path (not measured there).
 constexpr int64_t kSplitMinTokensPerGroup = 8;
