@@ -49,8 +49,10 @@ constexpr int64_t kOnePassMlpBlockRows = 512;
 //   three alternating rounds, unsplit 650 / 813 / 643 against split 764 / 842 / 662 out tok/s.
 //   bf16 projections gain too little to tell from the VM's drift: 64 sequences, two groups per
 //   thread 621 -> 620 out tok/s (HF directory; the BF16 file 643 -> 660), one group per thread
-//   622 -> 642 (three rounds: 611 -> 621, 622 -> 669, and one unpaired), and 16 sequences lose
-//   (decode 14.0 -> 16.2 ms). So only a stack whose projections are all quantized splits.
+//   622 -> 642 (three rounds: 611 -> 621, 622 -> 669, and one unpaired) but served at concurrency
+//   64 (from 32 tokens a group, two servers alternating) 640 / 630 / 637 against 635 / 655 / 644,
+//   and 16 sequences lose (decode 14.0 -> 16.2 ms). So only a stack whose projections are all
+//   quantized splits.
 // Only measured on a team of 2 (with more threads each would read the weights once: until
 // measured, they split every kernel as before), and not on the amx path (not measured there).
 constexpr int64_t kSplitMinTokensPerGroup = 8;
