@@ -83,11 +83,16 @@ def test_greedy_tokens_follow_transformers_while_the_margin_is_clear(quantized_p
     assert compared >= 4, f"{type_name}: only {compared} steps had a clear margin"
 
 
-def test_native_stack_gives_the_per_op_bits(quantized_pair):
+@pytest.fixture
+def bf16_model(quantized_pair):
+    """corellm's model of the file in bf16, the native stack's dtype."""
     _, path, _ = quantized_pair
-    ours = load_model(str(path), progress=False, use_cache=False)  # bf16: the native stack's dtype
+    return load_model(str(path), progress=False, use_cache=False).model
+
+
+def test_native_stack_gives_the_per_op_bits(bf16_model):
     chunks = [PROMPT[:20], PROMPT[20:21], PROMPT[21:40]]
-    op, native = PagedRunner(ours.model, 64, 1), PagedRunner(ours.model, 64, 1, native=True)
+    op, native = PagedRunner(bf16_model, 64, 1), PagedRunner(bf16_model, 64, 1, native=True)
     for chunk in chunks:
         assert torch.equal(native.step([chunk]), op.step([chunk]))
 
@@ -103,16 +108,14 @@ def _assert_groups(runner: PagedRunner, groups: int):
     assert runner.native_stack.last_groups == (groups if _split_expected() else 1)
 
 
-def test_a_split_step_gives_the_per_op_bits_and_each_sequence_alone(quantized_pair):
+def test_a_split_step_gives_the_per_op_bits_and_each_sequence_alone(bf16_model):
     """20 sequences: their prefill step is cut into four groups and their decode steps into two
     (8 tokens a group at least); every token's logits are those of the per-op forward and of the
     sequence run alone."""
-    _, path, _ = quantized_pair
-    ours = load_model(str(path), progress=False, use_cache=False)
     rng = np.random.default_rng(6)
     prompts = [[int(t) for t in rng.integers(3, 384, size=n)] for n in rng.integers(2, 30, size=20)]
-    native, op = PagedRunner(ours.model, 64, 20, native=True), PagedRunner(ours.model, 64, 20)
-    alone = [PagedRunner(ours.model, 64, 1, native=True) for _ in prompts]
+    native, op = PagedRunner(bf16_model, 64, 20, native=True), PagedRunner(bf16_model, 64, 20)
+    alone = [PagedRunner(bf16_model, 64, 1, native=True) for _ in prompts]
     chunks = prompts
     for step in range(4):
         got = native.step(chunks)
@@ -122,40 +125,34 @@ def test_a_split_step_gives_the_per_op_bits_and_each_sequence_alone(quantized_pa
         chunks = [[t] for t in got.argmax(-1).tolist()]
 
 
-def test_an_uneven_step_runs_whole(quantized_pair):
+def test_an_uneven_step_runs_whole(bf16_model):
     """Decodes beside one long prefill chunk would leave one thread waiting: not split."""
-    _, path, _ = quantized_pair
-    ours = load_model(str(path), progress=False, use_cache=False)
-    runner = PagedRunner(ours.model, 64, 9, native=True)
+    runner = PagedRunner(bf16_model, 64, 9, native=True)
     runner.step([[5]] * 8 + [PROMPT[:40]])
     assert runner.native_stack.last_groups == 1
 
 
-def test_a_refusal_in_one_group_of_a_split_step_is_raised(quantized_pair):
+def test_a_refusal_in_one_group_of_a_split_step_is_raised(bf16_model):
     """A kernel's error inside one thread's group reaches the caller as the error it is."""
-    _, path, _ = quantized_pair
-    ours = load_model(str(path), progress=False, use_cache=False)
-    runner = PagedRunner(ours.model, 16, 20, native=True)
+    runner = PagedRunner(bf16_model, 16, 20, native=True)
     with pytest.raises(ValueError, match="outside the vocabulary"):
         runner.step([[3]] * 19 + [[384]])
-    ok = PagedRunner(ours.model, 16, 20, native=True)
+    ok = PagedRunner(bf16_model, 16, 20, native=True)
     ok.step([[3]] * 20)
     _assert_groups(ok, 2)
 
 
-def test_a_split_step_with_input_rows_gives_the_per_op_bits(quantized_pair):
+def test_a_split_step_with_input_rows_gives_the_per_op_bits(bf16_model):
     """A LLaVA-like step (some embedding rows replaced) cut into groups: each group reads its own
     tokens' rows."""
-    _, path, _ = quantized_pair
-    ours = load_model(str(path), progress=False, use_cache=False)
     rng = np.random.default_rng(7)
     prompts = [[int(t) for t in rng.integers(3, 384, size=n)] for n in rng.integers(8, 20, size=20)]
     flat = [t for p in prompts for t in p]
     with torch.inference_mode():
-        embeds = ours.model.embed_input_ids(torch.tensor(flat, dtype=torch.int32))
+        embeds = bf16_model.embed_input_ids(torch.tensor(flat, dtype=torch.int32))
         g = torch.Generator().manual_seed(8)
         embeds[40:90] = torch.randn(50, embeds.shape[1], generator=g).to(embeds.dtype)
-    native, op = PagedRunner(ours.model, 64, 20, native=True), PagedRunner(ours.model, 64, 20)
+    native, op = PagedRunner(bf16_model, 64, 20, native=True), PagedRunner(bf16_model, 64, 20)
     got = native.step(prompts, inputs_embeds=embeds)
     _assert_groups(native, 4)
     assert torch.equal(got, op.step(prompts, inputs_embeds=embeds))
