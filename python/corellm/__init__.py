@@ -20,6 +20,7 @@ with _lasting_objects():  # torch's import makes ~200k objects that live as long
 
     from corellm.native import _core
     from corellm.config import EngineConfig, SchedulerConfig
+    from corellm.inputs import PromptType, TextPrompt, TokensPrompt
     from corellm.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
     from corellm.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, RequestOutput
     from corellm.pooling_params import PoolingParams
@@ -38,6 +39,5 @@ def __getattr__(name: str):
 
 
 __all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "CompletionOutput", "EmbeddingOutput",
-           "EmbeddingRequestOutput", "EngineConfig", "Logprob", "PoolingParams", "RequestOutput", "RequestOutputKind",
-           "SamplingParams", "SchedulerConfig",
-           "StructuredOutputsParams", "_core", "__version__"]
+           "EmbeddingRequestOutput", "EngineConfig", "Logprob", "PoolingParams", "PromptType", "RequestOutput",
+           "RequestOutputKind", "SamplingParams", "SchedulerConfig", "StructuredOutputsParams", "TextPrompt", "TokensPrompt", "_core", "__version__"]

@@ -20,7 +20,7 @@ from corellm.distributed.torchrun import TorchrunPlace
 from corellm.distributed.spawned_processes import refuse_while_importing_main
 from corellm.engine.data_parallel_replicas import DataParallelReplicas
 from corellm.engine.engine_parts import EngineParts
-from corellm.engine.input_processor import PromptType
+from corellm.inputs import PromptType
 from corellm.model.loader import LoadedModel
 from corellm.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from corellm.pooling_params import PoolingParams

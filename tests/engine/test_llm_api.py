@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from corellm import LLM, SamplingParams
+from corellm import LLM, SamplingParams, TextPrompt, TokensPrompt
 from tests.engine.test_tiny_oracle import write_tokenizer
 from tests.model.tiny_models import make_tiny_model
 
@@ -35,6 +35,23 @@ def test_outputs_follow_input_order_and_prompt_forms(llm):
         assert c.text == tok.decode(c.token_ids)
     alone = llm.generate(prompts[2], GREEDY, use_tqdm=False)[0]
     assert alone.outputs[0].token_ids == outs[2].outputs[0].token_ids
+
+
+def test_typed_prompts_and_their_cache_salt(llm):
+    """vLLM's TextPrompt / TokensPrompt forms; a prompt's cache_salt keeps its blocks from prompts
+    with another salt (or none), as a request body's does on the server."""
+    tok = llm.get_tokenizer()
+    text = "A long shared preamble about the history of the city of Lyon, " * 6
+    ids = tok.encode(text)
+    first = llm.generate(TextPrompt(prompt=text), GREEDY, use_tqdm=False)[0]
+    again = llm.generate(TokensPrompt(prompt_token_ids=ids, prompt=text), GREEDY, use_tqdm=False)[0]
+    assert again.prompt == text and again.prompt_token_ids == first.prompt_token_ids == ids
+    assert again.outputs[0].token_ids == first.outputs[0].token_ids
+    assert again.num_cached_tokens >= 32  # the unsalted prompt's blocks
+    salted = llm.generate(TextPrompt(prompt=text, cache_salt="tenant-a"), GREEDY, use_tqdm=False)[0]
+    assert salted.num_cached_tokens == 0 and salted.outputs[0].token_ids == first.outputs[0].token_ids
+    same_salt = llm.generate(TokensPrompt(prompt_token_ids=ids, cache_salt="tenant-a"), GREEDY, use_tqdm=False)[0]
+    assert same_salt.num_cached_tokens >= 32
 
 
 def test_per_prompt_sampling_params(llm):
@@ -165,8 +182,14 @@ def test_invalid_sampling_params(kwargs, message):
 def test_invalid_prompts(llm):
     with pytest.raises(ValueError, match="outside the vocabulary"):
         llm.generate({"prompt_token_ids": [1, 10**6]}, GREEDY, use_tqdm=False)
-    with pytest.raises(ValueError, match="must be a string or a dict"):
+    with pytest.raises(ValueError, match="must be a string, a TextPrompt"):
         llm.generate([42], GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="a prompt has no key 'prompt_ids'"):  # a typo is not dropped
+        llm.generate({"prompt_ids": [1, 2]}, GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="'mm_processor_kwargs' is not supported"):
+        llm.generate({"prompt": "x", "mm_processor_kwargs": {"num_crops": 4}}, GREEDY, use_tqdm=False)
+    with pytest.raises(ValueError, match="cache_salt must be a non-empty string"):
+        llm.generate({"prompt": "x", "cache_salt": 7}, GREEDY, use_tqdm=False)
     with pytest.raises(ValueError, match="logit_bias has token id"):
         llm.generate("x", SamplingParams(logit_bias={10**6: 1.0}), use_tqdm=False)
     # Nothing half-added: the engine is idle and still serves.

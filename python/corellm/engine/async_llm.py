@@ -25,7 +25,8 @@ from corellm.config import EngineConfig
 from corellm.distributed.spawned_processes import refuse_while_importing_main
 from corellm.engine.engine_core_outputs import EngineCoreOutputs
 from corellm.engine.engine_parts import EngineParts
-from corellm.engine.input_processor import ProcessedRequest, PromptType
+from corellm.engine.input_processor import ProcessedRequest
+from corellm.inputs import PromptType
 from corellm.model.loader import LoadedModel
 from corellm.native import _core
 from corellm.outputs import RequestOutput

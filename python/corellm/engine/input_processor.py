@@ -7,9 +7,9 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
 
 from corellm.engine_core_request import EngineCoreRequest
+from corellm.inputs import PromptType, check_prompt_keys, prompt_cache_salt
 from corellm.multimodal.image_inputs import ImageInputs
 from corellm.pooling_params import PoolingParams
 from corellm.reasoning_parser import THINK_END, THINK_START
@@ -17,9 +17,6 @@ from corellm.sampling_params import RequestOutputKind, SamplingParams, Structure
 from corellm.structured_output import GrammarCompiler
 from corellm.structured_output.reasoning_wait import ForcedReasoningEnd, ReasoningBudget
 from corellm.tokenizer import Tokenizer
-
-PromptType = str | dict[str, Any]
-
 
 @dataclass
 class ProcessedRequest:
@@ -81,6 +78,7 @@ class InputProcessor:
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt)
         if isinstance(prompt, dict):
+            check_prompt_keys(prompt)
             if "prompt_token_ids" in prompt:
                 ids = prompt["prompt_token_ids"]
                 if not isinstance(ids, (list, tuple)) or not all(
@@ -93,8 +91,8 @@ class InputProcessor:
                 return prompt.get("prompt"), list(ids)
             if "prompt" in prompt and isinstance(prompt["prompt"], str):
                 return prompt["prompt"], self.tokenizer.encode(prompt["prompt"])
-        raise ValueError(f"a prompt must be a string or a dict with 'prompt_token_ids' or 'prompt', "
-                         f"got {type(prompt).__name__}")
+        raise ValueError(f"a prompt must be a string, a TextPrompt (a dict with 'prompt') or a TokensPrompt (a "
+                         f"dict with 'prompt_token_ids'), got {type(prompt).__name__}")
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams | PoolingParams | None,
                 arrival_time: float | None = None, priority: int = 0, cache_salt: str = "") -> ProcessedRequest:
@@ -109,6 +107,7 @@ class InputProcessor:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams or a PoolingParams, got {type(params).__name__}")
         text, ids = self.tokenize(prompt)
+        cache_salt = cache_salt or prompt_cache_salt(prompt)  # the caller's (a request body's) first
         ids, mm_features = self.images(prompt, ids)
         if not ids:
             raise ValueError("The prompt is empty: at least one token is needed")
