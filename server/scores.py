@@ -1,6 +1,7 @@
 """POST /score and POST /rerank (vLLM's, also under /v1/ and /v2/rerank): how well texts match, as
 vLLM scores them with an embedding model (a bi-encoder) — the cosine similarity of the two texts'
-vectors (embeddings.py: pooled and L2-normalized, so a dot product).
+vectors (embeddings.py: pooled and L2-normalized, so a dot product; corellm/scoring.py, which
+LLM.score shares).
 
     /score    `queries` and `documents` (vLLM's older names: `text_1`, `text_2`): one and one, one
               against each of many, or many pairwise (lists of one length); a score per pair.
@@ -12,11 +13,11 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-import numpy as np
 from aiohttp import web
 from pydantic import Field
 
 from corellm.pooling_params import PoolingParams
+from corellm.scoring import cosine_scores, pair_up
 from corellm.server.embeddings import MAX_INPUTS, Text, embed
 from corellm.server.errors import bad_request
 from corellm.server.protocol import MAX_REQUEST_ID_CHARS, RequestPart
@@ -43,12 +44,10 @@ class ScoreRequest(RequestPart):
         queries, documents = self.queries or self.text_1, self.documents or self.text_2
         queries = [queries] if isinstance(queries, str) else queries
         documents = [documents] if isinstance(documents, str) else documents
-        if len(queries) == 1:
-            queries = queries * len(documents)
-        if len(queries) != len(documents):
-            raise bad_request(f"{len(queries)} queries for {len(documents)} documents: give one query, or as many "
-                              f"as documents (scored pairwise)", "queries")
-        return queries, documents
+        try:
+            return pair_up(queries, documents, "queries", "documents")
+        except ValueError as e:
+            raise bad_request(str(e), "queries") from None
 
 
 class RerankRequest(RequestPart):
@@ -70,9 +69,8 @@ async def _similarities(serving: Serving, engine_id: str, queries: list[str], do
     distinct = {query_field: list(dict.fromkeys(queries)), "documents": list(dict.fromkeys(documents))}
     done = await asyncio.gather(*(embed(serving, f"{engine_id}-{field}", texts, params, truncate_prompt_tokens=truncate,
                                         priority=priority, field=field) for field, texts in distinct.items()))
-    at = {(field, text): np.asarray(v, dtype=np.float64)
-          for (field, texts), (vectors, _) in zip(distinct.items(), done) for text, v in zip(texts, vectors)}
-    scores = [float(at[query_field, q] @ at["documents", d]) for q, d in zip(queries, documents)]
+    at = {(field, text): v for (field, texts), (vectors, _) in zip(distinct.items(), done) for text, v in zip(texts, vectors)}
+    scores = cosine_scores([at[query_field, q] for q in queries], [at["documents", d] for d in documents])
     return scores, sum(n for _, n in done)
 
 

@@ -22,7 +22,8 @@ with _lasting_objects():  # torch's import makes ~200k objects that live as long
     from corellm.config import EngineConfig, SchedulerConfig
     from corellm.inputs import PromptType, TextPrompt, TokensPrompt
     from corellm.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
-    from corellm.outputs import CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, RequestOutput
+    from corellm.outputs import (CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, RequestOutput,
+                                 ScoringOutput, ScoringRequestOutput)
     from corellm.pooling_params import PoolingParams
     from corellm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
@@ -40,4 +41,4 @@ def __getattr__(name: str):
 
 __all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "CompletionOutput", "EmbeddingOutput",
            "EmbeddingRequestOutput", "EngineConfig", "Logprob", "PoolingParams", "PromptType", "RequestOutput",
-           "RequestOutputKind", "SamplingParams", "SchedulerConfig", "StructuredOutputsParams", "TextPrompt", "TokensPrompt", "_core", "__version__"]
+           "RequestOutputKind", "SamplingParams", "SchedulerConfig", "ScoringOutput", "ScoringRequestOutput", "StructuredOutputsParams", "TextPrompt", "TokensPrompt", "_core", "__version__"]

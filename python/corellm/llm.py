@@ -22,9 +22,10 @@ from corellm.engine.data_parallel_replicas import DataParallelReplicas
 from corellm.engine.engine_parts import EngineParts
 from corellm.inputs import PromptType
 from corellm.model.loader import LoadedModel
-from corellm.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from corellm.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput, ScoringOutput, ScoringRequestOutput
 from corellm.pooling_params import PoolingParams
 from corellm.sampling_params import RequestOutputKind, SamplingParams
+from corellm.scoring import cosine_scores, pair_up
 from corellm.tokenizer import CHAT_TEMPLATE_PARAMETERS, Tokenizer
 from corellm.worker.tp_workers import TensorParallelWorkers, WorkerLoop
 
@@ -230,6 +231,24 @@ class LLM:
             results.append(EmbeddingRequestOutput(out.request_id, out.prompt_token_ids, EmbeddingOutput(out.embedding)))
         return results
 
+    def score(self, data_1: PromptType | Sequence[PromptType], data_2: PromptType | Sequence[PromptType],
+              use_tqdm: bool = True) -> list[ScoringRequestOutput]:
+        """vLLM's LLM.score with an embedding model (a bi-encoder): per pair the cosine similarity of
+        the two prompts' vectors (`embed`'s, L2-normalized). One of data_1 against each of data_2,
+        or as many of each, scored pairwise (scoring.py); each distinct prompt is embedded once."""
+        return self._on_every_rank(lambda: self._score(data_1, data_2, use_tqdm))
+
+    def _score(self, data_1, data_2, use_tqdm: bool) -> list[ScoringRequestOutput]:
+        first, second = pair_up(*([d] if isinstance(d, (str, dict)) else list(d) for d in (data_1, data_2)))
+        distinct: dict[object, PromptType] = {}
+        for prompt in first + second:
+            distinct.setdefault(_prompt_key(prompt), prompt)
+        vectors = dict(zip(distinct, self._embed(list(distinct.values()), PoolingParams(normalize=True), use_tqdm)))
+        pairs = [(vectors[_prompt_key(a)], vectors[_prompt_key(b)]) for a, b in zip(first, second)]
+        scores = cosine_scores([a.outputs.embedding for a, _ in pairs], [b.outputs.embedding for _, b in pairs])
+        return [ScoringRequestOutput(f"{a.request_id}-{b.request_id}", a.prompt_token_ids + b.prompt_token_ids,
+                                     ScoringOutput(s)) for (a, b), s in zip(pairs, scores)]
+
     def _generate(self, prompts, sampling_params, use_tqdm: bool, priority) -> list[RequestOutput]:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
@@ -373,3 +392,19 @@ class LLM:
             # The template writes the special tokens itself: do not add a BOS again.
             prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, use_tqdm)
+
+
+def _prompt_key(prompt: PromptType) -> object:
+    """The same text or the same token ids: one key (LLM.score embeds each once); any other dict
+    prompt (images, a salt) is its own."""
+    if isinstance(prompt, str):
+        return ("text", prompt)
+    if isinstance(prompt, dict) and set(prompt) <= {"prompt", "prompt_token_ids"}:
+        ids = prompt.get("prompt_token_ids")
+        key = ("ids", tuple(ids)) if isinstance(ids, (list, tuple)) else ("text", prompt.get("prompt"))
+        try:
+            hash(key)
+            return key
+        except TypeError:  # not ids nor text: the embedding's own check names what is wrong
+            pass
+    return ("object", id(prompt))

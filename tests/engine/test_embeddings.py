@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from corellm import LLM, PoolingParams
+from corellm import LLM, PoolingParams, TokensPrompt
 from corellm.model import load_model
 from corellm.model.loader import default_model_path
 from tests.engine.prompts import PROMPTS
@@ -48,6 +48,30 @@ def test_vectors_are_transformers_hidden_states_pooled(hf_base, fp32_model, pool
         unit = torch.tensor(normalized.outputs.embedding, dtype=torch.float64)
         assert unit.norm() == pytest.approx(1.0, abs=1e-6)
         assert torch.nn.functional.cosine_similarity(unit, want, dim=0) > 0.99999
+
+
+def test_score_is_the_cosine_of_transformers_vectors(hf_base, fp32_model):
+    """LLM.score (vLLM's, with an embedding model): one prompt against each of many, or pairwise; the
+    cosine similarity of the two pooled vectors, here against transformers' last rows."""
+    llm = LLM(loaded_model=fp32_model, pooling_type="LAST", **ENGINE)
+    tok = llm.get_tokenizer()
+
+    def reference(a: str, b: str) -> float:
+        with torch.no_grad():
+            rows = [hf_base(torch.tensor([tok.encode(t)])).last_hidden_state[0, -1].double() for t in (a, b)]
+        return torch.nn.functional.cosine_similarity(rows[0], rows[1], dim=0).item()
+
+    query, documents = PROMPTS[0], PROMPTS[1:4]
+    many = llm.score(query, documents, use_tqdm=False)
+    assert [o.outputs.score for o in many] == pytest.approx([reference(query, d) for d in documents], abs=1e-4)
+    assert many[0].prompt_token_ids == tok.encode(query) + tok.encode(documents[0])
+    pairwise = llm.score([query, TokensPrompt(prompt_token_ids=tok.encode(documents[0]))], documents[1:3],
+                         use_tqdm=False)
+    assert [o.outputs.score for o in pairwise] == pytest.approx(
+        [reference(query, documents[1]), reference(documents[0], documents[2])], abs=1e-4)
+    assert llm.score(query, query, use_tqdm=False)[0].outputs.score == pytest.approx(1.0, abs=1e-6)
+    with pytest.raises(ValueError, match="2 data_1 for 3 data_2: give one of data_1, or as many as data_2"):
+        llm.score(PROMPTS[:2], documents, use_tqdm=False)
 
 
 @pytest.mark.parametrize("pooling_type", ["LAST", "MEAN"])
