@@ -14,6 +14,7 @@ from corellm.config import QUANTIZATION_METHODS
 from corellm.distributed.parallel_state import TensorParallel
 from corellm.model.gguf_file import GGUFModelFile
 from corellm.model.hf_dir import HFModelDir
+from corellm.model.hf_hub_cache import find_in_hub_cache, looks_like_repo_id
 from corellm.model.llama import LlamaForCausalLM
 from corellm.model.llava import LlavaForConditionalGeneration
 from corellm.model.model_config import ModelConfig
@@ -64,14 +65,26 @@ def default_model_installed() -> bool:
     return True
 
 
-def resolve_model_path(model: str | Path | None) -> Path:
+def resolve_model(model: str | Path | None) -> tuple[Path, str]:
+    """(what to load, the name to serve it under) for a model argument: the embedded default, a path
+    (named by its last part), or a Hugging Face Hub id found in the local Hub cache (named by the id,
+    as vLLM names it)."""
     if model is None or str(model).lower() in _DEFAULT_ALIASES:
-        return default_model_path()
+        return default_model_path(), DEFAULT_MODEL
     path = Path(model).expanduser()
     if path.exists():
-        return path
+        default = default_model_path_or_none()
+        return path, DEFAULT_MODEL if default is not None and path.resolve() == default.resolve() else path.name
+    if isinstance(model, str) and looks_like_repo_id(model):
+        found = find_in_hub_cache(model)
+        return found.path, found.repo_id
     raise FileNotFoundError(f"model {str(model)!r}: no such file or directory (give an HF model directory, a "
-                            f".gguf file, or {DEFAULT_MODEL!r} for the embedded default)")
+                            f".gguf file, a Hugging Face Hub id already downloaded, or {DEFAULT_MODEL!r} for "
+                            f"the embedded default)")
+
+
+def resolve_model_path(model: str | Path | None) -> Path:
+    return resolve_model(model)[0]
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
@@ -198,7 +211,7 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
     device_ = torch.device(device)
     check_device(device_)
     torch_dtype = resolve_dtype(dtype, device_)
-    path = resolve_model_path(model)
+    path, name = resolve_model(model)
     tp = tensor_parallel or TensorParallel()
     method = resolve_quantization(quantization, path, device_)
     if tp.size > 1 and method == "fp8":
@@ -235,7 +248,6 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
     del weights  # the loaded tensors the layers did not keep, freed before their packed forms move
     if device_.type == "cpu":
         gather_packed_weights(llm)
-    name = DEFAULT_MODEL if path == default_model_path_or_none() else path.name
     return LoadedModel(llm, tokenizer, config, generation_config, name=name, path=str(path), quantization=method,
                        image_processor=image_processor)
 
