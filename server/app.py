@@ -192,11 +192,9 @@ def create_app(engine: AsyncLLM, config: ServerConfig) -> web.Application:
     app = web.Application(middlewares=[errors_and_auth], client_max_size=config.max_body_bytes)
     app.on_response_prepare.append(reply_request_id)
     app[SERVING] = Serving(engine, config)
-    app[METRICS] = ServerMetrics(config.served_model_name)
+    app[METRICS] = ServerMetrics(config.served_model_name, engine.max_model_len)
     engine.listeners.append(app[METRICS].on_step)
-    engine.done_listeners.append(lambda out, stats, end: app[METRICS].on_request_done(
-        len(out.prompt_token_ids), [c.finish_reason for c in out.outputs],
-        None if stats.first_token is None else stats.first_token - stats.arrival, end - stats.arrival))
+    engine.done_listeners.append(app[METRICS].on_request_done)
     app.router.add_post("/v1/completions", body_route(create_completion, CompletionRequest))
     app.router.add_post("/v1/chat/completions", body_route(create_chat_completion, ChatCompletionRequest))
     app.router.add_post("/v1/responses", body_route(create_response, ResponsesRequest))

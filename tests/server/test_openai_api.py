@@ -188,6 +188,47 @@ def test_non_streaming_timeout_aborts(server, model_name):
     assert wait_idle(server) < 5
 
 
+def test_a_request_not_streamed_leaves_the_queue_at_its_first_token_and_its_latencies_are_measured(
+        server, client, model_name):
+    """The queued load (what --max-queued-requests bounds) and the first-token time come from the
+    engine's steps: a request that is not streamed is running, not queued, once its first token came,
+    and its TTFT is not its whole latency. Its inter-token gaps and per-token time reach /metrics."""
+    import threading
+
+    def count(name: str) -> float:
+        return metric(server, name + "_count")
+
+    before = {name: count(name) for name in ("corellm:inter_token_latency_seconds",
+                                             "corellm:request_time_per_output_token_seconds",
+                                             "corellm:request_generation_tokens")}
+    ttft_sum, e2e_sum = metric(server, "corellm:time_to_first_token_seconds_sum"), metric(
+        server, "corellm:e2e_request_latency_seconds_sum")
+    generated = metric(server, "corellm:generation_tokens_total")
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (client.completions.create(
+        model=model_name, prompt="Tell me a story", max_tokens=200, temperature=0, extra_body={"ignore_eos": True}),
+        done.set()))
+    thread.start()
+    seen_running = False
+    while not done.is_set():
+        if metric(server, "corellm:generation_tokens_total") > generated + 5:
+            running, queued = metric(server, "corellm:num_requests_running"), metric(server, "corellm:num_requests_queued")
+            if running == 1 and not done.is_set():
+                assert queued == 0, "a running request that is not streamed still counted as queued"
+                seen_running = True
+                break
+        time.sleep(0.01)
+    thread.join()
+    assert seen_running, "the request finished before it could be seen running"
+    assert count("corellm:inter_token_latency_seconds") - before["corellm:inter_token_latency_seconds"] == 199
+    assert count("corellm:request_time_per_output_token_seconds") == before[
+        "corellm:request_time_per_output_token_seconds"] + 1
+    assert count("corellm:request_generation_tokens") == before["corellm:request_generation_tokens"] + 1
+    ttft = metric(server, "corellm:time_to_first_token_seconds_sum") - ttft_sum
+    e2e = metric(server, "corellm:e2e_request_latency_seconds_sum") - e2e_sum
+    assert 0 < ttft < e2e / 2, (ttft, e2e)
+
+
 def test_tokenize_detokenize(server):
     def post(path, body):
         req = urllib.request.Request(server.url + path, data=json.dumps(body).encode(),

@@ -41,8 +41,25 @@ class EngineDeadError(RuntimeError):
 
 @dataclass
 class RequestStats:
+    """A request's timeline (time.monotonic()), read from the engine's steps whatever the request's
+    output kind (a request that is not streamed gets its first token as early as one that is)."""
+
     arrival: float
     first_token: float | None = None
+    last_token: float | None = None
+    generation_tokens: int = 0  # over its samples
+    # Between consecutive steps that gave the request tokens (vLLM's inter-token latency: a step
+    # that gives several, speculative decoding's, counts once).
+    token_gaps: list[float] = field(default_factory=list)
+
+    def on_tokens(self, now: float, count: int) -> None:
+        """`count` new tokens of one of its samples, in the step whose outputs came at `now`."""
+        if self.first_token is None:
+            self.first_token = now
+        elif self.last_token != now:  # the step's first sample with news (n > 1: the others add tokens only)
+            self.token_gaps.append(now - self.last_token)
+        self.last_token = now
+        self.generation_tokens += count
 
 
 @dataclass
@@ -100,6 +117,7 @@ class AsyncLLM:
         self.loaded, self.engine_core = self.parts.loaded, self.parts.engine_core
         self.input_processor, self.output_processor = self.parts.input_processor, self.parts.output_processor
         self._requests: dict[str, _Pending] = {}
+        self._pending_by_sample: dict[str, _Pending] = {}  # engine-core request id -> its request
         self._loop: asyncio.AbstractEventLoop | None = None
         self.dead_error: BaseException | None = None
         self.stats = _core.SchedulerStats()  # the latest step's (all zero before the first)
@@ -200,13 +218,16 @@ class AsyncLLM:
             return
         if to_abort:
             self._abort_in_engine(to_abort)
+        for core in core_outputs.outputs:
+            pending = self._pending_by_sample.get(core.req_id)
+            if pending is not None and core.new_token_ids:
+                pending.stats.on_tokens(now, len(core.new_token_ids))
+                self._dequeue(pending)  # its first token came: no longer queued
         for out in outputs:
             pending = self._requests.get(out.request_id)
             if pending is None:
                 continue
-            if pending.stats.first_token is None and any(c.token_ids for c in out.outputs):
-                pending.stats.first_token = now
-            if out.finished or pending.stats.first_token is not None:
+            if out.finished:
                 self._dequeue(pending)
             pending.queue.put_nowait(out)
         for listener in self.listeners:
@@ -222,6 +243,8 @@ class AsyncLLM:
         pending = self._requests.pop(request_id, None)
         if pending is not None:
             self._dequeue(pending)
+            for sample_id in pending.sample_ids:
+                self._pending_by_sample.pop(sample_id, None)
         return pending
 
     def open_request_states(self) -> dict[str, int]:
@@ -271,6 +294,7 @@ class AsyncLLM:
         self.num_queued_requests += processed.num_samples
         self.num_queued_tokens += processed.num_prompt_tokens
         self._requests[processed.request_id] = pending
+        self._pending_by_sample.update(dict.fromkeys(pending.sample_ids, pending))
         self.output_processor.add_request(processed)
         self._inbox.put(("add", processed.samples))
         return pending
