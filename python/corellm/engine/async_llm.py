@@ -249,7 +249,8 @@ class AsyncLLM:
 
     def open_request_states(self) -> dict[str, int]:
         """How many requests each layer holds state for (all 0 when idle: nothing leaks)."""
-        return {"async_llm": len(self._requests), "output_processor": len(self.output_processor.requests),
+        return {"async_llm": len(self._requests), "async_llm_samples": len(self._pending_by_sample),
+                "output_processor": len(self.output_processor.requests),
                 "queued": self.num_queued_requests, "scheduler": self.stats.num_running + self.stats.num_waiting}
 
     def _finish_with_error(self, request_id: str, error: BaseException) -> None:
