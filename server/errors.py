@@ -32,10 +32,36 @@ def error_chunk(err: APIError) -> bytes:
 
 
 def validation_error(e: ValidationError) -> APIError:
-    """A pydantic validation failure as a 400 naming the field (its dotted location)."""
-    first = e.errors()[0]
-    loc = ".".join(str(x) for x in first.get("loc", ()))
-    msg = first.get("msg", "invalid value")
-    if first.get("type") == "value_error" and "error" in first.get("ctx", {}):
-        msg = str(first["ctx"]["error"])  # our validators' own sentence, without pydantic's "Value error, "
+    """A pydantic validation failure as a 400 naming the field (its dotted location).
+
+    A field that takes one of several forms (`prompt`: a string, strings, token ids, lists of
+    them) fails once per form, each error's location holding the form's type tag
+    (`constrained-str`, `list[constrained-int]`): the tags are dropped, and of the first field's
+    errors the one that got furthest into the value and is not a mere type mismatch is told (an
+    empty string, the empty second string of a list); where every form is the wrong type, the
+    sentences of those that got furthest are joined."""
+    errors = [(_plain_loc(err.get("loc", ())), err) for err in e.errors()]
+    field = errors[0][0][:1]
+    mine = [(loc, err) for loc, err in errors if loc[:1] == field]
+    told = [(loc, err) for loc, err in mine if not err.get("type", "").endswith("_type")]
+    candidates = told or mine
+    depth = max(len(loc) for loc, _ in candidates)
+    deepest = [(loc, err) for loc, err in candidates if len(loc) == depth]
+    loc = ".".join(map(str, deepest[0][0]))
+    msg = _message(deepest[0][1]) if told else "; ".join(dict.fromkeys(_message(err) for _, err in deepest))
     return bad_request(f"{loc}: {msg}" if loc else msg, param=loc or None)
+
+
+def _plain_loc(loc: tuple) -> tuple:
+    """A location without pydantic's union tags (type names such as `constrained-str`, `list[int]`
+    or `function-after[...]`, where field names are snake_case words and list positions ints)."""
+    return tuple(x for x in loc if isinstance(x, int) or not ("[" in x or "-" in x or x in _TYPE_TAGS))
+
+
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "tuple"}
+
+
+def _message(err: dict) -> str:
+    if err.get("type") == "value_error" and "error" in err.get("ctx", {}):
+        return str(err["ctx"]["error"])  # our validators' own sentence, without pydantic's "Value error, "
+    return err.get("msg", "invalid value")

@@ -5,6 +5,7 @@ or log: none is dropped unseen."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -267,6 +268,17 @@ class SamplingFields(RequestPart):
                     raise bad_request(f"logit_bias keys must be token ids (non-negative integers), got {key!r}",
                                       "logit_bias")
                 logit_bias[int(key)] = value
+        try:
+            return self._sampling_params(pick, max_tokens, logprobs, logit_bias)
+        except ValueError as e:  # SamplingParams' checks start with the field's name: the 400 names it too
+            from corellm.server.errors import bad_request
+
+            named = re.match(r"[a-z_]+", str(e))
+            raise bad_request(str(e), named.group(0) if named and named.group(0) in type(self).model_fields
+                              else None) from None
+
+    def _sampling_params(self, pick, max_tokens: int | None, logprobs: int | None,
+                         logit_bias: dict[int, float] | None) -> SamplingParams:
         return SamplingParams(
             n=self.n, temperature=pick("temperature", 1.0), top_p=pick("top_p", 1.0), top_k=pick("top_k", 0),
             min_p=pick("min_p", 0.0), presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,

@@ -95,6 +95,27 @@ def test_chat_out_of_range_fields(server, param, fields):
     assert param in (out["error"]["param"] or "") or param in out["error"]["message"], out
 
 
+SEVERAL_FORMS = [({"prompt": ""}, "prompt", "prompt: String should have at least 1 character"),
+                 ({"prompt": ["a", ""]}, "prompt.1", "prompt.1: String should have at least 1 character"),
+                 ({"prompt": [1.5]}, "prompt.0", "prompt.0: Input should be a valid string; Input should be a "
+                                                 "valid integer; Input should be a valid list"),
+                 ({"prompt": 5}, "prompt", "prompt: Input should be a valid string; Input should be a valid list"),
+                 ({"stop": [""]}, "stop.0", "stop.0: String should have at least 1 character"),
+                 ({"stop": ""}, "stop", "stop must be a list of non-empty strings, got ['']."),
+                 ({"top_p": 1.5}, "top_p", None)]
+
+
+@pytest.mark.parametrize("fields, param, message", SEVERAL_FORMS, ids=[json.dumps(f) for f, _, _ in SEVERAL_FORMS])
+def test_the_400_names_where_the_value_failed(server, fields, param, message):
+    """A field of several forms (prompt: a string, strings, token ids, lists of them) names the place
+    in the value that failed, without pydantic's tags of the forms; SamplingParams' own checks name
+    their field too."""
+    code, out, _ = call(server.url + "/v1/completions", {**X, **fields})
+    assert_error(code, out, 400, param=param)
+    if message is not None:
+        assert out["error"]["message"] == message, out
+
+
 def test_a_validators_sentence_comes_without_pydantics_prefix(server):
     code, out, _ = call(server.url + "/v1/completions", {**X, "stream_options": {"include_usage": True}})
     assert_error(code, out, 400, param="stream_options")
