@@ -29,7 +29,8 @@ logger = logging.getLogger("corellm.server")
 def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help=f"HF model directory, .gguf file, Hugging Face Hub id already in the local HF cache "
-                        f"(ORG/NAME, or ORG/NAME:TAG for one of a GGUF repository's files), or {DEFAULT_MODEL} (default)")
+                        f"(ORG/NAME, or ORG/NAME:TAG for one of a GGUF repository's files), or {DEFAULT_MODEL} "
+                        f"(default)")
     p.add_argument("--model", dest="model_option", default=None, metavar="MODEL",
                    help="the model as a flag instead (as vLLM's serve also takes it)")
     p.add_argument("--host", default="127.0.0.1")

@@ -69,7 +69,8 @@ async def _similarities(serving: Serving, engine_id: str, queries: list[str], do
     distinct = {query_field: list(dict.fromkeys(queries)), "documents": list(dict.fromkeys(documents))}
     done = await asyncio.gather(*(embed(serving, f"{engine_id}-{field}", texts, params, truncate_prompt_tokens=truncate,
                                         priority=priority, field=field) for field, texts in distinct.items()))
-    at = {(field, text): v for (field, texts), (vectors, _) in zip(distinct.items(), done) for text, v in zip(texts, vectors)}
+    at = {(field, text): v
+          for (field, texts), (vectors, _) in zip(distinct.items(), done) for text, v in zip(texts, vectors)}
     scores = cosine_scores([at[query_field, q] for q in queries], [at["documents", d] for d in documents])
     return scores, sum(n for _, n in done)
 

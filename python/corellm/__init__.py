@@ -41,4 +41,5 @@ def __getattr__(name: str):
 
 __all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "CompletionOutput", "EmbeddingOutput",
            "EmbeddingRequestOutput", "EngineConfig", "Logprob", "PoolingParams", "PromptType", "RequestOutput",
-           "RequestOutputKind", "SamplingParams", "SchedulerConfig", "ScoringOutput", "ScoringRequestOutput", "StructuredOutputsParams", "TextPrompt", "TokensPrompt", "_core", "__version__"]
+           "RequestOutputKind", "SamplingParams", "SchedulerConfig", "ScoringOutput", "ScoringRequestOutput",
+           "StructuredOutputsParams", "TextPrompt", "TokensPrompt", "_core", "__version__"]

@@ -48,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command")
     gen = sub.add_parser("generate", help="generate text for one or more prompts")
     gen.add_argument("prompt", nargs="+")
-    gen.add_argument("--model", default=None, help="HF model directory, .gguf file, Hugging Face Hub id in the local HF cache, or "
-                     "SmolLM2-135M-Instruct (default)")
+    gen.add_argument("--model", default=None, help="HF model directory, .gguf file, Hugging Face Hub id in the "
+                     "local HF cache, or SmolLM2-135M-Instruct (default)")
     add_engine_args(gen)
     gen.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     gen.add_argument("--max-tokens", type=int, default=64)

@@ -212,7 +212,8 @@ def test_a_request_not_streamed_leaves_the_queue_at_its_first_token_and_its_late
     seen_running = False
     while not done.is_set():
         if metric(server, "corellm:generation_tokens_total") > generated + 5:
-            running, queued = metric(server, "corellm:num_requests_running"), metric(server, "corellm:num_requests_queued")
+            running = metric(server, "corellm:num_requests_running")
+            queued = metric(server, "corellm:num_requests_queued")
             if running == 1 and not done.is_set():
                 assert queued == 0, "a running request that is not streamed still counted as queued"
                 seen_running = True

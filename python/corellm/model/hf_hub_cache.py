@@ -27,8 +27,8 @@ def hub_cache_root() -> Path:
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
     if os.environ.get("HF_HOME"):
         return Path(os.environ["HF_HOME"]).expanduser() / "hub"
-    base = Path(os.environ["XDG_CACHE_HOME"]).expanduser() if os.environ.get("XDG_CACHE_HOME") else Path.home() / ".cache"
-    return base / "huggingface" / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "huggingface" / "hub"
 
 
 def looks_like_repo_id(model: str) -> bool:
@@ -71,7 +71,8 @@ def find_in_hub_cache(model: str) -> HubModel:
     if not chosen:
         raise FileNotFoundError(f"model {model!r}: no .gguf file of {repo}'s cached snapshot has {tag!r} in its "
                                 f"name (it has {names})")
-    raise ValueError(f"model {model!r}: {repo}'s cached snapshot has {len(chosen)} .gguf files{' for ' + repr(tag) if tag else ''} "
+    matching = f" for {tag!r}" if tag else ""
+    raise ValueError(f"model {model!r}: {repo}'s cached snapshot has {len(chosen)} .gguf files{matching} "
                      f"({', '.join(p.name for p in chosen)}): name one as {repo}:TAG (e.g. :Q4_K_M), or give its path")
 
 
