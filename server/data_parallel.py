@@ -33,6 +33,7 @@ import aiohttp
 from aiohttp import web
 
 from corellm.server.errors import APIError
+from corellm.server.replica_metrics import merge_replica_metrics
 
 logger = logging.getLogger("corellm.server")
 
@@ -180,8 +181,23 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    """The router's own figures per replica (each replica's engine metrics are on its own port)."""
+    """The router's own figures per replica, then every running replica's engine metrics (its
+    /metrics, asked with the client's Authorization: a replica that refuses it adds nothing), each
+    sample labelled replica="i" (replica_metrics.py)."""
     router: Router = request.app["router"]
+    headers = {k: request.headers[k] for k in ("Authorization",) if k in request.headers}
+
+    async def engine_metrics(r: Replica) -> str | None:
+        try:
+            async with router.session.get(r.url + "/metrics", headers=headers,
+                                          timeout=aiohttp.ClientTimeout(total=5)) as reply:
+                return await reply.text() if reply.status == 200 else None
+        except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError):
+            return None  # a replica that died meanwhile: dp_replica_up says so
+
+    alive = [r for r in router.replicas if r.alive()]
+    texts = await asyncio.gather(*(engine_metrics(r) for r in alive))
+    engines = merge_replica_metrics({r.index: t for r, t in zip(alive, texts) if t is not None})
     lines = ["# HELP corellm:dp_replica_up 1 while the replica's process runs", "# TYPE corellm:dp_replica_up gauge"]
     lines += [f'corellm:dp_replica_up{{replica="{r.index}"}} {int(r.alive())}' for r in router.replicas]
     lines += ["# HELP corellm:dp_requests_in_flight requests forwarded and not yet answered",
@@ -189,7 +205,7 @@ async def metrics(request: web.Request) -> web.Response:
     lines += [f'corellm:dp_requests_in_flight{{replica="{r.index}"}} {r.in_flight}' for r in router.replicas]
     lines += ["# HELP corellm:dp_requests_served_total requests answered", "# TYPE corellm:dp_requests_served_total counter"]
     lines += [f'corellm:dp_requests_served_total{{replica="{r.index}"}} {r.served}' for r in router.replicas]
-    return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+    return web.Response(text="\n".join(lines) + "\n" + engines, content_type="text/plain")
 
 
 def start_replicas(argv: list[str], size: int) -> list[Replica]:

@@ -58,6 +58,24 @@ def test_both_replicas_answer_and_a_prompt_stays_with_its_replica(dp_server):
     assert status == 200 and body["status"] == "ok" and len(body["replicas"]) == 2
 
 
+def test_metrics_give_every_replicas_engine_figures_labelled_by_replica(dp_server):
+    """The router's /metrics: its own figures per replica, then both engines' (their requests,
+    latency histograms, KV cache), each sample labelled replica="i", one HELP / TYPE a family."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    results = [completion(dp_server, f"Metrics question {i}: what is {i} + {i}?") for i in range(8)]
+    served = {replica for _, _, replica in results}
+    with urllib.request.urlopen(dp_server.url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}  # the format as Prometheus reads it
+    assert text.count("# TYPE corellm:time_to_first_token_seconds histogram") == 1
+    ttft = {s.labels["replica"]: s.value for s in families["corellm:time_to_first_token_seconds"].samples
+            if s.name.endswith("_count")}
+    assert set(ttft) == {"0", "1"} and all(ttft[replica] > 0 for replica in served)
+    assert {s.labels["replica"] for s in families["corellm:kv_cache_usage_perc"].samples} == {"0", "1"}
+    assert {s.labels["replica"] for s in families["corellm:dp_replica_up"].samples} == {"0", "1"}
+
+
 def test_a_request_id_header_goes_through_the_router_and_back(dp_server):
     request = urllib.request.Request(dp_server.url + "/v1/completions", data=json.dumps({
         "model": "SmolLM2-135M-Instruct", "prompt": "Hi", "max_tokens": 2}).encode(),
