@@ -3,7 +3,6 @@ lifecycle (started with the app, drained on shutdown)."""
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 
@@ -16,7 +15,7 @@ from corellm.server.chat import create_chat_completion, render_prompt
 from corellm.server.completions import create_completion
 from corellm.server.embeddings import EmbeddingRequest, create_embedding
 from corellm.server.scores import RerankRequest, ScoreRequest, create_rerank, create_score
-from corellm.server.errors import APIError, bad_request, validation_error
+from corellm.server.errors import APIError, api_key_refusal, bad_request, validation_error
 from corellm.server.metrics import ServerMetrics
 from corellm.server.openapi import openapi_spec
 from corellm.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -60,12 +59,9 @@ async def parse(request: web.Request, model: type[BaseModel]) -> BaseModel:
 @web.middleware
 async def errors_and_auth(request: web.Request, handler):
     serving: Serving = request.app[SERVING]
-    key = serving.config.api_key
-    if key and request.path != "/health":
-        header = request.headers.get("Authorization", "")
-        given = header[7:] if header.startswith("Bearer ") else ""
-        if not hmac.compare_digest(given.encode(), key.encode()):
-            return APIError(401, "Incorrect API key provided.", "authentication_error", None, "invalid_api_key").response()
+    refused = api_key_refusal(request, serving.config.api_key)
+    if refused is not None:
+        return refused.response()
     if serving.draining and request.path != "/health":
         return APIError(503, "the server is shutting down", "service_unavailable").response()
     serving.active += 1

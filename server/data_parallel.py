@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from corellm.server.errors import APIError
+from corellm.server.errors import APIError, api_key_refusal
 from corellm.server.replica_metrics import merge_replica_metrics
 
 logger = logging.getLogger("corellm.server")
@@ -70,6 +70,7 @@ class Replica:
 @dataclass
 class Router:
     replicas: list[Replica]
+    api_key: str | None = None  # --api-key: the router's own routes ask for it as a replica's do
     slack: int = 4  # in-flight requests a preferred replica may have over the least loaded
     session: aiohttp.ClientSession | None = field(default=None, repr=False)
 
@@ -185,6 +186,9 @@ async def metrics(request: web.Request) -> web.Response:
     /metrics, asked with the client's Authorization: a replica that refuses it adds nothing), each
     sample labelled replica="i" (replica_metrics.py)."""
     router: Router = request.app["router"]
+    refused = api_key_refusal(request, router.api_key)
+    if refused is not None:
+        return refused.response()
     headers = {k: request.headers[k] for k in ("Authorization",) if k in request.headers}
 
     async def engine_metrics(r: Replica) -> str | None:
@@ -256,9 +260,11 @@ def create_router_app(router: Router) -> web.Application:
     return app
 
 
-async def serve_router(replicas: list[Replica], host: str, port: int, started: float) -> None:
+async def serve_router(replicas: list[Replica], host: str, port: int, started: float,
+                       api_key: str | None) -> None:
     await wait_ready(replicas, timeout=600)
-    runner = web.AppRunner(create_router_app(Router(replicas)), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(create_router_app(Router(replicas, api_key=api_key)), handler_cancellation=True,
+                           access_log=None)
     await runner.setup()
     await web.TCPSite(runner, host, port).start()
     logger.info("serving %d engine replicas on http://%s:%d (ready in %.1f s)", len(replicas), host, port,
@@ -271,11 +277,11 @@ async def serve_router(replicas: list[Replica], host: str, port: int, started: f
     await runner.cleanup()
 
 
-def run_data_parallel(argv: list[str], size: int, host: str, port: int) -> int:
+def run_data_parallel(argv: list[str], size: int, host: str, port: int, api_key: str | None = None) -> int:
     started = time.perf_counter()
     replicas = start_replicas(argv, size)
     try:
-        asyncio.run(serve_router(replicas, host, port, started))
+        asyncio.run(serve_router(replicas, host, port, started, api_key))
     finally:
         for r in replicas:
             if r.alive():

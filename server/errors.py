@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import json
 
 from aiohttp import web
@@ -20,6 +21,18 @@ class APIError(Exception):
 
     def response(self) -> web.Response:
         return web.json_response(self.body(), status=self.status, headers=self.headers)
+
+
+def api_key_refusal(request: web.Request, key: str | None) -> APIError | None:
+    """The 401 for a request that does not bring `Authorization: Bearer KEY` (compared in constant
+    time), or None: it does, no key is set, or the route is /health (open for probes)."""
+    if not key or request.path == "/health":
+        return None
+    header = request.headers.get("Authorization", "")
+    given = header[7:] if header.startswith("Bearer ") else ""
+    if hmac.compare_digest(given.encode(), key.encode()):
+        return None
+    return APIError(401, "Incorrect API key provided.", "authentication_error", None, "invalid_api_key")
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

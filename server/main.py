@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         check_listen_address(args.host, args.port)
         from corellm.server.data_parallel import run_data_parallel
 
-        return run_data_parallel(args.argv, args.data_parallel_size, args.host, args.port)
+        return run_data_parallel(args.argv, args.data_parallel_size, args.host, args.port, args.api_key)
     if args.headless:
         config = engine_config_from_args(args)
         if config.node_rank == 0 or config.nnodes == 1:

@@ -76,6 +76,25 @@ def test_metrics_give_every_replicas_engine_figures_labelled_by_replica(dp_serve
     assert {s.labels["replica"] for s in families["corellm:dp_replica_up"].samples} == {"0", "1"}
 
 
+def test_with_an_api_key_the_routers_metrics_ask_for_it():
+    server = Server("--data-parallel-size", "2", "--api-key", "k-7")
+    try:
+        def get(headers: dict) -> tuple[int, str]:
+            request = urllib.request.Request(server.url + "/metrics", headers=headers)
+            try:
+                with urllib.request.urlopen(request, timeout=30) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as e:
+                return e.code, e.read().decode()
+
+        assert get({})[0] == 401 and get({"Authorization": "Bearer wrong"})[0] == 401
+        status, text = get({"Authorization": "Bearer k-7"})
+        assert status == 200 and 'corellm:num_requests_running{replica="1"' in text
+        assert health(server.url)[0] == 200  # /health stays open, as on one engine
+    finally:
+        server.stop()
+
+
 def test_a_request_id_header_goes_through_the_router_and_back(dp_server):
     request = urllib.request.Request(dp_server.url + "/v1/completions", data=json.dumps({
         "model": "SmolLM2-135M-Instruct", "prompt": "Hi", "max_tokens": 2}).encode(),
