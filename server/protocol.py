@@ -269,29 +269,26 @@ class SamplingFields(RequestPart):
                                       "logit_bias")
                 logit_bias[int(key)] = value
         try:
-            return self._sampling_params(pick, max_tokens, logprobs, logit_bias)
+            return SamplingParams(
+                n=self.n, temperature=pick("temperature", 1.0), top_p=pick("top_p", 1.0), top_k=pick("top_k", 0),
+                min_p=pick("min_p", 0.0), presence_penalty=self.presence_penalty,
+                frequency_penalty=self.frequency_penalty,
+                repetition_penalty=pick("repetition_penalty", 1.0), seed=self.seed, stop=self.stop,
+                stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, max_tokens=max_tokens,
+                min_tokens=self.min_tokens, logprobs=logprobs, prompt_logprobs=self.prompt_logprobs,
+                skip_special_tokens=self.skip_special_tokens,
+                spaces_between_special_tokens=self.spaces_between_special_tokens,
+                include_stop_str_in_output=self.include_stop_str_in_output, logit_bias=logit_bias,
+                allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
+                thinking_token_budget=self.thinking_token_budget,
+                structured_outputs=self.structured_output()[0],
+                output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
         except ValueError as e:  # SamplingParams' checks start with the field's name: the 400 names it too
             from corellm.server.errors import bad_request
 
             named = re.match(r"[a-z_]+", str(e))
             raise bad_request(str(e), named.group(0) if named and named.group(0) in type(self).model_fields
                               else None) from None
-
-    def _sampling_params(self, pick, max_tokens: int | None, logprobs: int | None,
-                         logit_bias: dict[int, float] | None) -> SamplingParams:
-        return SamplingParams(
-            n=self.n, temperature=pick("temperature", 1.0), top_p=pick("top_p", 1.0), top_k=pick("top_k", 0),
-            min_p=pick("min_p", 0.0), presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-            repetition_penalty=pick("repetition_penalty", 1.0), seed=self.seed, stop=self.stop,
-            stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, max_tokens=max_tokens,
-            min_tokens=self.min_tokens, logprobs=logprobs, prompt_logprobs=self.prompt_logprobs,
-            skip_special_tokens=self.skip_special_tokens,
-            spaces_between_special_tokens=self.spaces_between_special_tokens,
-            include_stop_str_in_output=self.include_stop_str_in_output, logit_bias=logit_bias,
-            allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
-            thinking_token_budget=self.thinking_token_budget,
-            structured_outputs=self.structured_output()[0],
-            output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
 
 
 class CompletionRequest(SamplingFields):

@@ -200,7 +200,7 @@ void gemm_register_widened(const GemmArgs& a) {
   const int64_t pairs = (a.k + 1) / 2, width = 2 * pairs;
   const int64_t panels = gemm_num_panels(a.n), panel_size = gemm_panel_elements(a.k);
   const int64_t blocks = (a.m + kRegisterBlockRows - 1) / kRegisterBlockRows;
-#pragma omp parallel if (gemm_worth_threads(a))
+#pragma omp parallel num_threads(gemm_team_size(a))
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
     float* x_wide = thread_scratch<RegisterBlock, float>(a.m * width);
@@ -305,7 +305,7 @@ void gemm_widened(const GemmArgs& a) {
   const int64_t chunk = std::min(kWidenedChunk, a.m);
   const int64_t chunk_blocks = (chunk + kBlockRows - 1) / kBlockRows;
   float* x_wide = thread_scratch<WidenedBlock, float>(chunk_blocks * kBlockRows * width);  // the calling thread's, shared
-#pragma omp parallel if (gemm_worth_threads(a))
+#pragma omp parallel num_threads(gemm_team_size(a))
   {
     const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
     float* panel_wide = thread_scratch<Avx2Lanes, float>(width * kGemmPanelCols);

@@ -40,14 +40,9 @@ inline int gemm_half_columns(int64_t n, int64_t col0, int h) {
   return static_cast<int>(std::clamp<int64_t>(n - col0 - 16 * h, 0, 16));
 }
 
-// Whether the GEMM is big enough to be worth the OpenMP team (below it, one thread: waking the
-// others costs more than the products).
-inline bool gemm_worth_threads(const GemmArgs& a) { return a.n * a.k * a.m >= (1 << 16); }
-
-// The team that runs the GEMM: the OpenMP team where the GEMM is worth it, else one thread. Its
-// parallel region and its shared units (gemm_shared_panels, shared_panels.h) both take this one
-// number.
-inline int gemm_team_size(const GemmArgs& a) { return gemm_worth_threads(a) ? omp_get_max_threads() : 1; }
+// The team that runs the GEMM (shared_panels.h's gemm_team). Its parallel region and its shared
+// units (gemm_shared_panels) both take this one number.
+inline int gemm_team_size(const GemmArgs& a) { return gemm_team(a.m, a.n, a.k); }
 
 void bf16_gemm_avx2(const GemmArgs& a);        // packed_gemm_avx2.cpp
 void bf16_gemm_avx512(const GemmArgs& a);      // packed_gemm_avx512.cpp

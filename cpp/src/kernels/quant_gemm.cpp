@@ -320,7 +320,7 @@ void quant_gemm(const QuantGemmArgs& a, QuantPath path) {
   // the end). SmolLM2's 30 layers of projections in Q4_1 from memory, 64 rows, AMD EPYC Zen 4, 2
   // threads, 12 alternating rounds against the static ranges: 29.18 -> 28.76 ms (faster in 11),
   // with a busy loop taking 15 % of a core beside it 42.8 -> 41.9 ms (9); 1 and 16 rows level.
-  const int team = a.m * a.n * a.k >= (1 << 16) ? omp_get_max_threads() : 1;
+  const int team = gemm_team(a.m, a.n, a.k);
   std::vector<SharedRanges> chunk_panels = gemm_shared_panels(a.m, kRowChunk, num_panels(a.n), team);
 #pragma omp parallel num_threads(team)
   {

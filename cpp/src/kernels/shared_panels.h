@@ -4,12 +4,19 @@
 // most likely take next. Private to the kernels library.
 #pragma once
 
+#include <omp.h>
+
 #include <cstdint>
 #include <vector>
 
 #include "corellm/shared_ranges.h"
 
 namespace corellm {
+
+// The team a GEMM of m x n x k runs on: the whole OpenMP team where the product is worth waking
+// it, else one thread (waking the others costs more than the products). Inside a step split's
+// group the OpenMP team is that group's one thread.
+inline int gemm_team(int64_t m, int64_t n, int64_t k) { return m * n * k >= (1 << 16) ? omp_get_max_threads() : 1; }
 
 // Per chunk of `chunk` of the m rows, `units` (W's panels, or pairs of them) shared by a team of
 // `threads` (the team the GEMM's parallel region asks for; a thread that never comes has its range

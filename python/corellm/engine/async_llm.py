@@ -117,7 +117,6 @@ class AsyncLLM:
         self.loaded, self.engine_core = self.parts.loaded, self.parts.engine_core
         self.input_processor, self.output_processor = self.parts.input_processor, self.parts.output_processor
         self._requests: dict[str, _Pending] = {}
-        self._pending_by_sample: dict[str, _Pending] = {}  # engine-core request id -> its request
         self._loop: asyncio.AbstractEventLoop | None = None
         self.dead_error: BaseException | None = None
         self.stats = _core.SchedulerStats()  # the latest step's (all zero before the first)
@@ -207,6 +206,14 @@ class AsyncLLM:
                 listener([], core_outputs)
             return
         now = time.monotonic()
+        # Each request's timeline from the engine's own outputs, whatever its output kind (before
+        # process_outputs, which forgets the requests that finish in this step).
+        for core in core_outputs.outputs:
+            state = self.output_processor.requests.get(core.req_id)
+            pending = self._requests.get(state.request.request_id) if state is not None else None
+            if pending is not None and core.new_token_ids:
+                pending.stats.on_tokens(now, len(core.new_token_ids))
+                self._dequeue(pending)  # its first token came: no longer queued
         try:
             outputs, to_abort = self.output_processor.process_outputs(core_outputs.outputs)
         except Exception as e:  # noqa: BLE001 - a detokenizer failure ends the requests involved
@@ -218,11 +225,6 @@ class AsyncLLM:
             return
         if to_abort:
             self._abort_in_engine(to_abort)
-        for core in core_outputs.outputs:
-            pending = self._pending_by_sample.get(core.req_id)
-            if pending is not None and core.new_token_ids:
-                pending.stats.on_tokens(now, len(core.new_token_ids))
-                self._dequeue(pending)  # its first token came: no longer queued
         for out in outputs:
             pending = self._requests.get(out.request_id)
             if pending is None:
@@ -243,14 +245,11 @@ class AsyncLLM:
         pending = self._requests.pop(request_id, None)
         if pending is not None:
             self._dequeue(pending)
-            for sample_id in pending.sample_ids:
-                self._pending_by_sample.pop(sample_id, None)
         return pending
 
     def open_request_states(self) -> dict[str, int]:
         """How many requests each layer holds state for (all 0 when idle: nothing leaks)."""
-        return {"async_llm": len(self._requests), "async_llm_samples": len(self._pending_by_sample),
-                "output_processor": len(self.output_processor.requests),
+        return {"async_llm": len(self._requests), "output_processor": len(self.output_processor.requests),
                 "queued": self.num_queued_requests, "scheduler": self.stats.num_running + self.stats.num_waiting}
 
     def _finish_with_error(self, request_id: str, error: BaseException) -> None:
@@ -295,7 +294,6 @@ class AsyncLLM:
         self.num_queued_requests += processed.num_samples
         self.num_queued_tokens += processed.num_prompt_tokens
         self._requests[processed.request_id] = pending
-        self._pending_by_sample.update(dict.fromkeys(pending.sample_ids, pending))
         self.output_processor.add_request(processed)
         self._inbox.put(("add", processed.samples))
         return pending
