@@ -56,6 +56,7 @@ struct Avx2Lanes {
   static constexpr int kPeakChains = 5;  // 10 registers of sums, 6 of operands
   static constexpr bool kGatedStore = false;  // no gated pass on this path
   static constexpr bool kNonTemporalOneRow = false;  // not measured faster here (next_panel.h)
+  static constexpr bool kWideX = false;  // its 1-3 rows: not measured (the 4 to 47 rows widen x, below)
   static Acc zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   static Pair widen(__m256i pairs) {
     return {_mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)),

@@ -41,6 +41,7 @@ struct Avx512Bf16Lanes {
   }
   static constexpr bool kGatedStore = true;
   static constexpr bool kNonTemporalOneRow = true;  // next_panel.h
+  static constexpr bool kWideX = false;  // a pair of x is one broadcast, dpbf16's operand as it is
   static void store_gated(uint16_t* y, int64_t at, Acc v, const uint16_t* bias, int64_t col, const uint16_t* gate,
                           GatedActivation act) {
     gemm_store::store_gated<true>(y, at, v, gemm_store::bias_of(bias, col, 0xFFFF), gate, act);

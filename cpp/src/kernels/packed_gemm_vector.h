@@ -11,6 +11,12 @@
 //   kMaxRows                     rows of x per block: their sums stay in registers
 //   kNonTemporalOneRow           one row's panels fetched with the non-temporal hint on AMD CPUs
 //                                (next_panel.h): true where that was measured faster
+//   kWideX, widen_x_row(from, k, to, width), broadcast_wide_x(p)
+//                                where the path widens a k pair of x to fp32 with two integer ops
+//                                (no bf16 dot product): x's rows are widened once per chunk of rows
+//                                into the thread's fp32 rows (k padded to even with a zero), and a
+//                                pair is broadcast from there (loads only) instead of widened again
+//                                for every panel; the values, and so the sums, are the same
 //
 // Per panel and block of up to kMaxRows x rows it walks the k pairs, accumulating 32 columns x
 // the rows, and re-reads the panel from its caches for the next block of rows; meanwhile the
@@ -50,7 +56,13 @@ struct PanelRows {
   // panel's columns), combined by Lanes::store_gated into y's bf16. Null: y = the sums + bias.
   const uint16_t* gate = nullptr;
   GatedActivation act = GatedActivation::kSilu;
+  // Lanes::kWideX: the block's first row of x widened to fp32, its rows x_wide_stride apart.
+  const float* x_wide = nullptr;
+  int64_t x_wide_stride = 0;
 };
+
+// The thread's fp32 rows of x (Lanes::kWideX).
+struct WideX {};
 
 template <class Lanes, int MR>
 void panel_rows(const PanelRows& b, NextPanel& next) {
@@ -63,13 +75,18 @@ void panel_rows(const PanelRows& b, NextPanel& next) {
     const typename Lanes::W w0 = Lanes::load_w(wp);
     const typename Lanes::W w1 = Lanes::load_w(wp + 32);
     for (int r = 0; r < MR; ++r) {
-      int32_t xv;
-      if (kp == full) {  // an odd k's last column: its pair's other half is zero
-        xv = x_pair(b.x + r * b.x_stride, kp, b.k);
+      typename Lanes::X xb;
+      if constexpr (Lanes::kWideX) {
+        xb = Lanes::broadcast_wide_x(b.x_wide + r * b.x_wide_stride + 2 * kp);
       } else {
-        std::memcpy(&xv, b.x + r * b.x_stride + 2 * kp, sizeof(xv));
+        int32_t xv;
+        if (kp == full) {  // an odd k's last column: its pair's other half is zero
+          xv = x_pair(b.x + r * b.x_stride, kp, b.k);
+        } else {
+          std::memcpy(&xv, b.x + r * b.x_stride + 2 * kp, sizeof(xv));
+        }
+        xb = Lanes::broadcast_x(xv);
       }
-      const typename Lanes::X xb = Lanes::broadcast_x(xv);
       acc[r][0] = Lanes::dot(acc[r][0], xb, w0);
       acc[r][1] = Lanes::dot(acc[r][1], xb, w1);
     }
@@ -120,6 +137,7 @@ void panel_all_rows(PanelRows b, int64_t m, const uint16_t* next_panel, ReadOnce
   auto run_block = [&](int64_t r, int64_t rows) {
     PanelRows block = b;
     block.x = b.x + r * b.x_stride;
+    if constexpr (Lanes::kWideX) block.x_wide = b.x_wide + r * b.x_wide_stride;
     block.y = static_cast<char*>(b.y) + r * b.y_stride * y_item;
     if (b.gate != nullptr) block.gate = b.gate + r * kGemmPanelCols;
     panel_tail_rows<Lanes>(block, rows, next);
@@ -166,9 +184,16 @@ void gemm(const GemmArgs& a, const GatedActivation* gated = nullptr) {
     // the native forward 0.1-9 % faster in five alternating pairs, AMD EPYC Zen 4).
     const GemmArgs own = a;
     uint16_t* gate_rows = gated ? thread_scratch<PanelRows, uint16_t>(std::min(kRowChunk, own.m) * kGemmPanelCols) : nullptr;
+    const int64_t wide_stride = 2 * ((own.k + 1) / 2);
+    float* x_wide = Lanes::kWideX ? thread_scratch<WideX, float>(std::min(kRowChunk, own.m) * wide_stride) : nullptr;
     for (int64_t c = 0; c < chunks; ++c) {
       const int64_t r = c * kRowChunk, rows = std::min(kRowChunk, own.m - r);
       const ReadOnce read_once = read_once_panel(Lanes::kNonTemporalOneRow, rows);
+      if constexpr (Lanes::kWideX) {  // every row of the chunk: the thread's panels need them all
+        for (int64_t i = 0; i < rows; ++i) {
+          Lanes::widen_x_row(own.x + (r + i) * own.x_stride, own.k, x_wide + i * wide_stride, wide_stride);
+        }
+      }
       SharedRanges& shared = chunk_units[static_cast<size_t>(c)];
       for (int64_t u = shared.next(t); u >= 0; u = shared.next(t)) {
         const int64_t after = gemm_next_own_panel(chunk_units, static_cast<size_t>(c), t);  // fetched meanwhile
@@ -176,6 +201,8 @@ void gemm(const GemmArgs& a, const GatedActivation* gated = nullptr) {
         PanelRows b{own.x + r * own.x_stride, own.x_stride, own.packed + u * panel_size, own.bias,
                     static_cast<char*>(own.y) + r * own.y_stride * y_item, own.y_stride, y_f32,
                     u * kGemmPanelCols, own.n, own.k, u * kGemmPanelCols};
+        b.x_wide = x_wide;
+        b.x_wide_stride = wide_stride;
         if constexpr (Lanes::kGatedStore) {
           if (gated != nullptr) {
             PanelRows gate = b;  // into the gate rows; the up panel fetched meanwhile
