@@ -243,11 +243,12 @@ def test_attention_rejects_bad_metadata():
                               torch.tensor([10**6], dtype=torch.int32))
 
 
+@pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("seqs", [[(21, 21)], [(37, 1)], [(50, 7)], [(100, 100)]])
-def test_stale_nan_slots_past_the_sequence_do_not_leak(dtype, seqs):
+def test_stale_nan_slots_past_the_sequence_do_not_leak(dtype, seqs, isa):
     """Slots of the last block beyond seq_len hold whatever an earlier owner left (here NaN); the
-    kernels must not let them reach the output, in neither the per-token nor the span fold."""
+    kernels must not let them reach the output, on any path, in neither the per-token nor the span fold."""
     kc, vc, table, seq_lens, qsl = make_batch(seqs, 3, 64, 16, dtype, seed=4)
     L = seqs[0][0]
     last_block, used = int(table[0, (L - 1) // 16]), (L - 1) % 16 + 1
@@ -259,7 +260,7 @@ def test_stale_nan_slots_past_the_sequence_do_not_leak(dtype, seqs):
     k_all, v_all = ops.unpack_kv_cache(kc, vc)
     assert torch.isnan(k_all[last_block, used:]).all() and torch.isnan(v_all[last_block, used:]).all()
     q = torch.randn(int(qsl[-1]), 9 * 64).to(dtype)
-    got = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125)
+    got = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, cpu_isa=isa)
     assert not torch.isnan(got).any()
     want = ref.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125)
     torch.testing.assert_close(got.double(), want, **TOL[dtype])

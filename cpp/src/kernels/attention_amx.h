@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "attention_span_avx2.h"
+#include "attention_span_avx512.h"
 #include "attention_tile.h"
 
 namespace corellm::attention {
@@ -193,10 +194,10 @@ inline SpanFoldFn fold_for_head_size(int64_t hd, SpanFoldFn hd32, SpanFoldFn hd6
 }
 
 // The span fold for this head size and block size on path `isa` (amx: the tile fold above;
-// avx512bf16: attention_tile.h's; avx2: attention_span_avx2.h's, widened), or null where the
-// per-token fold serves (other shapes, and the avx512 path).
+// avx512bf16: attention_tile.h's; avx512: attention_span_avx512.h's and avx2:
+// attention_span_avx2.h's, widened), or null for other shapes (the generic per-token fold).
 inline SpanFoldFn select_span_fold(int64_t hd, int64_t bs, CpuIsa isa) {
-  if (isa == CpuIsa::kAvx512 || bs % 16 != 0 || bs > kSpanKeys) return nullptr;
+  if (bs % 16 != 0 || bs > kSpanKeys) return nullptr;
   switch (isa) {
     case CpuIsa::kAmx:
       return fold_for_head_size(hd, &amx::fold_span_bf16<32>, &amx::fold_span_bf16<64>, &amx::fold_span_bf16<128>,
@@ -204,6 +205,9 @@ inline SpanFoldFn select_span_fold(int64_t hd, int64_t bs, CpuIsa isa) {
     case CpuIsa::kAvx512Bf16:
       return fold_for_head_size(hd, &avx512::fold_span_bf16<32>, &avx512::fold_span_bf16<64>,
                                 &avx512::fold_span_bf16<128>, &avx512::fold_span_bf16<256>);
+    case CpuIsa::kAvx512:
+      return fold_for_head_size(hd, &avx512f::fold_span_bf16<32>, &avx512f::fold_span_bf16<64>,
+                                &avx512f::fold_span_bf16<128>, &avx512f::fold_span_bf16<256>);
     default:
       return fold_for_head_size(hd, &avx2::fold_span_bf16<32>, &avx2::fold_span_bf16<64>, &avx2::fold_span_bf16<128>,
                                 &avx2::fold_span_bf16<256>);

@@ -1,11 +1,10 @@
 // The inner step of paged attention: fold one KV block into one query row's online-softmax
 // state. Implementations of the same algorithm: portable C++ on fp32 copies of the block (the
-// baseline, AVX2), AVX-512 on fp32 caches (read in place), and bf16 caches read in place with
-// each pair widened to fp32 (attention_widened.h, the avx512 path's; the avx2 path folds spans
-// of bf16 caches, attention_span_avx2.h). The AVX-512 ones are
-// compiled for their instructions in regions of their own (namespaces attention::avx512 and
-// widened_avx512) and chosen at run time by select_fold; the helpers here (exp16,
-// softmax_step, visible_lanes) serve the span folds too (attention_tile.h, attention_amx.h).
+// baseline, AVX2; bf16 caches of shapes no span fold serves) and AVX-512 on fp32 caches (read in
+// place, in a region of its own: namespace attention::avx512), chosen at run time by select_fold.
+// bf16 caches are folded a span at a time on every path (attention_tile.h, attention_amx.h,
+// attention_span_avx512.h, attention_span_avx2.h); the helpers here (exp16, softmax_step,
+// visible_lanes) serve those folds too.
 // Internal to paged_attention.cpp.
 #pragma once
 
@@ -139,44 +138,32 @@ template <class T>
 using FoldFn = void (*)(const RowState* rows, int num_rows, const T* kb, const T* vb, int64_t lo, int64_t hi,
                         float scale);
 
-// ---- AVX-512F: bf16 caches, each pair widened to fp32 (attention_widened.h) ----
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,prefer-vector-width=512")
-namespace widened_avx512 {
-#include "attention_widened.h"
-}  // namespace widened_avx512
-#pragma GCC pop_options
-
-// The per-token fold for this cache type and shape on path `isa`: for bf16 caches on the avx512
-// path each pair widened to fp32 (the other paths fold spans of bf16 caches: attention_amx.h's
-// select_span_fold); for fp32 ones AVX-512. Null: the generic path (other shapes, or fp32 caches
-// on an AVX2 CPU).
+// The per-token fold for this cache type and shape on path `isa`: AVX-512 for fp32 caches. Null:
+// the generic path (bf16 caches of shapes no span fold serves (attention_amx.h's
+// select_span_fold), other shapes, or fp32 caches on an AVX2 CPU).
 template <class T>
 FoldFn<T> select_fold(int64_t hd, int64_t bs, CpuIsa isa) {
-  constexpr bool is_bf16 = sizeof(T) == 2;
-  if (!isa_at_least(isa, CpuIsa::kAvx512)) return nullptr;
-#define CORELLM_FOLD(HD, BS)                                                               \
-  if (hd == HD && bs == BS) {                                                              \
-    if constexpr (is_bf16) {                                                               \
-      return &widened_avx512::fold<HD, BS>;                                                \
-    } else {                                                                               \
-      return &avx512::fold_fp32<HD, BS>;                                                   \
-    }                                                                                      \
-  }
-  CORELLM_FOLD(64, 16)
-  CORELLM_FOLD(64, 32)
-  CORELLM_FOLD(64, 64)
-  CORELLM_FOLD(64, 128)
-  CORELLM_FOLD(128, 16)
-  CORELLM_FOLD(128, 32)
-  CORELLM_FOLD(128, 64)
-  CORELLM_FOLD(128, 128)
-  CORELLM_FOLD(256, 16)  // Gemma's head size
-  CORELLM_FOLD(256, 32)
-  CORELLM_FOLD(32, 16)
-  CORELLM_FOLD(32, 32)
+  if constexpr (sizeof(T) == 2) {
+    return nullptr;
+  } else {
+    if (!isa_at_least(isa, CpuIsa::kAvx512)) return nullptr;
+#define CORELLM_FOLD(HD, BS) \
+  if (hd == HD && bs == BS) return &avx512::fold_fp32<HD, BS>;
+    CORELLM_FOLD(64, 16)
+    CORELLM_FOLD(64, 32)
+    CORELLM_FOLD(64, 64)
+    CORELLM_FOLD(64, 128)
+    CORELLM_FOLD(128, 16)
+    CORELLM_FOLD(128, 32)
+    CORELLM_FOLD(128, 64)
+    CORELLM_FOLD(128, 128)
+    CORELLM_FOLD(256, 16)  // Gemma's head size
+    CORELLM_FOLD(256, 32)
+    CORELLM_FOLD(32, 16)
+    CORELLM_FOLD(32, 32)
 #undef CORELLM_FOLD
-  return nullptr;
+    return nullptr;
+  }
 }
 
 }  // namespace corellm::attention

@@ -1,7 +1,7 @@
 // The span fold of attention_tile.h on AVX2 + FMA (the avx2 path): a span of up to 128 keys
 // folded into all the rows of a work item at once (the rows of up to 16 query tokens, every
-// query head sharing the KV head; a decode's are the rows of its one token), where the per-token
-// fold (attention_widened.h) re-reads each block once per token and keeps its sums in memory.
+// query head sharing the KV head; a decode's are the rows of its one token), where a per-token
+// fold re-reads each block once per token and keeps its sums in memory.
 // AVX2 has no bf16 dot product: each bf16 of a K or V pair is widened to fp32 (a shift, or a
 // mask, of its 32-bit lane) and multiplied with one fused multiply-add.
 //

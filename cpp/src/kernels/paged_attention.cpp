@@ -156,6 +156,9 @@ void run_spans(const PagedAttentionArgs& a, const WorkItem& w, const WorkItem* n
     } else if (a.isa == CpuIsa::kAvx2) {
       next.spread_over(attention::avx2::fold_steps(rows, (end - blk) * bs, hd));
       span.next = &next;
+    } else if (a.isa == CpuIsa::kAvx512) {
+      next.spread_over(attention::avx512f::fold_steps(rows, (end - blk) * bs, hd));
+      span.next = &next;
     } else {  // the fold's steps: per block of rows and 16 keys, one for the scores and HD / 16 for P V
       next.spread_over(tile_row_blocks * (end - blk) * bs / 16 * (1 + hd / 16));
       span.next = &next;
