@@ -138,55 +138,14 @@ inline void softmax_row(const TileRows& rows, const Span& span, int64_t r, float
   sc.correction[r] = correction;
 }
 
-// acc = acc * correction + P V for rows [r0, r0 + R), over the 16-key groups [g_begin, g_end),
-// 32 dims at a time. Per key pair, the 32 dims' values are loaded and widened (4 registers),
-// then each row's two probabilities are broadcast once and used on both halves. Past the
-// sequence's last written key, the values are never read (a never-written slot may hold a stale
-// NaN, which a zero probability would not cancel).
-template <int HD, int R>
-void span_values(const TileRows& rows, const Span& span, int64_t r0, int64_t g_begin, int64_t g_end,
-                 const TileScratch& sc) {
-  const float* p = sc.s + r0 * kSpanKeys;
-  for (int c = 0; c < HD / 32; ++c) {
-    __m512 acc[R][2];
-    for (int r = 0; r < R; ++r) {
-      const __m512 correction = _mm512_set1_ps(sc.correction[r0 + r]);
-      const float* a = rows.acc + (r0 + r) * HD + 32 * c;
-      acc[r][0] = _mm512_mul_ps(_mm512_loadu_ps(a), correction);
-      acc[r][1] = _mm512_mul_ps(_mm512_loadu_ps(a + kLanes), correction);
-    }
-    for (int64_t g = g_begin; g < g_end; ++g) {
-      const int64_t written = std::min<int64_t>(16, span.valid_end - (span.t0 + 16 * g));  // >= 1
-      const uint16_t* vv = span.v[g] + 64 * c;
-      for (int j = 0; 2 * j < written; ++j) {
-        if (span.next != nullptr) span.next->step();
-        const __m512i lo = load_pairs(vv + j * HD * 2), hi = load_pairs(vv + j * HD * 2 + 32);
-        const int key = static_cast<int>(16 * g) + 2 * j;
-        if (2 * j + 1 < written) {
-          const __m512 even0 = widen_low(lo), odd0 = widen_high(lo), even1 = widen_low(hi), odd1 = widen_high(hi);
-          for (int r = 0; r < R; ++r) {
-            const __m512 pe = _mm512_set1_ps(p[r * kSpanKeys + key]);
-            const __m512 po = _mm512_set1_ps(p[r * kSpanKeys + key + 1]);
-            acc[r][0] = _mm512_fmadd_ps(po, odd0, _mm512_fmadd_ps(pe, even0, acc[r][0]));
-            acc[r][1] = _mm512_fmadd_ps(po, odd1, _mm512_fmadd_ps(pe, even1, acc[r][1]));
-          }
-        } else {  // the pair's second key was never written
-          const __m512 even0 = widen_low(lo), even1 = widen_low(hi);
-          for (int r = 0; r < R; ++r) {
-            const __m512 pe = _mm512_set1_ps(p[r * kSpanKeys + key]);
-            acc[r][0] = _mm512_fmadd_ps(pe, even0, acc[r][0]);
-            acc[r][1] = _mm512_fmadd_ps(pe, even1, acc[r][1]);
-          }
-        }
-      }
-    }
-    for (int r = 0; r < R; ++r) {
-      float* a = rows.acc + (r0 + r) * HD + 32 * c;
-      _mm512_storeu_ps(a, acc[r][0]);
-      _mm512_storeu_ps(a + kLanes, acc[r][1]);
-    }
-  }
-}
+// The vector operations attention_span_widened.h is written with.
+using V = __m512;
+inline V load(const float* p) { return _mm512_loadu_ps(p); }
+inline void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+inline V mul(V a, V b) { return _mm512_mul_ps(a, b); }
+inline V fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+inline V splat(float x) { return _mm512_set1_ps(x); }
+inline V broadcast(const float* p) { return _mm512_set1_ps(*p); }
 
 // The number of NextSpanLines steps fold_span_bf16 makes for `rows` rows that all see a whole
 // span of `keys` keys (the caller spreads the next span's lines over them): per block of rows,
@@ -196,24 +155,8 @@ inline int64_t fold_steps(int64_t rows, int64_t keys, int64_t hd) {
   return blocks * ((groups + 1) / 2 * (hd / 2) + hd / 32 * groups * 8);
 }
 
-// Folds the span into every row that sees a key of it, a block of rows at a time from their
-// scores to their values (the block's K and V stay in L1 between the two).
-template <int HD>
-void fold_span_bf16(const TileRows& rows, const Span& span, int64_t bs, float scale, const TileScratch& sc) {
-  const auto [r_begin, r_end, key_lo, key_hi] = span_reach(rows, span);
-  if (r_end <= r_begin) return;
-  avx512::for_row_blocks(r_begin, r_end, [&](auto rows_in_block, int64_t r0) {
-    constexpr int R = decltype(rows_in_block)::value;
-    const SpanReach reach = span_reach_of_rows(rows, span, r0, r0 + R);
-    if (reach.r_end <= reach.r_begin) return;  // no row of the block sees the span
-    const int64_t g_begin = reach.key_lo / 16, g_end = (reach.key_hi + 15) / 16;
-    float q[R][HD];
-    widen_queries<HD, R>(rows, r0, q);
-    span_scores<HD, R>(q, span, bs, g_begin, g_end, sc.s + r0 * kSpanKeys);
-    for (int64_t r = r0; r < r0 + R; ++r) softmax_row(rows, span, r, scale, sc);
-    span_values<HD, R>(rows, span, r0, g_begin, g_end, sc);
-  });
-}
+using avx512::for_row_blocks;  // attention_tile.h's blocks of kTileRows
+#include "attention_span_widened.h"  // span_values and fold_span_bf16
 
 }  // namespace corellm::attention::avx512f
 #pragma GCC pop_options
