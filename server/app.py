@@ -52,7 +52,7 @@ async def parse(request: web.Request, model: type[BaseModel]) -> BaseModel:
         parsed = model.model_validate(body)
     except ValidationError as e:
         raise validation_error(e) from None
-    check_request_fields(parsed)
+    check_request_fields(parsed, allow_unknown=request.app[SERVING].config.allow_unknown_fields)
     return parsed
 
 
@@ -181,7 +181,7 @@ async def tokenizer_info(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(openapi_spec())
+    return web.json_response(openapi_spec(request.app[SERVING].config.allow_unknown_fields))
 
 
 def create_app(engine: AsyncLLM, config: ServerConfig) -> web.Application:

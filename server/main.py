@@ -47,6 +47,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_CALL_FORMATS),
                    help="how the model writes tool calls (hermes: Hermes / Qwen; llama3_json; mistral)")
     p.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024)
+    p.add_argument("--allow-unknown-fields", action="store_true",
+                   help="ignore (and log once) request fields that no API defines, as vLLM does, instead of "
+                        "refusing the request with 400 naming the field")
     limits = AdmissionLimits()
     p.add_argument("--max-queued-requests", type=int, default=limits.max_queued_requests,
                    help="requests waiting for their first token beyond which new ones get 429")
@@ -182,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
                                  enable_auto_tool_choice=args.enable_auto_tool_choice,
                                  tool_call_parser=args.tool_call_parser,
                                  max_body_bytes=args.max_body_bytes, max_stored_responses=args.max_stored_responses,
+                                 allow_unknown_fields=args.allow_unknown_fields,
                                  admission=AdmissionLimits(args.max_queued_requests, args.max_queued_tokens))
     try:
         asyncio.run(serve(engine, server_config, args.host, args.port, args.shutdown_timeout, started))

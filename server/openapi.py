@@ -55,7 +55,9 @@ def _stored_response(method: str, summary: str, query: dict[str, dict] | None = 
         "503": {"description": "Shutting down", **error}}}}
 
 
-def openapi_spec() -> dict:
+def openapi_spec(allow_unknown_fields: bool = False) -> dict:
+    """The description; a request part's properties are all it takes (additionalProperties false)
+    unless the server runs with --allow-unknown-fields (request_fields.py)."""
     models = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, EmbeddingRequest, ScoreRequest,
               RerankRequest, TokenizeRequest, DetokenizeRequest]
     schemas: dict = {}
@@ -63,6 +65,9 @@ def openapi_spec() -> dict:
         schema = m.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[m.__name__] = schema
+    for schema in schemas.values():
+        if schema.get("additionalProperties") is True:  # a RequestPart: pydantic keeps its extra fields
+            schema["additionalProperties"] = allow_unknown_fields
     return {
         "openapi": "3.1.0",
         "info": {"title": "corellm", "version": corellm.__version__},

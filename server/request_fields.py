@@ -1,8 +1,9 @@
 """Request fields corellm does not honour: never silently dropped. A field of the OpenAI or vLLM API
 that corellm does not implement yet is refused with 400 naming it — unless its value is one that
-means the same as leaving it out (`"functions": []`, `"best_of": 1`). A field no API defines is
-ignored and logged once per name, for the first 64 names (a client's own extension, or a typo worth
-seeing in the log).
+means the same as leaving it out (`"functions": []`, `"best_of": 1`). A field no API defines (a typo
+such as `"temprature"`, or a client's own extension) is refused with 400 naming it too, as OpenAI's
+API does: a 200 would answer a request other than the one sent. `--allow-unknown-fields` has the
+server ignore such fields instead, each name logged once (for the first 64 names), as vLLM does.
 
 The request models accept extra fields (pydantic keeps them in model_extra) so that they can be
 told apart here, after validation."""
@@ -46,26 +47,33 @@ _MAX_LOGGED_UNKNOWN = 64
 _logged_unknown: set[str] = set()
 
 
-def check_request_fields(model: BaseModel, path: str = "") -> None:
-    """Raises a 400 (APIError) for the first field given that corellm does not honour; logs the
-    unknown ones once per name. Walks nested models (messages, stream_options)."""
+def check_request_fields(model: BaseModel, allow_unknown: bool = False, path: str = "") -> None:
+    """Raises a 400 (APIError) for the first field given that corellm does not honour, or that no
+    API defines; with allow_unknown, the latter are logged once per name and ignored. Walks nested
+    models (messages, stream_options), naming a nested field by its path (`messages[1].nmae`)."""
     for name, value in (model.model_extra or {}).items():
         where = f"{path}{name}"
         if name in NOT_HONOURED:
             if value is not None and not any(value == v for v in NOT_HONOURED[name]):
                 raise bad_request(f"{where} is not supported by corellm", where, "unsupported_field")
-        elif name not in INFORMATIONAL and name not in _logged_unknown and len(_logged_unknown) < _MAX_LOGGED_UNKNOWN:
+        elif name in INFORMATIONAL:
+            continue
+        elif not allow_unknown:
+            raise bad_request(f"unrecognized request field {where!r}: no API that corellm serves defines it here "
+                              f"(start the server with --allow-unknown-fields to have such fields ignored)",
+                              where, "unknown_field")
+        elif name not in _logged_unknown and len(_logged_unknown) < _MAX_LOGGED_UNKNOWN:
             _logged_unknown.add(name)
             logger.warning("ignoring the request field %r: no API that corellm serves defines it%s", name,
                            "" if len(_logged_unknown) < _MAX_LOGGED_UNKNOWN else " (further unknown names are not logged)")
     for name in type(model).model_fields:
-        _check_nested(getattr(model, name), f"{path}{name}")
+        _check_nested(getattr(model, name), allow_unknown, f"{path}{name}")
 
 
-def _check_nested(value: Any, path: str) -> None:
+def _check_nested(value: Any, allow_unknown: bool, path: str) -> None:
     if isinstance(value, BaseModel):
-        check_request_fields(value, f"{path}.")
+        check_request_fields(value, allow_unknown, f"{path}.")
     elif isinstance(value, list):
         for i, item in enumerate(value):
             if isinstance(item, BaseModel):
-                check_request_fields(item, f"{path}[{i}].")
+                check_request_fields(item, allow_unknown, f"{path}[{i}].")

@@ -9,6 +9,7 @@ import socket
 import pytest
 
 from tests.reliability.conftest import assert_error, call
+from tests.server.conftest import Server
 
 X = {"prompt": "x", "max_tokens": 2}
 
@@ -172,12 +173,67 @@ def test_values_that_mean_leaving_a_field_out_are_accepted(server):
                          {"role": "assistant", "content": "y", "tool_calls": [], "refusal": None, "annotations": []},
                          {"role": "user", "content": "z"}],
             "max_tokens": 2, "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
-            "user": "u-1", "metadata": {"k": "v"}, "parallel_tool_calls": True, "store": False,
-            "a_field_no_api_defines": 1}
+            "user": "u-1", "metadata": {"k": "v"}, "parallel_tool_calls": True, "store": False}
     code, out, _ = call(server.url + "/v1/chat/completions", body)
     assert code == 200, out
     code, out, _ = call(server.url + "/v1/completions", {**X, "best_of": 1, "use_beam_search": False})
     assert code == 200, out
+
+
+CHAT = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+
+# Fields no API defines, as a typo makes them: a 400 naming the field by its path, as OpenAI's API
+# answers, not a 200 for a request other than the one sent.
+UNKNOWN = [
+    ("/v1/chat/completions", {**CHAT, "temprature": 0}, "temprature"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "x", "nmae": "a"}]}, "messages[0].nmae"),
+    ("/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"include_usgae": True}},
+     "stream_options.include_usgae"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "n", "shcema": {"type": "object"}}}}, "response_format.json_schema.shcema"),
+    ("/v1/completions", {**X, "max_token": 5}, "max_token"),
+    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_text", "text": "x", "txet": "y"}]}],
+                       "max_output_tokens": 2}, "input[0].content[0].txet"),
+    ("/v1/embeddings", {"input": "x", "dimension": 8}, "dimension"),
+]
+
+
+@pytest.mark.parametrize("route, body, param", UNKNOWN, ids=[p for _, _, p in UNKNOWN])
+def test_fields_no_api_defines_are_refused_by_name(server, route, body, param):
+    code, out, _ = call(server.url + route, body)
+    assert_error(code, out, 400, param=param, contains="--allow-unknown-fields")
+    assert out["error"]["code"] == "unknown_field"
+
+
+def request_parts_take_more(url: str) -> set:
+    """additionalProperties of every request part in the server's /openapi.json."""
+    code, spec, _ = call(url + "/openapi.json", None, None, method="GET")
+    assert code == 200, spec
+    return {s["additionalProperties"] for s in spec["components"]["schemas"].values() if "properties" in s}
+
+
+def test_openapi_says_request_parts_take_no_other_fields(server):
+    assert request_parts_take_more(server.url) == {False}
+
+
+def test_allow_unknown_fields_ignores_them_and_logs_each_name():
+    """--allow-unknown-fields: vLLM's rule (ignored, each name logged once); fields corellm does not
+    honour are still refused."""
+    server = Server("--allow-unknown-fields")
+    try:
+        for _ in range(2):
+            code, out, _ = call(server.url + "/v1/chat/completions",
+                                {**CHAT, "a_clients_extension": 1,
+                                 "messages": [{"role": "user", "content": "x", "x_trace": "t"}]})
+            assert code == 200 and out["choices"][0]["finish_reason"] in ("length", "stop"), out
+        log = server.output()
+        assert log.count("ignoring the request field 'a_clients_extension'") == 1, log
+        assert log.count("ignoring the request field 'x_trace'") == 1, log
+        code, out, _ = call(server.url + "/v1/completions", {**X, "best_of": 3})
+        assert_error(code, out, 400, param="best_of", contains="not supported")
+        assert request_parts_take_more(server.url) == {True}
+    finally:
+        server.stop()
 
 
 def test_priority_needs_the_priority_policy(server):
