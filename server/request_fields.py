@@ -1,9 +1,10 @@
 """Request fields corellm does not honour: never silently dropped. A field of the OpenAI or vLLM API
 that corellm does not implement yet is refused with 400 naming it — unless its value is one that
-means the same as leaving it out (`"functions": []`, `"best_of": 1`). A field no API defines (a typo
-such as `"temprature"`, or a client's own extension) is refused with 400 naming it too, as OpenAI's
-API does: a 200 would answer a request other than the one sent. `--allow-unknown-fields` has the
-server ignore such fields instead, each name logged once (for the first 64 names), as vLLM does.
+means the same as leaving it out (`"functions": []`, `"best_of": 1`). A field corellm does not know
+(a typo such as `"temprature"`, a client's own extension, or a newer field of another server's API)
+is refused with 400 naming it too, as OpenAI's API does: a 200 would answer a request other than
+the one sent. `--allow-unknown-fields` has the server ignore such fields instead, each name logged
+once (for the first 64 names), as vLLM does.
 
 The request models accept extra fields (pydantic keeps them in model_extra) so that they can be
 told apart here, after validation."""
@@ -38,8 +39,8 @@ NOT_HONOURED: dict[str, tuple[Any, ...]] = {
 }
 
 # Fields of the APIs that change nothing corellm computes, accepted as they are.
-INFORMATIONAL = {"user", "metadata", "prompt_cache_key", "safety_identifier", "parallel_tool_calls",
-                 "include_obfuscation"}
+INFORMATIONAL = {"user", "metadata", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
+                 "parallel_tool_calls", "include_obfuscation", "session_id"}
 
 # Names already logged: each once, and at most this many (a client sending random names must fill
 # neither the log nor this set).
@@ -48,8 +49,8 @@ _logged_unknown: set[str] = set()
 
 
 def check_request_fields(model: BaseModel, allow_unknown: bool = False, path: str = "") -> None:
-    """Raises a 400 (APIError) for the first field given that corellm does not honour, or that no
-    API defines; with allow_unknown, the latter are logged once per name and ignored. Walks nested
+    """Raises a 400 (APIError) for the first field given that corellm does not honour, or does not
+    know; with allow_unknown, the latter are logged once per name and ignored. Walks nested
     models (messages, stream_options), naming a nested field by its path (`messages[1].nmae`)."""
     for name, value in (model.model_extra or {}).items():
         where = f"{path}{name}"
@@ -59,12 +60,12 @@ def check_request_fields(model: BaseModel, allow_unknown: bool = False, path: st
         elif name in INFORMATIONAL:
             continue
         elif not allow_unknown:
-            raise bad_request(f"unrecognized request field {where!r}: no API that corellm serves defines it here "
-                              f"(start the server with --allow-unknown-fields to have such fields ignored)",
-                              where, "unknown_field")
+            raise bad_request(f"unrecognized request field {where!r}: corellm does not know it (a typo, or a field "
+                              f"of another API; start the server with --allow-unknown-fields to have such fields "
+                              f"ignored)", where, "unknown_field")
         elif name not in _logged_unknown and len(_logged_unknown) < _MAX_LOGGED_UNKNOWN:
             _logged_unknown.add(name)
-            logger.warning("ignoring the request field %r: no API that corellm serves defines it%s", name,
+            logger.warning("ignoring the request field %r: corellm does not know it%s", name,
                            "" if len(_logged_unknown) < _MAX_LOGGED_UNKNOWN else " (further unknown names are not logged)")
     for name in type(model).model_fields:
         _check_nested(getattr(model, name), allow_unknown, f"{path}{name}")

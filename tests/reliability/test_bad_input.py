@@ -182,8 +182,8 @@ def test_values_that_mean_leaving_a_field_out_are_accepted(server):
 
 CHAT = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
 
-# Fields no API defines, as a typo makes them: a 400 naming the field by its path, as OpenAI's API
-# answers, not a 200 for a request other than the one sent.
+# Fields corellm does not know, as a typo makes them: a 400 naming the field by its path, as OpenAI's
+# API answers, not a 200 for a request other than the one sent.
 UNKNOWN = [
     ("/v1/chat/completions", {**CHAT, "temprature": 0}, "temprature"),
     ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "x", "nmae": "a"}]}, "messages[0].nmae"),
@@ -199,7 +199,7 @@ UNKNOWN = [
 
 
 @pytest.mark.parametrize("route, body, param", UNKNOWN, ids=[p for _, _, p in UNKNOWN])
-def test_fields_no_api_defines_are_refused_by_name(server, route, body, param):
+def test_fields_corellm_does_not_know_are_refused_by_name(server, route, body, param):
     code, out, _ = call(server.url + route, body)
     assert_error(code, out, 400, param=param, contains="--allow-unknown-fields")
     assert out["error"]["code"] == "unknown_field"
