@@ -48,8 +48,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="how the model writes tool calls (hermes: Hermes / Qwen; llama3_json; mistral)")
     p.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024)
     p.add_argument("--allow-unknown-fields", action="store_true",
-                   help="ignore (and log once) request fields that corellm does not know, as vLLM does, instead "
-                        "of refusing the request with 400 naming the field")
+                   help="ignore (and log once) request arguments that corellm does not know, as vLLM does, "
+                        "instead of refusing the request with 400 naming the argument (unknown fields within "
+                        "messages and other parts are ignored either way, as OpenAI's API ignores them)")
     limits = AdmissionLimits()
     p.add_argument("--max-queued-requests", type=int, default=limits.max_queued_requests,
                    help="requests waiting for their first token beyond which new ones get 429")

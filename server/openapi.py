@@ -56,8 +56,9 @@ def _stored_response(method: str, summary: str, query: dict[str, dict] | None = 
 
 
 def openapi_spec(allow_unknown_fields: bool = False) -> dict:
-    """The description; a request part's properties are all it takes (additionalProperties false)
-    unless the server runs with --allow-unknown-fields (request_fields.py)."""
+    """The description; a request body's properties are all it takes (additionalProperties false)
+    unless the server runs with --allow-unknown-fields, while its parts (messages, tools) take
+    others (request_fields.py)."""
     models = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, EmbeddingRequest, ScoreRequest,
               RerankRequest, TokenizeRequest, DetokenizeRequest]
     schemas: dict = {}
@@ -65,9 +66,8 @@ def openapi_spec(allow_unknown_fields: bool = False) -> dict:
         schema = m.model_json_schema(ref_template="#/components/schemas/{model}")
         schemas.update(schema.pop("$defs", {}))
         schemas[m.__name__] = schema
-    for schema in schemas.values():
-        if schema.get("additionalProperties") is True:  # a RequestPart: pydantic keeps its extra fields
-            schema["additionalProperties"] = allow_unknown_fields
+    for m in models:
+        schemas[m.__name__]["additionalProperties"] = allow_unknown_fields
     return {
         "openapi": "3.1.0",
         "info": {"title": "corellm", "version": corellm.__version__},

@@ -1,10 +1,13 @@
 """Request fields corellm does not honour: never silently dropped. A field of the OpenAI or vLLM API
 that corellm does not implement yet is refused with 400 naming it — unless its value is one that
-means the same as leaving it out (`"functions": []`, `"best_of": 1`). A field corellm does not know
-(a typo such as `"temprature"`, a client's own extension, or a newer field of another server's API)
-is refused with 400 naming it too, as OpenAI's API does: a 200 would answer a request other than
-the one sent. `--allow-unknown-fields` has the server ignore such fields instead, each name logged
-once (for the first 64 names), as vLLM does.
+means the same as leaving it out (`"functions": []`, `"best_of": 1`). A request argument corellm does
+not know (a top-level field: a typo such as `"temprature"`, a client's own extension, or a newer
+field of another server's API) is refused with 400 naming it too, as OpenAI's API does ("Unrecognized
+request argument supplied"): a 200 would answer a request other than the one sent.
+`--allow-unknown-fields` has the server ignore such arguments instead, as vLLM does. Within the
+request's parts (a message, a tool, stream_options) a field corellm does not know is ignored, as
+OpenAI's API ignores them: clients keep their own keys on the messages they send back (an `id`, UI
+options). Each ignored name is logged once, for the first 64 names.
 
 The request models accept extra fields (pydantic keeps them in model_extra) so that they can be
 told apart here, after validation."""
@@ -49,9 +52,10 @@ _logged_unknown: set[str] = set()
 
 
 def check_request_fields(model: BaseModel, allow_unknown: bool = False, path: str = "") -> None:
-    """Raises a 400 (APIError) for the first field given that corellm does not honour, or does not
-    know; with allow_unknown, the latter are logged once per name and ignored. Walks nested
-    models (messages, stream_options), naming a nested field by its path (`messages[1].nmae`)."""
+    """Raises a 400 (APIError) for the first field given that corellm does not honour (at any
+    depth, named by its path: `messages[1].audio`), or for a request argument (top level) that it
+    does not know unless allow_unknown; the unknown fields let through are logged once per name.
+    Walks nested models (messages, stream_options)."""
     for name, value in (model.model_extra or {}).items():
         where = f"{path}{name}"
         if name in NOT_HONOURED:
@@ -59,10 +63,10 @@ def check_request_fields(model: BaseModel, allow_unknown: bool = False, path: st
                 raise bad_request(f"{where} is not supported by corellm", where, "unsupported_field")
         elif name in INFORMATIONAL:
             continue
-        elif not allow_unknown:
-            raise bad_request(f"unrecognized request field {where!r}: corellm does not know it (a typo, or a field "
-                              f"of another API; start the server with --allow-unknown-fields to have such fields "
-                              f"ignored)", where, "unknown_field")
+        elif not allow_unknown and not path:
+            raise bad_request(f"unrecognized request argument {where!r}: corellm does not know it (a typo, or an "
+                              f"argument of another API; start the server with --allow-unknown-fields to have such "
+                              f"arguments ignored)", where, "unknown_field")
         elif name not in _logged_unknown and len(_logged_unknown) < _MAX_LOGGED_UNKNOWN:
             _logged_unknown.add(name)
             logger.warning("ignoring the request field %r: corellm does not know it%s", name,

@@ -47,7 +47,7 @@ class ServerConfig:
     grammar_compile_timeout_s: float = 10.0
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
     max_stored_responses: int = 1024  # the Responses API's store (0: none kept)
-    allow_unknown_fields: bool = False  # a request field corellm does not know: ignored (logged), not a 400
+    allow_unknown_fields: bool = False  # a request argument corellm does not know: ignored (logged), not a 400
 
 
 class Serving:

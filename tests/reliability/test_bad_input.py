@@ -182,43 +182,59 @@ def test_values_that_mean_leaving_a_field_out_are_accepted(server):
 
 CHAT = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
 
-# Fields corellm does not know, as a typo makes them: a 400 naming the field by its path, as OpenAI's
-# API answers, not a 200 for a request other than the one sent.
+# Request arguments corellm does not know, as a typo makes them: a 400 naming the argument, as
+# OpenAI's API answers ("Unrecognized request argument supplied"), not a 200 for a request other
+# than the one sent.
 UNKNOWN = [
     ("/v1/chat/completions", {**CHAT, "temprature": 0}, "temprature"),
-    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "x", "nmae": "a"}]}, "messages[0].nmae"),
-    ("/v1/chat/completions", {**CHAT, "stream": True, "stream_options": {"include_usgae": True}},
-     "stream_options.include_usgae"),
-    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
-        "name": "n", "shcema": {"type": "object"}}}}, "response_format.json_schema.shcema"),
+    ("/v1/chat/completions", {**CHAT, "stream": True, "include_usage": True}, "include_usage"),
     ("/v1/completions", {**X, "max_token": 5}, "max_token"),
-    ("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_text", "text": "x", "txet": "y"}]}],
-                       "max_output_tokens": 2}, "input[0].content[0].txet"),
+    ("/v1/responses", {"input": "x", "max_output_token": 2}, "max_output_token"),
     ("/v1/embeddings", {"input": "x", "dimension": 8}, "dimension"),
+    ("/tokenize", {"prompt": "x", "add_special_token": False}, "add_special_token"),
 ]
 
 
 @pytest.mark.parametrize("route, body, param", UNKNOWN, ids=[p for _, _, p in UNKNOWN])
-def test_fields_corellm_does_not_know_are_refused_by_name(server, route, body, param):
+def test_arguments_corellm_does_not_know_are_refused_by_name(server, route, body, param):
     code, out, _ = call(server.url + route, body)
     assert_error(code, out, 400, param=param, contains="--allow-unknown-fields")
     assert out["error"]["code"] == "unknown_field"
 
 
-def request_parts_take_more(url: str) -> set:
-    """additionalProperties of every request part in the server's /openapi.json."""
+def test_keys_of_a_requests_parts_that_corellm_does_not_know_are_ignored(server):
+    """As OpenAI's API does (vLLM refused them once, and clients such as editor plugins that keep an
+    id and UI options on each message broke): a message's keys, a content part's. What corellm does
+    not honour is still refused wherever it is."""
+    body = {**CHAT, "messages": [{"role": "system", "content": "s", "id": 17, "opts": {"visible": False}},
+                                 {"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {}}]}]}
+    code, out, _ = call(server.url + "/v1/chat/completions", body)
+    assert code == 200 and out["choices"][0]["finish_reason"] in ("length", "stop"), out
+    code, out, _ = call(server.url + "/v1/chat/completions", {
+        **CHAT, "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", "audio": {"id": "a"}},
+                             {"role": "user", "content": "z"}]})
+    assert_error(code, out, 400, param="messages[1].audio", contains="not supported")
+
+
+def request_schemas_take_more(url: str) -> dict[str, bool]:
+    """additionalProperties of each request schema in the server's /openapi.json."""
     code, spec, _ = call(url + "/openapi.json", None, None, method="GET")
     assert code == 200, spec
-    return {s["additionalProperties"] for s in spec["components"]["schemas"].values() if "properties" in s}
+    return {name: s["additionalProperties"] for name, s in spec["components"]["schemas"].items() if "properties" in s}
 
 
-def test_openapi_says_request_parts_take_no_other_fields(server):
-    assert request_parts_take_more(server.url) == {False}
+BODIES = {"CompletionRequest", "ChatCompletionRequest", "ResponsesRequest", "EmbeddingRequest", "TokenizeRequest"}
+
+
+def test_openapi_says_request_bodies_take_no_other_arguments(server):
+    takes = request_schemas_take_more(server.url)
+    assert BODIES <= set(takes) and all(takes[b] is False for b in BODIES), takes
+    assert takes["ChatMessage"] is True and takes["StreamOptions"] is True, takes
 
 
 def test_allow_unknown_fields_ignores_them_and_logs_each_name():
-    """--allow-unknown-fields: vLLM's rule (ignored, each name logged once); fields corellm does not
-    honour are still refused."""
+    """--allow-unknown-fields: vLLM's rule for request arguments (ignored, each name logged once);
+    fields corellm does not honour are still refused."""
     server = Server("--allow-unknown-fields")
     try:
         for _ in range(2):
@@ -231,7 +247,7 @@ def test_allow_unknown_fields_ignores_them_and_logs_each_name():
         assert log.count("ignoring the request field 'x_trace'") == 1, log
         code, out, _ = call(server.url + "/v1/completions", {**X, "best_of": 3})
         assert_error(code, out, 400, param="best_of", contains="not supported")
-        assert request_parts_take_more(server.url) == {True}
+        assert all(request_schemas_take_more(server.url)[b] is True for b in BODIES)
     finally:
         server.stop()
 
