@@ -44,29 +44,50 @@ def hf_gemma(gemma_path):
                                                              dtype=torch.float32).eval()
 
 
-def test_gemma3_greedy_follows_transformers(gemma_path, hf_gemma):
-    llm = LLM(str(gemma_path), max_model_len=256, kv_cache_memory=128 * 1024**2, max_num_seqs=8)
+@pytest.fixture(scope="module")
+def hf_greedy(hf_gemma):
+    """transformers' greedy continuation of a prompt (sequences and per-step logits), each prompt's
+    generated once for the tests that compare with it."""
+    made: dict[tuple[int, ...], object] = {}
+
+    def reference(ids: list[int]):
+        if tuple(ids) not in made:
+            with torch.no_grad():
+                made[tuple(ids)] = hf_gemma.generate(
+                    torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                    max_new_tokens=NUM_TOKENS, do_sample=False, output_logits=True, return_dict_in_generate=True,
+                    eos_token_id=None, pad_token_id=0)
+        return made[tuple(ids)]
+
+    return reference
+
+
+@pytest.fixture(scope="module")
+def gemma_llm(gemma_path):
+    """The engine on the file for the short prompts (one load for the tests that use it)."""
+    return LLM(str(gemma_path), max_model_len=256, kv_cache_memory=128 * 1024**2, max_num_seqs=8)
+
+
+def test_gemma3_greedy_follows_transformers(gemma_llm, hf_greedy):
+    llm = gemma_llm
     c = llm.loaded.config
     assert llm.loaded.quantization == "gguf" and c.architecture == "Gemma3ForCausalLM"
     assert c.layer_types.count("full_attention") == 3 and c.sliding_window == 512 and c.vocab_size == 262144
     assert {q.type_name for layer in llm.loaded.model.layers for linear in layer.linears()
             for _, q in linear.quantized} == {"Q4_K", "Q5_0", "Q6_K", "Q8_0"}
     tok = llm.get_tokenizer()
-    compared = compare_with_transformers(llm, hf_gemma, [tok.encode(p) for p in PROMPTS])
+    compared = compare_with_transformers(llm, hf_greedy, [tok.encode(p) for p in PROMPTS])
     assert compared >= 8, f"only {compared} positions had a clear margin"
 
 
-def test_gemma3_logprobs_follow_transformers_teacher_forced(gemma_path, hf_gemma):
+def test_gemma3_logprobs_follow_transformers_teacher_forced(gemma_llm, hf_greedy):
     """Every position of transformers' greedy continuations, margin or not: corellm's prompt
     logprob of transformers' token against transformers' own."""
-    llm = LLM(str(gemma_path), max_model_len=256, kv_cache_memory=128 * 1024**2, max_num_seqs=8)
+    llm = gemma_llm
     tok = llm.get_tokenizer()
     drifts = []
     for ids in [tok.encode(p) for p in PROMPTS]:
-        with torch.no_grad():
-            ref = hf_gemma.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                    max_new_tokens=NUM_TOKENS, do_sample=False, output_logits=True,
-                                    return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+        ref = hf_greedy(ids)
         full = ref.sequences[0].tolist()
         out = llm.generate([{"prompt_token_ids": full}], SamplingParams(max_tokens=1, prompt_logprobs=0),
                            use_tqdm=False)[0]
@@ -78,19 +99,16 @@ def test_gemma3_logprobs_follow_transformers_teacher_forced(gemma_path, hf_gemma
     assert max(drifts) < 0.3 and sum(drifts) / len(drifts) < 0.06, (max(drifts), sum(drifts) / len(drifts))
 
 
-def compare_with_transformers(llm, hf, prompts: list[list[int]]) -> int:
-    """Greedy tokens and their logprobs against transformers' while its top-2 margin is >= MARGIN;
-    returns the positions compared."""
+def compare_with_transformers(llm, hf_greedy, prompts: list[list[int]]) -> int:
+    """Greedy tokens and their logprobs against transformers' (hf_greedy: the fixture's reference)
+    while its top-2 margin is >= MARGIN; returns the positions compared."""
     tok = llm.get_tokenizer()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(temperature=0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=1),
                         use_tqdm=False)
     compared = 0
     for ids, out in zip(prompts, outs):
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                              max_new_tokens=NUM_TOKENS, do_sample=False, output_logits=True,
-                              return_dict_in_generate=True, eos_token_id=None, pad_token_id=0)
+        ref = hf_greedy(ids)
         ref_tokens = ref.sequences[0, len(ids):].tolist()
         for t, logits in enumerate(ref.logits):
             top2 = torch.topk(logits[0].double(), 2).values
@@ -104,7 +122,7 @@ def compare_with_transformers(llm, hf, prompts: list[list[int]]) -> int:
     return compared
 
 
-def test_gemma3_beyond_the_sliding_window_follows_transformers(gemma_path, hf_gemma):
+def test_gemma3_beyond_the_sliding_window_follows_transformers(gemma_path, hf_greedy):
     """A 700-token prompt: its sliding-window layers attend to the last 512 positions only, the
     global ones to all (a text of the pinned interpreter's standard library, fixed)."""
     import inspect
@@ -113,5 +131,5 @@ def test_gemma3_beyond_the_sliding_window_follows_transformers(gemma_path, hf_ge
     llm = LLM(str(gemma_path), max_model_len=1024, kv_cache_memory=128 * 1024**2, max_num_seqs=2)
     ids = llm.get_tokenizer().encode(inspect.getsource(textwrap))[:700]
     assert len(ids) == 700
-    compared = compare_with_transformers(llm, hf_gemma, [ids])
+    compared = compare_with_transformers(llm, hf_greedy, [ids])
     assert compared >= 4, f"only {compared} positions had a clear margin"
