@@ -53,9 +53,9 @@ _logged_unknown: set[str] = set()
 
 def check_request_fields(model: BaseModel, allow_unknown: bool = False, path: str = "") -> None:
     """Raises a 400 (APIError) for the first field given that corellm does not honour (at any
-    depth, named by its path: `messages[1].audio`), or for a request argument (top level) that it
-    does not know unless allow_unknown; the unknown fields let through are logged once per name.
-    Walks nested models (messages, stream_options)."""
+    depth, named by its path: `messages[1].audio`), or that it does not know unless allow_unknown;
+    the unknown fields let through are logged once per name. Walks nested models (messages,
+    stream_options), whose unknown fields are always let through."""
     for name, value in (model.model_extra or {}).items():
         where = f"{path}{name}"
         if name in NOT_HONOURED:
@@ -63,7 +63,7 @@ def check_request_fields(model: BaseModel, allow_unknown: bool = False, path: st
                 raise bad_request(f"{where} is not supported by corellm", where, "unsupported_field")
         elif name in INFORMATIONAL:
             continue
-        elif not allow_unknown and not path:
+        elif not allow_unknown:
             raise bad_request(f"unrecognized request argument {where!r}: corellm does not know it (a typo, or an "
                               f"argument of another API; start the server with --allow-unknown-fields to have such "
                               f"arguments ignored)", where, "unknown_field")
@@ -72,13 +72,13 @@ def check_request_fields(model: BaseModel, allow_unknown: bool = False, path: st
             logger.warning("ignoring the request field %r: corellm does not know it%s", name,
                            "" if len(_logged_unknown) < _MAX_LOGGED_UNKNOWN else " (further unknown names are not logged)")
     for name in type(model).model_fields:
-        _check_nested(getattr(model, name), allow_unknown, f"{path}{name}")
+        _check_nested(getattr(model, name), f"{path}{name}")
 
 
-def _check_nested(value: Any, allow_unknown: bool, path: str) -> None:
+def _check_nested(value: Any, path: str) -> None:
     if isinstance(value, BaseModel):
-        check_request_fields(value, allow_unknown, f"{path}.")
+        check_request_fields(value, allow_unknown=True, path=f"{path}.")
     elif isinstance(value, list):
         for i, item in enumerate(value):
             if isinstance(item, BaseModel):
-                check_request_fields(item, allow_unknown, f"{path}[{i}].")
+                check_request_fields(item, allow_unknown=True, path=f"{path}[{i}].")
