@@ -11,7 +11,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from corellm.beam_search import BeamSearchParams
-from corellm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+from corellm.sampling_params import (RepetitionDetectionParams, RequestOutputKind, SamplingParams,
+                                     StructuredOutputsParams)
 
 # Caps on the expensive asks; each refusal is a 400 naming the field.
 MAX_LOGPROBS = 20  # logprobs, top_logprobs, prompt_logprobs
@@ -99,6 +100,18 @@ class StructuredOutputsField(RequestPart):
     disable_fallback: bool = False
 
 
+class RepetitionDetectionField(RequestPart):
+    """(vLLM) repetition_detection: end the output where it loops (RepetitionDetectionParams states
+    the rule and checks the sizes). A key it does not have is refused: a misspelt size would
+    silently leave detection off."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_pattern_size: int = 0
+    min_pattern_size: int = 0
+    min_count: int = 0
+
+
 # Fields beam search has no use for: given with use_beam_search, a 400 naming them (vLLM drops
 # them); each with the test that it was left as it is.
 NOT_WITH_BEAM_SEARCH = {
@@ -112,7 +125,8 @@ NOT_WITH_BEAM_SEARCH = {
     "guided_json": lambda v: v is None, "guided_regex": lambda v: v is None, "guided_choice": lambda v: v is None,
     "guided_grammar": lambda v: v is None, "structural_tag": lambda v: v is None,
     "guided_whitespace_pattern": lambda v: v is None, "thinking_token_budget": lambda v: v is None,
-    "tools": lambda v: not v, "suffix": lambda v: not v, "prediction": lambda v: v is None}
+    "tools": lambda v: not v, "suffix": lambda v: not v, "prediction": lambda v: v is None,
+    "repetition_detection": lambda v: v is None}
 
 
 class SamplingFields(RequestPart):
@@ -157,6 +171,7 @@ class SamplingFields(RequestPart):
     thinking_token_budget: int | None = Field(None, ge=-1, lt=2**31)  # (vLLM) the reasoning's tokens at most
     use_beam_search: bool = False  # (vLLM) n beams; corellm.beam_search states the algorithm
     length_penalty: float = 1.0  # (vLLM) beam search's: a sequence's score is its logprob / length ** this
+    repetition_detection: RepetitionDetectionField | None = None  # (vLLM) end an output that loops
     # Structured output, in OpenAI's spelling, vLLM's, and vLLM's older one (at most one of them).
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None
@@ -282,6 +297,8 @@ class SamplingFields(RequestPart):
                 allowed_token_ids=self.allowed_token_ids, bad_words=self.bad_words,
                 thinking_token_budget=self.thinking_token_budget,
                 structured_outputs=self.structured_output()[0],
+                repetition_detection=(None if self.repetition_detection is None else
+                                      RepetitionDetectionParams(**self.repetition_detection.model_dump())),
                 output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
         except ValueError as e:  # SamplingParams' checks start with the field's name: the 400 names it too
             from corellm.server.errors import bad_request

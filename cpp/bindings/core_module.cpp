@@ -18,7 +18,8 @@ PYBIND11_MODULE(_core, m) {
       .value("FINISHED_STOPPED", RequestStatus::FINISHED_STOPPED)
       .value("FINISHED_LENGTH_CAPPED", RequestStatus::FINISHED_LENGTH_CAPPED)
       .value("FINISHED_ABORTED", RequestStatus::FINISHED_ABORTED)
-      .value("FINISHED_ERROR", RequestStatus::FINISHED_ERROR);
+      .value("FINISHED_ERROR", RequestStatus::FINISHED_ERROR)
+      .value("FINISHED_REPETITION", RequestStatus::FINISHED_REPETITION);
 
   py::enum_<FinishReason>(m, "FinishReason")
       .value("NONE", FinishReason::NONE)
@@ -26,12 +27,13 @@ PYBIND11_MODULE(_core, m) {
       .value("LENGTH", FinishReason::LENGTH)
       .value("ABORT", FinishReason::ABORT)
       .value("ERROR", FinishReason::ERROR)
+      .value("REPETITION", FinishReason::REPETITION)
       .def("__str__", [](FinishReason r) { return std::string(to_string(r)); });
   // The names the API reports (OpenAI's finish_reason), indexed by FinishReason value: None for
   // NONE (not finished). The one mapping; SchedulerUpdate.finish_reasons index it.
   py::list finish_reason_names;
   for (auto r : {FinishReason::NONE, FinishReason::STOP, FinishReason::LENGTH, FinishReason::ABORT,
-                 FinishReason::ERROR}) {
+                 FinishReason::ERROR, FinishReason::REPETITION}) {
     finish_reason_names.append(r == FinishReason::NONE ? py::object(py::none()) : py::str(to_string(r)));
   }
   m.attr("FINISH_REASON_NAMES") = py::tuple(finish_reason_names);

@@ -222,7 +222,7 @@ void bind_scheduler(py::module_& m) {
       .def("add_request",
            [](Scheduler& s, std::string request_id, const py::object& prompt_token_ids, int32_t max_tokens,
               int32_t min_tokens, bool ignore_eos, int32_t eos_token_id, const py::object& stop_token_ids,
-              int32_t priority, double arrival_time, std::string cache_salt, const py::list& mm_ranges,
+              const py::object& repetition_detection, int32_t priority, double arrival_time, std::string cache_salt, const py::list& mm_ranges,
               bool use_structured_output, const py::object& prediction_token_ids, py::object payload) {
              EngineCoreRequest request;
              request.request_id = std::move(request_id);
@@ -232,6 +232,13 @@ void bind_scheduler(py::module_& m) {
              request.ignore_eos = ignore_eos;
              request.eos_token_id = eos_token_id;
              request.stop_token_ids = to_int32_vector(stop_token_ids, "stop_token_ids", 0);
+             if (!repetition_detection.is_none()) {  // (max_pattern_size, min_pattern_size, min_count)
+               const auto rule = repetition_detection.cast<py::tuple>();
+               CORELLM_CHECK_ARG(rule.size() == 3,
+                                 "repetition_detection is (max_pattern_size, min_pattern_size, min_count)");
+               request.repetition_detection = {rule[0].cast<int32_t>(), rule[1].cast<int32_t>(),
+                                               rule[2].cast<int32_t>()};
+             }
              request.priority = priority;
              request.arrival_time = arrival_time;
              request.cache_salt = std::move(cache_salt);
@@ -248,7 +255,8 @@ void bind_scheduler(py::module_& m) {
            },
            py::arg("request_id"), py::arg("prompt_token_ids"), py::kw_only(), py::arg("max_tokens"),
            py::arg("min_tokens") = 0, py::arg("ignore_eos") = false, py::arg("eos_token_id") = -1,
-           py::arg("stop_token_ids") = py::tuple(), py::arg("priority") = 0,
+           py::arg("stop_token_ids") = py::tuple(), py::arg("repetition_detection") = py::none(),
+           py::arg("priority") = 0,
            py::arg("arrival_time") = 0.0, py::arg("cache_salt") = "", py::arg("mm_ranges") = py::list(),
            py::arg("use_structured_output") = false, py::arg("prediction_token_ids") = py::tuple(),
            py::arg("payload") = py::none())

@@ -9,6 +9,7 @@ FinishReason finish_reason_of(RequestStatus status) {
     case RequestStatus::FINISHED_LENGTH_CAPPED: return FinishReason::LENGTH;
     case RequestStatus::FINISHED_ABORTED: return FinishReason::ABORT;
     case RequestStatus::FINISHED_ERROR: return FinishReason::ERROR;
+    case RequestStatus::FINISHED_REPETITION: return FinishReason::REPETITION;
     default: return FinishReason::NONE;
   }
 }
@@ -22,6 +23,7 @@ const char* to_string(RequestStatus status) {
     case RequestStatus::FINISHED_LENGTH_CAPPED: return "FINISHED_LENGTH_CAPPED";
     case RequestStatus::FINISHED_ABORTED: return "FINISHED_ABORTED";
     case RequestStatus::FINISHED_ERROR: return "FINISHED_ERROR";
+    case RequestStatus::FINISHED_REPETITION: return "FINISHED_REPETITION";
   }
   return "?";
 }
@@ -33,6 +35,7 @@ const char* to_string(FinishReason reason) {
     case FinishReason::LENGTH: return "length";
     case FinishReason::ABORT: return "abort";
     case FinishReason::ERROR: return "error";
+    case FinishReason::REPETITION: return "repetition";
   }
   return "?";
 }

@@ -72,6 +72,7 @@ void Scheduler::add_request(EngineCoreRequest new_request) {
   CORELLM_CHECK_ARG(new_request.min_tokens >= 0 && new_request.min_tokens <= new_request.max_tokens, "request '",
                     new_request.request_id, "': min_tokens must be in [0, max_tokens=", new_request.max_tokens,
                     "], got ", new_request.min_tokens);
+  new_request.repetition_detection.validate(new_request.request_id);
   int64_t previous_end = 0;
   for (const MultiModalRange& range : new_request.mm_ranges) {
     CORELLM_CHECK_ARG(range.length > 0 && range.offset >= previous_end &&
@@ -97,6 +98,7 @@ void Scheduler::add_request(EngineCoreRequest new_request) {
   request->ignore_eos = new_request.ignore_eos;
   request->eos_token_id = new_request.eos_token_id;
   request->stop_token_ids = std::move(new_request.stop_token_ids);
+  request->repetition_detection = new_request.repetition_detection;
   request->priority = new_request.priority;
   request->arrival_time = new_request.arrival_time;
   request->arrival_seq = next_arrival_seq_++;

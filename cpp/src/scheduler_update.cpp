@@ -30,6 +30,12 @@ bool Scheduler::check_stop(Request& request) const {
     request.status = RequestStatus::FINISHED_LENGTH_CAPPED;
     return true;
   }
+  if (request.num_output_tokens() >= request.min_tokens &&
+      request.repetition_detection.ends_in_repetition(request.token_ids.data() + request.num_prompt_tokens,
+                                                      static_cast<size_t>(request.num_output_tokens()))) {
+    request.status = RequestStatus::FINISHED_REPETITION;
+    return true;
+  }
   return false;
 }
 

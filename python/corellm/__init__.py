@@ -25,7 +25,8 @@ with _lasting_objects():  # torch's import makes ~200k objects that live as long
     from corellm.outputs import (CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, RequestOutput,
                                  ScoringOutput, ScoringRequestOutput)
     from corellm.pooling_params import PoolingParams
-    from corellm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+    from corellm.sampling_params import (RepetitionDetectionParams, RequestOutputKind, SamplingParams,
+                                         StructuredOutputsParams)
 
 __version__ = "0.1.0"
 
@@ -40,6 +41,6 @@ def __getattr__(name: str):
 
 
 __all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "CompletionOutput", "EmbeddingOutput",
-           "EmbeddingRequestOutput", "EngineConfig", "Logprob", "PoolingParams", "PromptType", "RequestOutput",
-           "RequestOutputKind", "SamplingParams", "SchedulerConfig", "ScoringOutput", "ScoringRequestOutput",
+           "EmbeddingRequestOutput", "EngineConfig", "Logprob", "PoolingParams", "PromptType", "RepetitionDetectionParams",
+           "RequestOutput", "RequestOutputKind", "SamplingParams", "SchedulerConfig", "ScoringOutput", "ScoringRequestOutput",
            "StructuredOutputsParams", "TextPrompt", "TokensPrompt", "_core", "__version__"]

@@ -24,8 +24,8 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None
     logprobs: list[PositionLogprobs] | None
-    finish_reason: str | None = None  # "stop", "length", "abort", "error", or None while running
-    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    finish_reason: str | None = None  # "stop", "length", "abort", "error", "repetition", or None while running
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it, or "repetition_detected"
 
     def finished(self) -> bool:
         return self.finish_reason is not None

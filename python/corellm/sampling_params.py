@@ -146,6 +146,35 @@ def _structural_tag(value: Any) -> dict[str, Any]:
     return {"type": "structural_tag", "structures": structures, "triggers": triggers}
 
 
+@dataclass
+class RepetitionDetectionParams:
+    """(vLLM) End an output that loops: once the output (not the prompt) ends with one pattern of
+    min_pattern_size..max_pattern_size tokens written min_count times in a row, the request
+    finishes with finish_reason "repetition" (stop_reason "repetition_detected"). Checked after
+    each token, once min_tokens outputs exist (cpp/include/corellm/repetition_detection.h).
+    max_pattern_size 0 turns it off; min_pattern_size 0 means 1."""
+
+    max_pattern_size: int = 0
+    min_pattern_size: int = 0
+    min_count: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_pattern_size", "min_pattern_size", "min_count"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**31:
+                raise ValueError(f"repetition_detection.{name} must be an integer in [0, 2**31), got {value!r}.")
+        if self.min_pattern_size > self.max_pattern_size:
+            raise ValueError(f"repetition_detection.min_pattern_size ({self.min_pattern_size}) must not exceed "
+                             f"max_pattern_size ({self.max_pattern_size}); max_pattern_size 0 turns detection off.")
+        if self.max_pattern_size > 0 and self.min_count < 2:
+            raise ValueError(f"repetition_detection.min_count must be at least 2 (a pattern and one repeat of it), "
+                             f"got {self.min_count}; max_pattern_size 0 turns detection off.")
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_pattern_size > 0
+
+
 def _as_float32(value: float) -> float:
     """`value` rounded to float32, as the sampling kernels will see it (inf when too large)."""
     try:
@@ -194,8 +223,16 @@ class SamplingParams:
     # edited): with n-gram speculative decoding its tokens are the drafts, where the output has
     # reached in it. The output is the same as without; only faster where it follows the text.
     prediction: str | None = None
+    # (vLLM) End the output early where it loops (RepetitionDetectionParams, or a dict of its fields).
+    repetition_detection: RepetitionDetectionParams | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.repetition_detection, dict):
+            unknown = set(self.repetition_detection) - {"max_pattern_size", "min_pattern_size", "min_count"}
+            if unknown:
+                raise ValueError(f"repetition_detection has no field {sorted(unknown)[0]!r} (its fields: "
+                                 f"max_pattern_size, min_pattern_size, min_count).")
+            self.repetition_detection = RepetitionDetectionParams(**self.repetition_detection)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
@@ -275,6 +312,10 @@ class SamplingParams:
             self.thinking_token_budget = None
         if self.prediction is not None and (not isinstance(self.prediction, str) or not self.prediction):
             raise ValueError(f"prediction must be a non-empty string, got {self.prediction!r}.")
+        if self.repetition_detection is not None and not isinstance(self.repetition_detection,
+                                                                    RepetitionDetectionParams):
+            raise ValueError(f"repetition_detection must be a RepetitionDetectionParams (or a dict of its fields), "
+                             f"got {type(self.repetition_detection).__name__}.")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got "
                              f"{type(self.structured_outputs).__name__}.")

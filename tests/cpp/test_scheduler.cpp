@@ -234,6 +234,66 @@ TEST(Scheduler, StopConditions) {
   EXPECT_EQ(out.at(0).finish_reason, FinishReason::LENGTH);
 }
 
+// vLLM's check_sequence_repetition cases: the output (never the prompt) ends with a pattern of
+// min..max tokens written min_count times in a row.
+TEST(RepetitionDetection, FindsAPatternRepeatedAtTheEnd) {
+  auto found = [](std::vector<int32_t> out, int32_t max_size, int32_t min_size, int32_t count) {
+    return RepetitionDetection{max_size, min_size, count}.ends_in_repetition(out.data(), out.size());
+  };
+  EXPECT_TRUE(found({1, 2, 3, 1, 2, 3, 1, 2, 3}, 3, 2, 3));
+  EXPECT_FALSE(found({1, 2, 3, 1, 2, 3}, 3, 2, 3));        // two copies, three asked
+  EXPECT_TRUE(found({1, 2, 1, 2, 1, 2, 1, 2}, 5, 2, 4));
+  EXPECT_FALSE(found({1, 2, 3, 4, 5, 6, 7, 8, 9}, 5, 2, 2));
+  EXPECT_FALSE(found({1, 2, 3, 1, 2, 3, 1, 2, 4}, 3, 2, 3));  // the last copy differs
+  EXPECT_FALSE(found({}, 3, 2, 2));
+  EXPECT_FALSE(found({1, 2, 1, 2, 1, 2}, 0, 0, 2));        // max_pattern_size 0: off
+  EXPECT_TRUE(found({1, 2, 3, 4, 5, 6, 5, 6, 5, 6}, 3, 2, 3));
+  EXPECT_FALSE(found({10, 20, 10, 20, 10, 20}, 5, 3, 3));  // a 2-token loop, patterns of 3+ asked
+  EXPECT_TRUE(found({7, 7, 7}, 4, 0, 3));                   // min_pattern_size 0 means 1
+  std::vector<int32_t> long_loop;
+  for (int i = 0; i < 5; ++i) long_loop.insert(long_loop.end(), {1, 2, 3, 4, 5, 6, 7, 8});
+  EXPECT_TRUE(found(long_loop, 10, 2, 3));
+
+  EXPECT_THROW(RepetitionDetection({3, 4, 2}).validate("r"), InvalidArgument);  // min > max
+  EXPECT_THROW(RepetitionDetection({-1, 0, 2}).validate("r"), InvalidArgument);
+  EXPECT_THROW(RepetitionDetection({3, 1, 1}).validate("r"), InvalidArgument);  // one copy is no repeat
+  EXPECT_NO_THROW(RepetitionDetection({0, 0, 0}).validate("r"));
+}
+
+TEST(Scheduler, RepetitionEndsALoopingOutput) {
+  Scheduler s(config(64));
+  auto bad = make_request("bad", 4, 10);
+  bad.repetition_detection = {3, 5, 2};
+  EXPECT_THROW(s.add_request(bad), InvalidArgument);
+
+  // The prompt's own loop (0 1 0 1 ...) does not count; the output's does, after min_tokens.
+  auto loop = make_request("loop", 6, 50);
+  for (size_t i = 0; i < loop.prompt_token_ids.size(); ++i) loop.prompt_token_ids[i] = static_cast<int32_t>(i % 2);
+  loop.repetition_detection = {2, 1, 3};
+  loop.min_tokens = 4;
+  s.add_request(loop);
+  auto out = step(s, 0);
+  EXPECT_FALSE(out.at(0).finished());
+  for (int32_t token : {5, 6, 5, 6}) {  // 0 5 6 5 6: "5 6" twice, three copies asked
+    out = step(s, token);
+    EXPECT_FALSE(out.at(0).finished());
+  }
+  out = step(s, 5);
+  EXPECT_FALSE(out.at(0).finished());
+  out = step(s, 6);  // 0 5 6 5 6 5 6
+  EXPECT_EQ(out.at(0).finish_reason, FinishReason::REPETITION);
+  EXPECT_EQ(out.at(0).stop_reason, -1);
+  EXPECT_STREQ(to_string(FinishReason::REPETITION), "repetition");
+
+  auto early = make_request("early", 4, 50, 100);  // a loop inside min_tokens runs on
+  early.repetition_detection = {1, 1, 2};
+  early.min_tokens = 3;
+  s.add_request(early);
+  EXPECT_FALSE(step(s, 9).at(0).finished());
+  EXPECT_FALSE(step(s, 9).at(0).finished());
+  EXPECT_EQ(step(s, 9).at(0).finish_reason, FinishReason::REPETITION);
+}
+
 TEST(Scheduler, AbortsMidPrefillAndMidDecodeFreeEverything) {
   Scheduler s(config(64, 8));
   s.add_request(make_request("prefill", 30, 5));

@@ -105,6 +105,33 @@ def test_stop_strings_and_tokens(llm):
     assert inc.text == tok.decode(inc.token_ids)
 
 
+def ends_in_repetition(outputs: list[int], max_size: int, min_size: int, count: int) -> bool:
+    """The rule stated plainly (vLLM's): the output ends with `count` copies of its last L tokens
+    for some L in [max(min_size, 1), max_size]."""
+    return any(len(outputs) >= size * count and outputs[-size * count:] == outputs[-size:] * count
+               for size in range(max(min_size, 1), max_size + 1))
+
+
+@pytest.mark.parametrize("prompt, rule", [
+    ("1, 2, 1, 2, 1, 2,", {"max_pattern_size": 16, "min_count": 3}),
+    ("List the numbers: 7 7 7 7", {"max_pattern_size": 4, "min_pattern_size": 2, "min_count": 2}),
+    ("List the numbers: 7 7 7 7", {"max_pattern_size": 2, "min_count": 4}),  # the prompt's own " 7"s do not count
+])
+def test_repetition_detection_ends_a_looping_output_where_the_rule_first_holds(llm, prompt, rule):
+    base = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True), use_tqdm=False)[0].outputs[0].token_ids
+    sizes = (rule["max_pattern_size"], rule.get("min_pattern_size", 0), rule["min_count"])
+    for min_tokens in (0, 8):
+        expected = next(i for i in range(max(min_tokens, 1), len(base) + 1) if ends_in_repetition(base[:i], *sizes))
+        params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, min_tokens=min_tokens,
+                                repetition_detection=rule)
+        out = llm.generate(prompt, params, use_tqdm=False)[0].outputs[0]
+        assert out.token_ids == base[:expected] and expected < 64, (out.token_ids, base)
+        assert out.finish_reason == "repetition" and out.stop_reason == "repetition_detected"
+    off = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True,
+                                              repetition_detection={"max_pattern_size": 0}), use_tqdm=False)[0]
+    assert off.outputs[0].token_ids == base and off.outputs[0].finish_reason == "length"
+
+
 def test_stop_strings_wait_for_min_tokens(llm):
     base = llm.generate("1, 2, 3, 4, 5,", GREEDY, use_tqdm=False)[0].outputs[0]
     tok = llm.get_tokenizer()
@@ -173,6 +200,12 @@ def test_max_tokens_defaults_to_the_context_left(llm):
     ({"stop": [""]}, "stop must be a list of non-empty strings"),
     ({"repetition_penalty": 0.0}, r"repetition_penalty must be in \(0, 2\]"),
     ({"temperature": float("nan")}, "temperature must be a finite number"),
+    ({"repetition_detection": {"max_pattern_size": 4, "min_count": 1}}, "repetition_detection.min_count must be at least 2"),
+    ({"repetition_detection": {"max_pattern_size": 2, "min_pattern_size": 3, "min_count": 2}},
+     r"repetition_detection.min_pattern_size \(3\) must not exceed max_pattern_size \(2\)"),
+    ({"repetition_detection": {"max_pattern_size": -1}}, r"repetition_detection.max_pattern_size must be an integer"),
+    ({"repetition_detection": {"max_size": 4}}, "repetition_detection has no field 'max_size'"),
+    ({"repetition_detection": (4, 1, 2)}, "repetition_detection must be a RepetitionDetectionParams"),
 ])
 def test_invalid_sampling_params(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -1,8 +1,9 @@
 """Speculative decoding against the same engine without it (SmolLM2, bf16, native stack): greedy
 tokens and logprobs bit-identical with the n-gram proposer and with a draft model, in batches that
-mix requests with and without drafts, under preemption and aborts, with stops inside accepted
-drafts, and after rejections through the prefix cache; seeded sampling draws the same tokens; the
-rejection rule's output distribution is the target's (chi-square); configuration errors."""
+mix requests with and without drafts, under preemption and aborts, with stops (a repetition_detection
+stop too) inside accepted drafts, and after rejections through the prefix cache; seeded sampling
+draws the same tokens; the rejection rule's output distribution is the target's (chi-square);
+configuration errors."""
 
 from __future__ import annotations
 
@@ -142,6 +143,17 @@ def test_stops_inside_accepted_drafts(plain, ngram) -> None:
         got = run(ngram, [COPY[0]], params)
         assert got == run(plain, [COPY[0]], params)
     assert got[0][1] == "length" and len(got[0][0]) == 13
+
+
+def test_repetition_detected_inside_accepted_drafts(plain, ngram) -> None:
+    """A loop is where n-gram drafts are accepted most: the repetition rule still ends the output
+    at the token where it first holds, the drafts accepted after it dropped."""
+    params = SamplingParams(temperature=0, max_tokens=96, ignore_eos=True,
+                            repetition_detection={"max_pattern_size": 6, "min_count": 3})
+    prompts = ["1, 2, 1, 2, 1, 2,", "List the numbers: 7 7 7 7"]
+    got = run(ngram, prompts, params)
+    assert got == run(plain, prompts, params)
+    assert all(finish == "repetition" for _, finish, _ in got)
 
 
 def test_preemption_abort_and_prefix_cache_after_rejections(loaded, plain) -> None:

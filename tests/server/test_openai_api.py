@@ -10,6 +10,8 @@ import urllib.request
 
 import pytest
 
+from tests.server.http_calls import post
+
 
 def get_json(url: str):
     with urllib.request.urlopen(url, timeout=10) as r:
@@ -144,6 +146,29 @@ def test_stop_string_spanning_tokens_never_leaks(client, model_name):
     streamed = "".join(c.choices[0].text for c in client.completions.create(stop=[stop], stream=True, **args)
                        if c.choices)
     assert streamed == cut
+
+
+def test_repetition_detection_ends_a_looping_reply(server, client, model_name):
+    """(vLLM's repetition_detection; where the rule first holds: tests/engine/test_llm_api.py.)"""
+    rule = {"max_pattern_size": 8, "min_count": 3}
+    args = dict(model=model_name, prompt="1, 2, 1, 2, 1, 2,", max_tokens=48, temperature=0)
+    loop = client.completions.create(**args).choices[0]
+    assert loop.finish_reason == "length"
+    cut = client.completions.create(**args, extra_body={"repetition_detection": rule}).choices[0]
+    assert cut.finish_reason == "repetition" and cut.model_extra["stop_reason"] == "repetition_detected"
+    assert loop.text.startswith(cut.text) and len(cut.text) < len(loop.text)
+    chunks = [c for c in client.completions.create(stream=True, **args, extra_body={"repetition_detection": rule})
+              if c.choices]
+    assert "".join(c.choices[0].text for c in chunks) == cut.text and chunks[-1].choices[0].finish_reason == "repetition"
+    chat = client.chat.completions.create(model=model_name, messages=[{"role": "user", "content": "Say 1, 2, 1, 2, 1, 2"}],
+                                          max_tokens=48, temperature=0, extra_body={"repetition_detection": rule})
+    assert chat.choices[0].finish_reason in ("repetition", "stop", "length")  # the model decides; a 200 either way
+    for bad, param in (({"max_pattern_size": 4, "min_count": 1}, "repetition_detection"),
+                       ({"max_pattern_size": 2, "min_pattern_size": 3, "min_count": 2}, "repetition_detection"),
+                       ({"max_size": 4, "min_count": 2}, "repetition_detection.max_size"),
+                       ({"max_pattern_size": "4", "min_count": 2}, "repetition_detection.max_pattern_size")):
+        code, out = post(server, "/v1/completions", {**args, "repetition_detection": bad})
+        assert code == 400 and out["error"]["param"] == param, (bad, out)
 
 
 def test_32_concurrent_streams(server, model_name):

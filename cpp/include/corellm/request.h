@@ -8,6 +8,7 @@
 
 #include "corellm/prediction_proposer.h"
 #include "corellm/prefix_hash.h"
+#include "corellm/repetition_detection.h"
 
 namespace corellm {
 
@@ -19,12 +20,13 @@ enum class RequestStatus : uint8_t {
   FINISHED_LENGTH_CAPPED,
   FINISHED_ABORTED,
   FINISHED_ERROR,
+  FINISHED_REPETITION,  // its output ended in a loop (RepetitionDetection)
 };
 
 inline bool is_finished(RequestStatus s) { return s >= RequestStatus::FINISHED_STOPPED; }
 
 // Why a request finished, as reported to the caller (OpenAI's finish_reason).
-enum class FinishReason : uint8_t { NONE, STOP, LENGTH, ABORT, ERROR };
+enum class FinishReason : uint8_t { NONE, STOP, LENGTH, ABORT, ERROR, REPETITION };
 
 FinishReason finish_reason_of(RequestStatus status);
 const char* to_string(RequestStatus status);
@@ -58,6 +60,7 @@ struct EngineCoreRequest {
   bool ignore_eos = false;
   int32_t eos_token_id = -1;  // -1: the model has none
   std::vector<int32_t> stop_token_ids;
+  RepetitionDetection repetition_detection;  // ends an output that loops (off by default)
   int32_t priority = 0;  // lower runs first (PRIORITY policy)
   double arrival_time = 0.0;
   std::string cache_salt;  // isolates prefix-cache sharing between tenants
@@ -108,6 +111,7 @@ struct Request {
   bool ignore_eos = false;
   int32_t eos_token_id = -1;
   std::vector<int32_t> stop_token_ids;
+  RepetitionDetection repetition_detection;
   int32_t priority = 0;
   double arrival_time = 0.0;
   uint64_t arrival_seq = 0;  // tie-breaker: order of add_request calls

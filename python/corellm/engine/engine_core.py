@@ -23,6 +23,7 @@ from corellm.engine.step_cost_model import StepCostModel
 from corellm.engine_core_request import EngineCoreRequest
 from corellm.model.loader import LoadedModel
 from corellm.pooling_params import pooling_type_of
+from corellm.sampling_params import RepetitionDetectionParams
 from corellm.structured_output import GrammarCompiler, StructuredOutputManager
 from corellm.worker.kv_cache import bytes_per_block, kv_cache_budget
 from corellm.worker.draft_model_proposer import DraftModelProposer, load_draft_model
@@ -70,6 +71,13 @@ def plan_scheduler_config(loaded: LoadedModel, config: EngineConfig, draft: Load
                            prompt_lookup_max=spec.prompt_lookup_max if ngram else 0,
                            num_lookahead_tokens=spec.num_speculative_tokens if draft is not None else 0,
                            max_num_encoder_input_tokens=encoder_tokens, encoder_cache_size=encoder_tokens)
+
+
+def _repetition_rule(params: RepetitionDetectionParams | None) -> tuple[int, int, int] | None:
+    """A request's repetition_detection as the scheduler takes it, None when off."""
+    if params is None or not params.enabled:
+        return None
+    return params.max_pattern_size, params.min_pattern_size, params.min_count
 
 
 @dataclass
@@ -169,6 +177,7 @@ class EngineCore:
             request.request_id, request.prompt_token_ids, max_tokens=p.max_tokens, min_tokens=p.min_tokens,
             ignore_eos=p.ignore_eos, eos_token_id=-1 if request.eos_token_id is None else request.eos_token_id,
             stop_token_ids=request.stop_token_ids, priority=request.priority,
+            repetition_detection=_repetition_rule(p.repetition_detection),
             arrival_time=request.arrival_time, cache_salt=salt,
             mm_ranges=[(f.offset, f.length, f.hash) for f in request.mm_features],
             use_structured_output=request.uses_grammar, prediction_token_ids=request.prediction_token_ids,
@@ -253,7 +262,9 @@ class EngineCore:
         for req_id, n, f, stop, n_cached in zip(req_ids, counts, finish, stops, cached):
             new = tokens[start:start + n]  # accepted drafts and the token after them (a stop cuts them)
             start += n
-            out = EngineCoreOutput(req_id, new, _core.FINISH_REASON_NAMES[f], stop if stop >= 0 else None, n_cached)
+            finish_reason = _core.FINISH_REASON_NAMES[f]
+            stop_reason = "repetition_detected" if finish_reason == "repetition" else stop if stop >= 0 else None
+            out = EngineCoreOutput(req_id, new, finish_reason, stop_reason, n_cached)
             if req_id in mro.logprobs:
                 out.new_logprobs = mro.logprobs[req_id][:n]
             out.new_prompt_logprobs = mro.prompt_logprobs.pop(req_id, None)

@@ -16,8 +16,8 @@ class EngineCoreOutput:
     # Appended this step: one token, several (speculative decoding: accepted drafts and the token
     # after them), or none (a prompt chunk, an error).
     new_token_ids: list[int]
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"; None while running
-    stop_reason: int | None = None  # the stop token id that finished the request (vLLM's stop_reason)
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | "repetition"; None while running
+    stop_reason: int | str | None = None  # the stop token id that finished it, or "repetition_detected" (vLLM's)
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache (usage's cached_tokens)
     new_logprobs: list[SampledTokenLogprobs] | None = None  # the new tokens', if the request asked
     new_prompt_logprobs: PromptLogprobs | None = None  # prompt positions computed this step, if asked
