@@ -1,7 +1,8 @@
 """AssistantMessage: one chat choice's reply built from the model's text, as OpenAI returns it — the
-reasoning apart (reasoning_content, with --reasoning-parser), the content, and the tool calls
-parsed from the model's format — as one message, or as stream deltas in order (a call's name
-first, then its arguments in pieces)."""
+reasoning apart (reasoning_content, with --reasoning-parser; parsed out and left out when the
+request says include_reasoning false), the content, and the tool calls parsed from the model's
+format — as one message, or as stream deltas in order (a call's name first, then its arguments in
+pieces)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ from corellm.tool_calls import ToolCallArguments, ToolCallParser, ToolCallStart
 
 
 class AssistantMessage:
-    def __init__(self, reasoning: ReasoningParser | None, tool_calls: ToolCallParser | None):
+    def __init__(self, reasoning: ReasoningParser | None, tool_calls: ToolCallParser | None,
+                 include_reasoning: bool = True):
         self.reasoning = reasoning
         self.tool_calls = tool_calls
+        self.include_reasoning = include_reasoning
         self._reasoning_text: list[str] = []
         self._content: list[str] = []
 
@@ -37,7 +40,7 @@ class AssistantMessage:
         content = "".join(self._content)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if self.reasoning is not None:
-            message["reasoning_content"] = "".join(self._reasoning_text) or None
+            message["reasoning_content"] = "".join(self._reasoning_text) or None  # (empty when not included)
         if self.has_tool_calls:
             message["content"] = content.strip() or None
             message["tool_calls"] = [{"id": c.id, "type": "function",
@@ -47,7 +50,7 @@ class AssistantMessage:
 
     def _deltas(self, reasoning: str, answer: str, final: bool) -> list[dict[str, Any]]:
         deltas: list[dict[str, Any]] = []
-        if reasoning:
+        if reasoning and self.include_reasoning:
             self._reasoning_text.append(reasoning)
             deltas.append({"reasoning_content": reasoning})
         if self.tool_calls is None:

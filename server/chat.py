@@ -96,13 +96,14 @@ class ChatTurn:
     structured_field: str | None  # the request field its output constraint came from
     tools: ChatTools
     reasoning_parser: str | None
+    include_reasoning: bool  # (vLLM) false: the reasoning is taken out of the reply and not sent
     processed: ProcessedRequest | None  # None with beam search
     beam: BeamSearchParams | None
 
     def reply(self) -> AssistantMessage:
         """A new reader of one choice's text: its reasoning, content and tool calls."""
         return AssistantMessage(ReasoningParser(self.reasoning_parser) if self.reasoning_parser else None,
-                                self.tools.parser())
+                                self.tools.parser(), include_reasoning=self.include_reasoning)
 
 
 async def prepare_chat(serving: Serving, request: web.Request, req: ChatCompletionRequest,
@@ -148,7 +149,7 @@ async def prepare_chat(serving: Serving, request: web.Request, req: ChatCompleti
     if beam is None:
         processed = await asyncio.get_running_loop().run_in_executor(_IMAGE_POOL, prepare) if images else prepare()
     return ChatTurn(model, response_id, request_id, text, prompt_ids, params, max_tokens, structured_field, tools,
-                    serving.engine.config.reasoning_parser, processed, beam)
+                    serving.engine.config.reasoning_parser, req.include_reasoning, processed, beam)
 
 
 async def create_chat_completion(serving: Serving, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:

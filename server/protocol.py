@@ -441,6 +441,9 @@ class ChatCompletionRequest(SamplingFields):
     documents: list[dict[str, str]] | None = Field(None, min_length=1)
     # (OpenAI) for a template that reads it (gpt-oss's: "Reasoning: high" in its system turn)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    # (vLLM) false: a reasoning model's reasoning (--reasoning-parser) is parsed out of the reply
+    # and not sent (reasoning_content null, no reasoning deltas)
+    include_reasoning: bool = True
     add_special_tokens: bool = False  # (vLLM) the template writes the special tokens itself
     tools: list[ChatTool] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None

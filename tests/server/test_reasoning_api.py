@@ -1,9 +1,9 @@
 """A reasoning model's reply through the server (SmolLM2 standing in, --reasoning-parser
 deepseek_r1: the prompt opens the <think> block, so until the model writes </think> everything is
 reasoning): reasoning_content apart from content, whole and streamed; chat_template_kwargs may
-not replace the server's own template variables; thinking_token_budget cuts the reasoning; the
-parser checks (ReasoningParser) and the grammar's wait for the end of the reasoning
-(StructuredOutputManager, ReasoningWait) have their own unit tests."""
+not replace the server's own template variables; thinking_token_budget cuts the reasoning;
+include_reasoning false leaves it out. The parser checks (ReasoningParser) and the grammar's wait
+for the end of the reasoning (StructuredOutputManager, ReasoningWait) have their own unit tests."""
 
 from __future__ import annotations
 
@@ -43,6 +43,21 @@ def test_thinking_token_budget_cuts_the_reasoning_and_the_answer_follows(reasoni
                                                            extra_body={"thinking_token_budget": 4}))
     assert "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks if c.choices) == reasoning
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == cut.content
+
+
+def test_include_reasoning_false_leaves_the_reasoning_out(reasoning_client):
+    """(vLLM's include_reasoning) The reasoning is still parsed apart, so the content is the same."""
+    args = dict(model="SmolLM2-135M-Instruct", messages=ASK, max_tokens=24, temperature=0)
+    budget = {"thinking_token_budget": 4}
+    shown = reasoning_client.chat.completions.create(**args, extra_body=budget).choices[0].message
+    hidden = reasoning_client.chat.completions.create(**args, extra_body=budget | {"include_reasoning": False})
+    message = hidden.choices[0].message
+    assert shown.model_extra["reasoning_content"] and shown.content
+    assert message.model_extra["reasoning_content"] is None and message.content == shown.content
+    chunks = [c for c in reasoning_client.chat.completions.create(
+        stream=True, **args, extra_body=budget | {"include_reasoning": False}) if c.choices]
+    assert not any(c.choices[0].delta.model_extra.get("reasoning_content") for c in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == shown.content
 
 
 def test_thinking_token_budget_needs_a_reasoning_parser(client, model_name):
