@@ -116,12 +116,12 @@ async def prepare_chat(serving: Serving, request: web.Request, req: ChatCompleti
     tools = resolve_chat_tools(req, serving.config, serving.tokenizer)
     text = await render_prompt(serving, req, tools.template_tools)
     prompt_ids = serving.tokenizer.encode(text, add_special_tokens=req.add_special_tokens)
-    if req.truncate_prompt_tokens is not None:
-        if any(isinstance(m.content, list) and any(isinstance(p, ImagePart) for p in m.content) for m in req.messages):
-            raise bad_request("truncate_prompt_tokens cannot cut a prompt with images (their tokens go together)",
-                              "truncate_prompt_tokens")
-        kept = serving.truncate_prompt(prompt_ids, req.truncate_prompt_tokens)
-        text, prompt_ids = (text if len(kept) == len(prompt_ids) else None), kept
+    if req.truncate_prompt_tokens is not None and any(
+            isinstance(m.content, list) and any(isinstance(p, ImagePart) for p in m.content) for m in req.messages):
+        raise bad_request("truncate_prompt_tokens cannot cut a prompt with images (their tokens go together)",
+                          "truncate_prompt_tokens")
+    kept = serving.truncate_prompt(prompt_ids, req.truncate_prompt_tokens, req.truncation_side)
+    text, prompt_ids = (text if len(kept) == len(prompt_ids) else None), kept
     max_tokens = req.max_completion_tokens or req.max_tokens
     beam = req.beam_search_params(max_tokens)
     top_n = req.top_logprobs or 0

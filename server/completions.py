@@ -36,7 +36,7 @@ def _prompts(req: CompletionRequest, serving: Serving) -> list[tuple[list[int], 
         prompts = [(list(ids), None) for ids in p]
     result = []
     for ids, text in prompts:
-        kept = serving.truncate_prompt(ids, req.truncate_prompt_tokens)
+        kept = serving.truncate_prompt(ids, req.truncate_prompt_tokens, req.truncation_side)
         result.append((kept, text if len(kept) == len(ids) else None))  # a cut prompt's text is not the client's
     return result
 

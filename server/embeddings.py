@@ -36,6 +36,7 @@ class EmbeddingRequest(RequestPart):
     normalize: bool | None = None  # default true
     add_special_tokens: bool = True
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None  # with truncate_prompt_tokens: "right" keeps the first k
     priority: int = Field(0, ge=-2**31, lt=2**31)
     request_id: str | None = Field(None, min_length=1, max_length=MAX_REQUEST_ID_CHARS, pattern=r"^[\x21-\x7e]+$")
 
@@ -53,7 +54,8 @@ async def create_embedding(serving: Serving, request: web.Request, req: Embeddin
     response_id, engine_id = serving.new_ids("embd-", request, req.request_id)
     vectors, tokens = await embed(serving, engine_id, req.prompts(), PoolingParams(normalize=req.normalize is not False),
                                   add_special_tokens=req.add_special_tokens,
-                                  truncate_prompt_tokens=req.truncate_prompt_tokens, priority=req.priority)
+                                  truncate_prompt_tokens=req.truncate_prompt_tokens,
+                                  truncation_side=req.truncation_side, priority=req.priority)
     data = [{"object": "embedding", "index": i, "embedding": vector if req.encoding_format == "float" else
              base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()} for i, vector in enumerate(vectors)]
     return web.json_response({"id": response_id, "object": "list", "created": now(), "model": model, "data": data,
@@ -61,16 +63,15 @@ async def create_embedding(serving: Serving, request: web.Request, req: Embeddin
 
 
 async def embed(serving: Serving, engine_id: str, prompts: list[str | list[int]], params: PoolingParams,
-                add_special_tokens: bool = True, truncate_prompt_tokens: int | None = None, priority: int = 0,
-                field: str = "input") -> tuple[list[list[float]], int]:
+                add_special_tokens: bool = True, truncate_prompt_tokens: int | None = None,
+                truncation_side: str | None = None, priority: int = 0, field: str = "input") -> tuple[list[list[float]], int]:
     """The prompts' vectors, in order, and their tokens in all (a 400 naming `field` for a prompt
     the context cannot hold)."""
     processed = []
     for i, prompt in enumerate(prompts):
         text = prompt if isinstance(prompt, str) else None
         ids = serving.tokenizer.encode(prompt, add_special_tokens=add_special_tokens) if text is not None else prompt
-        if truncate_prompt_tokens is not None:
-            ids = serving.truncate_prompt(ids, truncate_prompt_tokens)
+        ids = serving.truncate_prompt(ids, truncate_prompt_tokens, truncation_side)
         processed.append(serving.prepare(f"{engine_id}-{i}", ids, text, params, None, kind=field, priority=priority))
     outputs = await serving.run_all(processed)
     for i, out in enumerate(outputs):

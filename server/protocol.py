@@ -166,6 +166,8 @@ class SamplingFields(RequestPart):
     # (vLLM) the response's id is "cmpl-" / "chatcmpl-" and this (an X-Request-Id header wins)
     request_id: str | None = Field(None, min_length=1, max_length=MAX_REQUEST_ID_CHARS, pattern=r"^[\x21-\x7e]+$")
     truncate_prompt_tokens: int | None = Field(None, ge=-1, lt=2**31)  # the prompt's last k tokens; -1: the context's
+    # (vLLM) with truncate_prompt_tokens: "left" (the default) cuts the prompt's start, "right" its end
+    truncation_side: Literal["left", "right"] | None = None
     return_token_ids: bool = False  # the prompt's and the choices' token ids in the response
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:N"
     thinking_token_budget: int | None = Field(None, ge=-1, lt=2**31)  # (vLLM) the reasoning's tokens at most

@@ -80,16 +80,20 @@ class Serving:
         """Whether the model takes images (a LLaVA model): chat templates then get content parts."""
         return self.engine.parts.input_processor.image_inputs is not None
 
-    def truncate_prompt(self, prompt_ids: list[int], keep: int | None) -> list[int]:
+    def truncate_prompt(self, prompt_ids: list[int], keep: int | None, side: str | None = None) -> list[int]:
         """truncate_prompt_tokens (vLLM's): the prompt's last `keep` tokens (-1: as many as the context
-        holds; None: all of it). 0 keeps nothing: a 400."""
+        holds; None: all of it); with truncation_side "right", its first ones. 0 keeps nothing: a
+        400; a side without a count would cut nothing: a 400 too."""
         if keep is None:
+            if side is not None:
+                raise bad_request("truncation_side applies with truncate_prompt_tokens (which sets how many tokens "
+                                  "to keep)", "truncation_side")
             return prompt_ids
         if keep == 0:
             raise bad_request("truncate_prompt_tokens must be -1 (the model's context) or at least 1, got 0",
                               "truncate_prompt_tokens")
         keep = self.engine.max_model_len if keep == -1 else keep
-        return prompt_ids[-keep:]
+        return prompt_ids[:keep] if side == "right" else prompt_ids[-keep:]
 
     def prepare(self, request_id: str, prompt_ids: list[int], prompt_text: str | None, params: SamplingParams,
                 requested_max_tokens: int | None, kind: str = "prompt", cache_salt: str | None = None,

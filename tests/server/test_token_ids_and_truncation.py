@@ -1,7 +1,7 @@
 """vLLM's token-level request fields on /v1/completions and /v1/chat/completions: return_token_ids
 (the prompt's and each choice's token ids beside the text; streamed: the prompt's with the first
 chunk, each chunk its delta's), return_tokens_as_token_ids, truncate_prompt_tokens (the prompt's
-last k tokens), allowed_token_ids (only those sampled), bad_words (never in the output),
+last k tokens; its first with truncation_side "right"), allowed_token_ids (only those sampled), bad_words (never in the output),
 spaces_between_special_tokens (special tokens joined without spaces either way, as vLLM's fast
 detokenizer); and continuous_usage_stats."""
 
@@ -66,6 +66,31 @@ def test_truncate_prompt_tokens_keeps_the_last_ones(server, model_name):
     assert whole["usage"]["prompt_tokens"] == len(ids)  # -1: as much as the context holds, here all of it
     status, chat = post(server, "/v1/chat/completions", {**body, "messages": CHAT, "truncate_prompt_tokens": 5})
     assert status == 200 and chat["prompt_token_ids"] == tokenize(server, messages=CHAT)[-5:]
+
+
+def test_truncation_side_right_keeps_the_first_ones(server, model_name):
+    prompt = "One two three four five six seven eight nine ten"
+    ids = tokenize(server, prompt=prompt)
+    body = {"model": model_name, "max_tokens": 6, "temperature": 0, "return_token_ids": True, "prompt": prompt,
+            "truncate_prompt_tokens": 4}
+    status, right = post(server, "/v1/completions", {**body, "truncation_side": "right"})
+    assert status == 200 and right["choices"][0]["prompt_token_ids"] == ids[:4], right
+    status, left = post(server, "/v1/completions", {**body, "truncation_side": "left"})
+    assert status == 200 and left["choices"][0]["prompt_token_ids"] == ids[-4:], left
+    chat_body = {k: v for k, v in body.items() if k != "prompt"} | {"messages": CHAT, "truncate_prompt_tokens": 5}
+    status, chat = post(server, "/v1/chat/completions", {**chat_body, "truncation_side": "right"})
+    assert status == 200 and chat["prompt_token_ids"] == tokenize(server, messages=CHAT)[:5], chat
+    status, cut = post(server, "/v1/embeddings", {"model": model_name, "input": prompt, "truncate_prompt_tokens": 4,
+                                                  "truncation_side": "right"})
+    status, first = post(server, "/v1/embeddings", {"model": model_name, "input": ids[:4]})
+    assert status == 200 and cut["data"][0]["embedding"] == first["data"][0]["embedding"], cut
+    assert cut["usage"]["prompt_tokens"] == 4
+    for route, extra in (("/v1/completions", {"prompt": prompt}), ("/v1/chat/completions", {"messages": CHAT}),
+                         ("/v1/embeddings", {"input": prompt})):
+        status, out = post(server, route, {"model": model_name, "truncation_side": "right", **extra})
+        assert status == 400 and out["error"]["param"] == "truncation_side", out  # no count: it would cut nothing
+    status, out = post(server, "/v1/completions", {**body, "truncation_side": "middle"})
+    assert status == 400 and out["error"]["param"] == "truncation_side", out
 
 
 @pytest.mark.parametrize("value", [0, -2])
