@@ -179,7 +179,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
             if echoed:
                 whole["content"] = echoed + (whole["content"] or "")
             choices.append({"index": c.index, "message": whole,
-                            "logprobs": chat_logprobs(c, labels, top_n) if req.logprobs else None,
+                            "logprobs": chat_logprobs(c, labels, top_n, req.logprob_token_ids) if req.logprobs else None,
                             "finish_reason": finish, "stop_reason": c.stop_reason})
             if req.return_token_ids:
                 choices[-1]["token_ids"] = list(c.token_ids)
@@ -226,7 +226,8 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
                     output_ids[c.index] += c.token_ids if predicted else []
                     message = messages[c.index]
                     deltas = message.feed(c.text) if c.text else []
-                    logprobs = chat_logprobs(c, labels, top_n) if req.logprobs and c.token_ids else None
+                    logprobs = (chat_logprobs(c, labels, top_n, req.logprob_token_ids)
+                                if req.logprobs and c.token_ids else None)
                     if (logprobs is not None or req.return_token_ids and c.token_ids) and not deltas:
                         deltas = [{}]  # the logprobs (token ids) of tokens whose text is held back
                     for k, delta in enumerate(deltas):

@@ -62,6 +62,9 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
                 search.cancel()
         return web.json_response(_response(response_id, model, outputs, beam.beam_width, serving, req, False))
     params = req.sampling_params(serving.defaults(), max_tokens, req.logprobs)
+    if req.echo and req.logprob_token_ids is not None:
+        raise bad_request("logprob_token_ids scores the generated tokens: with echo the prompt's are scored by the "
+                          "top logprobs; leave one of the two out", "logprob_token_ids")
     if req.echo and req.logprobs is not None:
         if req.stream:
             raise bad_request("echo with logprobs is not available when stream is true (the prompt's logprobs "

@@ -63,17 +63,22 @@ def echo_logprobs(prompt_ids: list[int], positions: list[PositionLogprobs | None
     return dict(zip(LEGACY_KEYS, (tokens, token_logprobs, top, offsets)))
 
 
-def chat_logprobs(c: CompletionOutput, labels: TokenLabels, top_n: int) -> dict | None:
+def chat_logprobs(c: CompletionOutput, labels: TokenLabels, top_n: int,
+                  scored_ids: list[int] | None = None) -> dict | None:
     if c.logprobs is None:
         return None
-    return {"content": [token_logprob(tid, pos, labels, top_n) for tid, pos in zip(c.token_ids, c.logprobs)]}
+    return {"content": [token_logprob(tid, pos, labels, top_n, scored_ids)
+                        for tid, pos in zip(c.token_ids, c.logprobs)]}
 
 
-def token_logprob(token_id: int, pos: PositionLogprobs, labels: TokenLabels, top_n: int) -> dict:
+def token_logprob(token_id: int, pos: PositionLogprobs, labels: TokenLabels, top_n: int,
+                  scored_ids: list[int] | None = None) -> dict:
     """One sampled token in the chat format (the Responses API's too): {token, logprob, bytes,
-    top_logprobs: the top_n most likely there}."""
+    top_logprobs: the top_n most likely there, or the tokens of logprob_token_ids (`scored_ids`),
+    most likely first}."""
     text = labels.text(token_id, pos[token_id].decoded_token)
-    ranked = sorted(pos.items(), key=lambda kv: -kv[1].logprob)[:top_n]
+    ranked = sorted(pos.items(), key=lambda kv: -kv[1].logprob)
+    ranked = ranked[:top_n] if scored_ids is None else [kv for kv in ranked if kv[0] in scored_ids]
     return {"token": text, "logprob": pos[token_id].logprob, "bytes": list(text.encode("utf-8")),
             "top_logprobs": [{"token": (t := labels.text(tid, lp.decoded_token)), "logprob": lp.logprob,
                               "bytes": list(t.encode("utf-8"))} for tid, lp in ranked]}

@@ -23,6 +23,7 @@ MAX_STOP_TOKEN_IDS = 64
 MAX_LOGIT_BIAS = 1024  # entries; each bias in [-100, 100]
 MAX_ALLOWED_TOKEN_IDS = 262144  # the largest vocabularies' size
 MAX_BAD_WORDS = 256
+MAX_LOGPROB_TOKEN_IDS = 128  # each costs a pass over the vocabulary per generated token
 MAX_CACHE_SALT_CHARS = 256
 MAX_REQUEST_ID_CHARS = 256
 
@@ -126,7 +127,7 @@ NOT_WITH_BEAM_SEARCH = {
     "guided_grammar": lambda v: v is None, "structural_tag": lambda v: v is None,
     "guided_whitespace_pattern": lambda v: v is None, "thinking_token_budget": lambda v: v is None,
     "tools": lambda v: not v, "suffix": lambda v: not v, "prediction": lambda v: v is None,
-    "repetition_detection": lambda v: v is None}
+    "repetition_detection": lambda v: v is None, "logprob_token_ids": lambda v: v is None}
 
 
 class SamplingFields(RequestPart):
@@ -161,6 +162,8 @@ class SamplingFields(RequestPart):
     spaces_between_special_tokens: bool = True  # SamplingParams' comment: joined without spaces either way
     include_stop_str_in_output: bool = False
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    # (vLLM) with logprobs: these tokens' logprobs at each position, in place of the top n
+    logprob_token_ids: list[TokenId] | None = Field(None, min_length=1, max_length=MAX_LOGPROB_TOKEN_IDS)
     cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
     priority: int = Field(0, ge=-2**31, lt=2**31)  # lower runs first (--scheduling-policy priority)
     # (vLLM) the response's id is "cmpl-" / "chatcmpl-" and this (an X-Request-Id header wins)
@@ -271,17 +274,20 @@ class SamplingFields(RequestPart):
                 return value
             return defaults.get(name, fallback)
 
-        if self.stream and self.prompt_logprobs is not None:
-            from corellm.server.errors import bad_request
+        from corellm.server.errors import bad_request
 
+        if self.stream and self.prompt_logprobs is not None:
             raise bad_request("prompt_logprobs is not available when stream is true", "prompt_logprobs")
+        if self.logprob_token_ids is not None:
+            if logprobs is None:
+                raise bad_request("logprob_token_ids needs logprobs (true on chat, a number on completions): it "
+                                  "names the tokens whose logprobs each position returns", "logprob_token_ids")
+            logprobs = None  # the named tokens take the top n's place
         logit_bias = None
         if self.logit_bias:
             logit_bias = {}
             for key, value in self.logit_bias.items():
                 if not key.isdigit():
-                    from corellm.server.errors import bad_request
-
                     raise bad_request(f"logit_bias keys must be token ids (non-negative integers), got {key!r}",
                                       "logit_bias")
                 logit_bias[int(key)] = value
@@ -292,7 +298,8 @@ class SamplingFields(RequestPart):
                 frequency_penalty=self.frequency_penalty,
                 repetition_penalty=pick("repetition_penalty", 1.0), seed=self.seed, stop=self.stop,
                 stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, max_tokens=max_tokens,
-                min_tokens=self.min_tokens, logprobs=logprobs, prompt_logprobs=self.prompt_logprobs,
+                min_tokens=self.min_tokens, logprobs=logprobs, logprob_token_ids=self.logprob_token_ids,
+                prompt_logprobs=self.prompt_logprobs,
                 skip_special_tokens=self.skip_special_tokens,
                 spaces_between_special_tokens=self.spaces_between_special_tokens,
                 include_stop_str_in_output=self.include_stop_str_in_output, logit_bias=logit_bias,
@@ -303,8 +310,6 @@ class SamplingFields(RequestPart):
                                       RepetitionDetectionParams(**self.repetition_detection.model_dump())),
                 output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY)
         except ValueError as e:  # SamplingParams' checks start with the field's name: the 400 names it too
-            from corellm.server.errors import bad_request
-
             named = re.match(r"[a-z_]+", str(e))
             raise bad_request(str(e), named.group(0) if named and named.group(0) in type(self).model_fields
                               else None) from None

@@ -293,7 +293,8 @@ class Serving:
 _ENGINE_FIELDS = {"prompt_token_ids": "prompt", "The prompt": "prompt", "stop_token_ids": "stop_token_ids",
                   "logit_bias": "logit_bias", "logprobs": "logprobs", "min_tokens": "min_tokens",
                   "max_tokens": "max_tokens", "seed": "seed", "stop": "stop", "priority": "priority",
-                  "thinking_token_budget": "thinking_token_budget", "prediction": "prediction"}
+                  "thinking_token_budget": "thinking_token_budget", "prediction": "prediction",
+                  "logprob_token_ids": "logprob_token_ids", "allowed_token_ids": "allowed_token_ids"}
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int,

@@ -200,6 +200,9 @@ class SamplingParams:
     max_tokens: int | None = 16  # None: up to the context length
     min_tokens: int = 0
     logprobs: int | None = None  # top-n logprobs per generated token (0: the chosen token's only)
+    # (vLLM) instead of the top n: the logprobs (and ranks) of these tokens at each generated
+    # position, beside the chosen token's — a label set scored at every step
+    logprob_token_ids: list[int] | None = None
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     # (vLLM) Whether special tokens kept in the text are joined with spaces. corellm's detokenizer
@@ -280,6 +283,14 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None and (not is_int(value) or value < 0):
                 raise ValueError(f"{name} must be non-negative, got {value!r}.")
+        if self.logprob_token_ids is not None:
+            ids = self.logprob_token_ids
+            if not isinstance(ids, (list, tuple)) or not ids or any(not is_int(t) or t < 0 for t in ids):
+                raise ValueError(f"logprob_token_ids must be a non-empty list of token ids, got {ids!r}.")
+            if self.logprobs is not None:
+                raise ValueError(f"give logprobs (the top n at each position) or logprob_token_ids (these tokens), "
+                                 f"not both: got logprobs={self.logprobs}.")
+            self.logprob_token_ids = list(dict.fromkeys(ids))
         if self.seed is not None and (not is_int(self.seed) or not 0 <= self.seed < 2**64):
             raise ValueError(f"seed must be an integer in [0, 2**64), got {self.seed!r}.")
         if any(not isinstance(s, str) or not s for s in self.stop):
@@ -319,6 +330,11 @@ class SamplingParams:
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got "
                              f"{type(self.structured_outputs).__name__}.")
+
+    @property
+    def wants_logprobs(self) -> bool:
+        """Whether each generated token comes with its logprob (and the top n, or the given tokens')."""
+        return self.logprobs is not None or self.logprob_token_ids is not None
 
     @property
     def greedy(self) -> bool:

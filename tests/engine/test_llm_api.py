@@ -177,6 +177,33 @@ def test_logprobs_shapes(llm):
     assert none.logprobs is None and none.cumulative_logprob is None
 
 
+def test_logprob_token_ids_score_the_named_tokens_at_each_position(llm):
+    """Oracles: the top-20 of the same greedy run (same kernel arithmetic: equal values and ranks),
+    and for a token far down the list, the prompt logprob of that token after the same context (a
+    row's logits do not depend on the step's other rows, so the two are equal)."""
+    tok = llm.get_tokenizer()
+    named = [tok.encode(w, add_special_tokens=False)[0] for w in (" Paris", " London", " the", " banana")]
+    prompt = "The capital of France is"
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=4, logprob_token_ids=named + named[:1]),
+                       use_tqdm=False)[0].outputs[0]
+    top = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=4, logprobs=20), use_tqdm=False)[0].outputs[0]
+    assert out.token_ids == top.token_ids and out.cumulative_logprob == top.cumulative_logprob
+    context = tok.encode(prompt)
+    for j, (token, pos, top_pos) in enumerate(zip(out.token_ids, out.logprobs, top.logprobs)):
+        assert set(pos) == set(named) | {token}  # the named tokens (once each) and the chosen one
+        assert pos[token].logprob == top_pos[token].logprob and pos[token].rank == top_pos[token].rank
+        for t in named:
+            if t in top_pos:
+                assert (pos[t].logprob, pos[t].rank) == (top_pos[t].logprob, top_pos[t].rank)
+        far = named[-1]  # " banana": thousands of ranks down
+        assert pos[far].rank > 20
+        scored = llm.generate({"prompt_token_ids": context + out.token_ids[:j] + [far]},
+                              SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)[0].prompt_logprobs[-1]
+        assert (scored[far].logprob, scored[far].rank) == (pos[far].logprob, pos[far].rank)  # batch-invariant rows
+    with pytest.raises(ValueError, match=r"logprob_token_ids has token id 999999 outside the vocabulary"):
+        llm.generate(prompt, SamplingParams(max_tokens=2, logprob_token_ids=[999999]), use_tqdm=False)
+
+
 def test_max_tokens_defaults_to_the_context_left(llm):
     small = LLM(loaded_model=llm.loaded, max_model_len=40, kv_cache_memory=64 * 1024**2)
     prompt = small.get_tokenizer().encode("One two three four five")
@@ -206,6 +233,9 @@ def test_max_tokens_defaults_to_the_context_left(llm):
     ({"repetition_detection": {"max_pattern_size": -1}}, r"repetition_detection.max_pattern_size must be an integer"),
     ({"repetition_detection": {"max_size": 4}}, "repetition_detection has no field 'max_size'"),
     ({"repetition_detection": (4, 1, 2)}, "repetition_detection must be a RepetitionDetectionParams"),
+    ({"logprob_token_ids": [5], "logprobs": 2}, "give logprobs .* or logprob_token_ids .*, not both"),
+    ({"logprob_token_ids": []}, "logprob_token_ids must be a non-empty list of token ids"),
+    ({"logprob_token_ids": [-3]}, "logprob_token_ids must be a non-empty list of token ids"),
 ])
 def test_invalid_sampling_params(kwargs, message):
     with pytest.raises(ValueError, match=message):

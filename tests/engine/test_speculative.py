@@ -63,6 +63,8 @@ def test_ngram_greedy_tokens_and_logprobs_are_identical(plain, ngram) -> None:
     drafts = after["corellm:spec_decode_num_draft_tokens"] - before["corellm:spec_decode_num_draft_tokens"]
     accepted = after["corellm:spec_decode_num_accepted_tokens"] - before["corellm:spec_decode_num_accepted_tokens"]
     assert drafts > 50 and accepted > drafts / 3, (drafts, accepted)  # the copies were speculated on
+    named = SamplingParams(temperature=0, max_tokens=48, logprob_token_ids=[13, 260, 1010])  # scored on every draft row
+    assert run(ngram, COPY, named) == run(plain, COPY, named)
 
 
 def test_a_prediction_drafts_where_the_output_follows_it(plain, ngram) -> None:

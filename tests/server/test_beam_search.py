@@ -41,7 +41,8 @@ def test_a_beam_ends_at_eos(server, model_name):
                                           ("seed", 3), ("bad_words", ["x"]), ("guided_regex", "a+"),
                                           ("structural_tag", {"triggers": ["<f"], "structures": []}),
                                           ("guided_whitespace_pattern", " "), ("thinking_token_budget", 4),
-                                          ("repetition_detection", {"max_pattern_size": 4, "min_count": 2})])
+                                          ("repetition_detection", {"max_pattern_size": 4, "min_count": 2}),
+                                          ("logprob_token_ids", [5])])
 def test_fields_beam_search_has_no_use_for_are_refused(server, model_name, field, value):
     body = {"model": model_name, "prompt": "Hi", "use_beam_search": True, "n": 2, "max_tokens": 4, field: value}
     status, out = post(server, "/v1/completions", body)

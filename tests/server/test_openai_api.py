@@ -171,6 +171,31 @@ def test_repetition_detection_ends_a_looping_reply(server, client, model_name):
         assert code == 400 and out["error"]["param"] == param, (bad, out)
 
 
+def test_logprob_token_ids_name_the_scored_tokens(server, model_name):
+    """(vLLM's logprob_token_ids; its values against oracles: tests/engine/test_llm_api.py.)"""
+    named = [post(server, "/tokenize", {"prompt": w, "add_special_tokens": False})[1]["tokens"][0]
+             for w in (" Paris", " London", " banana")]
+    args = {"model": model_name, "prompt": "The capital of France is", "max_tokens": 3, "temperature": 0}
+    code, out = post(server, "/v1/completions", {**args, "logprobs": 1, "logprob_token_ids": named})
+    assert code == 200, out
+    lp = out["choices"][0]["logprobs"]
+    assert all(len(top) in (3, 4) and {" Paris", " London", " banana"} <= set(top) for top in lp["top_logprobs"]), lp
+    messages = [{"role": "user", "content": "Name a city."}]
+    code, chat = post(server, "/v1/chat/completions", {"model": model_name, "messages": messages, "max_tokens": 3,
+                                                       "temperature": 0, "logprobs": True, "logprob_token_ids": named})
+    assert code == 200, chat
+    for entry in chat["choices"][0]["logprobs"]["content"]:
+        assert sorted(t["token"] for t in entry["top_logprobs"]) == [" London", " Paris", " banana"]
+        assert [t["logprob"] for t in entry["top_logprobs"]] == sorted((t["logprob"] for t in entry["top_logprobs"]),
+                                                                       reverse=True)
+    for body, param in (({**args, "logprob_token_ids": named}, "logprob_token_ids"),  # no logprobs
+                        ({**args, "logprobs": 1, "echo": True, "logprob_token_ids": named}, "logprob_token_ids"),
+                        ({**args, "logprobs": 1, "logprob_token_ids": [10**7]}, "logprob_token_ids"),
+                        ({**args, "logprobs": 1, "logprob_token_ids": []}, "logprob_token_ids")):
+        code, out = post(server, "/v1/completions", body)
+        assert code == 400 and out["error"]["param"] == param, (body, out)
+
+
 def test_32_concurrent_streams(server, model_name):
     openai = pytest.importorskip("openai")
 

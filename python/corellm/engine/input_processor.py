@@ -131,6 +131,10 @@ class InputProcessor:
         bad_stop = [t for t in params.stop_token_ids if t >= self.vocab_size]
         if bad_stop:
             raise ValueError(f"stop_token_ids has token id {bad_stop[0]} outside the vocabulary [0, {self.vocab_size})")
+        bad_scored = [t for t in params.logprob_token_ids or [] if t >= self.vocab_size]
+        if bad_scored:
+            raise ValueError(f"logprob_token_ids has token id {bad_scored[0]} outside the vocabulary "
+                             f"[0, {self.vocab_size})")
         if params.logprobs is not None and params.logprobs > self.vocab_size:
             raise ValueError(f"logprobs ({params.logprobs}) exceeds the vocabulary size {self.vocab_size}")
         self.check_priority(priority)

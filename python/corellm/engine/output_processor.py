@@ -59,7 +59,7 @@ class OutputProcessor:
         samples = {}
         for i, sample in enumerate(processed.samples):
             s = SampleState(i, IncrementalDetokenizer(self.tokenizer, sample.sampling_params, processed.prompt_token_ids))
-            if p.logprobs is not None:
+            if p.wants_logprobs:
                 s.logprobs, s.cumulative_logprob = [], 0.0
             samples[sample.request_id] = s
         state = RequestState(processed, samples)
@@ -88,8 +88,9 @@ class OutputProcessor:
         return text
 
     def _position(self, token_id: int, logprob: float, rank: int, top_ids: list[int],
-                  top_lps: list[float]) -> PositionLogprobs:
-        pos = {tid: Logprob(lp, r + 1, self._decode(tid)) for r, (tid, lp) in enumerate(zip(top_ids, top_lps))}
+                  top_lps: list[float], top_ranks: list[int] | None = None) -> PositionLogprobs:
+        ranks = top_ranks if top_ranks is not None else range(1, len(top_ids) + 1)
+        pos = {tid: Logprob(lp, r, self._decode(tid)) for tid, lp, r in zip(top_ids, top_lps, ranks)}
         pos.setdefault(token_id, Logprob(logprob, rank, self._decode(token_id)))
         return pos
 
@@ -146,7 +147,7 @@ class OutputProcessor:
         if sample.logprobs is not None and out.new_logprobs:
             for lp in out.new_logprobs[:kept]:
                 sample.logprobs.append(self._position(lp.token_id, lp.logprob, lp.rank, lp.top_token_ids,
-                                                      lp.top_logprobs))
+                                                      lp.top_logprobs, lp.top_ranks))
                 sample.cumulative_logprob += lp.logprob
         if stop_str is not None:
             sample.finish_reason, sample.stop_reason = "stop", stop_str

@@ -320,6 +320,7 @@ class ModelRunner:
             md.bitmask_rows = torch.from_numpy(np.repeat(bitmask_rows, num_drafts + 1) if speculative else bitmask_rows)
         if self.device.type != "cpu":
             md = md.to(self.device)
+        scored = self._score_logprob_token_ids(req_ids, num_drafts, state.logits)  # before sample() overwrites them
         result = ops.sample(state.logits, md)
         if speculative:
             as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(self.device)  # noqa: E731
@@ -335,30 +336,59 @@ class ModelRunner:
             out.errors[req_ids[i]] = ("its grammar or allowed_token_ids leave no token to sample here" if constrained
                                       else "the model produced NaN logits")
         if result.logprobs is not None:
-            out.logprobs = self._sampled_logprobs(req_ids, new_tokens, num_drafts, result)
+            out.logprobs = self._sampled_logprobs(req_ids, new_tokens, num_drafts, result, scored)
         self.sampling.record(req_ids, rows, new_tokens)
         self.builder.record_sampled(so, new_tokens)
         return out
 
+    def _score_logprob_token_ids(self, req_ids: list[str], num_drafts: np.ndarray,
+                                 logits: torch.Tensor) -> dict[str, tuple[list[int], np.ndarray, np.ndarray]]:
+        """For each request with logprob_token_ids: (its ids, logprobs [rows, ids], ranks [rows, ids])
+        over its logits rows (one, or one per draft plus one), under the raw distribution.
+        ops.token_logprobs scores one token per row, with the sampler's own arithmetic (so an id
+        that is also sampled gets the sampled token's logprob exactly); it runs once per id over
+        the request's rows, which a few label tokens make cheap."""
+        if not self.sampling.with_logprob_token_ids:
+            return {}
+        first_rows = np.cumsum(num_drafts + 1) - (num_drafts + 1)
+        out = {}
+        for i, req_id in enumerate(req_ids):
+            if req_id not in self.sampling.with_logprob_token_ids:
+                continue
+            ids = self.sampling.requests[req_id].request.sampling_params.logprob_token_ids
+            rows = logits[int(first_rows[i]):int(first_rows[i] + num_drafts[i] + 1)]
+            scored = [ops.token_logprobs(rows, torch.full((rows.shape[0],), t, dtype=torch.int32, device=rows.device), 0)
+                      for t in ids]
+            out[req_id] = (ids, torch.stack([s.logprobs for s in scored], 1).cpu().numpy(),
+                           torch.stack([s.ranks for s in scored], 1).cpu().numpy())
+        return out
+
     def _sampled_logprobs(self, req_ids: list[str], new_tokens: np.ndarray, num_drafts: np.ndarray,
-                          result: ops.SamplerOutput) -> dict[str, list[SampledTokenLogprobs]]:
+                          result: ops.SamplerOutput,
+                          scored: dict[str, tuple[list[int], np.ndarray, np.ndarray]]) -> dict[str, list[SampledTokenLogprobs]]:
         """Each sampling request's logprobs, one per new token (token j from its logits row j), its
-        top-n cut to the n it asked for."""
+        top-n cut to the n it asked for, or its logprob_token_ids' (`scored`) in their place."""
         logprobs, ranks = result.logprobs.cpu().numpy(), result.ranks.cpu().numpy()
         top_ids, top_lps = result.top_token_ids.cpu().numpy(), result.top_logprobs.cpu().numpy()
         first_rows = np.cumsum(num_drafts + 1) - (num_drafts + 1)
         out = {}
         for i, req_id in enumerate(req_ids):
-            k = self.sampling.requests[req_id].request.sampling_params.logprobs
-            if k is None:
+            params = self.sampling.requests[req_id].request.sampling_params
+            if not params.wants_logprobs:
                 continue
             entries = []
             for j, token in enumerate(new_tokens[i].tolist()):
                 if token < 0:
                     break
                 r = first_rows[i] + j
-                entries.append(SampledTokenLogprobs(token, float(logprobs[r]), int(ranks[r]),
-                                                    top_ids[r, :k].tolist(), top_lps[r, :k].tolist()))
+                if req_id in scored:
+                    ids, id_logprobs, id_ranks = scored[req_id]
+                    entries.append(SampledTokenLogprobs(token, float(logprobs[r]), int(ranks[r]), list(ids),
+                                                        id_logprobs[j].tolist(), id_ranks[j].tolist()))
+                else:
+                    k = params.logprobs
+                    entries.append(SampledTokenLogprobs(token, float(logprobs[r]), int(ranks[r]),
+                                                        top_ids[r, :k].tolist(), top_lps[r, :k].tolist()))
             if entries:
                 out[req_id] = entries
         return out

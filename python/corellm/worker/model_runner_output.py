@@ -10,13 +10,15 @@ import numpy as np
 
 @dataclass
 class SampledTokenLogprobs:
-    """A sampled token's logprob, rank and the request's top-n, from the raw distribution."""
+    """A sampled token's logprob, rank and the request's top-n (or its logprob_token_ids'), from the
+    raw distribution."""
 
     token_id: int
     logprob: float
     rank: int  # 1 + the number of tokens more likely
-    top_token_ids: list[int]  # the request's n (its `logprobs`) most likely, best first
+    top_token_ids: list[int]  # the request's n (its `logprobs`) most likely, best first; or its logprob_token_ids
     top_logprobs: list[float]
+    top_ranks: list[int] | None = None  # logprob_token_ids' ranks (None: the top n's, 1..n in order)
 
 
 @dataclass

@@ -55,6 +55,7 @@ class SamplingState:
         # request decoding they were ~1.5 % of the step (AMD EPYC Zen 4, SmolLM2-135M BF16).
         self.with_extras: set[str] = set()
         self.with_prompt_logprobs: set[str] = set()  # the runner scores prompts only while one runs
+        self.with_logprob_token_ids: set[str] = set()  # the runner scores given tokens only while one runs
 
     def add(self, request: EngineCoreRequest, row: int, output_token_ids: list[int]) -> None:
         p = request.sampling_params
@@ -68,7 +69,8 @@ class SamplingState:
         self.seeds[row] = np.int64(np.uint64(request.seed).view(np.int64))
         self.steps[row] = len(output_token_ids)
         self.min_tokens[row] = p.min_tokens
-        self.num_logprobs[row] = -1 if p.logprobs is None else p.logprobs
+        # The sampler scores the chosen token (and the top n); logprob_token_ids' tokens are the runner's.
+        self.num_logprobs[row] = p.logprobs if p.logprobs is not None else 0 if p.logprob_token_ids else -1
         self.requests[request.request_id] = RowRequest(request, row, list(output_token_ids))
         if p.allowed_token_ids is not None:
             self.with_allowed_token_ids.add(request.request_id)
@@ -76,8 +78,10 @@ class SamplingState:
             self.with_bad_words.add(request.request_id)
         if (p.top_k > 0 or p.top_p < 1 or p.min_p > 0 or p.presence_penalty or p.frequency_penalty
                 or p.repetition_penalty != 1 or p.logit_bias or p.min_tokens > 0 or request.bad_words_token_ids
-                or p.logprobs is not None):
+                or p.wants_logprobs):
             self.with_extras.add(request.request_id)
+        if p.logprob_token_ids:
+            self.with_logprob_token_ids.add(request.request_id)
         if p.prompt_logprobs is not None:
             self.with_prompt_logprobs.add(request.request_id)
 
@@ -87,6 +91,7 @@ class SamplingState:
         self.with_bad_words.discard(req_id)
         self.with_extras.discard(req_id)
         self.with_prompt_logprobs.discard(req_id)
+        self.with_logprob_token_ids.discard(req_id)
 
     def allowed_token_bitmask(self, req_ids: list[str], vocab_size: int) -> TokenBitmask | None:
         """The step's requests' allowed_token_ids as bitmask rows (token_bitmasks.py); None when no
