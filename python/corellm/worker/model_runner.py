@@ -320,7 +320,7 @@ class ModelRunner:
             md.bitmask_rows = torch.from_numpy(np.repeat(bitmask_rows, num_drafts + 1) if speculative else bitmask_rows)
         if self.device.type != "cpu":
             md = md.to(self.device)
-        scored = self._score_logprob_token_ids(req_ids, num_drafts, state.logits)  # before sample() overwrites them
+        scored = self._score_logprob_token_ids(so, state.logits)  # before sample() overwrites them
         result = ops.sample(state.logits, md)
         if speculative:
             as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(self.device)  # noqa: E731
@@ -341,19 +341,20 @@ class ModelRunner:
         self.builder.record_sampled(so, new_tokens)
         return out
 
-    def _score_logprob_token_ids(self, req_ids: list[str], num_drafts: np.ndarray,
+    def _score_logprob_token_ids(self, so: _core.SchedulerOutput,
                                  logits: torch.Tensor) -> dict[str, tuple[list[int], np.ndarray, np.ndarray]]:
-        """For each request with logprob_token_ids: (its ids, logprobs [rows, ids], ranks [rows, ids])
-        over its logits rows (one, or one per draft plus one), under the raw distribution.
-        ops.token_logprobs scores one token per row, with the sampler's own arithmetic (so an id
+        """For each request sampling this step with logprob_token_ids: (its ids, logprobs [rows, ids],
+        ranks [rows, ids]) over its logits rows (one, or one per draft plus one), under the raw
+        distribution. ops.token_logprobs scores one token per row, with the sampler's own arithmetic (so an id
         that is also sampled gets the sampled token's logprob exactly); it runs once per id over
         the request's rows, which a few label tokens make cheap."""
         if not self.sampling.with_logprob_token_ids:
             return {}
+        num_drafts = so.num_draft_tokens
         first_rows = np.cumsum(num_drafts + 1) - (num_drafts + 1)
         out = {}
-        for i, req_id in enumerate(req_ids):
-            if req_id not in self.sampling.with_logprob_token_ids:
+        for i, req_id in enumerate(so.req_ids):
+            if req_id not in self.sampling.with_logprob_token_ids or not so.samples_token[i]:
                 continue
             ids = self.sampling.requests[req_id].request.sampling_params.logprob_token_ids
             rows = logits[int(first_rows[i]):int(first_rows[i] + num_drafts[i] + 1)]
