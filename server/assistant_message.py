@@ -40,7 +40,7 @@ class AssistantMessage:
         content = "".join(self._content)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if self.reasoning is not None:
-            message["reasoning_content"] = "".join(self._reasoning_text) or None  # (empty when not included)
+            message["reasoning_content"] = "".join(self._reasoning_text) or None  # None when not included
         if self.has_tool_calls:
             message["content"] = content.strip() or None
             message["tool_calls"] = [{"id": c.id, "type": "function",
