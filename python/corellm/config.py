@@ -201,6 +201,9 @@ class EngineConfig:
     # The ranks were started by torchrun (distributed/torchrun.py): rank 0's engine spawns no
     # workers, and every rank meets the others through env:// (MASTER_ADDR / MASTER_PORT).
     torchrun: bool = False
+    # A streamed request's tokens go out this many at a time (its first token and its finish at
+    # once): fewer, larger chunks, less per-token work where many streams run (vLLM's stream_interval).
+    stream_interval: int = 1
 
     def __post_init__(self) -> None:
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
@@ -242,7 +245,7 @@ class EngineConfig:
             object.__setattr__(self, "speculative_config", SpeculativeConfig.from_dict(self.speculative_config))
         if self.max_model_len is not None:
             _check_int("max_model_len", self.max_model_len, 2)
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "stream_interval"):
             _check_int(name, getattr(self, name), 1)
         _check_int("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
         if self.block_size % 2:

@@ -50,6 +50,9 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num
                    help='speculative decoding, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
                         '"prompt_lookup_max": 4}\' or \'{"method": "draft_model", "model": PATH, '
                         '"num_speculative_tokens": 4}\'')
+    p.add_argument("--stream-interval", type=int, default=1, metavar="N",
+                   help="a streamed reply's tokens go out N at a time (its first token and its end at once): fewer, "
+                        "larger chunks where many streams run")
     p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                    help="fcfs: arrival order; priority: a request's `priority` first (lower runs first), then arrival")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
@@ -114,7 +117,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                         block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
                         long_prefill_token_threshold=args.long_prefill_token_threshold,
-                        seed=args.seed, scheduling_policy=args.scheduling_policy,
+                        seed=args.seed, scheduling_policy=args.scheduling_policy, stream_interval=args.stream_interval,
                         reasoning_parser=args.reasoning_parser, pooling_type=args.pooling_type,
                         generation_config=args.generation_config,
                         override_generation_config=json_object_arg("--override-generation-config",

@@ -1,6 +1,6 @@
 """OutputProcessor alone (SmolLM2's tokenizer), fed EngineCoreOutputs by hand: FINAL_ONLY delivers
 once, CUMULATIVE the whole text each time, DELTA only what is new (joining to the whole, the finish
-reported once); the n samples of a request are grouped, the request finishing with its last
+reported once; with stream_interval, the first token, then that many at a time); the n samples of a request are grouped, the request finishing with its last
 sample; a stop string ends its sample and asks the engine to abort it; logprobs accumulate; a
 request whose output cannot be built ends with an error, the engine asked to abort it."""
 
@@ -22,11 +22,11 @@ def tok():
     return GGUFModelFile(default_model_path()).tokenizer()
 
 
-def start(tok, kind: RequestOutputKind, **params):
+def start(tok, kind: RequestOutputKind, stream_interval: int = 1, **params):
     """(processor, the request's sample ids, the token ids of ' The sky is blue today.')."""
     inputs = InputProcessor(tok, vocab_size=49152, max_model_len=256)
     processed = inputs.process("r", "Say:", SamplingParams(output_kind=kind, max_tokens=32, **params))
-    processor = OutputProcessor(tok)
+    processor = OutputProcessor(tok, stream_interval)
     processor.add_request(processed)
     return processor, [s.request_id for s in processed.samples], tok.encode(" The sky is blue today.",
                                                                           add_special_tokens=False)
@@ -64,6 +64,18 @@ def test_delta_joins_to_the_whole_and_reports_the_finish_once(tok):
     assert "".join(d.text for d in deltas) == " The sky is blue today."
     assert [t for d in deltas for t in d.token_ids] == ids
     assert [d.finish_reason for d in deltas] == [None] * (len(ids) - 1) + ["length"]
+
+
+@pytest.mark.parametrize("interval", [2, 3, 100])
+def test_stream_interval_sends_the_first_token_then_that_many_at_a_time(tok, interval):
+    processor, (sid,), ids = start(tok, RequestOutputKind.DELTA, stream_interval=interval)
+    results = feed(processor, sid, ids, finish="length")
+    deltas = [outs[0].outputs[0] for outs, _ in results if outs]
+    assert len(deltas[0].token_ids) == 1  # the first token at once
+    assert all(len(d.token_ids) == interval for d in deltas[1:-1]) and 1 <= len(deltas[-1].token_ids) <= interval
+    assert deltas[-1].finish_reason == "length" and all(d.finish_reason is None for d in deltas[:-1])
+    assert "".join(d.text for d in deltas) == " The sky is blue today." and [t for d in deltas for t in d.token_ids] == ids
+    assert len(deltas) == 1 + -(-(len(ids) - 1) // interval)
 
 
 def test_the_engines_stop_token_keeps_its_id_not_its_text(tok):

@@ -1,6 +1,6 @@
 """AsyncLLM directly: concurrent generators, abort by id and by cancelling, DELTA outputs that
-join to the full text, and blocks back in the pool afterwards; a program that ends without
-shutdown() exits cleanly."""
+join to the full text, and blocks back in the pool afterwards; stream_interval's chunks through
+the server; a program that ends without shutdown() exits cleanly."""
 
 from __future__ import annotations
 
@@ -75,6 +75,42 @@ def test_priorities_reach_the_scheduler_through_the_server():
             await server.close()
 
     asyncio.run(run())
+
+
+def test_stream_interval_sends_tokens_that_many_at_a_time_through_the_server():
+    """stream_interval 4 (--stream-interval 4): a stream's first chunk holds the first token, the
+    others 4 tokens each but the last; they join to the reply not streamed."""
+    import json
+
+    import aiohttp
+    from aiohttp.test_utils import TestServer
+
+    from corellm.server.app import create_app
+    from corellm.server.serving import ServerConfig
+
+    async def run():
+        engine = AsyncLLM(EngineConfig(max_model_len=512, kv_cache_memory=64 * 1024**2, stream_interval=4))
+        server = TestServer(create_app(engine, ServerConfig(served_model_name="m")))
+        await server.start_server()
+        try:
+            async with aiohttp.ClientSession(str(server.make_url(""))) as s:
+                body = {"prompt": "Count to ten:", "max_tokens": 14, "ignore_eos": True, "temperature": 0,
+                        "return_token_ids": True}
+                async with s.post("/v1/completions", json=body) as r:
+                    whole = (await r.json())["choices"][0]
+                async with s.post("/v1/completions", json={**body, "stream": True}) as r:
+                    events = [json.loads(line[6:]) for line in (await r.text()).splitlines()
+                              if line.startswith("data: {")]
+                sizes = [len(e["choices"][0]["token_ids"]) for e in events if e["choices"][0]["token_ids"]]
+                assert sizes == [1, 4, 4, 4, 1], sizes
+                assert "".join(e["choices"][0]["text"] for e in events) == whole["text"]
+                assert events[-1]["choices"][0]["finish_reason"] == "length"
+        finally:
+            await server.close()
+
+    asyncio.run(run())
+    with pytest.raises(ValueError, match="stream_interval"):
+        EngineConfig(stream_interval=0)
 
 
 # Requests still decoding when the program's event loop ends, and no shutdown().

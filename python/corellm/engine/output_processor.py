@@ -1,6 +1,8 @@
 """OutputProcessor: EngineCoreOutputs -> RequestOutputs. Per request it detokenizes, matches stop
 strings (asking the engine to abort the request when one is found), gathers logprobs, groups the
-n samples of a request, and emits CUMULATIVE, DELTA or FINAL_ONLY outputs."""
+n samples of a request, and emits CUMULATIVE, DELTA or FINAL_ONLY outputs. A DELTA (streamed)
+sample's tokens go out stream_interval at a time (vLLM's --stream-interval), its first token and
+its finish at once: fewer, larger chunks where many streams share a machine."""
 
 from __future__ import annotations
 
@@ -49,8 +51,9 @@ class RequestState:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, stream_interval: int = 1):
         self.tokenizer = tokenizer
+        self.stream_interval = stream_interval
         self.requests: dict[str, RequestState] = {}  # engine-core request id -> its request
         self._decode_cache: dict[int, str] = {}
 
@@ -185,6 +188,8 @@ class OutputProcessor:
             if kind == RequestOutputKind.DELTA:
                 if s.sent_finish or (len(token_ids) == s.sent_tokens and s.finish_reason is None):
                     continue  # nothing new for this sample
+                if s.finish_reason is None and s.sent_tokens > 0 and len(token_ids) - s.sent_tokens < self.stream_interval:
+                    continue  # fewer than stream_interval new tokens since the last chunk
                 s.sent_finish = s.finish_reason is not None
                 new_text, new_tokens = text[s.sent_text:], token_ids[s.sent_tokens:]
                 new_logprobs = logprobs[s.sent_tokens:] if logprobs is not None else None
@@ -193,6 +198,8 @@ class OutputProcessor:
             completions.append(CompletionOutput(s.index, text, list(token_ids), s.cumulative_logprob,
                                                 list(logprobs) if logprobs is not None else None,
                                                 s.finish_reason, s.stop_reason))
+        if kind == RequestOutputKind.DELTA and not completions and not finished:
+            return None  # every sample waits for more tokens
         req = state.request
         return RequestOutput(req.request_id, req.prompt, req.prompt_token_ids, state.prompt_logprobs, completions,
                              finished, state.num_cached_tokens,
