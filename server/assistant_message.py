@@ -1,6 +1,7 @@
 """AssistantMessage: one chat choice's reply built from the model's text, as OpenAI returns it — the
-reasoning apart (reasoning_content, with --reasoning-parser; parsed out and left out when the
-request says include_reasoning false), the content, and the tool calls parsed from the model's
+reasoning apart (with --reasoning-parser; parsed out and left out when the request says
+include_reasoning false) under both names clients read, `reasoning_content` (DeepSeek's, OpenAI
+clients') and `reasoning` (vLLM's since it renamed the field), the content, and the tool calls parsed from the model's
 format — as one message, or as stream deltas in order (a call's name first, then its arguments in
 pieces)."""
 
@@ -36,11 +37,12 @@ class AssistantMessage:
         return bool(self.tool_calls and self.tool_calls.calls)
 
     def message(self) -> dict[str, Any]:
-        """The whole reply (after finish): role, content, reasoning_content, tool_calls."""
+        """The whole reply (after finish): role, content, reasoning_content and reasoning, tool_calls."""
         content = "".join(self._content)
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if self.reasoning is not None:
-            message["reasoning_content"] = "".join(self._reasoning_text) or None  # None when not included
+            reasoning = "".join(self._reasoning_text) or None  # None when not included
+            message["reasoning_content"] = message["reasoning"] = reasoning
         if self.has_tool_calls:
             message["content"] = content.strip() or None
             message["tool_calls"] = [{"id": c.id, "type": "function",
@@ -52,7 +54,7 @@ class AssistantMessage:
         deltas: list[dict[str, Any]] = []
         if reasoning and self.include_reasoning:
             self._reasoning_text.append(reasoning)
-            deltas.append({"reasoning_content": reasoning})
+            deltas.append({"reasoning_content": reasoning, "reasoning": reasoning})
         if self.tool_calls is None:
             events = [answer] if answer else []
         else:

@@ -364,6 +364,16 @@ class ChatMessage(RequestPart):
     tool_calls: list[MessageToolCall] | None = None  # assistant: the calls it made
     tool_call_id: str | None = None  # tool: the call this is the result of
     reasoning_content: str | None = None  # assistant: its reasoning (templates may show or drop it)
+    reasoning: str | None = None  # (vLLM's name for it) the same, as a vLLM client sends its replies back
+
+    @model_validator(mode="after")
+    def _one_reasoning(self):
+        if self.reasoning is not None:
+            if self.reasoning_content is not None and self.reasoning_content != self.reasoning:
+                raise ValueError("reasoning and reasoning_content name the same text (vLLM's and DeepSeek's names); "
+                                 "they differ here: give one")
+            self.reasoning_content = self.reasoning
+        return self
 
     def as_template_message(self, content_parts: bool = False) -> dict[str, Any]:
         """The message as chat templates read it (HF's convention: a call's arguments as a dict).
@@ -449,7 +459,7 @@ class ChatCompletionRequest(SamplingFields):
     # (OpenAI) for a template that reads it (gpt-oss's: "Reasoning: high" in its system turn)
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     # (vLLM) false: a reasoning model's reasoning (--reasoning-parser) is parsed out of the reply
-    # and not sent (reasoning_content null, no reasoning deltas)
+    # and not sent (reasoning_content and reasoning null, no reasoning deltas)
     include_reasoning: bool = True
     add_special_tokens: bool = False  # (vLLM) the template writes the special tokens itself
     tools: list[ChatTool] | None = Field(None, max_length=128)

@@ -1,6 +1,7 @@
 """A reasoning model's reply through the server (SmolLM2 standing in, --reasoning-parser
 deepseek_r1: the prompt opens the <think> block, so until the model writes </think> everything is
-reasoning): reasoning_content apart from content, whole and streamed; chat_template_kwargs may
+reasoning): reasoning_content (and vLLM's name for it, reasoning) apart from content, whole and
+streamed, and either name accepted on the replies a client sends back; chat_template_kwargs may
 not replace the server's own template variables; thinking_token_budget cuts the reasoning;
 include_reasoning false leaves it out. The parser checks (ReasoningParser) and the grammar's wait
 for the end of the reasoning (StructuredOutputManager, ReasoningWait) have their own unit tests."""
@@ -18,9 +19,10 @@ def test_reasoning_content_apart_whole_and_streamed(reasoning_client):
     whole = reasoning_client.chat.completions.create(**args).choices[0].message
     reasoning = whole.model_extra["reasoning_content"]
     assert reasoning and not whole.content  # no </think> came: all of it was reasoning
+    assert whole.model_extra["reasoning"] == reasoning  # vLLM's name for it too
     chunks = list(reasoning_client.chat.completions.create(stream=True, **args))
-    streamed = "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in chunks if c.choices)
-    assert streamed == reasoning
+    for name in ("reasoning_content", "reasoning"):
+        assert "".join(c.choices[0].delta.model_extra.get(name) or "" for c in chunks if c.choices) == reasoning
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ""
 
 
@@ -53,11 +55,27 @@ def test_include_reasoning_false_leaves_the_reasoning_out(reasoning_client):
     hidden = reasoning_client.chat.completions.create(**args, extra_body=budget | {"include_reasoning": False})
     message = hidden.choices[0].message
     assert shown.model_extra["reasoning_content"] and shown.content
-    assert message.model_extra["reasoning_content"] is None and message.content == shown.content
+    assert message.model_extra["reasoning_content"] is None and message.model_extra["reasoning"] is None
+    assert message.content == shown.content
     chunks = [c for c in reasoning_client.chat.completions.create(
         stream=True, **args, extra_body=budget | {"include_reasoning": False}) if c.choices]
-    assert not any(c.choices[0].delta.model_extra.get("reasoning_content") for c in chunks)
+    assert not any(c.choices[0].delta.model_extra.get(name) for c in chunks for name in ("reasoning_content", "reasoning"))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == shown.content
+
+
+def test_a_replys_reasoning_sent_back_under_either_name_reaches_the_template(reasoning_client):
+    from corellm.server.protocol import ChatMessage
+
+    for name in ("reasoning", "reasoning_content"):
+        message = ChatMessage.model_validate({"role": "assistant", "content": "Yes.", name: "7 has no divisors."})
+        assert message.as_template_message()["reasoning_content"] == "7 has no divisors."
+    history = ASK + [{"role": "assistant", "content": "Yes.", "reasoning": "7 has no divisors.",
+                      "reasoning_content": "7 has no divisors."}, {"role": "user", "content": "And 9?"}]
+    reasoning_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=history, max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as err:
+        history[1]["reasoning"] = "something else"
+        reasoning_client.chat.completions.create(model="SmolLM2-135M-Instruct", messages=history, max_tokens=2)
+    assert err.value.body["param"].startswith("messages.1"), err.value.body
 
 
 def test_thinking_token_budget_needs_a_reasoning_parser(client, model_name):
