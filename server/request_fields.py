@@ -36,8 +36,9 @@ NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "refusal": (), "annotations": ([],),
     # vLLM: structured output's other knobs, logits processors and output forms corellm lacks.
     "guided_decoding_backend": ("auto", "llguidance", "guidance"), "logits_processors": ([],),
-    "mm_processor_kwargs": ({},), "prompt_embeds": (), "kv_transfer_params": (),
-    "vllm_xargs": (),
+    "mm_processor_kwargs": ({},), "media_io_kwargs": ({},), "prompt_embeds": (), "kv_transfer_params": (),
+    "ec_transfer_params": (), "vllm_xargs": (),
+    "return_token_offsets": (False,),  # vLLM's render endpoints' (which corellm lacks); ignored elsewhere there
     "reasoning_effort_budget": (),
 }
 

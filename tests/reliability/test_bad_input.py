@@ -157,6 +157,9 @@ NOT_HONOURED = [
     ("/v1/completions", "guided_decoding_backend", {"guided_regex": "a+", "guided_decoding_backend": "xgrammar"}),
     ("/v1/chat/completions", "kv_transfer_params", {"kv_transfer_params": {"do_remote_decode": True}}),
     ("/v1/completions", "suffix", {"suffix": " the end."}),
+    ("/v1/completions", "ec_transfer_params", {"ec_transfer_params": {"do_remote_encode": True}}),
+    ("/v1/chat/completions", "media_io_kwargs", {"media_io_kwargs": {"image": {"mode": "RGB"}}}),
+    ("/v1/completions", "return_token_offsets", {"return_token_offsets": True}),
 ]
 
 
@@ -176,7 +179,8 @@ def test_values_that_mean_leaving_a_field_out_are_accepted(server):
             "user": "u-1", "metadata": {"k": "v"}, "parallel_tool_calls": True, "store": False}
     code, out, _ = call(server.url + "/v1/chat/completions", body)
     assert code == 200, out
-    code, out, _ = call(server.url + "/v1/completions", {**X, "best_of": 1, "use_beam_search": False})
+    code, out, _ = call(server.url + "/v1/completions", {**X, "best_of": 1, "use_beam_search": False,
+                                                         "return_token_offsets": False})
     assert code == 200, out
 
 
