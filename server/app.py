@@ -49,7 +49,7 @@ async def parse(request: web.Request, model: type[BaseModel]) -> BaseModel:
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
     try:
-        parsed = model.model_validate(body)
+        parsed = model.model_validate(body, context={"max_logprobs": request.app[SERVING].config.max_logprobs})
     except ValidationError as e:
         raise validation_error(e) from None
     check_request_fields(parsed, allow_unknown=request.app[SERVING].config.allow_unknown_fields)

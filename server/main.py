@@ -47,6 +47,9 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_CALL_FORMATS),
                    help="how the model writes tool calls (hermes: Hermes / Qwen; llama3_json; mistral)")
     p.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024)
+    p.add_argument("--max-logprobs", type=int, default=ServerConfig.max_logprobs, metavar="N",
+                   help="the most logprobs / top_logprobs / prompt_logprobs a request may ask for (vLLM's; "
+                        "-1: up to the vocabulary)")
     p.add_argument("--allow-unknown-fields", action="store_true",
                    help="ignore (and log once) request arguments that corellm does not know, as vLLM does, "
                         "instead of refusing the request with 400 naming the argument (unknown fields within "
@@ -145,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
     if args.max_stored_responses < 0:
         raise ValueError(f"--max-stored-responses must be >= 0, got {args.max_stored_responses}")
+    if args.max_logprobs < -1:
+        raise ValueError(f"--max-logprobs must be >= 0, or -1 (up to the vocabulary), got {args.max_logprobs}")
     torchrun = TorchrunPlace.from_environment()
     if torchrun is not None and (args.data_parallel_size > 1 or args.headless):
         raise ValueError("under torchrun, every process is a tensor-parallel rank: --data-parallel-size and "
@@ -186,7 +191,7 @@ def run(args: argparse.Namespace) -> int:
                                  enable_auto_tool_choice=args.enable_auto_tool_choice,
                                  tool_call_parser=args.tool_call_parser,
                                  max_body_bytes=args.max_body_bytes, max_stored_responses=args.max_stored_responses,
-                                 allow_unknown_fields=args.allow_unknown_fields,
+                                 allow_unknown_fields=args.allow_unknown_fields, max_logprobs=args.max_logprobs,
                                  admission=AdmissionLimits(args.max_queued_requests, args.max_queued_tokens))
     try:
         asyncio.run(serve(engine, server_config, args.host, args.port, args.shutdown_timeout, started))

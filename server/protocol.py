@@ -15,7 +15,7 @@ from corellm.sampling_params import (RepetitionDetectionParams, RequestOutputKin
                                      StructuredOutputsParams)
 
 # Caps on the expensive asks; each refusal is a 400 naming the field.
-MAX_LOGPROBS = 20  # logprobs, top_logprobs, prompt_logprobs
+MAX_LOGPROBS = 20  # logprobs, top_logprobs, prompt_logprobs: --max-logprobs' default (vLLM's)
 MAX_N = 16
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 512
@@ -29,6 +29,16 @@ MAX_REQUEST_ID_CHARS = 256
 
 
 TokenId = Annotated[int, Field(ge=0)]
+
+
+def within_max_logprobs(value: Any, info: ValidationInfo) -> Any:
+    """A logprobs count (logprobs, top_logprobs, prompt_logprobs) at most the server's
+    --max-logprobs, which request validation passes as the context's "max_logprobs" (-1: no cap
+    here; the engine refuses more than the vocabulary). Without a context: MAX_LOGPROBS."""
+    limit = (info.context or {}).get("max_logprobs", MAX_LOGPROBS)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= limit < value:
+        raise ValueError(f"must be at most {limit} (the server's --max-logprobs)")
+    return value
 
 
 class RequestPart(BaseModel):
@@ -161,7 +171,7 @@ class SamplingFields(RequestPart):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True  # SamplingParams' comment: joined without spaces either way
     include_stop_str_in_output: bool = False
-    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    prompt_logprobs: int | None = Field(None, ge=0)  # at most --max-logprobs (within_max_logprobs)
     # (vLLM) with logprobs: these tokens' logprobs at each position, in place of the top n
     logprob_token_ids: list[TokenId] | None = Field(None, min_length=1, max_length=MAX_LOGPROB_TOKEN_IDS)
     cache_salt: str | None = Field(None, min_length=1, max_length=MAX_CACHE_SALT_CHARS)
@@ -193,6 +203,9 @@ class SamplingFields(RequestPart):
         if v is not None and not info.data.get("stream", False):
             raise ValueError("stream_options is only allowed when stream is true")  # as OpenAI's API
         return v
+
+    _logprobs_counts = field_validator("prompt_logprobs", "logprobs", "top_logprobs", check_fields=False)(
+        within_max_logprobs)
 
     @field_validator("stop")
     @classmethod
@@ -320,7 +333,7 @@ class CompletionRequest(SamplingFields):
              | Annotated[list[TokenId], Field(min_length=1)]
              | Annotated[list[Annotated[list[TokenId], Field(min_length=1)]], Field(min_length=1)])
     max_tokens: int | None = Field(16, ge=0)  # 0 only with echo: the prompt scored alone
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    logprobs: int | None = Field(None, ge=0)  # at most --max-logprobs
     echo: bool = False
     suffix: str | None = None
     add_special_tokens: bool = True  # (vLLM) e.g. a BOS before each prompt, where the tokenizer adds one
@@ -447,7 +460,7 @@ class ChatCompletionRequest(SamplingFields):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: int | None = Field(None, ge=0)  # at most --max-logprobs
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # (vLLM) the last (assistant) message is left open, to continue
     echo: bool = False  # (vLLM) the reply starts with the last message, where it is the replying role's

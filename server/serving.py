@@ -48,6 +48,7 @@ class ServerConfig:
     admission: AdmissionLimits = field(default_factory=AdmissionLimits)
     max_stored_responses: int = 1024  # the Responses API's store (0: none kept)
     allow_unknown_fields: bool = False  # a request argument corellm does not know: ignored (logged), not a 400
+    max_logprobs: int = 20  # logprobs / top_logprobs / prompt_logprobs at most this many (-1: the vocabulary)
 
 
 class Serving:

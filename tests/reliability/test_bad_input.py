@@ -256,6 +256,24 @@ def test_allow_unknown_fields_ignores_them_and_logs_each_name():
         server.stop()
 
 
+def test_max_logprobs_raises_the_cap():
+    """--max-logprobs 40 (vLLM's): up to 40 top logprobs a position; 41 is a 400 naming the flag."""
+    server = Server("--max-logprobs", "40")
+    try:
+        code, out, _ = call(server.url + "/v1/completions", {**X, "logprobs": 40})
+        assert code == 200 and all(len(top) >= 40 for top in out["choices"][0]["logprobs"]["top_logprobs"]), out
+        code, out, _ = call(server.url + "/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 40})
+        assert code == 200 and all(len(t["top_logprobs"]) == 40 for t in out["choices"][0]["logprobs"]["content"])
+        for route, body, param in (("/v1/completions", {**X, "logprobs": 41}, "logprobs"),
+                                   ("/v1/completions", {**X, "prompt_logprobs": 41}, "prompt_logprobs"),
+                                   ("/v1/chat/completions", {**CHAT, "logprobs": True, "top_logprobs": 41},
+                                    "top_logprobs")):
+            code, out, _ = call(server.url + route, body)
+            assert_error(code, out, 400, param=param, contains="--max-logprobs")
+    finally:
+        server.stop()
+
+
 def test_priority_needs_the_priority_policy(server):
     code, out, _ = call(server.url + "/v1/completions", {**X, "priority": 2})
     assert_error(code, out, 400, param="priority", contains="--scheduling-policy priority")
