@@ -179,7 +179,8 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
             if echoed:
                 whole["content"] = echoed + (whole["content"] or "")
             choices.append({"index": c.index, "message": whole,
-                            "logprobs": chat_logprobs(c, labels, top_n, req.logprob_token_ids) if req.logprobs else None,
+                            "logprobs": (chat_logprobs(c, labels, top_n, req.logprob_token_ids)
+                                         if req.logprobs else None),
                             "finish_reason": finish, "stop_reason": c.stop_reason})
             if req.return_token_ids:
                 choices[-1]["token_ids"] = list(c.token_ids)

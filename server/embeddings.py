@@ -64,7 +64,8 @@ async def create_embedding(serving: Serving, request: web.Request, req: Embeddin
 
 async def embed(serving: Serving, engine_id: str, prompts: list[str | list[int]], params: PoolingParams,
                 add_special_tokens: bool = True, truncate_prompt_tokens: int | None = None,
-                truncation_side: str | None = None, priority: int = 0, field: str = "input") -> tuple[list[list[float]], int]:
+                truncation_side: str | None = None, priority: int = 0,
+                field: str = "input") -> tuple[list[list[float]], int]:
     """The prompts' vectors, in order, and their tokens in all (a 400 naming `field` for a prompt
     the context cannot hold)."""
     processed = []

@@ -222,8 +222,9 @@ void bind_scheduler(py::module_& m) {
       .def("add_request",
            [](Scheduler& s, std::string request_id, const py::object& prompt_token_ids, int32_t max_tokens,
               int32_t min_tokens, bool ignore_eos, int32_t eos_token_id, const py::object& stop_token_ids,
-              const py::object& repetition_detection, int32_t priority, double arrival_time, std::string cache_salt, const py::list& mm_ranges,
-              bool use_structured_output, const py::object& prediction_token_ids, py::object payload) {
+              const py::object& repetition_detection, int32_t priority, double arrival_time, std::string cache_salt,
+              const py::list& mm_ranges, bool use_structured_output, const py::object& prediction_token_ids,
+              py::object payload) {
              EngineCoreRequest request;
              request.request_id = std::move(request_id);
              request.prompt_token_ids = to_int32_vector(prompt_token_ids, "prompt_token_ids", 0);

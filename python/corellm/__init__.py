@@ -41,6 +41,7 @@ def __getattr__(name: str):
 
 
 __all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "CompletionOutput", "EmbeddingOutput",
-           "EmbeddingRequestOutput", "EngineConfig", "Logprob", "PoolingParams", "PromptType", "RepetitionDetectionParams",
-           "RequestOutput", "RequestOutputKind", "SamplingParams", "SchedulerConfig", "ScoringOutput", "ScoringRequestOutput",
-           "StructuredOutputsParams", "TextPrompt", "TokensPrompt", "_core", "__version__"]
+           "EmbeddingRequestOutput", "EngineConfig", "Logprob", "PoolingParams", "PromptType",
+           "RepetitionDetectionParams", "RequestOutput", "RequestOutputKind", "SamplingParams", "SchedulerConfig",
+           "ScoringOutput", "ScoringRequestOutput", "StructuredOutputsParams", "TextPrompt", "TokensPrompt", "_core",
+           "__version__"]

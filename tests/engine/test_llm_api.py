@@ -118,7 +118,8 @@ def ends_in_repetition(outputs: list[int], max_size: int, min_size: int, count: 
     ("List the numbers: 7 7 7 7", {"max_pattern_size": 2, "min_count": 4}),  # the prompt's own " 7"s do not count
 ])
 def test_repetition_detection_ends_a_looping_output_where_the_rule_first_holds(llm, prompt, rule):
-    base = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True), use_tqdm=False)[0].outputs[0].token_ids
+    greedy = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    base = llm.generate(prompt, greedy, use_tqdm=False)[0].outputs[0].token_ids
     sizes = (rule["max_pattern_size"], rule.get("min_pattern_size", 0), rule["min_count"])
     for min_tokens in (0, 8):
         expected = next(i for i in range(max(min_tokens, 1), len(base) + 1) if ends_in_repetition(base[:i], *sizes))
@@ -227,7 +228,8 @@ def test_max_tokens_defaults_to_the_context_left(llm):
     ({"stop": [""]}, "stop must be a list of non-empty strings"),
     ({"repetition_penalty": 0.0}, r"repetition_penalty must be in \(0, 2\]"),
     ({"temperature": float("nan")}, "temperature must be a finite number"),
-    ({"repetition_detection": {"max_pattern_size": 4, "min_count": 1}}, "repetition_detection.min_count must be at least 2"),
+    ({"repetition_detection": {"max_pattern_size": 4, "min_count": 1}},
+     "repetition_detection.min_count must be at least 2"),
     ({"repetition_detection": {"max_pattern_size": 2, "min_pattern_size": 3, "min_count": 2}},
      r"repetition_detection.min_pattern_size \(3\) must not exceed max_pattern_size \(2\)"),
     ({"repetition_detection": {"max_pattern_size": -1}}, r"repetition_detection.max_pattern_size must be an integer"),

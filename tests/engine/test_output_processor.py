@@ -1,8 +1,9 @@
 """OutputProcessor alone (SmolLM2's tokenizer), fed EngineCoreOutputs by hand: FINAL_ONLY delivers
 once, CUMULATIVE the whole text each time, DELTA only what is new (joining to the whole, the finish
-reported once; with stream_interval, the first token, then that many at a time); the n samples of a request are grouped, the request finishing with its last
-sample; a stop string ends its sample and asks the engine to abort it; logprobs accumulate; a
-request whose output cannot be built ends with an error, the engine asked to abort it."""
+reported once; with stream_interval, the first token, then that many at a time); the n samples of
+a request are grouped, the request finishing with its last sample; a stop string ends its sample
+and asks the engine to abort it; logprobs accumulate; a request whose output cannot be built ends
+with an error, the engine asked to abort it."""
 
 from __future__ import annotations
 
@@ -74,7 +75,8 @@ def test_stream_interval_sends_the_first_token_then_that_many_at_a_time(tok, int
     assert len(deltas[0].token_ids) == 1  # the first token at once
     assert all(len(d.token_ids) == interval for d in deltas[1:-1]) and 1 <= len(deltas[-1].token_ids) <= interval
     assert deltas[-1].finish_reason == "length" and all(d.finish_reason is None for d in deltas[:-1])
-    assert "".join(d.text for d in deltas) == " The sky is blue today." and [t for d in deltas for t in d.token_ids] == ids
+    assert "".join(d.text for d in deltas) == " The sky is blue today."
+    assert [t for d in deltas for t in d.token_ids] == ids
     assert len(deltas) == 1 + -(-(len(ids) - 1) // interval)
 
 

@@ -59,7 +59,8 @@ def test_include_reasoning_false_leaves_the_reasoning_out(reasoning_client):
     assert message.content == shown.content
     chunks = [c for c in reasoning_client.chat.completions.create(
         stream=True, **args, extra_body=budget | {"include_reasoning": False}) if c.choices]
-    assert not any(c.choices[0].delta.model_extra.get(name) for c in chunks for name in ("reasoning_content", "reasoning"))
+    names = ("reasoning_content", "reasoning")
+    assert not any(c.choices[0].delta.model_extra.get(name) for c in chunks for name in names)
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == shown.content
 
 

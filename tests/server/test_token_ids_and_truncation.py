@@ -1,9 +1,9 @@
 """vLLM's token-level request fields on /v1/completions and /v1/chat/completions: return_token_ids
 (the prompt's and each choice's token ids beside the text; streamed: the prompt's with the first
 chunk, each chunk its delta's), return_tokens_as_token_ids, truncate_prompt_tokens (the prompt's
-last k tokens; its first with truncation_side "right"), allowed_token_ids (only those sampled), bad_words (never in the output),
-spaces_between_special_tokens (special tokens joined without spaces either way, as vLLM's fast
-detokenizer); and continuous_usage_stats."""
+last k tokens; its first with truncation_side "right"), allowed_token_ids (only those sampled),
+bad_words (never in the output), spaces_between_special_tokens (special tokens joined without
+spaces either way, as vLLM's fast detokenizer); and continuous_usage_stats."""
 
 from __future__ import annotations
 

@@ -67,8 +67,8 @@ class Scheduler {
   // num_computed_tokens back past rejected drafts; registers the full blocks the step computed
   // (accepted tokens only) in the prefix cache; appends the tokens one by one, checking EOS
   // (unless ignore_eos), stop_token_ids, min_tokens, max_tokens, max_model_len and the request's
-  // repetition_detection after each (a stop drops the tokens after it); frees finished requests' blocks; proposes the next drafts
-  // (n-gram). An empty plan's update returns no outputs (and needs no sampled tokens).
+  // repetition_detection after each (a stop drops the tokens after it); frees finished requests'
+  // blocks; proposes the next drafts (n-gram). An empty plan's update returns no outputs (and needs no sampled tokens).
   SchedulerUpdate update_from_output(const SchedulerOutput& output, const int32_t* sampled_token_ids,
                                      size_t num_reqs, size_t width = 1);
 

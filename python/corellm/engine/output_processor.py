@@ -188,7 +188,8 @@ class OutputProcessor:
             if kind == RequestOutputKind.DELTA:
                 if s.sent_finish or (len(token_ids) == s.sent_tokens and s.finish_reason is None):
                     continue  # nothing new for this sample
-                if s.finish_reason is None and s.sent_tokens > 0 and len(token_ids) - s.sent_tokens < self.stream_interval:
+                waiting = s.finish_reason is None and s.sent_tokens > 0
+                if waiting and len(token_ids) - s.sent_tokens < self.stream_interval:
                     continue  # fewer than stream_interval new tokens since the last chunk
                 s.sent_finish = s.finish_reason is not None
                 new_text, new_tokens = text[s.sent_text:], token_ids[s.sent_tokens:]

@@ -358,15 +358,15 @@ class ModelRunner:
                 continue
             ids = self.sampling.requests[req_id].request.sampling_params.logprob_token_ids
             rows = logits[int(first_rows[i]):int(first_rows[i] + num_drafts[i] + 1)]
-            scored = [ops.token_logprobs(rows, torch.full((rows.shape[0],), t, dtype=torch.int32, device=rows.device), 0)
-                      for t in ids]
+            scored = [ops.token_logprobs(rows, torch.full((rows.shape[0],), t, dtype=torch.int32, device=rows.device),
+                                         0) for t in ids]
             out[req_id] = (ids, torch.stack([s.logprobs for s in scored], 1).cpu().numpy(),
                            torch.stack([s.ranks for s in scored], 1).cpu().numpy())
         return out
 
     def _sampled_logprobs(self, req_ids: list[str], new_tokens: np.ndarray, num_drafts: np.ndarray,
-                          result: ops.SamplerOutput,
-                          scored: dict[str, tuple[list[int], np.ndarray, np.ndarray]]) -> dict[str, list[SampledTokenLogprobs]]:
+                          result: ops.SamplerOutput, scored: dict[str, tuple[list[int], np.ndarray, np.ndarray]]
+                          ) -> dict[str, list[SampledTokenLogprobs]]:
         """Each sampling request's logprobs, one per new token (token j from its logits row j), its
         top-n cut to the n it asked for, or its logprob_token_ids' (`scored`) in their place."""
         logprobs, ranks = result.logprobs.cpu().numpy(), result.ranks.cpu().numpy()
