@@ -44,7 +44,7 @@ class LLM:
                  master_port: int = 0, disable_custom_all_reduce: bool = False, data_parallel_size: int = 1,
                  reasoning_parser: str | None = None, pooling_type: str | None = None,
                  generation_config: str = "auto", override_generation_config: dict | None = None,
-                 loaded_model: LoadedModel | None = None):
+                 stream_interval: int = 1, loaded_model: LoadedModel | None = None):
         """quantization: "gguf" (a GGUF file's quantized weights computed as they are; the default for
         a .gguf on the CPU), "int8" (an HF checkpoint's projections quantized to int8 at load: W8A8
         on the CPU or a Hopper GPU), "fp8" (the projections in fp8 e4m3 on a Hopper GPU) or "none"
@@ -71,10 +71,15 @@ class LLM:
         own KV cache and a share of the cores (engine/data_parallel_replicas.py), each
         tensor-parallel itself with tensor_parallel_size > 1 (its ranks splitting its share of
         the cores); generate() gives each a contiguous share of the prompts. get_metrics() counts
-        this process's replica."""
+        this process's replica.
+        stream_interval: EngineConfig's, for streamed outputs (AsyncLLM, the server); LLM returns
+        whole outputs, so anything but 1 is a ValueError rather than a setting that does nothing."""
         arguments = dict(locals())  # first: the parameters as given, for the data-parallel replicas
         del arguments["self"], arguments["data_parallel_size"]
         refuse_while_importing_main("LLM")
+        if stream_interval != 1:
+            raise ValueError(f"stream_interval ({stream_interval!r}) applies to streamed outputs (AsyncLLM, corellm "
+                             f"serve --stream-interval); LLM's generate returns whole outputs")
         if not isinstance(data_parallel_size, int) or data_parallel_size < 1:
             raise ValueError(f"data_parallel_size must be an integer >= 1, got {data_parallel_size!r}")
         if data_parallel_size > 1 and loaded_model is not None:

@@ -111,6 +111,10 @@ def test_stream_interval_sends_tokens_that_many_at_a_time_through_the_server():
     asyncio.run(run())
     with pytest.raises(ValueError, match="stream_interval"):
         EngineConfig(stream_interval=0)
+    from corellm import LLM
+
+    with pytest.raises(ValueError, match="applies to streamed outputs"):  # LLM returns whole outputs
+        LLM(stream_interval=4)
 
 
 # Requests still decoding when the program's event loop ends, and no shutdown().
