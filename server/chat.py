@@ -21,7 +21,8 @@ from corellm.sampling_params import SamplingParams
 from corellm.server.chat_tools import ChatTools, resolve_chat_tools
 from corellm.server.errors import bad_request
 from corellm.server.logprobs import TokenLabels, chat_logprobs, prompt_logprobs
-from corellm.server.protocol import ChatCompletionRequest, ImagePart
+from corellm.server.chat_messages import ImagePart
+from corellm.server.protocol import ChatCompletionRequest
 from corellm.server.serving import Serving, now, prediction_details, send_event, stream_errors, usage
 from corellm.tokenizer import CHAT_TEMPLATE_PARAMETERS, ChatTemplateError
 

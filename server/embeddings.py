@@ -16,7 +16,8 @@ from pydantic import Field
 
 from corellm.pooling_params import PoolingParams
 from corellm.server.errors import APIError, bad_request
-from corellm.server.protocol import MAX_REQUEST_ID_CHARS, RequestPart, TokenId
+from corellm.server.protocol import MAX_REQUEST_ID_CHARS, TokenId
+from corellm.server.request_part import RequestPart
 from corellm.server.serving import Serving, now
 
 MAX_INPUTS = 2048  # OpenAI's limit on inputs per request

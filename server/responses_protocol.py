@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Discriminator, Field, PrivateAttr, Tag, TypeAdapter
 
 from corellm.server.errors import bad_request
-from corellm.server.protocol import RequestPart
+from corellm.server.request_part import RequestPart
 
 ENCRYPTED_REASONING = "reasoning.encrypted_content"  # the values of `include` honoured
 OUTPUT_LOGPROBS = "message.output_text.logprobs"

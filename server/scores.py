@@ -20,7 +20,8 @@ from corellm.pooling_params import PoolingParams
 from corellm.scoring import cosine_scores, pair_up
 from corellm.server.embeddings import MAX_INPUTS, Text, embed
 from corellm.server.errors import bad_request
-from corellm.server.protocol import MAX_REQUEST_ID_CHARS, RequestPart
+from corellm.server.protocol import MAX_REQUEST_ID_CHARS
+from corellm.server.request_part import RequestPart
 from corellm.server.serving import Serving, now
 
 Texts = Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_INPUTS)]

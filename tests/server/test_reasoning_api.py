@@ -65,7 +65,7 @@ def test_include_reasoning_false_leaves_the_reasoning_out(reasoning_client):
 
 
 def test_a_replys_reasoning_sent_back_under_either_name_reaches_the_template(reasoning_client):
-    from corellm.server.protocol import ChatMessage
+    from corellm.server.chat_messages import ChatMessage
 
     for name in ("reasoning", "reasoning_content"):
         message = ChatMessage.model_validate({"role": "assistant", "content": "Yes.", name: "7 has no divisors."})
