@@ -15,7 +15,7 @@ from corellm.server.chat import create_chat_completion, render_prompt
 from corellm.server.completions import create_completion
 from corellm.server.embeddings import EmbeddingRequest, create_embedding
 from corellm.server.scores import RerankRequest, ScoreRequest, create_rerank, create_score
-from corellm.server.errors import APIError, api_key_refusal, bad_request, validation_error
+from corellm.server.errors import PROBE_PATHS, APIError, api_key_refusal, bad_request, validation_error
 from corellm.server.metrics import ServerMetrics
 from corellm.server.openapi import openapi_spec
 from corellm.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
@@ -62,7 +62,7 @@ async def errors_and_auth(request: web.Request, handler):
     refused = api_key_refusal(request, serving.config.api_key)
     if refused is not None:
         return refused.response()
-    if serving.draining and request.path != "/health":
+    if serving.draining and request.path not in PROBE_PATHS:
         return APIError(503, "the server is shutting down", "service_unavailable").response()
     serving.active += 1
     try:
@@ -93,9 +93,15 @@ async def reply_request_id(request: web.Request, response: web.StreamResponse) -
 
 
 def body_route(create, model: type[BaseModel]):
-    """A route whose request body is a `model`: create(serving, request, the parsed body)."""
+    """A route whose request body is a `model`: create(serving, request, the parsed body). Such a
+    request counts in the server's load (GET /load) from its arrival to its reply's end."""
     async def route(request: web.Request) -> web.StreamResponse:
-        return await create(request.app[SERVING], request, await parse(request, model))
+        serving = request.app[SERVING]
+        serving.model_requests += 1
+        try:
+            return await create(serving, request, await parse(request, model))
+        finally:
+            serving.model_requests -= 1
     return route
 
 
@@ -106,11 +112,28 @@ def stored_response_route(handle):
     return route
 
 
+def model_card(serving: Serving) -> dict:
+    return {"id": serving.config.served_model_name, "object": "model", "created": now(), "owned_by": "corellm",
+            "max_model_len": serving.engine.max_model_len}
+
+
 async def models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [model_card(request.app[SERVING])]})
+
+
+async def model(request: web.Request) -> web.Response:
+    """GET /v1/models/{model}: the served model's card (OpenAI's models.retrieve); any other name
+    is a 404. A name with a slash (an HF id such as org/name) comes URL-encoded or as it is."""
     serving = request.app[SERVING]
-    return web.json_response({"object": "list", "data": [{
-        "id": serving.config.served_model_name, "object": "model", "created": now(), "owned_by": "corellm",
-        "max_model_len": serving.engine.max_model_len}]})
+    serving.check_model(request.match_info["model"])
+    return web.json_response(model_card(serving))
+
+
+async def load(request: web.Request) -> web.Response:
+    """GET /load (vLLM's): {"server_load": the model requests (completions, chat, responses,
+    embeddings, score, rerank) the server is handling now, streams and background responses
+    included}; a load balancer's measure of how busy this server is."""
+    return web.json_response({"server_load": request.app[SERVING].model_requests})
 
 
 async def health(request: web.Request) -> web.Response:
@@ -204,7 +227,11 @@ def create_app(engine: AsyncLLM, config: ServerConfig) -> web.Application:
     app.router.add_post("/v1/responses/{response_id}/cancel", stored_response_route(cancel_response))
     app.router.add_get("/v1/responses/{response_id}/input_items", stored_response_route(list_input_items))
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model:.+}", model)
     app.router.add_get("/health", health)
+    for add in (app.router.add_get, app.router.add_post):
+        add("/ping", health)  # SageMaker's health check, GET or POST: /health's answer
+    app.router.add_get("/load", load)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/version", version)
     app.router.add_post("/tokenize", tokenize)

@@ -181,6 +181,27 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": status, "replicas": states}, status=200 if ok else 503)
 
 
+async def load(request: web.Request) -> web.Response:
+    """GET /load: the replicas' server_load summed (each running replica's /load, asked with the
+    client's Authorization; a replica that does not answer adds nothing)."""
+    router: Router = request.app["router"]
+    refused = api_key_refusal(request, router.api_key)
+    if refused is not None:
+        return refused.response()
+    headers = {k: request.headers[k] for k in ("Authorization",) if k in request.headers}
+
+    async def replica_load(r: Replica) -> int:
+        try:
+            async with router.session.get(r.url + "/load", headers=headers,
+                                          timeout=aiohttp.ClientTimeout(total=5)) as reply:
+                return (await reply.json())["server_load"] if reply.status == 200 else 0
+        except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError, ValueError, KeyError):
+            return 0
+
+    loads = await asyncio.gather(*(replica_load(r) for r in router.replicas if r.alive()))
+    return web.json_response({"server_load": sum(loads)})
+
+
 async def metrics(request: web.Request) -> web.Response:
     """The router's own figures per replica, then every running replica's engine metrics (its
     /metrics, asked with the client's Authorization: a replica that refuses it adds nothing), each
@@ -255,6 +276,9 @@ def create_router_app(router: Router) -> web.Application:
 
     app.cleanup_ctx.append(session_context)
     app.router.add_get("/health", health)
+    for add in (app.router.add_get, app.router.add_post):
+        add("/ping", health)  # SageMaker's health check, GET or POST
+    app.router.add_get("/load", load)
     app.router.add_get("/metrics", metrics)
     app.router.add_route("*", "/{tail:.*}", forward)
     return app

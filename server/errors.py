@@ -23,10 +23,14 @@ class APIError(Exception):
         return web.json_response(self.body(), status=self.status, headers=self.headers)
 
 
+# The health probes: open without the API key, and answered while the server drains (with its state).
+PROBE_PATHS = ("/health", "/ping")
+
+
 def api_key_refusal(request: web.Request, key: str | None) -> APIError | None:
     """The 401 for a request that does not bring `Authorization: Bearer KEY` (compared in constant
-    time), or None: it does, no key is set, or the route is /health (open for probes)."""
-    if not key or request.path == "/health":
+    time), or None: it does, no key is set, or the route is a health probe (PROBE_PATHS)."""
+    if not key or request.path in PROBE_PATHS:
         return None
     header = request.headers.get("Authorization", "")
     given = header[7:] if header.startswith("Bearer ") else ""

@@ -37,7 +37,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the name clients use (default: the model's)")
     add_engine_args(p, max_num_seqs=64, max_num_batched_tokens=512)  # a small budget keeps TPOT low
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every route but /health")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every route but the probes /health and /ping")
     p.add_argument("--allow-request-chat-template", action="store_true",
                    help="let requests bring their own chat template (rendered in the sandbox)")
     p.add_argument("--chat-template", default=None, metavar="FILE",
@@ -46,6 +47,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help='let requests with tools use tool_choice "auto" (needs --tool-call-parser)')
     p.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_CALL_FORMATS),
                    help="how the model writes tool calls (hermes: Hermes / Qwen; llama3_json; mistral)")
+    p.add_argument("--enable-server-load-tracking", action="store_true",
+                   help="vLLM's flag, accepted for its command lines: GET /load always reports the server's load")
     p.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024)
     p.add_argument("--max-logprobs", type=int, default=ServerConfig.max_logprobs, metavar="N",
                    help="the most logprobs / top_logprobs / prompt_logprobs a request may ask for (vLLM's; "

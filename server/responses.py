@@ -187,10 +187,12 @@ def _start_in_background(serving: Serving, turn: ChatTurn, req: ResponsesRequest
     stored.body = {**_response(turn, req, created, [], None, stored=True), "status": "queued"}
     serving.responses.put(stored)
     serving.active += 1
+    serving.model_requests += 1
     stored.task = asyncio.create_task(_make_in_background(serving, turn, req, created, stored, streams))
 
     def settled(_: asyncio.Task) -> None:  # also when cancelled before it ever ran
         serving.active -= 1
+        serving.model_requests -= 1
         serving.abort([turn.processed])
         if stored.in_progress:
             stored.body["status"] = "cancelled"

@@ -58,6 +58,7 @@ class Serving:
         self.admission = Admission(engine, config.admission)
         self.draining = False  # set on SIGTERM: new requests get 503
         self.active = 0  # requests being handled, background responses included (the drain waits for these)
+        self.model_requests = 0  # of those, requests to the model's routes (GET /load)
         self.responses = ResponseStore(config.max_stored_responses)
 
     @property

@@ -1,4 +1,4 @@
-"""The API key guards every route but /health; `model` is only compared; cache_salt keeps one
+"""The API key guards every route but the probes /health and /ping; `model` is only compared; cache_salt keeps one
 tenant's prompts out of another's prefix-cache hits."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def keyed_server():
     s.stop()
 
 
-ROUTES = [("/v1/models", "GET"), ("/v1/completions", "POST"), ("/v1/chat/completions", "POST"), ("/metrics", "GET"),
+ROUTES = [("/v1/models", "GET"), ("/v1/models/SmolLM2-135M-Instruct", "GET"), ("/load", "GET"), ("/v1/completions", "POST"), ("/v1/chat/completions", "POST"), ("/metrics", "GET"),
           ("/tokenize", "POST"), ("/detokenize", "POST"), ("/version", "GET"), ("/openapi.json", "GET")]
 
 
@@ -36,8 +36,9 @@ def test_api_key_guards_routes(keyed_server, path, method):
 def test_api_key_accepts_the_key_and_spares_health(keyed_server):
     code, out, _ = call(keyed_server.url + "/v1/models", None, None, {"Authorization": "Bearer s3cret"}, "GET")
     assert code == 200 and out["data"]
-    with urllib.request.urlopen(keyed_server.url + "/health") as r:
-        assert r.status == 200
+    for probe in ("/health", "/ping"):
+        with urllib.request.urlopen(keyed_server.url + probe) as r:
+            assert r.status == 200
 
 
 def test_model_name_is_only_compared(server):

@@ -58,6 +58,23 @@ def test_both_replicas_answer_and_a_prompt_stays_with_its_replica(dp_server):
     assert status == 200 and body["status"] == "ok" and len(body["replicas"]) == 2
 
 
+def test_ping_is_the_routers_health_and_load_sums_the_replicas(dp_server):
+    status, body, _ = post(dp_server.url + "/ping", {})
+    assert status == 200 and body["status"] == "ok" and len(body["replicas"]) == 2
+    with urllib.request.urlopen(dp_server.url + "/load", timeout=30) as r:
+        assert json.loads(r.read()) == {"server_load": 0}
+    long = {"model": "SmolLM2-135M-Instruct", "max_tokens": 200, "temperature": 0, "ignore_eos": True}
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        pending = [pool.submit(post, dp_server.url + "/v1/completions", {**long, "prompt": f"Story {i}:"})
+                   for i in range(3)]
+        seen, deadline = 0, time.monotonic() + 30
+        while seen < 3 and time.monotonic() < deadline:
+            with urllib.request.urlopen(dp_server.url + "/load", timeout=30) as r:
+                seen = json.loads(r.read())["server_load"]
+        assert seen == 3, "the replicas' loads never added up to the three requests in flight"
+        assert all(f.result(timeout=120)[0] == 200 for f in pending)
+
+
 def test_metrics_give_every_replicas_engine_figures_labelled_by_replica(dp_server):
     """The router's /metrics: its own figures per replica, then both engines' (their requests,
     latency histograms, KV cache), each sample labelled replica="i", one HELP / TYPE a family."""

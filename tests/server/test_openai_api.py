@@ -281,6 +281,43 @@ def test_a_request_not_streamed_leaves_the_queue_at_its_first_token_and_its_late
     assert 0 < ttft < e2e / 2, (ttft, e2e)
 
 
+def test_a_model_is_retrieved_by_name_and_an_unknown_name_is_a_404(server, client, model_name):
+    openai = pytest.importorskip("openai")
+    card = client.models.retrieve(model_name)
+    assert card.id == model_name and card.object == "model" and card.model_extra["max_model_len"] == 512
+    assert card.model_dump() | {"created": 0} == client.models.list().data[0].model_dump() | {"created": 0}
+    with pytest.raises(openai.NotFoundError, match="The model `org/other` does not exist"):
+        client.models.retrieve("org/other")  # a name with a slash reaches the route too
+
+
+def test_ping_answers_as_health_on_get_and_post(server):
+    assert get_json(server.url + "/ping") == {"status": "ok"}
+    status, body = post(server, "/ping", {})
+    assert status == 200 and body == {"status": "ok"}
+
+
+def test_load_counts_the_model_requests_in_flight(server, model_name):
+    """GET /load (vLLM's): a stream counts from its arrival until its last event, a quick request
+    too, and nothing once they are answered."""
+    openai = pytest.importorskip("openai")
+    assert get_json(server.url + "/load") == {"server_load": 0}
+    slow = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0, timeout=120)
+    streams = [slow.completions.create(model=model_name, prompt=f"Count to a hundred, take {i}:", max_tokens=300,
+                                       stream=True, extra_body={"ignore_eos": True}) for i in range(2)]
+    try:
+        for stream in streams:
+            next(iter(stream))  # each has begun
+        assert get_json(server.url + "/load") == {"server_load": 2}
+    finally:
+        for stream in streams:
+            stream.close()
+    deadline = time.monotonic() + 10
+    while get_json(server.url + "/load")["server_load"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert get_json(server.url + "/load") == {"server_load": 0}
+    wait_idle(server)
+
+
 def test_tokenize_detokenize(server):
     def post(path, body):
         req = urllib.request.Request(server.url + path, data=json.dumps(body).encode(),
