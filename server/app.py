@@ -32,6 +32,11 @@ METRICS = web.AppKey("metrics", ServerMetrics)
 
 
 async def parse(request: web.Request, model: type[BaseModel]) -> BaseModel:
+    return validate_body(request, await read_body(request), model)
+
+
+async def read_body(request: web.Request) -> dict:
+    """The request's JSON object (415, 413 or 400 when it is not one)."""
     if request.content_type != "application/json":
         raise APIError(415, f"Content-Type must be application/json, got {request.content_type or 'none'!r}",
                        "invalid_request_error")
@@ -48,6 +53,11 @@ async def parse(request: web.Request, model: type[BaseModel]) -> BaseModel:
         raise bad_request(f"invalid JSON: {e}") from None
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def validate_body(request: web.Request, body: dict, model: type[BaseModel]) -> BaseModel:
+    """The body as a `model` (a 400 naming the field that is not as the model says)."""
     try:
         parsed = model.model_validate(body, context={"max_logprobs": request.app[SERVING].config.max_logprobs})
     except ValidationError as e:
@@ -92,17 +102,46 @@ async def reply_request_id(request: web.Request, response: web.StreamResponse) -
         response.headers["X-Request-Id"] = named
 
 
+async def answer(request: web.Request, create, model: type[BaseModel], body: dict | None = None) -> web.StreamResponse:
+    """create(serving, request, the body as a `model`), the body read from the request unless given.
+    Such a request counts in the server's load (GET /load) from its arrival to its reply's end."""
+    serving = request.app[SERVING]
+    serving.model_requests += 1
+    try:
+        body = await read_body(request) if body is None else body
+        return await create(serving, request, validate_body(request, body, model))
+    finally:
+        serving.model_requests -= 1
+
+
 def body_route(create, model: type[BaseModel]):
-    """A route whose request body is a `model`: create(serving, request, the parsed body). Such a
-    request counts in the server's load (GET /load) from its arrival to its reply's end."""
+    """A route whose request body is a `model`: create(serving, request, the parsed body)."""
     async def route(request: web.Request) -> web.StreamResponse:
-        serving = request.app[SERVING]
-        serving.model_requests += 1
-        try:
-            return await create(serving, request, await parse(request, model))
-        finally:
-            serving.model_requests -= 1
+        return await answer(request, create, model)
     return route
+
+
+# POST /invocations (SageMaker's one inference route, as vLLM serves it): what the body asks for,
+# told by the first of these fields it has — each is one kind of request's own.
+INVOCATIONS = [("messages", create_chat_completion, ChatCompletionRequest),
+               ("prompt", create_completion, CompletionRequest),
+               ("input", create_embedding, EmbeddingRequest),
+               ("query", create_rerank, RerankRequest),
+               ("queries", create_score, ScoreRequest),
+               ("text_1", create_score, ScoreRequest)]
+
+
+async def invocations(request: web.Request) -> web.StreamResponse:
+    """The body answered as the request its fields make it (INVOCATIONS): a chat completion, a
+    completion, embeddings, a rerank or a score; it is then checked as that request, so an error
+    names the field that is wrong in it. A body with none of the fields is a 400 naming them."""
+    body = await read_body(request)
+    for field, create, model in INVOCATIONS:
+        if field in body:
+            return await answer(request, create, model, body)
+    raise bad_request("an /invocations body is a chat completion (`messages`), a completion (`prompt`), "
+                      "embeddings (`input`), a rerank (`query` and `documents`) or a score (`queries` and "
+                      "`documents`, or `text_1` and `text_2`); this one has none of those fields")
 
 
 def stored_response_route(handle):
@@ -222,6 +261,7 @@ def create_app(engine: AsyncLLM, config: ServerConfig) -> web.Application:
         app.router.add_post(f"{prefix}/score", body_route(create_score, ScoreRequest))
     for prefix in ("", "/v1", "/v2"):
         app.router.add_post(f"{prefix}/rerank", body_route(create_rerank, RerankRequest))
+    app.router.add_post("/invocations", invocations)
     app.router.add_get("/v1/responses/{response_id}", stored_response_route(get_response))
     app.router.add_delete("/v1/responses/{response_id}", stored_response_route(delete_response))
     app.router.add_post("/v1/responses/{response_id}/cancel", stored_response_route(cancel_response))

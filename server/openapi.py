@@ -17,10 +17,12 @@ _SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"t
 
 
 def _post(model, summary: str) -> dict:
-    name = model.__name__
+    """A POST route whose body is a `model` (or one of several, a list of models)."""
+    refs = [{"$ref": f"#/components/schemas/{m.__name__}"} for m in (model if isinstance(model, list) else [model])]
+    schema = refs[0] if len(refs) == 1 else {"oneOf": refs}
     return {"post": {
         "summary": summary,
-        "requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}}},
+        "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
         "responses": {
             "200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}},
                                                       "text/event-stream": {"schema": _SSE_EVENT}}},
@@ -80,6 +82,10 @@ def openapi_spec(allow_unknown_fields: bool = False) -> dict:
                for prefix in ("", "/v1")},
             **{f"{prefix}/rerank": _post(RerankRequest, "Documents ranked by their embeddings' similarity to a query")
                for prefix in ("", "/v1", "/v2")},
+            "/invocations": _post([ChatCompletionRequest, CompletionRequest, EmbeddingRequest, RerankRequest,
+                                   ScoreRequest], "SageMaker's inference route: a chat completion (the body has "
+                                  "`messages`), a completion (`prompt`), embeddings (`input`), a rerank (`query`) "
+                                  "or a score (`queries` or `text_1`)"),
             "/v1/responses/{response_id}": {
                 **_stored_response("get", "A stored response", {"stream": {"type": "string", "enum": ["false"]}}),
                 **_stored_response("delete", "Forget a stored response")},
