@@ -11,7 +11,7 @@ LLM.score shares).
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated
+from typing import Annotated, Literal
 
 from aiohttp import web
 from pydantic import Field
@@ -34,6 +34,7 @@ class ScoreRequest(RequestPart):
     text_1: Texts | None = None  # vLLM's older names
     text_2: Texts | None = None
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None  # with truncate_prompt_tokens: "right" keeps the first k
     priority: int = Field(0, ge=-2**31, lt=2**31)
     request_id: str | None = Field(None, min_length=1, max_length=MAX_REQUEST_ID_CHARS, pattern=r"^[\x21-\x7e]+$")
 
@@ -58,18 +59,22 @@ class RerankRequest(RequestPart):
     top_n: int = Field(0, ge=0)  # 0: every document
     return_documents: bool = True
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    truncation_side: Literal["left", "right"] | None = None  # with truncate_prompt_tokens: "right" keeps the first k
     priority: int = Field(0, ge=-2**31, lt=2**31)
     request_id: str | None = Field(None, min_length=1, max_length=MAX_REQUEST_ID_CHARS, pattern=r"^[\x21-\x7e]+$")
 
 
-async def _similarities(serving: Serving, engine_id: str, queries: list[str], documents: list[str],
-                        truncate: int | None, priority: int, query_field: str) -> tuple[list[float], int]:
-    """The cosine similarity of each (query, document) pair; each distinct text embedded once (a
-    text too long is a 400 naming its field)."""
+async def _similarities(serving: Serving, engine_id: str, queries: list[str], documents: list[str], *,
+                        req: ScoreRequest | RerankRequest, query_field: str) -> tuple[list[float], int]:
+    """The cosine similarity of each (query, document) pair; each distinct text embedded once, cut
+    as the request's truncate_prompt_tokens and truncation_side say (a text too long is a 400
+    naming its field)."""
     params = PoolingParams(normalize=True)
     distinct = {query_field: list(dict.fromkeys(queries)), "documents": list(dict.fromkeys(documents))}
-    done = await asyncio.gather(*(embed(serving, f"{engine_id}-{field}", texts, params, truncate_prompt_tokens=truncate,
-                                        priority=priority, field=field) for field, texts in distinct.items()))
+    done = await asyncio.gather(*(embed(serving, f"{engine_id}-{field}", texts, params,
+                                        truncate_prompt_tokens=req.truncate_prompt_tokens,
+                                        truncation_side=req.truncation_side, priority=req.priority, field=field)
+                                  for field, texts in distinct.items()))
     at = {(field, text): v
           for (field, texts), (vectors, _) in zip(distinct.items(), done) for text, v in zip(texts, vectors)}
     scores = cosine_scores([at[query_field, q] for q in queries], [at["documents", d] for d in documents])
@@ -80,8 +85,7 @@ async def create_score(serving: Serving, request: web.Request, req: ScoreRequest
     model = serving.check_model(req.model)
     queries, documents = req.pairs()
     response_id, engine_id = serving.new_ids("score-", request, req.request_id)
-    scores, tokens = await _similarities(serving, engine_id, queries, documents, req.truncate_prompt_tokens,
-                                         req.priority, query_field="queries")
+    scores, tokens = await _similarities(serving, engine_id, queries, documents, req=req, query_field="queries")
     return web.json_response({"id": response_id, "object": "list", "created": now(), "model": model,
                               "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
                               "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
@@ -91,7 +95,7 @@ async def create_rerank(serving: Serving, request: web.Request, req: RerankReque
     model = serving.check_model(req.model)
     response_id, engine_id = serving.new_ids("rerank-", request, req.request_id)
     scores, tokens = await _similarities(serving, engine_id, [req.query] * len(req.documents), req.documents,
-                                         req.truncate_prompt_tokens, req.priority, query_field="query")
+                                         req=req, query_field="query")
     order = sorted(range(len(scores)), key=lambda i: -scores[i])[:req.top_n or None]
     results = [{"index": i, "relevance_score": scores[i], **({"document": {"text": req.documents[i]}}
                                                              if req.return_documents else {})} for i in order]

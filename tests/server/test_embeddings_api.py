@@ -92,6 +92,29 @@ def test_scores_are_cosine_similarities_of_the_vectors(server, offline):
     assert len(bare["results"]) == 3 and "document" not in bare["results"][0] and bare["usage"]["total_tokens"] > 0
 
 
+def test_scores_cut_their_texts_as_embeddings_do(server):
+    """truncate_prompt_tokens with truncation_side on /score and /rerank: the texts are cut as
+    /v1/embeddings cuts them ("right" keeps the first k tokens), then compared."""
+    query, doc = "Paris is lovely in spring, they say.", "Paris is the capital of France, a large country."
+    for side in ("left", "right"):
+        cut = {"truncate_prompt_tokens": 4, "truncation_side": side}
+        status, emb = post(server, "/v1/embeddings", {"input": [query, doc], **cut})
+        assert status == 200
+        want = float(np.dot(emb["data"][0]["embedding"], emb["data"][1]["embedding"]))
+        status, scored = post(server, "/score", {"queries": query, "documents": doc, **cut})
+        assert status == 200 and scored["data"][0]["score"] == pytest.approx(want, abs=1e-6)
+        assert scored["usage"]["prompt_tokens"] == 8
+        status, ranked = post(server, "/rerank", {"query": query, "documents": [doc], **cut})
+        assert status == 200 and ranked["results"][0]["relevance_score"] == pytest.approx(want, abs=1e-6)
+    # the two sides cut different tokens (and "left" is the default)
+    status, right = post(server, "/score", {"queries": query, "documents": doc, "truncate_prompt_tokens": 4,
+                                            "truncation_side": "right"})
+    status, left = post(server, "/score", {"queries": query, "documents": doc, "truncate_prompt_tokens": 4})
+    assert right["data"][0]["score"] != pytest.approx(left["data"][0]["score"], abs=1e-3)
+    status, err = post(server, "/rerank", {"query": query, "documents": [doc], "truncation_side": "right"})
+    assert status == 400 and err["error"]["param"] == "truncation_side"
+
+
 @pytest.mark.parametrize("path, body, param", [
     ("/score", {"queries": "a", "text_1": "a", "documents": "b"}, "queries"),
     ("/score", {"queries": "a"}, "documents"),
