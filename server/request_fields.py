@@ -40,6 +40,8 @@ NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "ec_transfer_params": (), "vllm_xargs": (),
     "return_token_offsets": (False,),  # vLLM's render endpoints' (which corellm lacks); ignored elsewhere there
     "reasoning_effort_budget": (),
+    # vLLM's Responses API: its chat-format messages in the reply, and stateless multi-turn in Harmony's format
+    "enable_response_messages": (False,), "previous_input_messages": (), "previous_response": (),
 }
 
 # Fields of the APIs that change nothing corellm computes, accepted as they are.

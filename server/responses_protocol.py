@@ -164,6 +164,16 @@ class ResponsesRequest(RequestPart):
     seed: int | None = Field(None, ge=0, lt=2**63)
     thinking_token_budget: int | None = Field(None, ge=-1, lt=2**31)
     request_id: str | None = None
+    # vLLM's extras of its Responses API, passed on to the chat completion the response is made from,
+    # which checks them as its own fields of the same names
+    stop: str | list[str] | None = None
+    ignore_eos: bool | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    logit_bias: dict[str, float] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    cache_salt: str | None = None
+    priority: int | None = None
     # Of `input`, the items a continued response's conversation put first (continuing()).
     _history: int = PrivateAttr(default=0)
 
@@ -185,7 +195,11 @@ class ResponsesRequest(RequestPart):
                             ("top_p", self.top_p), ("parallel_tool_calls", self.parallel_tool_calls),
                             ("top_k", self.top_k), ("min_p", self.min_p), ("repetition_penalty", self.repetition_penalty),
                             ("seed", self.seed), ("thinking_token_budget", self.thinking_token_budget),
-                            ("request_id", self.request_id)):
+                            ("request_id", self.request_id), ("stop", self.stop), ("ignore_eos", self.ignore_eos),
+                            ("skip_special_tokens", self.skip_special_tokens),
+                            ("include_stop_str_in_output", self.include_stop_str_in_output),
+                            ("logit_bias", self.logit_bias), ("structured_outputs", self.structured_outputs),
+                            ("cache_salt", self.cache_salt), ("priority", self.priority)):
             if value is not None:
                 body[name] = value
         fmt = self.text.format if self.text is not None else None

@@ -84,8 +84,27 @@ def test_text_format_holds_the_output_to_a_schema(client):
     jsonschema.validate(json.loads(out.output_text), schema)
 
 
+@pytest.mark.parametrize("extras", [
+    {"stop": [" Paris", "."], "include_stop_str_in_output": True},
+    {"ignore_eos": True, "logit_bias": {"28": 5.0}, "cache_salt": "tenant-r", "priority": 0},
+    {"structured_outputs": {"choice": ["red", "green", "blue"]}},
+    {"skip_special_tokens": False, "stop": "Paris"},
+])
+def test_vllms_extras_act_as_on_chat(client, extras):
+    """vLLM's extras of its Responses API (stop, ignore_eos, logit_bias, structured_outputs, ...):
+    the response is the chat completion with the same extras."""
+    question = "What is the capital of France?"
+    out = respond(client, input=question, extra_body=extras)
+    want = chat(client, [{"role": "user", "content": question}], extra_body=extras)
+    assert out.output_text == want.choices[0].message.content
+    assert out.usage.output_tokens == want.usage.completion_tokens
+
+
 @pytest.mark.parametrize("fields, param", [
     ({"include": ["file_search_call.results"]}, "include"),
+    ({"stop": ["x"] * 65}, "stop"),  # vLLM's extras are checked as chat's fields of the same names
+    ({"structured_outputs": {"choice": ["a"], "regex": "b"}}, "structured_outputs"),
+    ({"enable_response_messages": True}, "enable_response_messages"),
     ({"top_logprobs": 2}, "top_logprobs"),  # without include's logprobs it would give nothing
     ({"include": ["message.output_text.logprobs"], "top_logprobs": 21}, "top_logprobs"),
     ({"truncation": "auto"}, "truncation"),
@@ -101,7 +120,7 @@ def test_text_format_holds_the_output_to_a_schema(client):
 ])
 def test_what_is_not_made_is_a_400_naming_it(client, fields, param):
     with pytest.raises(openai.BadRequestError) as err:
-        respond(client, **{"input": "Hi", **fields})
+        respond(client, input="Hi", extra_body=fields)
     assert err.value.body["param"].startswith(param), err.value.body
 
 
