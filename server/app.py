@@ -14,6 +14,7 @@ from corellm.engine.async_llm import AsyncLLM, EngineDeadError
 from corellm.server.chat import create_chat_completion, render_prompt
 from corellm.server.completions import create_completion
 from corellm.server.embeddings import EmbeddingRequest, create_embedding
+from corellm.server.generate_tokens import GenerateRequest, create_generate
 from corellm.server.scores import RerankRequest, ScoreRequest, create_rerank, create_score
 from corellm.server.errors import PROBE_PATHS, APIError, api_key_refusal, bad_request, validation_error
 from corellm.server.metrics import ServerMetrics
@@ -262,6 +263,7 @@ def create_app(engine: AsyncLLM, config: ServerConfig) -> web.Application:
     for prefix in ("", "/v1", "/v2"):
         app.router.add_post(f"{prefix}/rerank", body_route(create_rerank, RerankRequest))
     app.router.add_post("/invocations", invocations)
+    app.router.add_post("/inference/v1/generate", body_route(create_generate, GenerateRequest))
     app.router.add_get("/v1/responses/{response_id}", stored_response_route(get_response))
     app.router.add_delete("/v1/responses/{response_id}", stored_response_route(delete_response))
     app.router.add_post("/v1/responses/{response_id}/cancel", stored_response_route(cancel_response))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import corellm
 from corellm.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from corellm.server.embeddings import EmbeddingRequest
+from corellm.server.generate_tokens import GenerateRequest
 from corellm.server.responses_protocol import ResponsesRequest
 from corellm.server.scores import RerankRequest, ScoreRequest
 
@@ -62,7 +63,7 @@ def openapi_spec(allow_unknown_fields: bool = False) -> dict:
     unless the server runs with --allow-unknown-fields, while its parts (messages, tools) take
     others (request_fields.py)."""
     models = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, EmbeddingRequest, ScoreRequest,
-              RerankRequest, TokenizeRequest, DetokenizeRequest]
+              RerankRequest, TokenizeRequest, DetokenizeRequest, GenerateRequest]
     schemas: dict = {}
     for m in models:
         schema = m.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -86,6 +87,8 @@ def openapi_spec(allow_unknown_fields: bool = False) -> dict:
                                    ScoreRequest], "SageMaker's inference route: a chat completion (the body has "
                                   "`messages`), a completion (`prompt`), embeddings (`input`), a rerank (`query`) "
                                   "or a score (`queries` or `text_1`)"),
+            "/inference/v1/generate": _post(GenerateRequest, "Tokens in, tokens out (vLLM's): the prompt as token "
+                                            "ids and vLLM's sampling_params; the choices' token ids back"),
             "/v1/responses/{response_id}": {
                 **_stored_response("get", "A stored response", {"stream": {"type": "string", "enum": ["false"]}}),
                 **_stored_response("delete", "Forget a stored response")},

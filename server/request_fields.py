@@ -39,6 +39,10 @@ NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "mm_processor_kwargs": ({},), "media_io_kwargs": ({},), "prompt_embeds": (), "kv_transfer_params": (),
     "ec_transfer_params": (), "vllm_xargs": (),
     "return_token_offsets": (False,),  # vLLM's render endpoints' (which corellm lacks); ignored elsewhere there
+    # vLLM's /inference/v1/generate: images given as rendered features or raw parts, and what its own
+    # front end passes on about the prompt
+    "features": (), "content_parts": (), "token_offsets": (), "reasoning_ended": (),
+    "reasoning_parser_kwargs": (),
     "reasoning_effort_budget": (),
     # vLLM's Responses API: its chat-format messages in the reply, and stateless multi-turn in Harmony's format
     "enable_response_messages": (False,), "previous_input_messages": (), "previous_response": (),
