@@ -15,6 +15,7 @@ from corellm.server.chat import create_chat_completion, render_prompt
 from corellm.server.completions import create_completion
 from corellm.server.embeddings import EmbeddingRequest, create_embedding
 from corellm.server.generate_tokens import GenerateRequest, create_generate
+from corellm.server.render import render_chat, render_completion
 from corellm.server.scores import RerankRequest, ScoreRequest, create_rerank, create_score
 from corellm.server.errors import PROBE_PATHS, APIError, api_key_refusal, bad_request, validation_error
 from corellm.server.metrics import ServerMetrics
@@ -264,6 +265,8 @@ def create_app(engine: AsyncLLM, config: ServerConfig) -> web.Application:
         app.router.add_post(f"{prefix}/rerank", body_route(create_rerank, RerankRequest))
     app.router.add_post("/invocations", invocations)
     app.router.add_post("/inference/v1/generate", body_route(create_generate, GenerateRequest))
+    app.router.add_post("/v1/completions/render", body_route(render_completion, CompletionRequest))
+    app.router.add_post("/v1/chat/completions/render", body_route(render_chat, ChatCompletionRequest))
     app.router.add_get("/v1/responses/{response_id}", stored_response_route(get_response))
     app.router.add_delete("/v1/responses/{response_id}", stored_response_route(delete_response))
     app.router.add_post("/v1/responses/{response_id}/cancel", stored_response_route(cancel_response))

@@ -20,7 +20,7 @@ from corellm.server.protocol import CompletionRequest
 from corellm.server.serving import Serving, now, send_event, stream_errors, usage
 
 
-def _prompts(req: CompletionRequest, serving: Serving) -> list[tuple[list[int], str | None]]:
+def prompts_of(req: CompletionRequest, serving: Serving) -> list[tuple[list[int], str | None]]:
     """Each prompt's token ids and its text (None when given as ids, or cut by truncate_prompt_tokens)."""
     p = req.prompt
     encode = lambda text: serving.tokenizer.encode(text, add_special_tokens=req.add_special_tokens)  # noqa: E731
@@ -54,7 +54,7 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     if beam is not None:
         searches = [asyncio.ensure_future(serving.beam_search(
             f"{request_id}-{i}", ids, text, beam, max_tokens, cache_salt=req.cache_salt, priority=req.priority,
-            skip_special_tokens=req.skip_special_tokens)) for i, (ids, text) in enumerate(_prompts(req, serving))]
+            skip_special_tokens=req.skip_special_tokens)) for i, (ids, text) in enumerate(prompts_of(req, serving))]
         try:
             outputs = list(await asyncio.gather(*searches))
         finally:
@@ -77,7 +77,7 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     await serving.check_constraint(params, structured_field)
     processed = [serving.prepare(f"{request_id}-{i}", ids, text, params, max_tokens,
                                  cache_salt=req.cache_salt, priority=req.priority, structured_field=structured_field)
-                 for i, (ids, text) in enumerate(_prompts(req, serving))]
+                 for i, (ids, text) in enumerate(prompts_of(req, serving))]
     n = params.n
     if not req.stream:
         outputs = await serving.run_all(processed, structured_field)

@@ -89,6 +89,10 @@ def openapi_spec(allow_unknown_fields: bool = False) -> dict:
                                   "or a score (`queries` or `text_1`)"),
             "/inference/v1/generate": _post(GenerateRequest, "Tokens in, tokens out (vLLM's): the prompt as token "
                                             "ids and vLLM's sampling_params; the choices' token ids back"),
+            "/v1/completions/render": _post(CompletionRequest, "A completion made ready and not run: per prompt the "
+                                            "request /inference/v1/generate takes"),
+            "/v1/chat/completions/render": _post(ChatCompletionRequest, "A chat made ready and not run: the request "
+                                                 "/inference/v1/generate takes"),
             "/v1/responses/{response_id}": {
                 **_stored_response("get", "A stored response", {"stream": {"type": "string", "enum": ["false"]}}),
                 **_stored_response("delete", "Forget a stored response")},

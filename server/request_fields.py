@@ -38,7 +38,7 @@ NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "guided_decoding_backend": ("auto", "llguidance", "guidance"), "logits_processors": ([],),
     "mm_processor_kwargs": ({},), "media_io_kwargs": ({},), "prompt_embeds": (), "kv_transfer_params": (),
     "ec_transfer_params": (), "vllm_xargs": (),
-    "return_token_offsets": (False,),  # vLLM's render endpoints' (which corellm lacks); ignored elsewhere there
+    "return_token_offsets": (False,),  # vLLM's render routes' (corellm's give no offsets); ignored elsewhere there
     # vLLM's /inference/v1/generate: images given as rendered features or raw parts, and what its own
     # front end passes on about the prompt
     "features": (), "content_parts": (), "token_offsets": (), "reasoning_ended": (),

@@ -6,6 +6,8 @@ inside sampling_params."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.server.http_calls import post, stream
@@ -100,3 +102,66 @@ def test_a_missing_max_tokens_runs_to_the_end_of_the_context(server):
 def test_what_is_wrong_is_a_400_naming_the_field(server, fields, param):
     status, body = post(server, "/inference/v1/generate", {"token_ids": PROMPT, "sampling_params": {}, **fields})
     assert status == 400 and body["error"]["param"].startswith(param), body
+
+
+# The render routes: a chat or completion made ready and given back as the request above.
+
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 10,
+        "temperature": 0.7, "top_p": 0.9, "frequency_penalty": 0.5, "seed": 5, "n": 2}
+
+
+def test_a_rendered_chat_generates_the_chats_tokens(server):
+    status, chat = post(server, "/v1/chat/completions", {**CHAT, "return_token_ids": True})
+    assert status == 200, chat
+    status, rendered = post(server, "/v1/chat/completions/render", CHAT)
+    assert status == 200, rendered
+    assert rendered["request_id"].startswith("chatcmpl-") and rendered["model"] == MODEL
+    assert rendered["token_ids"] == chat["prompt_token_ids"]
+    params = rendered["sampling_params"]
+    assert (params["temperature"], params["top_p"], params["frequency_penalty"], params["max_tokens"]) == (0.7, 0.9, 0.5, 10)
+    status, generated = post(server, "/inference/v1/generate", rendered)
+    assert status == 200, generated
+    assert [c["token_ids"] for c in generated["choices"]] == [c["token_ids"] for c in chat["choices"]]
+
+
+def test_a_rendered_completion_is_one_request_per_prompt(server):
+    body = {"model": MODEL, "prompt": ["The capital of France is", "Two plus two is"], "max_tokens": 6, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    status, rendered = post(server, "/v1/completions/render", body)
+    assert status == 200 and len(rendered) == 2, rendered
+    assert all(r["request_id"].startswith("cmpl-") and r["stream"] is True for r in rendered)
+    assert rendered[0]["stream_options"]["include_usage"] is True
+    for r, prompt in zip(rendered, body["prompt"]):
+        want = completion(server, prompt=prompt, max_tokens=6, temperature=0)["choices"][0]["token_ids"]
+        events = stream(server, "/inference/v1/generate", r)
+        assert [t for e in events for c in e["choices"] for t in c["token_ids"]] == want
+
+
+@pytest.mark.parametrize("route, fields, status, param", [
+    ("/v1/chat/completions/render", {"model": "other"}, 404, "model"),
+    ("/v1/chat/completions/render", {"use_beam_search": True, "n": 2}, 400, "use_beam_search"),
+    ("/v1/chat/completions/render", {"include_reasoning": False}, 400, "include_reasoning"),
+    ("/v1/chat/completions/render", {"max_tokens": 600}, 400, "max_tokens"),
+    ("/v1/completions/render", {"echo": True}, 400, "echo"),
+    ("/v1/completions/render", {"prompt": "x" * 3000}, 400, "prompt"),
+])
+def test_what_a_rendered_request_cannot_carry_is_refused(server, route, fields, status, param):
+    base = ({"messages": [{"role": "user", "content": "Hi"}]} if "chat" in route else {"prompt": "Hi"})
+    got, body = post(server, route, {"model": MODEL, **base, **fields})
+    assert got == status and body["error"]["param"] == param, body
+
+
+def test_sampling_params_round_trip_through_json():
+    import json
+
+    from corellm import SamplingParams, StructuredOutputsParams
+    from corellm.server.generate_tokens import GenerateRequest, sampling_params_of
+    from corellm.server.render import sampling_params_json
+
+    for params in [SamplingParams(max_tokens=16), SamplingParams(max_tokens=None, temperature=0.3, stop=["x"], seed=4),
+                   SamplingParams(logit_bias={28: -2.5}, allowed_token_ids=[1, 2, 28], logprobs=2, n=3),
+                   SamplingParams(structured_outputs=StructuredOutputsParams(json={"type": "object"}), min_tokens=2),
+                   SamplingParams(repetition_detection={"max_pattern_size": 4, "min_count": 3}, bad_words=["no"])]:
+        wire = json.loads(json.dumps(sampling_params_json(params)))
+        again = sampling_params_of(GenerateRequest(token_ids=[1], sampling_params=wire), context_left=100)
+        assert dataclasses.replace(again, output_kind=params.output_kind) == params, wire
