@@ -115,15 +115,15 @@ def stored_response_named(request: web.Request, body: bytes) -> str | None:
 
 
 def affinity_key(body: bytes) -> bytes:
-    """The start of the request's prompt (its messages', its prompt's or a response's input's first 256
-    characters)."""
+    """The start of the request's prompt (its messages', its prompt's, a response's input's or a
+    tokens-in request's token ids' first 256 characters)."""
     try:
         payload = json.loads(body)
     except (ValueError, UnicodeDecodeError):
         return b""
     if not isinstance(payload, dict):
         return b""
-    prompt = payload.get("messages", payload.get("prompt", payload.get("input", "")))
+    prompt = next((payload[k] for k in ("messages", "prompt", "input", "token_ids") if k in payload), "")
     return json.dumps(prompt, sort_keys=True)[:256].encode()
 
 

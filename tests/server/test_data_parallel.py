@@ -154,3 +154,15 @@ def test_a_dead_replica_fails_its_requests_with_503_and_the_other_serves_on(dp_s
     results = [completion(dp_server, f"After the failure {i}") for i in range(6)]
     survivor = str(1 - victim["replica"])
     assert all(status == 200 and replica == survivor for status, _, replica in results)
+
+
+def test_the_affinity_key_is_the_prompts_start_whatever_the_route():
+    from corellm.server.data_parallel import affinity_key
+
+    def key(body: dict) -> bytes:
+        return affinity_key(json.dumps(body).encode())
+
+    assert key({"prompt": "a" * 300}) == key({"prompt": "a" * 300 + "b", "max_tokens": 3})  # only the start counts
+    assert key({"messages": [{"role": "user", "content": "x"}]}) != key({"messages": [{"role": "user", "content": "y"}]})
+    assert key({"token_ids": [1, 2, 3], "sampling_params": {}}) != key({"token_ids": [4, 5, 6], "sampling_params": {}})
+    assert key({"input": "q"}) != key({}) and key({}) == b'""' and affinity_key(b"not json") == b""
