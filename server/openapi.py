@@ -17,15 +17,16 @@ _ERROR = {"type": "object", "properties": {"error": {"type": "object", "properti
 _SSE_EVENT = {"type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}
 
 
-def _post(model, summary: str) -> dict:
-    """A POST route whose body is a `model` (or one of several, a list of models)."""
+def _post(model, summary: str, reply: dict | None = None) -> dict:
+    """A POST route whose body is a `model` (or one of several, a list of models); its 200's JSON
+    is an object unless `reply` gives its schema."""
     refs = [{"$ref": f"#/components/schemas/{m.__name__}"} for m in (model if isinstance(model, list) else [model])]
     schema = refs[0] if len(refs) == 1 else {"oneOf": refs}
     return {"post": {
         "summary": summary,
         "requestBody": {"required": True, "content": {"application/json": {"schema": schema}}},
         "responses": {
-            "200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}},
+            "200": {"description": "OK", "content": {"application/json": {"schema": reply or {"type": "object"}},
                                                       "text/event-stream": {"schema": _SSE_EVENT}}},
             "400": {"description": "Bad request", "content": {"application/json": {"schema": _ERROR}}},
             "401": {"description": "Unauthorized", "content": {"application/json": {"schema": _ERROR}}},
@@ -90,7 +91,8 @@ def openapi_spec(allow_unknown_fields: bool = False) -> dict:
             "/inference/v1/generate": _post(GenerateRequest, "Tokens in, tokens out (vLLM's): the prompt as token "
                                             "ids and vLLM's sampling_params; the choices' token ids back"),
             "/v1/completions/render": _post(CompletionRequest, "A completion made ready and not run: per prompt the "
-                                            "request /inference/v1/generate takes"),
+                                            "request /inference/v1/generate takes",
+                                            {"type": "array", "items": {"type": "object"}}),
             "/v1/chat/completions/render": _post(ChatCompletionRequest, "A chat made ready and not run: the request "
                                                  "/inference/v1/generate takes"),
             "/v1/responses/{response_id}": {
