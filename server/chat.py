@@ -23,7 +23,7 @@ from corellm.server.errors import bad_request
 from corellm.server.logprobs import TokenLabels, chat_logprobs, prompt_logprobs
 from corellm.server.chat_messages import ImagePart
 from corellm.server.protocol import ChatCompletionRequest
-from corellm.server.serving import Serving, now, prediction_details, send_event, stream_errors, usage
+from corellm.server.serving import Serving, now, prediction_details, send_event, usage
 from corellm.tokenizer import CHAT_TEMPLATE_PARAMETERS, ChatTemplateError
 
 # Template rendering runs in a worker thread, bounded in time and output by the sandbox itself
@@ -212,7 +212,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
                     "usage": usage(len(processed.prompt_token_ids), completion_tokens, cached_tokens)}
         return {**head, "choices": [choice]}
 
-    try:
+    async with serving.sse_body(resp, [processed]):
         for i in range(n):  # the role comes first, once per choice (with return_token_ids, the prompt's ids)
             first = chunk(i, {"role": "assistant", "content": ""})
             if req.return_token_ids:
@@ -244,11 +244,4 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
             await send_event(resp, {**head, "choices": [], "usage": usage(
                 len(processed.prompt_token_ids), completion_tokens, cached_tokens,
                 prediction_details(predicted, output_ids))})
-        await resp.write(b"data: [DONE]\n\n")
-    except (ConnectionResetError, asyncio.CancelledError):
-        raise
-    except Exception as e:  # noqa: BLE001 - one request's failure ends its stream, not the server
-        await stream_errors(resp, e)
-    finally:
-        serving.abort([processed])  # whatever happened, nothing stays in flight (a no-op once finished)
     return resp

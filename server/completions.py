@@ -17,7 +17,7 @@ from corellm.outputs import RequestOutput
 from corellm.server.errors import bad_request
 from corellm.server.logprobs import TokenLabels, completion_logprobs, echo_logprobs, prompt_logprobs
 from corellm.server.protocol import CompletionRequest
-from corellm.server.serving import Serving, now, send_event, stream_errors, usage
+from corellm.server.serving import Serving, now, send_event, usage
 
 
 def prompts_of(req: CompletionRequest, serving: Serving) -> list[tuple[list[int], str | None]]:
@@ -94,7 +94,7 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     prompt_tokens = sum(len(p.prompt_token_ids) for p in processed)
     continuous_usage = (req.stream_options is not None and req.stream_options.include_usage
                         and req.stream_options.continuous_usage_stats)
-    try:
+    async with serving.sse_body(resp, processed):
         async with contextlib.aclosing(outputs):  # closed at once on a disconnect
             async for i, out in outputs:
                 cached_tokens[i] = out.num_cached_tokens
@@ -124,13 +124,6 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
             await send_event(resp, {"id": response_id, "object": "text_completion", "created": created, "model": model,
                                     "choices": [], "usage": usage(prompt_tokens, sum(completion_tokens),
                                                                   sum(cached_tokens))})
-        await resp.write(b"data: [DONE]\n\n")
-    except (ConnectionResetError, asyncio.CancelledError):
-        raise  # the client left: the generators' cleanup aborts the requests
-    except Exception as e:  # noqa: BLE001 - one request's failure ends its stream, not the server
-        await stream_errors(resp, e)
-    finally:
-        serving.abort(processed)  # whatever happened, nothing stays in flight (a no-op once finished)
     return resp
 
 

@@ -15,7 +15,6 @@ top_logprobs: the sampled token first, then the most likely others, max(logprobs
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 from typing import Annotated, Any, Literal
@@ -29,7 +28,7 @@ from corellm.server.errors import APIError, bad_request
 from corellm.server.logprobs import TokenLabels, chat_logprobs, prompt_logprobs
 from corellm.server.protocol import MAX_CACHE_SALT_CHARS, MAX_REQUEST_ID_CHARS, StreamOptions
 from corellm.server.request_part import RequestPart
-from corellm.server.serving import Serving, now, send_event, stream_errors, usage
+from corellm.server.serving import Serving, now, send_event, usage
 
 # SamplingParams' fields a request may set (output_kind is the route's own business).
 _SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingParams)) - {"output_kind"}
@@ -149,7 +148,7 @@ async def create_generate(serving: Serving, request: web.Request, req: GenerateR
     include_usage = req.stream_options is not None and req.stream_options.include_usage
     continuous_usage = include_usage and req.stream_options.continuous_usage_stats
     generated, cached, sent = [0] * params.n, 0, False
-    try:
+    async with serving.sse_body(resp, processed):
         async with contextlib.aclosing(outputs):  # closed at once on a disconnect
             async for _, out in outputs:
                 cached = out.num_cached_tokens
@@ -166,13 +165,6 @@ async def create_generate(serving: Serving, request: web.Request, req: GenerateR
                     sent = True
         if include_usage:
             await send_event(resp, {**head, "choices": [], "usage": usage(len(req.token_ids), sum(generated), cached)})
-        await resp.write(b"data: [DONE]\n\n")
-    except (ConnectionResetError, asyncio.CancelledError):
-        raise  # the client left: the generators' cleanup aborts the request
-    except Exception as e:  # noqa: BLE001 - one request's failure ends its stream, not the server
-        await stream_errors(resp, e)
-    finally:
-        serving.abort(processed)
     return resp
 
 

@@ -256,6 +256,22 @@ class Serving:
             self.abort(processed)
             raise
 
+    @contextlib.asynccontextmanager
+    async def sse_body(self, resp: web.StreamResponse, processed: list[ProcessedRequest]) -> AsyncIterator[None]:
+        """The writing of a started SSE response's events, then [DONE]. A client that leaves ends it
+        (the output generators' cleanup aborts the requests); any other failure ends the stream with
+        an error event rather than the server; whatever happened, nothing stays in flight (aborting
+        a finished request is a no-op)."""
+        try:
+            yield
+            await resp.write(b"data: [DONE]\n\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception as e:  # noqa: BLE001 - one request's failure ends its stream, not the server
+            await stream_errors(resp, e)
+        finally:
+            self.abort(processed)
+
     def merged(self, processed: list[ProcessedRequest],
                structured_field: str | None = None) -> AsyncIterator[tuple[int, RequestOutput]]:
         """Submits now; yields (prompt index, output) from the streaming requests as they come. The
