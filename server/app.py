@@ -11,6 +11,8 @@ from pydantic import BaseModel, ValidationError
 
 import corellm
 from corellm.engine.async_llm import AsyncLLM, EngineDeadError
+from corellm.server import anthropic_messages
+from corellm.server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from corellm.server.chat import create_chat_completion, render_prompt
 from corellm.server.completions import create_completion
 from corellm.server.embeddings import EmbeddingRequest, create_embedding
@@ -30,6 +32,7 @@ from corellm.server.serving import REQUEST_ID, ServerConfig, Serving, now
 logger = logging.getLogger("corellm.server")
 
 SERVING = web.AppKey("serving", Serving)
+ANTHROPIC_PATHS = ("/v1/messages",)  # Anthropic's Messages API (its errors have that API's shape)
 METRICS = web.AppKey("metrics", ServerMetrics)
 
 
@@ -68,30 +71,38 @@ def validate_body(request: web.Request, body: dict, model: type[BaseModel]) -> B
     return parsed
 
 
+def error_reply(request: web.Request, error: APIError) -> web.Response:
+    """The error in the shape of the API the route belongs to: Anthropic's for its Messages API's
+    routes, OpenAI's for the others."""
+    if request.path.startswith(ANTHROPIC_PATHS):
+        return anthropic_messages.error_response(error)
+    return error.response()
+
+
 @web.middleware
 async def errors_and_auth(request: web.Request, handler):
     serving: Serving = request.app[SERVING]
     refused = api_key_refusal(request, serving.config.api_key)
     if refused is not None:
-        return refused.response()
+        return error_reply(request, refused)
     if serving.draining and request.path not in PROBE_PATHS:
-        return APIError(503, "the server is shutting down", "service_unavailable").response()
+        return error_reply(request, APIError(503, "the server is shutting down", "service_unavailable"))
     serving.active += 1
     try:
         return await handler(request)
     except APIError as e:
-        return e.response()
+        return error_reply(request, e)
     except web.HTTPException as e:
         if e.status == 413:
-            return APIError(413, "request body too large", "invalid_request_error").response()
-        return APIError(e.status, e.reason or "HTTP error", "invalid_request_error").response()
+            return error_reply(request, APIError(413, "request body too large", "invalid_request_error"))
+        return error_reply(request, APIError(e.status, e.reason or "HTTP error", "invalid_request_error"))
     except EngineDeadError as e:
-        return APIError(503, str(e), "service_unavailable").response()
+        return error_reply(request, APIError(503, str(e), "service_unavailable"))
     except ValueError as e:
-        return bad_request(str(e)).response()
+        return error_reply(request, bad_request(str(e)))
     except Exception as e:  # noqa: BLE001 - one request's failure must not take the server down
         logger.exception("request failed")
-        return APIError(500, f"internal error: {type(e).__name__}: {e}", "internal_error").response()
+        return error_reply(request, APIError(500, f"internal error: {type(e).__name__}: {e}", "internal_error"))
     finally:
         serving.active -= 1
 
@@ -265,6 +276,8 @@ def create_app(engine: AsyncLLM, config: ServerConfig) -> web.Application:
         app.router.add_post(f"{prefix}/rerank", body_route(create_rerank, RerankRequest))
     app.router.add_post("/invocations", invocations)
     app.router.add_post("/inference/v1/generate", body_route(create_generate, GenerateRequest))
+    app.router.add_post("/v1/messages", body_route(anthropic_messages.create_message, MessagesRequest))
+    app.router.add_post("/v1/messages/count_tokens", body_route(anthropic_messages.count_tokens, CountTokensRequest))
     app.router.add_post("/v1/completions/render", body_route(render_completion, CompletionRequest))
     app.router.add_post("/v1/chat/completions/render", body_route(render_chat, ChatCompletionRequest))
     app.router.add_get("/v1/responses/{response_id}", stored_response_route(get_response))

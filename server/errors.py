@@ -28,12 +28,13 @@ PROBE_PATHS = ("/health", "/ping")
 
 
 def api_key_refusal(request: web.Request, key: str | None) -> APIError | None:
-    """The 401 for a request that does not bring `Authorization: Bearer KEY` (compared in constant
-    time), or None: it does, no key is set, or the route is a health probe (PROBE_PATHS)."""
+    """The 401 for a request that does not bring `Authorization: Bearer KEY` or `x-api-key: KEY`
+    (Anthropic's SDKs' header; compared in constant time), or None: it does, no key is set, or the
+    route is a health probe (PROBE_PATHS)."""
     if not key or request.path in PROBE_PATHS:
         return None
     header = request.headers.get("Authorization", "")
-    given = header[7:] if header.startswith("Bearer ") else ""
+    given = header[7:] if header.startswith("Bearer ") else request.headers.get("x-api-key", "")
     if hmac.compare_digest(given.encode(), key.encode()):
         return None
     return APIError(401, "Incorrect API key provided.", "authentication_error", None, "invalid_api_key")

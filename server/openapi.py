@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import corellm
 from corellm.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from corellm.server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from corellm.server.embeddings import EmbeddingRequest
 from corellm.server.generate_tokens import GenerateRequest
 from corellm.server.responses_protocol import ResponsesRequest
@@ -64,7 +65,7 @@ def openapi_spec(allow_unknown_fields: bool = False) -> dict:
     unless the server runs with --allow-unknown-fields, while its parts (messages, tools) take
     others (request_fields.py)."""
     models = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, EmbeddingRequest, ScoreRequest,
-              RerankRequest, TokenizeRequest, DetokenizeRequest, GenerateRequest]
+              RerankRequest, TokenizeRequest, DetokenizeRequest, GenerateRequest, MessagesRequest, CountTokensRequest]
     schemas: dict = {}
     for m in models:
         schema = m.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -88,6 +89,9 @@ def openapi_spec(allow_unknown_fields: bool = False) -> dict:
                                    ScoreRequest], "SageMaker's inference route: a chat completion (the body has "
                                   "`messages`), a completion (`prompt`), embeddings (`input`), a rerank (`query`) "
                                   "or a score (`queries` or `text_1`)"),
+            "/v1/messages": _post(MessagesRequest, "A message (Anthropic's Messages API over the chat path; its "
+                                  "errors in that API's shape)"),
+            "/v1/messages/count_tokens": _post(CountTokensRequest, "The input tokens of a message"),
             "/inference/v1/generate": _post(GenerateRequest, "Tokens in, tokens out (vLLM's): the prompt as token "
                                             "ids and vLLM's sampling_params; the choices' token ids back"),
             "/v1/completions/render": _post(CompletionRequest, "A completion made ready and not run: per prompt the "

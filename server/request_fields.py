@@ -31,7 +31,7 @@ NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "prediction": (),  # on /v1/completions and /v1/responses (chat's, with n-gram speculative decoding)
     "audio": (), "modalities": (["text"],),
     "web_search_options": (), "verbosity": (), "store": (False,),
-    "service_tier": ("auto", "default"), "best_of": (1,),
+    "service_tier": ("auto", "default", "standard_only"), "best_of": (1,),
     # In messages of the history.
     "refusal": (), "annotations": ([],),
     # vLLM: structured output's other knobs, logits processors and output forms corellm lacks.
@@ -44,13 +44,17 @@ NOT_HONOURED: dict[str, tuple[Any, ...]] = {
     "features": (), "content_parts": (), "token_offsets": (), "reasoning_ended": (),
     "reasoning_parser_kwargs": (),
     "reasoning_effort_budget": (),
+    # Anthropic's Messages API: code execution's container, MCP servers, context management, fast
+    # mode, data residency, prompt-cache diagnostics
+    "container": (), "mcp_servers": ([],), "context_management": (), "speed": ("standard",), "inference_geo": (),
+    "diagnostics": (),
     # vLLM's Responses API: its chat-format messages in the reply, and stateless multi-turn in Harmony's format
     "enable_response_messages": (False,), "previous_input_messages": (), "previous_response": (),
 }
 
 # Fields of the APIs that change nothing corellm computes, accepted as they are.
 INFORMATIONAL = {"user", "metadata", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
-                 "parallel_tool_calls", "include_obfuscation", "session_id"}
+                 "parallel_tool_calls", "include_obfuscation", "session_id", "user_profile_id", "workspace_id"}
 
 # Names already logged: each once, and at most this many (a client sending random names must fill
 # neither the log nor this set).
