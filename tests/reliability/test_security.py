@@ -19,7 +19,9 @@ def keyed_server():
 
 
 ROUTES = [("/v1/models", "GET"), ("/v1/models/SmolLM2-135M-Instruct", "GET"), ("/load", "GET"), ("/v1/completions", "POST"), ("/v1/chat/completions", "POST"), ("/metrics", "GET"),
-          ("/tokenize", "POST"), ("/detokenize", "POST"), ("/version", "GET"), ("/openapi.json", "GET")]
+          ("/tokenize", "POST"), ("/detokenize", "POST"), ("/version", "GET"), ("/openapi.json", "GET"),
+          ("/invocations", "POST"), ("/inference/v1/generate", "POST"), ("/v1/completions/render", "POST"),
+          ("/v1/chat/completions/render", "POST")]
 
 
 @pytest.mark.parametrize("path, method", ROUTES)
