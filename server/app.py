@@ -32,8 +32,8 @@ from corellm.server.serving import REQUEST_ID, ServerConfig, Serving, now
 logger = logging.getLogger("corellm.server")
 
 SERVING = web.AppKey("serving", Serving)
-ANTHROPIC_PATHS = ("/v1/messages",)  # Anthropic's Messages API (its errors have that API's shape)
 METRICS = web.AppKey("metrics", ServerMetrics)
+ANTHROPIC_PATHS = ("/v1/messages",)  # Anthropic's Messages API (its errors have that API's shape)
 
 
 async def parse(request: web.Request, model: type[BaseModel]) -> BaseModel:
@@ -173,7 +173,7 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [model_card(request.app[SERVING])]})
 
 
-async def model(request: web.Request) -> web.Response:
+async def retrieve_model(request: web.Request) -> web.Response:
     """GET /v1/models/{model}: the served model's card (OpenAI's models.retrieve); any other name
     is a 404. A name with a slash (an HF id such as org/name) comes URL-encoded or as it is."""
     serving = request.app[SERVING]
@@ -182,9 +182,10 @@ async def model(request: web.Request) -> web.Response:
 
 
 async def load(request: web.Request) -> web.Response:
-    """GET /load (vLLM's): {"server_load": the model requests (completions, chat, responses,
-    embeddings, score, rerank) the server is handling now, streams and background responses
-    included}; a load balancer's measure of how busy this server is."""
+    """GET /load (vLLM's): {"server_load": the requests to the model's routes (those whose body
+    is a request: completions, chat, responses, messages, embeddings, score, rerank, tokens in,
+    render) the server is handling now, streams and background responses included}; a load
+    balancer's measure of how busy this server is."""
     return web.json_response({"server_load": request.app[SERVING].model_requests})
 
 
@@ -285,7 +286,7 @@ def create_app(engine: AsyncLLM, config: ServerConfig) -> web.Application:
     app.router.add_post("/v1/responses/{response_id}/cancel", stored_response_route(cancel_response))
     app.router.add_get("/v1/responses/{response_id}/input_items", stored_response_route(list_input_items))
     app.router.add_get("/v1/models", models)
-    app.router.add_get("/v1/models/{model:.+}", model)
+    app.router.add_get("/v1/models/{model:.+}", retrieve_model)
     app.router.add_get("/health", health)
     for add in (app.router.add_get, app.router.add_post):
         add("/ping", health)  # SageMaker's health check, GET or POST: /health's answer

@@ -86,17 +86,18 @@ def sampling_params_of(req: GenerateRequest, context_left: int) -> SamplingParam
         raise bad_request(f"sampling_params.{message}", f"sampling_params.{field}" if field else "sampling_params") from None
 
 
-def token_id_logprobs(c: CompletionOutput, top_n: int) -> dict | None:
+def token_id_logprobs(c: CompletionOutput, top_n: int, scored_ids: list[int] | None = None) -> dict | None:
     """The choice's logprobs with tokens named by id (vLLM's tokens mode): per position the sampled
     token, then top_logprobs — the sampled token first, then the others most likely first,
-    max(top_n, 1) in all."""
+    max(top_n, 1) in all (with logprob_token_ids, `scored_ids`: then those tokens)."""
     if c.logprobs is None:
         return None
     content = []
     for token_id, pos in zip(c.token_ids, c.logprobs):
         sampled = pos[token_id]
         others = sorted((kv for kv in pos.items() if kv[0] != token_id), key=lambda kv: -kv[1].logprob)
-        ranked = [(token_id, sampled)] + others[:max(top_n, 1) - 1]
+        ranked = [(token_id, sampled)] + ([kv for kv in others if kv[0] in scored_ids] if scored_ids is not None
+                                          else others[:max(top_n, 1) - 1])
         content.append({"token_id": token_id, "logprob": max(sampled.logprob, _LOGPROB_FLOOR), "rank": sampled.rank,
                         "top_logprobs": [{"token_id": t, "logprob": max(lp.logprob, _LOGPROB_FLOOR), "rank": lp.rank}
                                          for t, lp in ranked]})
@@ -106,9 +107,10 @@ def token_id_logprobs(c: CompletionOutput, top_n: int) -> dict | None:
 def _choice(c: CompletionOutput, req: GenerateRequest, params: SamplingParams, labels: TokenLabels) -> dict:
     choice = {"index": c.index, "token_ids": list(c.token_ids), "finish_reason": c.finish_reason,
               "stop_reason": c.stop_reason, "logprobs": None}
-    if params.logprobs is not None:
-        choice["logprobs"] = (chat_logprobs(c, labels, params.logprobs) if req.output_mode == "text"
-                              else token_id_logprobs(c, params.logprobs))
+    if params.wants_logprobs:
+        top_n, scored = params.logprobs or 0, params.logprob_token_ids
+        choice["logprobs"] = (chat_logprobs(c, labels, top_n, scored) if req.output_mode == "text"
+                              else token_id_logprobs(c, top_n, scored))
     if req.output_mode == "text":
         choice["text"] = c.text
     return choice

@@ -58,6 +58,13 @@ def test_logprobs_name_tokens_by_id_with_the_sampled_one_first(server):
         assert [t["rank"] for t in pos["top_logprobs"]] == [1, 2, 3]
 
 
+def test_logprob_token_ids_list_the_named_tokens_after_the_sampled_one(server):
+    got = generate(server, {"max_tokens": 4, "temperature": 0, "logprob_token_ids": [28, 11]})["choices"][0]
+    for pos in got["logprobs"]["content"]:
+        top = pos["top_logprobs"]
+        assert top[0]["token_id"] == pos["token_id"] and {t["token_id"] for t in top[1:]} == {28, 11} - {pos["token_id"]}
+
+
 def test_the_stream_joins_to_the_whole(server):
     whole = generate(server, {"max_tokens": 8, "temperature": 0})
     events = stream(server, "/inference/v1/generate", {
