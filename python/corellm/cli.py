@@ -1,4 +1,5 @@
-"""The `corellm` command line: `corellm generate` (offline) and `corellm serve` (the OpenAI-compatible server)."""
+"""The `corellm` command line: `corellm generate` (offline), `corellm serve` (the OpenAI-compatible
+server) and `corellm run-batch` (a file of requests in OpenAI's batch format, offline)."""
 
 from __future__ import annotations
 
@@ -60,12 +61,16 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--n", type=int, default=1)
     gen.add_argument("--sampling-seed", type=int, default=None)
     gen.add_argument("--chat", action="store_true", help="wrap each prompt as a user message (chat template)")
+    batch = sub.add_parser("run-batch", help="run a file of requests in OpenAI's batch format (as vLLM's run-batch)")
     srv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible API")
     with startup_gc.lasting_objects():  # the server's modules (aiohttp, pydantic, the engine's)
         from corellm.server.main import add_serve_args
+        from corellm.server.run_batch import add_run_batch_args
 
     add_serve_args(srv)
     srv.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_run_batch_args(batch)
+    batch.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: data-parallel replicas get the same
     logging.basicConfig(level=getattr(args, "log_level", "warning").upper(),
@@ -73,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is not None:
         if args.command == "serve":
             from corellm.server.main import run as command
+        elif args.command == "run-batch":
+            from corellm.server.run_batch import main as command
         else:
             command = cmd_generate
         try:
