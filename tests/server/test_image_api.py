@@ -95,3 +95,21 @@ def test_a_text_model_refuses_image_parts(client, model_name):
             model=model_name, max_tokens=2,
             messages=image_message({"type": "text", "text": "hi"},
                                    {"type": "image_url", "image_url": {"url": data_url(random_image(1))}}))
+
+
+def test_an_anthropic_image_block_is_the_chats_image_part(llava_client):
+    """/v1/messages' image blocks (base64 source) reach the model as chat's image_url parts do."""
+    anthropic = pytest.importorskip("anthropic")
+    image = random_image(23, (50, 40))
+    model = llava_client.models.list().data[0].id
+    root = str(llava_client.base_url).rstrip("/").removesuffix("/v1")
+    client = anthropic.Anthropic(base_url=root, api_key="unused", max_retries=0, timeout=120)
+    encoded = data_url(image).split(",", 1)[1]
+    out = client.messages.create(model=model, max_tokens=8, extra_body={"temperature": 0}, messages=[
+        {"role": "user", "content": [{"type": "text", "text": "w5 w6"},
+                                     {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                  "data": encoded}}]}])
+    want = llava_client.chat.completions.create(model=model, max_tokens=8, temperature=0, messages=image_message(
+        {"type": "text", "text": "w5 w6"}, {"type": "image_url", "image_url": {"url": data_url(image)}}))
+    assert "".join(b.text for b in out.content if b.type == "text") == want.choices[0].message.content
+    assert out.usage.output_tokens == want.usage.completion_tokens
