@@ -182,15 +182,19 @@ class Serving:
 
     @staticmethod
     def _check(out: RequestOutput, structured_field: str | None) -> RequestOutput:
-        """The output, or the error that ended it: a 400 naming the field at fault (the output
-        cannot follow its constraint with this model's vocabulary: `structured_field`, the request
-        field the constraint came from), else a 500."""
+        """The output, or the error that ended it: a 400 naming the field at fault where the
+        request's own constraints caused it (the output cannot follow its constraint with this
+        model's vocabulary: `structured_field`, the request field the constraint came from; or its
+        allowed_token_ids leave nothing to sample), else a 500."""
         error = out.metrics.get("error")
         if not error:
             return out
-        if out.metrics.get("error_field") == "structured_outputs":
+        at_fault = out.metrics.get("error_field")
+        if at_fault == "structured_outputs":
             field = structured_field or "structured_outputs"
             raise bad_request(_in_client_terms(error, field) or f"{field}: {error}", field)
+        if at_fault is not None:
+            raise bad_request(f"{at_fault}: {error}", at_fault)
         raise APIError(500, f"the request failed: {error}", "internal_error")
 
     async def run_all(self, processed: list[ProcessedRequest],

@@ -69,6 +69,9 @@ OUT_OF_RANGE = [
     ("stream_options", {"stream_options": {"include_usage": True}}),  # without stream: OpenAI refuses it too
     ("allowed_token_ids", {"allowed_token_ids": []}), ("allowed_token_ids", {"allowed_token_ids": [-1]}),
     ("allowed_token_ids", {"allowed_token_ids": [5, 10**9]}),
+    # constraints that leave nothing to sample (found by schemathesis: they were 500s)
+    ("guided_choice", {"allowed_token_ids": [5], "guided_choice": [""]}),
+    ("allowed_token_ids", {"allowed_token_ids": [2], "min_tokens": 2}),
 ]
 
 

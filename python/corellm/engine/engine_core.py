@@ -250,7 +250,8 @@ class EngineCore:
         outputs: list[EngineCoreOutput] = errors
         if mro.errors:
             self.scheduler.finish_requests(list(mro.errors), _core.RequestStatus.FINISHED_ERROR)
-            outputs += [EngineCoreOutput(r, [], "error", error=msg) for r, msg in mro.errors.items()]
+            outputs += [EngineCoreOutput(r, [], "error", error=msg, error_field=mro.error_fields.get(r))
+                        for r, msg in mro.errors.items()]
         result = self.scheduler.update_from_output(so, mro.sampled_token_ids)
         req_ids = result.req_ids
         tokens = result.new_token_ids.tolist()

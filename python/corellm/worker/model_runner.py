@@ -313,7 +313,8 @@ class ModelRunner:
         speculative = bool(num_drafts.any())
         md = self.sampling.metadata(req_ids, rows, num_drafts, so.draft_token_ids)
         grammar = None if grammar_output is None else (grammar_output.bitmask, grammar_output.bitmask_rows)
-        masks = token_bitmasks.combine(grammar, self.sampling.allowed_token_bitmask(req_ids, state.logits.shape[-1]))
+        allowed = self.sampling.allowed_token_bitmask(req_ids, state.logits.shape[-1])
+        masks = token_bitmasks.combine(grammar, allowed)
         if masks is not None:  # one row per request; a request verifying drafts: the same for each of its rows
             bitmask, bitmask_rows = masks
             md.allowed_token_bitmask = torch.from_numpy(bitmask)
@@ -332,9 +333,17 @@ class ModelRunner:
         new_tokens[~samples] = -1
         out = ModelRunnerOutput(req_ids, new_tokens, prompt_logprobs=state.prompt_logprobs, pooled=state.pooled)
         for i in np.nonzero(samples & (new_tokens[:, 0] < 0))[0]:
-            constrained = masks is not None and masks[1][i] >= 0
-            out.errors[req_ids[i]] = ("its grammar or allowed_token_ids leave no token to sample here" if constrained
-                                      else "the model produced NaN logits")
+            if masks is not None and masks[1][i] >= 0:  # the request's constraints left nothing to sample
+                in_grammar = grammar is not None and grammar[1][i] >= 0
+                in_allowed = allowed is not None and allowed[1][i] >= 0
+                out.errors[req_ids[i]] = ("its grammar and its allowed_token_ids leave no token in common to sample "
+                                          "here" if in_grammar and in_allowed else
+                                          "its grammar leaves no token to sample here" if in_grammar else
+                                          "none of its allowed_token_ids may be sampled here (its other settings, "
+                                          "min_tokens or bad_words, rule them all out)")
+                out.error_fields[req_ids[i]] = "structured_outputs" if in_grammar else "allowed_token_ids"
+            else:
+                out.errors[req_ids[i]] = "the model produced NaN logits"
         if result.logprobs is not None:
             out.logprobs = self._sampled_logprobs(req_ids, new_tokens, num_drafts, result, scored)
         self.sampling.record(req_ids, rows, new_tokens)

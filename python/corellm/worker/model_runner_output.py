@@ -54,6 +54,9 @@ class ModelRunnerOutput:
     logprobs: dict[str, list[SampledTokenLogprobs]] = field(default_factory=dict)
     prompt_logprobs: dict[str, PromptLogprobs] = field(default_factory=dict)  # prompt chunks computed now
     errors: dict[str, str] = field(default_factory=dict)  # request id -> why it failed this step
+    # Of those, the failures a request's own constraints caused: request id -> the field at fault
+    # ("structured_outputs", "allowed_token_ids"); the others are the engine's.
+    error_fields: dict[str, str] = field(default_factory=dict)
     pooled: dict[str, list[float]] = field(default_factory=dict)  # embedding requests whose prompt is done
 
     @classmethod
