@@ -129,7 +129,9 @@ def test_step_activity_is_idle_only_between_steps():
 
 def test_the_commit_goes_block_by_block_across_layers():
     mib = 1024**2
-    tensors = [torch.empty(3 * mib, dtype=torch.uint8), torch.empty(5 * mib, dtype=torch.uint8)]
+    # Past glibc's largest mmap threshold (32 MiB), so each tensor has pages of its own: two smaller
+    # ones may come from the heap side by side, one's last page then the other's first.
+    tensors = [torch.empty(35 * mib + 100, dtype=torch.uint8), torch.empty(37 * mib, dtype=torch.uint8)]
     ranges = _commit_order(tensors, chunk=2 * mib)
     firsts = [t.data_ptr() // 4096 * 4096 for t in tensors]
     assert [start for start, _ in ranges[:2]] == firsts  # both tensors' first chunks before any second one
