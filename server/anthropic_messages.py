@@ -101,7 +101,8 @@ async def create_message(serving: Serving, request: web.Request, req: MessagesRe
                         for delta in reply.finish():
                             await events.delta(delta)
         await events.finish()
-        stop = _stop(last, reply.has_tool_calls, req) if last is not None else {"stop_reason": None, "stop_sequence": None}
+        stop = (_stop(last, reply.has_tool_calls, req) if last is not None
+                else {"stop_reason": None, "stop_sequence": None})
         await events.send("message_delta", delta=stop, usage=_usage(len(turn.prompt_ids), output_tokens, cached))
         await events.send("message_stop")
     except (ConnectionResetError, asyncio.CancelledError):
@@ -124,7 +125,8 @@ async def count_tokens(serving: Serving, request: web.Request, req: CountTokensR
         text = await render_prompt(serving, chat, tools.template_tools)
     except APIError as e:
         raise _renamed(e) from None
-    return web.json_response({"input_tokens": len(serving.tokenizer.encode(text, add_special_tokens=chat.add_special_tokens))})
+    tokens = serving.tokenizer.encode(text, add_special_tokens=chat.add_special_tokens)
+    return web.json_response({"input_tokens": len(tokens)})
 
 
 def _message(turn: ChatTurn, content: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
@@ -214,6 +216,7 @@ class _MessageEvents:
     async def close_block(self) -> None:
         if self.open is not None:
             if self.open == "thinking":  # the API closes a thinking block with its signature
-                await self.send("content_block_delta", index=self.index, delta={"type": "signature_delta", "signature": ""})
+                await self.send("content_block_delta", index=self.index,
+                                delta={"type": "signature_delta", "signature": ""})
             await self.send("content_block_stop", index=self.index)
             self.open = None

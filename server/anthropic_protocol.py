@@ -187,7 +187,8 @@ class MessagesRequest(RequestPart):
         if self.output_config is not None:
             fmt = self.output_config.format
             if fmt is not None:
-                body["response_format"] = {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.schema_}}
+                body["response_format"] = {"type": "json_schema",
+                                           "json_schema": {"name": "output", "schema": fmt.schema_}}
             if self.output_config.effort is not None:
                 body["reasoning_effort"] = self.output_config.effort
         return body

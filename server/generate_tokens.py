@@ -69,13 +69,15 @@ def sampling_params_of(req: GenerateRequest, context_left: int) -> SamplingParam
         try:
             given["structured_outputs"] = StructuredOutputsParams(**structured)
         except (TypeError, ValueError) as e:
-            raise bad_request(f"sampling_params.structured_outputs: {e}", "sampling_params.structured_outputs") from None
+            raise bad_request(f"sampling_params.structured_outputs: {e}",
+                              "sampling_params.structured_outputs") from None
     bias = given.get("logit_bias")
     if isinstance(bias, dict):  # JSON's keys are strings
         try:
             given["logit_bias"] = {int(k): v for k, v in bias.items()}
         except ValueError:
-            raise bad_request("sampling_params.logit_bias's keys must be token ids", "sampling_params.logit_bias") from None
+            raise bad_request("sampling_params.logit_bias's keys must be token ids",
+                              "sampling_params.logit_bias") from None
     given.setdefault("max_tokens", max(context_left, 1))  # as vLLM's route: the rest of the context
     given["output_kind"] = RequestOutputKind.DELTA if req.stream else RequestOutputKind.FINAL_ONLY
     try:
@@ -83,7 +85,8 @@ def sampling_params_of(req: GenerateRequest, context_left: int) -> SamplingParam
     except (TypeError, ValueError) as e:
         message = str(e)
         field = next((f for f in sorted(given, key=len, reverse=True) if message.startswith(f)), None)
-        raise bad_request(f"sampling_params.{message}", f"sampling_params.{field}" if field else "sampling_params") from None
+        raise bad_request(f"sampling_params.{message}",
+                          f"sampling_params.{field}" if field else "sampling_params") from None
 
 
 def token_id_logprobs(c: CompletionOutput, top_n: int, scored_ids: list[int] | None = None) -> dict | None:
@@ -139,7 +142,8 @@ async def create_generate(serving: Serving, request: web.Request, req: GenerateR
     head = {"request_id": response_id, "output_mode": req.output_mode}
     if not req.stream:
         [out] = await serving.run_all(processed, structured_field)
-        body = {**head, "model": model, "created": now(), "choices": [_choice(c, req, params, labels) for c in out.outputs],
+        body = {**head, "model": model, "created": now(),
+                "choices": [_choice(c, req, params, labels) for c in out.outputs],
                 "usage": _usage(out), "prompt_logprobs": prompt_logprobs(out.prompt_logprobs),
                 "kv_transfer_params": None}
         if req.return_token_ids:

@@ -115,7 +115,8 @@ def openapi_spec(allow_unknown_fields: bool = False) -> dict:
             "/v1/models/{model}": {"get": {
                 "summary": "The served model's card (any other name: 404)",
                 "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
-                "responses": {"200": {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}},
+                "responses": {"200": {"description": "OK",
+                                      "content": {"application/json": {"schema": {"type": "object"}}}},
                               "404": {"description": "Unknown model",
                                       "content": {"application/json": {"schema": _ERROR}}}}}},
             "/health": _get("Engine health"),
