@@ -24,7 +24,7 @@ from corellm.outputs import CompletionOutput
 from corellm.server.anthropic_protocol import FIELD_NAMES, CountTokensRequest, MessagesRequest
 from corellm.server.chat import ChatTurn, prepare_chat, render_prompt
 from corellm.server.chat_tools import resolve_chat_tools
-from corellm.server.errors import APIError, bad_request, validation_error
+from corellm.server.errors import APIError, bad_request, renamed, validation_error
 from corellm.server.protocol import ChatCompletionRequest
 from corellm.server.serving import Serving
 
@@ -60,12 +60,7 @@ async def _chat(serving: Serving, req: MessagesRequest) -> ChatCompletionRequest
 
 
 def _renamed(error: APIError) -> APIError:
-    if error.param is not None:
-        head, _, rest = error.param.partition(".")
-        if head in FIELD_NAMES:
-            error.param = FIELD_NAMES[head] + (f".{rest}" if rest else "")
-            error.message = error.message.replace(head, FIELD_NAMES[head], 1)
-    return error
+    return renamed(error, FIELD_NAMES)
 
 
 async def create_message(serving: Serving, request: web.Request, req: MessagesRequest) -> web.StreamResponse:

@@ -40,6 +40,18 @@ def api_key_refusal(request: web.Request, key: str | None) -> APIError | None:
     return APIError(401, "Incorrect API key provided.", "authentication_error", None, "invalid_api_key")
 
 
+def renamed(error: APIError, names: dict[str, str], whole: tuple[str, ...] = ()) -> APIError:
+    """The error of a chat request made from another API's request, its param (and the message's
+    first mention of it) under that API's name for the field (`names`: chat's name -> the other's);
+    a field in `whole` is named without the rest of its path (its parts do not map one to one)."""
+    if error.param is not None:
+        head, _, rest = error.param.partition(".")
+        if head in names:
+            error.param = names[head] + (f".{rest}" if rest and head not in whole else "")
+            error.message = error.message.replace(head, names[head], 1)
+    return error
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, "invalid_request_error", param, code)
 

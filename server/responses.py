@@ -27,7 +27,7 @@ from corellm.engine.async_llm import EngineDeadError
 from corellm.server.chat import ChatTurn, prepare_chat
 from corellm.outputs import PositionLogprobs, RequestOutput
 from corellm.reasoning_parser import ReasoningParser
-from corellm.server.errors import APIError, bad_request, validation_error
+from corellm.server.errors import APIError, bad_request, renamed, validation_error
 from corellm.server.logprobs import TokenLabels, token_logprob
 from corellm.server.protocol import ChatCompletionRequest
 from corellm.server.response_store import StoredResponse
@@ -296,12 +296,7 @@ async def _prepared(serving: Serving, request: web.Request, req: ResponsesReques
 
 
 def _renamed(error: APIError) -> APIError:
-    if error.param is not None:
-        head, _, rest = error.param.partition(".")
-        if head in FIELD_NAMES:
-            error.param = FIELD_NAMES[head] + (f".{rest}" if rest and head != "messages" else "")
-            error.message = error.message.replace(head, FIELD_NAMES[head], 1)
-    return error
+    return renamed(error, FIELD_NAMES, whole=("messages",))  # input's items are not the messages one to one
 
 
 def _response(turn: ChatTurn, req: ResponsesRequest, created: int, output: list[dict[str, Any]],
