@@ -97,6 +97,24 @@ class Router:
         found = await asyncio.gather(*(stores(r) for r in alive))
         return next((r for r, yes in zip(alive, found) if yes), None)
 
+    async def ask_running(self, path: str, request: web.Request) -> dict[int, str]:
+        """Each running replica's answer to GET `path`, asked with the client's Authorization, by
+        replica index; a replica that refuses it or does not answer (one that died meanwhile) is
+        left out."""
+        headers = {k: request.headers[k] for k in ("Authorization",) if k in request.headers}
+
+        async def ask(r: Replica) -> str | None:
+            try:
+                async with self.session.get(r.url + path, headers=headers,
+                                            timeout=aiohttp.ClientTimeout(total=5)) as reply:
+                    return await reply.text() if reply.status == 200 else None
+            except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError):
+                return None
+
+        alive = [r for r in self.replicas if r.alive()]
+        texts = await asyncio.gather(*(ask(r) for r in alive))
+        return {r.index: t for r, t in zip(alive, texts) if t is not None}
+
 
 def stored_response_named(request: web.Request, body: bytes) -> str | None:
     """The id of the stored response a request is about: in its path (/v1/responses/{id}...), or a
@@ -188,18 +206,8 @@ async def load(request: web.Request) -> web.Response:
     refused = api_key_refusal(request, router.api_key)
     if refused is not None:
         return refused.response()
-    headers = {k: request.headers[k] for k in ("Authorization",) if k in request.headers}
-
-    async def replica_load(r: Replica) -> int:
-        try:
-            async with router.session.get(r.url + "/load", headers=headers,
-                                          timeout=aiohttp.ClientTimeout(total=5)) as reply:
-                return (await reply.json())["server_load"] if reply.status == 200 else 0
-        except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError, ValueError, KeyError):
-            return 0
-
-    loads = await asyncio.gather(*(replica_load(r) for r in router.replicas if r.alive()))
-    return web.json_response({"server_load": sum(loads)})
+    loads = (await router.ask_running("/load", request)).values()
+    return web.json_response({"server_load": sum(json.loads(text)["server_load"] for text in loads)})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -210,19 +218,7 @@ async def metrics(request: web.Request) -> web.Response:
     refused = api_key_refusal(request, router.api_key)
     if refused is not None:
         return refused.response()
-    headers = {k: request.headers[k] for k in ("Authorization",) if k in request.headers}
-
-    async def engine_metrics(r: Replica) -> str | None:
-        try:
-            async with router.session.get(r.url + "/metrics", headers=headers,
-                                          timeout=aiohttp.ClientTimeout(total=5)) as reply:
-                return await reply.text() if reply.status == 200 else None
-        except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError):
-            return None  # a replica that died meanwhile: dp_replica_up says so
-
-    alive = [r for r in router.replicas if r.alive()]
-    texts = await asyncio.gather(*(engine_metrics(r) for r in alive))
-    engines = merge_replica_metrics({r.index: t for r, t in zip(alive, texts) if t is not None})
+    engines = merge_replica_metrics(await router.ask_running("/metrics", request))  # a dead one: dp_replica_up
     lines = ["# HELP corellm:dp_replica_up 1 while the replica's process runs", "# TYPE corellm:dp_replica_up gauge"]
     lines += [f'corellm:dp_replica_up{{replica="{r.index}"}} {int(r.alive())}' for r in router.replicas]
     lines += ["# HELP corellm:dp_requests_in_flight requests forwarded and not yet answered",
