@@ -11,6 +11,7 @@
 #include "corellm/check.h"
 #include "corellm/kernels/cpu_isa.h"
 #include "corellm/kernels/elementwise.h"
+#include "corellm/kernels/lora.h"
 #include "corellm/kernels/packed_gemm.h"
 #include "corellm/kernels/paged_attention.h"
 #include "corellm/kernels/quant_gemm.h"
@@ -104,6 +105,16 @@ void bind_kernels(py::module_& m) {
         [](uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, int64_t n, int64_t d,
            int32_t dtype) {
           silu_and_mul(ptr<void>(out), out_stride, ptr<const void>(x), x_stride, n, d, dtype_of(dtype));
+        },
+        py::call_guard<py::gil_scoped_release>());
+  k.def("lora_add",
+        [](uintptr_t y, int64_t y_stride, uintptr_t x, int64_t x_stride, int64_t m, uintptr_t slots,
+           const std::vector<const LoraLinear*>& by_slot, int64_t n, int32_t dtype) {
+          for (const LoraLinear* lora : by_slot) {
+            if (lora != nullptr) lora->check("lora_add", n);
+          }
+          lora_add(ptr<void>(y), y_stride, ptr<const void>(x), x_stride, m, ptr<const int32_t>(slots), by_slot.data(),
+                   static_cast<int64_t>(by_slot.size()), dtype_of(dtype));
         },
         py::call_guard<py::gil_scoped_release>());
   k.def("gelu_tanh_and_mul",

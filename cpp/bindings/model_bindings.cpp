@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "corellm/kernels/lora.h"
 #include "corellm/kernels/paged_attention.h"
 #include "corellm/model/decoder_stack.h"
 #include "glue.h"
@@ -70,6 +71,24 @@ void bind_model(py::module_& m) {
   def_address(layer, "key_cache", &DecoderLayerWeights::key_cache);
   def_address(layer, "value_cache", &DecoderLayerWeights::value_cache);
 
+  py::class_<LoraPart> lora_part(model, "LoraPart", "One LoRA adapter's update of some output columns (kernels/lora.h)");
+  lora_part.def(py::init<>())
+      .def_readwrite("rank", &LoraPart::rank)
+      .def_readwrite("col_offset", &LoraPart::col_offset)
+      .def_readwrite("cols", &LoraPart::cols);
+  def_address(lora_part, "a_t", &LoraPart::a_t);
+  def_address(lora_part, "b_t", &LoraPart::b_t);
+  py::class_<LoraLinear>(model, "LoraLinear", "One LoRA adapter's update of one projection (kernels/lora.h)")
+      .def(py::init<>())
+      .def_readwrite("parts", &LoraLinear::parts)
+      .def_readwrite("k", &LoraLinear::k);
+  py::class_<LoraLayer>(model, "LoraLayer", "One LoRA adapter's updates of one layer (decoder_stack.h)")
+      .def(py::init<>())
+      .def_readwrite("qkv", &LoraLayer::qkv)
+      .def_readwrite("o", &LoraLayer::o)
+      .def_readwrite("gate_up", &LoraLayer::gate_up)
+      .def_readwrite("down", &LoraLayer::down);
+
   py::class_<KVCacheShape>(model, "KVCacheShape", "The paged KV cache's extents (paged_attention.h)")
       .def(py::init([](int64_t num_blocks, int64_t num_kv_heads, int64_t head_size, int64_t block_size) {
              return KVCacheShape{num_blocks, num_kv_heads, head_size, block_size};
@@ -93,7 +112,7 @@ void bind_model(py::module_& m) {
       .def("forward",
            [](DecoderStack& s, uintptr_t input_ids, uintptr_t positions, int64_t num_tokens, uintptr_t slot_mapping,
               uintptr_t block_table, int64_t block_table_stride, uintptr_t seq_lens, uintptr_t query_start_loc,
-              int64_t num_seqs, uintptr_t out, uintptr_t inputs_embeds) {
+              int64_t num_seqs, uintptr_t out, uintptr_t inputs_embeds, uintptr_t lora_slots) {
              DecoderStepArgs step;
              step.input_ids = ptr<const int32_t>(input_ids);
              step.inputs_embeds = ptr<const uint16_t>(inputs_embeds);
@@ -105,12 +124,16 @@ void bind_model(py::module_& m) {
              step.seq_lens = ptr<const int32_t>(seq_lens);
              step.query_start_loc = ptr<const int32_t>(query_start_loc);
              step.num_seqs = num_seqs;
+             step.lora_slots = ptr<const int32_t>(lora_slots);
              step.out = ptr<uint16_t>(out);
              s.forward(step);
            },
            py::kw_only(), arg("input_ids"), arg("positions"), arg("num_tokens"), arg("slot_mapping"),
            arg("block_table"), arg("block_table_stride"), arg("seq_lens"), arg("query_start_loc"), arg("num_seqs"),
-           arg("out"), arg("inputs_embeds") = 0, py::call_guard<py::gil_scoped_release>())
+           arg("out"), arg("inputs_embeds") = 0, arg("lora_slots") = 0, py::call_guard<py::gil_scoped_release>())
+      .def("set_lora", &DecoderStack::set_lora, py::kw_only(), arg("slot"), arg("layers"),
+           "Slot `slot`'s LoRA adapter, one LoraLayer per layer (its matrices must outlive its use)")
+      .def("clear_lora", &DecoderStack::clear_lora, py::kw_only(), arg("slot"))
       .def_property_readonly("last_groups", &DecoderStack::last_groups,
                              "How many groups of sequences the last forward cut its step into, each run by one "
                              "thread (1: the whole step on the whole team; 0 before the first)");

@@ -9,13 +9,15 @@ import math
 import torch
 
 from corellm import ops
+from corellm.lora.lora_batch import LoraBatch
 from corellm.model import AttentionMetadata, LlamaForCausalLM
 from corellm.model.native_stack import NativeDecoderStack
 
 
 class PagedRunner:
     def __init__(self, model: LlamaForCausalLM, max_tokens_per_seq: int, num_seqs: int, block_size: int = 16,
-                 seed: int = 0, native: bool = False):
+                 seed: int = 0, native: bool = False, lora_adapters: tuple = ()):
+        """lora_adapters: LoRA adapters held in slots 0, 1, ... (step's lora names a sequence's slot)."""
         c = model.config
         self.model, self.block_size = model, block_size
         blocks_per_seq = math.ceil(max_tokens_per_seq / block_size)
@@ -27,12 +29,17 @@ class PagedRunner:
         self.block_table = perm.view(num_seqs, blocks_per_seq).to(torch.int32)
         self.lengths = [0] * num_seqs
         self.native_stack = NativeDecoderStack(model, self.kv_caches) if native else None
+        self.lora_adapters = list(lora_adapters)
+        for slot, adapter in enumerate(self.lora_adapters):
+            if self.native_stack is not None:
+                self.native_stack.set_lora(slot, adapter)
 
     def step(self, chunks: list[list[int]], hidden_states: list | None = None,
-             inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+             inputs_embeds: torch.Tensor | None = None, lora: list[int] | None = None) -> torch.Tensor:
         """chunks[i]: the next tokens of sequence i (empty: not scheduled). Returns float32 logits
         of the last token of every scheduled sequence, and the full hidden states if asked.
-        inputs_embeds: the step's input rows in place of the tokens' embeddings."""
+        inputs_embeds: the step's input rows in place of the tokens' embeddings. lora[i]: sequence
+        i's LoRA slot (-1: none)."""
         rows = [i for i, c in enumerate(chunks) if c]
         ids, pos, slots, qsl, seq_lens = [], [], [], [0], []
         for i in rows:
@@ -47,11 +54,14 @@ class PagedRunner:
             seq_lens.append(self.lengths[i])
         i32 = lambda x: torch.tensor(x, dtype=torch.int32)  # noqa: E731
         attn = AttentionMetadata(i32(slots), self.block_table[rows].contiguous(), i32(seq_lens), i32(qsl))
+        lora_slots = None if lora is None else i32([lora[i] for i in rows for _ in chunks[i]])
         with torch.inference_mode():
             if self.native_stack is not None and hidden_states is None:
-                h = self.native_stack.forward(i32(ids), i32(pos), attn, inputs_embeds=inputs_embeds)
+                h = self.native_stack.forward(i32(ids), i32(pos), attn, inputs_embeds=inputs_embeds,
+                                              lora_slots=lora_slots)
             else:
+                batch = None if lora_slots is None else LoraBatch(lora_slots, self.lora_adapters)
                 h = self.model.forward(i32(ids), i32(pos), attn, self.kv_caches, hidden_states,
-                                       inputs_embeds=inputs_embeds)
+                                       inputs_embeds=inputs_embeds, lora=batch)
             last = torch.tensor(qsl[1:]) - 1
             return self.model.compute_logits(h[last])

@@ -132,6 +132,11 @@ void DecoderStack::forward(const DecoderStepArgs& step) {
   CORELLM_CHECK_ARG(step.num_seqs >= 1 && step.query_start_loc[0] == 0 && step.query_start_loc[step.num_seqs] == n,
                     "DecoderStack: query_start_loc must run from 0 to num_tokens (", n, ") over ", step.num_seqs,
                     " sequences");
+  for (int64_t t = 0; step.lora_slots != nullptr && t < n; ++t) {  // only a slot that holds an adapter
+    const int32_t slot = step.lora_slots[t];
+    CORELLM_CHECK_ARG(slot < 0 || (static_cast<size_t>(slot) < lora_.size() && !lora_[slot].empty()),
+                      "DecoderStack: token ", t, " names LoRA slot ", slot, ", which holds no adapter");
+  }
   const int64_t groups = groups_for(step);
   if (groups > 1) split_.cut(step, dims_.hidden, groups);
   // Unsplit, or when the cut is uneven (one thread would be left waiting on the other): the whole
@@ -171,7 +176,7 @@ void DecoderStack::run(const DecoderStepArgs& step, Scratch& s) {
   } else {
     embed(step.input_ids, n, s.residual.data());
   }
-  for (size_t i = 0; i < layers_.size(); ++i) layer(layers_[i], step, s, i == 0);
+  for (size_t i = 0; i < layers_.size(); ++i) layer(i, step, s);
   fused_add_rms_norm(s.h.data(), hidden, s.residual.data(), hidden, final_norm_, n, hidden, dims_.eps, DType::BF16);
   std::memcpy(step.out, s.h.data(), n * hidden * sizeof(uint16_t));
 }
@@ -209,16 +214,63 @@ void DecoderStack::all_reduce(uint16_t* rows, int64_t n) {
   if (tp_.all_reduce != nullptr) tp_.all_reduce->all_reduce_or_throw(rows, n * dims_.hidden, DType::BF16, tp_.timeout_s);
 }
 
-void DecoderStack::layer(const DecoderLayerWeights& w, const DecoderStepArgs& step, Scratch& s, bool first) {
+void DecoderStack::set_lora(int64_t slot, std::vector<LoraLayer> layers) {
+  CORELLM_CHECK_ARG(slot >= 0, "DecoderStack: LoRA slot ", slot, " must be >= 0");
+  CORELLM_CHECK_ARG(layers.size() == layers_.size(), "DecoderStack: a LoRA adapter of ", layers.size(),
+                    " layers for a stack of ", layers_.size());
+  for (const LoraLayer& l : layers) {
+    l.qkv.check("DecoderStack: LoRA qkv", qkv_size_);
+    l.o.check("DecoderStack: LoRA o", dims_.hidden);
+    l.gate_up.check("DecoderStack: LoRA gate_up", 2 * dims_.intermediate);
+    l.down.check("DecoderStack: LoRA down", dims_.hidden);
+    CORELLM_CHECK_ARG((l.qkv.parts.empty() || l.qkv.k == dims_.hidden) && (l.o.parts.empty() || l.o.k == q_size_) &&
+                          (l.gate_up.parts.empty() || l.gate_up.k == dims_.hidden) &&
+                          (l.down.parts.empty() || l.down.k == dims_.intermediate),
+                      "DecoderStack: a LoRA update's input width differs from its projection's");
+  }
+  if (lora_.size() <= static_cast<size_t>(slot)) lora_.resize(static_cast<size_t>(slot) + 1);
+  lora_[static_cast<size_t>(slot)] = std::move(layers);
+}
+
+void DecoderStack::clear_lora(int64_t slot) {
+  if (slot >= 0 && static_cast<size_t>(slot) < lora_.size()) lora_[static_cast<size_t>(slot)].clear();
+}
+
+bool DecoderStack::lora_touches(LoraLinear LoraLayer::*which, size_t index) const {
+  for (const std::vector<LoraLayer>& adapter : lora_) {
+    if (!adapter.empty() && !(adapter[index].*which).parts.empty()) return true;
+  }
+  return false;
+}
+
+void DecoderStack::add_lora(LoraLinear LoraLayer::*which, size_t index, uint16_t* y, int64_t y_stride,
+                            const uint16_t* x, int64_t x_stride, int64_t m, const int32_t* slots, Scratch& s) const {
+  if (slots == nullptr) return;
+  s.lora_by_slot.assign(lora_.size(), nullptr);
+  bool any = false;
+  for (size_t slot = 0; slot < lora_.size(); ++slot) {
+    if (lora_[slot].empty() || (lora_[slot][index].*which).parts.empty()) continue;
+    s.lora_by_slot[slot] = &(lora_[slot][index].*which);
+    any = true;
+  }
+  if (!any) return;
+  lora_add(y, y_stride, x, x_stride, m, slots, s.lora_by_slot.data(), static_cast<int64_t>(lora_.size()),
+           DType::BF16);
+}
+
+void DecoderStack::layer(size_t index, const DecoderStepArgs& step, Scratch& s) {
+  const DecoderLayerWeights& w = layers_[index];
   const int64_t n = step.num_tokens, hidden = dims_.hidden, inter = dims_.intermediate;
   const DType bf16 = DType::BF16;
+  const int32_t* lora = step.lora_slots;
   uint16_t *x = s.residual.data(), *h = s.h.data(), *qkv = s.qkv.data();
-  if (first) {
+  if (index == 0) {
     rms_norm(h, hidden, x, hidden, w.input_norm, n, hidden, dims_.eps, bf16);
   } else {
     fused_add_rms_norm(h, hidden, x, hidden, w.input_norm, n, hidden, dims_.eps, bf16);
   }
   w.qkv.forward(h, hidden, qkv, qkv_size_, n, XRows::kByThread);  // h: the norm's rows
+  add_lora(&LoraLayer::qkv, index, qkv, qkv_size_, h, hidden, n, lora, s);
   uint16_t *q = qkv, *k = qkv + q_size_, *v = qkv + q_size_ + kv_size_;
   if (w.q_norm != nullptr) {  // per head, in place: each token's heads are contiguous rows
     for (int64_t t = 0; t < n; ++t) {
@@ -236,18 +288,32 @@ void DecoderStack::layer(const DecoderLayerWeights& w, const DecoderStepArgs& st
                        dims_.num_heads, dims_.scale, w.sliding_window, bf16};
   paged_attention(a);
   w.o.forward(s.attn.data(), q_size_, h, hidden, n);
+  add_lora(&LoraLayer::o, index, h, hidden, s.attn.data(), q_size_, n, lora, s);
   all_reduce(h, n);
   if (w.attention_output_norm != nullptr) {  // in place: each row is read whole before it is written
     rms_norm(h, hidden, h, hidden, w.attention_output_norm, n, hidden, dims_.eps, bf16);
   }
   fused_add_rms_norm(h, hidden, x, hidden, w.post_attention_norm, n, hidden, dims_.eps, bf16);
-  const int64_t block = w.gate_up.gated_in_one_pass() ? kOnePassMlpBlockRows : kMlpBlockRows;
+  // gate_up's LoRA update goes in before the activation: then gate_up's output, updated, is
+  // activated in a pass of its own.
+  const bool gate_up_lora = lora != nullptr && lora_touches(&LoraLayer::gate_up, index);
+  const int64_t block = w.gate_up.gated_in_one_pass() && !gate_up_lora ? kOnePassMlpBlockRows : kMlpBlockRows;
   for (int64_t r0 = 0; r0 < n; r0 += block) {  // down's rows overwrite h's after gate_up read them
     const int64_t rows = std::min(block, n - r0);
     uint16_t* hb = h + r0 * hidden;
+    const int32_t* block_lora = lora ? lora + r0 : nullptr;
     // hb: the norm's rows; act_: gate_up's, split as down splits them
-    w.gate_up.forward_gated(hb, hidden, s.act.data(), inter, rows, dims_.activation, s.gate_up.data(), XRows::kByThread);
+    if (gate_up_lora) {
+      w.gate_up.forward(hb, hidden, s.gate_up.data(), 2 * inter, rows, XRows::kByThread);
+      add_lora(&LoraLayer::gate_up, index, s.gate_up.data(), 2 * inter, hb, hidden, rows, block_lora, s);
+      gated_activation_and_mul(dims_.activation, s.act.data(), inter, s.gate_up.data(), 2 * inter, rows, inter,
+                               bf16);
+    } else {
+      w.gate_up.forward_gated(hb, hidden, s.act.data(), inter, rows, dims_.activation, s.gate_up.data(),
+                              XRows::kByThread);
+    }
     w.down.forward(s.act.data(), inter, hb, hidden, rows, XRows::kByThread);
+    add_lora(&LoraLayer::down, index, hb, hidden, s.act.data(), inter, rows, block_lora, s);
   }
   all_reduce(h, n);
   if (w.mlp_output_norm != nullptr) rms_norm(h, hidden, h, hidden, w.mlp_output_norm, n, hidden, dims_.eps, bf16);

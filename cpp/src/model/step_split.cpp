@@ -42,6 +42,7 @@ void StepSplit::cut(const DecoderStepArgs& step, int64_t hidden, int64_t groups)
     part.seq_lens = step.seq_lens + s0;
     part.query_start_loc = qs.data();
     part.num_seqs = s1 - s0;
+    part.lora_slots = step.lora_slots ? step.lora_slots + t0 : nullptr;
     part.out = step.out + t0 * hidden;
     groups_.push_back(part);
     s0 = s1;

@@ -8,6 +8,10 @@ A change to the layer math here goes into the native decoder stack too
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
@@ -20,7 +24,12 @@ from corellm.model.model_config import ModelConfig
 from corellm.model.quantized_tensor import QuantizedTensor
 from corellm.model.scaled_weight import ScaledWeight
 
+if TYPE_CHECKING:
+    from corellm.lora.lora_batch import LoraBatch
+
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (key_cache, value_cache) of one layer
+# y (in place) += the step's LoRA updates of a projection ("qkv", "o", "gate_up", "down") on its input x; y returned.
+LoraUpdate = Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]
 
 
 _GEMM = _core.kernels.bf16_gemm_available()
@@ -204,9 +213,12 @@ class Attention:
         self.k_norm = empty(self.head_dim) if config.qk_norm else None
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, attn: AttentionMetadata, kv_cache: KVCache,
-                cos_sin_cache: torch.Tensor) -> torch.Tensor:
+                cos_sin_cache: torch.Tensor, lora: LoraUpdate | None = None) -> torch.Tensor:
+        """lora: adds the step's LoRA adapters' updates to a projection's output (LoraBatch.add)."""
         num_tokens = h.shape[0]
         qkv = self.qkv_proj(h)  # [num_tokens, q + 2kv]
+        if lora is not None:
+            lora(qkv, h, "qkv")
         q = qkv[:, : self.q_size]
         k = qkv[:, self.q_size : self.q_size + self.kv_size]
         v = qkv[:, self.q_size + self.kv_size :]
@@ -219,7 +231,10 @@ class Attention:
         out = ops.paged_attention(q, key_cache, value_cache, attn.block_table, attn.seq_lens,
                                   attn.query_start_loc, self.scale, self.sliding_window,
                                   max_query_len=attn.max_query_len or None, max_seq_len=attn.max_seq_len or None)
-        return self.tp.all_reduce(self.o_proj(out))
+        o = self.o_proj(out)
+        if lora is not None:
+            lora(o, out, "o")
+        return self.tp.all_reduce(o)
 
 
 class MLP:
@@ -233,14 +248,19 @@ class MLP:
         self.gated_activation = ops.gelu_tanh_and_mul if config.hidden_activation == "gelu_pytorch_tanh" \
             else ops.silu_and_mul
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(self.down_proj(self.gated_activation(self.gate_up_proj(h))))
+    def forward(self, h: torch.Tensor, lora: LoraUpdate | None = None) -> torch.Tensor:
+        if lora is None:
+            return self.tp.all_reduce(self.down_proj(self.gated_activation(self.gate_up_proj(h))))
+        gate_up = lora(self.gate_up_proj(h), h, "gate_up")  # before the activation
+        act = self.gated_activation(gate_up)
+        return self.tp.all_reduce(lora(self.down_proj(act), act, "down"))
 
 
 class DecoderLayer:
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer: int = 0,
                  tp: TensorParallel = TensorParallel()):
         self.eps = config.rms_norm_eps
+        self.index = layer
         norm = lambda: torch.empty(config.hidden_size, dtype=dtype, device=device)  # noqa: E731
         self.input_norm = norm()
         self.post_attention_norm = norm()  # before the MLP (Gemma's pre_feedforward_layernorm)
@@ -251,19 +271,22 @@ class DecoderLayer:
         self.mlp = MLP(config, dtype, device, tp)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,
-                attn: AttentionMetadata, kv_cache: KVCache, cos_sin_cache: torch.Tensor):
+                attn: AttentionMetadata, kv_cache: KVCache, cos_sin_cache: torch.Tensor,
+                lora: LoraBatch | None = None):
         """The residual stream is carried un-normalized: the layer's output is (h, residual) and
-        the stream after it is h + residual (added by the next norm, fused)."""
+        the stream after it is h + residual (added by the next norm, fused). lora: the step's
+        tokens' LoRA adapters, whose updates go into the projections' outputs."""
+        update = None if lora is None else functools.partial(lora.add, layer=self.index)
         if residual is None:
             residual = h
             h = ops.rms_norm(h, self.input_norm, self.eps)
         else:
             h, residual = ops.fused_add_rms_norm(h, residual, self.input_norm, self.eps)
-        h = self.attn.forward(positions, h, attn, kv_cache, cos_sin_cache)
+        h = self.attn.forward(positions, h, attn, kv_cache, cos_sin_cache, update)
         if self.attention_output_norm is not None:
             h = ops.rms_norm(h, self.attention_output_norm, self.eps)
         h, residual = ops.fused_add_rms_norm(h, residual, self.post_attention_norm, self.eps)
-        h = self.mlp.forward(h)
+        h = self.mlp.forward(h, update)
         if self.mlp_output_norm is not None:
             h = ops.rms_norm(h, self.mlp_output_norm, self.eps)
         return h, residual

@@ -6,6 +6,7 @@ every shape against the config) and its logits."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -17,6 +18,9 @@ from corellm.model.model_config import ModelConfig
 from corellm.model.quantized_tensor import QuantizedTensor
 from corellm.model.rope import cos_sin_cache, inverse_frequencies
 from corellm.model.tensor_parallel import shard_config, shard_weights
+
+if TYPE_CHECKING:
+    from corellm.lora.lora_batch import LoraBatch
 
 # Where a checkpoint tensor goes: a linear layer or the embedding (which keep quantized tensors as
 # they are), or a plain tensor (norms, biases).
@@ -191,16 +195,17 @@ class LlamaForCausalLM:
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
                 kv_caches: list[KVCache], hidden_states: list[torch.Tensor] | None = None,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+                inputs_embeds: torch.Tensor | None = None, lora: LoraBatch | None = None) -> torch.Tensor:
         """input_ids, positions: int32 [num_tokens] -> final hidden states [num_tokens, hidden],
         op by op (the reference the native decoder stack is held to; which of the two runs a step
         is the model runner's choice). `hidden_states`, when given, receives the residual stream
         after each layer (HF's output_hidden_states[1:], before the final norm). inputs_embeds
-        [num_tokens, hidden], when given, replaces embed_input_ids(input_ids) (image rows merged in)."""
+        [num_tokens, hidden], when given, replaces embed_input_ids(input_ids) (image rows merged in).
+        lora: the step's tokens' LoRA adapters (None: no token has one)."""
         h = self.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
         residual = None
         for layer, kv_cache, cache in zip(self.layers, kv_caches, self.layer_cos_sin_caches):
-            h, residual = layer.forward(positions, h, residual, attn, kv_cache, cache)
+            h, residual = layer.forward(positions, h, residual, attn, kv_cache, cache, lora)
             if hidden_states is not None:
                 hidden_states.append(h + residual)
         h, _ = ops.fused_add_rms_norm(h, residual, self.norm, self.config.rms_norm_eps)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from corellm.lora.lora_adapter import LoraAdapter
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.native import _core
 
@@ -116,11 +117,19 @@ class NativeDecoderStack:
         (1: the whole step, every kernel on the whole team; decoder_stack.h's step split)."""
         return self._stack.last_groups
 
+    def set_lora(self, slot: int, adapter: LoraAdapter) -> None:
+        """Slot `slot` holds `adapter` (which must outlive its use here), for the tokens that name it."""
+        self._stack.set_lora(slot=slot, layers=adapter.native_layers())
+
+    def clear_lora(self, slot: int) -> None:
+        self._stack.clear_lora(slot=slot)
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
-                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+                inputs_embeds: torch.Tensor | None = None, lora_slots: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids, positions: int32 [num_tokens] -> the final norm's output [num_tokens, hidden]
         bf16 (LlamaForCausalLM.forward's result). inputs_embeds [num_tokens, hidden], when given,
-        replaces the embedding lookup (a LLaVA step's merged rows)."""
+        replaces the embedding lookup (a LLaVA step's merged rows). lora_slots: int32 [num_tokens],
+        each token's LoRA slot (set_lora; -1: none), or None: no token has an adapter."""
         input_ids, positions = input_ids.to(torch.int32).contiguous(), positions.to(torch.int32).contiguous()
         n = input_ids.shape[0]
         if inputs_embeds is not None:
@@ -128,11 +137,14 @@ class NativeDecoderStack:
                 raise ValueError(f"NativeDecoderStack: inputs_embeds of shape {tuple(inputs_embeds.shape)} for "
                                  f"{n} tokens of {self.hidden_size}")
             inputs_embeds = inputs_embeds.to(torch.bfloat16).contiguous()
+        if lora_slots is not None:
+            if lora_slots.dtype != torch.int32 or lora_slots.shape != (n,) or not lora_slots.is_contiguous():
+                raise ValueError(f"NativeDecoderStack: lora_slots must be int32 [{n}], contiguous")
         out = torch.empty((n, self.hidden_size), dtype=torch.bfloat16)
         bt = attn.block_table
         self._stack.forward(input_ids=input_ids.data_ptr(), positions=positions.data_ptr(), num_tokens=n,
                             slot_mapping=attn.slot_mapping.data_ptr(), block_table=bt.data_ptr(),
                             block_table_stride=bt.stride(0), seq_lens=attn.seq_lens.data_ptr(),
                             query_start_loc=attn.query_start_loc.data_ptr(), num_seqs=bt.shape[0],
-                            out=out.data_ptr(), inputs_embeds=_address(inputs_embeds))
+                            out=out.data_ptr(), inputs_embeds=_address(inputs_embeds), lora_slots=_address(lora_slots))
         return out

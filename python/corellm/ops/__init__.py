@@ -3,6 +3,7 @@ then dispatching on the tensors' device (CPU: corellm._core's C++ kernels)."""
 
 from corellm.ops.activation import gelu_tanh_and_mul, silu_and_mul
 from corellm.ops.attention import kv_cache_shapes, kv_pack, paged_attention, reshape_and_cache, unpack_kv_cache
+from corellm.ops.lora import lora_add
 from corellm.ops.norm import fused_add_rms_norm, rms_norm
 from corellm.ops.rejection_sampler import rejection_sample
 from corellm.ops.rotary import rotary_embedding
@@ -19,6 +20,7 @@ __all__ = [
     "gelu_tanh_and_mul",
     "kv_cache_shapes",
     "kv_pack",
+    "lora_add",
     "paged_attention",
     "quantize_rows",
     "rejection_sample",

@@ -21,6 +21,9 @@
 //   h = down(act(gate(h)) * up(h))     act: silu (SwiGLU) or gelu_tanh (GeGLU); in blocks of 256
 //                                      rows, each block's intermediates kept in the caches
 //                                      (Gemma 3: h = rms_norm(h), its post-feedforward norm)
+// With LoRA adapters (set_lora), a step's tokens that name one (DecoderStepArgs::lora_slots) have
+// their adapter's low-rank updates added to qkv's, o's, gate_up's and down's outputs
+// (kernels/lora.h), gate_up's before the activation (that MLP then runs in two passes).
 // and after the last layer: x += h, out = rms_norm(x). The embedding rows are scaled first when
 // the model says so (Gemma 3: times sqrt(hidden), the factor and the product rounded to bf16 as
 // HF does).
@@ -37,6 +40,7 @@
 
 #include "corellm/aligned_vector.h"
 #include "corellm/kernels/elementwise.h"
+#include "corellm/kernels/lora.h"
 #include "corellm/kernels/paged_attention.h"
 #include "corellm/model/decoder_step.h"
 #include "corellm/model/linear_weight.h"
@@ -91,6 +95,12 @@ struct DecoderLayerWeights {
   void* value_cache = nullptr;
 };
 
+// One LoRA adapter's updates of one layer's projections (columns as the fused projections': q, k
+// and v parts of qkv; gate and up parts of gate_up). Its matrices must outlive the stack's use of it.
+struct LoraLayer {
+  LoraLinear qkv, o, gate_up, down;
+};
+
 class DecoderStack {
  public:
   // embed [vocab_size, hidden], final_norm [hidden]; every pointer must outlive the stack.
@@ -100,6 +110,11 @@ class DecoderStack {
   // Runs the whole stack for the step's tokens. Not reentrant (the scratch buffers, grown to the
   // largest step seen, are the stack's).
   void forward(const DecoderStepArgs& step);
+
+  // Slot `slot`'s adapter (one LoraLayer per layer), which tokens name by their lora_slots; it
+  // replaces what the slot held. Not while a forward runs.
+  void set_lora(int64_t slot, std::vector<LoraLayer> layers);
+  void clear_lora(int64_t slot);  // the slot empty (tokens may then not name it)
 
   // How many groups of sequences the last forward cut its step into, each run by one thread (1:
   // the whole step, every kernel on the whole team); 0 before the first.
@@ -112,6 +127,7 @@ class DecoderStack {
   // when the rows start on lines.
   struct Scratch {
     AlignedVector<uint16_t> residual, h, qkv, attn, gate_up, act;
+    std::vector<const LoraLinear*> lora_by_slot;  // add_lora's table of one projection's adapters
   };
 
   // The groups of sequences the step's tokens are cut into, each run by one thread; 1: the whole
@@ -119,7 +135,12 @@ class DecoderStack {
   int64_t groups_for(const DecoderStepArgs& step) const;
   void run(const DecoderStepArgs& step, Scratch& s);  // embedding, layers and final norm into step.out
   void reserve(Scratch& s, int64_t num_tokens) const;
-  void layer(const DecoderLayerWeights& w, const DecoderStepArgs& step, Scratch& s, bool first);
+  void layer(size_t index, const DecoderStepArgs& step, Scratch& s);
+  // y [m, width] += the LoRA updates of x's rows by layer `index`'s `which` projection, for the
+  // step's tokens that name an adapter (none: nothing to do).
+  void add_lora(LoraLinear LoraLayer::*which, size_t index, uint16_t* y, int64_t y_stride, const uint16_t* x,
+                int64_t x_stride, int64_t m, const int32_t* slots, Scratch& s) const;
+  bool lora_touches(LoraLinear LoraLayer::*which, size_t index) const;  // some slot's adapter updates it
   void embed(const int32_t* ids, int64_t n, uint16_t* rows);   // scaled by embedding_multiplier
   void lookup(const int32_t* ids, int64_t n, uint16_t* rows);  // the rows (tensor parallelism: summed over the group)
   void all_reduce(uint16_t* rows, int64_t n);  // n rows of hidden, summed over the group (no-op alone)
@@ -135,7 +156,8 @@ class DecoderStack {
   std::vector<Scratch> scratch_ = std::vector<Scratch>(1);  // one per group of the step (groups_for); each run grows its own
   StepSplit split_;
   int64_t last_groups_ = 0;
-  bool quantized_projections_ = true;  // every layer's projections in a quantized GGUF type (groups_for)
+  bool quantized_projections_ = true;
+  std::vector<std::vector<LoraLayer>> lora_;  // by slot: an adapter's layers, or empty  // every layer's projections in a quantized GGUF type (groups_for)
 };
 
 }  // namespace corellm

@@ -20,6 +20,9 @@ struct DecoderStepArgs {
   const int32_t* seq_lens = nullptr;
   const int32_t* query_start_loc = nullptr;  // [num_seqs + 1]
   int64_t num_seqs = 0;
+  // [num_tokens]: the LoRA slot of each token's adapter (DecoderStack::set_lora; -1: none), or
+  // null: no token of the step has one.
+  const int32_t* lora_slots = nullptr;
   uint16_t* out = nullptr;  // [num_tokens, hidden] bf16: the final norm's output
 };
 

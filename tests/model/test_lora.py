@@ -1,0 +1,128 @@
+"""LoRA adapters in the model: logits equal transformers' on the same model with the updates
+merged into its weights (fp32); in bf16 a sequence's logits are bit-identical whatever the step
+holds (other adapters, the base model), and the native decoder stack's equal the per-op layers';
+and an adapter corellm cannot apply is refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from corellm import _core
+from corellm.lora import load_lora_adapter
+from corellm.model import load_model
+from tests.lora_adapters import ATTENTION, MLP, make_lora_adapter, merged
+from tests.model.runner import PagedRunner
+from tests.model.tiny_models import make_tiny_model
+
+pytest.importorskip("transformers")
+
+
+def _prompts(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 384, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.mark.parametrize("arch,modules,rslora", [("llama3", ATTENTION + MLP, False), ("qwen3", ("q_proj", "v_proj"), True),
+                                                  ("gemma3", ("o_proj", "gate_proj", "down_proj"), False)])
+def test_logits_match_transformers_with_the_updates_merged(arch, modules, rslora, tmp_path, tokenizer_json):
+    hf = make_tiny_model(arch, tmp_path / "model", tokenizer_json)
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    config = config.get("text_config", config)
+    updates = make_lora_adapter(tmp_path / "adapter", config, rank=6, modules=modules, use_rslora=rslora,
+                                layers=[0, 2])
+    ours = load_model(str(tmp_path / "model"), dtype="float32", progress=False)
+    adapter = load_lora_adapter("a", str(tmp_path / "adapter"), ours.config, max_lora_rank=16)
+    ids = _prompts([40])[0]
+    runner = PagedRunner(ours.model, 64, 1, block_size=8, lora_adapters=[adapter])
+    first = runner.step([ids[:25]], lora=[0])
+    rest = torch.cat([runner.step([[t]], lora=[0]) for t in ids[25:]])
+    want = merged(hf, updates)(torch.tensor([ids])).logits[0].detach()
+    torch.testing.assert_close(first[0], want[24], atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(rest, want[25:], atol=2e-4, rtol=1e-4)
+    base = hf(torch.tensor([ids])).logits[0].detach()
+    assert (want - base).abs().max() > 0.05  # the update matters
+
+
+@pytest.fixture(scope="module")
+def bf16_with_adapters(tmp_path_factory, tokenizer_json):
+    root = tmp_path_factory.mktemp("lora_bf16")
+    make_tiny_model("llama3", root / "model", tokenizer_json, seed=7)
+    config = json.loads((root / "model" / "config.json").read_text())
+    make_lora_adapter(root / "a", config, rank=8, seed=1)
+    make_lora_adapter(root / "b", config, rank=4, modules=("q_proj", "up_proj", "down_proj"), seed=2)
+    model = load_model(str(root / "model"), dtype="bfloat16", progress=False)
+    adapters = [load_lora_adapter(n, str(root / n), model.config, max_lora_rank=8) for n in ("a", "b")]
+    return model.model, adapters
+
+
+def _run(model, adapters, prompts, lora, native, steps=6):
+    """Prefill (in chunks of 9) and greedy decode of the sequences together; logits per step."""
+    runner = PagedRunner(model, 64, len(prompts), block_size=8, native=native, lora_adapters=adapters)
+    for start in range(0, max(map(len, prompts)), 9):
+        last = runner.step([p[start:start + 9] for p in prompts], lora=lora)
+    out = [last]
+    for _ in range(steps):
+        last = runner.step([[int(t)] for t in last.argmax(-1)], lora=lora)
+        out.append(last)
+    return torch.stack(out)
+
+
+@pytest.mark.skipif(not _core.kernels.bf16_gemm_available(), reason="needs AVX2 and FMA")
+def test_each_sequence_is_bit_identical_alone_and_among_other_adapters(bf16_with_adapters):
+    model, adapters = bf16_with_adapters
+    prompts = _prompts([30, 30, 30], seed=3)  # equal lengths: every sequence in every step
+    lora = [0, -1, 1]
+    together = _run(model, adapters, prompts, lora, native=True)
+    for i, slot in enumerate(lora):
+        alone = _run(model, adapters, [prompts[i]], [slot], native=True)
+        assert torch.equal(together[:, i], alone[:, 0]), f"sequence {i} (slot {slot})"
+    assert torch.equal(together, _run(model, adapters, prompts, lora, native=False))  # the per-op layers
+    base = _run(model, adapters, prompts, [-1, -1, -1], native=True)
+    assert torch.equal(base[:, 1], together[:, 1]) and not torch.equal(base[:, 0], together[:, 0])
+
+
+def _write(tmp_path, **config_extra):
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    return make_lora_adapter(tmp_path / "adapter", config, rank=4, extra_config=config_extra)
+
+
+@pytest.fixture
+def tiny_model(tmp_path, tokenizer_json):
+    make_tiny_model("llama3", tmp_path / "model", tokenizer_json)
+    return load_model(str(tmp_path / "model"), dtype="float32", progress=False)
+
+
+def test_an_adapter_corellm_cannot_apply_is_refused_by_name(tiny_model, tmp_path):
+    load = lambda rank=16: load_lora_adapter("x", str(tmp_path / "adapter"), tiny_model.config, max_lora_rank=rank)  # noqa: E731
+    with pytest.raises(ValueError, match="is not a directory"):
+        load()
+    _write(tmp_path)
+    assert load().rank == 4
+    with pytest.raises(ValueError, match=r"rank 4, above max_lora_rank \(2\)"):
+        load(rank=2)
+    for key, value in (("use_dora", True), ("modules_to_save", ["lm_head"]), ("bias", "all"),
+                       ("alpha_pattern", {"q_proj": 4})):
+        _write(tmp_path, **{key: value})
+        with pytest.raises(ValueError, match=f"{key}=.* is not supported"):
+            load()
+    from safetensors.torch import load_file, save_file
+
+    _write(tmp_path)
+    weights = tmp_path / "adapter" / "adapter_model.safetensors"
+    tensors = load_file(str(weights))
+    save_file({**tensors, "base_model.model.lm_head.lora_A.weight": torch.zeros(4, 64)}, str(weights))
+    with pytest.raises(ValueError, match="lm_head.lora_A.weight' is not an update corellm applies"):
+        load()
+    name = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
+    save_file({**tensors, name: torch.zeros(63, 4)}, str(weights))
+    with pytest.raises(ValueError, match=r"layer 0's q_proj: lora_A \(4, 64\) and lora_B \(63, 4\) do not fit"):
+        load()
+    save_file({k: v for k, v in tensors.items() if k != name}, str(weights))
+    with pytest.raises(ValueError, match="lora_A without its lora_B"):
+        load()
+    weights.unlink()
+    with pytest.raises(ValueError, match="no adapter_model.safetensors"):
+        load()
