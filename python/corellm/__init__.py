@@ -21,6 +21,7 @@ with _lasting_objects():  # torch's import makes ~200k objects that live as long
     from corellm.native import _core
     from corellm.config import EngineConfig, SchedulerConfig
     from corellm.inputs import PromptType, TextPrompt, TokensPrompt
+    from corellm.lora.lora_request import LoRARequest
     from corellm.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
     from corellm.outputs import (CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, RequestOutput,
                                  ScoringOutput, ScoringRequestOutput)
@@ -41,7 +42,7 @@ def __getattr__(name: str):
 
 
 __all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "CompletionOutput", "EmbeddingOutput",
-           "EmbeddingRequestOutput", "EngineConfig", "Logprob", "PoolingParams", "PromptType",
+           "EmbeddingRequestOutput", "EngineConfig", "LoRARequest", "Logprob", "PoolingParams", "PromptType",
            "RepetitionDetectionParams", "RequestOutput", "RequestOutputKind", "SamplingParams", "SchedulerConfig",
            "ScoringOutput", "ScoringRequestOutput", "StructuredOutputsParams", "TextPrompt", "TokensPrompt", "_core",
            "__version__"]

@@ -204,6 +204,12 @@ class EngineConfig:
     # A streamed request's tokens go out this many at a time (its first token and its finish at
     # once): fewer, larger chunks, less per-token work where many streams run (vLLM's stream_interval).
     stream_interval: int = 1
+    # LoRA adapters (vLLM's enable_lora): requests may name a PEFT adapter to run with; the model
+    # runner holds max_loras of them at once (a step mixes any of those and the base model), each
+    # of rank max_lora_rank at most.
+    enable_lora: bool = False
+    max_loras: int = 4
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
         _check_int("tensor_parallel_size", self.tensor_parallel_size, 1)
@@ -245,7 +251,14 @@ class EngineConfig:
             object.__setattr__(self, "speculative_config", SpeculativeConfig.from_dict(self.speculative_config))
         if self.max_model_len is not None:
             _check_int("max_model_len", self.max_model_len, 2)
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "stream_interval"):
+        if not isinstance(self.enable_lora, bool):
+            raise ValueError(f"enable_lora must be True or False, got {self.enable_lora!r}")
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            raise ValueError("enable_lora: LoRA adapters with tensor_parallel_size > 1 are not supported yet")
+        if self.enable_lora and self.device != "cpu":
+            raise ValueError(f"enable_lora: LoRA adapters run on the CPU only so far, not on device {self.device!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "stream_interval", "max_loras",
+                     "max_lora_rank"):
             _check_int(name, getattr(self, name), 1)
         _check_int("long_prefill_token_threshold", self.long_prefill_token_threshold, 0)
         if self.block_size % 2:

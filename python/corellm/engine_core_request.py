@@ -12,6 +12,7 @@ from corellm.pooling_params import PoolingParams
 from corellm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:  # (structured_output imports this module)
+    from corellm.lora.lora_adapter import LoraAdapter
     from corellm.structured_output.reasoning_wait import ReasoningBudget
 
 
@@ -50,6 +51,10 @@ class EngineCoreRequest:
     # An embedding request: its prompt's hidden states pooled into a vector (worker/pooler.py);
     # its sampling_params then ask for the one token that ends it, which nobody reads.
     pooling: PoolingParams | None = None
+    # The LoRA adapter it runs with (None: the base model): the engine places it in one of the
+    # model runner's slots before the request enters the scheduler, and its prefix-cache entries
+    # are keyed by the adapter's load.
+    lora: LoraAdapter | None = None
 
     @property
     def uses_grammar(self) -> bool:

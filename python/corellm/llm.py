@@ -21,6 +21,7 @@ from corellm.distributed.spawned_processes import refuse_while_importing_main
 from corellm.engine.data_parallel_replicas import DataParallelReplicas
 from corellm.engine.engine_parts import EngineParts
 from corellm.inputs import PromptType
+from corellm.lora.lora_request import LoRARequest
 from corellm.model.loader import LoadedModel
 from corellm.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput, ScoringOutput, ScoringRequestOutput
 from corellm.pooling_params import PoolingParams
@@ -44,7 +45,8 @@ class LLM:
                  master_port: int = 0, disable_custom_all_reduce: bool = False, data_parallel_size: int = 1,
                  reasoning_parser: str | None = None, pooling_type: str | None = None,
                  generation_config: str = "auto", override_generation_config: dict | None = None,
-                 stream_interval: int = 1, loaded_model: LoadedModel | None = None):
+                 stream_interval: int = 1, enable_lora: bool = False, max_loras: int = 4, max_lora_rank: int = 16,
+                 loaded_model: LoadedModel | None = None):
         """quantization: "gguf" (a GGUF file's quantized weights computed as they are; the default for
         a .gguf on the CPU), "int8" (an HF checkpoint's projections quantized to int8 at load: W8A8
         on the CPU or a Hopper GPU), "fp8" (the projections in fp8 e4m3 on a Hopper GPU) or "none"
@@ -72,6 +74,9 @@ class LLM:
         tensor-parallel itself with tensor_parallel_size > 1 (its ranks splitting its share of
         the cores); generate() gives each a contiguous share of the prompts. get_metrics() counts
         this process's replica.
+        enable_lora: requests may run with LoRA adapters (generate's lora_request), max_loras of them
+        held at once (a step mixes any of those and the base model), each of rank max_lora_rank at
+        most (vLLM's names; its default max_loras is 1).
         stream_interval: EngineConfig's, for streamed outputs (AsyncLLM, the server); LLM returns
         whole outputs, so anything but 1 is a ValueError rather than a setting that does nothing."""
         arguments = dict(locals())  # first: the parameters as given, for the data-parallel replicas
@@ -113,6 +118,7 @@ class LLM:
                                    reasoning_parser=reasoning_parser, pooling_type=pooling_type,
                                    generation_config=generation_config,
                                    override_generation_config=override_generation_config,
+                                   enable_lora=enable_lora, max_loras=max_loras, max_lora_rank=max_lora_rank,
                                    torchrun=torchrun is not None)
         # Under torchrun: on rank 0 the workers to send results to; on the others this rank's loop.
         self._torchrun_workers: TensorParallelWorkers | None = None
@@ -213,10 +219,12 @@ class LLM:
     # ------------------------------------------------------------------ generate
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """One RequestOutput per prompt, in order. priority: one per prompt (lower runs first),
-        with scheduling_policy="priority"."""
-        return self._on_every_rank(lambda: self._generate(prompts, sampling_params, use_tqdm, priority))
+        with scheduling_policy="priority". lora_request: the LoRA adapter every prompt runs with, or
+        one per prompt (None: the base model); the engine needs enable_lora."""
+        return self._on_every_rank(lambda: self._generate(prompts, sampling_params, use_tqdm, priority, lora_request))
 
     def embed(self, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams | None = None,
               use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
@@ -254,7 +262,7 @@ class LLM:
         return [ScoringRequestOutput(f"{a.request_id}-{b.request_id}", a.prompt_token_ids + b.prompt_token_ids,
                                      ScoringOutput(s)) for (a, b), s in zip(pairs, scores)]
 
-    def _generate(self, prompts, sampling_params, use_tqdm: bool, priority) -> list[RequestOutput]:
+    def _generate(self, prompts, sampling_params, use_tqdm: bool, priority, lora_request=None) -> list[RequestOutput]:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -269,12 +277,19 @@ class LLM:
         priorities = [0] * len(prompts) if priority is None else list(priority)
         if len(priorities) != len(prompts):
             raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
+        if lora_request is None or isinstance(lora_request, LoRARequest):
+            loras = [lora_request] * len(prompts)
+        else:
+            loras = list(lora_request)
+            if len(loras) != len(prompts):
+                raise ValueError(f"got {len(loras)} LoRA requests for {len(prompts)} prompts")
         # Validate and tokenize everything before any request enters the engine.
         processed = []
-        for prompt, p, prio in zip(prompts, params, priorities):
+        for prompt, p, prio, lora in zip(prompts, params, priorities, loras):
             p = p.clone()
             p.output_kind = RequestOutputKind.FINAL_ONLY
-            processed.append(self.input_processor.process(str(next(self._ids)), prompt, p, priority=prio))
+            processed.append(self.input_processor.process(str(next(self._ids)), prompt, p, priority=prio,
+                                                          lora_request=lora))
         if self._replicas is None:
             return self._run(processed, use_tqdm)
         # Data parallel: replica r takes prompts bounds[r] .. bounds[r+1]-1; this process the first share.
@@ -282,7 +297,7 @@ class LLM:
         bounds = [len(prompts) * r // n for r in range(n + 1)]
         for r in range(1, n):
             share = slice(bounds[r], bounds[r + 1])
-            self._replicas.submit(r, prompts[share], params[share], priorities[share])
+            self._replicas.submit(r, prompts[share], params[share], priorities[share], loras[share])
         outputs, failure = [], None
         try:
             outputs = self._run(processed[:bounds[1]], use_tqdm)
@@ -375,7 +390,8 @@ class LLM:
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
              chat_template: str | None = None, add_generation_prompt: bool = True,
              continue_final_message: bool = False, tools: list[dict[str, Any]] | None = None,
-             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: dict[str, Any] | None = None,
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """Renders each conversation with the model's chat template (jinja2 sandbox), then generates.
         tools (OpenAI's format) and chat_template_kwargs reach the template; continue_final_message
         leaves the last message open for the model to continue (then add_generation_prompt must be
@@ -396,7 +412,7 @@ class LLM:
                                            continue_final_message=continue_final_message, **extra)
             # The template writes the special tokens itself: do not add a BOS again.
             prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
-        return self.generate(prompts, sampling_params, use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
 
 
 def _prompt_key(prompt: PromptType) -> object:

@@ -27,6 +27,7 @@ from corellm.engine.engine_core_outputs import EngineCoreOutputs
 from corellm.engine.engine_parts import EngineParts
 from corellm.engine.input_processor import ProcessedRequest
 from corellm.inputs import PromptType
+from corellm.lora.lora_request import LoRARequest
 from corellm.model.loader import LoadedModel
 from corellm.native import _core
 from corellm.outputs import RequestOutput
@@ -266,16 +267,18 @@ class AsyncLLM:
 
     # ------------------------------------------------------------------ API
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams | None, priority: int = 0,
-                cache_salt: str = "") -> ProcessedRequest:
+                cache_salt: str = "", lora_request: LoRARequest | None = None) -> ProcessedRequest:
         """Validates and tokenizes (ValueError on bad input) without submitting."""
-        return self.input_processor.process(request_id, prompt, params, priority=priority, cache_salt=cache_salt)
+        return self.input_processor.process(request_id, prompt, params, priority=priority, cache_salt=cache_salt,
+                                            lora_request=lora_request)
 
     def add_request(self, prompt: PromptType | ProcessedRequest, params: SamplingParams | None = None,
-                    request_id: str | None = None, priority: int = 0, cache_salt: str = "") -> asyncio.Queue:
+                    request_id: str | None = None, priority: int = 0, cache_salt: str = "",
+                    lora_request: LoRARequest | None = None) -> asyncio.Queue:
         """Submits a request; its RequestOutputs (or an exception) arrive on the returned queue."""
-        return self._submit(prompt, params, request_id, priority, cache_salt).queue
+        return self._submit(prompt, params, request_id, priority, cache_salt, lora_request).queue
 
-    def _submit(self, prompt, params, request_id, priority, cache_salt) -> _Pending:
+    def _submit(self, prompt, params, request_id, priority, cache_salt, lora_request=None) -> _Pending:
         if self.dead_error is not None:
             raise EngineDeadError(f"the engine stopped: {self.dead_error}")
         if self._thread is None:
@@ -285,7 +288,8 @@ class AsyncLLM:
         if isinstance(prompt, ProcessedRequest):
             processed = prompt
         else:
-            processed = self.process(request_id or f"req-{time.monotonic_ns()}", prompt, params, priority, cache_salt)
+            processed = self.process(request_id or f"req-{time.monotonic_ns()}", prompt, params, priority, cache_salt,
+                                     lora_request)
         if processed.request_id in self._requests:
             raise ValueError(f"request id {processed.request_id!r} is already in use")
         pending = _Pending(asyncio.Queue(), processed,
@@ -299,19 +303,19 @@ class AsyncLLM:
         return pending
 
     def submit(self, prompt: PromptType | ProcessedRequest, params: SamplingParams | None = None,
-               request_id: str | None = None, priority: int = 0,
-               cache_salt: str = "") -> AsyncGenerator[RequestOutput, None]:
+               request_id: str | None = None, priority: int = 0, cache_salt: str = "",
+               lora_request: LoRARequest | None = None) -> AsyncGenerator[RequestOutput, None]:
         """Submits the request now (synchronously: the queued load counts it at once) and returns
         the generator of its RequestOutputs; closing the generator aborts the request. A generator
         that is never iterated must be aborted with abort(request_id)."""
-        return self._outputs(self._submit(prompt, params, request_id, priority, cache_salt))
+        return self._outputs(self._submit(prompt, params, request_id, priority, cache_salt, lora_request))
 
     async def generate(self, prompt: PromptType | ProcessedRequest, params: SamplingParams | None = None,
-                       request_id: str | None = None, priority: int = 0,
-                       cache_salt: str = "") -> AsyncIterator[RequestOutput]:
+                       request_id: str | None = None, priority: int = 0, cache_salt: str = "",
+                       lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
         """Yields the request's RequestOutputs until it finishes; closing or cancelling the
-        generator aborts the request."""
-        outputs = self.submit(prompt, params, request_id, priority, cache_salt)
+        generator aborts the request. lora_request: the LoRA adapter to run it with."""
+        outputs = self.submit(prompt, params, request_id, priority, cache_salt, lora_request)
         async with contextlib.aclosing(outputs):
             async for out in outputs:
                 yield out

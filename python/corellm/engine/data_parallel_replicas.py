@@ -48,9 +48,9 @@ def replica_main(arguments: dict[str, Any], threads: int, conn) -> None:
         return
     conn.send(("ready", None))
     while (work := _next_work(conn)) is not None:
-        prompts, params, priorities = work
+        prompts, params, priorities, loras = work
         try:
-            conn.send(("ok", llm.generate(prompts, params, use_tqdm=False, priority=priorities)))
+            conn.send(("ok", llm.generate(prompts, params, use_tqdm=False, priority=priorities, lora_request=loras)))
         except Exception as e:  # noqa: BLE001 - the caller's error, not the replica's end
             conn.send(("error", f"{type(e).__name__}: {e}"))
     llm.shutdown()
@@ -92,9 +92,9 @@ class DataParallelReplicas:
             raise RuntimeError(f"data-parallel replica {r}: {value}")
         return value
 
-    def submit(self, r: int, prompts: list, params: list, priorities: list[int]) -> None:
-        """Replica r (1 ..) starts generating for its share."""
-        self._replicas[r - 1][1].send((prompts, params, priorities))
+    def submit(self, r: int, prompts: list, params: list, priorities: list[int], loras: list) -> None:
+        """Replica r (1 ..) starts generating for its share (loras: each prompt's LoRARequest or None)."""
+        self._replicas[r - 1][1].send((prompts, params, priorities, loras))
 
     def result(self, r: int) -> list[RequestOutput]:
         """Replica r's outputs for its share, in its order (waits for them)."""

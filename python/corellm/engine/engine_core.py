@@ -125,7 +125,10 @@ class EngineCore:
         native = self.scheduler_config.to_native()
         self.scheduler = _core.Scheduler(native)
         self.model_runner = ModelRunner(loaded, native, enforce_eager=config.enforce_eager, tp_workers=tp_workers,
-                                        pooling_type=pooling_type_of(loaded.path, config.pooling_type))
+                                        pooling_type=pooling_type_of(loaded.path, config.pooling_type),
+                                        max_loras=config.max_loras if config.enable_lora else 0)
+        # Requests whose LoRA adapter waits for a slot (every slot's adapter in use): in arrival order.
+        self._lora_waiting: list[EngineCoreRequest] = []
         self.drafter = None if draft is None else DraftModelProposer(draft, spec.num_speculative_tokens, native,
                                                                       self.model_runner)
         self.structured_output = StructuredOutputManager(grammar_compiler)
@@ -167,12 +170,20 @@ class EngineCore:
             self._pending_errors.append(EngineCoreOutput(request.request_id, [], "error", error=str(e)))
 
     def _add_to_scheduler(self, request: EngineCoreRequest) -> None:
+        if request.lora is not None:
+            unfinished = lambda request_id: self.scheduler.get_request(request_id) is not None  # noqa: E731
+            if self._lora_waiting or self.model_runner.lora_slots.place(request.lora, request.request_id,
+                                                                         unfinished) is None:
+                self._lora_waiting.append(request)  # behind those already waiting: arrival order
+                return
         p = request.sampling_params
         # A request whose prompt logprobs are wanted, or whose pooling reads every prompt row, must
         # compute every prompt position: keep it out of prefix-cache sharing with a salt of its own.
         every_position = p.prompt_logprobs is not None or (
             request.pooling is not None and self.model_runner.pooler.needs_every_position)
         salt = f"{request.cache_salt}\x00{request.request_id}" if every_position else request.cache_salt
+        if request.lora is not None:  # its blocks hold the adapter's keys and values: shared only under it
+            salt = f"{salt}\x00lora:{request.lora.serial}"
         self.scheduler.add_request(
             request.request_id, request.prompt_token_ids, max_tokens=p.max_tokens, min_tokens=p.min_tokens,
             ignore_eos=p.ignore_eos, eos_token_id=-1 if request.eos_token_id is None else request.eos_token_id,
@@ -182,6 +193,15 @@ class EngineCore:
             mm_ranges=[(f.offset, f.length, f.hash) for f in request.mm_features],
             use_structured_output=request.uses_grammar, prediction_token_ids=request.prediction_token_ids,
             payload=request)
+
+    def _admit_lora_waiting(self) -> None:
+        """The requests waiting for a LoRA slot enter the scheduler, in order, while slots can be had."""
+        waiting, self._lora_waiting = self._lora_waiting, []
+        for i, request in enumerate(waiting):
+            self._schedule_request(request)
+            if self._lora_waiting:  # it waits again: so do the ones after it
+                self._lora_waiting += waiting[i + 1:]
+                return
 
     def _admit_ready_grammars(self, wait: bool) -> None:
         """Requests whose grammar is now compiled enter the scheduler (or fail, if it did not
@@ -208,16 +228,21 @@ class EngineCore:
                 return
             self.scheduler.finish_requests(ids, _core.RequestStatus.FINISHED_ABORTED)
             self.structured_output.remove(ids)
+            if self._lora_waiting:
+                gone = set(ids)
+                self._lora_waiting = [r for r in self._lora_waiting if r.request_id not in gone]
 
     def has_unfinished_requests(self) -> bool:
         return (self.scheduler.has_unfinished_requests() or bool(self.structured_output.awaiting)
-                or bool(self._pending_errors))
+                or bool(self._pending_errors) or bool(self._lora_waiting))
 
     def stats(self) -> _core.SchedulerStats:
         return self.scheduler.stats()
 
     def step(self) -> EngineCoreOutputs:
         self._process_aborts()
+        if self._lora_waiting:
+            self._admit_lora_waiting()
         self._admit_ready_grammars(wait=not self.scheduler.has_unfinished_requests())
         errors, self._pending_errors = self._pending_errors, []
         if not self.scheduler.has_unfinished_requests():

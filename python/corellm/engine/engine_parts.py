@@ -14,6 +14,7 @@ from corellm.config import GENERATION_DEFAULTS, EngineConfig
 from corellm.engine.engine_core import EngineCore
 from corellm.engine.input_processor import InputProcessor
 from corellm.engine.output_processor import OutputProcessor
+from corellm.lora.lora_registry import LoraRegistry
 from corellm.model.loader import LoadedModel, load_model, load_model_config
 from corellm.model.tensor_parallel import check_divisible
 from corellm.multimodal.image_inputs import ImageInputs
@@ -73,13 +74,25 @@ class EngineParts:
         extra_eos = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         eos_ids = [t for t in [loaded.tokenizer.eos_token_id, *extra_eos] if t is not None]
         grammar_compiler = GrammarCompiler(loaded.tokenizer, loaded.config.vocab_size, list(dict.fromkeys(eos_ids)))
+        loras = lora_registry_of(loaded, config)
         engine_core = EngineCore(loaded, config, grammar_compiler, tp_workers=workers)
         input_processor = InputProcessor(loaded.tokenizer, loaded.config.vocab_size, engine_core.max_model_len,
                                          extra_eos, config.seed, config.scheduling_policy, grammar_compiler,
                                          config.reasoning_parser, image_inputs=image_inputs_of(loaded, config),
-                                         prediction_drafts=engine_core.scheduler.config.prompt_lookup_max > 0)
+                                         prediction_drafts=engine_core.scheduler.config.prompt_lookup_max > 0,
+                                         loras=loras)
         return cls(loaded, engine_core, input_processor, OutputProcessor(loaded.tokenizer, config.stream_interval),
                    grammar_compiler, sampling_defaults_of(generation_config, config))
+
+
+def lora_registry_of(loaded: LoadedModel, config: EngineConfig) -> LoraRegistry | None:
+    """The engine's LoRA adapters' registry (None without enable_lora); ValueError where corellm
+    does not run LoRA yet: an image model."""
+    if not config.enable_lora:  # (EngineConfig refused it with tensor parallelism or a GPU)
+        return None
+    if getattr(loaded.model, "llava", None) is not None:
+        raise ValueError("enable_lora: LoRA adapters on an image model (LLaVA) are not supported yet")
+    return LoraRegistry(loaded.config, config.max_lora_rank)
 
 
 def read_generation_config(folder: str) -> dict:

@@ -9,6 +9,8 @@ import uuid
 from dataclasses import dataclass
 
 from corellm.engine_core_request import EngineCoreRequest
+from corellm.lora.lora_registry import LoraRegistry
+from corellm.lora.lora_request import LoRARequest
 from corellm.inputs import PromptType, check_prompt_keys, prompt_cache_salt
 from corellm.multimodal.image_inputs import ImageInputs
 from corellm.pooling_params import PoolingParams
@@ -42,7 +44,8 @@ class InputProcessor:
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_model_len: int,
                  extra_eos_token_ids: list[int] | None = None, seed: int = 0, scheduling_policy: str = "fcfs",
                  grammar_compiler: GrammarCompiler | None = None, reasoning_parser: str | None = None,
-                 image_inputs: ImageInputs | None = None, prediction_drafts: bool = False):
+                 image_inputs: ImageInputs | None = None, prediction_drafts: bool = False,
+                 loras: LoraRegistry | None = None):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -53,6 +56,7 @@ class InputProcessor:
         self._rng = random.Random(seed)  # seeds for requests that bring none: reproducible per engine
         self.image_inputs = image_inputs  # a model that takes images (LLaVA); None: text only
         self.prediction_drafts = prediction_drafts  # the scheduler drafts n-grams (a prediction's too)
+        self.loras = loras  # the LoRA adapters known (None: the engine runs without LoRA)
 
     def images(self, prompt: PromptType, ids: list[int]):
         """(ids with each image's placeholders expanded, its MultiModalFeatures) for a prompt's
@@ -95,9 +99,17 @@ class InputProcessor:
                          f"dict with 'prompt_token_ids'), got {type(prompt).__name__}")
 
     def process(self, request_id: str, prompt: PromptType, params: SamplingParams | PoolingParams | None,
-                arrival_time: float | None = None, priority: int = 0, cache_salt: str = "") -> ProcessedRequest:
+                arrival_time: float | None = None, priority: int = 0, cache_salt: str = "",
+                lora_request: LoRARequest | None = None) -> ProcessedRequest:
         """params: how to generate, or PoolingParams for an embedding request (as vLLM takes
-        either): its prompt is computed and pooled; the one token it samples to end is not kept."""
+        either): its prompt is computed and pooled; the one token it samples to end is not kept.
+        lora_request: the LoRA adapter to run with (loaded on its first use)."""
+        lora = None
+        if lora_request is not None:
+            if self.loras is None:
+                raise ValueError("lora_request: this engine runs without LoRA (start it with enable_lora=True, "
+                                 "--enable-lora)")
+            lora = self.loras.resolve(lora_request)
         if params is None:
             params = SamplingParams()
         pooling = None
@@ -180,6 +192,7 @@ class InputProcessor:
                 mm_features=mm_features,
                 prediction_token_ids=prediction_token_ids,
                 pooling=pooling,
+                lora=lora,
             ))
         return ProcessedRequest(request_id, text, ids, params, samples)
 

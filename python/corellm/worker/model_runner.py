@@ -17,6 +17,7 @@ import torch
 from corellm import ops
 from corellm.native import _core
 from corellm.engine_core_request import EngineCoreRequest
+from corellm.lora.lora_batch import LoraBatch
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.loader import LoadedModel
 from corellm.model.native_stack import NativeDecoderStack, supports as native_stack_supports
@@ -26,6 +27,7 @@ from corellm.worker.cuda_graphs import CUDAGraphRunner
 from corellm.worker.encoder_cache import EncoderCache
 from corellm.worker.kv_cache import allocate_kv_caches
 from corellm.worker.logits_buffer import LogitsBuffer
+from corellm.worker.lora_slots import LoraSlots
 from corellm.worker.model_runner_output import ModelRunnerOutput, PromptLogprobs, SampledTokenLogprobs
 from corellm.worker.pooler import Pooler
 from corellm.worker.sampled_rows import sampled_rows
@@ -60,11 +62,12 @@ class ExecuteModelState:
 
 class ModelRunner:
     def __init__(self, loaded: LoadedModel, scheduler_config: _core.SchedulerConfig, enforce_eager: bool = False,
-                 tp_workers: TensorParallelWorkers | None = None, pooling_type: str = "LAST"):
+                 tp_workers: TensorParallelWorkers | None = None, pooling_type: str = "LAST", max_loras: int = 0):
         """On CUDA, decode batches replay captured CUDA graphs unless enforce_eager. tp_workers:
         the model is rank 0 of a tensor-parallel group whose other ranks run in these workers;
         each step's inputs are sent to them before the forward. pooling_type: how embedding
-        requests' vectors are made (worker/pooler.py)."""
+        requests' vectors are made (worker/pooler.py). max_loras: how many LoRA adapters it holds
+        at once (0: LoRA off)."""
         self.pooler = Pooler(pooling_type)
         self._pooling: set[str] = set()  # the embedding requests in the batch (most steps: none)
         self.model = loaded.model
@@ -102,6 +105,8 @@ class ModelRunner:
             self.cuda_graphs.capture()
         elif native_stack_supports(self.model):
             self.native_stack = NativeDecoderStack(self.model, self.kv_caches)
+        self.lora_slots = LoraSlots(max_loras, self.native_stack) if max_loras else None
+        self._lora_slot_of: dict[str, int] = {}  # the running requests that have an adapter: its slot
 
     def shutdown(self) -> None:
         """Releases what the runner holds beyond the KV cache (the CUDA graphs, the workers)."""
@@ -171,10 +176,26 @@ class ModelRunner:
         if image_rows is not None:  # after the step message: under TP the embedding is a collective
             index, rows = image_rows
             inputs_embeds = self.model.embed_with_image_rows(i32(b.input_ids), index.to(self.device), rows)
+        lora_slots = self._lora_slots(so) if self._lora_slot_of else None
         if self.native_stack is not None:
-            return self.native_stack.forward(i32(b.input_ids), i32(b.positions), attn, inputs_embeds=inputs_embeds)
+            return self.native_stack.forward(i32(b.input_ids), i32(b.positions), attn, inputs_embeds=inputs_embeds,
+                                             lora_slots=None if lora_slots is None else i32(lora_slots))
+        lora = None if lora_slots is None else LoraBatch(i32(lora_slots), self.lora_slots.adapters)
         return self.model.forward(i32(b.input_ids), i32(b.positions), attn, self.kv_caches,
-                                  inputs_embeds=inputs_embeds)
+                                  inputs_embeds=inputs_embeds, lora=lora)
+
+    def _lora_slots(self, so: _core.SchedulerOutput) -> np.ndarray | None:
+        """int32 [num_tokens]: each of the step's tokens' LoRA slot (-1: the base model), or None
+        when none of its requests has an adapter."""
+        starts = self.builder.query_start_loc
+        slots = None
+        for i, req_id in enumerate(so.req_ids):
+            slot = self._lora_slot_of.get(req_id)
+            if slot is not None:
+                if slots is None:
+                    slots = np.full(len(self.builder.input_ids), -1, dtype=np.int32)
+                slots[starts[i]:starts[i + 1]] = slot
+        return slots
 
     def _image_rows(self, so: _core.SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The step's image rows: (the flat rows of the placeholders it computes, int64 [k]; the
@@ -220,6 +241,7 @@ class ModelRunner:
             self.sampling.remove(req_id)
             self.mm_features.pop(req_id, None)
             self._pooling.discard(req_id)
+            self._lora_slot_of.pop(req_id, None)
         for req_id in so.finished_req_ids:
             self.pooler.drop(req_id)
         for image_hash in so.freed_encoder_hashes:
@@ -232,6 +254,8 @@ class ModelRunner:
                 self.mm_features[request.request_id] = request.mm_features
             if request.pooling is not None:
                 self._pooling.add(request.request_id)
+            if request.lora is not None:  # placed by the engine when it entered the scheduler
+                self._lora_slot_of[request.request_id] = self.lora_slots.slot_of(request.lora)
         self.builder.update_states(so)
 
     def _prompt_spans(self, so: _core.SchedulerOutput) -> list[PromptSpan]:

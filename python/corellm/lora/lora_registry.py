@@ -1,0 +1,77 @@
+"""LoraRegistry: the LoRA adapters an engine knows by name — loaded once each (from --lora-modules,
+POST /v1/load_lora_adapter, or the first request that names a LoRARequest) and found again by
+name. A request holds its adapter itself, so removing one from the registry does not touch the
+requests already running with it.
+
+Names and ids, as vLLM's: an adapter's name and lora_int_id each belong to one adapter; a
+LoRARequest that gives a known name with another id or directory is refused rather than
+silently served with the other adapter."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from corellm.lora.lora_adapter import LoraAdapter, load_lora_adapter
+from corellm.lora.lora_request import LoRARequest
+from corellm.model.model_config import ModelConfig
+
+
+@dataclass(frozen=True)
+class RegisteredLora:
+    request: LoRARequest
+    adapter: LoraAdapter
+
+
+class LoraRegistry:
+    def __init__(self, config: ModelConfig, max_lora_rank: int):
+        self.config = config
+        self.max_lora_rank = max_lora_rank
+        self._by_name: dict[str, RegisteredLora] = {}
+        self._lock = threading.Lock()  # the server's routes and its engine's requests may race
+
+    def resolve(self, request: LoRARequest) -> LoraAdapter:
+        """The adapter a request runs with, loaded on its first use (ValueError naming what is wrong
+        with it: a bad directory, a name or id already given to another adapter)."""
+        if not isinstance(request, LoRARequest):
+            raise ValueError(f"lora_request must be a LoRARequest, got {type(request).__name__}")
+        with self._lock:
+            known = self._by_name.get(request.lora_name)
+            if known is not None:
+                if (known.request.lora_int_id, known.request.lora_path) != (request.lora_int_id, request.lora_path):
+                    raise ValueError(f"LoRA adapter {request.lora_name!r} is loaded as id {known.request.lora_int_id} "
+                                     f"from {known.request.lora_path}; this request gives id {request.lora_int_id} "
+                                     f"and {request.lora_path}")
+                return known.adapter
+            for other in self._by_name.values():
+                if other.request.lora_int_id == request.lora_int_id:
+                    raise ValueError(f"lora_int_id {request.lora_int_id} belongs to LoRA adapter "
+                                     f"{other.request.lora_name!r}; {request.lora_name!r} needs another")
+            adapter = load_lora_adapter(request.lora_name, request.lora_path, self.config, self.max_lora_rank)
+            self._by_name[request.lora_name] = RegisteredLora(request, adapter)
+            return adapter
+
+    def add(self, name: str, path: str, base_model_name: str | None = None) -> LoRARequest:
+        """Loads an adapter under a new name (its id the next free one); ValueError if the name is taken."""
+        with self._lock:
+            if name in self._by_name:
+                raise ValueError(f"a LoRA adapter named {name!r} is already loaded")
+            next_id = max((r.request.lora_int_id for r in self._by_name.values()), default=0) + 1
+        request = LoRARequest(name, next_id, path, base_model_name)
+        self.resolve(request)
+        return request
+
+    def get(self, name: str) -> LoRARequest | None:
+        with self._lock:
+            known = self._by_name.get(name)
+            return None if known is None else known.request
+
+    def remove(self, name: str) -> bool:
+        """Forgets the adapter (requests running with it finish with it); False if unknown."""
+        with self._lock:
+            return self._by_name.pop(name, None) is not None
+
+    def requests(self) -> list[LoRARequest]:
+        """The adapters known, in the order they were loaded."""
+        with self._lock:
+            return [r.request for r in self._by_name.values()]
