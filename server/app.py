@@ -17,6 +17,8 @@ from corellm.server.chat import create_chat_completion, render_prompt
 from corellm.server.completions import create_completion
 from corellm.server.embeddings import EmbeddingRequest, create_embedding
 from corellm.server.generate_tokens import GenerateRequest, create_generate
+from corellm.server.lora_adapters import (LoadLoRAAdapterRequest, UnloadLoRAAdapterRequest, load_adapter,
+                                          lora_model_cards, runtime_updating_allowed, unload_adapter)
 from corellm.server.render import render_chat, render_completion
 from corellm.server.scores import RerankRequest, ScoreRequest, create_rerank, create_score
 from corellm.server.errors import PROBE_PATHS, APIError, api_key_refusal, bad_request, validation_error
@@ -170,15 +172,27 @@ def model_card(serving: Serving) -> dict:
 
 
 async def models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": [model_card(request.app[SERVING])]})
+    """The served model, then its LoRA adapters (lora_adapters.py)."""
+    serving = request.app[SERVING]
+    return web.json_response({"object": "list", "data": [model_card(serving)] + lora_model_cards(serving)})
 
 
 async def retrieve_model(request: web.Request) -> web.Response:
-    """GET /v1/models/{model}: the served model's card (OpenAI's models.retrieve); any other name
-    is a 404. A name with a slash (an HF id such as org/name) comes URL-encoded or as it is."""
+    """GET /v1/models/{model}: the served model's card or a LoRA adapter's (OpenAI's
+    models.retrieve); any other name is a 404. A name with a slash (an HF id such as org/name)
+    comes URL-encoded or as it is."""
     serving = request.app[SERVING]
-    serving.check_model(request.match_info["model"])
-    return web.json_response(model_card(serving))
+    name = serving.check_model(request.match_info["model"])
+    card = next((c for c in lora_model_cards(serving) if c["id"] == name), None)
+    return web.json_response(card or model_card(serving))
+
+
+def parsed_route(handle, model: type[BaseModel]):
+    """A route whose body is a `model`, answered by handle(serving, the parsed body); not a
+    request to the model (GET /load does not count it)."""
+    async def route(request: web.Request) -> web.StreamResponse:
+        return await handle(request.app[SERVING], await parse(request, model))
+    return route
 
 
 async def load(request: web.Request) -> web.Response:
@@ -297,6 +311,9 @@ def create_app(engine: AsyncLLM, config: ServerConfig) -> web.Application:
     app.router.add_post("/detokenize", detokenize)
     app.router.add_get("/tokenizer_info", tokenizer_info)
     app.router.add_get("/openapi.json", openapi)
+    if runtime_updating_allowed():
+        app.router.add_post("/v1/load_lora_adapter", parsed_route(load_adapter, LoadLoRAAdapterRequest))
+        app.router.add_post("/v1/unload_lora_adapter", parsed_route(unload_adapter, UnloadLoRAAdapterRequest))
 
     async def start_engine(app: web.Application) -> None:
         engine.start()

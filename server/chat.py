@@ -15,6 +15,7 @@ from aiohttp import web
 from corellm.beam_search import BeamSearchParams
 from corellm.chat_template import template_variables
 from corellm.engine.input_processor import ProcessedRequest
+from corellm.lora.lora_request import LoRARequest
 from corellm.reasoning_parser import ReasoningParser
 from corellm.server.assistant_message import AssistantMessage
 from corellm.sampling_params import SamplingParams
@@ -100,6 +101,7 @@ class ChatTurn:
     include_reasoning: bool  # (vLLM) false: the reasoning is taken out of the reply and not sent
     processed: ProcessedRequest | None  # None with beam search
     beam: BeamSearchParams | None
+    lora: LoRARequest | None = None  # the LoRA adapter its `model` named (beam search runs with it)
 
     def reply(self) -> AssistantMessage:
         """A new reader of one choice's text: its reasoning, content and tool calls."""
@@ -111,7 +113,7 @@ async def prepare_chat(serving: Serving, request: web.Request, req: ChatCompleti
                        id_prefix: str = "chatcmpl-") -> ChatTurn:
     """Renders, tokenizes and checks the conversation, and prepares its engine request (not yet
     submitted): every 400 a chat request can get comes from here."""
-    model = serving.check_model(req.model)
+    model, lora = serving.resolve_model(req.model)
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     tools = resolve_chat_tools(req, serving.config, serving.tokenizer)
@@ -144,13 +146,13 @@ async def prepare_chat(serving: Serving, request: web.Request, req: ChatCompleti
         raise bad_request("use_beam_search takes text conversations (no images)", "use_beam_search")
     prepare = functools.partial(serving.prepare, request_id, prompt_ids, text, params, max_tokens, kind="messages",
                                 cache_salt=req.cache_salt, priority=req.priority, structured_field=structured_field,
-                                images=images)
+                                images=images, lora_request=lora)
     # Images are decoded (and fetched, where allowed) on a worker thread: the event loop serves on.
     processed = None
     if beam is None:
         processed = await asyncio.get_running_loop().run_in_executor(_IMAGE_POOL, prepare) if images else prepare()
     return ChatTurn(model, response_id, request_id, text, prompt_ids, params, max_tokens, structured_field, tools,
-                    serving.engine.config.reasoning_parser, req.include_reasoning, processed, beam)
+                    serving.engine.config.reasoning_parser, req.include_reasoning, processed, beam, lora)
 
 
 async def create_chat_completion(serving: Serving, request: web.Request, req: ChatCompletionRequest) -> web.StreamResponse:
@@ -167,7 +169,7 @@ async def create_chat_completion(serving: Serving, request: web.Request, req: Ch
         if beam is not None:
             out = await serving.beam_search(request_id, turn.prompt_ids, turn.text, beam, turn.max_tokens,
                                             kind="messages", cache_salt=req.cache_salt, priority=req.priority,
-                                            skip_special_tokens=req.skip_special_tokens)
+                                            skip_special_tokens=req.skip_special_tokens, lora_request=turn.lora)
         else:
             (out,) = await serving.run_all([processed], structured_field)
         choices = []

@@ -42,7 +42,7 @@ def prompts_of(req: CompletionRequest, serving: Serving) -> list[tuple[list[int]
 
 
 async def create_completion(serving: Serving, request: web.Request, req: CompletionRequest) -> web.StreamResponse:
-    model = serving.check_model(req.model)
+    model, lora = serving.resolve_model(req.model)
     if req.suffix:
         raise bad_request("suffix is not supported by corellm", "suffix", "unsupported_field")
     scoring_only = req.max_tokens == 0
@@ -54,7 +54,7 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     if beam is not None:
         searches = [asyncio.ensure_future(serving.beam_search(
             f"{request_id}-{i}", ids, text, beam, max_tokens, cache_salt=req.cache_salt, priority=req.priority,
-            skip_special_tokens=req.skip_special_tokens)) for i, (ids, text) in enumerate(prompts_of(req, serving))]
+            skip_special_tokens=req.skip_special_tokens, lora_request=lora)) for i, (ids, text) in enumerate(prompts_of(req, serving))]
         try:
             outputs = list(await asyncio.gather(*searches))
         finally:
@@ -76,7 +76,8 @@ async def create_completion(serving: Serving, request: web.Request, req: Complet
     structured_field = req.structured_output()[1]
     await serving.check_constraint(params, structured_field)
     processed = [serving.prepare(f"{request_id}-{i}", ids, text, params, max_tokens,
-                                 cache_salt=req.cache_salt, priority=req.priority, structured_field=structured_field)
+                                 cache_salt=req.cache_salt, priority=req.priority, structured_field=structured_field,
+                                 lora_request=lora)
                  for i, (ids, text) in enumerate(prompts_of(req, serving))]
     n = params.n
     if not req.stream:

@@ -229,6 +229,31 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(text="\n".join(lines) + "\n" + engines, content_type="text/plain")
 
 
+async def to_every_replica(request: web.Request) -> web.Response:
+    """POST /v1/load_lora_adapter and /v1/unload_lora_adapter: the change is every replica's (each
+    serves any request), so the body goes to every running replica; the answer is the first
+    refusal, else the replicas' success."""
+    router: Router = request.app["router"]
+    body = await request.read()
+    headers = {k: request.headers[k] for k in _FORWARDED_HEADERS if k in request.headers}
+
+    async def send(r: Replica) -> tuple[int, str, str]:
+        try:
+            async with router.session.post(r.url + request.path_qs, data=body, headers=headers,
+                                           timeout=aiohttp.ClientTimeout(total=300)) as reply:
+                return reply.status, reply.headers.get("Content-Type", "text/plain"), await reply.text()
+        except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError) as e:
+            message = f"engine replica {r.index} failed ({type(e).__name__})"
+            return 503, "application/json", json.dumps(APIError(503, message, "service_unavailable").body())
+
+    alive = [r for r in router.replicas if r.alive()]
+    if not alive:
+        return APIError(503, "no engine replica is running", "service_unavailable").response()
+    replies = await asyncio.gather(*(send(r) for r in alive))
+    status, content_type, text = next((reply for reply in replies if reply[0] != 200), replies[0])
+    return web.Response(status=status, text=text, content_type=content_type.split(";")[0])
+
+
 def start_replicas(argv: list[str], size: int) -> list[Replica]:
     """Starts `size` replicas with the command line this process got (its --port, --host and
     --data-parallel-size overridden: the last occurrence wins)."""
@@ -276,6 +301,8 @@ def create_router_app(router: Router) -> web.Application:
         add("/ping", health)  # SageMaker's health check, GET or POST
     app.router.add_get("/load", load)
     app.router.add_get("/metrics", metrics)
+    for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+        app.router.add_post(path, to_every_replica)
     app.router.add_route("*", "/{tail:.*}", forward)
     return app
 

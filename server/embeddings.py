@@ -14,6 +14,7 @@ import numpy as np
 from aiohttp import web
 from pydantic import Field
 
+from corellm.lora.lora_request import LoRARequest
 from corellm.pooling_params import PoolingParams
 from corellm.server.errors import APIError, bad_request
 from corellm.server.protocol import MAX_REQUEST_ID_CHARS, TokenId
@@ -48,7 +49,7 @@ class EmbeddingRequest(RequestPart):
 
 
 async def create_embedding(serving: Serving, request: web.Request, req: EmbeddingRequest) -> web.Response:
-    model = serving.check_model(req.model)
+    model, lora = serving.resolve_model(req.model)
     if req.dimensions is not None:
         raise bad_request("dimensions is not supported: the served model declares no shorter (Matryoshka) vectors",
                           "dimensions", "unsupported_field")
@@ -56,7 +57,7 @@ async def create_embedding(serving: Serving, request: web.Request, req: Embeddin
     vectors, tokens = await embed(serving, engine_id, req.prompts(), PoolingParams(normalize=req.normalize is not False),
                                   add_special_tokens=req.add_special_tokens,
                                   truncate_prompt_tokens=req.truncate_prompt_tokens,
-                                  truncation_side=req.truncation_side, priority=req.priority)
+                                  truncation_side=req.truncation_side, priority=req.priority, lora_request=lora)
     data = [{"object": "embedding", "index": i, "embedding": vector if req.encoding_format == "float" else
              base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode()} for i, vector in enumerate(vectors)]
     return web.json_response({"id": response_id, "object": "list", "created": now(), "model": model, "data": data,
@@ -66,7 +67,7 @@ async def create_embedding(serving: Serving, request: web.Request, req: Embeddin
 async def embed(serving: Serving, engine_id: str, prompts: list[str | list[int]], params: PoolingParams,
                 add_special_tokens: bool = True, truncate_prompt_tokens: int | None = None,
                 truncation_side: str | None = None, priority: int = 0,
-                field: str = "input") -> tuple[list[list[float]], int]:
+                field: str = "input", lora_request: LoRARequest | None = None) -> tuple[list[list[float]], int]:
     """The prompts' vectors, in order, and their tokens in all (a 400 naming `field` for a prompt
     the context cannot hold)."""
     processed = []
@@ -74,7 +75,8 @@ async def embed(serving: Serving, engine_id: str, prompts: list[str | list[int]]
         text = prompt if isinstance(prompt, str) else None
         ids = serving.tokenizer.encode(prompt, add_special_tokens=add_special_tokens) if text is not None else prompt
         ids = serving.truncate_prompt(ids, truncate_prompt_tokens, truncation_side)
-        processed.append(serving.prepare(f"{engine_id}-{i}", ids, text, params, None, kind=field, priority=priority))
+        processed.append(serving.prepare(f"{engine_id}-{i}", ids, text, params, None, kind=field, priority=priority,
+                                         lora_request=lora_request))
     outputs = await serving.run_all(processed)
     for i, out in enumerate(outputs):
         if out.embedding is None:

@@ -120,7 +120,7 @@ def _choice(c: CompletionOutput, req: GenerateRequest, params: SamplingParams, l
 
 
 async def create_generate(serving: Serving, request: web.Request, req: GenerateRequest) -> web.StreamResponse:
-    model = serving.check_model(req.model)
+    model, lora = serving.resolve_model(req.model)
     vocab = serving.engine.loaded.config.vocab_size
     outside = next((t for t in req.token_ids if t >= vocab), None)
     if outside is not None:
@@ -133,7 +133,7 @@ async def create_generate(serving: Serving, request: web.Request, req: GenerateR
         processed = [serving.prepare(request_id, list(req.token_ids), None, params,
                                      req.sampling_params.get("max_tokens"), kind="token_ids",
                                      cache_salt=req.cache_salt, priority=req.priority,
-                                     structured_field=structured_field)]
+                                     structured_field=structured_field, lora_request=lora)]
     except APIError as e:  # the engine names SamplingParams' fields: they sit in sampling_params here
         if e.param is not None and e.param != "token_ids" and not e.param.startswith("sampling_params"):
             e.param = f"sampling_params.{e.param}"

@@ -20,6 +20,7 @@ from corellm.engine_args import add_engine_args, engine_config_from_args
 from corellm.model.loader import DEFAULT_MODEL
 from corellm.server.admission import AdmissionLimits
 from corellm.server.app import SERVING, create_app
+from corellm.server.lora_adapters import add_lora_modules_arg, checked_lora_modules, load_lora_modules
 from corellm.server.serving import ServerConfig
 from corellm.tool_calls import TOOL_CALL_FORMATS
 
@@ -37,6 +38,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the name clients use (default: the model's)")
     add_engine_args(p, max_num_seqs=64, max_num_batched_tokens=512)  # a small budget keeps TPOT low
+    add_lora_modules_arg(p)
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every route but the probes /health and /ping")
     p.add_argument("--allow-request-chat-template", action="store_true",
@@ -182,10 +184,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json or mistral)")
     started = time.perf_counter()
     config = engine_config_from_args(args)
+    lora_modules = checked_lora_modules(args)
     check_listen_address(args.host, args.port)
     with startup_gc.lasting_objects():
         engine = AsyncLLM(config)
     name = args.served_model_name or engine.loaded.name
+    load_lora_modules(engine, lora_modules, name)
     logger.info("model %s (%s, %s), context %d tokens", name, engine.loaded.path, engine.loaded.model.dtype,
                    engine.max_model_len)
     server_config = ServerConfig(served_model_name=name, api_key=args.api_key,

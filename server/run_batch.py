@@ -33,6 +33,7 @@ from aiohttp import web
 
 from corellm.engine.async_llm import AsyncLLM
 from corellm.server.app import create_app
+from corellm.server.lora_adapters import add_lora_modules_arg, checked_lora_modules, load_lora_modules
 from corellm.server.serving import ServerConfig
 
 logger = logging.getLogger("corellm.server")
@@ -140,6 +141,7 @@ def add_run_batch_args(p: argparse.ArgumentParser) -> None:
                    "local HF cache, or SmolLM2-135M-Instruct (default)")
     p.add_argument("--served-model-name", default=None, help="the name the bodies' `model` may give")
     add_engine_args(p)  # offline's defaults (corellm generate's, LLM's): a full batch over latency
+    add_lora_modules_arg(p)
     p.add_argument("--max-concurrency", type=int, default=None,
                    help="requests in flight at once (default: twice --max-num-seqs, so that the engine's batch "
                         "stays full)")
@@ -161,6 +163,7 @@ def main(args: argparse.Namespace) -> int:
     from corellm.server.main import read_chat_template
 
     config = engine_config_from_args(args)
+    lora_modules = checked_lora_modules(args)
     if config.torchrun:
         raise ValueError("corellm run-batch does not run under torchrun (every rank would run it): give "
                          "--tensor-parallel-size instead")
@@ -182,6 +185,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         with startup_gc.lasting_objects():
             engine = AsyncLLM(config)
+        load_lora_modules(engine, lora_modules, args.served_model_name or engine.loaded.name)
         server_config = ServerConfig(served_model_name=args.served_model_name or engine.loaded.name,
                                      allow_request_chat_template=args.allow_request_chat_template,
                                      chat_template=chat_template, enable_auto_tool_choice=args.enable_auto_tool_choice,

@@ -16,6 +16,7 @@ from typing import Annotated, Literal
 from aiohttp import web
 from pydantic import Field
 
+from corellm.lora.lora_request import LoRARequest
 from corellm.pooling_params import PoolingParams
 from corellm.scoring import cosine_scores, pair_up
 from corellm.server.embeddings import MAX_INPUTS, Text, embed
@@ -65,7 +66,8 @@ class RerankRequest(RequestPart):
 
 
 async def _similarities(serving: Serving, engine_id: str, queries: list[str], documents: list[str], *,
-                        req: ScoreRequest | RerankRequest, query_field: str) -> tuple[list[float], int]:
+                        req: ScoreRequest | RerankRequest, query_field: str,
+                        lora_request: LoRARequest | None = None) -> tuple[list[float], int]:
     """The cosine similarity of each (query, document) pair; each distinct text embedded once, cut
     as the request's truncate_prompt_tokens and truncation_side say (a text too long is a 400
     naming its field)."""
@@ -73,7 +75,8 @@ async def _similarities(serving: Serving, engine_id: str, queries: list[str], do
     distinct = {query_field: list(dict.fromkeys(queries)), "documents": list(dict.fromkeys(documents))}
     done = await asyncio.gather(*(embed(serving, f"{engine_id}-{field}", texts, params,
                                         truncate_prompt_tokens=req.truncate_prompt_tokens,
-                                        truncation_side=req.truncation_side, priority=req.priority, field=field)
+                                        truncation_side=req.truncation_side, priority=req.priority, field=field,
+                                        lora_request=lora_request)
                                   for field, texts in distinct.items()))
     at = {(field, text): v
           for (field, texts), (vectors, _) in zip(distinct.items(), done) for text, v in zip(texts, vectors)}
@@ -82,20 +85,21 @@ async def _similarities(serving: Serving, engine_id: str, queries: list[str], do
 
 
 async def create_score(serving: Serving, request: web.Request, req: ScoreRequest) -> web.Response:
-    model = serving.check_model(req.model)
+    model, lora = serving.resolve_model(req.model)
     queries, documents = req.pairs()
     response_id, engine_id = serving.new_ids("score-", request, req.request_id)
-    scores, tokens = await _similarities(serving, engine_id, queries, documents, req=req, query_field="queries")
+    scores, tokens = await _similarities(serving, engine_id, queries, documents, req=req, query_field="queries",
+                                         lora_request=lora)
     return web.json_response({"id": response_id, "object": "list", "created": now(), "model": model,
                               "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
                               "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
 
 async def create_rerank(serving: Serving, request: web.Request, req: RerankRequest) -> web.Response:
-    model = serving.check_model(req.model)
+    model, lora = serving.resolve_model(req.model)
     response_id, engine_id = serving.new_ids("rerank-", request, req.request_id)
     scores, tokens = await _similarities(serving, engine_id, [req.query] * len(req.documents), req.documents,
-                                         req=req, query_field="query")
+                                         req=req, query_field="query", lora_request=lora)
     order = sorted(range(len(scores)), key=lambda i: -scores[i])[:req.top_n or None]
     results = [{"index": i, "relevance_score": scores[i], **({"document": {"text": req.documents[i]}}
                                                              if req.return_documents else {})} for i in order]

@@ -19,6 +19,7 @@ from aiohttp import web
 from corellm.beam_search import BeamSearch, BeamSearchParams
 from corellm.engine.async_llm import AsyncLLM, EngineDeadError
 from corellm.engine.input_processor import ProcessedRequest
+from corellm.lora.lora_request import LoRARequest
 from corellm.outputs import CompletionOutput, RequestOutput
 from corellm.sampling_params import SamplingParams
 from corellm.structured_output.reasoning_wait import ForcedReasoningEnd
@@ -66,12 +67,23 @@ class Serving:
         return self.engine.tokenizer
 
     def check_model(self, model: str | None) -> str:
+        """The name a request's `model` field gives (the served model's when it gives none): the
+        served model or a LoRA adapter the server knows; anything else is a 404."""
+        return self.resolve_model(model)[0]
+
+    def resolve_model(self, model: str | None) -> tuple[str, LoRARequest | None]:
+        """check_model's name, and the LoRA adapter it names (None: the base model), found at once:
+        an adapter unloaded meanwhile cannot leave a request on the base model unawares."""
         name = self.config.served_model_name
-        if model is not None and model != name:
+        if model is None or model == name:
+            return name, None
+        loras = self.engine.parts.input_processor.loras
+        lora = None if loras is None else loras.get(model)
+        if lora is None:
             # The name is only compared, never used to find files.
             raise APIError(404, f"The model `{model}` does not exist.", "invalid_request_error", "model",
                            "model_not_found")
-        return name
+        return model, lora
 
     def defaults(self) -> dict:
         """The sampling defaults of the fields a request leaves out (EngineParts.sampling_defaults)."""
@@ -100,12 +112,14 @@ class Serving:
     def prepare(self, request_id: str, prompt_ids: list[int], prompt_text: str | None, params: SamplingParams,
                 requested_max_tokens: int | None, kind: str = "prompt", cache_salt: str | None = None,
                 priority: int = 0, structured_field: str | None = None,
-                images: list[tuple[str, str]] | None = None) -> ProcessedRequest:
+                images: list[tuple[str, str]] | None = None,
+                lora_request: LoRARequest | None = None) -> ProcessedRequest:
         """Validates one prompt against the context; the messages name the numbers and `kind`, the
         request field the prompt came from ("prompt", "messages", "input", ...). structured_field: the request field its output constraint came from (the engine checks
         the constraint and its error then names that field). images: (the part's name, its URL)
         for each image of the messages, in order. The context check counts an image's placeholder
-        tokens once they are expanded (the engine's own check)."""
+        tokens once they are expanded (the engine's own check). lora_request: the LoRA adapter the
+        request's `model` named (resolve_model)."""
         limit = self.engine.max_model_len
         if len(prompt_ids) >= limit:
             raise bad_request(f"This model's maximum context length is {limit} tokens. However, your {kind} has "
@@ -121,7 +135,8 @@ class Serving:
             prompt["multi_modal_data"] = {"image": [url for _, url in images]}
             prompt["multi_modal_names"] = [name for name, _ in images]
         try:
-            return self.engine.process(request_id, prompt, params, priority=priority, cache_salt=cache_salt or "")
+            return self.engine.process(request_id, prompt, params, priority=priority, cache_salt=cache_salt or "",
+                                       lora_request=lora_request)
         except ValueError as e:
             message = str(e)
             named = _in_client_terms(message, structured_field) if structured_field is not None else None
@@ -226,7 +241,7 @@ class Serving:
     async def beam_search(self, request_id: str, prompt_ids: list[int], prompt_text: str | None,
                           params: BeamSearchParams, requested_max_tokens: int | None, kind: str = "prompt",
                           cache_salt: str | None = None, priority: int = 0,
-                          skip_special_tokens: bool = True) -> RequestOutput:
+                          skip_special_tokens: bool = True, lora_request: LoRARequest | None = None) -> RequestOutput:
         """vLLM's use_beam_search: the prompt's params.beam_width best sequences (corellm.beam_search),
         as one RequestOutput whose outputs are the beams, best first. The prompt and the max_tokens
         asked for are checked against the context as for any request; each round's one-token
@@ -236,7 +251,8 @@ class Serving:
         while beams := (search.prompts() if done else [prompt_ids]):  # the first round: the prompt, checked
             processed = [self.prepare(f"{request_id}-{done}-{k}", tokens, None, step,
                                       None if done else requested_max_tokens, kind=kind, cache_salt=cache_salt,
-                                      priority=priority) for k, tokens in enumerate(beams)]
+                                      priority=priority, lora_request=lora_request)
+                         for k, tokens in enumerate(beams)]
             outputs = await self.run_all(processed)
             if done == 0:
                 cached = outputs[0].num_cached_tokens

@@ -53,6 +53,12 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num
     p.add_argument("--stream-interval", type=int, default=1, metavar="N",
                    help="a streamed reply's tokens go out N at a time (its first token and its end at once): fewer, "
                         "larger chunks where many streams run")
+    p.add_argument("--enable-lora", action="store_true",
+                   help="requests may run with LoRA adapters (PEFT directories; the server's --lora-modules, or "
+                        "loaded at run time), named by their `model`")
+    p.add_argument("--max-loras", type=int, default=4, metavar="N",
+                   help="LoRA adapters held at once; a step mixes any of them and the base model (vLLM's default: 1)")
+    p.add_argument("--max-lora-rank", type=int, default=16, metavar="R", help="the highest LoRA rank an adapter may have")
     p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
                    help="fcfs: arrival order; priority: a request's `priority` first (lower runs first), then arrival")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
@@ -118,6 +124,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
                         long_prefill_token_threshold=args.long_prefill_token_threshold,
                         seed=args.seed, scheduling_policy=args.scheduling_policy, stream_interval=args.stream_interval,
+                        enable_lora=args.enable_lora, max_loras=args.max_loras, max_lora_rank=args.max_lora_rank,
                         reasoning_parser=args.reasoning_parser, pooling_type=args.pooling_type,
                         generation_config=args.generation_config,
                         override_generation_config=json_object_arg("--override-generation-config",

@@ -97,7 +97,7 @@ def tiny_model(tmp_path, tokenizer_json):
 
 def test_an_adapter_corellm_cannot_apply_is_refused_by_name(tiny_model, tmp_path):
     load = lambda rank=16: load_lora_adapter("x", str(tmp_path / "adapter"), tiny_model.config, max_lora_rank=rank)  # noqa: E731
-    with pytest.raises(ValueError, match="is not a directory"):
+    with pytest.raises(ValueError, match="is not a directory, nor a Hugging Face Hub id"):
         load()
     _write(tmp_path)
     assert load().rank == 4
@@ -126,3 +126,16 @@ def test_an_adapter_corellm_cannot_apply_is_refused_by_name(tiny_model, tmp_path
     weights.unlink()
     with pytest.raises(ValueError, match="no adapter_model.safetensors"):
         load()
+
+
+def test_an_adapter_is_found_by_hub_id_in_the_local_cache(tiny_model, tmp_path, monkeypatch):
+    snapshot = tmp_path / "hub" / "models--someone--tiny-lora" / "snapshots" / "abc123"
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    make_lora_adapter(snapshot, config, rank=2)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("abc123")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    adapter = load_lora_adapter("x", "someone/tiny-lora", tiny_model.config, max_lora_rank=8)
+    assert adapter.rank == 2 and adapter.path == str(snapshot)
+    with pytest.raises(ValueError, match="`hf download someone/other` first"):
+        load_lora_adapter("x", "someone/other", tiny_model.config, max_lora_rank=8)

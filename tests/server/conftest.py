@@ -25,7 +25,8 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, *args: str):
+    def __init__(self, *args: str, env: dict[str, str] | None = None):
+        """args: corellm serve's; env: variables set for the server's process."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "corellm.cli", "serve", "--port", str(self.port), "--max-model-len", "512",
@@ -33,7 +34,7 @@ class Server:
         # The log goes to a file: a pipe nobody reads would fill and block the server's logging.
         self.log = tempfile.NamedTemporaryFile("w+", prefix="corellm-server-", suffix=".log")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True,
-                                     env={**os.environ, "TQDM_DISABLE": "1"})
+                                     env={**os.environ, "TQDM_DISABLE": "1", **(env or {})})
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -171,10 +171,13 @@ class EngineCore:
 
     def _add_to_scheduler(self, request: EngineCoreRequest) -> None:
         if request.lora is not None:
+            # Into a slot: at once when its adapter holds one; otherwise only behind the requests
+            # already waiting for one (arrival order), and when a slot can be had.
+            slots = self.model_runner.lora_slots
             unfinished = lambda request_id: self.scheduler.get_request(request_id) is not None  # noqa: E731
-            if self._lora_waiting or self.model_runner.lora_slots.place(request.lora, request.request_id,
-                                                                         unfinished) is None:
-                self._lora_waiting.append(request)  # behind those already waiting: arrival order
+            held = slots.slot_of(request.lora) is not None
+            if (self._lora_waiting and not held) or slots.place(request.lora, request.request_id, unfinished) is None:
+                self._lora_waiting.append(request)
                 return
         p = request.sampling_params
         # A request whose prompt logprobs are wanted, or whose pooling reads every prompt row, must
@@ -197,11 +200,8 @@ class EngineCore:
     def _admit_lora_waiting(self) -> None:
         """The requests waiting for a LoRA slot enter the scheduler, in order, while slots can be had."""
         waiting, self._lora_waiting = self._lora_waiting, []
-        for i, request in enumerate(waiting):
+        for request in waiting:  # one that waits again keeps its place before those after it
             self._schedule_request(request)
-            if self._lora_waiting:  # it waits again: so do the ones after it
-                self._lora_waiting += waiting[i + 1:]
-                return
 
     def _admit_ready_grammars(self, wait: bool) -> None:
         """Requests whose grammar is now compiled enter the scheduler (or fail, if it did not

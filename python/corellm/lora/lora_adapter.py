@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from corellm.model.hf_hub_cache import cached_snapshot, hub_cache_root, looks_like_repo_id
 from corellm.native import _core
 
 if TYPE_CHECKING:
@@ -130,14 +131,18 @@ def _read_config(directory: Path, name: str) -> dict:
 
 
 def load_lora_adapter(name: str, path: str, config: ModelConfig, max_lora_rank: int) -> LoraAdapter:
-    """The adapter at `path` (a local PEFT directory) for a model of `config`; ValueError naming the
+    """The adapter at `path` (a local PEFT directory, or a Hub id whose snapshot is in the local
+    Hugging Face cache, as a model's) for a model of `config`; ValueError naming the
     adapter and what is wrong (a missing file, an unknown or misshapen tensor, a rank above
     max_lora_rank, a PEFT option corellm does not apply)."""
     from safetensors import safe_open
 
     directory = Path(path).expanduser()
+    if not directory.is_dir() and looks_like_repo_id(path):  # a Hub id: its snapshot in the local cache
+        directory = cached_snapshot(path) or directory
     if not directory.is_dir():
-        raise ValueError(f"LoRA adapter {name!r}: {path} is not a directory")
+        raise ValueError(f"LoRA adapter {name!r}: {path} is not a directory, nor a Hugging Face Hub id in the local "
+                         f"cache ({hub_cache_root()}; corellm does not download: `hf download {path}` first)")
     adapter_config = _read_config(directory, name)
     weights = directory / "adapter_model.safetensors"
     if not weights.is_file():

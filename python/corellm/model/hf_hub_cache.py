@@ -76,6 +76,13 @@ def find_in_hub_cache(model: str) -> HubModel:
                      f"({', '.join(p.name for p in chosen)}): name one as {repo}:TAG (e.g. :Q4_K_M), or give its path")
 
 
+def cached_snapshot(repo: str) -> Path | None:
+    """The main branch's snapshot directory of a repository (ORG/NAME) in the cache, whatever it
+    holds (a LoRA adapter's has no config.json); None when the cache has none."""
+    folder = hub_cache_root() / f"models--{repo.replace('/', '--')}"
+    return _main_snapshot(folder) if folder.is_dir() else None
+
+
 def _main_snapshot(folder: Path) -> Path | None:
     """The snapshot refs/main names; without refs/main, the only snapshot there is."""
     ref = folder / "refs" / "main"

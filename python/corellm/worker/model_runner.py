@@ -255,7 +255,10 @@ class ModelRunner:
             if request.pooling is not None:
                 self._pooling.add(request.request_id)
             if request.lora is not None:  # placed by the engine when it entered the scheduler
-                self._lora_slot_of[request.request_id] = self.lora_slots.slot_of(request.lora)
+                slot = self.lora_slots.slot_of(request.lora)
+                if slot is None:  # its slot was given to another adapter while it ran: a bug, never the base model
+                    raise RuntimeError(f"request {request.request_id}'s LoRA adapter {request.lora.name!r} is in no slot")
+                self._lora_slot_of[request.request_id] = slot
         self.builder.update_states(so)
 
     def _prompt_spans(self, so: _core.SchedulerOutput) -> list[PromptSpan]:
