@@ -109,12 +109,12 @@ void bind_kernels(py::module_& m) {
         py::call_guard<py::gil_scoped_release>());
   k.def("lora_add",
         [](uintptr_t y, int64_t y_stride, uintptr_t x, int64_t x_stride, int64_t m, uintptr_t slots,
-           const std::vector<const LoraLinear*>& by_slot, int64_t n, int32_t dtype) {
+           const std::vector<const LoraLinear*>& by_slot, int64_t n, int32_t dtype, const std::string& isa) {
           for (const LoraLinear* lora : by_slot) {
             if (lora != nullptr) lora->check("lora_add", n);
           }
           lora_add(ptr<void>(y), y_stride, ptr<const void>(x), x_stride, m, ptr<const int32_t>(slots), by_slot.data(),
-                   static_cast<int64_t>(by_slot.size()), dtype_of(dtype));
+                   static_cast<int64_t>(by_slot.size()), dtype_of(dtype), isa.empty() ? cpu_isa() : cpu_isa_named(isa));
         },
         py::call_guard<py::gil_scoped_release>());
   k.def("gelu_tanh_and_mul",

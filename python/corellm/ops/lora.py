@@ -11,9 +11,10 @@ from corellm.ops._checks import check, check_shape, row_stride
 
 
 def lora_add(y: torch.Tensor, x: torch.Tensor, slots: torch.Tensor,
-             by_slot: list[_core.model.LoraLinear | None]) -> torch.Tensor:
+             by_slot: list[_core.model.LoraLinear | None], cpu_isa: str = "") -> torch.Tensor:
     """y [m, n] (in place) += the update of x [m, k] by by_slot[slots[t]] for each token t whose
-    slot is >= 0; by_slot[s]: slot s's adapter's update of this projection, or None. Returns y."""
+    slot is >= 0; by_slot[s]: slot s's adapter's update of this projection, or None. Returns y.
+    cpu_isa: the instruction-set path to run (default: the process's)."""
     op = "lora_add"
     check(op, "y", y, ndim=2)
     be = backend(op, y, cuda=False)
@@ -28,5 +29,5 @@ def lora_add(y: torch.Tensor, x: torch.Tensor, slots: torch.Tensor,
     if m and int(slots.max()) >= len(by_slot):
         raise ValueError(f"{op}: a token names slot {int(slots.max())} of {len(by_slot)}")
     be.kernels.lora_add(y.data_ptr(), row_stride(y), x.data_ptr(), row_stride(x), m, slots.data_ptr(), by_slot,
-                        y.shape[1], be.dtype)
+                        y.shape[1], be.dtype, cpu_isa)
     return y

@@ -9,13 +9,15 @@
 //   y[t, col_offset + j] = round(y[t, col_offset + j] + d[j])                   (to y's dtype, once)
 // A token's result depends on its own row and its adapter alone, in a fixed order: the same
 // whatever else the step holds (batch-invariant). The loops run over r and j innermost, so they
-// vectorize without reordering a sum. Tokens whose slot is < 0, and slots with no parts, are
-// left as they are.
+// vectorize without reordering a sum. Tokens of the same adapter are computed in blocks of up to 8,
+// each matrix row read once per block (lora.cpp); a token's arithmetic is the same in any block.
+// Tokens whose slot is < 0, and slots with no parts, are left as they are.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "corellm/kernels/cpu_isa.h"
 #include "corellm/kernels/dtype.h"
 
 namespace corellm {
@@ -40,8 +42,9 @@ struct LoraLinear {
 
 // y [m, n] (row stride y_stride) += the adapters' updates of x [m, k] (row stride x_stride), as
 // above; by_slot[s] (s < num_slots) is slot s's LoraLinear or null; a token's slot must be < 0
-// or < num_slots. dtype: x's and y's (bf16 or fp32).
+// or < num_slots. dtype: x's and y's (bf16 or fp32). isa: the path (avx2, or avx512 and above:
+// 16-lane registers; the same sums either way).
 void lora_add(void* y, int64_t y_stride, const void* x, int64_t x_stride, int64_t m, const int32_t* slots,
-              const LoraLinear* const* by_slot, int64_t num_slots, DType dtype);
+              const LoraLinear* const* by_slot, int64_t num_slots, DType dtype, CpuIsa isa = cpu_isa());
 
 }  // namespace corellm

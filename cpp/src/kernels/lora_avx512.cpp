@@ -1,0 +1,52 @@
+// The LoRA update's block on AVX-512 F (lora_tiles.h on 16-lane registers): the avx2 path's sums,
+// twice the lanes per instruction.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "corellm/kernels/dtype.h"
+#include "corellm/kernels/lora.h"
+#include "lanes_avx512.h"
+#include "lora_paths.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
+
+#include "lora_tiles.h"
+
+namespace corellm {
+namespace {
+
+struct Avx512Lanes {
+  using V = __m512;
+  static constexpr int64_t kWidth = 16;
+  static __mmask16 first(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V load_partial(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(first(n), p); }
+  static V broadcast(const float* p) { return _mm512_set1_ps(*p); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static void store_partial(float* p, V v, int64_t n) { _mm512_mask_storeu_ps(p, first(n), v); }
+  static void add_into(float* out, V v) { _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), v)); }
+  static void add_into(uint16_t* out, V v) {
+    avx512::store_bf16x16(out, _mm512_add_ps(avx512::load_bf16x16(out), v));
+  }
+};
+
+}  // namespace
+
+void lora_block_avx512(const LoraRows& rows, const int64_t* tokens, int64_t count, const LoraLinear& lora, float* u,
+                       float* xf) {
+  if (rows.dtype == DType::BF16) {
+    lora_tiles::add_block_of<Avx512Lanes>(count, static_cast<uint16_t*>(rows.y), rows.y_stride,
+                                          static_cast<const uint16_t*>(rows.x), rows.x_stride, tokens, lora, u, xf);
+  } else {
+    lora_tiles::add_block_of<Avx512Lanes>(count, static_cast<float*>(rows.y), rows.y_stride,
+                                          static_cast<const float*>(rows.x), rows.x_stride, tokens, lora, u, xf);
+  }
+}
+
+}  // namespace corellm
+
+#pragma GCC pop_options
