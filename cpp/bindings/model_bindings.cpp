@@ -74,6 +74,10 @@ void bind_model(py::module_& m) {
   py::class_<LoraPart> lora_part(model, "LoraPart", "One LoRA adapter's update of some output columns (kernels/lora.h)");
   lora_part.def(py::init<>())
       .def_readwrite("rank", &LoraPart::rank)
+      .def_readwrite("scale", &LoraPart::scale)
+      .def_property("weight_dtype", [](const LoraPart& p) { return static_cast<int32_t>(p.weight_dtype); },
+                    [](LoraPart& p, int32_t tag) { p.weight_dtype = dtype_of(tag); },
+                    "a_t's and b_t's dtype tag (corellm._core.kernels.DTYPE_F32 or DTYPE_BF16)")
       .def_readwrite("col_offset", &LoraPart::col_offset)
       .def_readwrite("cols", &LoraPart::cols);
   def_address(lora_part, "a_t", &LoraPart::a_t);

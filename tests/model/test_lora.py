@@ -54,7 +54,8 @@ def bf16_with_adapters(tmp_path_factory, tokenizer_json):
     make_lora_adapter(root / "a", config, rank=8, seed=1)
     make_lora_adapter(root / "b", config, rank=4, modules=("q_proj", "up_proj", "down_proj"), seed=2)
     model = load_model(str(root / "model"), dtype="bfloat16", progress=False)
-    adapters = [load_lora_adapter(n, str(root / n), model.config, max_lora_rank=8) for n in ("a", "b")]
+    adapters = [load_lora_adapter(n, str(root / n), model.config, max_lora_rank=8, dtype=torch.bfloat16)
+                for n in ("a", "b")]
     return model.model, adapters
 
 

@@ -14,11 +14,13 @@ from corellm.lora.lora_adapter import LoraAdapter, LoraPart
 ISAS = _core.kernels.supported_cpu_isas()
 
 
-def _adapter(k: int, parts: list[tuple[int, int]], rank: int, seed: int) -> LoraAdapter:
-    """One layer's `qkv` update: parts (col_offset, cols), each its own A and B."""
+def _adapter(k: int, parts: list[tuple[int, int]], rank: int, seed: int,
+             dtype: torch.dtype = torch.float32) -> LoraAdapter:
+    """One layer's `qkv` update: parts (col_offset, cols), each its own A, B and scale."""
     g = torch.Generator().manual_seed(seed)
-    made = [LoraPart(off, torch.randn(k, rank, generator=g) * 0.1, torch.randn(rank, cols, generator=g) * 0.1)
-            for off, cols in parts]
+    made = [LoraPart(off, (torch.randn(k, rank, generator=g) * 0.1).to(dtype),
+                     (torch.randn(rank, cols, generator=g) * 0.1).to(dtype), 0.5 + i)
+            for i, (off, cols) in enumerate(parts)]
     return LoraAdapter("t", "/", rank, seed, [{"qkv": made}])
 
 
@@ -28,17 +30,18 @@ def _reference(y, x, slots, adapters):
         if s < 0 or adapters[s] is None:
             continue
         for p in adapters[s].layers[0].get("qkv", []):
-            u = x[t].double() @ p.a_t.double()
+            u = p.scale * (x[t].double() @ p.a_t.double())
             out[t, p.col_offset:p.col_offset + p.b_t.shape[1]] += u @ p.b_t.double()
     return out
 
 
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype,weights", [(torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                           (torch.float32, torch.float32)])
 @pytest.mark.parametrize("k,rank,parts", [(64, 16, [(0, 64), (64, 32)]), (40, 5, [(3, 21)]), (96, 40, [(0, 77), (80, 48)])])
-def test_matches_float64_and_is_the_same_alone_batched_and_on_every_path(isa, dtype, k, rank, parts):
+def test_matches_float64_and_is_the_same_alone_batched_and_on_every_path(isa, dtype, weights, k, rank, parts):
     n = max(off + cols for off, cols in parts) + 3
-    adapters = [_adapter(k, parts, rank, 1), None, _adapter(k, parts, max(1, rank // 2), 2)]
+    adapters = [_adapter(k, parts, rank, 1, weights), None, _adapter(k, parts, max(1, rank // 2), 2, weights)]
     g = torch.Generator().manual_seed(0)
     m = 11
     x = torch.randn(m, k, generator=g).to(dtype)

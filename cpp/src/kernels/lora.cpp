@@ -22,6 +22,8 @@ void LoraLinear::check(const char* what, int64_t n) const {
                           p.col_offset + p.cols <= n && k > 0,
                       what, ": a LoRA part needs its matrices, a positive rank and columns inside [0, ", n,
                       "), got rank ", p.rank, ", columns [", p.col_offset, ", ", p.col_offset + p.cols, ")");
+    CORELLM_CHECK_ARG(p.weight_dtype == parts.front().weight_dtype, what,
+                      ": a LoRA update's parts must store their matrices in one dtype");
   }
 }
 
@@ -35,9 +37,16 @@ struct Avx2Lanes {
   }
   static V zero() { return _mm256_setzero_ps(); }
   static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static V load(const uint16_t* p) { return avx2::load_bf16x8(p); }
   static V load_partial(const float* p, int64_t n) { return _mm256_maskload_ps(p, first(n)); }
+  static V load_partial(const uint16_t* p, int64_t n) {  // no 16-bit masked load on AVX2: lane by lane
+    alignas(32) float lanes[kWidth] = {};
+    for (int64_t j = 0; j < n; ++j) lanes[j] = bf16_to_f32(p[j]);
+    return _mm256_load_ps(lanes);
+  }
   static V broadcast(const float* p) { return _mm256_broadcast_ss(p); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm256_mul_ps(a, b); }
   static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
   static void store_partial(float* p, V v, int64_t n) { _mm256_maskstore_ps(p, first(n), v); }
   static void add_into(float* out, V v) { _mm256_storeu_ps(out, _mm256_add_ps(_mm256_loadu_ps(out), v)); }
@@ -48,13 +57,7 @@ struct Avx2Lanes {
 
 void lora_block_avx2(const LoraRows& rows, const int64_t* tokens, int64_t count, const LoraLinear& lora, float* u,
                      float* xf) {
-  if (rows.dtype == DType::BF16) {
-    lora_tiles::add_block_of<Avx2Lanes>(count, static_cast<uint16_t*>(rows.y), rows.y_stride,
-                                        static_cast<const uint16_t*>(rows.x), rows.x_stride, tokens, lora, u, xf);
-  } else {
-    lora_tiles::add_block_of<Avx2Lanes>(count, static_cast<float*>(rows.y), rows.y_stride,
-                                        static_cast<const float*>(rows.x), rows.x_stride, tokens, lora, u, xf);
-  }
+  lora_tiles::add_block_typed<Avx2Lanes>(rows, tokens, count, lora, u, xf);
 }
 
 void lora_add(void* y, int64_t y_stride, const void* x, int64_t x_stride, int64_t m, const int32_t* slots,

@@ -23,9 +23,15 @@ struct Avx512Lanes {
   static __mmask16 first(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
   static V zero() { return _mm512_setzero_ps(); }
   static V load(const float* p) { return _mm512_loadu_ps(p); }
+  static V load(const uint16_t* p) { return avx512::load_bf16x16(p); }
   static V load_partial(const float* p, int64_t n) { return _mm512_maskz_loadu_ps(first(n), p); }
+  static V load_partial(const uint16_t* p, int64_t n) {
+    const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(first(n), p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(h, 16));
+  }
   static V broadcast(const float* p) { return _mm512_set1_ps(*p); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
   static void store_partial(float* p, V v, int64_t n) { _mm512_mask_storeu_ps(p, first(n), v); }
   static void add_into(float* out, V v) { _mm512_storeu_ps(out, _mm512_add_ps(_mm512_loadu_ps(out), v)); }
@@ -38,13 +44,7 @@ struct Avx512Lanes {
 
 void lora_block_avx512(const LoraRows& rows, const int64_t* tokens, int64_t count, const LoraLinear& lora, float* u,
                        float* xf) {
-  if (rows.dtype == DType::BF16) {
-    lora_tiles::add_block_of<Avx512Lanes>(count, static_cast<uint16_t*>(rows.y), rows.y_stride,
-                                          static_cast<const uint16_t*>(rows.x), rows.x_stride, tokens, lora, u, xf);
-  } else {
-    lora_tiles::add_block_of<Avx512Lanes>(count, static_cast<float*>(rows.y), rows.y_stride,
-                                          static_cast<const float*>(rows.x), rows.x_stride, tokens, lora, u, xf);
-  }
+  lora_tiles::add_block_typed<Avx512Lanes>(rows, tokens, count, lora, u, xf);
 }
 
 }  // namespace corellm

@@ -1,7 +1,8 @@
 // The LoRA update's block kernel (lora.h), written once over a Lanes policy — the avx2 path's
 // 8-lane registers (lora.cpp) or the avx512 path's 16 lanes (lora_avx512.cpp):
 //   Lanes::V, kWidth            a register of fp32 lanes and how many
-//   zero(), load(p), load_partial(p, n), broadcast(p), fma(a, b, c)
+//   zero(), load(p), load_partial(p, n), broadcast(p), fma(a, b, c), mul(a, b)
+//                               (load and load_partial of fp32, or of bf16 widened to fp32)
 //   store(p, v), store_partial(p, v, n)     (partial: the first n lanes; the others zero / untouched)
 //   add_into(out, v)            out[0 .. kWidth) = round(out + v) for fp32 or bf16 out
 //
@@ -22,18 +23,20 @@ namespace {
 
 constexpr int64_t kTokenBlock = 4;
 
-// The shrink: u[t][r] = sum_i x[t][i] * a_t[i][r] for the block's kTokens tokens; x: their rows in
-// fp32, [kTokens, k]; u: [kTokens, rank].
-template <class L, int kTokens>
+// The shrink: u[t][r] = scale * sum_i x[t][i] * a_t[i][r] for the block's kTokens tokens; x: their
+// rows in fp32, [kTokens, k]; u: [kTokens, rank]. W: the matrices' element type.
+template <class L, int kTokens, typename W>
 void shrink(const float* x, const LoraPart& p, int64_t k, float* u) {
   const int64_t rank = p.rank;
+  const W* a_t = static_cast<const W*>(p.a_t);
+  const typename L::V scale = L::broadcast(&p.scale);
   constexpr int64_t w = L::kWidth;
   int64_t r0 = 0;
   for (; r0 + 2 * w <= rank; r0 += 2 * w) {
     typename L::V acc[kTokens][2];
     for (int t = 0; t < kTokens; ++t) acc[t][0] = acc[t][1] = L::zero();
     for (int64_t i = 0; i < k; ++i) {
-      const float* a = p.a_t + i * rank + r0;
+      const W* a = a_t + i * rank + r0;
       const typename L::V a0 = L::load(a), a1 = L::load(a + w);
       for (int t = 0; t < kTokens; ++t) {
         const typename L::V xi = L::broadcast(x + t * k + i);
@@ -42,8 +45,8 @@ void shrink(const float* x, const LoraPart& p, int64_t k, float* u) {
       }
     }
     for (int t = 0; t < kTokens; ++t) {
-      L::store(u + t * rank + r0, acc[t][0]);
-      L::store(u + t * rank + r0 + w, acc[t][1]);
+      L::store(u + t * rank + r0, L::mul(acc[t][0], scale));
+      L::store(u + t * rank + r0 + w, L::mul(acc[t][1], scale));
     }
   }
   for (; r0 < rank; r0 += w) {  // one register, the last one partial
@@ -51,25 +54,26 @@ void shrink(const float* x, const LoraPart& p, int64_t k, float* u) {
     typename L::V acc[kTokens];
     for (int t = 0; t < kTokens; ++t) acc[t] = L::zero();
     for (int64_t i = 0; i < k; ++i) {
-      const typename L::V a0 = L::load_partial(p.a_t + i * rank + r0, lanes);
+      const typename L::V a0 = L::load_partial(a_t + i * rank + r0, lanes);
       for (int t = 0; t < kTokens; ++t) acc[t] = L::fma(L::broadcast(x + t * k + i), a0, acc[t]);
     }
-    for (int t = 0; t < kTokens; ++t) L::store_partial(u + t * rank + r0, acc[t], lanes);
+    for (int t = 0; t < kTokens; ++t) L::store_partial(u + t * rank + r0, L::mul(acc[t], scale), lanes);
   }
 }
 
 // out_rows[t][col_offset + j] += the expand's sum_r u[t][r] * b_t[r][j], for kVectors registers of
 // columns from j0 (the last one `lanes` wide).
-template <class L, int kTokens, int kVectors, typename T>
+template <class L, int kTokens, int kVectors, typename T, typename W>
 void expand_add(T* const* out_rows, const LoraPart& p, const float* u, int64_t j0, int64_t lanes) {
   const int64_t rank = p.rank, cols = p.cols;
+  const W* b_t = static_cast<const W*>(p.b_t);
   constexpr int64_t w = L::kWidth;
   typename L::V acc[kTokens][kVectors];
   for (int t = 0; t < kTokens; ++t) {
     for (int v = 0; v < kVectors; ++v) acc[t][v] = L::zero();
   }
   for (int64_t r = 0; r < rank; ++r) {
-    const float* b = p.b_t + r * cols + j0;
+    const W* b = b_t + r * cols + j0;
     typename L::V bv[kVectors];
     for (int v = 0; v < kVectors; ++v) bv[v] = v + 1 < kVectors || lanes == w ? L::load(b + w * v) : L::load_partial(b + w * v, lanes);
     for (int t = 0; t < kTokens; ++t) {
@@ -93,7 +97,7 @@ void expand_add(T* const* out_rows, const LoraPart& p, const float* u, int64_t j
 
 // One block's kTokens tokens (rows tokens[0 .. kTokens) of x and y) updated by one adapter;
 // u: [kTokens, rank] and xf: [kTokens, k] scratch.
-template <class L, int kTokens, typename T>
+template <class L, int kTokens, typename T, typename W>
 void add_block(T* y, int64_t y_stride, const T* x, int64_t x_stride, const int64_t* tokens, const LoraLinear& lora,
                float* u, float* xf) {
   T* out_rows[kTokens];
@@ -104,22 +108,42 @@ void add_block(T* y, int64_t y_stride, const T* x, int64_t x_stride, const int64
   }
   constexpr int64_t w = L::kWidth;
   for (const LoraPart& p : lora.parts) {
-    shrink<L, kTokens>(xf, p, lora.k, u);
+    shrink<L, kTokens, W>(xf, p, lora.k, u);
     int64_t j0 = 0;
-    for (; j0 + 2 * w <= p.cols; j0 += 2 * w) expand_add<L, kTokens, 2>(out_rows, p, u, j0, w);
-    for (; j0 < p.cols; j0 += w) expand_add<L, kTokens, 1>(out_rows, p, u, j0, p.cols - j0 < w ? p.cols - j0 : w);
+    for (; j0 + 2 * w <= p.cols; j0 += 2 * w) expand_add<L, kTokens, 2, T, W>(out_rows, p, u, j0, w);
+    for (; j0 < p.cols; j0 += w) {
+      expand_add<L, kTokens, 1, T, W>(out_rows, p, u, j0, p.cols - j0 < w ? p.cols - j0 : w);
+    }
   }
 }
 
-template <class L, typename T>
+// The block of `count` tokens; every part of `lora` must store its matrices as W.
+template <class L, typename T, typename W>
 void add_block_of(int64_t count, T* y, int64_t y_stride, const T* x, int64_t x_stride, const int64_t* tokens,
                   const LoraLinear& lora, float* u, float* xf) {
   switch (count) {
-    case 1: return add_block<L, 1>(y, y_stride, x, x_stride, tokens, lora, u, xf);
-    case 2: return add_block<L, 2>(y, y_stride, x, x_stride, tokens, lora, u, xf);
-    case 3: return add_block<L, 3>(y, y_stride, x, x_stride, tokens, lora, u, xf);
-    default: return add_block<L, kTokenBlock>(y, y_stride, x, x_stride, tokens, lora, u, xf);
+    case 1: return add_block<L, 1, T, W>(y, y_stride, x, x_stride, tokens, lora, u, xf);
+    case 2: return add_block<L, 2, T, W>(y, y_stride, x, x_stride, tokens, lora, u, xf);
+    case 3: return add_block<L, 3, T, W>(y, y_stride, x, x_stride, tokens, lora, u, xf);
+    default: return add_block<L, kTokenBlock, T, W>(y, y_stride, x, x_stride, tokens, lora, u, xf);
   }
+}
+
+// add_block_of for y's and the matrices' types.
+template <class L>
+void add_block_typed(const LoraRows& rows, const int64_t* tokens, int64_t count, const LoraLinear& lora, float* u,
+                     float* xf) {
+  const bool bf16_weights = lora.parts.front().weight_dtype == DType::BF16;
+  if (rows.dtype == DType::BF16) {
+    auto* y = static_cast<uint16_t*>(rows.y);
+    const auto* x = static_cast<const uint16_t*>(rows.x);
+    if (bf16_weights) return add_block_of<L, uint16_t, uint16_t>(count, y, rows.y_stride, x, rows.x_stride, tokens, lora, u, xf);
+    return add_block_of<L, uint16_t, float>(count, y, rows.y_stride, x, rows.x_stride, tokens, lora, u, xf);
+  }
+  auto* y = static_cast<float*>(rows.y);
+  const auto* x = static_cast<const float*>(rows.x);
+  if (bf16_weights) return add_block_of<L, float, uint16_t>(count, y, rows.y_stride, x, rows.x_stride, tokens, lora, u, xf);
+  return add_block_of<L, float, float>(count, y, rows.y_stride, x, rows.x_stride, tokens, lora, u, xf);
 }
 
 }  // namespace

@@ -92,7 +92,7 @@ def lora_registry_of(loaded: LoadedModel, config: EngineConfig) -> LoraRegistry 
         return None
     if getattr(loaded.model, "llava", None) is not None:
         raise ValueError("enable_lora: LoRA adapters on an image model (LLaVA) are not supported yet")
-    return LoraRegistry(loaded.config, config.max_lora_rank)
+    return LoraRegistry(loaded.config, config.max_lora_rank, loaded.model.dtype)
 
 
 def read_generation_config(folder: str) -> dict:

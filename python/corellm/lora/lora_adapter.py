@@ -7,8 +7,9 @@ A PEFT adapter directory holds adapter_config.json (r, lora_alpha, target_module
     base_model.model.model.layers.{i}.{self_attn|mlp}.{q|k|v|o|gate|up|down}_proj.lora_{A|B}.weight
 with A [r, in] and B [out, r]. Each module's update of its output is scale * B A x, scale =
 lora_alpha / r (lora_alpha / sqrt(r) with use_rslora). Stored here per layer and fused projection
-(qkv: q, k, v parts; gate_up: gate, up parts) as A^T [in, r] and scale * B^T [r, out] in fp32,
-as the kernel reads them (cpp/include/corellm/kernels/lora.h).
+(qkv: q, k, v parts; gate_up: gate, up parts) as A^T [in, r] and B^T [r, out] in the model's
+dtype (bf16: half the bytes a step reads; a bf16 checkpoint's values exactly) with the scale
+beside them, as the kernel reads them (cpp/include/corellm/kernels/lora.h), which computes in fp32.
 
 What corellm does not apply is refused by name, never skipped: DoRA, trained biases, modules to
 save, updates of the embedding or the LM head, alpha_pattern, fan_in_fan_out weights."""
@@ -43,13 +44,18 @@ _REFUSED_CONFIG = {"use_dora": False, "fan_in_fan_out": False, "modules_to_save"
 _serials = itertools.count(1)
 
 
+_WEIGHT_TAGS = {torch.float32: _core.kernels.DTYPE_F32, torch.bfloat16: _core.kernels.DTYPE_BF16}
+
+
 @dataclass
 class LoraPart:
-    """One module's update: output columns [col_offset, col_offset + cols) of its fused projection."""
+    """One module's update, scale * B A x: output columns [col_offset, col_offset + cols) of its
+    fused projection."""
 
     col_offset: int
-    a_t: torch.Tensor  # [in, r] fp32: A transposed
-    b_t: torch.Tensor  # [r, cols] fp32: scale * B transposed
+    a_t: torch.Tensor  # [in, r]: A transposed (float32 or bfloat16)
+    b_t: torch.Tensor  # [r, cols]: B transposed (a_t's dtype)
+    scale: float = 1.0
 
     @property
     def rank(self) -> int:
@@ -87,6 +93,7 @@ class LoraAdapter:
                     for p in parts:
                         n = _core.model.LoraPart()
                         n.a_t, n.b_t, n.rank = p.a_t.data_ptr(), p.b_t.data_ptr(), p.rank
+                        n.weight_dtype, n.scale = _WEIGHT_TAGS[p.a_t.dtype], p.scale
                         n.col_offset, n.cols = p.col_offset, p.b_t.shape[1]
                         natives.append(n)
                         linear.k = p.a_t.shape[0]
@@ -130,11 +137,15 @@ def _read_config(directory: Path, name: str) -> dict:
     return config
 
 
-def load_lora_adapter(name: str, path: str, config: ModelConfig, max_lora_rank: int) -> LoraAdapter:
+def load_lora_adapter(name: str, path: str, config: ModelConfig, max_lora_rank: int,
+                      dtype: torch.dtype = torch.float32) -> LoraAdapter:
     """The adapter at `path` (a local PEFT directory, or a Hub id whose snapshot is in the local
     Hugging Face cache, as a model's) for a model of `config`; ValueError naming the
     adapter and what is wrong (a missing file, an unknown or misshapen tensor, a rank above
-    max_lora_rank, a PEFT option corellm does not apply)."""
+    max_lora_rank, a PEFT option corellm does not apply). dtype: the matrices' storage (the model's:
+    float32 or bfloat16)."""
+    if dtype not in _WEIGHT_TAGS:
+        raise ValueError(f"LoRA adapter {name!r}: matrices are kept in float32 or bfloat16, not {dtype}")
     from safetensors import safe_open
 
     directory = Path(path).expanduser()
@@ -183,7 +194,7 @@ def load_lora_adapter(name: str, path: str, config: ModelConfig, max_lora_rank: 
             raise ValueError(f"{where} has rank {rank}, above max_lora_rank ({max_lora_rank})")
         top_rank = max(top_rank, rank)
         scale = alpha / math.sqrt(rank) if rslora else alpha / rank  # the module's own rank (rank_pattern)
-        part = LoraPart(col_offset, a.float().t().contiguous(), (b.double() * scale).float().t().contiguous())
+        part = LoraPart(col_offset, a.to(dtype).t().contiguous(), b.to(dtype).t().contiguous(), scale)
         layers[layer].setdefault(projection, []).append(part)
     for parts in (p for layer_parts in layers for p in layer_parts.values()):
         parts.sort(key=lambda p: p.col_offset)

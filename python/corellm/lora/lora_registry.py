@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+import torch
+
 from corellm.lora.lora_adapter import LoraAdapter, load_lora_adapter
 from corellm.lora.lora_request import LoRARequest
 from corellm.model.model_config import ModelConfig
@@ -24,9 +26,11 @@ class RegisteredLora:
 
 
 class LoraRegistry:
-    def __init__(self, config: ModelConfig, max_lora_rank: int):
+    def __init__(self, config: ModelConfig, max_lora_rank: int, dtype: torch.dtype = torch.float32):
+        """dtype: the model's, in which the adapters' matrices are kept."""
         self.config = config
         self.max_lora_rank = max_lora_rank
+        self.dtype = dtype
         self._by_name: dict[str, RegisteredLora] = {}
         # The server's routes and its engine's requests may race: changes (each with its file
         # reads) one at a time under _loading; the table itself under _lock, held only briefly, so
@@ -51,7 +55,8 @@ class LoraRegistry:
                     if other.request.lora_int_id == request.lora_int_id:
                         raise ValueError(f"lora_int_id {request.lora_int_id} belongs to LoRA adapter "
                                          f"{other.request.lora_name!r}; {request.lora_name!r} needs another")
-            adapter = load_lora_adapter(request.lora_name, request.lora_path, self.config, self.max_lora_rank)
+            adapter = load_lora_adapter(request.lora_name, request.lora_path, self.config, self.max_lora_rank,
+                                        self.dtype)
             with self._lock:
                 self._by_name[request.lora_name] = RegisteredLora(request, adapter)
             return adapter
@@ -78,7 +83,7 @@ class LoraRegistry:
                     raise ValueError(f"a LoRA adapter named {name!r} is already loaded")
                 next_id = max((r.request.lora_int_id for r in self._by_name.values()), default=0) + 1
             request = LoRARequest(name, next_id, path, base_model_name)
-            adapter = load_lora_adapter(name, path, self.config, self.max_lora_rank)
+            adapter = load_lora_adapter(name, path, self.config, self.max_lora_rank, self.dtype)
             with self._lock:
                 self._by_name[name] = RegisteredLora(request, adapter)
             return request

@@ -4,9 +4,11 @@
 // Algorithm, for each token t whose slot s = slots[t] is >= 0, and each part p of by_slot[s]
 // (a part: the adapter's update of output columns [col_offset, col_offset + cols), as q, k and v
 // of a fused qkv projection each have their own A and B):
-//   u[r] = sum_i x[t, i] * a_t[i, r]     the shrink: fp32, i ascending          (a_t = A^T, [k, rank])
-//   d[j] = sum_r u[r] * b_t[r, j]        the expand: fp32, r ascending          (b_t = scale * B^T, [rank, cols])
+//   u[r] = scale * sum_i x[t, i] * a_t[i, r]   the shrink: fp32, i ascending, then scaled  (a_t = A^T, [k, rank])
+//   d[j] = sum_r u[r] * b_t[r, j]              the expand: fp32, r ascending               (b_t = B^T, [rank, cols])
 //   y[t, col_offset + j] = round(y[t, col_offset + j] + d[j])                   (to y's dtype, once)
+// A and B are stored in fp32 or bf16 (the model's dtype: bf16 halves the bytes a step reads, and
+// a bf16 checkpoint's values are kept exactly), widened to fp32 as they are read.
 // A token's result depends on its own row and its adapter alone, in a fixed order: the same
 // whatever else the step holds (batch-invariant). The loops run over r and j innermost, so they
 // vectorize without reordering a sum. Tokens of the same adapter are computed in blocks of up to 8,
@@ -23,8 +25,10 @@
 namespace corellm {
 
 struct LoraPart {
-  const float* a_t = nullptr;  // [k, rank]: A transposed
-  const float* b_t = nullptr;  // [rank, cols]: B transposed, times the adapter's scale
+  const void* a_t = nullptr;  // [k, rank]: A transposed
+  const void* b_t = nullptr;  // [rank, cols]: B transposed
+  DType weight_dtype = DType::F32;  // a_t's and b_t's
+  float scale = 1.0f;  // lora_alpha / rank (or / sqrt(rank): rsLoRA)
   int64_t rank = 0;
   int64_t col_offset = 0;  // its first output column
   int64_t cols = 0;
