@@ -277,12 +277,7 @@ class LLM:
         priorities = [0] * len(prompts) if priority is None else list(priority)
         if len(priorities) != len(prompts):
             raise ValueError(f"got {len(priorities)} priorities for {len(prompts)} prompts")
-        if lora_request is None or isinstance(lora_request, LoRARequest):
-            loras = [lora_request] * len(prompts)
-        else:
-            loras = list(lora_request)
-            if len(loras) != len(prompts):
-                raise ValueError(f"got {len(loras)} LoRA requests for {len(prompts)} prompts")
+        loras = _per_prompt("LoRA requests", lora_request, len(prompts))
         # Validate and tokenize everything before any request enters the engine.
         processed = []
         for prompt, p, prio, lora in zip(prompts, params, priorities, loras):
@@ -349,16 +344,19 @@ class LLM:
         return [r for r in results if r is not None]
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
-                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+                    use_tqdm: bool = False,
+                    lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[BeamSearchOutput]:
         """vLLM's LLM.beam_search: per prompt the params.beam_width best sequences (beam_search.py
         states the algorithm), each with its tokens (the prompt's first), text (the whole
         sequence's, as vLLM's), cumulative logprob and per-token top logprobs. Every prompt's beams
-        go to the engine together, one token each per round."""
-        return self._on_every_rank(lambda: self._beam_search(prompts, params, use_tqdm))
+        go to the engine together, one token each per round. lora_request: as generate's."""
+        return self._on_every_rank(lambda: self._beam_search(prompts, params, use_tqdm, lora_request))
 
-    def _beam_search(self, prompts, params: BeamSearchParams, use_tqdm: bool) -> list[BeamSearchOutput]:
+    def _beam_search(self, prompts, params: BeamSearchParams, use_tqdm: bool,
+                     lora_request=None) -> list[BeamSearchOutput]:
         if isinstance(prompts, (str, dict)):
             prompts = [prompts]
+        loras = _per_prompt("LoRA requests", lora_request, len(prompts))
         if not isinstance(params, BeamSearchParams):
             raise ValueError(f"beam_search takes a BeamSearchParams, got {type(params).__name__}")
         tok = self.loaded.tokenizer
@@ -373,7 +371,7 @@ class LLM:
         step = params.step_params()
         while any(beams := [search.prompts() for search in searches]):
             outputs = self._generate([{"prompt_token_ids": tokens} for each in beams for tokens in each], step,
-                                     use_tqdm, None)
+                                     use_tqdm, None, [lora for lora, each in zip(loras, beams) for _ in each])
             at = 0
             for search, each in zip(searches, beams):
                 search.advance(outputs[at:at + len(each)])
@@ -413,6 +411,17 @@ class LLM:
             # The template writes the special tokens itself: do not add a BOS again.
             prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, use_tqdm, lora_request=lora_request)
+
+
+def _per_prompt(what: str, value: LoRARequest | Sequence | None, count: int) -> list:
+    """One value for every prompt (None or a single LoRARequest), or a sequence of one per prompt
+    (ValueError naming `what` when the counts differ)."""
+    if value is None or isinstance(value, LoRARequest):
+        return [value] * count
+    values = list(value)
+    if len(values) != count:
+        raise ValueError(f"got {len(values)} {what} for {count} prompts")
+    return values
 
 
 def _prompt_key(prompt: PromptType) -> object:

@@ -121,3 +121,20 @@ def test_misuse_is_a_value_error_naming_it(tiny, tmp_path):
     with pytest.raises(ValueError, match="lora_int_id must be an integer >= 1"):
         LoRARequest("x", 0, "/tmp")
     llm.shutdown()
+
+
+def test_beam_search_runs_with_the_adapter(tiny):
+    from corellm import BeamSearchParams
+
+    root, _, _, loras = tiny
+    llm = _engine(root, dtype="bfloat16")
+    prompt = {"prompt_token_ids": _prompts(1, seed=4)[0]}
+    n = len(prompt["prompt_token_ids"])
+    one_beam = BeamSearchParams(beam_width=1, max_tokens=6, ignore_eos=True)  # one beam: the greedy path
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    for lora in (loras["a"], None):
+        beam = llm.beam_search([prompt], one_beam, lora_request=lora)[0].sequences[0].tokens[n:]
+        assert beam == llm.generate(prompt, greedy, use_tqdm=False, lora_request=lora)[0].outputs[0].token_ids
+    assert llm.beam_search([prompt], one_beam, lora_request=loras["a"])[0].sequences[0].tokens != \
+        llm.beam_search([prompt], one_beam)[0].sequences[0].tokens
+    llm.shutdown()
