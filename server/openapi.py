@@ -113,7 +113,7 @@ def openapi_spec(allow_unknown_fields: bool = False) -> dict:
             "/tokenizer_info": _get("The tokenizer's special tokens and chat template"),
             "/v1/models": _get("Served models"),
             "/v1/models/{model}": {"get": {
-                "summary": "The served model's card (any other name: 404)",
+                "summary": "The served model's card, or a LoRA adapter's (any other name: 404)",
                 "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
                 "responses": {"200": {"description": "OK",
                                       "content": {"application/json": {"schema": {"type": "object"}}}},

@@ -137,33 +137,52 @@ def _read_config(directory: Path, name: str) -> dict:
     return config
 
 
+# One module's update as read from a file: {"A": [r, in], "B": [out, r]} by (layer, PEFT module name).
+Pairs = dict[tuple[int, str], dict[str, torch.Tensor]]
+
+
 def load_lora_adapter(name: str, path: str, config: ModelConfig, max_lora_rank: int,
                       dtype: torch.dtype = torch.float32) -> LoraAdapter:
-    """The adapter at `path` (a local PEFT directory, or a Hub id whose snapshot is in the local
-    Hugging Face cache, as a model's) for a model of `config`; ValueError naming the
-    adapter and what is wrong (a missing file, an unknown or misshapen tensor, a rank above
-    max_lora_rank, a PEFT option corellm does not apply). dtype: the matrices' storage (the model's:
-    float32 or bfloat16)."""
+    """The adapter at `path` for a model of `config`: a PEFT directory, a Hub id whose snapshot is in
+    the local Hugging Face cache (as a model's), or a llama.cpp LoRA GGUF file (gguf_lora.py).
+    ValueError naming the adapter and what is wrong (a missing file, an unknown or misshapen tensor,
+    a rank above max_lora_rank, an option corellm does not apply). dtype: the matrices' storage
+    (the model's: float32 or bfloat16)."""
     if dtype not in _WEIGHT_TAGS:
         raise ValueError(f"LoRA adapter {name!r}: matrices are kept in float32 or bfloat16, not {dtype}")
-    from safetensors import safe_open
+    where = Path(path).expanduser()
+    if where.is_file() and where.suffix.lower() == ".gguf":
+        from corellm.lora.gguf_lora import read_gguf_lora
 
-    directory = Path(path).expanduser()
+        pairs, alpha = read_gguf_lora(name, where, config)
+        return _adapter(name, where, pairs, config, max_lora_rank, dtype,
+                        lambda rank: alpha / rank if alpha else 1.0)  # llama.cpp: no alpha, no scaling
+    directory = where
     if not directory.is_dir() and looks_like_repo_id(path):  # a Hub id: its snapshot in the local cache
         directory = cached_snapshot(path) or directory
     if not directory.is_dir():
-        raise ValueError(f"LoRA adapter {name!r}: {path} is not a directory, nor a Hugging Face Hub id in the local "
-                         f"cache ({hub_cache_root()}; corellm does not download: `hf download {path}` first)")
+        raise ValueError(f"LoRA adapter {name!r}: {path} is not a directory (nor a .gguf file, nor a Hugging Face Hub "
+                         f"id in the local cache, {hub_cache_root()}; corellm does not download: `hf download "
+                         f"{path}` first)")
+    pairs, adapter_config = _read_peft(name, directory, config)
+    alpha = float(adapter_config["lora_alpha"])
+    rslora = bool(adapter_config.get("use_rslora", False))
+    # Each module scaled by its own rank (PEFT's rank_pattern gives modules ranks of their own).
+    return _adapter(name, directory, pairs, config, max_lora_rank, dtype,
+                    lambda rank: alpha / math.sqrt(rank) if rslora else alpha / rank)
+
+
+def _read_peft(name: str, directory: Path, config: ModelConfig) -> tuple[Pairs, dict]:
+    """A PEFT adapter directory's updates and its adapter_config.json."""
+    from safetensors import safe_open
+
     adapter_config = _read_config(directory, name)
     weights = directory / "adapter_model.safetensors"
     if not weights.is_file():
         found = "adapter_model.bin (a pickle, which corellm does not load)" if (directory / "adapter_model.bin").is_file() \
             else "no weights"
         raise ValueError(f"LoRA adapter {name!r}: {directory} has no adapter_model.safetensors ({found})")
-    alpha = float(adapter_config["lora_alpha"])
-    rslora = bool(adapter_config.get("use_rslora", False))
-    shapes = _part_shapes(config)
-    pairs: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    pairs: Pairs = {}
     with safe_open(str(weights), framework="pt") as f:
         for tensor_name in f.keys():
             m = _TENSOR_NAME.match(tensor_name)
@@ -177,6 +196,14 @@ def load_lora_adapter(name: str, path: str, config: ModelConfig, max_lora_rank: 
             pairs.setdefault((layer, m.group(2)), {})[m.group(3)] = f.get_tensor(tensor_name)
     if not pairs:
         raise ValueError(f"LoRA adapter {name!r}: {weights} holds no LoRA tensors")
+    return pairs, adapter_config
+
+
+def _adapter(name: str, source: Path, pairs: Pairs, config: ModelConfig, max_lora_rank: int, dtype: torch.dtype,
+             scale_of) -> LoraAdapter:
+    """The adapter of the updates `pairs`, each checked against the model's shapes and max_lora_rank;
+    scale_of(rank): a module's scale."""
+    shapes = _part_shapes(config)
     layers: list[dict[str, list[LoraPart]]] = [{} for _ in range(config.num_hidden_layers)]
     top_rank = 0
     for (layer, module), ab in sorted(pairs.items()):
@@ -193,9 +220,8 @@ def load_lora_adapter(name: str, path: str, config: ModelConfig, max_lora_rank: 
         if rank > max_lora_rank:
             raise ValueError(f"{where} has rank {rank}, above max_lora_rank ({max_lora_rank})")
         top_rank = max(top_rank, rank)
-        scale = alpha / math.sqrt(rank) if rslora else alpha / rank  # the module's own rank (rank_pattern)
-        part = LoraPart(col_offset, a.to(dtype).t().contiguous(), b.to(dtype).t().contiguous(), scale)
+        part = LoraPart(col_offset, a.to(dtype).t().contiguous(), b.to(dtype).t().contiguous(), scale_of(rank))
         layers[layer].setdefault(projection, []).append(part)
     for parts in (p for layer_parts in layers for p in layer_parts.values()):
         parts.sort(key=lambda p: p.col_offset)
-    return LoraAdapter(name=name, path=str(directory), rank=top_rank, serial=next(_serials), layers=layers)
+    return LoraAdapter(name=name, path=str(source), rank=top_rank, serial=next(_serials), layers=layers)
