@@ -3,12 +3,21 @@ prompt with one adapter, and the prompts spread over four adapters, in alternati
 process (the VM's speed drifts: each round's three runs are back to back). The adapters are random
 PEFT directories of the given rank on all seven projections of every layer (the most costly case).
 
+With --vs-llamacpp, against llama.cpp instead, on the default model's BF16 GGUF
+(bench/compare_llamacpp.py builds llama.cpp and writes it): one random adapter, converted by
+llama.cpp's own convert_lora_to_gguf.py; first both engines' agreement (llama-server's greedy
+tokens with --lora, scored by corellm with the PEFT directory: its top token where llama.cpp's
+top-2 margin is clear, and the chosen tokens' logprobs), then bench/serve.py against corellm serving
+the adapter by name and llama-server with --lora, one after the other.
+
     .venv/bin/python bench/lora.py --num-prompts 32 --input-len 128 --output-len 64 --rank 16 --rounds 3
+    .venv/bin/python bench/lora.py --vs-llamacpp --rank 16 --concurrency 1,16
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -17,6 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/lora_adapters.py writes the adapters
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benches' helpers
 from tests.lora_adapters import make_lora_adapter  # noqa: E402
 
 
@@ -28,16 +38,19 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--rank", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--vs-llamacpp", action="store_true", help="against llama-server --lora (see above)")
+    p.add_argument("--concurrency", default="1,16", help="with --vs-llamacpp: the serving levels")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 2, help="with --vs-llamacpp: llama.cpp's")
     args = p.parse_args()
+    if args.vs_llamacpp:
+        return vs_llamacpp(args)
 
     from corellm import LLM, LoRARequest, SamplingParams
     from corellm.native import cpu_kernel_path
 
     llm = LLM(args.model, enable_lora=True, max_loras=4, max_lora_rank=args.rank)
     c = llm.loaded.config
-    hf_config = dict(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-                     num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
-                     head_dim=c.head_dim, num_hidden_layers=c.num_hidden_layers)
+    hf_config = hf_shape(c)
     root = Path(tempfile.mkdtemp(prefix="corellm-lora-bench-"))
     loras = []
     for i in range(4):
@@ -68,6 +81,100 @@ def main() -> None:
         print(f"| {name} | {' / '.join(f'{x:.1f}' for x in r)} | "
               f"{' / '.join(f'{x / b:.2f}' for x, b in zip(r, base))} | {ratios[len(ratios) // 2]:.2f}x |")
     llm.shutdown()
+
+
+def hf_shape(config) -> dict:
+    """make_lora_adapter's view of a corellm ModelConfig."""
+    return dict(hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+                num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
+                head_dim=config.head_dim, num_hidden_layers=config.num_hidden_layers)
+
+
+def llama_greedy(bin_dir: Path, model: Path, adapter: Path, prompts: list[str], max_tokens: int) -> list[dict]:
+    """llama-server's greedy tokens (with their top-2 logprobs) for each prompt, with --lora adapter."""
+    import json
+    import subprocess
+    import urllib.request
+
+    from server_process import free_port, wait_ready
+
+    port = free_port()
+    proc = subprocess.Popen([str(bin_dir / "llama-server"), "-m", str(model), "--lora", str(adapter), "-c", "1024",
+                             "-np", "1", "--host", "127.0.0.1", "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc, timeout=120)
+        replies = []
+        for prompt in prompts:
+            body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0, "top_k": 1, "cache_prompt": False,
+                    "n_probs": 2, "return_tokens": True}
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=300) as r:
+                replies.append(json.loads(r.read()))
+        return replies
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def vs_llamacpp(args) -> None:
+    import subprocess
+
+    from compare_llamacpp import CACHE, bf16_model, build_llamacpp
+    from compare_vllm import hf_model_dir
+    from server_process import free_port, print_serving_table, serve_both
+
+    from corellm import LLM, LoRARequest, SamplingParams
+    from corellm.model.loader import load_model_config
+
+    bin_dir, model, base_dir = build_llamacpp(), bf16_model(), hf_model_dir()
+    config = load_model_config(model)
+    root = CACHE / f"lora-rank{args.rank}"
+    peft, converted = root / "peft", root / "adapter.gguf"
+    if not converted.exists():
+        make_lora_adapter(peft, hf_shape(config), rank=args.rank, alpha=2.0 * args.rank, std=0.05, seed=5)
+        converter = next(CACHE.glob("llama_cpp_python-*/vendor/llama.cpp"))
+        subprocess.run([sys.executable, str(converter / "convert_lora_to_gguf.py"), str(peft), "--base", str(base_dir),
+                        "--outfile", str(converted), "--outtype", "f32"], check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(converter / "gguf-py")})
+    # Agreement: llama.cpp's greedy tokens scored by corellm (its prompt logprobs over them).
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The three primary colors are",
+               "To make a cup of tea, first", "Water boils at"]
+    replies = llama_greedy(bin_dir, model, converted, prompts, 24)
+    llm = LLM(str(model), quantization="none", enable_lora=True, max_lora_rank=args.rank,
+              kv_cache_memory=256 * 2**20, max_model_len=1024)
+    tokenizer, lora = llm.get_tokenizer(), LoRARequest("a", 1, str(peft))
+    clear = agree = 0
+    worst = 0.0
+    for prompt, reply in zip(prompts, replies):
+        ids = tokenizer.encode(prompt)
+        scored = llm.generate({"prompt_token_ids": ids + reply["tokens"]}, SamplingParams(max_tokens=1, prompt_logprobs=1),
+                              use_tqdm=False, lora_request=lora)[0].prompt_logprobs
+        for j, (token, probs) in enumerate(zip(reply["tokens"], reply["completion_probabilities"])):
+            top = probs["top_logprobs"]
+            if top[0]["logprob"] - top[1]["logprob"] <= 0.25:
+                continue  # a near-tie: neither engine's order is an oracle
+            ours = scored[len(ids) + j]
+            clear += 1
+            agree += max(ours, key=lambda t: ours[t].logprob) == token
+            worst = max(worst, abs(ours[token].logprob - top[0]["logprob"]))
+    llm.shutdown()
+    print(f"agreement, rank-{args.rank} adapter on {model.name}: corellm's top token is llama.cpp's at {agree} of "
+          f"{clear} positions where llama.cpp's top-2 margin exceeds 0.25 nats; the chosen tokens' logprobs differ by "
+          f"at most {worst:.3f}")
+    max_conc = max(int(c) for c in args.concurrency.split(","))
+    ports = {"corellm": free_port(), "llama-server": free_port()}
+    servers = {
+        "corellm": [sys.executable, "-m", "corellm.cli", "serve", str(model), "--port", str(ports["corellm"]),
+                    "--log-level", "warning", "--max-num-seqs", str(max(64, max_conc)), "--enable-lora",
+                    "--max-lora-rank", str(args.rank), "--lora-modules", f"a={peft}"],
+        "llama-server": [str(bin_dir / "llama-server"), "-m", str(model), "--lora", str(converted), "-t",
+                         str(args.threads), "-c", str(max_conc * (args.input_len + args.output_len + 64)),
+                         "-np", str(max_conc), "--host", "127.0.0.1", "--port", str(ports["llama-server"])],
+    }
+    served = serve_both(servers, ports, args, root, models={"corellm": "a"})
+    print_serving_table(served["corellm"], served["llama-server"], "llama-server")
 
 
 if __name__ == "__main__":

@@ -78,7 +78,8 @@ def wait_quiet(procs: dict[str, subprocess.Popen], busy_cores: float = 0.05, win
 
 def serve_both(servers: dict[str, list[str]], ports: dict[str, int], args, out_dir: Path,
                envs: dict[str, dict[str, str]] | None = None, ready_timeout: float = 300,
-               startup_s: dict[str, float] | None = None, rounds: int = 1) -> dict[str, list[dict]]:
+               startup_s: dict[str, float] | None = None, rounds: int = 1,
+               models: dict[str, str] | None = None) -> dict[str, list[dict]]:
     """Starts the servers one after another (each waited for before the next starts, so that no
     start-up competes with another; its seconds from exec to /health 200 go into startup_s), waits
     until none is busy (wait_quiet), then for each concurrency level runs bench/serve.py against
@@ -86,7 +87,8 @@ def serve_both(servers: dict[str, list[str]], ports: dict[str, int], args, out_d
     levels), so that all meet the VM in the same state for a level; `rounds` times over, each
     server's best round kept per level (this VM's speed drifts by a third within minutes). args:
     concurrency ("1,4,16"), num_prompts, input_len, output_len; envs: a server's environment, if not
-    this one's; each server's log goes to out_dir/<name>.log."""
+    this one's; models: the `model` a server's requests name, if not its first (a LoRA adapter);
+    each server's log goes to out_dir/<name>.log."""
     out_dir.mkdir(parents=True, exist_ok=True)
     logs = {name: open(out_dir / f"{name}.log", "w") for name in servers}
     procs: dict[str, subprocess.Popen] = {}
@@ -109,7 +111,8 @@ def serve_both(servers: dict[str, list[str]], ports: dict[str, int], args, out_d
                                     "--base-url", f"http://127.0.0.1:{ports[name]}",
                                     "--num-prompts", str(args.num_prompts), "--concurrency", conc,
                                     "--seed", str(round_ * len(levels) + level), "--input-len", str(args.input_len),
-                                    "--output-len", str(args.output_len), "--label", name, "--json", str(out)],
+                                    "--output-len", str(args.output_len), "--label", name, "--json", str(out),
+                                    *(["--model", models[name]] if models and name in models else [])],
                                    check=True)
                     result = json.loads(out.read_text())["results"][0]
                     kept = best[name][level]

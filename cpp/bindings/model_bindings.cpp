@@ -137,7 +137,6 @@ void bind_model(py::module_& m) {
            arg("out"), arg("inputs_embeds") = 0, arg("lora_slots") = 0, py::call_guard<py::gil_scoped_release>())
       .def("set_lora", &DecoderStack::set_lora, py::kw_only(), arg("slot"), arg("layers"),
            "Slot `slot`'s LoRA adapter, one LoraLayer per layer (its matrices must outlive its use)")
-      .def("clear_lora", &DecoderStack::clear_lora, py::kw_only(), arg("slot"))
       .def_property_readonly("last_groups", &DecoderStack::last_groups,
                              "How many groups of sequences the last forward cut its step into, each run by one "
                              "thread (1: the whole step on the whole team; 0 before the first)");

@@ -232,10 +232,6 @@ void DecoderStack::set_lora(int64_t slot, std::vector<LoraLayer> layers) {
   lora_[static_cast<size_t>(slot)] = std::move(layers);
 }
 
-void DecoderStack::clear_lora(int64_t slot) {
-  if (slot >= 0 && static_cast<size_t>(slot) < lora_.size()) lora_[static_cast<size_t>(slot)].clear();
-}
-
 bool DecoderStack::lora_touches(LoraLinear LoraLayer::*which, size_t index) const {
   for (const std::vector<LoraLayer>& adapter : lora_) {
     if (!adapter.empty() && !(adapter[index].*which).parts.empty()) return true;

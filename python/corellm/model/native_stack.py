@@ -121,9 +121,6 @@ class NativeDecoderStack:
         """Slot `slot` holds `adapter` (which must outlive its use here), for the tokens that name it."""
         self._stack.set_lora(slot=slot, layers=adapter.native_layers())
 
-    def clear_lora(self, slot: int) -> None:
-        self._stack.clear_lora(slot=slot)
-
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
                 inputs_embeds: torch.Tensor | None = None, lora_slots: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids, positions: int32 [num_tokens] -> the final norm's output [num_tokens, hidden]

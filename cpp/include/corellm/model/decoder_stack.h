@@ -114,7 +114,6 @@ class DecoderStack {
   // Slot `slot`'s adapter (one LoraLayer per layer), which tokens name by their lora_slots; it
   // replaces what the slot held. Not while a forward runs.
   void set_lora(int64_t slot, std::vector<LoraLayer> layers);
-  void clear_lora(int64_t slot);  // the slot empty (tokens may then not name it)
 
   // How many groups of sequences the last forward cut its step into, each run by one thread (1:
   // the whole step, every kernel on the whole team); 0 before the first.
