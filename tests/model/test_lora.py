@@ -126,6 +126,10 @@ def test_an_adapter_corellm_cannot_apply_is_refused_by_name(tiny_model, tmp_path
     save_file({k: v for k, v in tensors.items() if k != name}, str(weights))
     with pytest.raises(ValueError, match="lora_A without its lora_B"):
         load()
+    beyond = {k.replace("layers.0.", "layers.9."): v.clone() for k, v in tensors.items() if "layers.0." in k}
+    save_file({**tensors, **beyond}, str(weights))
+    with pytest.raises(ValueError, match="layer 9's down_proj: the model has 3 layers"):
+        load()
     weights.unlink()
     with pytest.raises(ValueError, match="no adapter_model.safetensors"):
         load()

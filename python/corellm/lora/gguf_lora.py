@@ -55,9 +55,6 @@ def read_gguf_lora(name: str, path: Path, config: ModelConfig) -> tuple[dict, fl
             raise ValueError(f"LoRA adapter {name!r}: tensor {t.name!r} is not an update corellm applies (only the "
                              f"decoder layers' attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down)")
         layer = int(m.group(1))
-        if layer >= config.num_hidden_layers:
-            raise ValueError(f"LoRA adapter {name!r}: tensor {t.name!r} is for layer {layer}, but the model has "
-                             f"{config.num_hidden_layers}")
         try:
             array = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         except NotImplementedError:

@@ -189,11 +189,7 @@ def _read_peft(name: str, directory: Path, config: ModelConfig) -> tuple[Pairs, 
             if m is None or m.group(2) not in _MODULES:
                 raise ValueError(f"LoRA adapter {name!r}: tensor {tensor_name!r} is not an update corellm applies "
                                  f"(only the decoder layers' {', '.join(_MODULES)})")
-            layer = int(m.group(1))
-            if layer >= config.num_hidden_layers:
-                raise ValueError(f"LoRA adapter {name!r}: tensor {tensor_name!r} is for layer {layer}, but the model "
-                                 f"has {config.num_hidden_layers}")
-            pairs.setdefault((layer, m.group(2)), {})[m.group(3)] = f.get_tensor(tensor_name)
+            pairs.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = f.get_tensor(tensor_name)
     if not pairs:
         raise ValueError(f"LoRA adapter {name!r}: {weights} holds no LoRA tensors")
     return pairs, adapter_config
@@ -208,6 +204,8 @@ def _adapter(name: str, source: Path, pairs: Pairs, config: ModelConfig, max_lor
     top_rank = 0
     for (layer, module), ab in sorted(pairs.items()):
         where = f"LoRA adapter {name!r}: layer {layer}'s {module}"
+        if layer >= config.num_hidden_layers:
+            raise ValueError(f"{where}: the model has {config.num_hidden_layers} layers")
         if set(ab) != {"A", "B"}:
             raise ValueError(f"{where} has lora_{''.join(ab)} without its lora_{'B' if 'A' in ab else 'A'}")
         projection, index = _MODULES[module]
