@@ -142,3 +142,17 @@ def test_lora_modules_without_enable_lora_is_refused_at_start():
     done = subprocess.run([sys.executable, "-m", "corellm.cli", "serve", "--enable-lora", "--lora-modules", "a"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "'a' is not NAME=PATH" in done.stderr + done.stdout
+
+
+def test_lora_modules_take_vllms_two_forms_and_name_what_is_wrong():
+    from corellm.server.lora_adapters import lora_modules_of
+
+    spec = '{"name": "sql", "path": "/a/sql", "base_model_name": "base"}'
+    assert lora_modules_of(["chat=/a/chat", spec]) == [("chat", "/a/chat", None), ("sql", "/a/sql", "base")]
+    for bad, message in (("chat", "is not NAME=PATH"), ("=/a", "is not NAME=PATH"), ("{not json", "is not valid JSON"),
+                         ('{"name": "x"}', "with a name and a path"),
+                         ('{"name": "x", "path": "/p", "rank": 8}', r"unknown keys \['rank'\]")):
+        with pytest.raises(ValueError, match=message):
+            lora_modules_of([bad])
+    with pytest.raises(ValueError, match=r"names an adapter twice: \['a'\]"):
+        lora_modules_of(["a=/x", "a=/y"])
