@@ -14,9 +14,11 @@ from corellm.engine_args import add_engine_args, engine_config_from_args
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from corellm import LLM, SamplingParams
+    from corellm import LLM, LoRARequest, SamplingParams
 
     c = engine_config_from_args(args)
+    if args.lora is not None:  # as llama-cli's --lora: the adapter for every prompt (LoRA on)
+        c = dataclasses.replace(c, enable_lora=True)
     if c.torchrun:
         raise ValueError("corellm generate does not run under torchrun (every rank would run it): launch "
                          "`corellm serve` under torchrun")
@@ -31,10 +33,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     sampling = {"temperature": 0.0, **llm.parts.sampling_defaults, **given}
     params = SamplingParams(**sampling, max_tokens=args.max_tokens, seed=args.sampling_seed, n=args.n)
     prompts = args.prompt
+    lora = None if args.lora is None else LoRARequest("lora", 1, args.lora)
     if args.chat:
-        outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False)
+        outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False,
+                           lora_request=lora)
     else:
-        outputs = llm.generate(prompts, params, use_tqdm=False)
+        outputs = llm.generate(prompts, params, use_tqdm=False, lora_request=lora)
     for prompt, out in zip(prompts, outputs):
         for c in out.outputs:
             if len(prompts) > 1 or len(out.outputs) > 1:
@@ -61,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--n", type=int, default=1)
     gen.add_argument("--sampling-seed", type=int, default=None)
     gen.add_argument("--chat", action="store_true", help="wrap each prompt as a user message (chat template)")
+    gen.add_argument("--lora", default=None, metavar="PATH",
+                     help="run every prompt with this LoRA adapter (a PEFT directory or a llama.cpp LoRA .gguf)")
     batch = sub.add_parser("run-batch", help="run a file of requests in OpenAI's batch format (as vLLM's run-batch)")
     srv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible API")
     with startup_gc.lasting_objects():  # the server's modules (aiohttp, pydantic, the engine's)

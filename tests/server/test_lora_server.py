@@ -156,3 +156,21 @@ def test_lora_modules_take_vllms_two_forms_and_name_what_is_wrong():
             lora_modules_of([bad])
     with pytest.raises(ValueError, match=r"names an adapter twice: \['a'\]"):
         lora_modules_of(["a=/x", "a=/y"])
+
+
+def test_corellm_generate_takes_lora_as_llama_cli_does(adapters):
+    def generate(*extra):
+        done = subprocess.run([sys.executable, "-m", "corellm.cli", "generate", PROMPT, "--max-tokens", "16", *extra],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    with_a = generate("--lora", str(adapters / "a"))
+    assert with_a != generate()
+    from corellm import LLM, LoRARequest, SamplingParams
+
+    llm = LLM(enable_lora=True, kv_cache_memory=128 * 1024**2, max_model_len=512)
+    want = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=16), use_tqdm=False,
+                        lora_request=LoRARequest("a", 1, str(adapters / "a")))[0].outputs[0].text
+    llm.shutdown()
+    assert with_a == PROMPT + want + "\n"

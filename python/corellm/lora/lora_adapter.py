@@ -161,9 +161,9 @@ def load_lora_adapter(name: str, path: str, config: ModelConfig, max_lora_rank: 
     if not directory.is_dir() and looks_like_repo_id(path):  # a Hub id: its snapshot in the local cache
         directory = cached_snapshot(path) or directory
     if not directory.is_dir():
-        raise ValueError(f"LoRA adapter {name!r}: {path} is not a directory (nor a .gguf file, nor a Hugging Face Hub "
-                         f"id in the local cache, {hub_cache_root()}; corellm does not download: `hf download "
-                         f"{path}` first)")
+        hub = (f", nor a Hugging Face Hub id in the local cache ({hub_cache_root()}; corellm does not download: "
+               f"`hf download {path}` first)") if looks_like_repo_id(path) else ""
+        raise ValueError(f"LoRA adapter {name!r}: {path} is not a directory (nor a .gguf file){hub}")
     pairs, adapter_config = _read_peft(name, directory, config)
     alpha = float(adapter_config["lora_alpha"])
     rslora = bool(adapter_config.get("use_rslora", False))
