@@ -1,6 +1,7 @@
-"""LoraAdapter: a PEFT LoRA adapter directory loaded for a base model — its low-rank updates of the
-decoder layers' projections, checked against the model's shapes and laid out for the LoRA kernel
-(ops.lora_add, and the native decoder stack's LoraLayer).
+"""LoraAdapter: a LoRA adapter loaded for a base model — a PEFT directory, or a llama.cpp LoRA GGUF
+(gguf_lora.py) — its low-rank updates of the decoder layers' projections, checked against the
+model's shapes and laid out for the LoRA kernel (ops.lora_add, and the native decoder stack's
+LoraLayer).
 
 A PEFT adapter directory holds adapter_config.json (r, lora_alpha, target_modules, use_rslora,
 ...) and adapter_model.safetensors, whose tensors are named
