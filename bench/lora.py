@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/lora_adapters.py writes the adapters
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benches' helpers
-from tests.lora_adapters import make_lora_adapter  # noqa: E402
+from tests.lora_adapters import hf_shape, make_lora_adapter  # noqa: E402
 
 
 def main() -> None:
@@ -81,13 +81,6 @@ def main() -> None:
         print(f"| {name} | {' / '.join(f'{x:.1f}' for x in r)} | "
               f"{' / '.join(f'{x / b:.2f}' for x, b in zip(r, base))} | {ratios[len(ratios) // 2]:.2f}x |")
     llm.shutdown()
-
-
-def hf_shape(config) -> dict:
-    """make_lora_adapter's view of a corellm ModelConfig."""
-    return dict(hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
-                num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
-                head_dim=config.head_dim, num_hidden_layers=config.num_hidden_layers)
 
 
 def llama_greedy(bin_dir: Path, model: Path, adapter: Path, prompts: list[str], max_tokens: int) -> list[dict]:

@@ -97,23 +97,28 @@ class Router:
         found = await asyncio.gather(*(stores(r) for r in alive))
         return next((r for r, yes in zip(alive, found) if yes), None)
 
+    async def send_to_running(self, method: str, path: str, headers: dict[str, str], body: bytes | None = None,
+                              timeout_s: float = 5) -> list[tuple[Replica, tuple[int, str, str] | None]]:
+        """The same request to every running replica at once: per replica its answer (status,
+        Content-Type, text), or None where it did not answer (one that died meanwhile)."""
+        async def send(r: Replica) -> tuple[int, str, str] | None:
+            try:
+                async with self.session.request(method, r.url + path, data=body, headers=headers,
+                                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as reply:
+                    return reply.status, reply.headers.get("Content-Type", "text/plain"), await reply.text()
+            except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError):
+                return None
+
+        alive = [r for r in self.replicas if r.alive()]
+        return list(zip(alive, await asyncio.gather(*(send(r) for r in alive))))
+
     async def ask_running(self, path: str, request: web.Request) -> dict[int, str]:
         """Each running replica's answer to GET `path`, asked with the client's Authorization, by
         replica index; a replica that refuses it or does not answer (one that died meanwhile) is
         left out."""
         headers = {k: request.headers[k] for k in ("Authorization",) if k in request.headers}
-
-        async def ask(r: Replica) -> str | None:
-            try:
-                async with self.session.get(r.url + path, headers=headers,
-                                            timeout=aiohttp.ClientTimeout(total=5)) as reply:
-                    return await reply.text() if reply.status == 200 else None
-            except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError):
-                return None
-
-        alive = [r for r in self.replicas if r.alive()]
-        texts = await asyncio.gather(*(ask(r) for r in alive))
-        return {r.index: t for r, t in zip(alive, texts) if t is not None}
+        answers = await self.send_to_running("GET", path, headers)
+        return {r.index: a[2] for r, a in answers if a is not None and a[0] == 200}
 
 
 def stored_response_named(request: web.Request, body: bytes) -> str | None:
@@ -234,22 +239,12 @@ async def to_every_replica(request: web.Request) -> web.Response:
     serves any request), so the body goes to every running replica; the answer is the first
     refusal, else the replicas' success."""
     router: Router = request.app["router"]
-    body = await request.read()
     headers = {k: request.headers[k] for k in _FORWARDED_HEADERS if k in request.headers}
-
-    async def send(r: Replica) -> tuple[int, str, str]:
-        try:
-            async with router.session.post(r.url + request.path_qs, data=body, headers=headers,
-                                           timeout=aiohttp.ClientTimeout(total=300)) as reply:
-                return reply.status, reply.headers.get("Content-Type", "text/plain"), await reply.text()
-        except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError) as e:
-            message = f"engine replica {r.index} failed ({type(e).__name__})"
-            return 503, "application/json", json.dumps(APIError(503, message, "service_unavailable").body())
-
-    alive = [r for r in router.replicas if r.alive()]
-    if not alive:
+    answers = await router.send_to_running("POST", request.path_qs, headers, await request.read(), timeout_s=300)
+    if not answers:
         return APIError(503, "no engine replica is running", "service_unavailable").response()
-    replies = await asyncio.gather(*(send(r) for r in alive))
+    replies = [a or (503, "application/json", json.dumps(APIError(
+        503, f"engine replica {r.index} failed to answer", "service_unavailable").body())) for r, a in answers]
     status, content_type, text = next((reply for reply in replies if reply[0] != 200), replies[0])
     return web.Response(status=status, text=text, content_type=content_type.split(";")[0])
 

@@ -54,7 +54,7 @@ def lora_modules_of(values: list[str]) -> list[tuple[str, str, str | None]]:
 
 
 def registry_of(serving: Serving) -> LoraRegistry:
-    loras = serving.engine.parts.input_processor.loras
+    loras = serving.loras
     if loras is None:
         raise bad_request("this server runs without LoRA adapters (start it with --enable-lora)", "lora_name")
     return loras
@@ -63,12 +63,11 @@ def registry_of(serving: Serving) -> LoraRegistry:
 def lora_model_cards(serving: Serving) -> list[dict]:
     """GET /v1/models' entries for the adapters, as vLLM lists them (root: the directory; parent:
     the base model's name)."""
-    loras = serving.engine.parts.input_processor.loras
-    if loras is None:
+    if serving.loras is None:
         return []
     return [{"id": r.lora_name, "object": "model", "created": now(), "owned_by": "corellm", "root": r.lora_path,
              "parent": r.base_model_name or serving.config.served_model_name,
-             "max_model_len": serving.engine.max_model_len} for r in loras.requests()]
+             "max_model_len": serving.engine.max_model_len} for r in serving.loras.requests()]
 
 
 class LoadLoRAAdapterRequest(RequestPart):

@@ -19,6 +19,7 @@ from aiohttp import web
 from corellm.beam_search import BeamSearch, BeamSearchParams
 from corellm.engine.async_llm import AsyncLLM, EngineDeadError
 from corellm.engine.input_processor import ProcessedRequest
+from corellm.lora.lora_registry import LoraRegistry
 from corellm.lora.lora_request import LoRARequest
 from corellm.outputs import CompletionOutput, RequestOutput
 from corellm.sampling_params import SamplingParams
@@ -66,6 +67,11 @@ class Serving:
     def tokenizer(self):
         return self.engine.tokenizer
 
+    @property
+    def loras(self) -> LoraRegistry | None:
+        """The engine's LoRA adapters (None: it runs without LoRA)."""
+        return self.engine.parts.input_processor.loras
+
     def check_model(self, model: str | None) -> str:
         """The name a request's `model` field gives (the served model's when it gives none): the
         served model or a LoRA adapter the server knows; anything else is a 404."""
@@ -77,8 +83,7 @@ class Serving:
         name = self.config.served_model_name
         if model is None or model == name:
             return name, None
-        loras = self.engine.parts.input_processor.loras
-        lora = None if loras is None else loras.get(model)
+        lora = None if self.loras is None else self.loras.get(model)
         if lora is None:
             # The name is only compared, never used to find files.
             raise APIError(404, f"The model `{model}` does not exist.", "invalid_request_error", "model",

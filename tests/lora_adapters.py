@@ -15,6 +15,13 @@ ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
 
 
+def hf_shape(config) -> dict:
+    """make_lora_adapter's view (an HF config's sizes) of a corellm ModelConfig."""
+    return dict(hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+                num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
+                head_dim=config.head_dim, num_hidden_layers=config.num_hidden_layers)
+
+
 def _module_shapes(config: dict) -> dict[str, tuple[int, int]]:
     """PEFT module -> (out, in) of an HF Llama-family config (a dict)."""
     hidden, inter = config["hidden_size"], config["intermediate_size"]

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from corellm.model.loader import load_model_config
-from tests.lora_adapters import make_lora_adapter
+from tests.lora_adapters import hf_shape, make_lora_adapter
 from tests.reliability.conftest import call
 from tests.server.conftest import Server
 from tests.server.http_calls import post, stream
@@ -22,17 +22,10 @@ from tests.server.http_calls import post, stream
 PROMPT = "The capital of France is"
 
 
-def _hf_config() -> dict:
-    c = load_model_config(None)
-    return dict(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-                num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
-                head_dim=c.head_dim, num_hidden_layers=c.num_hidden_layers)
-
-
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory):
     root = tmp_path_factory.mktemp("lora_server")
-    config = _hf_config()
+    config = hf_shape(load_model_config(None))
     make_lora_adapter(root / "a", config, rank=8, std=0.05, seed=1)
     make_lora_adapter(root / "b", config, rank=4, std=0.05, seed=2)
     return root

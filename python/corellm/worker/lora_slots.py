@@ -54,7 +54,7 @@ class LoraSlots:
             return self.adapters.index(None)
         idle = []
         for slot, users in enumerate(self._users):
-            users.intersection_update({r for r in users if unfinished(r)})
-            if not users:
+            self._users[slot] = {r for r in users if unfinished(r)}
+            if not self._users[slot]:
                 idle.append(slot)
         return min(idle, key=lambda s: self._placed_at[s]) if idle else None
