@@ -12,6 +12,7 @@
 #include "corellm/kernels/cpu_isa.h"
 #include "corellm/kernels/elementwise.h"
 #include "corellm/kernels/lora.h"
+#include "corellm/kernels/moe.h"
 #include "corellm/kernels/packed_gemm.h"
 #include "corellm/kernels/paged_attention.h"
 #include "corellm/kernels/quant_gemm.h"
@@ -115,6 +116,20 @@ void bind_kernels(py::module_& m) {
           }
           lora_add(ptr<void>(y), y_stride, ptr<const void>(x), x_stride, m, ptr<const int32_t>(slots), by_slot.data(),
                    static_cast<int64_t>(by_slot.size()), dtype_of(dtype), isa.empty() ? cpu_isa() : cpu_isa_named(isa));
+        },
+        py::call_guard<py::gil_scoped_release>());
+  k.def("moe_route",
+        [](uintptr_t logits, int64_t logits_stride, int64_t m, int64_t num_experts, int64_t top_k, bool renormalize,
+           uintptr_t expert_ids, uintptr_t expert_weights) {
+          moe_route(ptr<const float>(logits), logits_stride, m, num_experts, top_k, renormalize,
+                    ptr<int32_t>(expert_ids), ptr<float>(expert_weights));
+        },
+        py::call_guard<py::gil_scoped_release>());
+  k.def("moe_combine",
+        [](uintptr_t out, int64_t out_stride, uintptr_t rows, int64_t rows_stride, uintptr_t weights, int64_t m,
+           int64_t top_k, int64_t hidden, int32_t dtype) {
+          moe_combine(ptr<void>(out), out_stride, ptr<const void>(rows), rows_stride, ptr<const float>(weights), m,
+                      top_k, hidden, dtype_of(dtype));
         },
         py::call_guard<py::gil_scoped_release>());
   k.def("gelu_tanh_and_mul",

@@ -53,6 +53,14 @@ void bind_model(py::module_& m) {
   embedding.def(py::init<>()).def_readwrite("ggml_type", &EmbeddingWeight::ggml_type);
   def_address(embedding, "data", &EmbeddingWeight::data);
 
+  py::class_<MoeWeights>(model, "MoeWeights", "A layer's mixture of experts: router and experts (decoder_stack.h)")
+      .def(py::init<>())
+      .def_readwrite("router", &MoeWeights::router)
+      .def_readwrite("gate_up", &MoeWeights::gate_up)
+      .def_readwrite("down", &MoeWeights::down)
+      .def_readwrite("top_k", &MoeWeights::top_k)
+      .def_readwrite("renormalize", &MoeWeights::renormalize)
+      .def_readwrite("intermediate", &MoeWeights::intermediate);
   py::class_<DecoderLayerWeights> layer(model, "DecoderLayerWeights",
                                         "One layer's weights and KV cache, by address (0: absent)");
   layer.def(py::init<>())
@@ -60,6 +68,7 @@ void bind_model(py::module_& m) {
       .def_readwrite("o", &DecoderLayerWeights::o)
       .def_readwrite("gate_up", &DecoderLayerWeights::gate_up)
       .def_readwrite("down", &DecoderLayerWeights::down)
+      .def_readwrite("moe", &DecoderLayerWeights::moe)
       .def_readwrite("sliding_window", &DecoderLayerWeights::sliding_window);
   def_address(layer, "input_norm", &DecoderLayerWeights::input_norm);
   def_address(layer, "post_attention_norm", &DecoderLayerWeights::post_attention_norm);

@@ -24,6 +24,13 @@ ARCHS = {
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
                dict(head_dim=16, sliding_window=16, query_pre_attn_scalar=24, tie_word_embeddings=True,
                     layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    # Mixtures of experts: four experts, two per token. Mixtral renormalizes the pair's weights;
+    # this Qwen3-MoE does not (norm_topk_prob False), and its middle layer is dense (mlp_only_layers).
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64, tie_word_embeddings=False)),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=False,
+                       mlp_only_layers=[1], head_dim=16, tie_word_embeddings=False)),
 }
 
 

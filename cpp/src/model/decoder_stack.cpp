@@ -13,6 +13,7 @@
 #include "corellm/kernels/cpu_isa.h"
 #include "corellm/kernels/dtype.h"
 #include "corellm/kernels/elementwise.h"
+#include "corellm/kernels/moe.h"
 #include "corellm/kernels/packed_gemm.h"
 
 namespace corellm {
@@ -62,6 +63,29 @@ constexpr int64_t kSplitMaxThreads = 2;
 // step of 63 decodes and one 1985-token prefill chunk cuts into groups of decodes and one of 1985
 // tokens, which one thread would run while the other waited.
 constexpr double kSplitMaxImbalance = 1.25;
+
+// InvalidArgument unless a sparse layer's router and experts agree with each other and with hidden.
+void check_experts(const MoeWeights& moe, int64_t hidden) {
+  moe.router.check("DecoderStack: the MoE router");
+  const int64_t experts = moe.router.n, inter = moe.intermediate;
+  CORELLM_CHECK_ARG(moe.router.k == hidden && moe.router.bias == nullptr, "DecoderStack: the MoE router must be [",
+                    "experts, ", hidden, "] without a bias");
+  CORELLM_CHECK_ARG(static_cast<int64_t>(moe.gate_up.size()) == experts &&
+                        static_cast<int64_t>(moe.down.size()) == experts,
+                    "DecoderStack: a router of ", experts, " experts with ", moe.gate_up.size(), " gate_up and ",
+                    moe.down.size(), " down weights");
+  CORELLM_CHECK_ARG(moe.top_k >= 1 && moe.top_k <= experts && inter >= 1, "DecoderStack: MoE top_k ", moe.top_k,
+                    " of ", experts, " experts, intermediate ", inter);
+  for (int64_t e = 0; e < experts; ++e) {
+    moe.gate_up[e].check("DecoderStack: an expert's gate_up");
+    moe.down[e].check("DecoderStack: an expert's down");
+    CORELLM_CHECK_ARG(moe.gate_up[e].n == 2 * inter && moe.gate_up[e].k == hidden && moe.down[e].n == hidden &&
+                          moe.down[e].k == inter,
+                      "DecoderStack: expert ", e, "'s shapes differ from [2 x ", inter, ", ", hidden, "] and [",
+                      hidden, ", ", inter, "]");
+  }
+}
+
 }  // namespace
 
 DecoderStack::DecoderStack(const DecoderDims& dims, const EmbeddingWeight& embed, std::vector<DecoderLayerWeights> layers,
@@ -92,14 +116,25 @@ DecoderStack::DecoderStack(const DecoderDims& dims, const EmbeddingWeight& embed
                       "DecoderStack: a layer lacks a norm, its rope table or its KV cache");
     w.qkv.check("DecoderStack: qkv");
     w.o.check("DecoderStack: o");
-    w.gate_up.check("DecoderStack: gate_up");
-    w.down.check("DecoderStack: down");
-    for (const LinearWeight* linear : {&w.qkv, &w.o, &w.gate_up, &w.down}) {
+    std::vector<const LinearWeight*> projections{&w.qkv, &w.o};
+    if (w.moe.sparse()) {
+      check_experts(w.moe, dims.hidden);
+      CORELLM_CHECK_ARG(tp.all_reduce == nullptr, "DecoderStack: a mixture of experts under tensor parallelism");
+      // The router is not among them: its few rows (one per expert) are bf16 or fp32 in quantized files too.
+      for (const LinearWeight& e : w.moe.gate_up) projections.push_back(&e);
+      for (const LinearWeight& e : w.moe.down) projections.push_back(&e);
+    } else {
+      w.gate_up.check("DecoderStack: gate_up");
+      w.down.check("DecoderStack: down");
+      CORELLM_CHECK_ARG(w.gate_up.n == 2 * dims.intermediate && w.gate_up.k == dims.hidden &&
+                            w.down.n == dims.hidden && w.down.k == dims.intermediate,
+                        "DecoderStack: an MLP projection's shape differs from the model's dimensions");
+      projections.insert(projections.end(), {&w.gate_up, &w.down});
+    }
+    for (const LinearWeight* linear : projections) {
       for (const LinearPart& part : linear->parts) quantized_projections_ &= part.ggml_type != kBf16Packed;
     }
-    CORELLM_CHECK_ARG(w.qkv.n == qkv_size_ && w.qkv.k == dims.hidden && w.o.n == dims.hidden && w.o.k == q_size_ &&
-                          w.gate_up.n == 2 * dims.intermediate && w.gate_up.k == dims.hidden &&
-                          w.down.n == dims.hidden && w.down.k == dims.intermediate,
+    CORELLM_CHECK_ARG(w.qkv.n == qkv_size_ && w.qkv.k == dims.hidden && w.o.n == dims.hidden && w.o.k == q_size_,
                       "DecoderStack: a projection's shape differs from the model's dimensions");
   }
 }
@@ -218,7 +253,10 @@ void DecoderStack::set_lora(int64_t slot, std::vector<LoraLayer> layers) {
   CORELLM_CHECK_ARG(slot >= 0, "DecoderStack: LoRA slot ", slot, " must be >= 0");
   CORELLM_CHECK_ARG(layers.size() == layers_.size(), "DecoderStack: a LoRA adapter of ", layers.size(),
                     " layers for a stack of ", layers_.size());
-  for (const LoraLayer& l : layers) {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LoraLayer& l = layers[i];
+    CORELLM_CHECK_ARG(!layers_[i].moe.sparse() || (l.gate_up.parts.empty() && l.down.parts.empty()),
+                      "DecoderStack: a LoRA update of layer ", i, "'s MLP, a mixture of experts (not supported)");
     l.qkv.check("DecoderStack: LoRA qkv", qkv_size_);
     l.o.check("DecoderStack: LoRA o", dims_.hidden);
     l.gate_up.check("DecoderStack: LoRA gate_up", 2 * dims_.intermediate);
@@ -290,6 +328,11 @@ void DecoderStack::layer(size_t index, const DecoderStepArgs& step, Scratch& s) 
     rms_norm(h, hidden, h, hidden, w.attention_output_norm, n, hidden, dims_.eps, bf16);
   }
   fused_add_rms_norm(h, hidden, x, hidden, w.post_attention_norm, n, hidden, dims_.eps, bf16);
+  if (w.moe.sparse()) {
+    sparse_mlp(w.moe, h, n, s);  // not under tensor parallelism (the constructor refuses it)
+    if (w.mlp_output_norm != nullptr) rms_norm(h, hidden, h, hidden, w.mlp_output_norm, n, hidden, dims_.eps, bf16);
+    return;
+  }
   // gate_up's LoRA update goes in before the activation: then gate_up's output, updated, is
   // activated in a pass of its own.
   const bool gate_up_lora = lora != nullptr && lora_touches(&LoraLayer::gate_up, index);
@@ -313,6 +356,46 @@ void DecoderStack::layer(size_t index, const DecoderStepArgs& step, Scratch& s) 
   }
   all_reduce(h, n);
   if (w.mlp_output_norm != nullptr) rms_norm(h, hidden, h, hidden, w.mlp_output_norm, n, hidden, dims_.eps, bf16);
+}
+
+void DecoderStack::sparse_mlp(const MoeWeights& moe, uint16_t* h, int64_t n, Scratch& s) const {
+  const int64_t hidden = dims_.hidden, experts = moe.router.n, top_k = moe.top_k, inter = moe.intermediate;
+  const auto choices = static_cast<size_t>(n * top_k);
+  s.router_logits.resize(static_cast<size_t>(n * experts));
+  s.expert_ids.resize(choices);
+  s.expert_weights.resize(choices);
+  moe.router.forward_f32(h, hidden, s.router_logits.data(), experts, n);
+  moe_route(s.router_logits.data(), experts, n, experts, top_k, moe.renormalize, s.expert_ids.data(),
+            s.expert_weights.data());
+  // The choices (t * top_k + j) sorted by expert, by counting: each expert's in ascending order.
+  std::vector<int64_t> first(static_cast<size_t>(experts) + 1, 0);
+  for (int32_t e : s.expert_ids) ++first[static_cast<size_t>(e) + 1];
+  for (int64_t e = 0; e < experts; ++e) first[e + 1] += first[e];
+  s.choices_by_expert.resize(choices);
+  std::vector<int64_t> next(first.begin(), first.end() - 1);
+  for (size_t c = 0; c < choices; ++c) s.choices_by_expert[next[s.expert_ids[c]]++] = static_cast<int32_t>(c);
+  int64_t most = 0;
+  for (int64_t e = 0; e < experts; ++e) most = std::max(most, first[e + 1] - first[e]);
+  const auto rows = static_cast<size_t>(most);
+  s.expert_in.resize(rows * hidden);
+  s.expert_gate_up.resize(rows * 2 * inter);
+  s.expert_act.resize(rows * inter);
+  s.expert_out.resize(rows * hidden);
+  s.choice_rows.resize(choices * hidden);
+  const size_t row_bytes = static_cast<size_t>(hidden) * sizeof(uint16_t);
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t count = first[e + 1] - first[e];
+    if (count == 0) continue;
+    const int32_t* picked = s.choices_by_expert.data() + first[e];
+    for (int64_t i = 0; i < count; ++i) std::memcpy(&s.expert_in[i * hidden], h + (picked[i] / top_k) * hidden, row_bytes);
+    moe.gate_up[e].forward_gated(s.expert_in.data(), hidden, s.expert_act.data(), inter, count, dims_.activation,
+                                 s.expert_gate_up.data());
+    moe.down[e].forward(s.expert_act.data(), inter, s.expert_out.data(), hidden, count);
+    for (int64_t i = 0; i < count; ++i) {
+      std::memcpy(&s.choice_rows[static_cast<size_t>(picked[i]) * hidden], &s.expert_out[i * hidden], row_bytes);
+    }
+  }
+  moe_combine(h, hidden, s.choice_rows.data(), hidden, s.expert_weights.data(), n, top_k, hidden, DType::BF16);
 }
 
 }  // namespace corellm

@@ -25,11 +25,23 @@ void LinearWeight::check(const char* what) const {
 
 void LinearWeight::forward(const uint16_t* x, int64_t x_stride, uint16_t* y, int64_t y_stride, int64_t m,
                            XRows x_rows) const {
+  forward_into(x, x_stride, y, DType::BF16, y_stride, m, x_rows);
+}
+
+void LinearWeight::forward_f32(const uint16_t* x, int64_t x_stride, float* y, int64_t y_stride, int64_t m) const {
+  CORELLM_CHECK_ARG(bias == nullptr, "LinearWeight::forward_f32: a weight with a bias (not needed yet)");
+  forward_into(x, x_stride, y, DType::F32, y_stride, m, XRows::kAnywhere);
+}
+
+void LinearWeight::forward_into(const uint16_t* x, int64_t x_stride, void* y_out, DType y_dtype, int64_t y_stride,
+                                int64_t m, XRows x_rows) const {
+  const size_t y_element = y_dtype == DType::F32 ? sizeof(float) : sizeof(uint16_t);
   for (const LinearPart& p : parts) {
     const uint16_t* part_bias = bias ? bias + p.row_offset : nullptr;
+    void* y = static_cast<char*>(y_out) + static_cast<size_t>(p.row_offset) * y_element;
     if (p.ggml_type == kBf16Packed) {
-      bf16_gemm(x, x_stride, static_cast<const uint16_t*>(p.data), part_bias, y + p.row_offset, y_stride, m, p.rows, k,
-                DType::BF16, cpu_isa(), x_rows);
+      bf16_gemm(x, x_stride, static_cast<const uint16_t*>(p.data), part_bias, y, y_stride, m, p.rows, k, y_dtype,
+                cpu_isa(), x_rows);
       continue;
     }
     QuantGemmArgs a;
@@ -39,9 +51,9 @@ void LinearWeight::forward(const uint16_t* x, int64_t x_stride, uint16_t* y, int
     a.type = static_cast<QuantType>(p.ggml_type);
     a.packed = static_cast<const uint8_t*>(p.data);
     a.bias = part_bias;
-    a.y = y + p.row_offset;
+    a.y = y;
     a.y_stride = y_stride;
-    a.y_dtype = DType::BF16;
+    a.y_dtype = y_dtype;
     a.m = m;
     a.n = p.rows;
     a.k = k;

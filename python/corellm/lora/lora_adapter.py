@@ -210,6 +210,9 @@ def _adapter(name: str, source: Path, pairs: Pairs, config: ModelConfig, max_lor
         if set(ab) != {"A", "B"}:
             raise ValueError(f"{where} has lora_{''.join(ab)} without its lora_{'B' if 'A' in ab else 'A'}")
         projection, index = _MODULES[module]
+        if projection in ("gate_up", "down") and config.layer_is_sparse(layer):
+            raise ValueError(f"{where}: that layer's MLP is a mixture of experts, whose updates corellm does not "
+                             f"apply (only the attention's q/k/v/o)")
         width_in, col_offset, width_out = shapes[projection][index]
         a, b = ab["A"], ab["B"]
         rank = a.shape[0]

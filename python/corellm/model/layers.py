@@ -239,11 +239,13 @@ class Attention:
 
 class MLP:
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-                 tp: TensorParallel = TensorParallel()):
+                 tp: TensorParallel = TensorParallel(), intermediate_size: int | None = None):
+        """intermediate_size: the gate's and up's rows (default: the config's; an expert's: its own)."""
         self.tp = tp  # down_proj's partial output is summed over the group
+        inter = intermediate_size or config.intermediate_size
         # gate_up [2 * intermediate, hidden] (gate and up fused), down [hidden, intermediate]
-        self.gate_up_proj = Linear(2 * config.intermediate_size, config.hidden_size, False, dtype, device)
-        self.down_proj = Linear(config.hidden_size, config.intermediate_size, False, dtype, device)
+        self.gate_up_proj = Linear(2 * inter, config.hidden_size, False, dtype, device)
+        self.down_proj = Linear(config.hidden_size, inter, False, dtype, device)
         # SwiGLU, or GeGLU (Gemma: GELU's tanh approximation); act(gate) * up in fp32, rounded once.
         self.gated_activation = ops.gelu_tanh_and_mul if config.hidden_activation == "gelu_pytorch_tanh" \
             else ops.silu_and_mul
@@ -254,6 +256,42 @@ class MLP:
         gate_up = lora(self.gate_up_proj(h), h, "gate_up")  # before the activation
         act = self.gated_activation(gate_up)
         return self.tp.all_reduce(lora(self.down_proj(act), act, "down"))
+
+
+class SparseMoe:
+    """A mixture-of-experts MLP (Mixtral, Qwen3-MoE): a router [num_experts, hidden] rates the
+    experts for each token; the token runs the top_k best, each a gated MLP of its own, and its
+    output is their outputs summed by the router's weights. In steps:
+      logits = router(h) in fp32;  (ids, weights) = ops.moe_route(logits)   per token
+      for each expert that some token chose, in expert order: its tokens' rows of h, gathered,
+        through the expert's MLP, into rows[t * top_k + j] (the token's j-th choice)
+      out = ops.moe_combine(rows, weights)   per token, in fp32, rounded once
+    Every step is row by row (the GEMMs compute a row alike whichever rows share the call), so a
+    token's result does not depend on the step's other tokens. The native decoder stack
+    (decoder_stack.cpp's sparse_mlp) runs the same steps."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device):
+        self.top_k, self.renormalize = config.num_experts_per_tok, config.norm_topk_prob
+        self.router = Linear(config.num_experts, config.hidden_size, False, dtype, device)
+        self.experts = [MLP(config, dtype, device, intermediate_size=config.moe_intermediate_size)
+                        for _ in range(config.num_experts)]
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        ids, weights = ops.moe_route(self.router(h, out_dtype=torch.float32), self.top_k, self.renormalize)
+        rows = torch.empty((h.shape[0] * self.top_k, h.shape[1]), dtype=h.dtype, device=h.device)
+        choices = ids.view(-1).long()  # choice p = t * top_k + j
+        order = torch.argsort(choices, stable=True)
+        counts = torch.bincount(choices, minlength=len(self.experts)).tolist()
+        start = 0
+        for expert, count in zip(self.experts, counts):
+            if count:
+                picked = order[start : start + count]
+                rows[picked] = expert.forward(h[picked // self.top_k])
+                start += count
+        return ops.moe_combine(rows, weights)
+
+    def linears(self) -> list[Linear]:
+        return [self.router] + [linear for e in self.experts for linear in (e.gate_up_proj, e.down_proj)]
 
 
 class DecoderLayer:
@@ -268,7 +306,8 @@ class DecoderLayer:
         self.attention_output_norm = norm() if config.sandwich_norms else None
         self.mlp_output_norm = norm() if config.sandwich_norms else None
         self.attn = Attention(config, dtype, device, layer, tp)
-        self.mlp = MLP(config, dtype, device, tp)
+        # A mixture of experts' sparse layers: SparseMoe (tensor parallelism refuses such a model).
+        self.mlp = SparseMoe(config, dtype, device) if config.layer_is_sparse(layer) else MLP(config, dtype, device, tp)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,
                 attn: AttentionMetadata, kv_cache: KVCache, cos_sin_cache: torch.Tensor,
@@ -286,7 +325,7 @@ class DecoderLayer:
         if self.attention_output_norm is not None:
             h = ops.rms_norm(h, self.attention_output_norm, self.eps)
         h, residual = ops.fused_add_rms_norm(h, residual, self.post_attention_norm, self.eps)
-        h = self.mlp.forward(h, update)
+        h = self.mlp.forward(h) if isinstance(self.mlp, SparseMoe) else self.mlp.forward(h, update)
         if self.mlp_output_norm is not None:
             h = ops.rms_norm(h, self.mlp_output_norm, self.eps)
         return h, residual
@@ -296,4 +335,5 @@ class DecoderLayer:
                             self.mlp_output_norm, self.attn.q_norm, self.attn.k_norm) if t is not None]
 
     def linears(self) -> list[Linear]:
-        return [self.attn.qkv_proj, self.attn.o_proj, self.mlp.gate_up_proj, self.mlp.down_proj]
+        mlp = self.mlp.linears() if isinstance(self.mlp, SparseMoe) else [self.mlp.gate_up_proj, self.mlp.down_proj]
+        return [self.attn.qkv_proj, self.attn.o_proj, *mlp]

@@ -1,6 +1,6 @@
-"""LlamaForCausalLM: the Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, and Gemma 3's
+"""LlamaForCausalLM: the Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Gemma 3's
 variant of it: GeGLU, sandwich norms, scaled embeddings, sliding-window layers with their own rope
-base) as decoder layers over corellm's ops, its weight loading (fusing q/k/v and gate/up, checking
+base; and the mixtures of experts built on it, Mixtral and Qwen3-MoE) as decoder layers over corellm's ops, its weight loading (fusing q/k/v and gate/up, checking
 every shape against the config) and its logits."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from corellm import ops
 from corellm.distributed.parallel_state import TensorParallel
 from corellm.model.attention_metadata import AttentionMetadata
-from corellm.model.layers import DecoderLayer, Embedding, KVCache, Linear
+from corellm.model.layers import MLP, DecoderLayer, Embedding, KVCache, Linear, SparseMoe
 from corellm.model.model_config import ModelConfig
 from corellm.model.quantized_tensor import QuantizedTensor
 from corellm.model.rope import cos_sin_cache, inverse_frequencies
@@ -28,6 +28,16 @@ Destination = Linear | Embedding | torch.Tensor
 
 # Tensors some checkpoints carry that the model recomputes.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def _mlp_destinations(prefix: str, mlp: MLP, intermediate: int, hidden: int,
+                      names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
+                      ) -> dict[str, tuple[Destination, int, int]]:
+    """A gated MLP's three weights (named gate, up, down after `prefix`) into its fused gate_up and down."""
+    gate, up, down = names
+    return {prefix + gate + ".weight": (mlp.gate_up_proj, 0, intermediate),
+            prefix + up + ".weight": (mlp.gate_up_proj, intermediate, intermediate),
+            prefix + down + ".weight": (mlp.down_proj, 0, hidden)}
 
 
 class LlamaForCausalLM:
@@ -93,9 +103,27 @@ class LlamaForCausalLM:
             if a.q_norm is not None:
                 dest[p + "self_attn.q_norm.weight"] = (a.q_norm, 0, c.head_dim)
                 dest[p + "self_attn.k_norm.weight"] = (a.k_norm, 0, c.head_dim)
-            dest[p + "mlp.gate_proj.weight"] = (layer.mlp.gate_up_proj, 0, c.intermediate_size)
-            dest[p + "mlp.up_proj.weight"] = (layer.mlp.gate_up_proj, c.intermediate_size, c.intermediate_size)
-            dest[p + "mlp.down_proj.weight"] = (layer.mlp.down_proj, 0, c.hidden_size)
+            if isinstance(layer.mlp, SparseMoe):
+                dest.update(self._expert_destinations(i, layer.mlp))
+            else:
+                dest.update(_mlp_destinations(p + "mlp.", layer.mlp, c.intermediate_size, c.hidden_size))
+        return dest
+
+    def _expert_destinations(self, index: int, moe: SparseMoe) -> dict[str, tuple[Destination, int, int]]:
+        """A sparse layer's router and experts, by the checkpoint's names: Mixtral's
+        block_sparse_moe.gate and experts.E.w1 / w3 / w2 (gate, up, down), Qwen3-MoE's mlp.gate and
+        mlp.experts.E.gate_proj / up_proj / down_proj."""
+        c = self.config
+        p = f"model.layers.{index}."
+        if c.family == "mixtral":
+            p += "block_sparse_moe."
+            names = ("w1", "w3", "w2")
+        else:
+            p += "mlp."
+            names = ("gate_proj", "up_proj", "down_proj")
+        dest: dict[str, tuple[Destination, int, int]] = {p + "gate.weight": (moe.router, 0, c.num_experts)}
+        for e, expert in enumerate(moe.experts):
+            dest.update(_mlp_destinations(f"{p}experts.{e}.", expert, c.moe_intermediate_size, c.hidden_size, names))
         return dest
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]], source: str,

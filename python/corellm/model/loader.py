@@ -138,9 +138,10 @@ def check_scaled_gemm(quantization: str, device: torch.device) -> None:
                          f"{torch.cuda.get_device_name(device)} has {capability[0]}.{capability[1]}")
 
 
-# The HF tensors --quantization int8 quantizes: the decoder layers' projections (vLLM's W8A8
-# leaves the embedding and the LM head in the model's dtype too).
-_INT8_SUFFIXES = ("_proj.weight",)
+# The HF tensors --quantization int8 quantizes: the decoder layers' projections, Mixtral's experts'
+# (w1, w3, w2) included (vLLM's W8A8 leaves the embedding, the LM head and a mixture of experts'
+# router in the model's dtype too).
+_INT8_SUFFIXES = ("_proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")
 
 
 def quantize_int8(weights):
@@ -235,6 +236,9 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
     else:
         raise ValueError(f"{path}: not an HF model directory or a .gguf file")
     check_head_size_on_device(config, device_)
+    if config.num_experts and device_.type != "cpu":
+        raise ValueError(f"{config.source}: a mixture-of-experts model ({config.architecture}) runs on the CPU only "
+                         f"in corellm so far; run it with device='cpu'")
     if not tokenizer.eos_token_ids:
         tokenizer.eos_token_ids = list(config.eos_token_id)
     if llava is not None:

@@ -13,6 +13,8 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 # GGUF general.architecture -> the HF architecture it stores.
 GGUF_ARCHITECTURES = {
@@ -57,6 +59,13 @@ class ModelConfig:
     rope_local_theta: float = 0.0  # rope base of the sliding_attention layers (0: rope_theta)
     query_pre_attn_scalar: float = 0.0  # attention scale = this ** -0.5 (0: head_dim)
     norm_weight_offset: float = 0.0  # RMSNorm scales by (offset + weight) (Gemma: 1)
+    # A mixture of experts (Mixtral, Qwen3-MoE): a sparse layer's MLP is num_experts gated MLPs of
+    # moe_intermediate_size, of which each token runs the num_experts_per_tok its router rates best.
+    num_experts: int = 0  # 0: every MLP dense
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True  # the chosen experts' weights renormalized to sum to 1
+    dense_layers: tuple[int, ...] = ()  # of a mixture-of-experts model, the layers whose MLP is dense
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
     source: str = ""  # file the config came from, for error messages
@@ -82,6 +91,15 @@ class ModelConfig:
                                  or any(t not in _LAYER_TYPES for t in self.layer_types)):
             raise UnsupportedModelError(f"{self.source}: layer_types must name {self.num_hidden_layers} layers, each "
                                         f"one of {_LAYER_TYPES}; got {list(self.layer_types)}")
+        object.__setattr__(self, "dense_layers", tuple(sorted(self.dense_layers)))
+        if self.num_experts:
+            if not 1 <= self.num_experts_per_tok <= self.num_experts or self.moe_intermediate_size <= 0:
+                raise ValueError(f"{self.source}: a mixture of experts needs 1 <= num_experts_per_tok "
+                                 f"({self.num_experts_per_tok}) <= num_experts ({self.num_experts}) and a positive "
+                                 f"moe_intermediate_size ({self.moe_intermediate_size})")
+            if any(not 0 <= i < self.num_hidden_layers for i in self.dense_layers):
+                raise ValueError(f"{self.source}: dense layers {list(self.dense_layers)} outside the "
+                                 f"{self.num_hidden_layers} layers")
         if self.hidden_activation not in _ACTIVATIONS:
             raise UnsupportedModelError(f"{self.source}: activation {self.hidden_activation!r} is not supported "
                                         f"({', '.join(_ACTIVATIONS)})")
@@ -105,6 +123,10 @@ class ModelConfig:
         if self.layer_types and self.layer_types[layer] == "sliding_attention" and self.rope_local_theta:
             return self.rope_local_theta
         return self.rope_theta
+
+    def layer_is_sparse(self, layer: int) -> bool:
+        """Whether layer `layer`'s MLP is a mixture of experts."""
+        return self.num_experts > 0 and layer not in self.dense_layers
 
     @property
     def attention_scale(self) -> float:
@@ -142,7 +164,7 @@ class ModelConfig:
             scaling = None
         eos = cfg.get("eos_token_id")
         sliding = 0
-        if family == "mistral" or cfg.get("use_sliding_window"):
+        if family in ("mistral", "mixtral") or cfg.get("use_sliding_window"):
             sliding = int(cfg.get("sliding_window") or 0)
         return cls(
             architecture=arch,
@@ -158,9 +180,10 @@ class ModelConfig:
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
-            qk_norm=family == "qwen3",
+            qk_norm=family in ("qwen3", "qwen3_moe"),
             rope_scaling=dict(scaling) if scaling else None,
             sliding_window=sliding,
+            **_experts(cfg, family, source),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             source=source,
@@ -211,3 +234,25 @@ class ModelConfig:
             eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             source=source,
         )
+
+
+def _experts(cfg: dict[str, Any], family: str, source: str) -> dict[str, Any]:
+    """The mixture-of-experts fields of an HF config (none for a dense family). Mixtral: every
+    layer sparse, experts of intermediate_size, weights always renormalized. Qwen3-MoE: experts of
+    moe_intermediate_size; a layer is dense when listed in mlp_only_layers or off the
+    decoder_sparse_step; norm_topk_prob as the config says (transformers' default: False)."""
+    if family not in ("mixtral", "qwen3_moe"):
+        return {}
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+    layers = cfg["num_hidden_layers"]
+    if family == "mixtral":
+        return dict(num_experts=experts, num_experts_per_tok=cfg.get("num_experts_per_tok", 2),
+                    moe_intermediate_size=cfg["intermediate_size"], norm_topk_prob=True)
+    if cfg.get("shared_expert_intermediate_size"):
+        raise UnsupportedModelError(f"{source}: shared experts are not supported")
+    step = cfg.get("decoder_sparse_step", 1) or 1
+    only_mlp = set(cfg.get("mlp_only_layers") or [])
+    dense = tuple(i for i in range(layers) if i in only_mlp or not (experts > 0 and (i + 1) % step == 0))
+    return dict(num_experts=experts, num_experts_per_tok=cfg.get("num_experts_per_tok", 2),
+                moe_intermediate_size=cfg.get("moe_intermediate_size") or cfg["intermediate_size"],
+                norm_topk_prob=bool(cfg.get("norm_topk_prob", False)), dense_layers=dense)

@@ -1,4 +1,4 @@
-"""NativeDecoderStack: a loaded Llama-family model (Gemma 3 included) run as one native model, _core.model's
+"""NativeDecoderStack: a loaded Llama-family model (Gemma 3 and the mixtures of experts included) run as one native model, _core.model's
 DecoderStack (cpp/include/corellm/model/decoder_stack.h), which computes a step in one call instead
 of about ten Python op calls per layer. Same kernels, same order: the result is bit-identical to
 LlamaForCausalLM's per-op forward (tests/model/test_native_stack.py).
@@ -14,6 +14,7 @@ import torch
 
 from corellm.lora.lora_adapter import LoraAdapter
 from corellm.model.attention_metadata import AttentionMetadata
+from corellm.model.layers import SparseMoe
 from corellm.native import _core
 
 
@@ -54,6 +55,17 @@ def linear_weight(linear):
         part.ggml_type, part.data, part.row_offset, part.rows = ggml_type, packed.data_ptr(), offset, rows
         parts.append(part)
     w.parts = parts
+    return w
+
+
+def moe_weights(moe: SparseMoe):
+    """A SparseMoe's router and experts as the native stack's MoeWeights (decoder_stack.h)."""
+    w = _core.model.MoeWeights()
+    w.router = linear_weight(moe.router)
+    w.gate_up = [linear_weight(e.gate_up_proj) for e in moe.experts]
+    w.down = [linear_weight(e.down_proj) for e in moe.experts]
+    w.top_k, w.renormalize = moe.top_k, moe.renormalize
+    w.intermediate = moe.experts[0].down_proj.shape[1]
     return w
 
 
@@ -107,7 +119,10 @@ class NativeDecoderStack:
         w.cos_sin_cache, w.sliding_window = cos_sin_cache.data_ptr(), a.sliding_window or 0
         w.qkv, w.o = linear_weight(a.qkv_proj), linear_weight(a.o_proj)
         w.q_norm, w.k_norm = _address(a.q_norm), _address(a.k_norm)
-        w.gate_up, w.down = linear_weight(m.gate_up_proj), linear_weight(m.down_proj)
+        if isinstance(m, SparseMoe):
+            w.moe = moe_weights(m)
+        else:
+            w.gate_up, w.down = linear_weight(m.gate_up_proj), linear_weight(m.down_proj)
         w.key_cache, w.value_cache = key_cache.data_ptr(), value_cache.data_ptr()
         return w
 

@@ -31,6 +31,9 @@ def check_divisible(config: ModelConfig, size: int) -> None:
     if size < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {size}")
     h, kv, inter = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
+    if config.num_experts and size > 1:
+        raise ValueError(f"tensor_parallel_size {size}: a mixture-of-experts model ({config.architecture}) runs in "
+                         f"one process in corellm so far (tensor_parallel_size 1; --data-parallel-size for replicas)")
     if h % size:
         raise ValueError(f"tensor_parallel_size {size} does not divide the model's {h} attention heads")
     if kv % size and size % kv:

@@ -4,6 +4,7 @@ then dispatching on the tensors' device (CPU: corellm._core's C++ kernels)."""
 from corellm.ops.activation import gelu_tanh_and_mul, silu_and_mul
 from corellm.ops.attention import kv_cache_shapes, kv_pack, paged_attention, reshape_and_cache, unpack_kv_cache
 from corellm.ops.lora import lora_add
+from corellm.ops.moe import moe_combine, moe_route
 from corellm.ops.norm import fused_add_rms_norm, rms_norm
 from corellm.ops.rejection_sampler import rejection_sample
 from corellm.ops.rotary import rotary_embedding
@@ -21,6 +22,8 @@ __all__ = [
     "kv_cache_shapes",
     "kv_pack",
     "lora_add",
+    "moe_combine",
+    "moe_route",
     "paged_attention",
     "quantize_rows",
     "rejection_sample",

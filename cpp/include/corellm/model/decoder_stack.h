@@ -20,6 +20,7 @@
 //   x += h, h = rms_norm(x)
 //   h = down(act(gate(h)) * up(h))     act: silu (SwiGLU) or gelu_tanh (GeGLU); in blocks of 256
 //                                      rows, each block's intermediates kept in the caches
+//                                      (a mixture of experts' sparse layer: MoeWeights' steps)
 //                                      (Gemma 3: h = rms_norm(h), its post-feedforward norm)
 // With LoRA adapters (set_lora), a step's tokens that name one (DecoderStepArgs::lora_slots) have
 // their adapter's low-rank updates added to qkv's, o's, gate_up's and down's outputs
@@ -75,6 +76,22 @@ struct DecoderTensorParallel {
   double timeout_s = 60.0;  // a rank that does not arrive in this time: std::runtime_error
 };
 
+// A mixture-of-experts MLP (Mixtral, Qwen3-MoE) in place of a layer's gated MLP, in steps
+// (python/corellm/model/layers.py's SparseMoe runs the same, bit for bit):
+//   logits = router(h) fp32;  each token's top_k experts and weights (kernels/moe.h's moe_route)
+//   for each chosen expert, in expert order: its tokens' rows of h gathered, its gated MLP on them
+//     (gate_up and the activation, then down), each output row put in the token's place
+//   h = the token's expert outputs summed by their weights, fp32, rounded once (moe_combine)
+struct MoeWeights {
+  LinearWeight router;                // [num_experts, hidden]; no parts: the layer's MLP is dense
+  std::vector<LinearWeight> gate_up;  // per expert [2 * intermediate, hidden], gate rows first
+  std::vector<LinearWeight> down;     // per expert [hidden, intermediate]
+  int64_t top_k = 0;
+  bool renormalize = true;            // the chosen experts' weights divided by their sum
+  int64_t intermediate = 0;           // an expert's
+  bool sparse() const { return !router.parts.empty(); }
+};
+
 // One layer's weights (norms bf16, projections as linear_weight.h), its attention's rope table
 // and window, and its KV cache.
 struct DecoderLayerWeights {
@@ -89,6 +106,7 @@ struct DecoderLayerWeights {
   LinearWeight o;                                 // [hidden, q]
   LinearWeight gate_up;                           // [2 * intermediate, hidden], gate rows first
   LinearWeight down;                              // [hidden, intermediate]
+  MoeWeights moe;                                 // sparse(): gate_up and down unused (no parts)
   const float* cos_sin_cache = nullptr;  // [max_position, rot_dim] fp32, cos then sin (ops.rotary_embedding)
   int64_t sliding_window = 0;            // <= 0: none
   void* key_cache = nullptr;                      // layout of paged_attention.h
@@ -127,6 +145,12 @@ class DecoderStack {
   struct Scratch {
     AlignedVector<uint16_t> residual, h, qkv, attn, gate_up, act;
     std::vector<const LoraLinear*> lora_by_slot;  // add_lora's table of one projection's adapters
+    // sparse_mlp's: the router's logits and choices [tokens, experts / top_k]; the choices sorted
+    // by expert; one expert's rows in, its gate_up and activation, its rows out; every choice's
+    // output row [tokens * top_k, hidden].
+    std::vector<float> router_logits, expert_weights;
+    std::vector<int32_t> expert_ids, choices_by_expert;
+    AlignedVector<uint16_t> expert_in, expert_gate_up, expert_act, expert_out, choice_rows;
   };
 
   // The groups of sequences the step's tokens are cut into, each run by one thread; 1: the whole
@@ -135,6 +159,8 @@ class DecoderStack {
   void run(const DecoderStepArgs& step, Scratch& s);  // embedding, layers and final norm into step.out
   void reserve(Scratch& s, int64_t num_tokens) const;
   void layer(size_t index, const DecoderStepArgs& step, Scratch& s);
+  // h [n, hidden] (in place) = the mixture of experts `moe` of h's rows (MoeWeights' steps).
+  void sparse_mlp(const MoeWeights& moe, uint16_t* h, int64_t n, Scratch& s) const;
   // y [m, width] += the LoRA updates of x's rows by layer `index`'s `which` projection, for the
   // step's tokens that name an adapter (none: nothing to do).
   void add_lora(LoraLinear LoraLayer::*which, size_t index, uint16_t* y, int64_t y_stride, const uint16_t* x,

@@ -35,6 +35,9 @@ struct LinearWeight {
   // x_rows: where x's rows were written (packed_gemm.h's XRows), for the bf16 GEMM's split.
   void forward(const uint16_t* x, int64_t x_stride, uint16_t* y, int64_t y_stride, int64_t m,
                XRows x_rows = XRows::kAnywhere) const;
+  // As forward, but y [m, n] fp32: each part's sums as its GEMM makes them, not rounded to bf16
+  // (a router's logits). Python's Linear(..., out_dtype=float32) computes the same.
+  void forward_f32(const uint16_t* x, int64_t x_stride, float* y, int64_t y_stride, int64_t m) const;
 
   // A gated MLP's gate_up (n = 2d: the gate's rows, then up's): out [m, d] (row stride
   // out_stride) = act(gate) * up, as forward into y then gated_activation_and_mul — in one pass
@@ -43,6 +46,11 @@ struct LinearWeight {
                      GatedActivation act, uint16_t* scratch, XRows x_rows = XRows::kAnywhere) const;
   // Whether forward_gated runs as one pass here: one bf16 part and a path with bf16_gemm_gated.
   bool gated_in_one_pass() const;
+
+ private:
+  // forward's body, y in y_dtype (BF16 or F32).
+  void forward_into(const uint16_t* x, int64_t x_stride, void* y, DType y_dtype, int64_t y_stride, int64_t m,
+                    XRows x_rows) const;
 };
 
 // The token embedding table [vocab, hidden]: bf16 row-major (kBf16Packed here meaning plain

@@ -1,0 +1,132 @@
+"""Mixtures of experts (Mixtral, Qwen3-MoE): the routing and combining kernels against torch and
+float64 references; int8-quantized experts in the native decoder stack bit-identical to the
+per-op forward, alone or batched, and near transformers; what is refused, by name. (The bf16 and
+fp32 models against transformers and each other: test_hf_oracle.py and test_native_stack.py,
+whose tiny models include both families.)"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from corellm import _core, ops
+from corellm.lora.lora_adapter import load_lora_adapter
+from corellm.model import load_model
+from corellm.model.native_stack import supports
+from corellm.model.tensor_parallel import check_divisible
+from tests.lora_adapters import hf_shape, make_lora_adapter
+from tests.model.runner import PagedRunner
+from tests.model.tiny_models import make_tiny_model
+
+pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("top_k, renormalize", [(1, False), (2, True), (3, False), (8, True)])
+def test_route_is_softmax_then_top_k(top_k, renormalize):
+    logits = torch.randn(50, 8, generator=torch.Generator().manual_seed(top_k)) * 3
+    ids, weights = ops.moe_route(logits, top_k, renormalize)
+    p = torch.softmax(logits.double(), dim=-1)
+    want_p, want_ids = torch.topk(p, top_k, dim=-1)
+    if renormalize:
+        want_p = want_p / want_p.sum(-1, keepdim=True)
+    assert torch.equal(ids.long(), want_ids)
+    torch.testing.assert_close(weights.double(), want_p, atol=1e-6, rtol=1e-5)
+
+
+def test_route_ties_go_to_the_lower_expert():
+    logits = torch.tensor([[0.0, 1.0, 1.0, 0.0, 1.0]])
+    ids, weights = ops.moe_route(logits, 2, True)
+    assert ids.tolist() == [[1, 2]] and weights.tolist() == [[0.5, 0.5]]
+
+
+def test_route_refuses_a_top_k_beyond_the_experts():
+    with pytest.raises(ValueError, match=r"top_k \(5\) must be in \[1, 4\]"):
+        ops.moe_route(torch.zeros(2, 4), 5, True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_combine_sums_each_token_s_experts_by_weight(dtype):
+    g = torch.Generator().manual_seed(0)
+    m, top_k, hidden = 7, 3, 40
+    rows = torch.randn(m * top_k, hidden, generator=g).to(dtype)
+    weights = torch.rand(m, top_k, generator=g)
+    out = ops.moe_combine(rows, weights)
+    want = (rows.double().view(m, top_k, hidden) * weights.double()[:, :, None]).sum(1)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=8e-3)  # one bf16 rounding
+    torch.testing.assert_close(out.double(), want, **tol)
+    # A token's sum does not depend on the other tokens.
+    assert torch.equal(ops.moe_combine(rows[3 * top_k : 4 * top_k], weights[3:4]), out[3:4])
+
+
+@pytest.fixture(scope="module", params=["mixtral", "qwen3_moe"])
+def tiny_moe(request, tmp_path_factory, tokenizer_json):
+    directory = tmp_path_factory.mktemp(request.param)
+    hf = make_tiny_model(request.param, directory, tokenizer_json, seed=11)
+    return request.param, directory, hf
+
+
+def _greedy(model, prompts, steps, native, together=True):
+    runner = PagedRunner(model, 64, len(prompts), block_size=8, seed=2, native=native)
+    last = runner.step(prompts)
+    out = [last]
+    for _ in range(steps):
+        nxt = last.argmax(-1).tolist()
+        if together:
+            last = runner.step([[t] for t in nxt])
+        else:
+            last = torch.cat([runner.step([[t] if j == i else [] for j in range(len(prompts))])
+                              for i, t in enumerate(nxt)])
+        out.append(last)
+    return torch.stack(out)
+
+
+@pytest.mark.skipif(not _core.kernels.bf16_gemm_available(), reason="needs AVX2 and FMA")
+def test_int8_experts_native_equal_per_op_alone_or_batched_and_near_transformers(tiny_moe):
+    arch, directory, hf = tiny_moe
+    model = load_model(str(directory), dtype="bfloat16", quantization="int8", progress=False).model
+    experts = [linear for layer in model.layers if hasattr(layer.mlp, "experts")
+               for e in layer.mlp.experts for linear in (e.gate_up_proj, e.down_proj)]
+    assert experts and all(linear.quantized for linear in experts)
+    assert supports(model)
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(0, 384, (n,), generator=g).tolist() for n in (12, 11, 13, 12)]
+    native = _greedy(model, prompts, 6, native=True)
+    split = PagedRunner(model, 64, len(prompts), block_size=8, seed=2, native=True)
+    assert torch.equal(split.step(prompts), native[0])
+    if torch.get_num_threads() == 2:  # the prefill's sequences cut into groups, one thread each (decoder_stack.h)
+        assert split.native_stack.last_groups > 1
+    assert torch.equal(native, _greedy(model, prompts, 6, native=False))
+    assert torch.equal(native[1:], _greedy(model, prompts, 6, native=True, together=False)[1:])
+    with torch.no_grad():
+        want = torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in prompts])
+    torch.testing.assert_close(native[0], want, atol=0.1, rtol=0.05)
+
+
+def test_tensor_parallelism_is_refused(tiny_moe):
+    _, directory, _ = tiny_moe
+    config = load_model(str(directory), dtype="float32", progress=False).config
+    with pytest.raises(ValueError, match="mixture-of-experts model .* runs in one process"):
+        check_divisible(config, 2)
+
+
+def test_a_lora_update_of_a_sparse_mlp_is_refused(tiny_moe, tmp_path):
+    _, directory, _ = tiny_moe
+    config = load_model(str(directory), dtype="float32", progress=False).config
+    shape = dict(hf_shape(config), intermediate_size=config.moe_intermediate_size)
+    make_lora_adapter(tmp_path / "mlp", shape, modules=("gate_proj",), layers=[0])
+    with pytest.raises(ValueError, match="layer 0's gate_proj: that layer's MLP is a mixture of experts"):
+        load_lora_adapter("mlp", str(tmp_path / "mlp"), config, max_lora_rank=16, dtype=torch.bfloat16)
+    make_lora_adapter(tmp_path / "attn", shape, modules=("q_proj", "v_proj"))
+    assert load_lora_adapter("attn", str(tmp_path / "attn"), config, max_lora_rank=16, dtype=torch.bfloat16).rank == 4
+
+
+def test_a_bad_expert_count_is_refused():
+    from corellm.model.model_config import ModelConfig
+
+    cfg = dict(architectures=["MixtralForCausalLM"], vocab_size=10, hidden_size=8, intermediate_size=8,
+               num_hidden_layers=1, num_attention_heads=2, num_local_experts=2, num_experts_per_tok=3)
+    with pytest.raises(ValueError, match=r"num_experts_per_tok \(3\) <= num_experts \(2\)"):
+        ModelConfig.from_hf_config(cfg)
+    assert dataclasses.replace(ModelConfig.from_hf_config({**cfg, "num_experts_per_tok": 2})).layer_is_sparse(0)
