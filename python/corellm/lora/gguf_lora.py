@@ -42,7 +42,8 @@ def read_gguf_lora(name: str, path: Path, config: ModelConfig) -> tuple[dict, fl
         raise ValueError(f"LoRA adapter {name!r}: {path} is not a LoRA adapter GGUF (general.type "
                          f"{fields.get('general.type')!r}, adapter.type {fields.get('adapter.type')!r})")
     arch = fields.get("general.architecture")
-    if GGUF_ARCHITECTURES.get(arch) != config.architecture:
+    mixtral = arch == "llama" and config.architecture == "MixtralForCausalLM"  # llama.cpp's name for Mixtral
+    if GGUF_ARCHITECTURES.get(arch) != config.architecture and not mixtral:
         raise ValueError(f"LoRA adapter {name!r}: {path} is for architecture {arch!r}, the model is "
                          f"{config.architecture}")
     permute = arch in ("llama", "mistral")

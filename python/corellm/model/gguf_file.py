@@ -45,6 +45,12 @@ _GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm.weight": "post_atten
                        "ffn_norm.weight": "pre_feedforward_layernorm.weight",
                        "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
+# A mixture of experts' tensors: the router; every expert's gate, up or down in one 3-D tensor
+# [experts, rows, columns] (llama.cpp's converters), or one per expert (early Mixtral files).
+_ROUTER = re.compile(r"^blk\.(\d+)\.ffn_gate_inp\.weight$")
+_EXPERTS = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
+_ONE_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
+_EXPERT_PARTS = ("gate", "up", "down")
 # Gemma's chat format, for GGUF files that carry no tokenizer.chat_template (a system message
 # opens the first user turn, as Gemma's own template does).
 GEMMA_CHAT_TEMPLATE = (
@@ -114,11 +120,16 @@ class GGUFModelFile:
             raise UnsupportedModelError(f"{self.path}: rope scaling type {kind!r} is not supported")
         eos = self.field("tokenizer.ggml.eos_token_id")
         gemma = self._gemma3_fields(hidden, heads) if self.arch == "gemma3" else {}
+        experts = self._expert_fields(names)
+        architecture = GGUF_ARCHITECTURES[self.arch]
+        if experts and self.arch == "llama":
+            architecture = "MixtralForCausalLM"
         return ModelConfig(
-            architecture=GGUF_ARCHITECTURES[self.arch],
+            architecture=architecture,
             vocab_size=int(vocab),
             hidden_size=hidden,
-            intermediate_size=int(self._arch_field("feed_forward_length")),
+            intermediate_size=int(self._arch_field("feed_forward_length", 0) or
+                                  self._arch_field("expert_feed_forward_length")),
             num_hidden_layers=int(self._arch_field("block_count")),
             num_attention_heads=heads,
             num_key_value_heads=int(self._arch_field("attention.head_count_kv", heads)),
@@ -135,7 +146,23 @@ class GGUFModelFile:
             eos_token_id=([] if eos is None else [int(eos)]) + gemma.pop("extra_eos", []),
             source=str(self.path),
             **gemma,
+            **experts,
         )
+
+    def _expert_fields(self, names: set[str]) -> dict[str, Any]:
+        """A mixture of experts' fields as llama.cpp reads them ({} for a dense model): every layer
+        with a router (ffn_gate_inp) sparse, the chosen experts' weights always renormalized (both
+        Mixtral's and Qwen3-MoE's graphs in llama.cpp do), experts of expert_feed_forward_length
+        (Mixtral's files: feed_forward_length)."""
+        experts = int(self._arch_field("expert_count", 0) or 0)
+        if not experts:
+            return {}
+        layers = int(self._arch_field("block_count"))
+        return dict(num_experts=experts, num_experts_per_tok=int(self._arch_field("expert_used_count", 0) or 0),
+                    moe_intermediate_size=int(self._arch_field("expert_feed_forward_length", 0) or
+                                              self._arch_field("feed_forward_length")),
+                    norm_topk_prob=True,
+                    dense_layers=tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in names))
 
     def _gemma3_fields(self, hidden: int, heads: int) -> dict[str, Any]:
         """What a Gemma 3 file implies as llama.cpp reads it: every sixth layer global (the rest
@@ -187,14 +214,17 @@ class GGUFModelFile:
     def weights(self, dtype: torch.dtype, progress: bool = True,
                 quantized: bool = False) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
         """(HF name, tensor) for every model tensor: dequantized to `dtype`, or with `quantized`,
-        a QuantizedTensor for each 2-D tensor in a type quant_gemm computes on."""
-        from gguf.quants import dequantize
+        a QuantizedTensor for each 2-D tensor (and each expert's slice of a 3-D one) in a type
+        quant_gemm computes on."""
         from tqdm import tqdm
 
         config = self.config()
         permute = self.arch in ("llama", "mistral")
         tensors = [t for t in self.reader.tensors if t.name != ROPE_FACTORS]
         for t in tqdm(tensors, desc=f"Loading {self.path.name}", unit="tensor", disable=not progress, leave=False):
+            if config.num_experts and (_ROUTER.match(t.name) or _EXPERTS.match(t.name) or _ONE_EXPERT.match(t.name)):
+                yield from self._expert_tensors(t, config, dtype, quantized)
+                continue
             name = hf_name(t.name, self.arch)
             if name is None:
                 raise UnsupportedModelError(f"{self.path}: unexpected tensor {t.name!r}")
@@ -209,17 +239,53 @@ class GGUFModelFile:
                 order = None if heads is None else unpermute_qk(np.arange(n), heads)
                 yield name, QuantizedTensor.pack(ggml_type, t.data, (n, k), order)
                 continue
-            try:
-                array = dequantize(t.data, t.tensor_type)
-            except NotImplementedError:
-                raise UnsupportedModelError(
-                    f"{self.path}: tensor {t.name!r} has type {t.tensor_type.name}, which the gguf package "
-                    f"cannot dequantize") from None
-            array = np.asarray(array, dtype=np.float32)
-            if not array.flags.writeable:  # a memory-mapped F32 tensor
-                array = array.copy()
+            array = self._dequantized(t)
             if heads is not None:
                 array = unpermute_qk(array, heads)
             if self.arch == "gemma3" and name.endswith("norm.weight"):  # stored as 1 + w: back to HF's w
                 array = array - np.float32(1.0)
             yield name, torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
+
+    def _dequantized(self, t) -> np.ndarray:
+        """Tensor t's values, float32, writable (GGUF's dims reversed: [.., rows, columns])."""
+        from gguf.quants import dequantize
+
+        try:
+            array = dequantize(t.data, t.tensor_type)
+        except NotImplementedError:
+            raise UnsupportedModelError(
+                f"{self.path}: tensor {t.name!r} has type {t.tensor_type.name}, which the gguf package "
+                f"cannot dequantize") from None
+        array = np.asarray(array, dtype=np.float32)
+        return array if array.flags.writeable else array.copy()  # a memory-mapped F32 tensor: copied
+
+    def _expert_tensors(self, t, config: ModelConfig, dtype: torch.dtype,
+                        quantized: bool) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
+        """A sparse layer's router, or its experts' gate, up or down weights one expert at a time,
+        under the HF checkpoint's names (llama.expert_tensor_names). Quantized as for a 2-D tensor:
+        an expert's rows are one slice of the 3-D tensor's blocks."""
+        from corellm.model.llama import expert_tensor_names
+
+        router, stacked, one = _ROUTER.match(t.name), _EXPERTS.match(t.name), _ONE_EXPERT.match(t.name)
+        layer = int((router or stacked or one).group(1))
+        prefix, names = expert_tensor_names(config.family, layer)
+        ggml_type = int(t.tensor_type)
+        if router:
+            slices = [(prefix + "gate.weight", None)]
+        elif stacked:
+            name = names[_EXPERT_PARTS.index(stacked.group(2))]
+            if len(t.shape) != 3 or int(t.shape[2]) != config.num_experts:
+                raise ValueError(f"{self.path}: tensor {t.name!r} of shape {list(t.shape)} does not hold "
+                                 f"{config.num_experts} experts")
+            slices = [(f"{prefix}experts.{e}.{name}.weight", e) for e in range(config.num_experts)]
+        else:
+            name = names[_EXPERT_PARTS.index(one.group(2))]
+            slices = [(f"{prefix}experts.{int(one.group(3))}.{name}.weight", None)]
+        n, k = int(t.shape[1]), int(t.shape[0])
+        if quantized and quantized_tensor.supported(ggml_type):
+            for hf, e in slices:
+                yield hf, QuantizedTensor.pack(ggml_type, t.data if e is None else t.data[e], (n, k))
+            return
+        array = self._dequantized(t)
+        for hf, e in slices:
+            yield hf, torch.from_numpy(np.ascontiguousarray(array if e is None else array[e])).to(dtype)

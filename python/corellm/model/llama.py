@@ -30,6 +30,15 @@ Destination = Linear | Embedding | torch.Tensor
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
+def expert_tensor_names(family: str, layer: int) -> tuple[str, tuple[str, str, str]]:
+    """Where a sparse layer's tensors are in an HF checkpoint: (the prefix of its router, PREFIX +
+    "gate.weight", and of its experts, PREFIX + "experts.E." + name + ".weight"; the experts'
+    gate, up and down names). Mixtral: block_sparse_moe, w1 / w3 / w2; Qwen3-MoE: mlp, *_proj."""
+    if family == "mixtral":
+        return f"model.layers.{layer}.block_sparse_moe.", ("w1", "w3", "w2")
+    return f"model.layers.{layer}.mlp.", ("gate_proj", "up_proj", "down_proj")
+
+
 def _mlp_destinations(prefix: str, mlp: MLP, intermediate: int, hidden: int,
                       names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
                       ) -> dict[str, tuple[Destination, int, int]]:
@@ -114,13 +123,7 @@ class LlamaForCausalLM:
         block_sparse_moe.gate and experts.E.w1 / w3 / w2 (gate, up, down), Qwen3-MoE's mlp.gate and
         mlp.experts.E.gate_proj / up_proj / down_proj."""
         c = self.config
-        p = f"model.layers.{index}."
-        if c.family == "mixtral":
-            p += "block_sparse_moe."
-            names = ("w1", "w3", "w2")
-        else:
-            p += "mlp."
-            names = ("gate_proj", "up_proj", "down_proj")
+        p, names = expert_tensor_names(c.family, index)
         dest: dict[str, tuple[Destination, int, int]] = {p + "gate.weight": (moe.router, 0, c.num_experts)}
         for e, expert in enumerate(moe.experts):
             dest.update(_mlp_destinations(f"{p}experts.{e}.", expert, c.moe_intermediate_size, c.hidden_size, names))

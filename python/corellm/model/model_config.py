@@ -23,6 +23,7 @@ GGUF_ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",  # (a "llama" file with experts is Mixtral's)
 }
 _ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
