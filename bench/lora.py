@@ -83,42 +83,15 @@ def main() -> None:
     llm.shutdown()
 
 
-def llama_greedy(bin_dir: Path, model: Path, adapter: Path, prompts: list[str], max_tokens: int) -> list[dict]:
-    """llama-server's greedy tokens (with their top-2 logprobs) for each prompt, with --lora adapter."""
-    import json
-    import subprocess
-    import urllib.request
-
-    from server_process import free_port, wait_ready
-
-    port = free_port()
-    proc = subprocess.Popen([str(bin_dir / "llama-server"), "-m", str(model), "--lora", str(adapter), "-c", "1024",
-                             "-np", "1", "--host", "127.0.0.1", "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_ready(f"http://127.0.0.1:{port}", proc, timeout=120)
-        replies = []
-        for prompt in prompts:
-            body = {"prompt": prompt, "n_predict": max_tokens, "temperature": 0, "top_k": 1, "cache_prompt": False,
-                    "n_probs": 2, "return_tokens": True}
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/completion", data=json.dumps(body).encode(),
-                                         headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(req, timeout=300) as r:
-                replies.append(json.loads(r.read()))
-        return replies
-    finally:
-        proc.terminate()
-        proc.wait()
-
-
 def vs_llamacpp(args) -> None:
     import subprocess
 
     from compare_llamacpp import CACHE, bf16_model, build_llamacpp
     from compare_vllm import hf_model_dir
+    from llamacpp_agreement import PROMPTS, llama_greedy, score
     from server_process import free_port, print_serving_table, serve_both
 
-    from corellm import LLM, LoRARequest, SamplingParams
+    from corellm import LLM, LoRARequest
     from corellm.model.loader import load_model_config
 
     bin_dir, model, base_dir = build_llamacpp(), bf16_model(), hf_model_dir()
@@ -132,30 +105,12 @@ def vs_llamacpp(args) -> None:
                         "--outfile", str(converted), "--outtype", "f32"], check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(converter / "gguf-py")})
     # Agreement: llama.cpp's greedy tokens scored by corellm (its prompt logprobs over them).
-    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The three primary colors are",
-               "To make a cup of tea, first", "Water boils at"]
-    replies = llama_greedy(bin_dir, model, converted, prompts, 24)
+    replies = llama_greedy(bin_dir, model, PROMPTS, 24, extra_args=("--lora", str(converted)))
     llm = LLM(str(model), quantization="none", enable_lora=True, max_lora_rank=args.rank,
               kv_cache_memory=256 * 2**20, max_model_len=1024)
-    tokenizer, lora = llm.get_tokenizer(), LoRARequest("a", 1, str(peft))
-    clear = agree = 0
-    worst = 0.0
-    for prompt, reply in zip(prompts, replies):
-        ids = tokenizer.encode(prompt)
-        scored = llm.generate({"prompt_token_ids": ids + reply["tokens"]}, SamplingParams(max_tokens=1, prompt_logprobs=1),
-                              use_tqdm=False, lora_request=lora)[0].prompt_logprobs
-        for j, (token, probs) in enumerate(zip(reply["tokens"], reply["completion_probabilities"])):
-            top = probs["top_logprobs"]
-            if top[0]["logprob"] - top[1]["logprob"] <= 0.25:
-                continue  # a near-tie: neither engine's order is an oracle
-            ours = scored[len(ids) + j]
-            clear += 1
-            agree += max(ours, key=lambda t: ours[t].logprob) == token
-            worst = max(worst, abs(ours[token].logprob - top[0]["logprob"]))
+    agreement = score(llm, PROMPTS, replies, lora_request=LoRARequest("a", 1, str(peft)))
     llm.shutdown()
-    print(f"agreement, rank-{args.rank} adapter on {model.name}: corellm's top token is llama.cpp's at {agree} of "
-          f"{clear} positions where llama.cpp's top-2 margin exceeds 0.25 nats; the chosen tokens' logprobs differ by "
-          f"at most {worst:.3f}")
+    print(f"agreement, rank-{args.rank} adapter on {model.name}: {agreement}")
     max_conc = max(int(c) for c in args.concurrency.split(","))
     ports = {"corellm": free_port(), "llama-server": free_port()}
     servers = {
