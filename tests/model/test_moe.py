@@ -41,6 +41,11 @@ def test_route_ties_go_to_the_lower_expert():
     assert ids.tolist() == [[1, 2]] and weights.tolist() == [[0.5, 0.5]]
 
 
+def test_a_nan_logit_keeps_the_ids_in_range():
+    ids, weights = ops.moe_route(torch.tensor([[0.5, float("nan"), 1.0, 0.0]]), 2, True)
+    assert ids.tolist() == [[0, 1]] and torch.isnan(weights).all()
+
+
 def test_route_refuses_a_top_k_beyond_the_experts():
     with pytest.raises(ValueError, match=r"top_k \(5\) must be in \[1, 4\]"):
         ops.moe_route(torch.zeros(2, 4), 5, True)

@@ -58,8 +58,9 @@ void moe_route(const float* logits, int64_t logits_stride, int64_t m, int64_t nu
     for (int64_t j = 0; j < top_k; ++j) {
       int64_t best = -1;
       for (int64_t e = 0; e < num_experts; ++e) {
-        // A NaN logit (a broken checkpoint) never wins over a number; among NaNs the lowest index.
-        if (!taken[e] && (best < 0 || p[e] > p[best] || (std::isnan(p[best]) && !std::isnan(p[e])))) best = e;
+        // A NaN logit (a broken checkpoint) makes the row's p NaN, as torch's softmax would: no
+        // comparison holds then, and the first experts not taken are chosen (ids stay in range).
+        if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
       }
       taken[best] = true;
       ids[j] = static_cast<int32_t>(best);
