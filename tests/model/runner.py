@@ -65,3 +65,21 @@ class PagedRunner:
                                        inputs_embeds=inputs_embeds, lora=batch)
             last = torch.tensor(qsl[1:]) - 1
             return self.model.compute_logits(h[last])
+
+
+def greedy_decode(model: LlamaForCausalLM, prompts: list[list[int]], steps: int, native: bool,
+                  together: bool = True) -> torch.Tensor:
+    """Prefills the prompts, then decodes `steps` greedy tokens, all sequences in one step
+    (together) or each in a step of its own. Returns the logits of each decode step [steps, seqs, vocab]."""
+    runner = PagedRunner(model, 64, len(prompts), block_size=8, seed=1, native=native)
+    last = runner.step(prompts)
+    out = []
+    for _ in range(steps):
+        nxt = last.argmax(-1).tolist()
+        if together:
+            last = runner.step([[t] for t in nxt])
+        else:
+            last = torch.cat([runner.step([[t] if j == i else [] for j in range(len(prompts))])
+                              for i, t in enumerate(nxt)])
+        out.append(last)
+    return torch.stack(out)

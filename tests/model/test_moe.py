@@ -17,7 +17,7 @@ from corellm.model import load_model
 from corellm.model.native_stack import supports
 from corellm.model.tensor_parallel import check_divisible
 from tests.lora_adapters import hf_shape, make_lora_adapter
-from tests.model.runner import PagedRunner
+from tests.model.runner import PagedRunner, greedy_decode
 from tests.model.tiny_models import make_tiny_model
 
 pytest.importorskip("transformers")
@@ -72,21 +72,6 @@ def tiny_moe(request, tmp_path_factory, tokenizer_json):
     return request.param, directory, hf
 
 
-def _greedy(model, prompts, steps, native, together=True):
-    runner = PagedRunner(model, 64, len(prompts), block_size=8, seed=2, native=native)
-    last = runner.step(prompts)
-    out = [last]
-    for _ in range(steps):
-        nxt = last.argmax(-1).tolist()
-        if together:
-            last = runner.step([[t] for t in nxt])
-        else:
-            last = torch.cat([runner.step([[t] if j == i else [] for j in range(len(prompts))])
-                              for i, t in enumerate(nxt)])
-        out.append(last)
-    return torch.stack(out)
-
-
 @pytest.mark.skipif(not _core.kernels.bf16_gemm_available(), reason="needs AVX2 and FMA")
 def test_int8_experts_native_equal_per_op_alone_or_batched_and_near_transformers(tiny_moe):
     arch, directory, hf = tiny_moe
@@ -97,16 +82,17 @@ def test_int8_experts_native_equal_per_op_alone_or_batched_and_near_transformers
     assert supports(model)
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(0, 384, (n,), generator=g).tolist() for n in (12, 11, 13, 12)]
-    native = _greedy(model, prompts, 6, native=True)
+    native = greedy_decode(model, prompts, 6, native=True)
+    assert torch.equal(native, greedy_decode(model, prompts, 6, native=False))
+    assert torch.equal(native, greedy_decode(model, prompts, 6, native=True, together=False))
     split = PagedRunner(model, 64, len(prompts), block_size=8, seed=2, native=True)
-    assert torch.equal(split.step(prompts), native[0])
+    prefill = split.step(prompts)
     if torch.get_num_threads() == 2:  # the prefill's sequences cut into groups, one thread each (decoder_stack.h)
         assert split.native_stack.last_groups > 1
-    assert torch.equal(native, _greedy(model, prompts, 6, native=False))
-    assert torch.equal(native[1:], _greedy(model, prompts, 6, native=True, together=False)[1:])
+    assert torch.equal(prefill, PagedRunner(model, 64, len(prompts), block_size=8, seed=2).step(prompts))
     with torch.no_grad():
         want = torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in prompts])
-    torch.testing.assert_close(native[0], want, atol=0.1, rtol=0.05)
+    torch.testing.assert_close(prefill, want, atol=0.1, rtol=0.05)
 
 
 def test_tensor_parallelism_is_refused(tiny_moe):

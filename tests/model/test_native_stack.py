@@ -10,7 +10,7 @@ import torch
 from corellm import _core
 from corellm.model import load_model
 from corellm.model.native_stack import supports
-from tests.model.runner import PagedRunner
+from tests.model.runner import PagedRunner, greedy_decode
 from tests.model.tiny_models import ARCHS, make_tiny_model
 
 pytest.importorskip("transformers")
@@ -36,33 +36,16 @@ def _prompts(lengths, seed=0):
     return [torch.randint(0, 384, (n,), generator=g).tolist() for n in lengths]
 
 
-def _decode(model, prompts, steps, native, together=True):
-    """Prefills the prompts, then decodes `steps` greedy tokens, all sequences in one step
-    (together) or each in a step of its own. Returns logits per step."""
-    runner = PagedRunner(model, 64, len(prompts), block_size=8, seed=1, native=native)
-    last = runner.step(prompts)
-    out = []
-    for _ in range(steps):
-        nxt = last.argmax(-1).tolist()
-        if together:
-            last = runner.step([[t] for t in nxt])
-        else:
-            last = torch.cat([runner.step([[t] if j == i else [] for j in range(len(prompts))])
-                              for i, t in enumerate(nxt)])
-        out.append(last)
-    return torch.stack(out)
-
-
 def test_one_sequence_is_bit_identical_to_the_per_op_forward(tiny_bf16):
     prompts = _prompts([13])
-    assert torch.equal(_decode(tiny_bf16, prompts, 12, native=True), _decode(tiny_bf16, prompts, 12, native=False))
+    assert torch.equal(greedy_decode(tiny_bf16, prompts, 12, native=True), greedy_decode(tiny_bf16, prompts, 12, native=False))
 
 
 def test_a_batch_is_bit_identical_to_the_per_op_forward_and_to_each_sequence_alone(tiny_bf16):
     prompts = _prompts([9, 21, 5, 30, 17, 2, 40, 11, 3], seed=2)
-    together = _decode(tiny_bf16, prompts, 8, native=True)
-    assert torch.equal(together, _decode(tiny_bf16, prompts, 8, native=False))
-    assert torch.equal(together, _decode(tiny_bf16, prompts, 8, native=True, together=False))
+    together = greedy_decode(tiny_bf16, prompts, 8, native=True)
+    assert torch.equal(together, greedy_decode(tiny_bf16, prompts, 8, native=False))
+    assert torch.equal(together, greedy_decode(tiny_bf16, prompts, 8, native=True, together=False))
 
 
 def test_a_bf16_stack_runs_every_step_whole(tiny_bf16):
@@ -114,7 +97,7 @@ def test_gemma3_sliding_layers_see_only_their_window(tiny_bf16):
     if tiny_bf16.config.architecture != "Gemma3ForCausalLM":
         pytest.skip("Gemma 3 only")
     prompts = _prompts([40, 23], seed=6)
-    native = _decode(tiny_bf16, prompts, 6, native=True)
-    assert torch.equal(native, _decode(tiny_bf16, prompts, 6, native=False))
+    native = greedy_decode(tiny_bf16, prompts, 6, native=True)
+    assert torch.equal(native, greedy_decode(tiny_bf16, prompts, 6, native=False))
     windows = [layer.attn.sliding_window for layer in tiny_bf16.layers]
     assert windows == [16, 0, 16]
