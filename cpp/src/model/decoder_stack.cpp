@@ -368,12 +368,13 @@ void DecoderStack::sparse_mlp(const MoeWeights& moe, uint16_t* h, int64_t n, Scr
   moe_route(s.router_logits.data(), experts, n, experts, top_k, moe.renormalize, s.expert_ids.data(),
             s.expert_weights.data());
   // The choices (t * top_k + j) sorted by expert, by counting: each expert's in ascending order.
-  std::vector<int64_t> first(static_cast<size_t>(experts) + 1, 0);
+  std::vector<int64_t>& first = s.expert_first;  // expert e's choices: [first[e], first[e + 1])
+  first.assign(static_cast<size_t>(experts) + 1, 0);
   for (int32_t e : s.expert_ids) ++first[static_cast<size_t>(e) + 1];
   for (int64_t e = 0; e < experts; ++e) first[e + 1] += first[e];
   s.choices_by_expert.resize(choices);
-  std::vector<int64_t> next(first.begin(), first.end() - 1);
-  for (size_t c = 0; c < choices; ++c) s.choices_by_expert[next[s.expert_ids[c]]++] = static_cast<int32_t>(c);
+  s.expert_next.assign(first.begin(), first.end() - 1);
+  for (size_t c = 0; c < choices; ++c) s.choices_by_expert[s.expert_next[s.expert_ids[c]]++] = static_cast<int32_t>(c);
   int64_t most = 0;
   for (int64_t e = 0; e < experts; ++e) most = std::max(most, first[e + 1] - first[e]);
   const auto rows = static_cast<size_t>(most);

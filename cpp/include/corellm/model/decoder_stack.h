@@ -150,6 +150,7 @@ class DecoderStack {
     // output row [tokens * top_k, hidden].
     std::vector<float> router_logits, expert_weights;
     std::vector<int32_t> expert_ids, choices_by_expert;
+    std::vector<int64_t> expert_first, expert_next;  // where each expert's choices start in choices_by_expert
     AlignedVector<uint16_t> expert_in, expert_gate_up, expert_act, expert_out, choice_rows;
   };
 
