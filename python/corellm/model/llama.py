@@ -1,7 +1,8 @@
 """LlamaForCausalLM: the Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Gemma 3's
 variant of it: GeGLU, sandwich norms, scaled embeddings, sliding-window layers with their own rope
-base; and the mixtures of experts built on it, Mixtral and Qwen3-MoE) as decoder layers over corellm's ops, its weight loading (fusing q/k/v and gate/up, checking
-every shape against the config) and its logits."""
+base; and the mixtures of experts built on it, Mixtral and Qwen3-MoE) as decoder layers over
+corellm's ops, its weight loading (fusing q/k/v and gate/up, checking every shape against the
+config) and its logits."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""NativeDecoderStack: a loaded Llama-family model (Gemma 3 and the mixtures of experts included) run as one native model, _core.model's
-DecoderStack (cpp/include/corellm/model/decoder_stack.h), which computes a step in one call instead
-of about ten Python op calls per layer. Same kernels, same order: the result is bit-identical to
-LlamaForCausalLM's per-op forward (tests/model/test_native_stack.py).
+"""NativeDecoderStack: a loaded Llama-family model (Gemma 3 and the mixtures of experts included)
+run as one native model, _core.model's DecoderStack (cpp/include/corellm/model/decoder_stack.h),
+which computes a step in one call instead of about ten Python op calls per layer. Same kernels,
+same order: the result is bit-identical to LlamaForCausalLM's per-op forward
+(tests/model/test_native_stack.py).
 
 It holds raw addresses: the model's weights and the KV caches must outlive it (the model runner
 keeps both). Under tensor parallelism it runs this rank's share and all-reduces the partial sums
