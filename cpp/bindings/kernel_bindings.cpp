@@ -127,10 +127,15 @@ void bind_kernels(py::module_& m) {
         py::call_guard<py::gil_scoped_release>());
   k.def("moe_combine",
         [](uintptr_t out, int64_t out_stride, uintptr_t rows, int64_t rows_stride, uintptr_t weights, int64_t m,
-           int64_t top_k, int64_t hidden, int32_t dtype) {
+           int64_t top_k, int64_t hidden, int32_t dtype, uintptr_t shared_rows, int64_t shared_stride,
+           uintptr_t shared_gate) {
           moe_combine(ptr<void>(out), out_stride, ptr<const void>(rows), rows_stride, ptr<const float>(weights), m,
-                      top_k, hidden, dtype_of(dtype));
+                      top_k, hidden, dtype_of(dtype),
+                      MoeSharedExpert{ptr<const void>(shared_rows), shared_stride, ptr<const float>(shared_gate)});
         },
+        py::arg("out"), py::arg("out_stride"), py::arg("rows"), py::arg("rows_stride"), py::arg("weights"),
+        py::arg("m"), py::arg("top_k"), py::arg("hidden"), py::arg("dtype"), py::arg("shared_rows") = 0,
+        py::arg("shared_stride") = 0, py::arg("shared_gate") = 0,
         py::call_guard<py::gil_scoped_release>());
   k.def("gelu_tanh_and_mul",
         [](uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, int64_t n, int64_t d,

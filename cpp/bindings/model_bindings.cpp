@@ -60,7 +60,11 @@ void bind_model(py::module_& m) {
       .def_readwrite("down", &MoeWeights::down)
       .def_readwrite("top_k", &MoeWeights::top_k)
       .def_readwrite("renormalize", &MoeWeights::renormalize)
-      .def_readwrite("intermediate", &MoeWeights::intermediate);
+      .def_readwrite("intermediate", &MoeWeights::intermediate)
+      .def_readwrite("shared_gate_up", &MoeWeights::shared_gate_up)
+      .def_readwrite("shared_down", &MoeWeights::shared_down)
+      .def_readwrite("shared_gate", &MoeWeights::shared_gate)
+      .def_readwrite("shared_intermediate", &MoeWeights::shared_intermediate);
   py::class_<DecoderLayerWeights> layer(model, "DecoderLayerWeights",
                                         "One layer's weights and KV cache, by address (0: absent)");
   layer.def(py::init<>())

@@ -1,9 +1,9 @@
-"""Mixture-of-experts GGUF files as llama.cpp writes them — Qwen3-MoE ("qwen3moe") and Mixtral
-("llama" with experts), every expert's gate, up and down in one 3-D tensor, or (early Mixtral
+"""Mixture-of-experts GGUF files as llama.cpp writes them — Qwen3-MoE ("qwen3moe"), Qwen2-MoE
+("qwen2moe", with its shared expert) and Mixtral ("llama" with experts), every expert's gate, up and down in one 3-D tensor, or (early Mixtral
 files) one tensor per expert — read by corellm: the same logits as transformers on the HF model
 the file was written from (F32; Q8_0 and Q4_0 kept quantized, within their error), the native
 stack bit-identical to the per-op forward on the quantized experts, and transformers' own GGUF
-reader agreeing on the Qwen3-MoE file's layout."""
+reader agreeing on the Qwen3-MoE and Qwen2-MoE files' layout."""
 
 from __future__ import annotations
 
@@ -27,7 +27,9 @@ _ATTENTION = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_n
               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
 # (HF router, HF expert prefix, gate / up / down names) of each family
 _EXPERTS = {"qwen3_moe": ("mlp.gate", "mlp.experts", ("gate_proj", "up_proj", "down_proj")),
+            "qwen2_moe": ("mlp.gate", "mlp.experts", ("gate_proj", "up_proj", "down_proj")),
             "mixtral": ("block_sparse_moe.gate", "block_sparse_moe.experts", ("w1", "w3", "w2"))}
+_ARCHS = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"}
 
 
 def write_moe_gguf(hf_model, hf_dir, family: str, path, tensor_type: str = "F32", stacked: bool = True) -> None:
@@ -35,7 +37,7 @@ def write_moe_gguf(hf_model, hf_dir, family: str, path, tensor_type: str = "F32"
     experts stacked into ffn_{gate,up,down}_exps [experts, rows, columns] (or, stacked=False, one
     ffn_{gate,up,down}.E tensor each), the router as ffn_gate_inp (F32, as the converter keeps it)."""
     c = hf_model.config
-    arch = "qwen3moe" if family == "qwen3_moe" else "llama"
+    arch = _ARCHS[family]
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(c.num_hidden_layers)
     w.add_context_length(c.max_position_embeddings)
@@ -43,7 +45,7 @@ def write_moe_gguf(hf_model, hf_dir, family: str, path, tensor_type: str = "F32"
     w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
-    head_dim = c.head_dim or c.hidden_size // c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
@@ -52,8 +54,10 @@ def write_moe_gguf(hf_model, hf_dir, family: str, path, tensor_type: str = "F32"
     experts = getattr(c, "num_local_experts", None) or c.num_experts
     w.add_expert_count(experts)
     w.add_expert_used_count(c.num_experts_per_tok)
-    if family == "qwen3_moe":
+    if family != "mixtral":
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
+    if family == "qwen2_moe":
+        w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
     w.add_tokenizer_model("gpt2")
     w.add_token_list([f"t{i}" for i in range(c.vocab_size)])
     w.add_token_types([1] * c.vocab_size)
@@ -86,6 +90,10 @@ def write_moe_gguf(hf_model, hf_dir, family: str, path, tensor_type: str = "F32"
                 else:
                     for e, m in enumerate(mats):
                         add(f"blk.{i}.ffn_{part}.{e}.weight", m)
+            if p + "mlp.shared_expert_gate.weight" in state:  # Qwen2-MoE; the gate's row 1-D, as some files have it
+                add(f"blk.{i}.ffn_gate_inp_shexp.weight", state.pop(p + "mlp.shared_expert_gate.weight")[0])
+                for part in ("gate", "up", "down"):
+                    add(f"blk.{i}.ffn_{part}_shexp.weight", state.pop(f"{p}mlp.shared_expert.{part}_proj.weight"))
         for hf, name in _ATTENTION.items():
             for kind in ("weight", "bias"):
                 if p + hf + "." + kind not in state:
@@ -104,14 +112,14 @@ def write_moe_gguf(hf_model, hf_dir, family: str, path, tensor_type: str = "F32"
 
 
 def _hf(family, directory):
-    # llama.cpp always renormalizes the chosen experts' weights: the HF model must too.
+    # llama.cpp renormalizes Qwen3-MoE's chosen experts' weights (and Mixtral's), not Qwen2-MoE's.
     return make_tiny_model(family, directory, seed=13, norm_topk_prob=True) if family == "qwen3_moe" \
         else make_tiny_model(family, directory, seed=13)
 
 
 @pytest.mark.parametrize("family, tensor_type, stacked", [
     ("qwen3_moe", "F32", True), ("qwen3_moe", "Q8_0", True), ("mixtral", "F32", True), ("mixtral", "Q4_0", True),
-    ("mixtral", "F32", False)])
+    ("mixtral", "F32", False), ("qwen2_moe", "F32", True), ("qwen2_moe", "Q8_0", True)])
 def test_moe_gguf_logits_match_transformers(tmp_path, family, tensor_type, stacked):
     hf = _hf(family, tmp_path / "hf")
     path = tmp_path / "moe.gguf"
@@ -120,6 +128,8 @@ def test_moe_gguf_logits_match_transformers(tmp_path, family, tensor_type, stack
     c = ours.config
     assert (c.family, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size) == (family, 4, 2, 64)
     assert c.dense_layers == ((1,) if family == "qwen3_moe" else ())
+    assert c.shared_expert_intermediate_size == (96 if family == "qwen2_moe" else 0)
+    assert c.norm_topk_prob == (family != "qwen2_moe")
     quantized = [linear for layer in ours.model.layers if c.layer_is_sparse(layer.index)
                  for e in layer.mlp.experts for linear in (e.gate_up_proj, e.down_proj)]
     assert all(bool(linear.quantized) == (tensor_type != "F32") for linear in quantized)
@@ -151,14 +161,16 @@ def test_quantized_experts_native_equal_per_op(tmp_path):
     assert torch.equal(outs[0], outs[1])
 
 
-def test_transformers_reads_the_qwen3moe_file_alike(tmp_path):
+@pytest.mark.parametrize("family, sizes", [("qwen3_moe", dict(norm_topk_prob=True, moe_intermediate_size=768)),
+                                           ("qwen2_moe", dict(moe_intermediate_size=1408,
+                                                              shared_expert_intermediate_size=5632))])
+def test_transformers_reads_the_file_alike(tmp_path, family, sizes):
     """transformers' GGUF loader (written against llama.cpp's files) and corellm read the same
     model from it (transformers takes no expert_feed_forward_length: the HF model's experts have
-    its default size here)."""
-    hf = make_tiny_model("qwen3_moe", tmp_path / "hf", seed=13, norm_topk_prob=True, mlp_only_layers=[],
-                         moe_intermediate_size=768)
+    its default sizes here)."""
+    hf = make_tiny_model(family, tmp_path / "hf", seed=13, mlp_only_layers=[], **sizes)
     path = tmp_path / "moe.gguf"
-    write_moe_gguf(hf, tmp_path / "hf", "qwen3_moe", path)
+    write_moe_gguf(hf, tmp_path / "hf", family, path)
     theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name,
                                                                torch_dtype=torch.float32).eval()
     ours = load_model(str(path), dtype="float32", progress=False, use_cache=False)

@@ -1,4 +1,4 @@
-"""Mixtures of experts (Mixtral, Qwen3-MoE): the routing and combining kernels against torch and
+"""Mixtures of experts (Mixtral, Qwen3-MoE, Qwen2-MoE): the routing and combining kernels against torch and
 float64 references; int8-quantized experts in the native decoder stack bit-identical to the
 per-op forward, alone or batched, and near transformers; what is refused, by name. (The bf16 and
 fp32 models against transformers and each other: test_hf_oracle.py and test_native_stack.py,
@@ -65,7 +65,20 @@ def test_combine_sums_each_token_s_experts_by_weight(dtype):
     assert torch.equal(ops.moe_combine(rows[3 * top_k : 4 * top_k], weights[3:4]), out[3:4])
 
 
-@pytest.fixture(scope="module", params=["mixtral", "qwen3_moe"])
+def test_combine_adds_the_shared_expert_by_its_gate():
+    g = torch.Generator().manual_seed(1)
+    m, top_k, hidden = 5, 2, 24
+    rows, shared = torch.randn(m * top_k, hidden, generator=g), torch.randn(m, hidden, generator=g)
+    weights, gate = torch.rand(m, top_k, generator=g), torch.randn(m, generator=g) * 3
+    out = ops.moe_combine(rows, weights, shared=shared, shared_gate=gate)
+    want = (rows.double().view(m, top_k, hidden) * weights.double()[:, :, None]).sum(1) + \
+        torch.sigmoid(gate.double())[:, None] * shared.double()
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="rows and its gate go together"):
+        ops.moe_combine(rows, weights, shared=shared)
+
+
+@pytest.fixture(scope="module", params=["mixtral", "qwen3_moe", "qwen2_moe"])
 def tiny_moe(request, tmp_path_factory, tokenizer_json):
     directory = tmp_path_factory.mktemp(request.param)
     hf = make_tiny_model(request.param, directory, tokenizer_json, seed=11)

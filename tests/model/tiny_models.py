@@ -31,6 +31,10 @@ ARCHS = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
                   dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=False,
                        mlp_only_layers=[1], head_dim=16, tie_word_embeddings=False)),
+    # Qwen2-MoE: q/k/v biases, and a shared expert every token runs beside its two, gated by a sigmoid.
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
+                       shared_expert_intermediate_size=96, norm_topk_prob=False, tie_word_embeddings=False)),
 }
 
 

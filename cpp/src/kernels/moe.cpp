@@ -14,7 +14,7 @@ namespace {
 
 template <typename T>
 void combine_rows(T* out, int64_t out_stride, const T* rows, int64_t rows_stride, const float* weights, int64_t m,
-                  int64_t top_k, int64_t hidden) {
+                  int64_t top_k, int64_t hidden, const MoeSharedExpert& shared) {
 #pragma omp parallel
   {
     std::vector<float> sum(static_cast<size_t>(hidden));
@@ -24,6 +24,11 @@ void combine_rows(T* out, int64_t out_stride, const T* rows, int64_t rows_stride
       for (int64_t j = 0; j < top_k; ++j) {
         const float w = weights[t * top_k + j];
         const T* row = rows + (t * top_k + j) * rows_stride;
+        for (int64_t d = 0; d < hidden; ++d) sum[d] += w * load_f32(row + d);
+      }
+      if (shared.rows != nullptr) {
+        const float w = 1.0f / (1.0f + std::exp(-shared.gate[t]));
+        const T* row = static_cast<const T*>(shared.rows) + t * shared.stride;
         for (int64_t d = 0; d < hidden; ++d) sum[d] += w * load_f32(row + d);
       }
       T* y = out + t * out_stride;
@@ -74,15 +79,16 @@ void moe_route(const float* logits, int64_t logits_stride, int64_t m, int64_t nu
 }
 
 void moe_combine(void* out, int64_t out_stride, const void* rows, int64_t rows_stride, const float* weights,
-                 int64_t m, int64_t top_k, int64_t hidden, DType dtype) {
+                 int64_t m, int64_t top_k, int64_t hidden, DType dtype, const MoeSharedExpert& shared) {
   CORELLM_CHECK_ARG(top_k >= 1 && hidden >= 1, "moe_combine: top_k (", top_k, ") and hidden (", hidden,
                     ") must be positive");
+  CORELLM_CHECK_ARG(shared.rows == nullptr || shared.gate != nullptr, "moe_combine: a shared expert without its gate");
   if (dtype == DType::F32) {
     combine_rows(static_cast<float*>(out), out_stride, static_cast<const float*>(rows), rows_stride, weights, m,
-                 top_k, hidden);
+                 top_k, hidden, shared);
   } else {
     combine_rows(static_cast<uint16_t*>(out), out_stride, static_cast<const uint16_t*>(rows), rows_stride, weights,
-                 m, top_k, hidden);
+                 m, top_k, hidden, shared);
   }
 }
 

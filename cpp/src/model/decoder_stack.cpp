@@ -76,6 +76,17 @@ void check_experts(const MoeWeights& moe, int64_t hidden) {
                     moe.down.size(), " down weights");
   CORELLM_CHECK_ARG(moe.top_k >= 1 && moe.top_k <= experts && inter >= 1, "DecoderStack: MoE top_k ", moe.top_k,
                     " of ", experts, " experts, intermediate ", inter);
+  if (moe.has_shared()) {
+    const int64_t si = moe.shared_intermediate;
+    moe.shared_gate_up.check("DecoderStack: the shared expert's gate_up");
+    moe.shared_down.check("DecoderStack: the shared expert's down");
+    moe.shared_gate.check("DecoderStack: the shared expert's gate");
+    CORELLM_CHECK_ARG(si >= 1 && moe.shared_gate_up.n == 2 * si && moe.shared_gate_up.k == hidden &&
+                          moe.shared_down.n == hidden && moe.shared_down.k == si && moe.shared_gate.n == 1 &&
+                          moe.shared_gate.k == hidden && moe.shared_gate.bias == nullptr,
+                      "DecoderStack: the shared expert's shapes differ from [2 x ", si, ", ", hidden, "], [", hidden,
+                      ", ", si, "] and [1, ", hidden, "]");
+  }
   for (int64_t e = 0; e < experts; ++e) {
     moe.gate_up[e].check("DecoderStack: an expert's gate_up");
     moe.down[e].check("DecoderStack: an expert's down");
@@ -123,6 +134,7 @@ DecoderStack::DecoderStack(const DecoderDims& dims, const EmbeddingWeight& embed
       // The router is not among them: its few rows (one per expert) are bf16 or fp32 in quantized files too.
       for (const LinearWeight& e : w.moe.gate_up) projections.push_back(&e);
       for (const LinearWeight& e : w.moe.down) projections.push_back(&e);
+      if (w.moe.has_shared()) projections.insert(projections.end(), {&w.moe.shared_gate_up, &w.moe.shared_down});
     } else {
       w.gate_up.check("DecoderStack: gate_up");
       w.down.check("DecoderStack: down");
@@ -361,6 +373,19 @@ void DecoderStack::layer(size_t index, const DecoderStepArgs& step, Scratch& s) 
 void DecoderStack::sparse_mlp(const MoeWeights& moe, uint16_t* h, int64_t n, Scratch& s) const {
   const int64_t hidden = dims_.hidden, experts = moe.router.n, top_k = moe.top_k, inter = moe.intermediate;
   const auto choices = static_cast<size_t>(n * top_k);
+  MoeSharedExpert shared;
+  if (moe.has_shared()) {  // on every row of h, before h is overwritten
+    const int64_t si = moe.shared_intermediate;
+    const auto rows = static_cast<size_t>(n);
+    s.shared_gate_up.resize(rows * 2 * si);
+    s.shared_act.resize(rows * si);
+    s.shared_out.resize(rows * hidden);
+    s.shared_logits.resize(rows);
+    moe.shared_gate_up.forward_gated(h, hidden, s.shared_act.data(), si, n, dims_.activation, s.shared_gate_up.data());
+    moe.shared_down.forward(s.shared_act.data(), si, s.shared_out.data(), hidden, n);
+    moe.shared_gate.forward_f32(h, hidden, s.shared_logits.data(), 1, n);
+    shared = MoeSharedExpert{s.shared_out.data(), hidden, s.shared_logits.data()};
+  }
   s.router_logits.resize(static_cast<size_t>(n * experts));
   s.expert_ids.resize(choices);
   s.expert_weights.resize(choices);
@@ -396,7 +421,7 @@ void DecoderStack::sparse_mlp(const MoeWeights& moe, uint16_t* h, int64_t n, Scr
       std::memcpy(&s.choice_rows[static_cast<size_t>(picked[i]) * hidden], &s.expert_out[i * hidden], row_bytes);
     }
   }
-  moe_combine(h, hidden, s.choice_rows.data(), hidden, s.expert_weights.data(), n, top_k, hidden, DType::BF16);
+  moe_combine(h, hidden, s.choice_rows.data(), hidden, s.expert_weights.data(), n, top_k, hidden, DType::BF16, shared);
 }
 
 }  // namespace corellm

@@ -50,6 +50,8 @@ _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 _ROUTER = re.compile(r"^blk\.(\d+)\.ffn_gate_inp\.weight$")
 _EXPERTS = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
 _ONE_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
+# Qwen2-MoE's shared expert: its gate's row (1-D in llama.cpp's files) and its gate, up and down.
+_SHARED = re.compile(r"^blk\.(\d+)\.ffn_(gate_inp|gate|up|down)_shexp\.weight$")
 _EXPERT_PARTS = ("gate", "up", "down")
 # Gemma's chat format, for GGUF files that carry no tokenizer.chat_template (a system message
 # opens the first user turn, as Gemma's own template does).
@@ -151,9 +153,10 @@ class GGUFModelFile:
 
     def _expert_fields(self, names: set[str]) -> dict[str, Any]:
         """A mixture of experts' fields as llama.cpp reads them ({} for a dense model): every layer
-        with a router (ffn_gate_inp) sparse, the chosen experts' weights always renormalized (both
-        Mixtral's and Qwen3-MoE's graphs in llama.cpp do), experts of expert_feed_forward_length
-        (Mixtral's files: feed_forward_length)."""
+        with a router (ffn_gate_inp) sparse, the chosen experts' weights renormalized as llama.cpp's
+        graphs do (Mixtral's and Qwen3-MoE's: yes, Qwen2-MoE's: no), experts of
+        expert_feed_forward_length (Mixtral's files: feed_forward_length), Qwen2-MoE's shared
+        expert of expert_shared_feed_forward_length."""
         experts = int(self._arch_field("expert_count", 0) or 0)
         if not experts:
             return {}
@@ -161,8 +164,9 @@ class GGUFModelFile:
         return dict(num_experts=experts, num_experts_per_tok=int(self._arch_field("expert_used_count", 0) or 0),
                     moe_intermediate_size=int(self._arch_field("expert_feed_forward_length", 0) or
                                               self._arch_field("feed_forward_length")),
-                    norm_topk_prob=True,
-                    dense_layers=tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in names))
+                    norm_topk_prob=self.arch != "qwen2moe",
+                    dense_layers=tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in names),
+                    shared_expert_intermediate_size=int(self._arch_field("expert_shared_feed_forward_length", 0) or 0))
 
     def _gemma3_fields(self, hidden: int, heads: int) -> dict[str, Any]:
         """What a Gemma 3 file implies as llama.cpp reads it: every sixth layer global (the rest
@@ -222,7 +226,7 @@ class GGUFModelFile:
         permute = self.arch in ("llama", "mistral")
         tensors = [t for t in self.reader.tensors if t.name != ROPE_FACTORS]
         for t in tqdm(tensors, desc=f"Loading {self.path.name}", unit="tensor", disable=not progress, leave=False):
-            if config.num_experts and (_ROUTER.match(t.name) or _EXPERTS.match(t.name) or _ONE_EXPERT.match(t.name)):
+            if config.num_experts and any(p.match(t.name) for p in (_ROUTER, _EXPERTS, _ONE_EXPERT, _SHARED)):
                 yield from self._expert_tensors(t, config, dtype, quantized)
                 continue
             name = hf_name(t.name, self.arch)
@@ -261,17 +265,22 @@ class GGUFModelFile:
 
     def _expert_tensors(self, t, config: ModelConfig, dtype: torch.dtype,
                         quantized: bool) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
-        """A sparse layer's router, or its experts' gate, up or down weights one expert at a time,
-        under the HF checkpoint's names (llama.expert_tensor_names). Quantized as for a 2-D tensor:
+        """A sparse layer's router, its experts' gate, up or down weights one expert at a time, or
+        its shared expert's, under the HF checkpoint's names (llama.expert_tensor_names). Quantized as for a 2-D tensor:
         an expert's rows are one slice of the 3-D tensor's blocks."""
         from corellm.model.llama import expert_tensor_names
 
-        router, stacked, one = _ROUTER.match(t.name), _EXPERTS.match(t.name), _ONE_EXPERT.match(t.name)
-        layer = int((router or stacked or one).group(1))
+        router, stacked, one, shared = (p.match(t.name) for p in (_ROUTER, _EXPERTS, _ONE_EXPERT, _SHARED))
+        layer = int((router or stacked or one or shared).group(1))
         prefix, names = expert_tensor_names(config.family, layer)
         ggml_type = int(t.tensor_type)
+        if shared and shared.group(2) == "gate_inp":  # [hidden] or [1, hidden]: one row
+            yield prefix + "shared_expert_gate.weight", torch.from_numpy(self._dequantized(t).reshape(1, -1)).to(dtype)
+            return
         if router:
             slices = [(prefix + "gate.weight", None)]
+        elif shared:
+            slices = [(f"{prefix}shared_expert.{names[_EXPERT_PARTS.index(shared.group(2))]}.weight", None)]
         elif stacked:
             name = names[_EXPERT_PARTS.index(stacked.group(2))]
             if len(t.shape) != 3 or int(t.shape[2]) != config.num_experts:

@@ -266,7 +266,8 @@ class SparseMoe:
       for each expert that some token chose, in expert order: its tokens' rows of h, gathered,
         through the expert's MLP, into rows[t * top_k + j] (the token's j-th choice)
       out = ops.moe_combine(rows, weights)   per token, in fp32, rounded once
-    Every step is row by row (the GEMMs compute a row alike whichever rows share the call), so a
+    With a shared expert (Qwen2-MoE), every token also runs it, and the combine adds its output
+    times sigmoid(its gate's logit) before the one rounding. Every step is row by row (the GEMMs compute a row alike whichever rows share the call), so a
     token's result does not depend on the step's other tokens. The native decoder stack
     (decoder_stack.cpp's sparse_mlp) runs the same steps."""
 
@@ -275,8 +276,15 @@ class SparseMoe:
         self.router = Linear(config.num_experts, config.hidden_size, False, dtype, device)
         self.experts = [MLP(config, dtype, device, intermediate_size=config.moe_intermediate_size)
                         for _ in range(config.num_experts)]
+        shared = config.shared_expert_intermediate_size
+        self.shared_expert = MLP(config, dtype, device, intermediate_size=shared) if shared else None
+        self.shared_expert_gate = Linear(1, config.hidden_size, False, dtype, device) if shared else None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
+        shared = shared_gate = None
+        if self.shared_expert is not None:
+            shared = self.shared_expert.forward(h)
+            shared_gate = self.shared_expert_gate(h, out_dtype=torch.float32).view(-1)
         ids, weights = ops.moe_route(self.router(h, out_dtype=torch.float32), self.top_k, self.renormalize)
         rows = torch.empty((h.shape[0] * self.top_k, h.shape[1]), dtype=h.dtype, device=h.device)
         choices = ids.view(-1).long()  # choice p = t * top_k + j
@@ -288,10 +296,12 @@ class SparseMoe:
                 picked = order[start : start + count]
                 rows[picked] = expert.forward(h[picked // self.top_k])
                 start += count
-        return ops.moe_combine(rows, weights)
+        return ops.moe_combine(rows, weights, shared=shared, shared_gate=shared_gate)
 
     def linears(self) -> list[Linear]:
-        return [self.router] + [linear for e in self.experts for linear in (e.gate_up_proj, e.down_proj)]
+        mlps = self.experts + ([self.shared_expert] if self.shared_expert is not None else [])
+        gate = [self.shared_expert_gate] if self.shared_expert_gate is not None else []
+        return [self.router, *gate] + [linear for e in mlps for linear in (e.gate_up_proj, e.down_proj)]
 
 
 class DecoderLayer:

@@ -1,6 +1,6 @@
 """LlamaForCausalLM: the Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Gemma 3's
 variant of it: GeGLU, sandwich norms, scaled embeddings, sliding-window layers with their own rope
-base; and the mixtures of experts built on it, Mixtral and Qwen3-MoE) as decoder layers over
+base; and the mixtures of experts built on it, Mixtral, Qwen3-MoE and Qwen2-MoE) as decoder layers over
 corellm's ops, its weight loading (fusing q/k/v and gate/up, checking every shape against the
 config) and its logits."""
 
@@ -34,7 +34,8 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 def expert_tensor_names(family: str, layer: int) -> tuple[str, tuple[str, str, str]]:
     """Where a sparse layer's tensors are in an HF checkpoint: (the prefix of its router, PREFIX +
     "gate.weight", and of its experts, PREFIX + "experts.E." + name + ".weight"; the experts'
-    gate, up and down names). Mixtral: block_sparse_moe, w1 / w3 / w2; Qwen3-MoE: mlp, *_proj."""
+    gate, up and down names). Mixtral: block_sparse_moe, w1 / w3 / w2; Qwen3-MoE and Qwen2-MoE: mlp,
+    *_proj (Qwen2-MoE's shared expert: PREFIX + "shared_expert." and "shared_expert_gate.weight")."""
     if family == "mixtral":
         return f"model.layers.{layer}.block_sparse_moe.", ("w1", "w3", "w2")
     return f"model.layers.{layer}.mlp.", ("gate_proj", "up_proj", "down_proj")
@@ -128,6 +129,10 @@ class LlamaForCausalLM:
         dest: dict[str, tuple[Destination, int, int]] = {p + "gate.weight": (moe.router, 0, c.num_experts)}
         for e, expert in enumerate(moe.experts):
             dest.update(_mlp_destinations(f"{p}experts.{e}.", expert, c.moe_intermediate_size, c.hidden_size, names))
+        if moe.shared_expert is not None:  # Qwen2-MoE
+            dest.update(_mlp_destinations(p + "shared_expert.", moe.shared_expert, c.shared_expert_intermediate_size,
+                                          c.hidden_size))
+            dest[p + "shared_expert_gate.weight"] = (moe.shared_expert_gate, 0, 1)
         return dest
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]], source: str,

@@ -15,6 +15,7 @@ SUPPORTED_ARCHITECTURES = {
     "Gemma3ForCausalLM": "gemma3",
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
 }
 # GGUF general.architecture -> the HF architecture it stores.
 GGUF_ARCHITECTURES = {
@@ -24,6 +25,7 @@ GGUF_ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",  # (a "llama" file with experts is Mixtral's)
+    "qwen2moe": "Qwen2MoeForCausalLM",
 }
 _ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -67,6 +69,7 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True  # the chosen experts' weights renormalized to sum to 1
     dense_layers: tuple[int, ...] = ()  # of a mixture-of-experts model, the layers whose MLP is dense
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an expert every token runs, gated (0: none)
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
     source: str = ""  # file the config came from, for error messages
@@ -180,7 +183,8 @@ class ModelConfig:
             rope_theta=rope_theta,
             max_position_embeddings=cfg.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
+            attention_bias=family == "qwen2" or (family == "qwen2_moe" and cfg.get("qkv_bias", True))
+            or bool(cfg.get("attention_bias", False)),
             qk_norm=family in ("qwen3", "qwen3_moe"),
             rope_scaling=dict(scaling) if scaling else None,
             sliding_window=sliding,
@@ -239,21 +243,22 @@ class ModelConfig:
 
 def _experts(cfg: dict[str, Any], family: str, source: str) -> dict[str, Any]:
     """The mixture-of-experts fields of an HF config (none for a dense family). Mixtral: every
-    layer sparse, experts of intermediate_size, weights always renormalized. Qwen3-MoE: experts of
-    moe_intermediate_size; a layer is dense when listed in mlp_only_layers or off the
-    decoder_sparse_step; norm_topk_prob as the config says (transformers' default: False)."""
-    if family not in ("mixtral", "qwen3_moe"):
+    layer sparse, experts of intermediate_size, weights always renormalized. Qwen3-MoE and
+    Qwen2-MoE: experts of moe_intermediate_size; a layer is dense when listed in mlp_only_layers or
+    off the decoder_sparse_step; norm_topk_prob as the config says (transformers' default: False);
+    Qwen2-MoE's shared expert of shared_expert_intermediate_size."""
+    if family not in ("mixtral", "qwen3_moe", "qwen2_moe"):
         return {}
     experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
     layers = cfg["num_hidden_layers"]
     if family == "mixtral":
         return dict(num_experts=experts, num_experts_per_tok=cfg.get("num_experts_per_tok", 2),
                     moe_intermediate_size=cfg["intermediate_size"], norm_topk_prob=True)
-    if cfg.get("shared_expert_intermediate_size"):
-        raise UnsupportedModelError(f"{source}: shared experts are not supported")
     step = cfg.get("decoder_sparse_step", 1) or 1
     only_mlp = set(cfg.get("mlp_only_layers") or [])
     dense = tuple(i for i in range(layers) if i in only_mlp or not (experts > 0 and (i + 1) % step == 0))
     return dict(num_experts=experts, num_experts_per_tok=cfg.get("num_experts_per_tok", 2),
                 moe_intermediate_size=cfg.get("moe_intermediate_size") or cfg["intermediate_size"],
-                norm_topk_prob=bool(cfg.get("norm_topk_prob", False)), dense_layers=dense)
+                norm_topk_prob=bool(cfg.get("norm_topk_prob", False)), dense_layers=dense,
+                shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
+                if family == "qwen2_moe" else 0)

@@ -67,6 +67,11 @@ def moe_weights(moe: SparseMoe):
     w.down = [linear_weight(e.down_proj) for e in moe.experts]
     w.top_k, w.renormalize = moe.top_k, moe.renormalize
     w.intermediate = moe.experts[0].down_proj.shape[1]
+    if moe.shared_expert is not None:  # Qwen2-MoE
+        w.shared_gate_up, w.shared_down = linear_weight(moe.shared_expert.gate_up_proj), \
+            linear_weight(moe.shared_expert.down_proj)
+        w.shared_gate = linear_weight(moe.shared_expert_gate)
+        w.shared_intermediate = moe.shared_expert.down_proj.shape[1]
     return w
 
 

@@ -29,10 +29,12 @@ def moe_route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torc
     return ids, weights
 
 
-def moe_combine(rows: torch.Tensor, weights: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def moe_combine(rows: torch.Tensor, weights: torch.Tensor, out: torch.Tensor | None = None,
+                shared: torch.Tensor | None = None, shared_gate: torch.Tensor | None = None) -> torch.Tensor:
     """rows [m * top_k, hidden] (row t * top_k + j: token t's j-th expert's output), weights float32
-    [m, top_k] -> out [m, hidden] = sum_j weights[t, j] * rows[t * top_k + j], in fp32 in j's order,
-    rounded once to rows' dtype."""
+    [m, top_k] -> out [m, hidden] = sum_j weights[t, j] * rows[t * top_k + j], then (a shared expert,
+    Qwen2-MoE) + sigmoid(shared_gate[t]) * shared[t]: in fp32 in that order, rounded once to rows'
+    dtype. shared [m, hidden] in rows' dtype, shared_gate float32 [m] (logits), both or neither."""
     op = "moe_combine"
     check(op, "rows", rows, ndim=2)
     be = backend(op, rows, cuda=False)
@@ -40,10 +42,19 @@ def moe_combine(rows: torch.Tensor, weights: torch.Tensor, out: torch.Tensor | N
     m, top_k = weights.shape
     hidden = rows.shape[1]
     check_shape(op, "rows", rows, (m * top_k, hidden))
+    if (shared is None) != (shared_gate is None):
+        raise ValueError(f"{op}: a shared expert's rows and its gate go together")
+    if shared is not None:
+        check(op, "shared", shared, ndim=2, dtype=rows.dtype, device=rows.device)
+        check_shape(op, "shared", shared, (m, hidden))
+        check(op, "shared_gate", shared_gate, ndim=1, dtype=torch.float32, device=rows.device, contiguous=True)
+        check_shape(op, "shared_gate", shared_gate, (m,))
     if out is None:
         out = torch.empty((m, hidden), dtype=rows.dtype)
     check(op, "out", out, ndim=2, dtype=rows.dtype, device=rows.device)
     check_shape(op, "out", out, (m, hidden))
     be.kernels.moe_combine(out.data_ptr(), row_stride(out), rows.data_ptr(), row_stride(rows), weights.data_ptr(), m,
-                           top_k, hidden, be.dtype)
+                           top_k, hidden, be.dtype, shared_rows=0 if shared is None else shared.data_ptr(),
+                           shared_stride=0 if shared is None else row_stride(shared),
+                           shared_gate=0 if shared_gate is None else shared_gate.data_ptr())
     return out

@@ -23,10 +23,19 @@ namespace corellm {
 void moe_route(const float* logits, int64_t logits_stride, int64_t m, int64_t num_experts, int64_t top_k,
                bool renormalize, int32_t* expert_ids, float* expert_weights);
 
-// out[t, :] = sum over j < top_k, in order, of weights[t, j] * rows[t * top_k + j, :], in fp32,
-// rounded once to the dtype. rows: [m * top_k, hidden] (row stride rows_stride), the output of
-// expert expert_ids[t, j] for token t; weights [m, top_k] fp32. out may not overlap rows.
+// A shared expert (Qwen2-MoE): every token's output of an expert all tokens run, and its gate's
+// logit per token, which moe_combine adds as sigmoid(gate[t]) * rows[t].
+struct MoeSharedExpert {
+  const void* rows = nullptr;  // [m, hidden], row stride `stride`; null: no shared expert
+  int64_t stride = 0;
+  const float* gate = nullptr;  // [m] fp32 logits
+};
+
+// out[t, :] = sum over j < top_k, in order, of weights[t, j] * rows[t * top_k + j, :], then (with a
+// shared expert) + sigmoid(shared.gate[t]) * shared.rows[t, :], in fp32, rounded once to the dtype.
+// rows: [m * top_k, hidden] (row stride rows_stride), the output of expert expert_ids[t, j] for
+// token t; weights [m, top_k] fp32. out may not overlap rows.
 void moe_combine(void* out, int64_t out_stride, const void* rows, int64_t rows_stride, const float* weights,
-                 int64_t m, int64_t top_k, int64_t hidden, DType dtype);
+                 int64_t m, int64_t top_k, int64_t hidden, DType dtype, const MoeSharedExpert& shared = {});
 
 }  // namespace corellm

@@ -82,6 +82,8 @@ struct DecoderTensorParallel {
 //   for each chosen expert, in expert order: its tokens' rows of h gathered, its gated MLP on them
 //     (gate_up and the activation, then down), each output row put in the token's place
 //   h = the token's expert outputs summed by their weights, fp32, rounded once (moe_combine)
+// With a shared expert (Qwen2-MoE), every token runs it too, before the routing, and the sum adds
+// its output times sigmoid(shared_gate's logit).
 struct MoeWeights {
   LinearWeight router;                // [num_experts, hidden]; no parts: the layer's MLP is dense
   std::vector<LinearWeight> gate_up;  // per expert [2 * intermediate, hidden], gate rows first
@@ -89,7 +91,11 @@ struct MoeWeights {
   int64_t top_k = 0;
   bool renormalize = true;            // the chosen experts' weights divided by their sum
   int64_t intermediate = 0;           // an expert's
+  // The shared expert, or no parts: [2 * shared_intermediate, hidden], [hidden, shared_intermediate], [1, hidden].
+  LinearWeight shared_gate_up, shared_down, shared_gate;
+  int64_t shared_intermediate = 0;
   bool sparse() const { return !router.parts.empty(); }
+  bool has_shared() const { return !shared_gate.parts.empty(); }
 };
 
 // One layer's weights (norms bf16, projections as linear_weight.h), its attention's rope table
@@ -152,6 +158,8 @@ class DecoderStack {
     std::vector<int32_t> expert_ids, choices_by_expert;
     std::vector<int64_t> expert_first, expert_next;  // where each expert's choices start in choices_by_expert
     AlignedVector<uint16_t> expert_in, expert_gate_up, expert_act, expert_out, choice_rows;
+    AlignedVector<uint16_t> shared_gate_up, shared_act, shared_out;  // the shared expert's, [tokens, width]
+    std::vector<float> shared_logits;                                // its gate's, [tokens]
   };
 
   // The groups of sequences the step's tokens are cut into, each run by one thread; 1: the whole
