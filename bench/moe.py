@@ -6,13 +6,17 @@ with expert_count; each layer's experts stacked in ffn_{gate,up,down}_exps; the 
 ffn_gate_inp, F32), BF16, then quantized by llama-quantize to --quant (default Q4_K_M, what CPU
 users run). Cached under build/llamacpp/. Then:
 
-  1. agreement: llama-server's greedy tokens for a few prompts scored by corellm (its top token
-     where llama.cpp's top-2 margin is clear, and the chosen tokens' logprobs);
+  1. the reference: the BF16 file's weights as an HF Mixtral checkpoint, run by transformers in
+     fp32 beside corellm in fp32 on random prompts (logits, and top tokens where transformers' top-2
+     margin is clear); then agreement with llama.cpp: llama-server's greedy tokens for a few prompts
+     scored by corellm (its top token where llama.cpp's top-2 margin is clear, and the chosen
+     tokens' logprobs) on the file both serve;
   2. bench/compare_llamacpp.py --gguf FILE: pp512 / tg128 single stream and serving at
      --concurrency, both engines on the file, one after the other.
 
     .venv/bin/python bench/moe.py --concurrency 1,16
     .venv/bin/python bench/moe.py --quant Q8_0 --skip-serving
+    .venv/bin/python bench/moe.py --experts 64 --used 8 --expert-rows 192   # fine-grained, as Qwen3-MoE
 """
 
 from __future__ import annotations
@@ -28,9 +32,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benches' helpers
 
 
-def upcycled_gguf(source: Path, dest: Path, experts: int, used: int, seed: int = 0) -> Path:
+def upcycled_gguf(source: Path, dest: Path, experts: int, used: int, expert_rows: int | None = None,
+                  seed: int = 0) -> Path:
     """source (a dense "llama" GGUF) as a mixture of `experts` perturbed copies of each MLP, `used`
-    per token (upcycled_gguf's algorithm in the module docstring); BF16 matrices."""
+    per token (the module docstring); BF16 matrices. expert_rows: each expert a slice of that many of
+    the MLP's intermediate rows (expert e: rows from e * expert_rows, wrapping), as the fine-grained
+    experts of Qwen3-MoE; llama.cpp's "llama" files give the experts' size as feed_forward_length."""
     import gguf
     from gguf.quants import dequantize
 
@@ -46,7 +53,10 @@ def upcycled_gguf(source: Path, dest: Path, experts: int, used: int, seed: int =
             continue
         vtype = field.types[0]
         sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY and len(field.types) > 1 else None
-        writer.add_key_value(key, field.contents(), vtype, sub_type=sub)
+        value = field.contents()
+        if key == f"{arch}.feed_forward_length" and expert_rows:
+            inter, value = int(value), expert_rows
+        writer.add_key_value(key, value, vtype, sub_type=sub)
     writer.add_expert_count(experts)
     writer.add_expert_used_count(used)
     hidden = int(reader.fields[f"{arch}.embedding_length"].contents())
@@ -61,7 +71,15 @@ def upcycled_gguf(source: Path, dest: Path, experts: int, used: int, seed: int =
             if rest == "gate.weight":  # the router goes before the layer's experts, as the converter writes it
                 router = rng.normal(0.0, 2.0 / hidden**0.5, (experts, hidden)).astype(np.float32)
                 writer.add_tensor(f"{layer}.ffn_gate_inp.weight", router)
-            copies = a[None] * (1.0 + 0.1 * rng.standard_normal((experts, *a.shape), dtype=np.float32))
+            if expert_rows:  # gate and up: rows of the intermediate; down: its columns
+                if inter % expert_rows:
+                    raise SystemExit(f"--expert-rows {expert_rows} must divide the MLP's {inter} rows")
+                starts = [e * expert_rows % inter for e in range(experts)]
+                a = np.stack([a[s : s + expert_rows] if rest != "down.weight" else a[:, s : s + expert_rows]
+                              for s in starts])
+            else:
+                a = np.broadcast_to(a[None], (experts, *a.shape))
+            copies = a * (1.0 + 0.1 * rng.standard_normal(a.shape, dtype=np.float32))
             bf16(f"{layer}.ffn_{rest.split('.')[0]}_exps.weight", copies)
         elif a.ndim >= 2:
             bf16(t.name, a)
@@ -75,10 +93,72 @@ def upcycled_gguf(source: Path, dest: Path, experts: int, used: int, seed: int =
     return dest
 
 
+def transformers_check(model: Path) -> str:
+    """corellm (fp32, per-op) against transformers (fp32) on the weights of `model`, a Mixtral-style
+    GGUF, written out as an HF checkpoint: the largest logit difference over three random prompts,
+    and how often the top token differs where transformers' top-2 margin exceeds 0.25."""
+    import json
+    import tempfile
+
+    import torch
+    from safetensors.torch import save_file
+
+    # bench/kernels.py would stand in for the `kernels` package transformers looks for: import
+    # transformers' Mixtral without the bench directory on the path.
+    bench_dir = Path(__file__).resolve().parent
+    saved_path = list(sys.path)
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != bench_dir]
+    try:
+        import transformers
+        from transformers.models.mixtral import modeling_mixtral  # noqa: F401
+    finally:
+        sys.path[:] = saved_path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/model/runner.py
+    from corellm.model import load_model
+    from corellm.model.gguf_file import GGUFModelFile
+    from tests.model.runner import PagedRunner
+
+    gguf_file = GGUFModelFile(model)
+    c = gguf_file.config()
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir = Path(tmp)
+        state = {name: t.float().contiguous() for name, t in gguf_file.weights(torch.float32, progress=False)}
+        state.setdefault("lm_head.weight", state["model.embed_tokens.weight"].clone())
+        save_file(state, str(hf_dir / "model.safetensors"))
+        del state
+        (hf_dir / "config.json").write_text(json.dumps(dict(
+            architectures=["MixtralForCausalLM"], model_type="mixtral", vocab_size=c.vocab_size,
+            hidden_size=c.hidden_size, intermediate_size=c.moe_intermediate_size, num_hidden_layers=c.num_hidden_layers,
+            num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim,
+            rms_norm_eps=c.rms_norm_eps, rope_theta=c.rope_theta, max_position_embeddings=2048,
+            tie_word_embeddings=False, num_local_experts=c.num_experts, num_experts_per_tok=c.num_experts_per_tok,
+            sliding_window=None)))
+        hf = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+    ours = load_model(str(model), dtype="float32", quantization="none", progress=False, use_cache=False)
+    g = torch.Generator().manual_seed(0)
+    worst, differ, clear = 0.0, 0, 0
+    for length in (20, 60, 100):
+        ids = torch.randint(100, c.vocab_size, (length,), generator=g).tolist()
+        runner = PagedRunner(ours.model, 128, 1)
+        got = torch.cat([runner.step([[t]]) for t in ids])  # every position's logits, decode by decode
+        with torch.no_grad():
+            want = hf(torch.tensor([ids])).logits[0]
+        worst = max(worst, float((got - want).abs().max()))
+        top2 = torch.topk(want, 2).values
+        margin = (top2[:, 0] - top2[:, 1]) > 0.25
+        differ += int(((got.argmax(-1) != want.argmax(-1)) & margin).sum())
+        clear += int(margin.sum())
+    return (f"the largest logit difference {worst:.1e}; the top token differs at {differ} of {clear} positions where "
+            f"transformers' top-2 margin exceeds 0.25")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--experts", type=int, default=8)
     p.add_argument("--used", type=int, default=2)
+    p.add_argument("--expert-rows", type=int, default=None,
+                   help="fine-grained experts: each a slice of this many of the MLP's 1536 intermediate rows")
     p.add_argument("--quant", default="Q4_K_M", help="llama-quantize type of the file both engines run (BF16: none)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--concurrency", default="1,16")
@@ -92,10 +172,10 @@ def main() -> None:
     from llamacpp_agreement import PROMPTS, llama_greedy, score
 
     bin_dir = build_llamacpp()
-    stem = f"SmolLM2-MoE-{args.experts}x135M-top{args.used}"
+    stem = f"SmolLM2-MoE-{args.experts}x{args.expert_rows or '135M'}-top{args.used}"
     model = CACHE / f"{stem}.BF16.gguf"
     if not model.exists():
-        upcycled_gguf(bf16_model(), model, args.experts, args.used)
+        upcycled_gguf(bf16_model(), model, args.experts, args.used, args.expert_rows)
     if args.quant != "BF16":
         quantized = CACHE / f"{stem}.{args.quant}.gguf"
         if not quantized.exists():
@@ -106,6 +186,9 @@ def main() -> None:
     print(f"model: {model} ({model.stat().st_size / 2**20:.0f} MiB)", flush=True)
     if not args.skip_agreement:
         from corellm import LLM
+
+        print(f"corellm vs transformers, fp32, on {model.name.replace(args.quant, 'BF16')}'s weights: "
+              f"{transformers_check(CACHE / f'{stem}.BF16.gguf')}", flush=True)
 
         replies = llama_greedy(bin_dir, model, PROMPTS, 24)
         llm = LLM(str(model), kv_cache_memory=256 * 2**20, max_model_len=1024)
