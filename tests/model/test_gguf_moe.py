@@ -1,5 +1,5 @@
 """Mixture-of-experts GGUF files as llama.cpp writes them — Qwen3-MoE ("qwen3moe"), Qwen2-MoE
-("qwen2moe", with its shared expert) and Mixtral ("llama" with experts), every expert's gate, up and down in one 3-D tensor, or (early Mixtral
+("qwen2moe", with its shared expert), OLMoE ("olmoe") and Mixtral ("llama" with experts), every expert's gate, up and down in one 3-D tensor, or (early Mixtral
 files) one tensor per expert — read by corellm: the same logits as transformers on the HF model
 the file was written from (F32; Q8_0 and Q4_0 kept quantized, within their error), the native
 stack bit-identical to the per-op forward on the quantized experts, and transformers' own GGUF
@@ -28,8 +28,9 @@ _ATTENTION = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_n
 # (HF router, HF expert prefix, gate / up / down names) of each family
 _EXPERTS = {"qwen3_moe": ("mlp.gate", "mlp.experts", ("gate_proj", "up_proj", "down_proj")),
             "qwen2_moe": ("mlp.gate", "mlp.experts", ("gate_proj", "up_proj", "down_proj")),
+            "olmoe": ("mlp.gate", "mlp.experts", ("gate_proj", "up_proj", "down_proj")),
             "mixtral": ("block_sparse_moe.gate", "block_sparse_moe.experts", ("w1", "w3", "w2"))}
-_ARCHS = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "mixtral": "llama"}
+_ARCHS = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "olmoe": "olmoe", "mixtral": "llama"}
 
 
 def write_moe_gguf(hf_model, hf_dir, family: str, path, tensor_type: str = "F32", stacked: bool = True) -> None:
@@ -54,7 +55,7 @@ def write_moe_gguf(hf_model, hf_dir, family: str, path, tensor_type: str = "F32"
     experts = getattr(c, "num_local_experts", None) or c.num_experts
     w.add_expert_count(experts)
     w.add_expert_used_count(c.num_experts_per_tok)
-    if family != "mixtral":
+    if family in ("qwen3_moe", "qwen2_moe"):  # (Mixtral's and OLMoE's experts: feed_forward_length)
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
     if family == "qwen2_moe":
         w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
@@ -119,17 +120,20 @@ def _hf(family, directory):
 
 @pytest.mark.parametrize("family, tensor_type, stacked", [
     ("qwen3_moe", "F32", True), ("qwen3_moe", "Q8_0", True), ("mixtral", "F32", True), ("mixtral", "Q4_0", True),
-    ("mixtral", "F32", False), ("qwen2_moe", "F32", True), ("qwen2_moe", "Q8_0", True)])
+    ("mixtral", "F32", False), ("qwen2_moe", "F32", True), ("qwen2_moe", "Q8_0", True), ("olmoe", "F32", True),
+    ("olmoe", "Q8_0", True)])
 def test_moe_gguf_logits_match_transformers(tmp_path, family, tensor_type, stacked):
     hf = _hf(family, tmp_path / "hf")
     path = tmp_path / "moe.gguf"
     write_moe_gguf(hf, tmp_path / "hf", family, path, tensor_type, stacked)
     ours = load_model(str(path), dtype="float32", progress=False, use_cache=False)
     c = ours.config
-    assert (c.family, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size) == (family, 4, 2, 64)
+    assert (c.family, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size) == \
+        (family, 8 if family == "olmoe" else 4, 2, 64)
     assert c.dense_layers == ((1,) if family == "qwen3_moe" else ())
     assert c.shared_expert_intermediate_size == (96 if family == "qwen2_moe" else 0)
-    assert c.norm_topk_prob == (family != "qwen2_moe")
+    assert c.norm_topk_prob == (family not in ("qwen2_moe", "olmoe"))
+    assert c.qk_norm_whole == (family == "olmoe")
     quantized = [linear for layer in ours.model.layers if c.layer_is_sparse(layer.index)
                  for e in layer.mlp.experts for linear in (e.gate_up_proj, e.down_proj)]
     assert all(bool(linear.quantized) == (tensor_type != "F32") for linear in quantized)

@@ -78,7 +78,7 @@ def test_combine_adds_the_shared_expert_by_its_gate():
         ops.moe_combine(rows, weights, shared=shared)
 
 
-@pytest.fixture(scope="module", params=["mixtral", "qwen3_moe", "qwen2_moe"])
+@pytest.fixture(scope="module", params=["mixtral", "qwen3_moe", "qwen2_moe", "olmoe"])
 def tiny_moe(request, tmp_path_factory, tokenizer_json):
     directory = tmp_path_factory.mktemp(request.param)
     hf = make_tiny_model(request.param, directory, tokenizer_json, seed=11)

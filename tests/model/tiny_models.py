@@ -35,6 +35,9 @@ ARCHS = {
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
                   dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
                        shared_expert_intermediate_size=96, norm_topk_prob=False, tie_word_embeddings=False)),
+    # OLMoE: RMSNorm over each token's whole q and k (not per head), eight experts, two per token.
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM",
+              dict(num_experts=8, num_experts_per_tok=2, intermediate_size=64, tie_word_embeddings=False)),
 }
 
 

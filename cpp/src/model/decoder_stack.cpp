@@ -318,7 +318,10 @@ void DecoderStack::layer(size_t index, const DecoderStepArgs& step, Scratch& s) 
   w.qkv.forward(h, hidden, qkv, qkv_size_, n, XRows::kByThread);  // h: the norm's rows
   add_lora(&LoraLayer::qkv, index, qkv, qkv_size_, h, hidden, n, lora, s);
   uint16_t *q = qkv, *k = qkv + q_size_, *v = qkv + q_size_ + kv_size_;
-  if (w.q_norm != nullptr) {  // per head, in place: each token's heads are contiguous rows
+  if (w.q_norm != nullptr && dims_.qk_norm_whole) {  // in place, a token's q (and k) one row of qkv
+    rms_norm(q, qkv_size_, q, qkv_size_, w.q_norm, n, q_size_, dims_.eps, bf16);
+    rms_norm(k, qkv_size_, k, qkv_size_, w.k_norm, n, kv_size_, dims_.eps, bf16);
+  } else if (w.q_norm != nullptr) {  // per head, in place: each token's heads are contiguous rows
     for (int64_t t = 0; t < n; ++t) {
       rms_norm(q + t * qkv_size_, dims_.head_size, q + t * qkv_size_, dims_.head_size, w.q_norm, dims_.num_heads,
                dims_.head_size, dims_.eps, bf16);

@@ -142,6 +142,7 @@ class GGUFModelFile:
             tie_word_embeddings="output.weight" not in names,
             attention_bias="blk.0.attn_q.bias" in names,
             qk_norm="blk.0.attn_q_norm.weight" in names,
+            qk_norm_whole=self.arch == "olmoe",
             rope_scaling=scaling,
             sliding_window=int(self._arch_field("attention.sliding_window", 0) or 0),
             bos_token_id=self.field("tokenizer.ggml.bos_token_id"),
@@ -154,7 +155,7 @@ class GGUFModelFile:
     def _expert_fields(self, names: set[str]) -> dict[str, Any]:
         """A mixture of experts' fields as llama.cpp reads them ({} for a dense model): every layer
         with a router (ffn_gate_inp) sparse, the chosen experts' weights renormalized as llama.cpp's
-        graphs do (Mixtral's and Qwen3-MoE's: yes, Qwen2-MoE's: no), experts of
+        graphs do (Mixtral's and Qwen3-MoE's: yes, Qwen2-MoE's and OLMoE's: no), experts of
         expert_feed_forward_length (Mixtral's files: feed_forward_length), Qwen2-MoE's shared
         expert of expert_shared_feed_forward_length."""
         experts = int(self._arch_field("expert_count", 0) or 0)
@@ -164,7 +165,7 @@ class GGUFModelFile:
         return dict(num_experts=experts, num_experts_per_tok=int(self._arch_field("expert_used_count", 0) or 0),
                     moe_intermediate_size=int(self._arch_field("expert_feed_forward_length", 0) or
                                               self._arch_field("feed_forward_length")),
-                    norm_topk_prob=self.arch != "qwen2moe",
+                    norm_topk_prob=self.arch not in ("qwen2moe", "olmoe"),
                     dense_layers=tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in names),
                     shared_expert_intermediate_size=int(self._arch_field("expert_shared_feed_forward_length", 0) or 0))
 

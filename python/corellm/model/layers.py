@@ -209,8 +209,11 @@ class Attention:
         # qkv [q+2kv, hidden] (q, k, v projections fused), o [hidden, q]
         self.qkv_proj = Linear(self.q_size + 2 * self.kv_size, config.hidden_size, config.attention_bias, dtype, device)
         self.o_proj = Linear(config.hidden_size, self.q_size, False, dtype, device)
-        self.q_norm = empty(self.head_dim) if config.qk_norm else None
-        self.k_norm = empty(self.head_dim) if config.qk_norm else None
+        # Per head [head_dim] (Qwen3, Gemma 3), or over the whole rows [q] and [kv] (OLMoE).
+        self.qk_norm_whole = config.qk_norm_whole
+        q_norm_size, k_norm_size = (self.q_size, self.kv_size) if config.qk_norm_whole else (self.head_dim,) * 2
+        self.q_norm = empty(q_norm_size) if config.qk_norm else None
+        self.k_norm = empty(k_norm_size) if config.qk_norm else None
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, attn: AttentionMetadata, kv_cache: KVCache,
                 cos_sin_cache: torch.Tensor, lora: LoraUpdate | None = None) -> torch.Tensor:
@@ -222,7 +225,9 @@ class Attention:
         q = qkv[:, : self.q_size]
         k = qkv[:, self.q_size : self.q_size + self.kv_size]
         v = qkv[:, self.q_size + self.kv_size :]
-        if self.q_norm is not None:  # Qwen3, Gemma 3: RMSNorm over each head's dims
+        if self.q_norm is not None and self.qk_norm_whole:  # OLMoE: over each token's whole q and k
+            q, k = ops.rms_norm(q, self.q_norm, self.eps), ops.rms_norm(k, self.k_norm, self.eps)
+        elif self.q_norm is not None:  # Qwen3, Gemma 3: RMSNorm over each head's dims
             q = ops.rms_norm(q.reshape(-1, self.head_dim), self.q_norm, self.eps).view(num_tokens, -1)
             k = ops.rms_norm(k.reshape(-1, self.head_dim), self.k_norm, self.eps).view(num_tokens, -1)
         ops.rotary_embedding(positions, q, k, self.head_dim, cos_sin_cache, is_neox=True)

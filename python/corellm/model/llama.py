@@ -112,8 +112,8 @@ class LlamaForCausalLM:
                 dest[p + "self_attn.k_proj.bias"] = (qkv.bias, q, kv)
                 dest[p + "self_attn.v_proj.bias"] = (qkv.bias, q + kv, kv)
             if a.q_norm is not None:
-                dest[p + "self_attn.q_norm.weight"] = (a.q_norm, 0, c.head_dim)
-                dest[p + "self_attn.k_norm.weight"] = (a.k_norm, 0, c.head_dim)
+                dest[p + "self_attn.q_norm.weight"] = (a.q_norm, 0, a.q_norm.shape[0])  # a head's, or all of q
+                dest[p + "self_attn.k_norm.weight"] = (a.k_norm, 0, a.k_norm.shape[0])
             if isinstance(layer.mlp, SparseMoe):
                 dest.update(self._expert_destinations(i, layer.mlp))
             else:

@@ -16,6 +16,7 @@ SUPPORTED_ARCHITECTURES = {
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen2MoeForCausalLM": "qwen2_moe",
+    "OlmoeForCausalLM": "olmoe",
 }
 # GGUF general.architecture -> the HF architecture it stores.
 GGUF_ARCHITECTURES = {
@@ -26,6 +27,7 @@ GGUF_ARCHITECTURES = {
     "gemma3": "Gemma3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",  # (a "llama" file with experts is Mixtral's)
     "qwen2moe": "Qwen2MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
 }
 _ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -52,6 +54,7 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool = False  # bias on q, k, v projections (Qwen2; Llama's attention_bias)
     qk_norm: bool = False  # RMSNorm on each head of q and k before RoPE (Qwen3)
+    qk_norm_whole: bool = False  # with qk_norm: over q's and k's whole rows, not each head (OLMoE)
     rope_scaling: dict[str, Any] | None = None  # {"rope_type": "llama3", ...} or None
     sliding_window: int = 0  # 0: none
     # Gemma 3's differences from Llama (the defaults are Llama's):
@@ -168,6 +171,8 @@ class ModelConfig:
             scaling = None
         eos = cfg.get("eos_token_id")
         sliding = 0
+        if cfg.get("clip_qkv") is not None:
+            raise UnsupportedModelError(f"{source}: clip_qkv is not supported")
         if family in ("mistral", "mixtral") or cfg.get("use_sliding_window"):
             sliding = int(cfg.get("sliding_window") or 0)
         return cls(
@@ -185,7 +190,8 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=family == "qwen2" or (family == "qwen2_moe" and cfg.get("qkv_bias", True))
             or bool(cfg.get("attention_bias", False)),
-            qk_norm=family in ("qwen3", "qwen3_moe"),
+            qk_norm=family in ("qwen3", "qwen3_moe", "olmoe"),
+            qk_norm_whole=family == "olmoe",
             rope_scaling=dict(scaling) if scaling else None,
             sliding_window=sliding,
             **_experts(cfg, family, source),
@@ -244,10 +250,10 @@ class ModelConfig:
 def _experts(cfg: dict[str, Any], family: str, source: str) -> dict[str, Any]:
     """The mixture-of-experts fields of an HF config (none for a dense family). Mixtral: every
     layer sparse, experts of intermediate_size, weights always renormalized. Qwen3-MoE and
-    Qwen2-MoE: experts of moe_intermediate_size; a layer is dense when listed in mlp_only_layers or
+    Qwen2-MoE (and OLMoE): experts of moe_intermediate_size (OLMoE's: intermediate_size); a layer is dense when listed in mlp_only_layers or
     off the decoder_sparse_step; norm_topk_prob as the config says (transformers' default: False);
     Qwen2-MoE's shared expert of shared_expert_intermediate_size."""
-    if family not in ("mixtral", "qwen3_moe", "qwen2_moe"):
+    if family not in ("mixtral", "qwen3_moe", "qwen2_moe", "olmoe"):
         return {}
     experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
     layers = cfg["num_hidden_layers"]

@@ -12,7 +12,8 @@
 // Per layer, for x the residual stream (un-normalized, as in the Python layers):
 //   h = rms_norm(x)                    (first layer; later ones: x += h, h = rms_norm(x))
 //   qkv = h Wqkv^T (+ b)               [n, q + 2kv]
-//   q, k = rms_norm per head           (Qwen3's and Gemma 3's q/k norms, when present)
+//   q, k = rms_norm per head           (Qwen3's and Gemma 3's q/k norms, when present; OLMoE's over
+//                                      each token's whole q and k)
 //   q, k = rotary(q, k, positions)     (the layer's rope table: Gemma 3's sliding layers have their own)
 //   cache[slot] = k, v
 //   a = paged_attention(q, cache)      [n, q] (the layer's window, if any)
@@ -64,6 +65,7 @@ struct DecoderDims {
   int64_t rot_dim = 0;
   GatedActivation activation = GatedActivation::kSilu;
   float embedding_multiplier = 1.0f;       // 1: the embedding rows as they are
+  bool qk_norm_whole = false;              // the q/k norms over each token's whole q and k (OLMoE), not per head
 };
 
 // Tensor parallelism (python/corellm/model/tensor_parallel.py): the dims and weights are this rank's
@@ -107,8 +109,8 @@ struct DecoderLayerWeights {
   const uint16_t* attention_output_norm = nullptr;
   const uint16_t* mlp_output_norm = nullptr;
   LinearWeight qkv;                               // [q + 2kv, hidden] (with the qkv bias, if any)
-  const uint16_t* q_norm = nullptr;               // [head_size] or null (no q/k norms)
-  const uint16_t* k_norm = nullptr;               // [head_size] or null
+  const uint16_t* q_norm = nullptr;               // [head_size] (qk_norm_whole: [q]) or null (no q/k norms)
+  const uint16_t* k_norm = nullptr;               // [head_size] (qk_norm_whole: [kv]) or null
   LinearWeight o;                                 // [hidden, q]
   LinearWeight gate_up;                           // [2 * intermediate, hidden], gate rows first
   LinearWeight down;                              // [hidden, intermediate]
