@@ -81,8 +81,9 @@ struct DecoderTensorParallel {
 // A mixture-of-experts MLP (Mixtral, Qwen3-MoE) in place of a layer's gated MLP, in steps
 // (python/corellm/model/layers.py's SparseMoe runs the same, bit for bit):
 //   logits = router(h) fp32;  each token's top_k experts and weights (kernels/moe.h's moe_route)
-//   for each chosen expert, in expert order: its tokens' rows of h gathered, its gated MLP on them
-//     (gate_up and the activation, then down), each output row put in the token's place
+//   for each chosen expert: its tokens' rows of h gathered, its gated MLP on them (gate_up and the
+//     activation, then down), each output row put in the token's place (the experts one after
+//     another, or in a step of a few tokens shared out between the threads)
 //   h = the token's expert outputs summed by their weights, fp32, rounded once (moe_combine)
 // With a shared expert (Qwen2-MoE), every token runs it too, before the routing, and the sum adds
 // its output times sigmoid(shared_gate's logit).
@@ -159,7 +160,12 @@ class DecoderStack {
     std::vector<float> router_logits, expert_weights;
     std::vector<int32_t> expert_ids, choices_by_expert;
     std::vector<int64_t> expert_first, expert_next;  // where each expert's choices start in choices_by_expert
-    AlignedVector<uint16_t> expert_in, expert_gate_up, expert_act, expert_out, choice_rows;
+    AlignedVector<uint16_t> choice_rows;
+    std::vector<int32_t> chosen_experts;  // the experts some token chose, in order
+    struct ExpertRows {                    // one thread's: an expert's rows in, gate_up, activation, rows out
+      AlignedVector<uint16_t> in, gate_up, act, out;
+    };
+    std::vector<ExpertRows> expert_rows;
     AlignedVector<uint16_t> shared_gate_up, shared_act, shared_out;  // the shared expert's, [tokens, width]
     std::vector<float> shared_logits;                                // its gate's, [tokens]
   };
@@ -172,6 +178,8 @@ class DecoderStack {
   void layer(size_t index, const DecoderStepArgs& step, Scratch& s);
   // h [n, hidden] (in place) = the mixture of experts `moe` of h's rows (MoeWeights' steps).
   void sparse_mlp(const MoeWeights& moe, uint16_t* h, int64_t n, Scratch& s) const;
+  // Expert e of `moe` on its chosen rows of h (s.expert_first's range), into s.choice_rows.
+  void run_expert(const MoeWeights& moe, int64_t e, const uint16_t* h, Scratch& s, Scratch::ExpertRows& rows) const;
   // y [m, width] += the LoRA updates of x's rows by layer `index`'s `which` projection, for the
   // step's tokens that name an adapter (none: nothing to do).
   void add_lora(LoraLinear LoraLayer::*which, size_t index, uint16_t* y, int64_t y_stride, const uint16_t* x,
