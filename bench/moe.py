@@ -38,57 +38,46 @@ def upcycled_gguf(source: Path, dest: Path, experts: int, used: int, expert_rows
     per token (the module docstring); BF16 matrices. expert_rows: each expert a slice of that many of
     the MLP's intermediate rows (expert e: rows from e * expert_rows, wrapping), as the fine-grained
     experts of Qwen3-MoE; llama.cpp's "llama" files give the experts' size as feed_forward_length."""
-    import gguf
-    from gguf.quants import dequantize
-
-    from corellm.model.gguf_export import float32_to_bf16_bits
+    from corellm.model.gguf_export import export_bf16
 
     rng = np.random.default_rng(seed)
-    reader = gguf.GGUFReader(str(source))
-    arch = reader.fields["general.architecture"].contents()
-    tmp = dest.with_suffix(".tmp")
-    writer = gguf.GGUFWriter(str(tmp), arch)
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        vtype = field.types[0]
-        sub = field.types[1] if vtype == gguf.GGUFValueType.ARRAY and len(field.types) > 1 else None
-        value = field.contents()
-        if key == f"{arch}.feed_forward_length" and expert_rows:
-            inter, value = int(value), expert_rows
-        writer.add_key_value(key, value, vtype, sub_type=sub)
-    writer.add_expert_count(experts)
-    writer.add_expert_used_count(used)
-    hidden = int(reader.fields[f"{arch}.embedding_length"].contents())
+    sizes: dict[str, int] = {}
 
-    def bf16(name: str, a: np.ndarray) -> None:
-        writer.add_tensor(name, float32_to_bf16_bits(a), raw_shape=a.shape, raw_dtype=gguf.GGMLQuantizationType.BF16)
+    def field_value(key: str, value):
+        if key.endswith(".embedding_length"):
+            sizes["hidden"] = int(value)
+        if key.endswith(".feed_forward_length"):
+            sizes["inter"] = int(value)
+            return expert_rows or value  # llama.cpp's Mixtral files: the experts' size
+        return value
 
-    for t in reader.tensors:
-        a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        layer, _, rest = t.name.partition(".ffn_")
-        if rest in ("gate.weight", "up.weight", "down.weight"):
-            if rest == "gate.weight":  # the router goes before the layer's experts, as the converter writes it
-                router = rng.normal(0.0, 2.0 / hidden**0.5, (experts, hidden)).astype(np.float32)
-                writer.add_tensor(f"{layer}.ffn_gate_inp.weight", router)
-            if expert_rows:  # gate and up: rows of the intermediate; down: its columns
-                if inter % expert_rows:
-                    raise SystemExit(f"--expert-rows {expert_rows} must divide the MLP's {inter} rows")
-                starts = [e * expert_rows % inter for e in range(experts)]
-                a = np.stack([a[s : s + expert_rows] if rest != "down.weight" else a[:, s : s + expert_rows]
-                              for s in starts])
-            else:
-                a = np.broadcast_to(a[None], (experts, *a.shape))
-            copies = a * (1.0 + 0.1 * rng.standard_normal(a.shape, dtype=np.float32))
-            bf16(f"{layer}.ffn_{rest.split('.')[0]}_exps.weight", copies)
-        elif a.ndim >= 2:
-            bf16(t.name, a)
+    def extra_fields(writer) -> None:
+        writer.add_expert_count(experts)
+        writer.add_expert_used_count(used)
+
+    def tensors(name: str, a: np.ndarray):
+        layer, _, rest = name.partition(".ffn_")
+        if rest not in ("gate.weight", "up.weight", "down.weight"):
+            return [(name, a, a.ndim >= 2)]
+        out = []
+        if rest == "gate.weight":  # the router, F32 as the converter keeps it, before the layer's experts
+            router = rng.normal(0.0, 2.0 / sizes["hidden"] ** 0.5, (experts, sizes["hidden"])).astype(np.float32)
+            out.append((f"{layer}.ffn_gate_inp.weight", router, False))
+        if expert_rows:  # gate and up: rows of the intermediate; down: its columns
+            inter = sizes["inter"]
+            if inter % expert_rows:
+                raise SystemExit(f"--expert-rows {expert_rows} must divide the MLP's {inter} rows")
+            starts = [e * expert_rows % inter for e in range(experts)]
+            a = np.stack([a[s : s + expert_rows] if rest != "down.weight" else a[:, s : s + expert_rows]
+                          for s in starts])
         else:
-            writer.add_tensor(t.name, a)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+            a = np.broadcast_to(a[None], (experts, *a.shape))
+        copies = a * (1.0 + 0.1 * rng.standard_normal(a.shape, dtype=np.float32))
+        out.append((f"{layer}.ffn_{rest.split('.')[0]}_exps.weight", copies, True))
+        return out
+
+    tmp = dest.with_suffix(".tmp")
+    export_bf16(source, tmp, field_value=field_value, extra_fields=extra_fields, tensors=tensors)
     tmp.rename(dest)
     return dest
 

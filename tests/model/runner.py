@@ -83,3 +83,12 @@ def greedy_decode(model: LlamaForCausalLM, prompts: list[list[int]], steps: int,
                               for i, t in enumerate(nxt)])
         out.append(last)
     return torch.stack(out)
+
+
+def assert_last_logits_match(model: LlamaForCausalLM, hf_model, ids: list[int], **tolerance) -> None:
+    """The last position's logits of `ids` (one prefill through the paged cache) against an HF
+    model's, within `tolerance` (torch.testing.assert_close's atol / rtol)."""
+    got = PagedRunner(model, 64, 1).step([ids])
+    with torch.no_grad():
+        want = hf_model(torch.tensor([ids])).logits[0, -1:]
+    torch.testing.assert_close(got, want, **tolerance)

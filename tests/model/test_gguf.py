@@ -11,7 +11,7 @@ import torch
 from corellm.model import UnsupportedModelError, load_model
 from corellm.model.gguf_file import GGUFModelFile
 from corellm.model.loader import default_model_path
-from tests.model.runner import PagedRunner
+from tests.model.runner import assert_last_logits_match
 from tests import quant_blocks
 from tests.model.tiny_models import make_tiny_model
 
@@ -93,12 +93,8 @@ def test_tiny_llama_gguf_logits_match_transformers(tmp_path, tensor_type):
     write_llama_gguf(hf, path, qtype)
     ours = load_model(str(path), dtype="float32", progress=False)
     assert ours.config.num_key_value_heads == 4 and not ours.config.tie_word_embeddings
-    ids = list(range(5, 69))
-    got = PagedRunner(ours.model, 64, 1).step([ids])
-    with torch.no_grad():
-        want = hf(torch.tensor([ids])).logits[0, -1:]
     tol = dict(atol=2e-4, rtol=1e-4) if tensor_type == "F32" else dict(atol=0.05, rtol=0.05)
-    torch.testing.assert_close(got, want, **tol)
+    assert_last_logits_match(ours.model, hf, list(range(5, 69)), **tol)
 
 
 def test_unsupported_gguf_architecture_is_named(tmp_path):

@@ -14,7 +14,7 @@ import torch
 from corellm.model import load_model
 from corellm.model.native_stack import supports
 from tests import quant_blocks
-from tests.model.runner import PagedRunner
+from tests.model.runner import PagedRunner, assert_last_logits_match
 from tests.model.test_gguf import permute_qk
 from tests.model.tiny_models import make_tiny_model
 
@@ -137,12 +137,8 @@ def test_moe_gguf_logits_match_transformers(tmp_path, family, tensor_type, stack
     quantized = [linear for layer in ours.model.layers if c.layer_is_sparse(layer.index)
                  for e in layer.mlp.experts for linear in (e.gate_up_proj, e.down_proj)]
     assert all(bool(linear.quantized) == (tensor_type != "F32") for linear in quantized)
-    ids = list(range(5, 69))
-    got = PagedRunner(ours.model, 64, 1).step([ids])
-    with torch.no_grad():
-        want = hf(torch.tensor([ids])).logits[0, -1:]
     tol = dict(atol=2e-4, rtol=1e-4) if tensor_type == "F32" else dict(atol=0.1, rtol=0.05)
-    torch.testing.assert_close(got, want, **tol)
+    assert_last_logits_match(ours.model, hf, list(range(5, 69)), **tol)
 
 
 def test_quantized_experts_native_equal_per_op(tmp_path):
