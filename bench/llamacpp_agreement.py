@@ -63,8 +63,9 @@ def score(llm, prompts: list[str], replies: list[dict], lora_request=None) -> Ag
     worst = 0.0
     for prompt, reply in zip(prompts, replies):
         ids = tokenizer.encode(prompt)
-        scored = llm.generate({"prompt_token_ids": ids + reply["tokens"]}, SamplingParams(max_tokens=1, prompt_logprobs=1),
-                              use_tqdm=False, lora_request=lora_request)[0].prompt_logprobs
+        scored = llm.generate({"prompt_token_ids": ids + reply["tokens"]},
+                              SamplingParams(max_tokens=1, prompt_logprobs=1), use_tqdm=False,
+                              lora_request=lora_request)[0].prompt_logprobs
         for j, (token, probs) in enumerate(zip(reply["tokens"], reply["completion_probabilities"])):
             top = probs["top_logprobs"]
             if top[0]["logprob"] - top[1]["logprob"] <= CLEAR_MARGIN:

@@ -1,9 +1,10 @@
 """Mixture-of-experts GGUF files as llama.cpp writes them — Qwen3-MoE ("qwen3moe"), Qwen2-MoE
-("qwen2moe", with its shared expert), OLMoE ("olmoe") and Mixtral ("llama" with experts), every expert's gate, up and down in one 3-D tensor, or (early Mixtral
-files) one tensor per expert — read by corellm: the same logits as transformers on the HF model
-the file was written from (F32; Q8_0 and Q4_0 kept quantized, within their error), the native
-stack bit-identical to the per-op forward on the quantized experts, and transformers' own GGUF
-reader agreeing on the Qwen3-MoE and Qwen2-MoE files' layout."""
+("qwen2moe", with its shared expert), OLMoE ("olmoe") and Mixtral ("llama" with experts), every
+expert's gate, up and down in one 3-D tensor, or (early Mixtral files) one tensor per expert —
+read by corellm: the same logits as transformers on the HF model the file was written from (F32;
+Q8_0 and Q4_0 kept quantized, within their error), the native stack bit-identical to the per-op
+forward on the quantized experts, and transformers' own GGUF reader agreeing on the Qwen3-MoE and
+Qwen2-MoE files' layout."""
 
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ _ARCHS = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "olmoe": "olmoe", "m
 
 
 def write_moe_gguf(hf_model, hf_dir, family: str, path, tensor_type: str = "F32", stacked: bool = True) -> None:
-    """hf_model, saved in hf_dir (the checkpoint's names: one tensor per expert), as llama.cpp's converter writes it: q/k permuted for "llama" files, each layer's
-    experts stacked into ffn_{gate,up,down}_exps [experts, rows, columns] (or, stacked=False, one
-    ffn_{gate,up,down}.E tensor each), the router as ffn_gate_inp (F32, as the converter keeps it)."""
+    """hf_model, saved in hf_dir (the checkpoint's names: one tensor per expert), as llama.cpp's
+    converter writes it: q/k permuted for "llama" files, each layer's experts stacked into
+    ffn_{gate,up,down}_exps [experts, rows, columns] (or, stacked=False, one ffn_{gate,up,down}.E
+    tensor each), the router as ffn_gate_inp (F32, as the converter keeps it)."""
     c = hf_model.config
     arch = _ARCHS[family]
     w = gguf.GGUFWriter(str(path), arch)

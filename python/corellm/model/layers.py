@@ -264,17 +264,18 @@ class MLP:
 
 
 class SparseMoe:
-    """A mixture-of-experts MLP (Mixtral, Qwen3-MoE): a router [num_experts, hidden] rates the
-    experts for each token; the token runs the top_k best, each a gated MLP of its own, and its
-    output is their outputs summed by the router's weights. In steps:
+    """A mixture-of-experts MLP (Mixtral, Qwen3-MoE, Qwen2-MoE, OLMoE): a router [num_experts,
+    hidden] rates the experts for each token; the token runs the top_k best, each a gated MLP of
+    its own, and its output is their outputs summed by the router's weights. In steps:
       logits = router(h) in fp32;  (ids, weights) = ops.moe_route(logits)   per token
       for each expert that some token chose, in expert order: its tokens' rows of h, gathered,
         through the expert's MLP, into rows[t * top_k + j] (the token's j-th choice)
       out = ops.moe_combine(rows, weights)   per token, in fp32, rounded once
     With a shared expert (Qwen2-MoE), every token also runs it, and the combine adds its output
-    times sigmoid(its gate's logit) before the one rounding. Every step is row by row (the GEMMs compute a row alike whichever rows share the call), so a
-    token's result does not depend on the step's other tokens. The native decoder stack
-    (decoder_stack.cpp's sparse_mlp) runs the same steps."""
+    times sigmoid(its gate's logit) before the one rounding. Every step is row by row (the GEMMs
+    compute a row alike whichever rows share the call), so a token's result does not depend on the
+    step's other tokens. The native decoder stack (decoder_stack.cpp's sparse_mlp) runs the same
+    steps."""
 
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device):
         self.top_k, self.renormalize = config.num_experts_per_tok, config.norm_topk_prob

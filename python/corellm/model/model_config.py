@@ -249,10 +249,11 @@ class ModelConfig:
 
 def _experts(cfg: dict[str, Any], family: str, source: str) -> dict[str, Any]:
     """The mixture-of-experts fields of an HF config (none for a dense family). Mixtral: every
-    layer sparse, experts of intermediate_size, weights always renormalized. Qwen3-MoE and
-    Qwen2-MoE (and OLMoE): experts of moe_intermediate_size (OLMoE's: intermediate_size); a layer is dense when listed in mlp_only_layers or
-    off the decoder_sparse_step; norm_topk_prob as the config says (transformers' default: False);
-    Qwen2-MoE's shared expert of shared_expert_intermediate_size."""
+    layer sparse, experts of intermediate_size, weights always renormalized. Qwen3-MoE, Qwen2-MoE
+    and OLMoE: experts of moe_intermediate_size (OLMoE's: intermediate_size); a layer is dense
+    when listed in mlp_only_layers or off the decoder_sparse_step; norm_topk_prob as the config
+    says (transformers' default: False); Qwen2-MoE's shared expert of
+    shared_expert_intermediate_size."""
     if family not in ("mixtral", "qwen3_moe", "qwen2_moe", "olmoe"):
         return {}
     experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
