@@ -37,24 +37,32 @@ def permute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_llama_gguf(hf_model, path, tensor_type=gguf.GGMLQuantizationType.F32):
-    c = hf_model.config
-    w = gguf.GGUFWriter(str(path), "llama")
+def add_model_fields(w, c) -> None:
+    """An HF config's hyper-parameters as GGUF metadata (in w's architecture), and a placeholder
+    tokenizer (tokens t0, t1, ...)."""
     w.add_block_count(c.num_hidden_layers)
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
     w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
     w.add_head_count_kv(c.num_key_value_heads)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
     w.add_rope_freq_base(float(getattr(c, "rope_theta", None) or c.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_vocab_size(c.vocab_size)
-    tokens = [f"t{i}" for i in range(c.vocab_size)]
     w.add_tokenizer_model("gpt2")
-    w.add_token_list(tokens)
+    w.add_token_list([f"t{i}" for i in range(c.vocab_size)])
     w.add_token_types([1] * c.vocab_size)
     w.add_token_merges([])
     w.add_eos_token_id(2)
+
+
+def write_llama_gguf(hf_model, path, tensor_type=gguf.GGMLQuantizationType.F32):
+    c = hf_model.config
+    w = gguf.GGUFWriter(str(path), "llama")
+    add_model_fields(w, c)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
     layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",

@@ -16,7 +16,7 @@ from corellm.model import load_model
 from corellm.model.native_stack import supports
 from tests import quant_blocks
 from tests.model.runner import PagedRunner, assert_last_logits_match
-from tests.model.test_gguf import permute_qk
+from tests.model.test_gguf import add_model_fields, permute_qk
 from tests.model.tiny_models import make_tiny_model
 
 transformers = pytest.importorskip("transformers")
@@ -42,18 +42,7 @@ def write_moe_gguf(hf_model, hf_dir, family: str, path, tensor_type: str = "F32"
     c = hf_model.config
     arch = _ARCHS[family]
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_embedding_length(c.hidden_size)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_rope_freq_base(float(c.rope_parameters["rope_theta"]))
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_vocab_size(c.vocab_size)
+    add_model_fields(w, c)
     experts = getattr(c, "num_local_experts", None) or c.num_experts
     w.add_expert_count(experts)
     w.add_expert_used_count(c.num_experts_per_tok)
@@ -61,11 +50,6 @@ def write_moe_gguf(hf_model, hf_dir, family: str, path, tensor_type: str = "F32"
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
     if family == "qwen2_moe":
         w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list([f"t{i}" for i in range(c.vocab_size)])
-    w.add_token_types([1] * c.vocab_size)
-    w.add_token_merges([])
-    w.add_eos_token_id(2)
 
     def add(name: str, a: np.ndarray) -> None:
         if tensor_type != "F32" and a.ndim >= 2 and "ffn_gate_inp" not in name:

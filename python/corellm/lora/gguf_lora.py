@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from corellm.model.gguf_file import hf_name, unpermute_qk
-from corellm.model.model_config import GGUF_ARCHITECTURES, ModelConfig
+from corellm.model.model_config import GGUF_ARCHITECTURE_OF, ModelConfig
 
 _HF_WEIGHT = re.compile(r"^model\.layers\.(\d+)\.(\w+\.\w+)\.weight$")
 # HF projection name (of gguf_file.hf_name) -> PEFT module name
@@ -42,8 +42,7 @@ def read_gguf_lora(name: str, path: Path, config: ModelConfig) -> tuple[dict, fl
         raise ValueError(f"LoRA adapter {name!r}: {path} is not a LoRA adapter GGUF (general.type "
                          f"{fields.get('general.type')!r}, adapter.type {fields.get('adapter.type')!r})")
     arch = fields.get("general.architecture")
-    mixtral = arch == "llama" and config.architecture == "MixtralForCausalLM"  # llama.cpp's name for Mixtral
-    if GGUF_ARCHITECTURES.get(arch) != config.architecture and not mixtral:
+    if arch != GGUF_ARCHITECTURE_OF.get(config.architecture):
         raise ValueError(f"LoRA adapter {name!r}: {path} is for architecture {arch!r}, the model is "
                          f"{config.architecture}")
     permute = arch in ("llama", "mistral")

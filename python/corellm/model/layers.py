@@ -262,6 +262,9 @@ class MLP:
         act = self.gated_activation(gate_up)
         return self.tp.all_reduce(lora(self.down_proj(act), act, "down"))
 
+    def linears(self) -> list[Linear]:
+        return [self.gate_up_proj, self.down_proj]
+
 
 class SparseMoe:
     """A mixture-of-experts MLP (Mixtral, Qwen3-MoE, Qwen2-MoE, OLMoE): a router [num_experts,
@@ -307,7 +310,7 @@ class SparseMoe:
     def linears(self) -> list[Linear]:
         mlps = self.experts + ([self.shared_expert] if self.shared_expert is not None else [])
         gate = [self.shared_expert_gate] if self.shared_expert_gate is not None else []
-        return [self.router, *gate] + [linear for e in mlps for linear in (e.gate_up_proj, e.down_proj)]
+        return [self.router, *gate] + [linear for mlp in mlps for linear in mlp.linears()]
 
 
 class DecoderLayer:
@@ -351,5 +354,4 @@ class DecoderLayer:
                             self.mlp_output_norm, self.attn.q_norm, self.attn.k_norm) if t is not None]
 
     def linears(self) -> list[Linear]:
-        mlp = self.mlp.linears() if isinstance(self.mlp, SparseMoe) else [self.mlp.gate_up_proj, self.mlp.down_proj]
-        return [self.attn.qkv_proj, self.attn.o_proj, *mlp]
+        return [self.attn.qkv_proj, self.attn.o_proj, *self.mlp.linears()]

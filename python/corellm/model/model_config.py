@@ -29,6 +29,9 @@ GGUF_ARCHITECTURES = {
     "qwen2moe": "Qwen2MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
 }
+# HF architecture -> the GGUF general.architecture llama.cpp stores it under (Mixtral: "llama",
+# told apart from Llama by its expert_count).
+GGUF_ARCHITECTURE_OF = {**{hf: arch for arch, hf in GGUF_ARCHITECTURES.items()}, "MixtralForCausalLM": "llama"}
 _ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 GEMMA3_SLIDING_PATTERN = 6  # Gemma 3: five sliding-window layers, then one global
