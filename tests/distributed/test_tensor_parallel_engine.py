@@ -1,6 +1,6 @@
 """The engine with tensor_parallel_size > 1 (worker processes over gloo on loopback): greedy
 tokens equal the single-process engine's (fp32, up to the first near-tie of the reference) on a
-tiny model (a Llama and a Gemma 3) and on SmolLM2-135M (9 heads, 3 KV heads: three ranks), and
+tiny model (a Llama, a Gemma 3 and a Qwen2-MoE) and on SmolLM2-135M (9 heads, 3 KV heads: three ranks), and
 follow it on the default model's quantized GGUF and in bf16; what it cannot do is refused by name."""
 
 from __future__ import annotations
@@ -30,6 +30,24 @@ def assert_same_greedy(reference, other) -> None:
         for i in range(n):
             tok = w.token_ids[i]
             assert abs(w.logprobs[i][tok].logprob - g.logprobs[i][tok].logprob) < 1e-3
+
+
+def assert_follows(reference, other, margin: float = 0.1) -> int:
+    """bf16 over ranks against one process: tokens equal until a position where the reference's
+    top two are within `margin`, logprobs within `margin` (bf16 partial sums added over the group
+    round differently from one chain). Returns the positions compared."""
+    compared = 0
+    for want, got in zip(reference, other):
+        w, g = want.outputs[0], got.outputs[0]
+        same = next((i for i, (a, b) in enumerate(zip(w.token_ids, g.token_ids)) if a != b), len(w.token_ids))
+        if same < len(w.token_ids):  # a divergence only where the reference's top two nearly tie
+            top = sorted((v.logprob for v in w.logprobs[same].values()), reverse=True)
+            assert top[0] - top[1] < margin, f"diverged at position {same} with a margin of {top[0] - top[1]:.3f}"
+        for i in range(same):
+            tok = w.token_ids[i]
+            assert abs(w.logprobs[i][tok].logprob - g.logprobs[i][tok].logprob) < margin
+        compared += same
+    return compared
 
 
 def generate(llm: LLM, prompts, tokens: int = 12):
@@ -102,34 +120,30 @@ def test_speculative_decoding_with_three_ranks_is_bit_identical_to_none():
     assert runs[0] == runs[1] == runs[2]
 
 
-def test_tiny_gemma3_three_ranks_equal_one(tmp_path, tokenizer_json):
-    """Gemma 3's variant of the layer (sandwich norms, GeGLU, scaled embeddings, sliding layers
-    beside a global one) split over three ranks: in fp32 op by op, equal to one process; in bf16
-    rank 0 runs the native decoder stack, and three ranks follow one: tokens equal until a position
-    where the reference's top two are within 0.1, logprobs within 0.1 (bf16 partial sums added
-    over the group round differently from one chain)."""
-    make_tiny_model("gemma3", tmp_path, tokenizer_json, seed=5, hidden_size=72, num_attention_heads=3,
-                    num_key_value_heads=3, intermediate_size=192)
+@pytest.mark.parametrize("arch, size, overrides", [
+    # Gemma 3's variant of the layer: sandwich norms, GeGLU, scaled embeddings, sliding layers beside
+    # a global one
+    ("gemma3", 3, dict(hidden_size=72, num_attention_heads=3, num_key_value_heads=3, intermediate_size=192)),
+    # a mixture of experts (four, two per token, and a shared expert): each rank holds its share of
+    # every expert and the whole router
+    ("qwen2_moe", 2, {}),
+])
+def test_tiny_model_variants_over_ranks_equal_one(tmp_path, tokenizer_json, arch, size, overrides):
+    """In fp32 op by op, equal to one process; in bf16 rank 0 runs the native decoder stack, and
+    the ranks follow one process: tokens equal until a position where the reference's top two are
+    within 0.1, logprobs within 0.1 (bf16 partial sums added over the group round differently from
+    one chain)."""
+    make_tiny_model(arch, tmp_path, tokenizer_json, seed=5, **overrides)
     g = torch.Generator().manual_seed(0)
     prompts = [{"prompt_token_ids": torch.randint(0, 384, (n,), generator=g).tolist()} for n in (5, 23, 40, 2)]
     common = dict(max_model_len=128, kv_cache_memory=16 * 1024**2, max_num_batched_tokens=32)
     one = generate(LLM(str(tmp_path), dtype="float32", **common), prompts)
-    assert_same_greedy(one, generate(LLM(str(tmp_path), dtype="float32", tensor_parallel_size=3, **common), prompts))
+    split = LLM(str(tmp_path), dtype="float32", tensor_parallel_size=size, **common)
+    assert_same_greedy(one, generate(split, prompts))
     one = generate(LLM(str(tmp_path), dtype="bfloat16", **common), prompts)
-    three_llm = LLM(str(tmp_path), dtype="bfloat16", tensor_parallel_size=3, **common)
-    assert three_llm.engine_core.model_runner.native_stack is not None
-    compared = 0
-    for want, got in zip(one, generate(three_llm, prompts)):
-        w, g = want.outputs[0], got.outputs[0]
-        same = next((i for i, (a, b) in enumerate(zip(w.token_ids, g.token_ids)) if a != b), len(w.token_ids))
-        if same < len(w.token_ids):  # a divergence only where the reference's top two nearly tie
-            top = sorted((v.logprob for v in w.logprobs[same].values()), reverse=True)
-            assert top[0] - top[1] < 0.1, f"diverged at position {same} with a margin of {top[0] - top[1]:.3f}"
-        for i in range(same):
-            tok = w.token_ids[i]
-            assert abs(w.logprobs[i][tok].logprob - g.logprobs[i][tok].logprob) < 0.1
-        compared += same
-    assert compared >= 24
+    split = LLM(str(tmp_path), dtype="bfloat16", tensor_parallel_size=size, **common)
+    assert split.engine_core.model_runner.native_stack is not None
+    assert assert_follows(one, generate(split, prompts)) >= 24
 
 
 def test_smollm2_three_ranks_equal_one():
@@ -193,21 +207,24 @@ def test_tiny_llava_two_ranks_equal_one(tmp_path):
     assert_same_greedy(one, generate(two_llm, prompts))
 
 
-def test_int8_weights_three_ranks_follow_one(tmp_path, tokenizer_json):
+@pytest.mark.parametrize("arch, size, overrides", [
+    ("llama3", 3, dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3, intermediate_size=192)),
+    ("mixtral", 2, {}),  # every expert's w1 / w3 / w2 quantized, each rank's half cut from the blocks
+])
+def test_int8_weights_over_ranks_follow_one(tmp_path, tokenizer_json, arch, size, overrides):
     """--quantization int8 (an HF checkpoint's projections quantized at load, one scale per output
-    row, kept in Q8_0 blocks) over three ranks: every rank quantizes the whole checkpoint alike and
+    row, kept in Q8_0 blocks) over several ranks: every rank quantizes the whole checkpoint alike and
     keeps its cut of the blocks, and its slices of o / down start on 32-value activation blocks; the
     partial sums meet over the group, so the prompts' logprobs (scored on the same tokens, no greedy
     divergence on a tiny random model's near-ties) follow one process's within 0.05."""
-    make_tiny_model("llama3", tmp_path, tokenizer_json, seed=5, hidden_size=96, num_attention_heads=6,
-                    num_key_value_heads=3, intermediate_size=192)
+    make_tiny_model(arch, tmp_path, tokenizer_json, seed=5, **overrides)
     g = torch.Generator().manual_seed(0)
     prompts = [{"prompt_token_ids": torch.randint(0, 384, (n,), generator=g).tolist()} for n in (5, 23, 40)]
     params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
     common = dict(dtype="float32", quantization="int8", max_model_len=128, kv_cache_memory=16 * 1024**2)
     results = []
-    for size in (1, 3):
-        llm = LLM(str(tmp_path), tensor_parallel_size=size, **common)
+    for ranks in (1, size):
+        llm = LLM(str(tmp_path), tensor_parallel_size=ranks, **common)
         try:
             assert llm.loaded.quantization == "int8" and "Q8_0" in llm.loaded.model.weight_bytes()
             results.append(llm.generate(prompts, params, use_tqdm=False))

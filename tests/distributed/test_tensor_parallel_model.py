@@ -87,6 +87,10 @@ def run_ranks(size: int, target, *args):
     ("qwen2", 2, dict(num_attention_heads=4, num_key_value_heads=1), True),  # one KV head, replicated
     ("qwen3", 2, dict(num_attention_heads=4, num_key_value_heads=2, vocab_size=383), True),  # vocabulary padded
     ("llama_tied", 4, dict(num_attention_heads=4, num_key_value_heads=4), True),
+    # mixtures of experts: every expert split, the router replicated, one all-reduce per layer
+    ("mixtral", 2, {}, True),
+    ("qwen3_moe", 2, {}, False),  # a dense layer among the sparse ones
+    ("qwen2_moe", 2, {}, True),  # a shared expert and its gate
 ])
 def test_rank_zero_logits_equal_the_single_process_model(tmp_path, tokenizer_json, arch, size, overrides,
                                                          single_machine):
@@ -101,12 +105,16 @@ def test_rank_zero_logits_equal_the_single_process_model(tmp_path, tokenizer_jso
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
 
 
-def test_the_native_stack_under_tensor_parallelism_equals_the_per_op_forward(tmp_path, tokenizer_json):
-    """bf16, three ranks, the all-reduces through shared memory: rank 0's logits through the native
-    decoder stack (which all-reduces inside its one call) are bit-identical to the per-op forward's."""
-    make_tiny_model("llama3", tmp_path, tokenizer_json, seed=4, hidden_size=72, num_attention_heads=9,
-                    num_key_value_heads=3, intermediate_size=192)
-    per_op, native = run_ranks(3, rank_native_main, str(tmp_path))
+@pytest.mark.parametrize("arch, size, overrides", [
+    ("llama3", 3, dict(hidden_size=72, num_attention_heads=9, num_key_value_heads=3, intermediate_size=192)),
+    ("qwen2_moe", 2, {}),  # experts, a shared expert
+])
+def test_the_native_stack_under_tensor_parallelism_equals_the_per_op_forward(tmp_path, tokenizer_json, arch, size,
+                                                                               overrides):
+    """bf16, the all-reduces through shared memory: rank 0's logits through the native decoder
+    stack (which all-reduces inside its one call) are bit-identical to the per-op forward's."""
+    make_tiny_model(arch, tmp_path, tokenizer_json, seed=4, **overrides)
+    per_op, native = run_ranks(size, rank_native_main, str(tmp_path))
     assert len(per_op) == len(native) == 1 + len(STEPS)
     for a, b in zip(per_op, native):
         assert a.shape == b.shape and a.tobytes() == b.tobytes()
@@ -122,3 +130,37 @@ def test_heads_that_do_not_divide_are_refused(tmp_path, tokenizer_json):
     with pytest.raises(ValueError, match="tensor_parallel_size 2 does not divide the model's 9 attention heads"):
         check_divisible(config, 2)
     check_divisible(config, 3)
+
+
+@pytest.mark.parametrize("arch, overrides, message", [
+    ("qwen2_moe", dict(moe_intermediate_size=66), r"does not divide the model's experts' intermediate size "
+                                                  r"\(moe_intermediate_size\) 66"),
+    ("qwen2_moe", dict(shared_expert_intermediate_size=90), "does not divide the model's shared expert's "
+                                                            "intermediate size 90"),
+    ("qwen3_moe", dict(intermediate_size=162), "does not divide the model's intermediate size 162"),  # layer 1's
+    ("olmoe", {}, "norms q and k over all the heads of a token together"),
+])
+def test_mixture_of_experts_sizes_that_do_not_split_are_refused(tmp_path, tokenizer_json, arch, overrides, message):
+    """Each of an MoE model's MLP sizes must divide (a dense layer's only where the model has one);
+    OLMoE's whole-row q/k norm is refused by name."""
+    import json
+
+    from corellm.model.model_config import ModelConfig
+    from corellm.model.tensor_parallel import check_divisible
+
+    make_tiny_model(arch, tmp_path, tokenizer_json, **overrides)
+    config = ModelConfig.from_hf_config(json.loads((tmp_path / "config.json").read_text()))
+    with pytest.raises(ValueError, match=message):
+        check_divisible(config, 4)
+    check_divisible(config, 1)
+
+
+def test_an_unused_dense_intermediate_size_need_not_divide(tmp_path, tokenizer_json):
+    """Every layer of this Qwen2-MoE is sparse: its dense intermediate_size (162) is never used."""
+    import json
+
+    from corellm.model.model_config import ModelConfig
+    from corellm.model.tensor_parallel import check_divisible
+
+    make_tiny_model("qwen2_moe", tmp_path, tokenizer_json, intermediate_size=162)
+    check_divisible(ModelConfig.from_hf_config(json.loads((tmp_path / "config.json").read_text())), 2)

@@ -1,8 +1,8 @@
 """Mixtures of experts (Mixtral, Qwen3-MoE, Qwen2-MoE): the routing and combining kernels against torch and
 float64 references; int8-quantized experts in the native decoder stack bit-identical to the
 per-op forward, alone or batched, and near transformers; what is refused, by name. (The bf16 and
-fp32 models against transformers and each other: test_hf_oracle.py and test_native_stack.py,
-whose tiny models include both families.)"""
+fp32 models against transformers and each other: test_hf_oracle.py and test_native_stack.py, whose
+tiny models include both families; under tensor parallelism: tests/distributed/.)"""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from corellm import _core, ops
 from corellm.lora.lora_adapter import load_lora_adapter
 from corellm.model import load_model
 from corellm.model.native_stack import supports
-from corellm.model.tensor_parallel import check_divisible
 from tests.lora_adapters import hf_shape, make_lora_adapter
 from tests.model.runner import PagedRunner, greedy_decode
 from tests.model.tiny_models import make_tiny_model
@@ -106,13 +105,6 @@ def test_int8_experts_native_equal_per_op_alone_or_batched_and_near_transformers
     with torch.no_grad():
         want = torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in prompts])
     torch.testing.assert_close(prefill, want, atol=0.1, rtol=0.05)
-
-
-def test_tensor_parallelism_is_refused(tiny_moe):
-    _, directory, _ = tiny_moe
-    config = load_model(str(directory), dtype="float32", progress=False).config
-    with pytest.raises(ValueError, match="mixture-of-experts model .* runs in one process"):
-        check_divisible(config, 2)
 
 
 def test_a_lora_update_of_a_sparse_mlp_is_refused(tiny_moe, tmp_path):

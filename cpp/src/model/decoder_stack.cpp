@@ -134,7 +134,6 @@ DecoderStack::DecoderStack(const DecoderDims& dims, const EmbeddingWeight& embed
     std::vector<const LinearWeight*> projections{&w.qkv, &w.o};
     if (w.moe.sparse()) {
       check_experts(w.moe, dims.hidden);
-      CORELLM_CHECK_ARG(tp.all_reduce == nullptr, "DecoderStack: a mixture of experts under tensor parallelism");
       // The router is not among them: its few rows (one per expert) are bf16 or fp32 in quantized files too.
       for (const LinearWeight& e : w.moe.gate_up) projections.push_back(&e);
       for (const LinearWeight& e : w.moe.down) projections.push_back(&e);
@@ -348,7 +347,8 @@ void DecoderStack::layer(size_t index, const DecoderStepArgs& step, Scratch& s) 
   }
   fused_add_rms_norm(h, hidden, x, hidden, w.post_attention_norm, n, hidden, dims_.eps, bf16);
   if (w.moe.sparse()) {
-    sparse_mlp(w.moe, h, n, s);  // not under tensor parallelism (the constructor refuses it)
+    sparse_mlp(w.moe, h, n, s);
+    all_reduce(h, n);  // each rank's share of every expert's output, weighted and summed
     if (w.mlp_output_norm != nullptr) rms_norm(h, hidden, h, hidden, w.mlp_output_norm, n, hidden, dims_.eps, bf16);
     return;
   }

@@ -278,9 +278,13 @@ class SparseMoe:
     times sigmoid(its gate's logit) before the one rounding. Every step is row by row (the GEMMs
     compute a row alike whichever rows share the call), so a token's result does not depend on the
     step's other tokens. The native decoder stack (decoder_stack.cpp's sparse_mlp) runs the same
-    steps."""
+    steps. Under tensor parallelism every rank holds a slice of each expert's intermediate rows
+    and the whole router: it routes as the others do, and its combined output is a partial sum,
+    summed over the group once."""
 
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device,
+                 tp: TensorParallel = TensorParallel()):
+        self.tp = tp  # the experts' MLPs are not reduced one by one: their weighted sum is, once
         self.top_k, self.renormalize = config.num_experts_per_tok, config.norm_topk_prob
         self.router = Linear(config.num_experts, config.hidden_size, False, dtype, device)
         self.experts = [MLP(config, dtype, device, intermediate_size=config.moe_intermediate_size)
@@ -305,7 +309,7 @@ class SparseMoe:
                 picked = order[start : start + count]
                 rows[picked] = expert.forward(h[picked // self.top_k])
                 start += count
-        return ops.moe_combine(rows, weights, shared=shared, shared_gate=shared_gate)
+        return self.tp.all_reduce(ops.moe_combine(rows, weights, shared=shared, shared_gate=shared_gate))
 
     def linears(self) -> list[Linear]:
         mlps = self.experts + ([self.shared_expert] if self.shared_expert is not None else [])
@@ -325,8 +329,9 @@ class DecoderLayer:
         self.attention_output_norm = norm() if config.sandwich_norms else None
         self.mlp_output_norm = norm() if config.sandwich_norms else None
         self.attn = Attention(config, dtype, device, layer, tp)
-        # A mixture of experts' sparse layers: SparseMoe (tensor parallelism refuses such a model).
-        self.mlp = SparseMoe(config, dtype, device) if config.layer_is_sparse(layer) else MLP(config, dtype, device, tp)
+        # A mixture of experts' sparse layers: SparseMoe.
+        self.mlp = SparseMoe(config, dtype, device, tp) if config.layer_is_sparse(layer) \
+            else MLP(config, dtype, device, tp)
 
     def forward(self, positions: torch.Tensor, h: torch.Tensor, residual: torch.Tensor | None,
                 attn: AttentionMetadata, kv_cache: KVCache, cos_sin_cache: torch.Tensor,

@@ -6,6 +6,11 @@ a group of `size` holds of a model and of its weights.
                    and its slice of the intermediate rows
     o, down        row-parallel: the matching columns; each rank's partial output is summed over
                    the group (an all-reduce) before the residual add
+    experts        a mixture of experts: every expert's (and a shared expert's) gate and up
+                   column-parallel and its down row-parallel, as a dense MLP's; the router (and
+                   the shared expert's gate) replicated, so that every rank routes each token to
+                   the same experts; the weighted sum of a token's experts is then a sum of the
+                   ranks' partial sums, all-reduced once per layer
     embedding,     vocabulary-parallel: rank r holds rows [r * V', (r + 1) * V') of the vocabulary
     LM head        padded to size * V'; a lookup zeroes the ids outside its rows and sums over
                    the group; the logits are gathered on rank 0 and the padding cut
@@ -30,17 +35,32 @@ logger = logging.getLogger("corellm")
 def check_divisible(config: ModelConfig, size: int) -> None:
     if size < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {size}")
-    h, kv, inter = config.num_attention_heads, config.num_key_value_heads, config.intermediate_size
-    if config.num_experts and size > 1:
-        raise ValueError(f"tensor_parallel_size {size}: a mixture-of-experts model ({config.architecture}) runs in "
-                         f"one process in corellm so far (tensor_parallel_size 1; --data-parallel-size for replicas)")
+    h, kv = config.num_attention_heads, config.num_key_value_heads
     if h % size:
         raise ValueError(f"tensor_parallel_size {size} does not divide the model's {h} attention heads")
     if kv % size and size % kv:
         raise ValueError(f"tensor_parallel_size {size} and the model's {kv} KV heads: one must divide the other "
                          f"(KV heads are split, or replicated when there are fewer than ranks)")
-    if inter % size:
-        raise ValueError(f"tensor_parallel_size {size} does not divide the model's intermediate size {inter}")
+    if config.qk_norm_whole and size > 1:
+        raise ValueError(f"tensor_parallel_size {size}: {config.architecture} norms q and k over all the heads of a "
+                         f"token together, which corellm does not split between ranks (tensor_parallel_size 1; "
+                         f"--data-parallel-size for replicas)")
+    for what, inter in _intermediate_sizes(config).items():
+        if inter % size:
+            raise ValueError(f"tensor_parallel_size {size} does not divide the model's {what} {inter}")
+
+
+def _intermediate_sizes(config: ModelConfig) -> dict[str, int]:
+    """The MLPs' intermediate sizes the model uses, by name: a dense MLP's (when some layer is
+    dense), the experts' and a shared expert's."""
+    sizes = {}
+    if any(not config.layer_is_sparse(i) for i in range(config.num_hidden_layers)):
+        sizes["intermediate size"] = config.intermediate_size
+    if config.num_experts:
+        sizes["experts' intermediate size (moe_intermediate_size)"] = config.moe_intermediate_size
+    if config.shared_expert_intermediate_size:
+        sizes["shared expert's intermediate size"] = config.shared_expert_intermediate_size
+    return sizes
 
 
 def vocab_rows(vocab_size: int, size: int) -> int:
@@ -54,6 +74,8 @@ def shard_config(config: ModelConfig, size: int) -> ModelConfig:
     return dataclasses.replace(config, num_attention_heads=config.num_attention_heads // size,
                                num_key_value_heads=max(1, config.num_key_value_heads // size),
                                intermediate_size=config.intermediate_size // size,
+                               moe_intermediate_size=config.moe_intermediate_size // size,
+                               shared_expert_intermediate_size=config.shared_expert_intermediate_size // size,
                                vocab_size=vocab_rows(config.vocab_size, size))
 
 
@@ -68,7 +90,6 @@ def shard_weights(weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]],
     heads = c.num_attention_heads // size
     kv_local = max(1, c.num_key_value_heads // size)
     kv_first = (rank * kv_local) if c.num_key_value_heads >= size else rank // (size // c.num_key_value_heads)
-    inter = c.intermediate_size // size
     vocab = vocab_rows(c.vocab_size, size)
     for name, t in weights:
         if name.endswith(("q_proj.weight", "q_proj.bias")):
@@ -77,14 +98,32 @@ def shard_weights(weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]],
             t = _rows(t, kv_first * hd, (kv_first + kv_local) * hd, name)
         elif name.endswith("o_proj.weight"):
             t = _columns(t, rank * heads * hd, (rank + 1) * heads * hd, name)
-        elif name.endswith(("gate_proj.weight", "up_proj.weight")):
+        elif name.endswith(_GATE_AND_UP):
+            inter = _intermediate_of(name, c) // size
             t = _rows(t, rank * inter, (rank + 1) * inter, name)
-        elif name.endswith("down_proj.weight"):
+        elif name.endswith(_DOWN):
+            inter = _intermediate_of(name, c) // size
             t = _columns(t, rank * inter, (rank + 1) * inter, name)
         elif name in ("model.embed_tokens.weight", "lm_head.weight"):
             # the last rank's padding rows: never looked up, their logits cut
             t = _padded(_rows(t, rank * vocab, min((rank + 1) * vocab, t.shape[0]), name), vocab)
         yield name, (t if isinstance(t, QuantizedTensor) else t.contiguous())
+
+
+# An MLP's gate and up (column-parallel) and down (row-parallel), by the checkpoint's names: a
+# dense MLP's, an expert's (Mixtral's w1 / w3 / w2) and Qwen2-MoE's shared expert's. The routers
+# (mlp.gate, block_sparse_moe.gate) and shared_expert_gate are none of them: replicated.
+_GATE_AND_UP = ("gate_proj.weight", "up_proj.weight", ".w1.weight", ".w3.weight")
+_DOWN = ("down_proj.weight", ".w2.weight")
+
+
+def _intermediate_of(name: str, config: ModelConfig) -> int:
+    """The whole intermediate size of the MLP that tensor `name` belongs to."""
+    if ".experts." in name:
+        return config.moe_intermediate_size
+    if ".shared_expert." in name:
+        return config.shared_expert_intermediate_size
+    return config.intermediate_size
 
 
 def _dense(t: QuantizedTensor, name: str) -> torch.Tensor:

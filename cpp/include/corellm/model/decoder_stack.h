@@ -71,7 +71,9 @@ struct DecoderDims {
 // Tensor parallelism (python/corellm/model/tensor_parallel.py): the dims and weights are this rank's
 // share (its heads, its intermediate rows, vocab_size vocabulary rows from vocab_start), and the
 // partial sums — the embedding lookup (zeros for the ids of other ranks' rows), o's and down's
-// outputs — are all-reduced over the group's ranks on this machine, as the Python layers do.
+// outputs, a sparse layer's weighted sum of its experts (each rank holds a slice of every expert's
+// intermediate rows and the whole router) — are all-reduced over the group's ranks on this machine,
+// as the Python layers do.
 struct DecoderTensorParallel {
   ShmAllReduce* all_reduce = nullptr;  // null: one process, no collectives
   int64_t vocab_start = 0;
