@@ -92,16 +92,9 @@ def transformers_check(model: Path) -> str:
     import torch
     from safetensors.torch import save_file
 
-    # bench/kernels.py would stand in for the `kernels` package transformers looks for: import
-    # transformers' Mixtral without the bench directory on the path.
-    bench_dir = Path(__file__).resolve().parent
-    saved_path = list(sys.path)
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != bench_dir]
-    try:
-        import transformers
-        from transformers.models.mixtral import modeling_mixtral  # noqa: F401
-    finally:
-        sys.path[:] = saved_path
+    from hf_transformers import import_transformers
+
+    transformers = import_transformers()  # (bench/kernels.py is not the `kernels` package it imports)
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/model/runner.py
     from corellm.model import load_model

@@ -13,6 +13,7 @@ from safetensors.torch import save_file
 
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
+PHI3_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # Phi-3's checkpoints fuse q/k/v and gate/up
 
 
 def hf_shape(config) -> dict:
@@ -29,7 +30,8 @@ def _module_shapes(config: dict) -> dict[str, tuple[int, int]]:
     head_dim = config.get("head_dim") or hidden // heads
     q, kv = heads * head_dim, kv_heads * head_dim
     return {"q_proj": (q, hidden), "k_proj": (kv, hidden), "v_proj": (kv, hidden), "o_proj": (hidden, q),
-            "gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}
+            "gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter),
+            "qkv_proj": (q + 2 * kv, hidden), "gate_up_proj": (2 * inter, hidden)}
 
 
 def make_lora_adapter(directory: Path, config: dict, rank: int = 4, alpha: float = 8.0,
@@ -48,7 +50,7 @@ def make_lora_adapter(directory: Path, config: dict, rank: int = 4, alpha: float
             out, inp = shapes[module]
             a = torch.randn(rank, inp, generator=g) * std
             b = torch.randn(out, rank, generator=g) * std  # PEFT starts B at zero; a trained one is not
-            part = "self_attn" if module in ATTENTION else "mlp"
+            part = "self_attn" if module in ATTENTION + ("qkv_proj",) else "mlp"
             prefix = f"base_model.model.model.layers.{layer}.{part}.{module}"
             tensors[f"{prefix}.lora_A.weight"] = a.to(torch.bfloat16)
             tensors[f"{prefix}.lora_B.weight"] = b.to(torch.bfloat16)
@@ -67,6 +69,6 @@ def merged(hf_model, updates: dict):
     layers = model.model.layers
     with torch.no_grad():
         for (layer, module), (a, b, scale) in updates.items():
-            part = layers[layer].self_attn if module in ATTENTION else layers[layer].mlp
+            part = layers[layer].self_attn if module in ATTENTION + ("qkv_proj",) else layers[layer].mlp
             getattr(part, module).weight += scale * (b.double() @ a.double()).float()
     return model

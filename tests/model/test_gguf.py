@@ -59,35 +59,47 @@ def add_model_fields(w, c) -> None:
     w.add_eos_token_id(2)
 
 
-def write_llama_gguf(hf_model, path, tensor_type=gguf.GGMLQuantizationType.F32):
+LLAMA_LAYER_TENSORS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+                       "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                       "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                       "mlp.down_proj": "ffn_down"}
+
+
+def write_tensors_and_close(w, hf_model, layer_tensors: dict[str, str], tensor_type: str = "F32",
+                            permute: bool = True) -> None:
+    """hf_model's tensors under GGUF names (layer_tensors: an HF layer module -> its GGUF name; q/k
+    permuted as llama.cpp's converter permutes a "llama" file's), 2-D ones in tensor_type, then the
+    file written."""
     c = hf_model.config
-    w = gguf.GGUFWriter(str(path), "llama")
-    add_model_fields(w, c)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
-    layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
     for name, t in hf_model.state_dict().items():
         a = t.float().numpy()
         if name.startswith("model.layers."):
             i, rest = name[len("model.layers."):].split(".", 1)
             stem, kind = rest.rsplit(".", 1)
-            if stem == "self_attn.q_proj":
+            if permute and stem == "self_attn.q_proj":
                 a = permute_qk(a, c.num_attention_heads)
-            elif stem == "self_attn.k_proj":
+            elif permute and stem == "self_attn.k_proj":
                 a = permute_qk(a, c.num_key_value_heads)
-            gname = f"blk.{i}.{layer[stem]}.{kind}"
+            gname = f"blk.{i}.{layer_tensors[stem]}.{kind}"
         else:
             gname = names[name]
-        if tensor_type != gguf.GGMLQuantizationType.F32 and a.ndim == 2:
-            w.add_tensor(gname, quant_blocks.quantize(a, tensor_type.name), raw_dtype=tensor_type)
+        if tensor_type != "F32" and a.ndim == 2:
+            w.add_tensor(gname, quant_blocks.quantize(a, tensor_type),
+                         raw_dtype=getattr(gguf.GGMLQuantizationType, tensor_type))
         else:
             w.add_tensor(gname, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def write_llama_gguf(hf_model, path, tensor_type=gguf.GGMLQuantizationType.F32):
+    w = gguf.GGUFWriter(str(path), "llama")
+    add_model_fields(w, hf_model.config)
+    write_tensors_and_close(w, hf_model, LLAMA_LAYER_TENSORS, tensor_type.name)
 
 
 @pytest.mark.parametrize("tensor_type", ["F32", "Q8_0"])

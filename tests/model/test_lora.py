@@ -15,7 +15,7 @@ import torch
 from corellm import _core
 from corellm.lora import load_lora_adapter
 from corellm.model import load_model
-from tests.lora_adapters import ATTENTION, MLP, make_lora_adapter, merged
+from tests.lora_adapters import ATTENTION, MLP, PHI3_MODULES, make_lora_adapter, merged
 from tests.model.runner import PagedRunner
 from tests.model.tiny_models import make_tiny_model
 
@@ -28,7 +28,8 @@ def _prompts(lengths, seed=0):
 
 
 @pytest.mark.parametrize("arch,modules,rslora", [("llama3", ATTENTION + MLP, False), ("qwen3", ("q_proj", "v_proj"), True),
-                                                  ("gemma3", ("o_proj", "gate_proj", "down_proj"), False)])
+                                                  ("gemma3", ("o_proj", "gate_proj", "down_proj"), False),
+                                                  ("phi3", PHI3_MODULES, False)])
 def test_logits_match_transformers_with_the_updates_merged(arch, modules, rslora, tmp_path, tokenizer_json):
     hf = make_tiny_model(arch, tmp_path / "model", tokenizer_json)
     config = json.loads((tmp_path / "model" / "config.json").read_text())
@@ -162,8 +163,10 @@ def write_gguf_lora(path, updates: dict, alpha: float, config: dict, arch: str =
     w.add_string("adapter.type", "lora")
     w.add_float32("adapter.lora.alpha", alpha)
     names = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
-    heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
+             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
+             "qkv_proj": "attn_qkv", "gate_up_proj": "ffn_up"}  # (Phi-3's fused ones)
+    heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]} \
+        if arch in ("llama", "mistral") else {}
     for (layer, module), (a, b, _) in sorted(updates.items()):
         b = b.numpy()
         if module in heads:
@@ -176,18 +179,22 @@ def write_gguf_lora(path, updates: dict, alpha: float, config: dict, arch: str =
     w.close()
 
 
-def test_a_llama_cpp_gguf_adapter_loads_as_the_same_peft_adapter(tiny_model, tmp_path):
+@pytest.mark.parametrize("arch, gguf_arch, modules", [("llama3", "llama", ATTENTION + MLP),
+                                                       ("phi3", "phi3", PHI3_MODULES)])
+def test_a_llama_cpp_gguf_adapter_loads_as_the_same_peft_adapter(arch, gguf_arch, modules, tmp_path, tokenizer_json):
+    make_tiny_model(arch, tmp_path / "model", tokenizer_json)
+    model = load_model(str(tmp_path / "model"), dtype="float32", progress=False)
     config = json.loads((tmp_path / "model" / "config.json").read_text())
-    updates = make_lora_adapter(tmp_path / "adapter", config, rank=4, alpha=8.0)
-    write_gguf_lora(tmp_path / "adapter.gguf", updates, 8.0, config)
-    peft = load_lora_adapter("p", str(tmp_path / "adapter"), tiny_model.config, max_lora_rank=8)
-    from_gguf = load_lora_adapter("g", str(tmp_path / "adapter.gguf"), tiny_model.config, max_lora_rank=8)
+    updates = make_lora_adapter(tmp_path / "adapter", config, rank=4, alpha=8.0, modules=modules)
+    write_gguf_lora(tmp_path / "adapter.gguf", updates, 8.0, config, arch=gguf_arch)
+    peft = load_lora_adapter("p", str(tmp_path / "adapter"), model.config, max_lora_rank=8)
+    from_gguf = load_lora_adapter("g", str(tmp_path / "adapter.gguf"), model.config, max_lora_rank=8)
     for mine, theirs in zip(peft.layers, from_gguf.layers):
-        assert mine.keys() == theirs.keys()
+        assert mine.keys() == theirs.keys() == {"qkv", "o", "gate_up", "down"}
         for projection in mine:
             for p, q in zip(mine[projection], theirs[projection]):
                 assert (p.col_offset, p.scale) == (q.col_offset, q.scale)
                 assert torch.equal(p.a_t, q.a_t) and torch.equal(p.b_t, q.b_t), projection
     write_gguf_lora(tmp_path / "qwen.gguf", updates, 8.0, config, arch="qwen2")
-    with pytest.raises(ValueError, match="is for architecture 'qwen2', the model is LlamaForCausalLM"):
-        load_lora_adapter("g", str(tmp_path / "qwen.gguf"), tiny_model.config, max_lora_rank=8)
+    with pytest.raises(ValueError, match=f"is for architecture 'qwen2', the model is {model.config.architecture}"):
+        load_lora_adapter("g", str(tmp_path / "qwen.gguf"), model.config, max_lora_rank=8)

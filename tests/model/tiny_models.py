@@ -9,6 +9,9 @@ import torch
 TINY = dict(vocab_size=384, hidden_size=64, intermediate_size=160, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5)
 
+PHI3_SHORT_FACTORS = [1.0, 1.1, 1.3, 1.6, 2.0, 2.5]  # one per rotary frequency
+PHI3_LONG_FACTORS = [1.0, 1.5, 2.5, 4.0, 6.0, 9.0]
+
 ARCHS = {
     "llama3": ("LlamaConfig", "LlamaForCausalLM",
                dict(rope_theta=50000.0, tie_word_embeddings=False,
@@ -38,6 +41,13 @@ ARCHS = {
     # OLMoE: RMSNorm over each token's whole q and k (not per head), eight experts, two per token.
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM",
               dict(num_experts=8, num_experts_per_tok=2, intermediate_size=64, tie_word_embeddings=False)),
+    # Phi-3: q/k/v and gate/up fused in the checkpoint, LongRoPE (its short factors: the context
+    # stays within the pretrained length here), rotary on 12 of each head's 16 dimensions (Phi-4-mini's 0.75).
+    "phi3": ("Phi3Config", "Phi3ForCausalLM",
+             dict(partial_rotary_factor=0.75, original_max_position_embeddings=512, tie_word_embeddings=False,
+                  pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                  rope_scaling={"rope_type": "longrope", "short_factor": PHI3_SHORT_FACTORS,
+                                "long_factor": PHI3_LONG_FACTORS})),
 }
 
 

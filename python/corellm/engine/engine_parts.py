@@ -60,7 +60,8 @@ class EngineParts:
         try:
             loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device,
                                           quantization=config.quantization,
-                                          tensor_parallel=workers.tp if workers else None)
+                                          tensor_parallel=workers.tp if workers else None,
+                                          max_model_len=config.max_model_len)
         except BaseException:
             if workers is not None:
                 workers.stop()

@@ -24,7 +24,7 @@ _HF_WEIGHT = re.compile(r"^model\.layers\.(\d+)\.(\w+\.\w+)\.weight$")
 # HF projection name (of gguf_file.hf_name) -> PEFT module name
 _PROJECTIONS = {"self_attn.q_proj": "q_proj", "self_attn.k_proj": "k_proj", "self_attn.v_proj": "v_proj",
                 "self_attn.o_proj": "o_proj", "mlp.gate_proj": "gate_proj", "mlp.up_proj": "up_proj",
-                "mlp.down_proj": "down_proj"}
+                "mlp.down_proj": "down_proj", "self_attn.qkv_proj": "qkv_proj", "mlp.gate_up_proj": "gate_up_proj"}
 
 
 def read_gguf_lora(name: str, path: Path, config: ModelConfig) -> tuple[dict, float]:
@@ -53,7 +53,8 @@ def read_gguf_lora(name: str, path: Path, config: ModelConfig) -> tuple[dict, fl
         module = _PROJECTIONS.get(m.group(2)) if m else None
         if module is None:
             raise ValueError(f"LoRA adapter {name!r}: tensor {t.name!r} is not an update corellm applies (only the "
-                             f"decoder layers' attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down)")
+                             f"decoder layers' attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down; Phi-3's "
+                             f"attn_qkv)")
         layer = int(m.group(1))
         try:
             array = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)

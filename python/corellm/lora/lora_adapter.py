@@ -33,9 +33,11 @@ from corellm.native import _core
 if TYPE_CHECKING:
     from corellm.model.model_config import ModelConfig
 
-# PEFT module name -> (the fused projection, which of its parts)
+# PEFT module name -> (the fused projection, which of its parts); Phi-3's modules are fused in the
+# checkpoint already (qkv_proj, gate_up_proj): their update covers the whole projection.
 _MODULES = {"q_proj": ("qkv", 0), "k_proj": ("qkv", 1), "v_proj": ("qkv", 2), "o_proj": ("o", 0),
-            "gate_proj": ("gate_up", 0), "up_proj": ("gate_up", 1), "down_proj": ("down", 0)}
+            "gate_proj": ("gate_up", 0), "up_proj": ("gate_up", 1), "down_proj": ("down", 0),
+            "qkv_proj": ("qkv", 3), "gate_up_proj": ("gate_up", 2)}
 PROJECTIONS = ("qkv", "o", "gate_up", "down")
 _TENSOR_NAME = re.compile(r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\."
                           r"lora_([AB])(?:\.default)?\.weight$")
@@ -108,8 +110,9 @@ class LoraAdapter:
 def _part_shapes(config: ModelConfig) -> dict[str, list[tuple[int, int, int]]]:
     """projection -> per part (input width, first output column, output width) of the whole model."""
     q, kv, hidden, inter = config.q_size, config.kv_size, config.hidden_size, config.intermediate_size
-    return {"qkv": [(hidden, 0, q), (hidden, q, kv), (hidden, q + kv, kv)], "o": [(q, 0, hidden)],
-            "gate_up": [(hidden, 0, inter), (hidden, inter, inter)], "down": [(inter, 0, hidden)]}
+    return {"qkv": [(hidden, 0, q), (hidden, q, kv), (hidden, q + kv, kv), (hidden, 0, q + 2 * kv)],
+            "o": [(q, 0, hidden)], "gate_up": [(hidden, 0, inter), (hidden, inter, inter), (hidden, 0, 2 * inter)],
+            "down": [(inter, 0, hidden)]}
 
 
 def _read_config(directory: Path, name: str) -> dict:
@@ -224,6 +227,11 @@ def _adapter(name: str, source: Path, pairs: Pairs, config: ModelConfig, max_lor
         top_rank = max(top_rank, rank)
         part = LoraPart(col_offset, a.to(dtype).t().contiguous(), b.to(dtype).t().contiguous(), scale_of(rank))
         layers[layer].setdefault(projection, []).append(part)
-    for parts in (p for layer_parts in layers for p in layer_parts.values()):
-        parts.sort(key=lambda p: p.col_offset)
+    for layer, layer_parts in enumerate(layers):
+        for projection, parts in layer_parts.items():
+            parts.sort(key=lambda p: p.col_offset)
+            for before, after in zip(parts, parts[1:]):
+                if before.col_offset + before.b_t.shape[1] > after.col_offset:
+                    raise ValueError(f"LoRA adapter {name!r}: layer {layer}'s {projection} updates overlap (a fused "
+                                     f"module and one of its parts both updated)")
     return LoraAdapter(name=name, path=str(source), rank=top_rank, serial=next(_serials), layers=layers)

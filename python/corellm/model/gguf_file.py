@@ -44,6 +44,10 @@ _GLOBAL_NAMES = {
 _GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm.weight": "post_attention_layernorm.weight",
                        "ffn_norm.weight": "pre_feedforward_layernorm.weight",
                        "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
+# Phi-3 keeps q/k/v fused (attn_qkv) and gate/up fused (ffn_up, gate rows first), as its checkpoints do.
+_PHI3_LAYER_NAMES = {**_LAYER_NAMES, "attn_qkv.weight": "self_attn.qkv_proj.weight",
+                     "ffn_up.weight": "mlp.gate_up_proj.weight"}
+_LAYER_NAMES_OF = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 # A mixture of experts' tensors: the router; every expert's gate, up or down in one 3-D tensor
 # [experts, rows, columns] (llama.cpp's converters), or one per expert (early Mixtral files).
@@ -64,12 +68,14 @@ GEMMA_CHAT_TEMPLATE = (
     "<end_of_turn>\n{% if role == 'user' %}{% set ns.system = '' %}{% endif %}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 ROPE_FACTORS = "rope_freqs.weight"  # llama3-style scaling precomputed by the converter
+# LongRoPE's (Phi-3's) per-frequency factors, for contexts within the pretrained length and beyond.
+LONGROPE_FACTORS = {"short_factor": "rope_factors_short.weight", "long_factor": "rope_factors_long.weight"}
 
 
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
-    names = _GEMMA3_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
+    names = _LAYER_NAMES_OF.get(arch, _LAYER_NAMES)
     m = _BLOCK.match(gguf_name)
     if m and m.group(2) in names:
         return f"model.layers.{m.group(1)}.{names[m.group(2)]}"
@@ -120,6 +126,9 @@ class GGUFModelFile:
             scaling = {"rope_type": "linear", "factor": float(self._arch_field("rope.scaling.factor"))}
         elif kind not in (None, "none"):
             raise UnsupportedModelError(f"{self.path}: rope scaling type {kind!r} is not supported")
+        if LONGROPE_FACTORS["long_factor"] in names:
+            scaling = self._longrope_scaling()
+        head_dim = int(self._arch_field("attention.key_length", hidden // heads))
         eos = self.field("tokenizer.ggml.eos_token_id")
         gemma = self._gemma3_fields(hidden, heads) if self.arch == "gemma3" else {}
         experts = self._expert_fields(names)
@@ -135,7 +144,7 @@ class GGUFModelFile:
             num_hidden_layers=int(self._arch_field("block_count")),
             num_attention_heads=heads,
             num_key_value_heads=int(self._arch_field("attention.head_count_kv", heads)),
-            head_dim=int(self._arch_field("attention.key_length", hidden // heads)),
+            head_dim=head_dim,
             rms_norm_eps=float(self._arch_field("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(self._arch_field("rope.freq_base", 10000.0)),
             max_position_embeddings=int(self._arch_field("context_length", 2048)),
@@ -144,6 +153,7 @@ class GGUFModelFile:
             qk_norm="blk.0.attn_q_norm.weight" in names,
             qk_norm_whole=self.arch == "olmoe",
             rope_scaling=scaling,
+            partial_rotary_factor=int(self._arch_field("rope.dimension_count", head_dim)) / head_dim,
             sliding_window=int(self._arch_field("attention.sliding_window", 0) or 0),
             bos_token_id=self.field("tokenizer.ggml.bos_token_id"),
             eos_token_id=([] if eos is None else [int(eos)]) + gemma.pop("extra_eos", []),
@@ -151,6 +161,24 @@ class GGUFModelFile:
             **gemma,
             **experts,
         )
+
+    def _longrope_scaling(self) -> dict[str, Any]:
+        """LongRoPE as llama.cpp's converter stores it: the two factor tensors, the pretrained
+        context length and the attention factor it computed."""
+        tensors = {t.name: t for t in self.reader.tensors}
+        scaling: dict[str, Any] = {"rope_type": "longrope"}
+        for key, name in LONGROPE_FACTORS.items():
+            if name not in tensors:
+                raise ValueError(f"{self.path}: LongRoPE factors {name!r} without their pair")
+            scaling[key] = np.array(tensors[name].data, dtype=np.float32).reshape(-1).tolist()
+        original = self._arch_field("rope.scaling.original_context_length")
+        if original is None:
+            raise ValueError(f"{self.path}: LongRoPE factors without {self.arch}.rope.scaling.original_context_length")
+        scaling["original_max_position_embeddings"] = int(original)
+        factor = self._arch_field("rope.scaling.attn_factor")
+        if factor is not None:
+            scaling["attention_factor"] = float(factor)
+        return scaling
 
     def _expert_fields(self, names: set[str]) -> dict[str, Any]:
         """A mixture of experts' fields as llama.cpp reads them ({} for a dense model): every layer
@@ -225,7 +253,8 @@ class GGUFModelFile:
 
         config = self.config()
         permute = self.arch in ("llama", "mistral")
-        tensors = [t for t in self.reader.tensors if t.name != ROPE_FACTORS]
+        rope_tables = {ROPE_FACTORS, *LONGROPE_FACTORS.values()}  # read into the config or rope_factors()
+        tensors = [t for t in self.reader.tensors if t.name not in rope_tables]
         for t in tqdm(tensors, desc=f"Loading {self.path.name}", unit="tensor", disable=not progress, leave=False):
             if config.num_experts and any(p.match(t.name) for p in (_ROUTER, _EXPERTS, _ONE_EXPERT, _SHARED)):
                 yield from self._expert_tensors(t, config, dtype, quantized)

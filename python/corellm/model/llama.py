@@ -1,12 +1,13 @@
-"""LlamaForCausalLM: the Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Gemma 3's
-variant of it: GeGLU, sandwich norms, scaled embeddings, sliding-window layers with their own rope
-base; and the mixtures of experts built on it, Mixtral, Qwen3-MoE and Qwen2-MoE) as decoder layers over
+"""LlamaForCausalLM: the Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3 and its
+fused checkpoints, LongRoPE and partial rotary; Gemma 3's variant of it: GeGLU, sandwich norms,
+scaled embeddings, sliding-window layers with their own rope base; and the mixtures of experts
+built on it, Mixtral, Qwen3-MoE, Qwen2-MoE and OLMoE) as decoder layers over
 corellm's ops, its weight loading (fusing q/k/v and gate/up, checking every shape against the
 config) and its logits."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,8 +17,8 @@ from corellm.distributed.parallel_state import TensorParallel
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.layers import MLP, DecoderLayer, Embedding, KVCache, Linear, SparseMoe
 from corellm.model.model_config import ModelConfig
-from corellm.model.quantized_tensor import QuantizedTensor
-from corellm.model.rope import cos_sin_cache, inverse_frequencies
+from corellm.model.quantized_tensor import QuantizedTensor, row_slice
+from corellm.model.rope import attention_factor, cos_sin_cache, inverse_frequencies
 from corellm.model.tensor_parallel import shard_config, shard_weights
 
 if TYPE_CHECKING:
@@ -41,6 +42,34 @@ def expert_tensor_names(family: str, layer: int) -> tuple[str, tuple[str, str, s
     return f"model.layers.{layer}.mlp.", ("gate_proj", "up_proj", "down_proj")
 
 
+# Phi-3's checkpoints fuse q, k and v into qkv_proj and gate and up into gate_up_proj, in that
+# order; load_weights splits them into the names of every other model's, so that the fused layers
+# below, tensor parallelism and int8 see one layout.
+_FUSED_PROJECTIONS = {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                                    "self_attn.v_proj.weight"),
+                      "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
+
+
+def split_fused_projections(weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]], config: ModelConfig
+                            ) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
+    """Each fused projection as its parts (row slices: views, or a quantized tensor's panels);
+    every other tensor as it is."""
+    for name, t in weights:
+        fused = next((f for f in _FUSED_PROJECTIONS if name.endswith("." + f)), None)
+        if fused is None:
+            yield name, t
+            continue
+        sizes = (config.q_size, config.kv_size, config.kv_size) if fused.startswith("self_attn.") \
+            else (config.intermediate_size,) * 2
+        if t.shape[0] != sum(sizes):
+            raise ValueError(f"{config.source}: tensor {name!r} has {t.shape[0]} rows, but the config implies "
+                             f"{' + '.join(map(str, sizes))}")
+        prefix, start = name[: -len(fused)], 0
+        for part, size in zip(_FUSED_PROJECTIONS[fused], sizes):
+            yield prefix + part, row_slice(t, start, start + size, name)
+            start += size
+
+
 def _mlp_destinations(prefix: str, mlp: MLP, intermediate: int, hidden: int,
                       names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj"),
                       ) -> dict[str, tuple[Destination, int, int]]:
@@ -54,9 +83,11 @@ def _mlp_destinations(prefix: str, mlp: MLP, intermediate: int, hidden: int,
 class LlamaForCausalLM:
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
                  rope_factors: torch.Tensor | None = None, max_position: int | None = None,
-                 tp: TensorParallel = TensorParallel()):
+                 tp: TensorParallel = TensorParallel(), max_model_len: int | None = None):
         """tp: this process's place in a tensor-parallel group (model/tensor_parallel.py): the model
-        then holds its share (self.config: the share's sizes; full_config: the whole model's)."""
+        then holds its share (self.config: the share's sizes; full_config: the whole model's).
+        max_position: the rotary table's rows (default max_position_embeddings); max_model_len: the
+        longest sequence the engine will run, which picks LongRoPE's factors (model/rope.py)."""
         self.full_config = config
         self.tp = tp
         if tp.size > 1:
@@ -68,11 +99,11 @@ class LlamaForCausalLM:
         self.layers = [DecoderLayer(config, dtype, self.device, i, tp) for i in range(config.num_hidden_layers)]
         self.norm = torch.empty(config.hidden_size, dtype=dtype, device=self.device)
         self.lm_head = Linear(config.vocab_size, config.hidden_size, False, dtype, self.device)
-        inv_freq = inverse_frequencies(config)
+        inv_freq = inverse_frequencies(config, max_model_len=max_model_len)
         if rope_factors is not None:  # llama3-style factors stored in a GGUF file
             inv_freq = inv_freq / rope_factors.float()
         positions = max_position or config.max_position_embeddings
-        self.cos_sin_cache = cos_sin_cache(config, positions, inv_freq).to(self.device)
+        self.cos_sin_cache = cos_sin_cache(config, positions, inv_freq, attention_factor(config)).to(self.device)
         # Per layer: the global cache, or (Gemma 3's sliding layers) one for their own rope base, unscaled.
         self.layer_cos_sin_caches = [self.cos_sin_cache] * config.num_hidden_layers
         if config.rope_local_theta and config.layer_types:
@@ -144,6 +175,7 @@ class LlamaForCausalLM:
         embedding and the LM head stay in the dtype, as in vLLM)."""
         dest = self._destinations()
         loaded: set[str] = set()
+        weights = split_fused_projections(weights, self.full_config)
         if self.tp.size > 1:
             weights = shard_weights(weights, self.full_config, self.tp.rank, self.tp.size)
         for name, tensor in weights:

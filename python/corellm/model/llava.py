@@ -104,8 +104,9 @@ def split_llava_name(name: str) -> tuple[str, str]:
 
 class LlavaForConditionalGeneration(LlamaForCausalLM):
     def __init__(self, llava: LlavaSpec, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
-                 max_position: int | None = None, tp: TensorParallel = TensorParallel()):
-        super().__init__(llava.text, dtype, device, max_position=max_position, tp=tp)
+                 max_position: int | None = None, tp: TensorParallel = TensorParallel(),
+                 max_model_len: int | None = None):
+        super().__init__(llava.text, dtype, device, max_position=max_position, tp=tp, max_model_len=max_model_len)
         self.llava = llava
         # The image path runs on rank 0 only (see the module's docstring).
         self.vision_tower = VisionTower(llava.vision, llava.feature_layer, dtype, self.device) if tp.rank == 0 else None

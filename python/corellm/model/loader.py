@@ -205,10 +205,13 @@ def check_head_size_on_device(config: ModelConfig, device: torch.device) -> None
 
 def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto", device: str = "cpu",
                max_position: int | None = None, progress: bool = True, use_cache: bool = True,
-               quantization: str | None = None, tensor_parallel: TensorParallel | None = None) -> LoadedModel:
+               quantization: str | None = None, tensor_parallel: TensorParallel | None = None,
+               max_model_len: int | None = None) -> LoadedModel:
     """quantization: see QUANTIZATION_METHODS (None: a GGUF file's quantized tensors stay
     quantized on the CPU). tensor_parallel: this process's rank in a tensor-parallel group, which
-    loads its share of the model (quantized tensors cut as they are: tensor_parallel.shard_weights)."""
+    loads its share of the model (quantized tensors cut as they are: tensor_parallel.shard_weights).
+    max_model_len: the longest sequence the engine will run, where the user set it (LongRoPE's
+    factors follow it; model/rope.py)."""
     device_ = torch.device(device)
     check_device(device_)
     torch_dtype = resolve_dtype(dtype, device_)
@@ -242,10 +245,11 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
     if not tokenizer.eos_token_ids:
         tokenizer.eos_token_ids = list(config.eos_token_id)
     if llava is not None:
-        llm = LlavaForConditionalGeneration(llava, torch_dtype, device_, max_position=max_position, tp=tp)
+        llm = LlavaForConditionalGeneration(llava, torch_dtype, device_, max_position=max_position, tp=tp,
+                                            max_model_len=max_model_len)
     else:
         llm = LlamaForCausalLM(config, torch_dtype, device_, rope_factors=rope_factors, max_position=max_position,
-                               tp=tp)
+                               tp=tp, max_model_len=max_model_len)
     with torch.inference_mode():
         scaled_type = method if method in ("fp8", "int8") and device_.type == "cuda" else None
         llm.load_weights(weights.items() if isinstance(weights, dict) else weights, str(path), scaled_type=scaled_type)

@@ -17,6 +17,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "OlmoeForCausalLM": "olmoe",
+    "Phi3ForCausalLM": "phi3",
 }
 # GGUF general.architecture -> the HF architecture it stores.
 GGUF_ARCHITECTURES = {
@@ -28,6 +29,7 @@ GGUF_ARCHITECTURES = {
     "qwen3moe": "Qwen3MoeForCausalLM",  # (a "llama" file with experts is Mixtral's)
     "qwen2moe": "Qwen2MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 # HF architecture -> the GGUF general.architecture llama.cpp stores it under (Mixtral: "llama",
 # told apart from Llama by its expert_count).
@@ -59,6 +61,7 @@ class ModelConfig:
     qk_norm: bool = False  # RMSNorm on each head of q and k before RoPE (Qwen3)
     qk_norm_whole: bool = False  # with qk_norm: over q's and k's whole rows, not each head (OLMoE)
     rope_scaling: dict[str, Any] | None = None  # {"rope_type": "llama3", ...} or None
+    partial_rotary_factor: float = 1.0  # the fraction of each head that rotary embeddings turn (Phi-4-mini: 0.75)
     sliding_window: int = 0  # 0: none
     # Gemma 3's differences from Llama (the defaults are Llama's):
     hidden_activation: str = "silu"  # the MLP's gate activation: silu, or gelu_pytorch_tanh
@@ -97,6 +100,8 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ValueError(f"{self.source}: head_dim must be even for rotary embeddings, got {self.head_dim}")
         object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if self.sliding_window >= self.max_position_embeddings:  # (Phi-3.5-mini's 262144 of 131072 positions)
+            object.__setattr__(self, "sliding_window", 0)  # a window as long as the context is none
         if self.layer_types and (len(self.layer_types) != self.num_hidden_layers
                                  or any(t not in _LAYER_TYPES for t in self.layer_types)):
             raise UnsupportedModelError(f"{self.source}: layer_types must name {self.num_hidden_layers} layers, each "
@@ -113,11 +118,17 @@ class ModelConfig:
         if self.hidden_activation not in _ACTIVATIONS:
             raise UnsupportedModelError(f"{self.source}: activation {self.hidden_activation!r} is not supported "
                                         f"({', '.join(_ACTIVATIONS)})")
+        rotary = self.head_dim * self.partial_rotary_factor
+        if not 0 < self.partial_rotary_factor <= 1 or rotary != int(rotary) or int(rotary) % 2:
+            raise ValueError(f"{self.source}: partial_rotary_factor {self.partial_rotary_factor} of head_dim "
+                             f"{self.head_dim} must give an even number of rotary dimensions")
         if self.rope_scaling is not None:
             kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
-            if kind not in ("llama3", "default", "linear"):
+            if kind not in ("llama3", "default", "linear", "longrope"):
                 raise UnsupportedModelError(f"{self.source}: rope scaling type {kind!r} is not supported "
-                                            f"(supported: llama3, linear)")
+                                            f"(supported: llama3, linear, longrope)")
+            if kind == "longrope":
+                self._check_longrope()
 
     @property
     def family(self) -> str:
@@ -133,6 +144,26 @@ class ModelConfig:
         if self.layer_types and self.layer_types[layer] == "sliding_attention" and self.rope_local_theta:
             return self.rope_local_theta
         return self.rope_theta
+
+    def _check_longrope(self) -> None:
+        """LongRoPE (Phi-3): one short and one long factor per rotary frequency, and the context
+        length the model was pretrained at."""
+        s = self.rope_scaling
+        half = self.rotary_dim // 2
+        for key in ("short_factor", "long_factor"):
+            factors = s.get(key)
+            if not isinstance(factors, (list, tuple)) or len(factors) != half:
+                raise ValueError(f"{self.source}: longrope rope scaling needs {key} with {half} values (one per "
+                                 f"rotary frequency), got {factors!r}")
+        original = s.get("original_max_position_embeddings")
+        if not isinstance(original, int) or original <= 0:
+            raise ValueError(f"{self.source}: longrope rope scaling needs a positive "
+                             f"original_max_position_embeddings, got {original!r}")
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dimensions of each head that rotary embeddings turn (the first ones)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     def layer_is_sparse(self, layer: int) -> bool:
         """Whether layer `layer`'s MLP is a mixture of experts."""
@@ -172,11 +203,15 @@ class ModelConfig:
             scaling = rope_params
         if scaling is not None and scaling.get("rope_type", scaling.get("type")) == "default":
             scaling = None
+        if scaling is not None and scaling.get("rope_type", scaling.get("type")) in ("longrope", "su"):
+            # Phi-3 keeps the pretrained context length beside max_position_embeddings ("su": its first name)
+            scaling = {**scaling, "rope_type": "longrope"}
+            scaling.setdefault("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
         eos = cfg.get("eos_token_id")
         sliding = 0
         if cfg.get("clip_qkv") is not None:
             raise UnsupportedModelError(f"{source}: clip_qkv is not supported")
-        if family in ("mistral", "mixtral") or cfg.get("use_sliding_window"):
+        if family in ("mistral", "mixtral", "phi3") or cfg.get("use_sliding_window"):
             sliding = int(cfg.get("sliding_window") or 0)
         return cls(
             architecture=arch,
@@ -196,6 +231,8 @@ class ModelConfig:
             qk_norm=family in ("qwen3", "qwen3_moe", "olmoe"),
             qk_norm_whole=family == "olmoe",
             rope_scaling=dict(scaling) if scaling else None,
+            partial_rotary_factor=float(rope_params.get("partial_rotary_factor",
+                                                        cfg.get("partial_rotary_factor", 1.0))),
             sliding_window=sliding,
             **_experts(cfg, family, source),
             bos_token_id=cfg.get("bos_token_id"),

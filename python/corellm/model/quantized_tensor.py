@@ -6,6 +6,7 @@ file's bits rearranged into panels of 16 rows; activations quantized per row to 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 
 from corellm.native import _core
 
+logger = logging.getLogger("corellm")
 _K = _core.kernels
 _DTYPE_CODES = {torch.float32: _K.DTYPE_F32, torch.bfloat16: _K.DTYPE_BF16}
 _Q8_0 = 8  # GGUF's ggml_type number (the kernels name every type: quant_type_name)
@@ -148,3 +150,25 @@ class QuantizedTensor:
             return None
         n = sum(p.shape[0] for p in parts)
         return QuantizedTensor(first.ggml_type, (n, first.shape[1]), torch.cat([p.packed for p in parts]))
+
+
+def row_slice(t: torch.Tensor | QuantizedTensor, start: int, end: int, name: str) -> torch.Tensor | QuantizedTensor:
+    """Rows [start, end) of a checkpoint tensor (a tensor-parallel shard, a part of a fused
+    projection): a quantized one's panels as they are where the cut falls on them, else its values
+    dequantized (that layer then runs in the dtype)."""
+    if isinstance(t, QuantizedTensor):
+        return t.rows(start, end) or _dequantized_for_cut(t, name)[start:end]
+    return t[start:end]
+
+
+def column_slice(t: torch.Tensor | QuantizedTensor, start: int, end: int,
+                 name: str) -> torch.Tensor | QuantizedTensor:
+    """Columns [start, end) of every row: a quantized tensor's blocks where the cut falls on them."""
+    if isinstance(t, QuantizedTensor):
+        return t.columns(start, end) or _dequantized_for_cut(t, name)[:, start:end]
+    return t[:, start:end]
+
+
+def _dequantized_for_cut(t: QuantizedTensor, name: str) -> torch.Tensor:
+    logger.info("%s (%s) is dequantized: a cut of it does not fall on the type's panels or blocks", name, t.type_name)
+    return t.dequantize(torch.float32)

@@ -21,15 +21,13 @@ Everything that does not divide is a ValueError naming the heads (or the sizes) 
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Iterable, Iterator
 
 import torch
 
 from corellm.model.model_config import ModelConfig
-from corellm.model.quantized_tensor import QuantizedTensor
+from corellm.model.quantized_tensor import QuantizedTensor, column_slice, row_slice
 
-logger = logging.getLogger("corellm")
 
 
 def check_divisible(config: ModelConfig, size: int) -> None:
@@ -93,20 +91,20 @@ def shard_weights(weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]],
     vocab = vocab_rows(c.vocab_size, size)
     for name, t in weights:
         if name.endswith(("q_proj.weight", "q_proj.bias")):
-            t = _rows(t, rank * heads * hd, (rank + 1) * heads * hd, name)
+            t = row_slice(t, rank * heads * hd, (rank + 1) * heads * hd, name)
         elif name.endswith(("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias")):
-            t = _rows(t, kv_first * hd, (kv_first + kv_local) * hd, name)
+            t = row_slice(t, kv_first * hd, (kv_first + kv_local) * hd, name)
         elif name.endswith("o_proj.weight"):
-            t = _columns(t, rank * heads * hd, (rank + 1) * heads * hd, name)
+            t = column_slice(t, rank * heads * hd, (rank + 1) * heads * hd, name)
         elif name.endswith(_GATE_AND_UP):
             inter = _intermediate_of(name, c) // size
-            t = _rows(t, rank * inter, (rank + 1) * inter, name)
+            t = row_slice(t, rank * inter, (rank + 1) * inter, name)
         elif name.endswith(_DOWN):
             inter = _intermediate_of(name, c) // size
-            t = _columns(t, rank * inter, (rank + 1) * inter, name)
+            t = column_slice(t, rank * inter, (rank + 1) * inter, name)
         elif name in ("model.embed_tokens.weight", "lm_head.weight"):
             # the last rank's padding rows: never looked up, their logits cut
-            t = _padded(_rows(t, rank * vocab, min((rank + 1) * vocab, t.shape[0]), name), vocab)
+            t = _padded(row_slice(t, rank * vocab, min((rank + 1) * vocab, t.shape[0]), name), vocab)
         yield name, (t if isinstance(t, QuantizedTensor) else t.contiguous())
 
 
@@ -124,24 +122,6 @@ def _intermediate_of(name: str, config: ModelConfig) -> int:
     if ".shared_expert." in name:
         return config.shared_expert_intermediate_size
     return config.intermediate_size
-
-
-def _dense(t: QuantizedTensor, name: str) -> torch.Tensor:
-    logger.info("tensor parallelism: %s (%s) is dequantized, its shard does not fall on the type's blocks",
-                name, t.type_name)
-    return t.dequantize(torch.float32)
-
-
-def _rows(t, start: int, end: int, name: str):
-    if isinstance(t, QuantizedTensor):
-        return t.rows(start, end) or _dense(t, name)[start:end]
-    return t[start:end]
-
-
-def _columns(t, start: int, end: int, name: str):
-    if isinstance(t, QuantizedTensor):
-        return t.columns(start, end) or _dense(t, name)[:, start:end]
-    return t[:, start:end]
 
 
 def _padded(t, rows: int):

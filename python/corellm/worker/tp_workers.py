@@ -54,6 +54,7 @@ class WorkerSpec:
     threads: int  # CPU threads per rank
     ranks_per_node: int  # size / nnodes; rank r runs on node r // ranks_per_node
     shm_all_reduce: bool  # the all-reduces through shared memory (every rank on one machine, the CPU)
+    max_model_len: int | None = None  # the engine's, as given (picks LongRoPE's factors, as on rank 0)
 
 
 def free_local_port() -> int:
@@ -126,7 +127,7 @@ class WorkerLoop:
         self.channel = BroadcastChannel(tp, shared_memory=spec.ranks_per_node == spec.size,
                                         writer_alive=lambda: os.getppid() == parent)
         self.loaded = load_model(spec.model, dtype=spec.dtype, device=str(device), quantization=spec.quantization,
-                                 progress=False, tensor_parallel=tp)
+                                 progress=False, tensor_parallel=tp, max_model_len=spec.max_model_len)
         self.worker = Worker(rank, self.loaded.model)
         self.stopped = False  # STOP received
         self._closed = False
@@ -195,7 +196,8 @@ class TensorParallelWorkers:
         init = "env://" if config.torchrun else f"tcp://{config.master_addr}:{config.master_port or free_local_port()}"
         return WorkerSpec(config.model, config.dtype, config.device, config.quantization, config.tensor_parallel_size,
                           init, max(1, cores // per_node), per_node,
-                          shm_all_reduce=config.nnodes == 1 and not config.disable_custom_all_reduce)
+                          shm_all_reduce=config.nnodes == 1 and not config.disable_custom_all_reduce,
+                          max_model_len=config.max_model_len)
 
     def _spawn(self, ranks: range) -> list[StartSignal]:
         context = mp.get_context("spawn")
