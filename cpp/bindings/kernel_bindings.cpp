@@ -102,6 +102,11 @@ void bind_kernels(py::module_& m) {
                              hidden, eps, dtype_of(dtype));
         },
         py::call_guard<py::gil_scoped_release>());
+  k.def("scale",
+        [](uintptr_t x, int64_t x_stride, int64_t n, int64_t d, float factor, int32_t dtype) {
+          scale(ptr<void>(x), x_stride, n, d, factor, dtype_of(dtype));
+        },
+        py::call_guard<py::gil_scoped_release>());
   k.def("silu_and_mul",
         [](uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, int64_t n, int64_t d,
            int32_t dtype) {

@@ -32,6 +32,7 @@ void bind_model(py::module_& m) {
       .def_readwrite("rot_dim", &DecoderDims::rot_dim)
       .def_readwrite("activation", &DecoderDims::activation)
       .def_readwrite("embedding_multiplier", &DecoderDims::embedding_multiplier)
+      .def_readwrite("residual_multiplier", &DecoderDims::residual_multiplier)
       .def_readwrite("qk_norm_whole", &DecoderDims::qk_norm_whole);
   py::enum_<GatedActivation>(model, "GatedActivation", "The MLP's gated activation")
       .value("SILU", GatedActivation::kSilu)

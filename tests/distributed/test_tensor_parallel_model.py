@@ -92,6 +92,7 @@ def run_ranks(size: int, target, *args):
     ("qwen3_moe", 2, {}, False),  # a dense layer among the sparse ones
     ("qwen2_moe", 2, {}, True),  # a shared expert and its gate
     ("phi3", 2, {}, True),  # fused q/k/v and gate/up in the checkpoint, split and then sharded
+    ("granite", 2, {}, True),  # the outputs scaled after their all-reduce, the logits after their gather
 ])
 def test_rank_zero_logits_equal_the_single_process_model(tmp_path, tokenizer_json, arch, size, overrides,
                                                          single_machine):

@@ -48,6 +48,11 @@ ARCHS = {
                   pad_token_id=0, bos_token_id=1, eos_token_id=2,
                   rope_scaling={"rope_type": "longrope", "short_factor": PHI3_SHORT_FACTORS,
                                 "long_factor": PHI3_LONG_FACTORS})),
+    # Granite: the embedding, each layer's attention and MLP outputs and the logits scaled, the
+    # attention scale its own (values bf16 holds exactly, as Granite's releases' are)
+    "granite": ("GraniteConfig", "GraniteForCausalLM",
+                dict(embedding_multiplier=3.0, residual_multiplier=0.375, attention_multiplier=0.1875,
+                     logits_scaling=2.5, tie_word_embeddings=True, pad_token_id=0)),
 }
 
 

@@ -1,4 +1,5 @@
-"""rms_norm, fused_add_rms_norm, silu_and_mul, gelu_tanh_and_mul and rotary_embedding against torch references."""
+"""rms_norm, fused_add_rms_norm, scale, silu_and_mul, gelu_tanh_and_mul and rotary_embedding against torch
+references."""
 
 from __future__ import annotations
 
@@ -53,6 +54,17 @@ def test_fused_add_rms_norm_is_add_then_rms_norm_bit_for_bit(hidden):
     res = (x.float() + r.float()).bfloat16()
     assert torch.equal(got_res.view(torch.int16), res.view(torch.int16))
     assert torch.equal(got_x.view(torch.int16), ops.rms_norm(res, w, 1e-5).view(torch.int16))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("num_tokens, d", [(1, 576), (13, 100), (300, 576)])
+def test_scale_is_torchs_product_bit_for_bit(dtype, num_tokens, d):
+    """In place, on every row of a strided view: torch's x * factor (the product in fp32, rounded
+    once), the other columns untouched."""
+    base = torch.randn(num_tokens, d + 8).to(dtype)
+    x = base.clone()
+    assert ops.scale(x[:, :d], 0.22) is not None
+    assert torch.equal(x[:, :d], base[:, :d] * 0.22) and torch.equal(x[:, d:], base[:, d:])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -142,6 +154,7 @@ def test_rotary_rejects_positions_outside_the_cache():
         (lambda: ops.rms_norm(torch.randn(2, 8, device="meta"), torch.randn(8, device="meta"), 1e-6),
          "tensors on meta are not supported"),
         (lambda: ops.silu_and_mul(torch.randn(2, 7)), "must be even"),
+        (lambda: ops.scale(torch.randn(4), 2.0), "x must have 2 dimensions"),
         (lambda: ops.fused_add_rms_norm(torch.randn(2, 8), torch.randn(3, 8), torch.randn(8), 1e-6),
          r"residual must have shape \(2, 8\)"),
         (lambda: ops.rotary_embedding(torch.zeros(2, dtype=torch.int64), torch.randn(2, 64), torch.randn(2, 64), 64,

@@ -86,6 +86,16 @@ void fused_add_rms_norm(void* x, int64_t x_stride, void* residual, int64_t resid
   });
 }
 
+void scale(void* x, int64_t x_stride, int64_t num_tokens, int64_t d, float factor, DType dtype) {
+  with_loops([&](auto loops) {
+    if (dtype == DType::F32) {
+      loops.scale(static_cast<float*>(x), x_stride, num_tokens, d, factor);
+    } else {
+      loops.scale(static_cast<uint16_t*>(x), x_stride, num_tokens, d, factor);
+    }
+  });
+}
+
 void silu_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride, int64_t num_tokens,
                   int64_t d, DType dtype) {
   with_loops([&](auto loops) {

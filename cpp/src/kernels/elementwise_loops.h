@@ -1,4 +1,4 @@
-// The loops of RMSNorm, residual add + RMSNorm, SiLU- and GELU-and-multiply and rotary embedding, written
+// The loops of RMSNorm, residual add + RMSNorm, scaling, SiLU- and GELU-and-multiply and rotary embedding, written
 // once and compiled once per register width: elementwise.cpp includes this file twice, inside
 // namespace elementwise_avx2 (the baseline) and inside namespace elementwise_avx512 under an
 // AVX-512 target region, and calls the one of the process's path. Every loop is lane-wise except
@@ -107,6 +107,16 @@ struct Loops {
       }
 #pragma omp simd
       for (int64_t j = i; j < d; ++j) store_f32(o + j, act(load_f32(gate + j)) * load_f32(up + j));
+    }
+  }
+
+  template <class T>
+  static void scale(T* x, int64_t x_stride, int64_t num_tokens, int64_t d, float factor) {
+#pragma omp parallel for schedule(static) if (num_tokens * d >= kParallelMinElements)
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      T* row = x + t * x_stride;
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) store_f32(row + i, load_f32(row + i) * factor);
     }
   }
 

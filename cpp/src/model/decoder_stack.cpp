@@ -345,11 +345,12 @@ void DecoderStack::layer(size_t index, const DecoderStepArgs& step, Scratch& s) 
   if (w.attention_output_norm != nullptr) {  // in place: each row is read whole before it is written
     rms_norm(h, hidden, h, hidden, w.attention_output_norm, n, hidden, dims_.eps, bf16);
   }
+  if (dims_.residual_multiplier != 1.0f) scale(h, hidden, n, hidden, dims_.residual_multiplier, bf16);
   fused_add_rms_norm(h, hidden, x, hidden, w.post_attention_norm, n, hidden, dims_.eps, bf16);
   if (w.moe.sparse()) {
     sparse_mlp(w.moe, h, n, s);
     all_reduce(h, n);  // each rank's share of every expert's output, weighted and summed
-    if (w.mlp_output_norm != nullptr) rms_norm(h, hidden, h, hidden, w.mlp_output_norm, n, hidden, dims_.eps, bf16);
+    finish_mlp(w, h, n);
     return;
   }
   // gate_up's LoRA update goes in before the activation: then gate_up's output, updated, is
@@ -374,7 +375,15 @@ void DecoderStack::layer(size_t index, const DecoderStepArgs& step, Scratch& s) 
     add_lora(&LoraLayer::down, index, hb, hidden, s.act.data(), inter, rows, block_lora, s);
   }
   all_reduce(h, n);
-  if (w.mlp_output_norm != nullptr) rms_norm(h, hidden, h, hidden, w.mlp_output_norm, n, hidden, dims_.eps, bf16);
+  finish_mlp(w, h, n);
+}
+
+void DecoderStack::finish_mlp(const DecoderLayerWeights& w, uint16_t* h, int64_t n) const {
+  const int64_t hidden = dims_.hidden;
+  if (w.mlp_output_norm != nullptr) {
+    rms_norm(h, hidden, h, hidden, w.mlp_output_norm, n, hidden, dims_.eps, DType::BF16);
+  }
+  if (dims_.residual_multiplier != 1.0f) scale(h, hidden, n, hidden, dims_.residual_multiplier, DType::BF16);
 }
 
 void DecoderStack::sparse_mlp(const MoeWeights& moe, uint16_t* h, int64_t n, Scratch& s) const {

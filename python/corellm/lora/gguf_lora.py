@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from corellm.model.gguf_file import hf_name, unpermute_qk
+from corellm.model.gguf_file import PERMUTED_ARCHITECTURES, hf_name, unpermute_qk
 from corellm.model.model_config import GGUF_ARCHITECTURE_OF, ModelConfig
 
 _HF_WEIGHT = re.compile(r"^model\.layers\.(\d+)\.(\w+\.\w+)\.weight$")
@@ -45,7 +45,7 @@ def read_gguf_lora(name: str, path: Path, config: ModelConfig) -> tuple[dict, fl
     if arch != GGUF_ARCHITECTURE_OF.get(config.architecture):
         raise ValueError(f"LoRA adapter {name!r}: {path} is for architecture {arch!r}, the model is "
                          f"{config.architecture}")
-    permute = arch in ("llama", "mistral")
+    permute = arch in PERMUTED_ARCHITECTURES
     pairs: dict = {}
     for t in reader.tensors:
         base, _, part = t.name.rpartition(".")

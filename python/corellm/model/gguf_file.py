@@ -68,6 +68,8 @@ GEMMA_CHAT_TEMPLATE = (
     "<end_of_turn>\n{% if role == 'user' %}{% set ns.system = '' %}{% endif %}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 ROPE_FACTORS = "rope_freqs.weight"  # llama3-style scaling precomputed by the converter
+# The architectures whose q and k llama.cpp's converter permutes (its LlamaModel and subclasses).
+PERMUTED_ARCHITECTURES = ("llama", "mistral", "granite")
 # LongRoPE's (Phi-3's) per-frequency factors, for contexts within the pretrained length and beyond.
 LONGROPE_FACTORS = {"short_factor": "rope_factors_short.weight", "long_factor": "rope_factors_long.weight"}
 
@@ -131,6 +133,7 @@ class GGUFModelFile:
         head_dim = int(self._arch_field("attention.key_length", hidden // heads))
         eos = self.field("tokenizer.ggml.eos_token_id")
         gemma = self._gemma3_fields(hidden, heads) if self.arch == "gemma3" else {}
+        granite = self._granite_fields() if self.arch == "granite" else {}
         experts = self._expert_fields(names)
         architecture = GGUF_ARCHITECTURES[self.arch]
         if experts and self.arch == "llama":
@@ -160,7 +163,16 @@ class GGUFModelFile:
             source=str(self.path),
             **gemma,
             **experts,
+            **granite,
         )
+
+    def _granite_fields(self) -> dict[str, float]:
+        """Granite's multipliers under llama.cpp's names (each optional there: absent, none)."""
+        fields = dict(embedding_multiplier=self._arch_field("embedding_scale"),
+                      residual_multiplier=self._arch_field("residual_scale"),
+                      attention_multiplier=self._arch_field("attention.scale"),
+                      logits_scaling=self._arch_field("logit_scale"))
+        return {key: float(value) for key, value in fields.items() if value is not None}
 
     def _longrope_scaling(self) -> dict[str, Any]:
         """LongRoPE as llama.cpp's converter stores it: the two factor tensors, the pretrained
@@ -252,7 +264,7 @@ class GGUFModelFile:
         from tqdm import tqdm
 
         config = self.config()
-        permute = self.arch in ("llama", "mistral")
+        permute = self.arch in PERMUTED_ARCHITECTURES
         rope_tables = {ROPE_FACTORS, *LONGROPE_FACTORS.values()}  # read into the config or rope_factors()
         tensors = [t for t in self.reader.tensors if t.name not in rope_tables]
         for t in tqdm(tensors, desc=f"Loading {self.path.name}", unit="tensor", disable=not progress, leave=False):

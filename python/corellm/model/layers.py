@@ -328,6 +328,7 @@ class DecoderLayer:
         # Gemma's sandwich norms: on the attention's output and on the MLP's, before each joins the stream.
         self.attention_output_norm = norm() if config.sandwich_norms else None
         self.mlp_output_norm = norm() if config.sandwich_norms else None
+        self.residual_multiplier = config.residual_multiplier  # on the attention's and the MLP's outputs
         self.attn = Attention(config, dtype, device, layer, tp)
         # A mixture of experts' sparse layers: SparseMoe.
         self.mlp = SparseMoe(config, dtype, device, tp) if config.layer_is_sparse(layer) \
@@ -348,10 +349,14 @@ class DecoderLayer:
         h = self.attn.forward(positions, h, attn, kv_cache, cos_sin_cache, update)
         if self.attention_output_norm is not None:
             h = ops.rms_norm(h, self.attention_output_norm, self.eps)
+        if self.residual_multiplier != 1.0:  # Granite
+            ops.scale(h, self.residual_multiplier)
         h, residual = ops.fused_add_rms_norm(h, residual, self.post_attention_norm, self.eps)
         h = self.mlp.forward(h) if isinstance(self.mlp, SparseMoe) else self.mlp.forward(h, update)
         if self.mlp_output_norm is not None:
             h = ops.rms_norm(h, self.mlp_output_norm, self.eps)
+        if self.residual_multiplier != 1.0:
+            ops.scale(h, self.residual_multiplier)
         return h, residual
 
     def norms(self) -> list[torch.Tensor]:

@@ -284,9 +284,13 @@ class LlamaForCausalLM:
         """[n, hidden] -> float32 logits [n, vocab] (tensor parallelism: gathered on rank 0; the
         other ranks get None). out: a float32 [n, vocab] tensor to write them into, returned."""
         if self.tp.size == 1:
-            return self.lm_head(hidden, out_dtype=torch.float32, out=out)
-        full = self.tp.gather_last_dim(self.lm_head(hidden, out_dtype=torch.float32))
-        if full is None:
-            return None
-        full = full[:, : self.full_config.vocab_size]
-        return full if out is None else out.copy_(full)
+            logits = self.lm_head(hidden, out_dtype=torch.float32, out=out)
+        else:
+            full = self.tp.gather_last_dim(self.lm_head(hidden, out_dtype=torch.float32))
+            if full is None:
+                return None
+            full = full[:, : self.full_config.vocab_size]
+            logits = full if out is None else out.copy_(full)
+        if self.config.logits_scaling != 1.0:  # Granite
+            logits.div_(self.config.logits_scaling)
+        return logits

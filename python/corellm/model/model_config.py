@@ -3,6 +3,7 @@ GGUF metadata, validated, with one clear error for anything unsupported."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "OlmoeForCausalLM": "olmoe",
     "Phi3ForCausalLM": "phi3",
+    "GraniteForCausalLM": "granite",
 }
 # GGUF general.architecture -> the HF architecture it stores.
 GGUF_ARCHITECTURES = {
@@ -30,6 +32,7 @@ GGUF_ARCHITECTURES = {
     "qwen2moe": "Qwen2MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "granite": "GraniteForCausalLM",
 }
 # HF architecture -> the GGUF general.architecture llama.cpp stores it under (Mixtral: "llama",
 # told apart from Llama by its expert_count).
@@ -65,12 +68,21 @@ class ModelConfig:
     sliding_window: int = 0  # 0: none
     # Gemma 3's differences from Llama (the defaults are Llama's):
     hidden_activation: str = "silu"  # the MLP's gate activation: silu, or gelu_pytorch_tanh
-    embedding_multiplier: float = 1.0  # embedding rows times this (Gemma: sqrt(hidden), rounded to the dtype)
+    # The embedding rows times this, the factor rounded to the dtype as HF's Gemma rounds it (Gemma:
+    # sqrt(hidden); Granite: its embedding_multiplier, 12.0 in its releases, which bf16 holds exactly)
+    embedding_multiplier: float = 1.0
     sandwich_norms: bool = False  # RMSNorm on the attention's and the MLP's outputs too
     layer_types: tuple[str, ...] = ()  # per layer full_attention / sliding_attention; (): sliding_window everywhere
     rope_local_theta: float = 0.0  # rope base of the sliding_attention layers (0: rope_theta)
     query_pre_attn_scalar: float = 0.0  # attention scale = this ** -0.5 (0: head_dim)
     norm_weight_offset: float = 0.0  # RMSNorm scales by (offset + weight) (Gemma: 1)
+    # Granite's multipliers (the defaults change nothing): each layer's attention and MLP outputs
+    # times residual_multiplier before they join the residual stream; attention_multiplier the
+    # attention scale itself (0: query_pre_attn_scalar's or head_dim's ** -0.5); logits divided by
+    # logits_scaling. (Its embedding_multiplier is the field above.)
+    residual_multiplier: float = 1.0
+    attention_multiplier: float = 0.0
+    logits_scaling: float = 1.0
     # A mixture of experts (Mixtral, Qwen3-MoE): a sparse layer's MLP is num_experts gated MLPs of
     # moe_intermediate_size, of which each token runs the num_experts_per_tok its router rates best.
     num_experts: int = 0  # 0: every MLP dense
@@ -118,6 +130,10 @@ class ModelConfig:
         if self.hidden_activation not in _ACTIVATIONS:
             raise UnsupportedModelError(f"{self.source}: activation {self.hidden_activation!r} is not supported "
                                         f"({', '.join(_ACTIVATIONS)})")
+        if not self.logits_scaling > 0 or not math.isfinite(self.residual_multiplier) or self.attention_multiplier < 0:
+            raise ValueError(f"{self.source}: logits_scaling ({self.logits_scaling}) must be positive, "
+                             f"residual_multiplier ({self.residual_multiplier}) finite and attention_multiplier "
+                             f"({self.attention_multiplier}) not negative")
         rotary = self.head_dim * self.partial_rotary_factor
         if not 0 < self.partial_rotary_factor <= 1 or rotary != int(rotary) or int(rotary) % 2:
             raise ValueError(f"{self.source}: partial_rotary_factor {self.partial_rotary_factor} of head_dim "
@@ -171,7 +187,7 @@ class ModelConfig:
 
     @property
     def attention_scale(self) -> float:
-        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+        return self.attention_multiplier or (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def q_size(self) -> int:
@@ -235,6 +251,7 @@ class ModelConfig:
                                                         cfg.get("partial_rotary_factor", 1.0))),
             sliding_window=sliding,
             **_experts(cfg, family, source),
+            **_granite_multipliers(cfg, family),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             source=source,
@@ -285,6 +302,16 @@ class ModelConfig:
             eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             source=source,
         )
+
+
+def _granite_multipliers(cfg: dict[str, Any], family: str) -> dict[str, float]:
+    """Granite's four multipliers as the config gives them ({} for the other families)."""
+    if family != "granite":
+        return {}
+    return dict(embedding_multiplier=float(cfg.get("embedding_multiplier", 1.0)),
+                residual_multiplier=float(cfg.get("residual_multiplier", 1.0)),
+                attention_multiplier=float(cfg.get("attention_multiplier") or 0.0),
+                logits_scaling=float(cfg.get("logits_scaling", 1.0)))
 
 
 def _experts(cfg: dict[str, Any], family: str, source: str) -> dict[str, Any]:

@@ -100,6 +100,7 @@ class NativeDecoderStack:
         dims.max_position, dims.rot_dim = model.cos_sin_cache.shape
         dims.activation = _ACTIVATIONS[c.hidden_activation]
         dims.embedding_multiplier = c.embedding_multiplier
+        dims.residual_multiplier = c.residual_multiplier
         dims.qk_norm_whole = c.qk_norm_whole
         layers = [self._layer_weights(layer, rope, key_cache, value_cache)
                   for layer, rope, (key_cache, value_cache) in zip(model.layers, model.layer_cos_sin_caches,

@@ -9,6 +9,7 @@ from corellm.ops.norm import fused_add_rms_norm, rms_norm
 from corellm.ops.rejection_sampler import rejection_sample
 from corellm.ops.rotary import rotary_embedding
 from corellm.ops.sampler import SamplerOutput, SamplingMetadata, TokenLists, sample
+from corellm.ops.scale import scale
 from corellm.ops.scaled_gemm import quantize_rows, scaled_gemm
 from corellm.ops.token_logprobs import TokenLogprobs, token_logprobs
 
@@ -31,6 +32,7 @@ __all__ = [
     "rms_norm",
     "rotary_embedding",
     "sample",
+    "scale",
     "scaled_gemm",
     "silu_and_mul",
     "token_logprobs",

@@ -1,5 +1,5 @@
-// Fused elementwise CPU kernels: RMSNorm, residual add + RMSNorm, SiLU- and GELU-and-multiply, rotary
-// embedding. Raw pointers, row strides in elements, a dtype tag; parallel over tokens (OpenMP,
+// Fused elementwise CPU kernels: RMSNorm, residual add + RMSNorm, scaling, SiLU- and GELU-and-multiply,
+// rotary embedding. Raw pointers, row strides in elements, a dtype tag; parallel over tokens (OpenMP,
 // the same runtime torch uses, so the two share one thread pool).
 #pragma once
 
@@ -17,6 +17,10 @@ void rms_norm(void* out, int64_t out_stride, const void* x, int64_t x_stride, co
 // residual[t] = x[t] + residual[t] (rounded to the dtype); x[t] = rms_norm(residual[t]).
 void fused_add_rms_norm(void* x, int64_t x_stride, void* residual, int64_t residual_stride,
                         const void* weight, int64_t num_tokens, int64_t hidden, float eps, DType dtype);
+
+// x[t, :d] *= factor, in place, the product in fp32 rounded once to the dtype (Granite's
+// residual_multiplier on a layer's attention and MLP outputs, as HF's bf16 product rounds).
+void scale(void* x, int64_t x_stride, int64_t num_tokens, int64_t d, float factor, DType dtype);
 
 // The activation of a gated MLP: out = act(gate) * up (SwiGLU: silu; GeGLU: gelu_tanh).
 enum class GatedActivation : int32_t { kSilu = 0, kGeluTanh = 1 };

@@ -18,6 +18,7 @@
 //   cache[slot] = k, v
 //   a = paged_attention(q, cache)      [n, q] (the layer's window, if any)
 //   h = a Wo^T                         (Gemma 3: h = rms_norm(h), its post-attention norm)
+//                                      (Granite: h *= residual_multiplier, here and after the MLP)
 //   x += h, h = rms_norm(x)
 //   h = down(act(gate(h)) * up(h))     act: silu (SwiGLU) or gelu_tanh (GeGLU); in blocks of 256
 //                                      rows, each block's intermediates kept in the caches
@@ -65,6 +66,7 @@ struct DecoderDims {
   int64_t rot_dim = 0;
   GatedActivation activation = GatedActivation::kSilu;
   float embedding_multiplier = 1.0f;       // 1: the embedding rows as they are
+  float residual_multiplier = 1.0f;        // the attention's and the MLP's outputs times this (Granite)
   bool qk_norm_whole = false;              // the q/k norms over each token's whole q and k (OLMoE), not per head
 };
 
@@ -180,6 +182,9 @@ class DecoderStack {
   void layer(size_t index, const DecoderStepArgs& step, Scratch& s);
   // h [n, hidden] (in place) = the mixture of experts `moe` of h's rows (MoeWeights' steps).
   void sparse_mlp(const MoeWeights& moe, uint16_t* h, int64_t n, Scratch& s) const;
+  // The MLP's output h [n, hidden] made ready to join the residual stream: Gemma 3's
+  // post-feedforward norm, Granite's residual_multiplier.
+  void finish_mlp(const DecoderLayerWeights& w, uint16_t* h, int64_t n) const;
   // Expert e of `moe` on its chosen rows of h (s.expert_first's range), into s.choice_rows.
   void run_expert(const MoeWeights& moe, int64_t e, const uint16_t* h, Scratch& s, Scratch::ExpertRows& rows) const;
   // y [m, width] += the LoRA updates of x's rows by layer `index`'s `which` projection, for the
