@@ -93,6 +93,7 @@ def run_ranks(size: int, target, *args):
     ("qwen2_moe", 2, {}, True),  # a shared expert and its gate
     ("phi3", 2, {}, True),  # fused q/k/v and gate/up in the checkpoint, split and then sharded
     ("granite", 2, {}, True),  # the outputs scaled after their all-reduce, the logits after their gather
+    ("granitemoe", 2, {}, False),  # its stacked experts split, then each expert's share cut
 ])
 def test_rank_zero_logits_equal_the_single_process_model(tmp_path, tokenizer_json, arch, size, overrides,
                                                          single_machine):

@@ -35,7 +35,7 @@ def hf_greedy(model, prompt: list[int], n: int):
 
 
 @pytest.mark.parametrize("arch", ["llama3", "qwen2", "qwen3", "gemma3", "mixtral", "qwen3_moe", "qwen2_moe", "olmoe",
-                                  "phi3", "granite"])
+                                  "phi3", "granite", "granitemoe"])
 def test_greedy_batch_equals_transformers(arch, tmp_path):
     hf = make_tiny_model(arch, tmp_path, seed=11)
     write_tokenizer(tmp_path)

@@ -53,6 +53,11 @@ ARCHS = {
     "granite": ("GraniteConfig", "GraniteForCausalLM",
                 dict(embedding_multiplier=3.0, residual_multiplier=0.375, attention_multiplier=0.1875,
                      logits_scaling=2.5, tie_word_embeddings=True, pad_token_id=0)),
+    # Granite-MoE: Granite's multipliers; four experts, two per token, stacked in 3-D tensors
+    "granitemoe": ("GraniteMoeConfig", "GraniteMoeForCausalLM",
+                   dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64, embedding_multiplier=3.0,
+                        residual_multiplier=0.375, attention_multiplier=0.1875, logits_scaling=2.5,
+                        tie_word_embeddings=True, pad_token_id=0)),
 }
 
 

@@ -69,7 +69,7 @@ GEMMA_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 ROPE_FACTORS = "rope_freqs.weight"  # llama3-style scaling precomputed by the converter
 # The architectures whose q and k llama.cpp's converter permutes (its LlamaModel and subclasses).
-PERMUTED_ARCHITECTURES = ("llama", "mistral", "granite")
+PERMUTED_ARCHITECTURES = ("llama", "mistral", "granite", "granitemoe")
 # LongRoPE's (Phi-3's) per-frequency factors, for contexts within the pretrained length and beyond.
 LONGROPE_FACTORS = {"short_factor": "rope_factors_short.weight", "long_factor": "rope_factors_long.weight"}
 
@@ -133,7 +133,7 @@ class GGUFModelFile:
         head_dim = int(self._arch_field("attention.key_length", hidden // heads))
         eos = self.field("tokenizer.ggml.eos_token_id")
         gemma = self._gemma3_fields(hidden, heads) if self.arch == "gemma3" else {}
-        granite = self._granite_fields() if self.arch == "granite" else {}
+        granite = self._granite_fields() if self.arch in ("granite", "granitemoe") else {}
         experts = self._expert_fields(names)
         architecture = GGUF_ARCHITECTURES[self.arch]
         if experts and self.arch == "llama":

@@ -7,6 +7,7 @@ config) and its logits."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -37,17 +38,23 @@ def expert_tensor_names(family: str, layer: int) -> tuple[str, tuple[str, str, s
     "gate.weight", and of its experts, PREFIX + "experts.E." + name + ".weight"; the experts'
     gate, up and down names). Mixtral: block_sparse_moe, w1 / w3 / w2; Qwen3-MoE and Qwen2-MoE: mlp,
     *_proj (Qwen2-MoE's shared expert: PREFIX + "shared_expert." and "shared_expert_gate.weight")."""
-    if family == "mixtral":
+    if family in ("mixtral", "granitemoe"):  # (Granite-MoE's fused tensors: split_fused_projections)
         return f"model.layers.{layer}.block_sparse_moe.", ("w1", "w3", "w2")
     return f"model.layers.{layer}.mlp.", ("gate_proj", "up_proj", "down_proj")
 
 
 # Phi-3's checkpoints fuse q, k and v into qkv_proj and gate and up into gate_up_proj, in that
-# order; load_weights splits them into the names of every other model's, so that the fused layers
-# below, tensor parallelism and int8 see one layout.
+# order; the loader splits them into the names of every other model's (split_fused_projections),
+# so that the fused layers below, tensor parallelism and int8 see one layout.
 _FUSED_PROJECTIONS = {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
                                                     "self_attn.v_proj.weight"),
                       "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
+
+
+# Granite-MoE's checkpoints hold each layer's experts in two 3-D tensors (input_linear [experts,
+# 2 x intermediate, hidden]: gate rows then up rows; output_linear [experts, hidden, intermediate])
+# and its router under router.layer; they are split into Mixtral's names.
+_GRANITE_EXPERTS = re.compile(r"^(model\.layers\.\d+\.block_sparse_moe\.)(input_linear|output_linear|router\.layer)\.weight$")
 
 
 def split_fused_projections(weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]], config: ModelConfig
@@ -55,6 +62,10 @@ def split_fused_projections(weights: Iterable[tuple[str, torch.Tensor | Quantize
     """Each fused projection as its parts (row slices: views, or a quantized tensor's panels);
     every other tensor as it is."""
     for name, t in weights:
+        granite = _GRANITE_EXPERTS.match(name)
+        if granite is not None:
+            yield from _granite_experts(granite.group(1), granite.group(2), t, config)
+            continue
         fused = next((f for f in _FUSED_PROJECTIONS if name.endswith("." + f)), None)
         if fused is None:
             yield name, t
@@ -68,6 +79,26 @@ def split_fused_projections(weights: Iterable[tuple[str, torch.Tensor | Quantize
         for part, size in zip(_FUSED_PROJECTIONS[fused], sizes):
             yield prefix + part, row_slice(t, start, start + size, name)
             start += size
+
+
+def _granite_experts(prefix: str, kind: str, t: torch.Tensor, config: ModelConfig
+                     ) -> Iterator[tuple[str, torch.Tensor]]:
+    """A Granite-MoE layer's router or stacked experts (prefix: the layer's block_sparse_moe.) under
+    Mixtral's names (views)."""
+    if kind == "router.layer":
+        yield prefix + "gate.weight", t
+        return
+    inter, experts = config.moe_intermediate_size, config.num_experts
+    rows = 2 * inter if kind == "input_linear" else config.hidden_size
+    if tuple(t.shape[:2]) != (experts, rows):
+        raise ValueError(f"{config.source}: tensor {prefix + kind}.weight has shape {tuple(t.shape)}, but the config "
+                         f"implies ({experts}, {rows}, ...)")
+    for e in range(experts):
+        if kind == "input_linear":
+            yield f"{prefix}experts.{e}.w1.weight", t[e, :inter]
+            yield f"{prefix}experts.{e}.w3.weight", t[e, inter:]
+        else:
+            yield f"{prefix}experts.{e}.w2.weight", t[e]
 
 
 def _mlp_destinations(prefix: str, mlp: MLP, intermediate: int, hidden: int,
@@ -175,7 +206,6 @@ class LlamaForCausalLM:
         embedding and the LM head stay in the dtype, as in vLLM)."""
         dest = self._destinations()
         loaded: set[str] = set()
-        weights = split_fused_projections(weights, self.full_config)
         if self.tp.size > 1:
             weights = shard_weights(weights, self.full_config, self.tp.rank, self.tp.size)
         for name, tensor in weights:

@@ -15,7 +15,7 @@ from corellm.distributed.parallel_state import TensorParallel
 from corellm.model.gguf_file import GGUFModelFile
 from corellm.model.hf_dir import HFModelDir
 from corellm.model.hf_hub_cache import find_in_hub_cache, looks_like_repo_id
-from corellm.model.llama import LlamaForCausalLM
+from corellm.model.llama import LlamaForCausalLM, split_fused_projections
 from corellm.model.llava import LlavaForConditionalGeneration
 from corellm.model.model_config import ModelConfig
 from corellm.model.packed_weight_arena import gather_packed_weights
@@ -228,11 +228,13 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
         llava = source.llava_spec()
         if llava is not None:
             image_processor = source.image_processor(llava.vision.image_size)
-        rope_factors, weights = None, source.weights(torch_dtype, progress)
+        rope_factors = None
+        weights = split_fused_projections(source.weights(torch_dtype, progress), config)
         if method == "int8" and device_.type == "cpu":
             weights = quantize_int8(weights)
     elif path.suffix.lower() == ".gguf":
         config, tokenizer, rope_factors, weights = _load_gguf(path, torch_dtype, progress, use_cache, method == "gguf")
+        weights = split_fused_projections(weights.items() if isinstance(weights, dict) else weights, config)
         # More than one end token (Gemma's <end_of_turn>): the engine stops on each, as with an HF
         # directory's generation_config.
         generation_config = {"eos_token_id": config.eos_token_id} if len(config.eos_token_id) > 1 else {}
@@ -252,7 +254,7 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
                                tp=tp, max_model_len=max_model_len)
     with torch.inference_mode():
         scaled_type = method if method in ("fp8", "int8") and device_.type == "cuda" else None
-        llm.load_weights(weights.items() if isinstance(weights, dict) else weights, str(path), scaled_type=scaled_type)
+        llm.load_weights(weights, str(path), scaled_type=scaled_type)
     del weights  # the loaded tensors the layers did not keep, freed before their packed forms move
     if device_.type == "cpu":
         gather_packed_weights(llm)

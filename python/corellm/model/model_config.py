@@ -20,6 +20,7 @@ SUPPORTED_ARCHITECTURES = {
     "OlmoeForCausalLM": "olmoe",
     "Phi3ForCausalLM": "phi3",
     "GraniteForCausalLM": "granite",
+    "GraniteMoeForCausalLM": "granitemoe",
 }
 # GGUF general.architecture -> the HF architecture it stores.
 GGUF_ARCHITECTURES = {
@@ -33,6 +34,7 @@ GGUF_ARCHITECTURES = {
     "olmoe": "OlmoeForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "granite": "GraniteForCausalLM",
+    "granitemoe": "GraniteMoeForCausalLM",
 }
 # HF architecture -> the GGUF general.architecture llama.cpp stores it under (Mixtral: "llama",
 # told apart from Llama by its expert_count).
@@ -306,7 +308,7 @@ class ModelConfig:
 
 def _granite_multipliers(cfg: dict[str, Any], family: str) -> dict[str, float]:
     """Granite's four multipliers as the config gives them ({} for the other families)."""
-    if family != "granite":
+    if family not in ("granite", "granitemoe"):
         return {}
     return dict(embedding_multiplier=float(cfg.get("embedding_multiplier", 1.0)),
                 residual_multiplier=float(cfg.get("residual_multiplier", 1.0)),
@@ -315,17 +317,17 @@ def _granite_multipliers(cfg: dict[str, Any], family: str) -> dict[str, float]:
 
 
 def _experts(cfg: dict[str, Any], family: str, source: str) -> dict[str, Any]:
-    """The mixture-of-experts fields of an HF config (none for a dense family). Mixtral: every
-    layer sparse, experts of intermediate_size, weights always renormalized. Qwen3-MoE, Qwen2-MoE
+    """The mixture-of-experts fields of an HF config (none for a dense family). Mixtral and
+    Granite-MoE: every layer sparse, experts of intermediate_size, weights always renormalized. Qwen3-MoE, Qwen2-MoE
     and OLMoE: experts of moe_intermediate_size (OLMoE's: intermediate_size); a layer is dense
     when listed in mlp_only_layers or off the decoder_sparse_step; norm_topk_prob as the config
     says (transformers' default: False); Qwen2-MoE's shared expert of
     shared_expert_intermediate_size."""
-    if family not in ("mixtral", "qwen3_moe", "qwen2_moe", "olmoe"):
+    if family not in ("mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "granitemoe"):
         return {}
     experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
     layers = cfg["num_hidden_layers"]
-    if family == "mixtral":
+    if family in ("mixtral", "granitemoe"):  # (Granite's MoE: softmax over the top k, the same weights)
         return dict(num_experts=experts, num_experts_per_tok=cfg.get("num_experts_per_tok", 2),
                     moe_intermediate_size=cfg["intermediate_size"], norm_topk_prob=True)
     step = cfg.get("decoder_sparse_step", 1) or 1
