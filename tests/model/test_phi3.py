@@ -100,7 +100,8 @@ def test_a_gguf_file_gives_transformers_logits(tmp_path, tensor_type):
     assert c.architecture == "Phi3ForCausalLM" and c.rotary_dim == 12 and c.partial_rotary_factor == 0.75
     assert c.rope_scaling["long_factor"] == pytest.approx(hf.config.rope_parameters["long_factor"])
     if tensor_type == "Q8_0":  # the fused tensors' parts kept in the file's blocks
-        assert [(q.type_name, q.shape) for _, q in ours.model.layers[0].attn.qkv_proj.quantized] == [("Q8_0", (128, 64))]
+        qkv = ours.model.layers[0].attn.qkv_proj.quantized
+        assert [(q.type_name, q.shape) for _, q in qkv] == [("Q8_0", (128, 64))]
     tol = dict(atol=1e-4, rtol=1e-4) if tensor_type == "F32" else dict(atol=0.05, rtol=0.05)
     assert_last_logits_match(ours.model, hf, PROMPT, **tol)
 

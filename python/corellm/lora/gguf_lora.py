@@ -53,8 +53,8 @@ def read_gguf_lora(name: str, path: Path, config: ModelConfig) -> tuple[dict, fl
         module = _PROJECTIONS.get(m.group(2)) if m else None
         if module is None:
             raise ValueError(f"LoRA adapter {name!r}: tensor {t.name!r} is not an update corellm applies (only the "
-                             f"decoder layers' attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down; Phi-3's "
-                             f"attn_qkv)")
+                             f"decoder layers' attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down; "
+                             f"Phi-3's attn_qkv)")
         layer = int(m.group(1))
         try:
             array = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)

@@ -1,12 +1,13 @@
 """LlamaForCausalLM: the Llama family (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3, Phi-3 and its
-fused checkpoints, LongRoPE and partial rotary; Gemma 3's variant of it: GeGLU, sandwich norms,
-scaled embeddings, sliding-window layers with their own rope base; and the mixtures of experts
-built on it, Mixtral, Qwen3-MoE, Qwen2-MoE and OLMoE) as decoder layers over
-corellm's ops, its weight loading (fusing q/k/v and gate/up, checking every shape against the
-config) and its logits."""
+fused checkpoints, LongRoPE and partial rotary; Granite and its multipliers; Gemma 3's variant of
+it: GeGLU, sandwich norms, scaled embeddings, sliding-window layers with their own rope base; and
+the mixtures of experts built on it, Mixtral, Qwen3-MoE, Qwen2-MoE, OLMoE and Granite-MoE) as
+decoder layers over corellm's ops, its weight loading (fusing q/k/v and gate/up, checking every
+shape against the config) and its logits."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -19,11 +20,13 @@ from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.layers import MLP, DecoderLayer, Embedding, KVCache, Linear, SparseMoe
 from corellm.model.model_config import ModelConfig
 from corellm.model.quantized_tensor import QuantizedTensor, row_slice
-from corellm.model.rope import attention_factor, cos_sin_cache, inverse_frequencies
+from corellm.model.rope import attention_factor, cos_sin_cache, inverse_frequencies, longrope_is_long
 from corellm.model.tensor_parallel import shard_config, shard_weights
 
 if TYPE_CHECKING:
     from corellm.lora.lora_batch import LoraBatch
+
+logger = logging.getLogger("corellm")
 
 # Where a checkpoint tensor goes: a linear layer or the embedding (which keep quantized tensors as
 # they are), or a plain tensor (norms, biases).
@@ -54,7 +57,8 @@ _FUSED_PROJECTIONS = {"self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "
 # Granite-MoE's checkpoints hold each layer's experts in two 3-D tensors (input_linear [experts,
 # 2 x intermediate, hidden]: gate rows then up rows; output_linear [experts, hidden, intermediate])
 # and its router under router.layer; they are split into Mixtral's names.
-_GRANITE_EXPERTS = re.compile(r"^(model\.layers\.\d+\.block_sparse_moe\.)(input_linear|output_linear|router\.layer)\.weight$")
+_GRANITE_EXPERTS = re.compile(r"^(model\.layers\.\d+\.block_sparse_moe\.)"
+                              r"(input_linear|output_linear|router\.layer)\.weight$")
 
 
 def split_fused_projections(weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]], config: ModelConfig
@@ -131,6 +135,11 @@ class LlamaForCausalLM:
         self.norm = torch.empty(config.hidden_size, dtype=dtype, device=self.device)
         self.lm_head = Linear(config.vocab_size, config.hidden_size, False, dtype, self.device)
         inv_freq = inverse_frequencies(config, max_model_len=max_model_len)
+        if config.rope_scaling and config.rope_scaling.get("rope_type") == "longrope" and tp.rank == 0:
+            long = longrope_is_long(config, max_model_len)
+            logger.info("LongRoPE: the %s factors (max_model_len %s %s the pretrained %d positions)",
+                        "long" if long else "short", max_model_len or config.max_position_embeddings,
+                        "exceeds" if long else "is within", config.rope_scaling["original_max_position_embeddings"])
         if rope_factors is not None:  # llama3-style factors stored in a GGUF file
             inv_freq = inv_freq / rope_factors.float()
         positions = max_position or config.max_position_embeddings

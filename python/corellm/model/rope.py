@@ -27,7 +27,7 @@ def inverse_frequencies(config: ModelConfig, theta: float | None = None, scaled:
     scaling = config.rope_scaling if scaled else None
     kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
     if kind == "longrope":
-        long = (max_model_len or config.max_position_embeddings) > scaling["original_max_position_embeddings"]
+        long = longrope_is_long(config, max_model_len)
         factors = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float32)
         return 1.0 / (factors * base**exponents)
     inv = 1.0 / (base**exponents)
@@ -47,6 +47,13 @@ def inverse_frequencies(config: ModelConfig, theta: float | None = None, scaled:
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
     return torch.where(medium, smoothed, scaled)
+
+
+def longrope_is_long(config: ModelConfig, max_model_len: int | None) -> bool:
+    """Whether a LongRoPE model runs its long factors: max_model_len (default max_position_embeddings)
+    past the pretrained length."""
+    original = config.rope_scaling["original_max_position_embeddings"]
+    return (max_model_len or config.max_position_embeddings) > original
 
 
 def attention_factor(config: ModelConfig, scaled: bool = True) -> float:
