@@ -102,6 +102,7 @@ def transformers_check(model: Path, arch: str, original: int) -> list[str]:
     sys.path.insert(0, str(ROOT))  # tests/model/runner.py
     from corellm.model import load_model
     from tests.model.runner import PagedRunner
+    from transformers_agreement import LogitAgreement
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32).eval()
     ids = torch.randint(100, hf.config.vocab_size, (2 * original,), generator=torch.Generator().manual_seed(0)).tolist()
@@ -114,14 +115,9 @@ def transformers_check(model: Path, arch: str, original: int) -> list[str]:
         seq = ids[:length]
         got = torch.cat([runner.step([seq[:16]])] + [runner.step([[t]]) for t in seq[16:]])  # positions 15..
         with torch.no_grad():
-            want = hf(torch.tensor([seq])).logits[0, 15:]
-        top2 = torch.topk(want, 2).values
-        clear = (top2[:, 0] - top2[:, 1]) > 0.25
-        differ = int(((got.argmax(-1) != want.argmax(-1)) & clear).sum())
+            agreement = LogitAgreement().add(got, hf(torch.tensor([seq])).logits[0, 15:])
         where = f"{what}, max_model_len {max_model_len}, " if what else ""
-        lines.append(f"{where}{length} tokens: the largest logit difference {float((got - want).abs().max()):.1e}; "
-                     f"the top token differs at {differ} of {int(clear.sum())} positions where transformers' top-2 "
-                     f"margin exceeds 0.25")
+        lines.append(f"{where}{length} tokens: {agreement}")
     return lines
 
 

@@ -100,6 +100,7 @@ def transformers_check(model: Path) -> str:
     from corellm.model import load_model
     from corellm.model.gguf_file import GGUFModelFile
     from tests.model.runner import PagedRunner
+    from transformers_agreement import LogitAgreement
 
     gguf_file = GGUFModelFile(model)
     c = gguf_file.config()
@@ -119,20 +120,14 @@ def transformers_check(model: Path) -> str:
         hf = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
     ours = load_model(str(model), dtype="float32", quantization="none", progress=False, use_cache=False)
     g = torch.Generator().manual_seed(0)
-    worst, differ, clear = 0.0, 0, 0
+    agreement = LogitAgreement()
     for length in (20, 60, 100):
         ids = torch.randint(100, c.vocab_size, (length,), generator=g).tolist()
         runner = PagedRunner(ours.model, 128, 1)
         got = torch.cat([runner.step([[t]]) for t in ids])  # every position's logits, decode by decode
         with torch.no_grad():
-            want = hf(torch.tensor([ids])).logits[0]
-        worst = max(worst, float((got - want).abs().max()))
-        top2 = torch.topk(want, 2).values
-        margin = (top2[:, 0] - top2[:, 1]) > 0.25
-        differ += int(((got.argmax(-1) != want.argmax(-1)) & margin).sum())
-        clear += int(margin.sum())
-    return (f"the largest logit difference {worst:.1e}; the top token differs at {differ} of {clear} positions where "
-            f"transformers' top-2 margin exceeds 0.25")
+            agreement.add(got, hf(torch.tensor([ids])).logits[0])
+    return str(agreement)
 
 
 def main() -> None:

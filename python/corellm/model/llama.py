@@ -135,7 +135,7 @@ class LlamaForCausalLM:
         self.norm = torch.empty(config.hidden_size, dtype=dtype, device=self.device)
         self.lm_head = Linear(config.vocab_size, config.hidden_size, False, dtype, self.device)
         inv_freq = inverse_frequencies(config, max_model_len=max_model_len)
-        if config.rope_scaling and config.rope_scaling.get("rope_type") == "longrope" and tp.rank == 0:
+        if config.rope_type == "longrope" and tp.rank == 0:
             long = longrope_is_long(config, max_model_len)
             logger.info("LongRoPE: the %s factors (max_model_len %s %s the pretrained %d positions)",
                         "long" if long else "short", max_model_len or config.max_position_embeddings,

@@ -141,7 +141,7 @@ class ModelConfig:
             raise ValueError(f"{self.source}: partial_rotary_factor {self.partial_rotary_factor} of head_dim "
                              f"{self.head_dim} must give an even number of rotary dimensions")
         if self.rope_scaling is not None:
-            kind = self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
+            kind = self.rope_type
             if kind not in ("llama3", "default", "linear", "longrope"):
                 raise UnsupportedModelError(f"{self.source}: rope scaling type {kind!r} is not supported "
                                             f"(supported: llama3, linear, longrope)")
@@ -177,6 +177,13 @@ class ModelConfig:
         if not isinstance(original, int) or original <= 0:
             raise ValueError(f"{self.source}: longrope rope scaling needs a positive "
                              f"original_max_position_embeddings, got {original!r}")
+
+    @property
+    def rope_type(self) -> str | None:
+        """The rope scaling's type (None: no scaling); its older key "type" read too."""
+        if self.rope_scaling is None:
+            return None
+        return self.rope_scaling.get("rope_type", self.rope_scaling.get("type"))
 
     @property
     def rotary_dim(self) -> int:

@@ -25,7 +25,7 @@ def inverse_frequencies(config: ModelConfig, theta: float | None = None, scaled:
     base = config.rope_theta if theta is None else theta
     exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
     scaling = config.rope_scaling if scaled else None
-    kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
+    kind = config.rope_type if scaled else None
     if kind == "longrope":
         long = longrope_is_long(config, max_model_len)
         factors = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float32)
@@ -56,11 +56,11 @@ def longrope_is_long(config: ModelConfig, max_model_len: int | None) -> bool:
     return (max_model_len or config.max_position_embeddings) > original
 
 
-def attention_factor(config: ModelConfig, scaled: bool = True) -> float:
+def attention_factor(config: ModelConfig) -> float:
     """What cos and sin are multiplied by: LongRoPE's attention_factor (by default
     sqrt(1 + ln(s) / ln(original)), s = max_position_embeddings / original, when s > 1); else 1."""
-    scaling = config.rope_scaling if scaled else None
-    if not scaling or scaling.get("rope_type", scaling.get("type")) != "longrope":
+    scaling = config.rope_scaling
+    if config.rope_type != "longrope":
         return 1.0
     if scaling.get("attention_factor") is not None:
         return float(scaling["attention_factor"])
