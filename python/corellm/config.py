@@ -253,8 +253,6 @@ class EngineConfig:
             _check_int("max_model_len", self.max_model_len, 2)
         if not isinstance(self.enable_lora, bool):
             raise ValueError(f"enable_lora must be True or False, got {self.enable_lora!r}")
-        if self.enable_lora and self.tensor_parallel_size > 1:
-            raise ValueError("enable_lora: LoRA adapters with tensor_parallel_size > 1 are not supported yet")
         if self.enable_lora and self.device != "cpu":
             raise ValueError(f"enable_lora: LoRA adapters run on the CPU only so far, not on device {self.device!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "stream_interval", "max_loras",

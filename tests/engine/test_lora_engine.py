@@ -102,8 +102,6 @@ def test_misuse_is_a_value_error_naming_it(tiny, tmp_path):
     with pytest.raises(ValueError, match="this engine runs without LoRA"):
         plain.generate("w1 w2", lora_request=loras["a"], use_tqdm=False)
     plain.shutdown()
-    with pytest.raises(ValueError, match="tensor_parallel_size > 1 are not supported"):
-        LLM(str(root / "model"), enable_lora=True, tensor_parallel_size=3)
     with pytest.raises(ValueError, match="max_loras must be >= 1"):
         LLM(str(root / "model"), enable_lora=True, max_loras=0)
     llm = _engine(root, max_lora_rank=8)

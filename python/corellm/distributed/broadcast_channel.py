@@ -30,7 +30,7 @@ import torch
 from corellm.distributed.parallel_state import TensorParallel
 from corellm.native import _core
 
-HEADER_VALUES = 10
+HEADER_VALUES = 11
 # A worker waits for the next message as long as the engine is idle: a year stands for "no limit"
 # (gloo takes a finite timeout); a rank that dies still ends the wait at once (its socket closes).
 IDLE_TIMEOUT = datetime.timedelta(days=365)

@@ -89,7 +89,7 @@ class EngineParts:
 def lora_registry_of(loaded: LoadedModel, config: EngineConfig) -> LoraRegistry | None:
     """The engine's LoRA adapters' registry (None without enable_lora); ValueError where corellm
     does not run LoRA yet: an image model."""
-    if not config.enable_lora:  # (EngineConfig refused it with tensor parallelism or a GPU)
+    if not config.enable_lora:  # (EngineConfig refused it on a GPU)
         return None
     if getattr(loaded.model, "llava", None) is not None:
         raise ValueError("enable_lora: LoRA adapters on an image model (LLaVA) are not supported yet")

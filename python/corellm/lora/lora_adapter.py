@@ -76,6 +76,11 @@ class LoraAdapter:
     layers: list[dict[str, list[LoraPart]]]  # per layer: projection -> its parts (absent: no update)
     _native: list | None = field(default=None, repr=False)
 
+    def __getstate__(self) -> dict:
+        """Pickled (sent to the other tensor-parallel ranks) without the kernel's view, whose
+        addresses are this process's."""
+        return {**self.__dict__, "_native": None}
+
     def linear(self, layer: int, projection: str) -> _core.model.LoraLinear | None:
         """The kernel's view of this adapter's update of a layer's projection (None: it has none)."""
         native = self.native_layers()[layer]

@@ -15,6 +15,12 @@ a group of `size` holds of a model and of its weights.
     LM head        padded to size * V'; a lookup zeroes the ids outside its rows and sums over
                    the group; the logits are gathered on rank 0 and the padding cut
     norms          replicated
+    LoRA updates   cut as the projection they update (shard_lora_adapter): a column-parallel
+                   projection's update keeps its A and the columns of B that are the rank's output
+                   columns; a row-parallel one's keeps the rows of A^T that are the rank's input
+                   columns and the whole B. Its partial update is added to the projection's partial
+                   output before the layer's all-reduce: the sum over the ranks of x_r A_r^T B^T is
+                   x A^T B^T, so no collective of its own
 
 Everything that does not divide is a ValueError naming the heads (or the sizes) and the group size."""
 
@@ -22,12 +28,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import torch
 
 from corellm.model.model_config import ModelConfig
 from corellm.model.quantized_tensor import QuantizedTensor, column_slice, row_slice
 
+if TYPE_CHECKING:  # lora_adapter imports corellm.model, which imports this module
+    from corellm.lora.lora_adapter import LoraAdapter, LoraPart
 
 
 def check_divisible(config: ModelConfig, size: int) -> None:
@@ -130,3 +139,53 @@ def _padded(t, rows: int):
     if isinstance(t, QuantizedTensor):
         return t.padded(rows)
     return torch.cat([t, t.new_zeros(rows - t.shape[0], t.shape[1])])
+
+
+def shard_lora_adapter(adapter: LoraAdapter, config: ModelConfig, rank: int, size: int) -> LoraAdapter:
+    """Rank `rank`'s share of a LoRA adapter of the whole model (config: the whole model's), cut as
+    shard_weights cuts the projections it updates (the module docstring's "LoRA updates"). A part
+    of qkv or gate_up keeps the rank's columns of its own (a q part the rank's heads, a whole-qkv
+    part, Phi-3's, the rank's q, k and v columns side by side), at their place in the rank's
+    projection; it is left out on a rank that holds none of them."""
+    if size == 1:
+        return adapter
+    local = _local_columns(config, rank, size)
+    layers = []
+    for parts_by_projection in adapter.layers:
+        shares: dict[str, list[LoraPart]] = {}
+        for projection, parts in parts_by_projection.items():
+            columns = local[projection]
+            if projection in ("o", "down"):  # row-parallel: the rank's input columns, the whole output
+                shares[projection] = [dataclasses.replace(p, a_t=p.a_t[columns].contiguous()) for p in parts]
+                continue
+            shares[projection] = []
+            for p in parts:
+                cols = p.b_t.shape[1]
+                at = torch.nonzero((columns >= p.col_offset) & (columns < p.col_offset + cols)).flatten()
+                if at.numel() == 0:
+                    continue
+                first = int(at[0])
+                if int(at[-1]) - first + 1 != at.numel():
+                    raise AssertionError(f"{projection}: a LoRA part's columns are not contiguous on rank {rank}")
+                b_t = p.b_t[:, columns[at] - p.col_offset].contiguous()
+                shares[projection].append(dataclasses.replace(p, col_offset=first, b_t=b_t))
+        layers.append(shares)
+    return dataclasses.replace(adapter, layers=layers, _native=None)
+
+
+def _local_columns(config: ModelConfig, rank: int, size: int) -> dict[str, torch.Tensor]:
+    """projection -> which of the whole projection's columns the rank's holds, in its order: the
+    output columns of qkv and gate_up, the input columns of o and down. Found by cutting index
+    tensors with shard_weights itself, so that the adapter's cut is the weights' by construction."""
+    q, kv, inter = config.q_size, config.kv_size, config.intermediate_size
+    rows = lambda lo, hi: torch.arange(lo, hi).unsqueeze(1)  # noqa: E731 - a weight's rows: output columns
+    attn, mlp = "model.layers.0.self_attn.", "model.layers.0.mlp."
+    cut = dict(shard_weights([(attn + "q_proj.weight", rows(0, q)), (attn + "k_proj.weight", rows(q, q + kv)),
+                              (attn + "v_proj.weight", rows(q + kv, q + 2 * kv)),
+                              (attn + "o_proj.weight", torch.arange(q).unsqueeze(0)),
+                              (mlp + "gate_proj.weight", rows(0, inter)), (mlp + "up_proj.weight", rows(inter, 2 * inter)),
+                              (mlp + "down_proj.weight", torch.arange(inter).unsqueeze(0))], config, rank, size))
+    return {"qkv": torch.cat([cut[attn + n + "_proj.weight"].flatten() for n in "qkv"]),
+            "o": cut[attn + "o_proj.weight"].flatten(),
+            "gate_up": torch.cat([cut[mlp + "gate_proj.weight"].flatten(), cut[mlp + "up_proj.weight"].flatten()]),
+            "down": cut[mlp + "down_proj.weight"].flatten()}

@@ -1,5 +1,7 @@
 """LoraSlots: the LoRA adapters the model runner holds at once (max_loras), each in a slot that a
-step's tokens name (the native decoder stack's set_lora; the per-op layers' LoraBatch).
+step's tokens name (the native decoder stack's set_lora; the per-op layers' LoraBatch). Under
+tensor parallelism every rank holds the slot's adapter, each its own share of it (the model
+runner's `hold`: tensor_parallel.shard_lora_adapter).
 
 A request's adapter is placed when the request enters the scheduler (EngineCore): into the slot
 that holds it already, else an empty slot, else the least recently placed slot whose requests have
@@ -15,17 +17,22 @@ from collections.abc import Callable
 
 from corellm.lora.lora_adapter import LoraAdapter
 
+# hold(slot, adapter): puts the adapter into the slot wherever the model runs (the native decoder
+# stack, the other tensor-parallel ranks) and returns what this process computes with: the adapter,
+# or its share under tensor parallelism.
+Hold = Callable[[int, LoraAdapter], LoraAdapter]
+
 
 class LoraSlots:
-    def __init__(self, max_loras: int, native_stack=None):
-        """native_stack: the model runner's NativeDecoderStack, which then holds each slot's adapter."""
+    def __init__(self, max_loras: int, hold: Hold = lambda slot, adapter: adapter):
         if max_loras < 1:
             raise ValueError(f"max_loras must be >= 1, got {max_loras}")
-        self.adapters: list[LoraAdapter | None] = [None] * max_loras  # by slot
+        self.adapters: list[LoraAdapter | None] = [None] * max_loras  # by slot, as requests name them
+        self.computed: list[LoraAdapter | None] = [None] * max_loras  # by slot, this process's (hold's)
         self._users: list[set[str]] = [set() for _ in range(max_loras)]
         self._placed_at = [0] * max_loras
         self._clock = itertools.count(1)
-        self._native_stack = native_stack
+        self._hold = hold
 
     def place(self, adapter: LoraAdapter, request_id: str, unfinished: Callable[[str], bool]) -> int | None:
         """The slot the request runs in, its adapter placed there if need be; None when every slot
@@ -35,10 +42,9 @@ class LoraSlots:
             slot = self._free_slot(unfinished)
             if slot is None:
                 return None
+            self.computed[slot] = self._hold(slot, adapter)
             self.adapters[slot] = adapter
             self._users[slot] = set()
-            if self._native_stack is not None:
-                self._native_stack.set_lora(slot, adapter)
         self._users[slot].add(request_id)
         self._placed_at[slot] = next(self._clock)
         return slot

@@ -17,10 +17,12 @@ import torch
 from corellm import ops
 from corellm.native import _core
 from corellm.engine_core_request import EngineCoreRequest
+from corellm.lora.lora_adapter import LoraAdapter
 from corellm.lora.lora_batch import LoraBatch
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.loader import LoadedModel
 from corellm.model.native_stack import NativeDecoderStack, supports as native_stack_supports
+from corellm.model.tensor_parallel import shard_lora_adapter
 from corellm.structured_output.grammar_output import GrammarOutput
 from corellm.multimodal.features import MultiModalFeature
 from corellm.worker.cuda_graphs import CUDAGraphRunner
@@ -105,8 +107,18 @@ class ModelRunner:
             self.cuda_graphs.capture()
         elif native_stack_supports(self.model):
             self.native_stack = NativeDecoderStack(self.model, self.kv_caches)
-        self.lora_slots = LoraSlots(max_loras, self.native_stack) if max_loras else None
+        self.lora_slots = LoraSlots(max_loras, self._hold_lora) if max_loras else None
         self._lora_slot_of: dict[str, int] = {}  # the running requests that have an adapter: its slot
+
+    def _hold_lora(self, slot: int, adapter: LoraAdapter) -> LoraAdapter:
+        """LoraSlots' hold: the adapter into the slot on every rank (each worker cuts its own share)
+        and into the native stack; returns what this rank computes with (its share)."""
+        if self.tp_workers is not None:
+            self.tp_workers.collective_rpc("set_lora", slot, adapter)
+            adapter = shard_lora_adapter(adapter, self.model.full_config, 0, self.tp_workers.spec.size)
+        if self.native_stack is not None:
+            self.native_stack.set_lora(slot, adapter)
+        return adapter
 
     def shutdown(self) -> None:
         """Releases what the runner holds beyond the KV cache (the CUDA graphs, the workers)."""
@@ -164,6 +176,7 @@ class ModelRunner:
         attn = AttentionMetadata(slot_mapping=i32(b.slot_mapping), block_table=i32(b.block_table),
                                  seq_lens=i32(b.seq_lens), query_start_loc=i32(b.query_start_loc),
                                  max_query_len=b.max_query_len, max_seq_len=b.max_seq_len)
+        lora_slots = self._lora_slots(so) if self._lora_slot_of else None
         if self.tp_workers is not None:  # the other ranks run the same step on their shares
             index, rows = image_rows if image_rows is not None else (None, None)
             StepMessage.send(self.tp_workers.channel, input_ids=b.input_ids, positions=b.positions,
@@ -171,16 +184,16 @@ class ModelRunner:
                              block_table=b.block_table, block_size=self.block_size,
                              logits_indices=b.logits_indices, max_query_len=b.max_query_len, max_seq_len=b.max_seq_len,
                              prompt_rows=[(s.hidden_start, s.hidden_end) for s in prompt_spans],
-                             image_row_index=index, image_rows=None if rows is None else rows.cpu())
+                             image_row_index=index, image_rows=None if rows is None else rows.cpu(),
+                             lora_slots=lora_slots)
         inputs_embeds = None
         if image_rows is not None:  # after the step message: under TP the embedding is a collective
             index, rows = image_rows
             inputs_embeds = self.model.embed_with_image_rows(i32(b.input_ids), index.to(self.device), rows)
-        lora_slots = self._lora_slots(so) if self._lora_slot_of else None
         if self.native_stack is not None:
             return self.native_stack.forward(i32(b.input_ids), i32(b.positions), attn, inputs_embeds=inputs_embeds,
                                              lora_slots=None if lora_slots is None else i32(lora_slots))
-        lora = None if lora_slots is None else LoraBatch(i32(lora_slots), self.lora_slots.adapters)
+        lora = None if lora_slots is None else LoraBatch(i32(lora_slots), self.lora_slots.computed)
         return self.model.forward(i32(b.input_ids), i32(b.positions), attn, self.kv_caches,
                                   inputs_embeds=inputs_embeds, lora=lora)
 

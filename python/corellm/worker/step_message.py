@@ -33,28 +33,33 @@ class StepMessage:
     # their flat rows, int64 [k], and the rows' bits, int32 [k, words] (view them as the model's dtype).
     image_row_index: torch.Tensor | None = None
     image_row_bits: torch.Tensor | None = None
+    lora_slots: torch.Tensor | None = None  # int32 [num_tokens]: each token's LoRA slot (-1: none), or None
 
     @staticmethod
     def send(channel: BroadcastChannel, *, input_ids: np.ndarray, positions: np.ndarray, slot_mapping: np.ndarray,
              seq_lens: np.ndarray, query_start_loc: np.ndarray, block_table: np.ndarray, block_size: int,
              logits_indices: np.ndarray, max_query_len: int, max_seq_len: int,
              prompt_rows: list[tuple[int, int]] = (), image_row_index: torch.Tensor | None = None,
-             image_rows: torch.Tensor | None = None) -> None:
+             image_rows: torch.Tensor | None = None, lora_slots: np.ndarray | None = None) -> None:
         """The batch builder's int32 arrays. block_table [seqs, max blocks a request]: only the
         columns the step's longest sequence (max_seq_len tokens of block_size) reaches travel.
-        image_row_index int64 [k] and image_rows [k, hidden] (bf16 or fp32), or neither."""
+        image_row_index int64 [k] and image_rows [k, hidden] (bf16 or fp32), or neither.
+        lora_slots: int32 [n], when a token of the step has a LoRA adapter."""
         n, seqs = input_ids.shape[0], seq_lens.shape[0]
         if block_table.ndim == 2:
             block_table = block_table[:, :-(-max_seq_len // block_size)]
         cols = block_table.shape[1] if block_table.ndim == 2 else 0
         parts = [input_ids, positions, slot_mapping, seq_lens, query_start_loc, block_table, logits_indices]
-        header = [STEP, n, seqs, cols, logits_indices.shape[0], max_query_len, max_seq_len, len(prompt_rows), 0, 0]
+        header = [STEP, n, seqs, cols, logits_indices.shape[0], max_query_len, max_seq_len, len(prompt_rows), 0, 0,
+                  int(lora_slots is not None)]
         if prompt_rows:
             parts.append(np.asarray(prompt_rows, dtype=np.int32).reshape(-1))
         if image_rows is not None:
             bits = image_rows.contiguous().view(torch.int32).numpy()
             parts += [image_row_index.numpy().astype(np.int32), bits]
-            header[8:] = bits.shape
+            header[8:10] = bits.shape
+        if lora_slots is not None:
+            parts.append(lora_slots)
         channel.send(header, parts)
 
     @staticmethod
@@ -74,14 +79,15 @@ class StepMessage:
         """(command, the bytes of an RPC or a RESULT, the step for STEP). A step's tensors view the
         channel's message: they are valid until the next receive."""
         header, payload = channel.receive()
-        command, n, seqs, cols, rows, max_query_len, max_seq_len, num_spans, images, words = header
+        command, n, seqs, cols, rows, max_query_len, max_seq_len, num_spans, images, words, lora = header
         if command in (RPC, RESULT):
             return command, payload.tobytes()[:n], None
         if command != STEP:
             return command, None, None
         # The parts' ends in the payload: input_ids, positions, slot_mapping [n]; seq_lens [seqs];
         # query_start_loc [seqs + 1]; block_table [seqs, cols]; logits_indices [rows]; the prompt
-        # rows' pairs; the image rows' index [images] and bits [images, words]. Each part becomes a
+        # rows' pairs; the image rows' index [images] and bits [images, words]; the tokens' LoRA slots
+        # [n] (lora: 1) or nothing. Each part becomes a
         # tensor through a NumPy slice (far cheaper per step than torch.split).
         e_ids, e_pos, e_slots = n, 2 * n, 3 * n
         e_lens = e_slots + seqs
@@ -89,7 +95,8 @@ class StepMessage:
         e_table = e_starts + seqs * cols
         e_logits = e_table + rows
         e_spans = e_logits + 2 * num_spans
-        end = e_spans + images * (1 + words)
+        e_images = e_spans + images * (1 + words)
+        end = e_images + n * lora
         if payload.size != end:
             raise RuntimeError(f"a step message carries {payload.size} values where its header needs {end}")
         i32 = torch.from_numpy
@@ -104,5 +111,7 @@ class StepMessage:
                            prompt_rows)
         if images:
             step.image_row_index = i32(payload[e_spans:e_spans + images]).long()
-            step.image_row_bits = i32(payload[e_spans + images:end].reshape(images, words))
+            step.image_row_bits = i32(payload[e_spans + images:e_images].reshape(images, words))
+        if lora:
+            step.lora_slots = i32(payload[e_images:end])
         return STEP, None, step

@@ -34,6 +34,9 @@ import torch.multiprocessing as mp
 from corellm.distributed.broadcast_channel import BroadcastChannel
 from corellm.distributed.parallel_state import TensorParallel, collective_timeout, init_tensor_parallel
 from corellm.distributed.spawned_processes import StartSignal
+from corellm.lora.lora_adapter import LoraAdapter
+from corellm.lora.lora_batch import LoraBatch
+from corellm.model.tensor_parallel import shard_lora_adapter
 from corellm.worker.sampled_rows import sampled_rows
 from corellm.worker.step_activity import StepActivity
 from corellm.worker.step_message import RESULT, RPC, STEP, STOP, StepMessage
@@ -67,12 +70,13 @@ class Worker:
     """A worker's state — its share of the model, its KV cache — and what rank 0 can ask of it:
     run a step, or one of RPC_METHODS through TensorParallelWorkers.collective_rpc."""
 
-    RPC_METHODS = ("setup_kv_cache", "memory_usage")
+    RPC_METHODS = ("setup_kv_cache", "memory_usage", "set_lora")
 
     def __init__(self, rank: int, model):
         self.rank, self.model = rank, model
         self.kv_caches, self.stack = None, None
         self.activity = StepActivity()  # the KV cache's commit waits for pauses in the steps
+        self.lora_adapters: list[LoraAdapter | None] = []  # by slot: this rank's share of each
 
     def setup_kv_cache(self, num_blocks: int, block_size: int) -> None:
         """The same blocks as rank 0's, this rank's KV heads."""
@@ -82,6 +86,15 @@ class Worker:
         m = self.model
         self.kv_caches = allocate_kv_caches(m.config, num_blocks, block_size, m.dtype, m.device, self.activity)
         self.stack = NativeDecoderStack(m, self.kv_caches) if native_stack_supports(m) else None
+
+    def set_lora(self, slot: int, adapter: LoraAdapter) -> None:
+        """Slot `slot` holds `adapter` (the whole model's, as rank 0 loaded it): this rank keeps
+        its share (tensor_parallel.shard_lora_adapter), for the steps' tokens that name the slot."""
+        share = shard_lora_adapter(adapter, self.model.full_config, self.rank, self.model.tp.size)
+        self.lora_adapters += [None] * (slot + 1 - len(self.lora_adapters))
+        self.lora_adapters[slot] = share
+        if self.stack is not None:
+            self.stack.set_lora(slot, share)
 
     def memory_usage(self) -> dict[str, int]:
         """This rank's weights and KV cache in bytes, and its process's resident memory."""
@@ -103,10 +116,12 @@ class Worker:
                 inputs_embeds = model.embed_with_image_rows(step.input_ids.to(device), step.image_row_index.to(device),
                                                             image_rows)
             if self.stack is not None:
-                hidden = self.stack.forward(step.input_ids, step.positions, step.attn, inputs_embeds=inputs_embeds)
+                hidden = self.stack.forward(step.input_ids, step.positions, step.attn, inputs_embeds=inputs_embeds,
+                                            lora_slots=step.lora_slots)
             else:
+                lora = None if step.lora_slots is None else LoraBatch(step.lora_slots, self.lora_adapters)
                 hidden = model.forward(step.input_ids.to(device), step.positions.to(device), step.attn, self.kv_caches,
-                                       inputs_embeds=inputs_embeds)
+                                       inputs_embeds=inputs_embeds, lora=lora)
             for start, end in step.prompt_rows:  # rank 0's prompt logprobs: the same gathers, in order
                 model.compute_logits(hidden[start:end])
             model.compute_logits(sampled_rows(hidden, step.logits_indices))
