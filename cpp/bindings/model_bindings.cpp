@@ -121,12 +121,14 @@ void bind_model(py::module_& m) {
   py::class_<DecoderStack>(model, "DecoderStack", "A decoder stack run for a step's tokens in one call (decoder_stack.h)")
       .def(py::init([](const DecoderDims& dims, const EmbeddingWeight& embed, std::vector<DecoderLayerWeights> layers,
                        uintptr_t final_norm, const KVCacheShape& cache, ShmAllReduce* all_reduce, int64_t vocab_start,
-                       double timeout_s) {
-             const DecoderTensorParallel tp{all_reduce, vocab_start, timeout_s};
+                       double timeout_s, std::optional<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>> qk_whole) {
+             DecoderTensorParallel tp{all_reduce, vocab_start, timeout_s};
+             if (qk_whole) std::tie(tp.q_start, tp.q_whole, tp.k_start, tp.kv_whole, tp.writes_k) = *qk_whole;
              return new DecoderStack(dims, embed, std::move(layers), ptr<const uint16_t>(final_norm), cache, tp);
            }),
            py::kw_only(), arg("dims"), arg("embed"), arg("layers"), arg("final_norm"), arg("cache"),
            arg("all_reduce") = nullptr, arg("vocab_start") = 0, arg("timeout_s") = 60.0,
+           arg("qk_whole") = py::none(),
            py::keep_alive<1, 7>())
       .def("forward",
            [](DecoderStack& s, uintptr_t input_ids, uintptr_t positions, int64_t num_tokens, uintptr_t slot_mapping,

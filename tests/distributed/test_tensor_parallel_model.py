@@ -94,6 +94,10 @@ def run_ranks(size: int, target, *args):
     ("phi3", 2, {}, True),  # fused q/k/v and gate/up in the checkpoint, split and then sharded
     ("granite", 2, {}, True),  # the outputs scaled after their all-reduce, the logits after their gather
     ("granitemoe", 2, {}, False),  # its stacked experts split, then each expert's share cut
+    # q and k normed over each token's whole rows, gathered from the ranks; then with one KV head
+    # held by both ranks (the first of them puts its k into the gathered rows)
+    ("olmoe", 2, {}, True),
+    ("olmoe", 2, dict(num_key_value_heads=1), False),
 ])
 def test_rank_zero_logits_equal_the_single_process_model(tmp_path, tokenizer_json, arch, size, overrides,
                                                          single_machine):
@@ -111,6 +115,7 @@ def test_rank_zero_logits_equal_the_single_process_model(tmp_path, tokenizer_jso
 @pytest.mark.parametrize("arch, size, overrides", [
     ("llama3", 3, dict(hidden_size=72, num_attention_heads=9, num_key_value_heads=3, intermediate_size=192)),
     ("qwen2_moe", 2, {}),  # experts, a shared expert
+    ("olmoe", 2, {}),  # the whole q and k rows gathered inside the stack's call
 ])
 def test_the_native_stack_under_tensor_parallelism_equals_the_per_op_forward(tmp_path, tokenizer_json, arch, size,
                                                                                overrides):
@@ -141,11 +146,9 @@ def test_heads_that_do_not_divide_are_refused(tmp_path, tokenizer_json):
     ("qwen2_moe", dict(shared_expert_intermediate_size=90), "does not divide the model's shared expert's "
                                                             "intermediate size 90"),
     ("qwen3_moe", dict(intermediate_size=162), "does not divide the model's intermediate size 162"),  # layer 1's
-    ("olmoe", {}, "norms q and k over all the heads of a token together"),
 ])
 def test_mixture_of_experts_sizes_that_do_not_split_are_refused(tmp_path, tokenizer_json, arch, overrides, message):
-    """Each of an MoE model's MLP sizes must divide (a dense layer's only where the model has one);
-    OLMoE's whole-row q/k norm is refused by name."""
+    """Each of an MoE model's MLP sizes must divide (a dense layer's only where the model has one)."""
     import json
 
     from corellm.model.model_config import ModelConfig

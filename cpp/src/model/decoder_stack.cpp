@@ -123,6 +123,11 @@ DecoderStack::DecoderStack(const DecoderDims& dims, const EmbeddingWeight& embed
                     "DecoderStack: unknown gated activation ", static_cast<int32_t>(dims.activation));
   q_size_ = dims.num_heads * dims.head_size;
   kv_size_ = dims.num_kv_heads * dims.head_size;
+  CORELLM_CHECK_ARG(tp.q_whole == 0 || (dims.qk_norm_whole && tp.all_reduce != nullptr && tp.q_start >= 0 &&
+                                        tp.q_start + q_size_ <= tp.q_whole && tp.k_start >= 0 &&
+                                        tp.k_start + kv_size_ <= tp.kv_whole),
+                    "DecoderStack: whole q/k rows (q ", tp.q_start, " of ", tp.q_whole, ", k ", tp.k_start, " of ",
+                    tp.kv_whole, ") need qk_norm_whole, an all-reduce and this rank's columns inside them");
   qkv_size_ = q_size_ + 2 * kv_size_;
   for (const DecoderLayerWeights& w : layers_) {
     CORELLM_CHECK_ARG(w.input_norm && w.post_attention_norm && w.key_cache && w.value_cache && w.cos_sin_cache &&
@@ -264,6 +269,28 @@ void DecoderStack::all_reduce(uint16_t* rows, int64_t n) {
   if (tp_.all_reduce != nullptr) tp_.all_reduce->all_reduce_or_throw(rows, n * dims_.hidden, DType::BF16, tp_.timeout_s);
 }
 
+// Each token's whole q and k rows put together over the group: every rank writes its columns into
+// a row of zeros and the rows are all-reduced (a sum with zeros, in fp32 and rounded once: exact),
+// so every rank norms the rows one process would, and takes its own columns back.
+void DecoderStack::gathered_qk_norm(const DecoderLayerWeights& w, uint16_t* q, uint16_t* k, int64_t n, Scratch& s) {
+  const int64_t width = tp_.q_whole + tp_.kv_whole;
+  s.qk_whole.assign(static_cast<size_t>(n * width), 0);
+  uint16_t* rows = s.qk_whole.data();
+  for (int64_t t = 0; t < n; ++t) {
+    std::memcpy(rows + t * width + tp_.q_start, q + t * qkv_size_, q_size_ * sizeof(uint16_t));
+    if (tp_.writes_k) {
+      std::memcpy(rows + t * width + tp_.q_whole + tp_.k_start, k + t * qkv_size_, kv_size_ * sizeof(uint16_t));
+    }
+  }
+  tp_.all_reduce->all_reduce_or_throw(rows, n * width, DType::BF16, tp_.timeout_s);
+  rms_norm(rows, width, rows, width, w.q_norm, n, tp_.q_whole, dims_.eps, DType::BF16);
+  rms_norm(rows + tp_.q_whole, width, rows + tp_.q_whole, width, w.k_norm, n, tp_.kv_whole, dims_.eps, DType::BF16);
+  for (int64_t t = 0; t < n; ++t) {
+    std::memcpy(q + t * qkv_size_, rows + t * width + tp_.q_start, q_size_ * sizeof(uint16_t));
+    std::memcpy(k + t * qkv_size_, rows + t * width + tp_.q_whole + tp_.k_start, kv_size_ * sizeof(uint16_t));
+  }
+}
+
 void DecoderStack::set_lora(int64_t slot, std::vector<LoraLayer> layers) {
   CORELLM_CHECK_ARG(slot >= 0, "DecoderStack: LoRA slot ", slot, " must be >= 0");
   CORELLM_CHECK_ARG(layers.size() == layers_.size(), "DecoderStack: a LoRA adapter of ", layers.size(),
@@ -321,7 +348,9 @@ void DecoderStack::layer(size_t index, const DecoderStepArgs& step, Scratch& s) 
   w.qkv.forward(h, hidden, qkv, qkv_size_, n, XRows::kByThread);  // h: the norm's rows
   add_lora(&LoraLayer::qkv, index, qkv, qkv_size_, h, hidden, n, lora, s);
   uint16_t *q = qkv, *k = qkv + q_size_, *v = qkv + q_size_ + kv_size_;
-  if (w.q_norm != nullptr && dims_.qk_norm_whole) {  // in place, a token's q (and k) one row of qkv
+  if (w.q_norm != nullptr && dims_.qk_norm_whole && tp_.q_whole > 0) {
+    gathered_qk_norm(w, q, k, n, s);
+  } else if (w.q_norm != nullptr && dims_.qk_norm_whole) {  // in place, a token's q (and k) one row of qkv
     rms_norm(q, qkv_size_, q, qkv_size_, w.q_norm, n, q_size_, dims_.eps, bf16);
     rms_norm(k, qkv_size_, k, qkv_size_, w.k_norm, n, kv_size_, dims_.eps, bf16);
   } else if (w.q_norm != nullptr) {  // per head, in place: each token's heads are contiguous rows

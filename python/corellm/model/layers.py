@@ -26,6 +26,7 @@ from corellm.model.scaled_weight import ScaledWeight
 
 if TYPE_CHECKING:
     from corellm.lora.lora_batch import LoraBatch
+    from corellm.model.tensor_parallel import WholeRowColumns
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (key_cache, value_cache) of one layer
 # y (in place) += the step's LoRA updates of a projection ("qkv", "o", "gate_up", "down") on its input x; y returned.
@@ -194,10 +195,12 @@ class Embedding:
 
 class Attention:
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer: int = 0,
-                 tp: TensorParallel = TensorParallel()):
+                 tp: TensorParallel = TensorParallel(), qk_whole: WholeRowColumns | None = None):
         """config: this rank's share of the model (tensor parallelism: its heads); o_proj's partial
-        output is summed over the group."""
+        output is summed over the group. qk_whole: OLMoE's whole-row q/k norms over a group, where
+        this rank's columns sit in the whole rows (its q_norm and k_norm are then the whole rows')."""
         self.tp = tp
+        self.qk_whole = qk_whole
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -212,6 +215,8 @@ class Attention:
         # Per head [head_dim] (Qwen3, Gemma 3), or over the whole rows [q] and [kv] (OLMoE).
         self.qk_norm_whole = config.qk_norm_whole
         q_norm_size, k_norm_size = (self.q_size, self.kv_size) if config.qk_norm_whole else (self.head_dim,) * 2
+        if qk_whole is not None:
+            q_norm_size, k_norm_size = qk_whole.q_whole, qk_whole.kv_whole
         self.q_norm = empty(q_norm_size) if config.qk_norm else None
         self.k_norm = empty(k_norm_size) if config.qk_norm else None
 
@@ -225,7 +230,9 @@ class Attention:
         q = qkv[:, : self.q_size]
         k = qkv[:, self.q_size : self.q_size + self.kv_size]
         v = qkv[:, self.q_size + self.kv_size :]
-        if self.q_norm is not None and self.qk_norm_whole:  # OLMoE: over each token's whole q and k
+        if self.q_norm is not None and self.qk_whole is not None:  # OLMoE over a group
+            q, k = self._gathered_qk_norm(q, k)
+        elif self.q_norm is not None and self.qk_norm_whole:  # OLMoE: over each token's whole q and k
             q, k = ops.rms_norm(q, self.q_norm, self.eps), ops.rms_norm(k, self.k_norm, self.eps)
         elif self.q_norm is not None:  # Qwen3, Gemma 3: RMSNorm over each head's dims
             q = ops.rms_norm(q.reshape(-1, self.head_dim), self.q_norm, self.eps).view(num_tokens, -1)
@@ -240,6 +247,21 @@ class Attention:
         if lora is not None:
             lora(o, out, "o")
         return self.tp.all_reduce(o)
+
+
+    def _gathered_qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k normed over each token's whole q and k rows, gathered from the group: every rank
+        writes its columns into rows of zeros and the rows are all-reduced (adding zeros is exact),
+        so every rank norms the rows one process would; this rank's columns of them."""
+        w = self.qk_whole
+        rows = q.new_zeros(q.shape[0], w.q_whole + w.kv_whole)
+        rows[:, w.q_start:w.q_start + self.q_size] = q
+        if w.writes_k:
+            rows[:, w.q_whole + w.k_start:w.q_whole + w.k_start + self.kv_size] = k
+        self.tp.all_reduce(rows)
+        q_rows = ops.rms_norm(rows[:, :w.q_whole], self.q_norm, self.eps)
+        k_rows = ops.rms_norm(rows[:, w.q_whole:], self.k_norm, self.eps)
+        return q_rows[:, w.q_start:w.q_start + self.q_size], k_rows[:, w.k_start:w.k_start + self.kv_size]
 
 
 class MLP:
@@ -319,7 +341,8 @@ class SparseMoe:
 
 class DecoderLayer:
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, layer: int = 0,
-                 tp: TensorParallel = TensorParallel()):
+                 tp: TensorParallel = TensorParallel(), qk_whole: WholeRowColumns | None = None):
+        """qk_whole: Attention's."""
         self.eps = config.rms_norm_eps
         self.index = layer
         norm = lambda: torch.empty(config.hidden_size, dtype=dtype, device=device)  # noqa: E731
@@ -329,7 +352,7 @@ class DecoderLayer:
         self.attention_output_norm = norm() if config.sandwich_norms else None
         self.mlp_output_norm = norm() if config.sandwich_norms else None
         self.residual_multiplier = config.residual_multiplier  # on the attention's and the MLP's outputs
-        self.attn = Attention(config, dtype, device, layer, tp)
+        self.attn = Attention(config, dtype, device, layer, tp, qk_whole)
         # A mixture of experts' sparse layers: SparseMoe.
         self.mlp = SparseMoe(config, dtype, device, tp) if config.layer_is_sparse(layer) \
             else MLP(config, dtype, device, tp)

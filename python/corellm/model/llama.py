@@ -21,7 +21,7 @@ from corellm.model.layers import MLP, DecoderLayer, Embedding, KVCache, Linear, 
 from corellm.model.model_config import ModelConfig
 from corellm.model.quantized_tensor import QuantizedTensor, row_slice
 from corellm.model.rope import attention_factor, cos_sin_cache, inverse_frequencies, longrope_is_long
-from corellm.model.tensor_parallel import shard_config, shard_weights
+from corellm.model.tensor_parallel import WholeRowColumns, shard_config, shard_weights
 
 if TYPE_CHECKING:
     from corellm.lora.lora_batch import LoraBatch
@@ -131,7 +131,11 @@ class LlamaForCausalLM:
         self.dtype = dtype
         self.device = torch.device(device)
         self.embed = Embedding(config.vocab_size, config.hidden_size, dtype, self.device)
-        self.layers = [DecoderLayer(config, dtype, self.device, i, tp) for i in range(config.num_hidden_layers)]
+        # OLMoE's whole-row q/k norms over a group see the whole rows (tensor_parallel.WholeRowColumns)
+        qk_whole = WholeRowColumns.of(self.full_config, tp.rank, tp.size) if config.qk_norm_whole and tp.size > 1 \
+            else None
+        self.layers = [DecoderLayer(config, dtype, self.device, i, tp, qk_whole)
+                       for i in range(config.num_hidden_layers)]
         self.norm = torch.empty(config.hidden_size, dtype=dtype, device=self.device)
         self.lm_head = Linear(config.vocab_size, config.hidden_size, False, dtype, self.device)
         inv_freq = inverse_frequencies(config, max_model_len=max_model_len)

@@ -112,6 +112,10 @@ class NativeDecoderStack:
         parallel = {} if tp is None or tp.size == 1 else dict(
             all_reduce=tp.shm_all_reduce, vocab_start=tp.rank * c.vocab_size,
             timeout_s=tp.timeout_s)
+        qk_whole = model.layers[0].attn.qk_whole  # OLMoE's whole-row q/k norms over the group
+        if qk_whole is not None:
+            parallel["qk_whole"] = (qk_whole.q_start, qk_whole.q_whole, qk_whole.k_start, qk_whole.kv_whole,
+                                    qk_whole.writes_k)
         self._stack = _core.model.DecoderStack(dims=dims, embed=embedding_weight(model.embed), layers=layers,
                                                final_norm=model.norm.data_ptr(), cache=cache, **parallel)
         self.kv_caches = kv_caches

@@ -14,7 +14,10 @@ a group of `size` holds of a model and of its weights.
     embedding,     vocabulary-parallel: rank r holds rows [r * V', (r + 1) * V') of the vocabulary
     LM head        padded to size * V'; a lookup zeroes the ids outside its rows and sums over
                    the group; the logits are gathered on rank 0 and the padding cut
-    norms          replicated
+    norms          replicated; OLMoE's q and k norms, over each token's whole q and k, see the
+                   whole rows: every rank writes its columns into rows of zeros, the rows are
+                   all-reduced (adding zeros is exact) and normed whole, and each rank takes its
+                   columns back (WholeRowColumns)
     LoRA updates   cut as the projection they update (shard_lora_adapter): a column-parallel
                    projection's update keeps its A and the columns of B that are the rank's output
                    columns; a row-parallel one's keeps the rows of A^T that are the rank's input
@@ -48,10 +51,6 @@ def check_divisible(config: ModelConfig, size: int) -> None:
     if kv % size and size % kv:
         raise ValueError(f"tensor_parallel_size {size} and the model's {kv} KV heads: one must divide the other "
                          f"(KV heads are split, or replicated when there are fewer than ranks)")
-    if config.qk_norm_whole and size > 1:
-        raise ValueError(f"tensor_parallel_size {size}: {config.architecture} norms q and k over all the heads of a "
-                         f"token together, which corellm does not split between ranks (tensor_parallel_size 1; "
-                         f"--data-parallel-size for replicas)")
     for what, inter in _intermediate_sizes(config).items():
         if inter % size:
             raise ValueError(f"tensor_parallel_size {size} does not divide the model's {what} {inter}")
@@ -95,8 +94,7 @@ def shard_weights(weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]],
     c = config
     hd = c.head_dim
     heads = c.num_attention_heads // size
-    kv_local = max(1, c.num_key_value_heads // size)
-    kv_first = (rank * kv_local) if c.num_key_value_heads >= size else rank // (size // c.num_key_value_heads)
+    kv_local, kv_first = _kv_heads_of(c, rank, size)
     vocab = vocab_rows(c.vocab_size, size)
     for name, t in weights:
         if name.endswith(("q_proj.weight", "q_proj.bias")):
@@ -115,6 +113,38 @@ def shard_weights(weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]],
             # the last rank's padding rows: never looked up, their logits cut
             t = _padded(row_slice(t, rank * vocab, min((rank + 1) * vocab, t.shape[0]), name), vocab)
         yield name, (t if isinstance(t, QuantizedTensor) else t.contiguous())
+
+
+def _kv_heads_of(config: ModelConfig, rank: int, size: int) -> tuple[int, int]:
+    """(how many KV heads rank `rank` holds, the first of them): its own, or the one it shares with
+    size / kv - 1 other ranks when there are fewer KV heads than ranks."""
+    kv = config.num_key_value_heads
+    local = max(1, kv // size)
+    return local, (rank * local if kv >= size else rank // (size // kv))
+
+
+@dataclasses.dataclass(frozen=True)
+class WholeRowColumns:
+    """Where a rank's q and k columns sit in a token's whole q and k rows, for OLMoE's whole-row q/k
+    norms over the group: q at [q_start, q_start + its q size) of q_whole, k at [k_start, ..) of
+    kv_whole; writes_k: whether it puts its k into the gathered rows (of the ranks that hold the same
+    KV heads, the first: written by each, the rows would hold k times their count, which the norm
+    undoes but for its epsilon)."""
+
+    q_start: int
+    q_whole: int
+    k_start: int
+    kv_whole: int
+    writes_k: bool
+
+    @staticmethod
+    def of(config: ModelConfig, rank: int, size: int) -> WholeRowColumns:
+        """config: the whole model's."""
+        _, kv_first = _kv_heads_of(config, rank, size)
+        shared_by = max(1, size // config.num_key_value_heads)
+        return WholeRowColumns(q_start=rank * config.q_size // size, q_whole=config.q_size,
+                               k_start=kv_first * config.head_dim, kv_whole=config.kv_size,
+                               writes_k=rank % shared_by == 0)
 
 
 # An MLP's gate and up (column-parallel) and down (row-parallel), by the checkpoint's names: a

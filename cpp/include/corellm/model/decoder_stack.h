@@ -80,6 +80,12 @@ struct DecoderTensorParallel {
   ShmAllReduce* all_reduce = nullptr;  // null: one process, no collectives
   int64_t vocab_start = 0;
   double timeout_s = 60.0;  // a rank that does not arrive in this time: std::runtime_error
+  // OLMoE's whole-row q/k norms (DecoderDims::qk_norm_whole) over the group: where this rank's q
+  // and k columns sit in a token's whole q (q_whole wide) and whole k (kv_whole wide) rows, and
+  // whether it puts its k there (one of the ranks that hold the same KV heads). q_whole 0: not used.
+  // (tensor_parallel.WholeRowColumns; the layer's q_norm and k_norm are then the whole rows'.)
+  int64_t q_start = 0, q_whole = 0, k_start = 0, kv_whole = 0;
+  bool writes_k = true;
 };
 
 // A mixture-of-experts MLP (Mixtral, Qwen3-MoE) in place of a layer's gated MLP, in steps
@@ -157,6 +163,7 @@ class DecoderStack {
   // when the rows start on lines.
   struct Scratch {
     AlignedVector<uint16_t> residual, h, qkv, attn, gate_up, act;
+    AlignedVector<uint16_t> qk_whole;  // gathered_qk_norm's rows [n, q_whole + kv_whole]
     std::vector<const LoraLinear*> lora_by_slot;  // add_lora's table of one projection's adapters
     // sparse_mlp's: the router's logits and choices [tokens, experts / top_k]; the choices sorted
     // by expert; one expert's rows in, its gate_up and activation, its rows out; every choice's
@@ -195,6 +202,9 @@ class DecoderStack {
   void embed(const int32_t* ids, int64_t n, uint16_t* rows);   // scaled by embedding_multiplier
   void lookup(const int32_t* ids, int64_t n, uint16_t* rows);  // the rows (tensor parallelism: summed over the group)
   void all_reduce(uint16_t* rows, int64_t n);  // n rows of hidden, summed over the group (no-op alone)
+  // q and k (rows qkv_size_ apart, in place) normed over each token's whole q and k rows, which are
+  // gathered from the group's ranks (DecoderTensorParallel::q_whole).
+  void gathered_qk_norm(const DecoderLayerWeights& w, uint16_t* q, uint16_t* k, int64_t n, Scratch& s);
 
   DecoderDims dims_;
   EmbeddingWeight embed_;
