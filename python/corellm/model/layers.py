@@ -248,7 +248,6 @@ class Attention:
             lora(o, out, "o")
         return self.tp.all_reduce(o)
 
-
     def _gathered_qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q and k normed over each token's whole q and k rows, gathered from the group: every rank
         writes its columns into rows of zeros and the rows are all-reduced (adding zeros is exact),

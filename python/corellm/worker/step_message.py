@@ -87,8 +87,8 @@ class StepMessage:
         # The parts' ends in the payload: input_ids, positions, slot_mapping [n]; seq_lens [seqs];
         # query_start_loc [seqs + 1]; block_table [seqs, cols]; logits_indices [rows]; the prompt
         # rows' pairs; the image rows' index [images] and bits [images, words]; the tokens' LoRA slots
-        # [n] (lora: 1) or nothing. Each part becomes a
-        # tensor through a NumPy slice (far cheaper per step than torch.split).
+        # [n] (lora: 1) or nothing. Each part becomes a tensor through a NumPy slice (far cheaper per
+        # step than torch.split).
         e_ids, e_pos, e_slots = n, 2 * n, 3 * n
         e_lens = e_slots + seqs
         e_starts = e_lens + seqs + 1
