@@ -36,9 +36,11 @@ def _module_shapes(config: dict) -> dict[str, tuple[int, int]]:
 
 def make_lora_adapter(directory: Path, config: dict, rank: int = 4, alpha: float = 8.0,
                       modules: tuple[str, ...] = ATTENTION + MLP, layers: list[int] | None = None, seed: int = 0,
-                      std: float = 0.1, use_rslora: bool = False, extra_config: dict | None = None) -> dict:
+                      std: float = 0.1, use_rslora: bool = False, extra_config: dict | None = None,
+                      decoder: str = "base_model.model.model") -> dict:
     """Writes a random adapter for a model of HF `config` into `directory`; returns its updates
-    {(layer, module): (A [rank, in], B [out, rank], scale)} in float32."""
+    {(layer, module): (A [rank, in], B [out, rank], scale)} in float32. decoder: where PEFT names
+    the decoder layers (an image model's language model: base_model.model.model.language_model)."""
     directory.mkdir(parents=True, exist_ok=True)
     shapes = _module_shapes(config)
     g = torch.Generator().manual_seed(seed)
@@ -51,7 +53,7 @@ def make_lora_adapter(directory: Path, config: dict, rank: int = 4, alpha: float
             a = torch.randn(rank, inp, generator=g) * std
             b = torch.randn(out, rank, generator=g) * std  # PEFT starts B at zero; a trained one is not
             part = "self_attn" if module in ATTENTION + ("qkv_proj",) else "mlp"
-            prefix = f"base_model.model.model.layers.{layer}.{part}.{module}"
+            prefix = f"{decoder}.layers.{layer}.{part}.{module}"
             tensors[f"{prefix}.lora_A.weight"] = a.to(torch.bfloat16)
             tensors[f"{prefix}.lora_B.weight"] = b.to(torch.bfloat16)
             updates[(layer, module)] = (a.to(torch.bfloat16).float(), b.to(torch.bfloat16).float(), scale)
@@ -64,9 +66,11 @@ def make_lora_adapter(directory: Path, config: dict, rank: int = 4, alpha: float
 
 
 def merged(hf_model, updates: dict):
-    """A copy of the HF model with every update merged into its weight (float32)."""
+    """A copy of the HF model (a causal LM, or an image model's language model) with every update
+    merged into its weight (float32)."""
     model = copy.deepcopy(hf_model).float()
-    layers = model.model.layers
+    decoder = getattr(model.model, "language_model", model.model)
+    layers = decoder.layers
     with torch.no_grad():
         for (layer, module), (a, b, scale) in updates.items():
             part = layers[layer].self_attn if module in ATTENTION + ("qkv_proj",) else layers[layer].mlp

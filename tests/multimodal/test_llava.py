@@ -204,3 +204,48 @@ def test_an_older_checkpoint_with_the_towers_position_ids_buffer_loads(tiny, tmp
     old_model = load_model(str(tmp_path), dtype="float32", progress=False).model
     pixels = hf_pixels(tiny[2], [image])
     torch.testing.assert_close(old_model.encode_images(pixels), new_model.encode_images(pixels), rtol=0, atol=0)
+
+
+def test_a_lora_adapter_of_the_language_model_equals_transformers_with_it_merged(tiny, tmp_path):
+    """A PEFT adapter of the LLaVA model's language model (every projection of its decoder layers),
+    named as PEFT names it on transformers v5's LlavaForConditionalGeneration or as it did before
+    v5: greedy tokens with an image equal transformers' on the model with the updates merged; an
+    adapter of the vision tower is refused by name."""
+    import json
+
+    from corellm import LoRARequest
+    from corellm.lora import load_lora_adapter
+    from tests.lora_adapters import ATTENTION, MLP, make_lora_adapter, merged
+
+    path, hf, tower = tiny
+    text = json.loads((path / "config.json").read_text())["text_config"]
+    updates = make_lora_adapter(tmp_path / "v5", text, rank=8, std=0.2, modules=ATTENTION + MLP, seed=7,
+                                decoder="base_model.model.model.language_model")
+    make_lora_adapter(tmp_path / "v4", text, rank=8, std=0.2, modules=ATTENTION + MLP, seed=7,
+                      decoder="base_model.model.language_model.model")
+    config = load_model(str(path), dtype="float32", progress=False).config
+    v5, v4 = (load_lora_adapter(n, str(tmp_path / n), config, max_lora_rank=8) for n in ("v5", "v4"))
+    for a, b in zip(v5.layers, v4.layers):
+        assert a.keys() == b.keys() and all(torch.equal(p.b_t, q.b_t) for k in a for p, q in zip(a[k], b[k]))
+    image = random_image(21, (45, 38))
+    prompt = [5, 17, IMAGE_TOKEN, 40, 41, 3]
+    want, margins = hf_greedy(merged(hf, updates), expand(prompt), hf_pixels(tower, [image]), steps=12)
+    base, _ = hf_greedy(hf, expand(prompt), hf_pixels(tower, [image]), steps=12)
+    assert want != base  # the adapter changes what the model says
+    llm = engine(path, enable_lora=True, max_lora_rank=8)
+    outs = llm.generate([{"prompt_token_ids": prompt, "multi_modal_data": {"image": image}}] * 2,
+                        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False,
+                        lora_request=[LoRARequest("v5", 1, str(tmp_path / "v5")), None])
+    agree_until_near_tie(list(outs[0].outputs[0].token_ids), want, margins)
+    assert list(outs[1].outputs[0].token_ids) != list(outs[0].outputs[0].token_ids)
+    llm.shutdown()
+    with pytest.raises(ValueError, match="updates the image model's vision"):
+        tensors = {"base_model.model.model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.lora_A.weight":
+                   torch.zeros(8, 32), "base_model.model.model.vision_tower.vision_model.encoder.layers.0.self_attn"
+                   ".q_proj.lora_B.weight": torch.zeros(32, 8)}
+        from safetensors.torch import save_file
+
+        (tmp_path / "tower").mkdir()
+        (tmp_path / "tower" / "adapter_config.json").write_text((tmp_path / "v5" / "adapter_config.json").read_text())
+        save_file(tensors, str(tmp_path / "tower" / "adapter_model.safetensors"))
+        load_lora_adapter("tower", str(tmp_path / "tower"), config, max_lora_rank=8)

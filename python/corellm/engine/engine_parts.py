@@ -87,12 +87,10 @@ class EngineParts:
 
 
 def lora_registry_of(loaded: LoadedModel, config: EngineConfig) -> LoraRegistry | None:
-    """The engine's LoRA adapters' registry (None without enable_lora); ValueError where corellm
-    does not run LoRA yet: an image model."""
-    if not config.enable_lora:  # (EngineConfig refused it on a GPU)
+    """The engine's LoRA adapters' registry (None without enable_lora; EngineConfig refused it on a
+    GPU). An image model's (LLaVA) adapters update its language model."""
+    if not config.enable_lora:
         return None
-    if getattr(loaded.model, "llava", None) is not None:
-        raise ValueError("enable_lora: LoRA adapters on an image model (LLaVA) are not supported yet")
     return LoraRegistry(loaded.config, config.max_lora_rank, loaded.model.dtype)
 
 

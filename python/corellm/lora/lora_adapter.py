@@ -6,14 +6,17 @@ LoraLayer).
 A PEFT adapter directory holds adapter_config.json (r, lora_alpha, target_modules, use_rslora,
 ...) and adapter_model.safetensors, whose tensors are named
     base_model.model.model.layers.{i}.{self_attn|mlp}.{q|k|v|o|gate|up|down}_proj.lora_{A|B}.weight
-with A [r, in] and B [out, r]. Each module's update of its output is scale * B A x, scale =
+(an image model's (LLaVA) language model's: base_model.model.model.language_model.layers.{i}...,
+or language_model.model.layers.{i}... as transformers before v5 named them) with A [r, in] and B
+[out, r]. Each module's update of its output is scale * B A x, scale =
 lora_alpha / r (lora_alpha / sqrt(r) with use_rslora). Stored here per layer and fused projection
 (qkv: q, k, v parts; gate_up: gate, up parts) as A^T [in, r] and B^T [r, out] in the model's
 dtype (bf16: half the bytes a step reads; a bf16 checkpoint's values exactly) with the scale
 beside them, as the kernel reads them (cpp/include/corellm/kernels/lora.h), which computes in fp32.
 
 What corellm does not apply is refused by name, never skipped: DoRA, trained biases, modules to
-save, updates of the embedding or the LM head, alpha_pattern, fan_in_fan_out weights."""
+save, updates of the embedding or the LM head or of an image model's vision tower and projector,
+alpha_pattern, fan_in_fan_out weights."""
 
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from corellm.model.hf_hub_cache import cached_snapshot, hub_cache_root, looks_like_repo_id
+from corellm.model.llava import split_llava_name
 from corellm.native import _core
 
 if TYPE_CHECKING:
@@ -194,7 +198,13 @@ def _read_peft(name: str, directory: Path, config: ModelConfig) -> tuple[Pairs, 
     pairs: Pairs = {}
     with safe_open(str(weights), framework="pt") as f:
         for tensor_name in f.keys():
-            m = _TENSOR_NAME.match(tensor_name)
+            # An adapter of an image model (LLaVA): its language model's updates by a causal LM's names
+            part, local = split_llava_name(tensor_name.removeprefix("base_model.model."))
+            if part != "text":
+                raise ValueError(f"LoRA adapter {name!r}: tensor {tensor_name!r} updates the image model's {part} "
+                                 f"(vision tower or projector), which corellm does not apply (only the language "
+                                 f"model's decoder layers)")
+            m = _TENSOR_NAME.match(local)
             if m is None or m.group(2) not in _MODULES:
                 raise ValueError(f"LoRA adapter {name!r}: tensor {tensor_name!r} is not an update corellm applies "
                                  f"(only the decoder layers' {', '.join(_MODULES)})")
