@@ -213,6 +213,8 @@ def test_a_lora_adapter_of_the_language_model_equals_transformers_with_it_merged
     adapter of the vision tower is refused by name."""
     import json
 
+    from safetensors.torch import save_file
+
     from corellm import LoRARequest
     from corellm.lora import load_lora_adapter
     from tests.lora_adapters import ATTENTION, MLP, make_lora_adapter, merged
@@ -239,13 +241,10 @@ def test_a_lora_adapter_of_the_language_model_equals_transformers_with_it_merged
     agree_until_near_tie(list(outs[0].outputs[0].token_ids), want, margins)
     assert list(outs[1].outputs[0].token_ids) != list(outs[0].outputs[0].token_ids)
     llm.shutdown()
+    tower_q = "base_model.model.model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj"
+    (tmp_path / "tower").mkdir()
+    (tmp_path / "tower" / "adapter_config.json").write_text((tmp_path / "v5" / "adapter_config.json").read_text())
+    save_file({f"{tower_q}.lora_A.weight": torch.zeros(8, 32), f"{tower_q}.lora_B.weight": torch.zeros(32, 8)},
+              str(tmp_path / "tower" / "adapter_model.safetensors"))
     with pytest.raises(ValueError, match="updates the image model's vision"):
-        tensors = {"base_model.model.model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.lora_A.weight":
-                   torch.zeros(8, 32), "base_model.model.model.vision_tower.vision_model.encoder.layers.0.self_attn"
-                   ".q_proj.lora_B.weight": torch.zeros(32, 8)}
-        from safetensors.torch import save_file
-
-        (tmp_path / "tower").mkdir()
-        (tmp_path / "tower" / "adapter_config.json").write_text((tmp_path / "v5" / "adapter_config.json").read_text())
-        save_file(tensors, str(tmp_path / "tower" / "adapter_model.safetensors"))
         load_lora_adapter("tower", str(tmp_path / "tower"), config, max_lora_rank=8)
