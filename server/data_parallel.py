@@ -23,6 +23,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -249,17 +250,57 @@ async def to_every_replica(request: web.Request) -> web.Response:
     return web.Response(status=status, text=text, content_type=content_type.split(";")[0])
 
 
-def start_replicas(argv: list[str], size: int) -> list[Replica]:
-    """Starts `size` replicas with the command line this process got (its --port, --host and
-    --data-parallel-size overridden: the last occurrence wins)."""
+@dataclass(frozen=True)
+class ReplicaPlacement:
+    """What each replica may use of this machine, so that the replicas do not run over each other:
+    on the CPU a share of the cores (one replica's threads spinning on another's cores slows both
+    many times over), on CUDA devices of its own when there are enough.
+
+    cpu_threads: the cores this process may use (torch's count: OMP_NUM_THREADS or the affinity).
+    cuda_devices: the visible CUDA devices' ids, for --device cuda; None on the CPU.
+    ranks: each replica's processes (its tensor-parallel size)."""
+    size: int
+    ranks: int
+    cpu_threads: int
+    cuda_devices: list[str] | None = None
+
+    def environment(self, index: int) -> dict[str, str]:
+        """The variables replica `index` is started with, over this process's own."""
+        env = {"OMP_NUM_THREADS": str(max(1, self.cpu_threads // self.size))}
+        if self.cuda_devices is not None and len(self.cuda_devices) >= self.size * self.ranks:
+            mine = self.cuda_devices[index * self.ranks:(index + 1) * self.ranks]
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(mine)
+        return env
+
+    @classmethod
+    def of(cls, config, size: int) -> ReplicaPlacement:
+        """config: the engine's EngineConfig (device, tensor_parallel_size)."""
+        import torch
+
+        cuda_devices = None
+        if config.device.startswith("cuda"):
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            cuda_devices = ([d.strip() for d in visible.split(",") if d.strip()] if visible is not None
+                            else [str(i) for i in range(torch.cuda.device_count())])
+            if len(cuda_devices) < size * config.tensor_parallel_size:
+                logger.warning("data parallel: %d replicas x %d ranks share %d CUDA device(s)", size,
+                               config.tensor_parallel_size, len(cuda_devices))
+        return cls(size=size, ranks=config.tensor_parallel_size, cpu_threads=torch.get_num_threads(),
+                   cuda_devices=cuda_devices)
+
+
+def start_replicas(argv: list[str], placement: ReplicaPlacement) -> list[Replica]:
+    """Starts `placement.size` replicas with the command line this process got (its --port, --host
+    and --data-parallel-size overridden: the last occurrence wins), each in its place."""
     from corellm.worker.tp_workers import free_local_port
 
     replicas = []
-    for index in range(size):
+    for index in range(placement.size):
         port = free_local_port()
         cmd = [sys.executable, "-m", "corellm.cli", *argv, "--host", "127.0.0.1", "--port", str(port),
                "--data-parallel-size", "1"]
-        replicas.append(Replica(index, port, subprocess.Popen(cmd)))
+        env = {**os.environ, **placement.environment(index)}
+        replicas.append(Replica(index, port, subprocess.Popen(cmd, env=env)))
     return replicas
 
 
@@ -319,9 +360,15 @@ async def serve_router(replicas: list[Replica], host: str, port: int, started: f
     await runner.cleanup()
 
 
-def run_data_parallel(argv: list[str], size: int, host: str, port: int, api_key: str | None = None) -> int:
+def run_data_parallel(argv: list[str], placement: ReplicaPlacement, host: str, port: int,
+                      api_key: str | None = None) -> int:
     started = time.perf_counter()
-    replicas = start_replicas(argv, size)
+    logger.info("data parallel: %d replicas, %d CPU threads each%s", placement.size,
+                max(1, placement.cpu_threads // placement.size),
+                "" if placement.cuda_devices is None else
+                ", CUDA devices " + " | ".join(placement.environment(i).get("CUDA_VISIBLE_DEVICES", "shared")
+                                               for i in range(placement.size)))
+    replicas = start_replicas(argv, placement)
     try:
         asyncio.run(serve_router(replicas, host, port, started, api_key))
     finally:

@@ -167,11 +167,12 @@ def run(args: argparse.Namespace) -> int:
         if args.headless or args.nnodes > 1:
             raise ValueError("--data-parallel-size with --nnodes / --headless is not supported: run one "
                              "multi-node engine per server")
-        engine_config_from_args(args)  # a bad argument is refused here, not by N replicas
+        config = engine_config_from_args(args)  # a bad argument is refused here, not by N replicas
         check_listen_address(args.host, args.port)
-        from corellm.server.data_parallel import run_data_parallel
+        from corellm.server.data_parallel import ReplicaPlacement, run_data_parallel
 
-        return run_data_parallel(args.argv, args.data_parallel_size, args.host, args.port, args.api_key)
+        return run_data_parallel(args.argv, ReplicaPlacement.of(config, args.data_parallel_size), args.host,
+                                 args.port, args.api_key)
     if args.headless:
         config = engine_config_from_args(args)
         if config.node_rank == 0 or config.nnodes == 1:

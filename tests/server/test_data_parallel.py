@@ -75,6 +75,29 @@ def test_ping_is_the_routers_health_and_load_sums_the_replicas(dp_server):
         assert all(f.result(timeout=120)[0] == 200 for f in pending)
 
 
+def test_the_replicas_share_the_cores_rather_than_each_taking_them_all(dp_server):
+    """Two replicas with every core's threads each spin on each other's cores: a 200-token answer
+    took ~10x as long on 2 cores (and past a 120 s timeout on a loaded machine)."""
+    import re
+
+    import torch
+
+    threads = [int(n) for n in re.findall(r"CPU kernels: .*, (\d+) threads", dp_server.output())]
+    assert threads == [max(1, torch.get_num_threads() // 2)] * 2
+
+
+def test_a_placement_gives_each_replica_its_share_of_cores_and_its_own_cuda_devices():
+    from corellm.server.data_parallel import ReplicaPlacement
+
+    cpu = ReplicaPlacement(size=3, ranks=1, cpu_threads=8)
+    assert [cpu.environment(i) for i in range(3)] == [{"OMP_NUM_THREADS": "2"}] * 3
+    assert ReplicaPlacement(size=4, ranks=1, cpu_threads=2).environment(3) == {"OMP_NUM_THREADS": "1"}
+    gpus = ReplicaPlacement(size=2, ranks=2, cpu_threads=16, cuda_devices=["0", "1", "2", "3", "5"])
+    assert [gpus.environment(i)["CUDA_VISIBLE_DEVICES"] for i in range(2)] == ["0,1", "2,3"]
+    too_few = ReplicaPlacement(size=2, ranks=2, cpu_threads=16, cuda_devices=["0", "1"])
+    assert "CUDA_VISIBLE_DEVICES" not in too_few.environment(1)  # they share what there is (logged)
+
+
 def test_metrics_give_every_replicas_engine_figures_labelled_by_replica(dp_server):
     """The router's /metrics: its own figures per replica, then both engines' (their requests,
     latency histograms, KV cache), each sample labelled replica="i", one HELP / TYPE a family."""
