@@ -71,6 +71,7 @@ def test_ping_is_the_routers_health_and_load_sums_the_replicas(dp_server):
         while seen < 3 and time.monotonic() < deadline:
             with urllib.request.urlopen(dp_server.url + "/load", timeout=30) as r:
                 seen = json.loads(r.read())["server_load"]
+            time.sleep(0.05)
         assert seen == 3, "the replicas' loads never added up to the three requests in flight"
         assert all(f.result(timeout=120)[0] == 200 for f in pending)
 
