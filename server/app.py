@@ -11,9 +11,11 @@ from pydantic import BaseModel, ValidationError
 
 import corellm
 from corellm.engine.async_llm import AsyncLLM, EngineDeadError
+from corellm.engine.input_processor import generation_refusal
 from corellm.server import anthropic_messages
 from corellm.server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from corellm.server.chat import create_chat_completion, render_prompt
+from corellm.server.classify import ClassificationRequest, create_classification
 from corellm.server.completions import create_completion
 from corellm.server.embeddings import EmbeddingRequest, create_embedding
 from corellm.server.generate_tokens import GenerateRequest, create_generate
@@ -123,6 +125,9 @@ async def answer(request: web.Request, create, model: type[BaseModel], body: dic
     serving = request.app[SERVING]
     serving.model_requests += 1
     try:
+        classifier_labels = serving.engine.parts.loaded.config.classifier_labels
+        if classifier_labels and create in GENERATING:
+            raise bad_request(generation_refusal(classifier_labels), "model", "model_not_supported")
         body = await read_body(request) if body is None else body
         return await create(serving, request, validate_body(request, body, model))
     finally:
@@ -134,6 +139,11 @@ def body_route(create, model: type[BaseModel]):
     async def route(request: web.Request) -> web.StreamResponse:
         return await answer(request, create, model)
     return route
+
+
+# The routes whose requests generate: a sequence classifier answers them with a 400 (it has no LM head).
+GENERATING = frozenset({create_completion, create_chat_completion, create_response, anthropic_messages.create_message,
+                        create_generate, render_completion, render_chat})
 
 
 # POST /invocations (SageMaker's one inference route, as vLLM serves it): what the body asks for,
@@ -287,6 +297,7 @@ def create_app(engine: AsyncLLM, config: ServerConfig) -> web.Application:
     app.router.add_post("/v1/embeddings", body_route(create_embedding, EmbeddingRequest))
     for prefix in ("", "/v1"):
         app.router.add_post(f"{prefix}/score", body_route(create_score, ScoreRequest))
+        app.router.add_post(f"{prefix}/classify", body_route(create_classification, ClassificationRequest))
     for prefix in ("", "/v1", "/v2"):
         app.router.add_post(f"{prefix}/rerank", body_route(create_rerank, RerankRequest))
     app.router.add_post("/invocations", invocations)

@@ -27,15 +27,13 @@ Text = Annotated[str, Field(min_length=1)]
 Tokens = Annotated[list[TokenId], Field(min_length=1)]
 
 
-class EmbeddingRequest(RequestPart):
+class PooledInputsRequest(RequestPart):
+    """What a request whose inputs are each pooled into one row has (/v1/embeddings, /classify):
+    `input` a string, strings, token ids or lists of them; vLLM's extras."""
     model: str | None = None
     input: Text | Annotated[list[Text], Field(min_length=1, max_length=MAX_INPUTS)] | Tokens \
         | Annotated[list[Tokens], Field(min_length=1, max_length=MAX_INPUTS)]
-    encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1)  # refused: no model served declares shorter vectors
     user: str | None = None
-    # vLLM's extras
-    normalize: bool | None = None  # default true
     add_special_tokens: bool = True
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
     truncation_side: Literal["left", "right"] | None = None  # with truncate_prompt_tokens: "right" keeps the first k
@@ -46,6 +44,12 @@ class EmbeddingRequest(RequestPart):
         if isinstance(self.input, str) or (self.input and isinstance(self.input[0], int)):
             return [self.input]
         return list(self.input)
+
+
+class EmbeddingRequest(PooledInputsRequest):
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)  # refused: no model served declares shorter vectors
+    normalize: bool | None = None  # vLLM's; default true
 
 
 async def create_embedding(serving: Serving, request: web.Request, req: EmbeddingRequest) -> web.Response:

@@ -8,6 +8,7 @@ from corellm.server.anthropic_protocol import CountTokensRequest, MessagesReques
 from corellm.server.embeddings import EmbeddingRequest
 from corellm.server.generate_tokens import GenerateRequest
 from corellm.server.responses_protocol import ResponsesRequest
+from corellm.server.classify import ClassificationRequest
 from corellm.server.scores import RerankRequest, ScoreRequest
 
 _ERROR = {"type": "object", "properties": {"error": {"type": "object", "properties": {
@@ -65,7 +66,7 @@ def openapi_spec(allow_unknown_fields: bool = False) -> dict:
     unless the server runs with --allow-unknown-fields, while its parts (messages, tools) take
     others (request_fields.py)."""
     models = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, EmbeddingRequest, ScoreRequest,
-              RerankRequest, TokenizeRequest, DetokenizeRequest, GenerateRequest, MessagesRequest, CountTokensRequest]
+              RerankRequest, ClassificationRequest, TokenizeRequest, DetokenizeRequest, GenerateRequest, MessagesRequest, CountTokensRequest]
     schemas: dict = {}
     for m in models:
         schema = m.model_json_schema(ref_template="#/components/schemas/{model}")
@@ -81,10 +82,15 @@ def openapi_spec(allow_unknown_fields: bool = False) -> dict:
             "/v1/chat/completions": _post(ChatCompletionRequest, "Chat completion"),
             "/v1/responses": _post(ResponsesRequest, "A response (OpenAI's Responses API)"),
             "/v1/embeddings": _post(EmbeddingRequest, "Embeddings of the inputs (the prompt's hidden states pooled)"),
-            **{f"{prefix}/score": _post(ScoreRequest, "The cosine similarity of texts' embeddings, per pair")
+            **{f"{prefix}/score": _post(ScoreRequest, "How well texts match, per pair: the cosine similarity of "
+                                        "their embeddings, or a cross-encoder's score of the pair")
                for prefix in ("", "/v1")},
-            **{f"{prefix}/rerank": _post(RerankRequest, "Documents ranked by their embeddings' similarity to a query")
+            **{f"{prefix}/rerank": _post(RerankRequest, "Documents ranked by their match with a query (embeddings' "
+                                         "similarity, or a cross-encoder's score)")
                for prefix in ("", "/v1", "/v2")},
+            **{f"{prefix}/classify": _post(ClassificationRequest, "Each input's label probabilities (a sequence "
+                                           "classifier)")
+               for prefix in ("", "/v1")},
             "/invocations": _post([ChatCompletionRequest, CompletionRequest, EmbeddingRequest, RerankRequest,
                                    ScoreRequest], "SageMaker's inference route: a chat completion (the body has "
                                   "`messages`), a completion (`prompt`), embeddings (`input`), a rerank (`query`) "

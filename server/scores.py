@@ -1,7 +1,8 @@
 """POST /score and POST /rerank (vLLM's, also under /v1/ and /v2/rerank): how well texts match, as
-vLLM scores them with an embedding model (a bi-encoder) — the cosine similarity of the two texts'
-vectors (embeddings.py: pooled and L2-normalized, so a dot product; corellm/scoring.py, which
-LLM.score shares).
+vLLM scores them — with an embedding model (a bi-encoder), the cosine similarity of the two texts'
+vectors (embeddings.py: pooled and L2-normalized, so a dot product); with a one-label sequence
+classifier (a cross-encoder, such as a reranker), the classifier's sigmoid on the two texts encoded
+together as one input (corellm/scoring.py, which LLM.score shares).
 
     /score    `queries` and `documents` (vLLM's older names: `text_1`, `text_2`): one and one, one
               against each of many, or many pairwise (lists of one length); a score per pair.
@@ -18,7 +19,7 @@ from pydantic import Field
 
 from corellm.lora.lora_request import LoRARequest
 from corellm.pooling_params import PoolingParams
-from corellm.scoring import cosine_scores, pair_up
+from corellm.scoring import cosine_scores, cross_encoder_inputs, pair_up
 from corellm.server.embeddings import MAX_INPUTS, Text, embed
 from corellm.server.errors import bad_request
 from corellm.server.protocol import MAX_REQUEST_ID_CHARS
@@ -70,7 +71,19 @@ async def _similarities(serving: Serving, engine_id: str, queries: list[str], do
                         lora_request: LoRARequest | None = None) -> tuple[list[float], int]:
     """The cosine similarity of each (query, document) pair; each distinct text embedded once, cut
     as the request's truncate_prompt_tokens and truncation_side say (a text too long is a 400
-    naming its field)."""
+    naming its field). With a cross-encoder, the classifier's score of each pair encoded together
+    (each pair's input cut so)."""
+    labels = serving.engine.parts.loaded.config.classifier_labels
+    if labels:
+        try:
+            pairs = cross_encoder_inputs(serving.tokenizer, labels, queries, documents)
+        except ValueError as e:
+            raise bad_request(str(e), "model") from None
+        rows, tokens = await embed(serving, f"{engine_id}-pair", pairs, PoolingParams(task="classify"),
+                                   truncate_prompt_tokens=req.truncate_prompt_tokens,
+                                   truncation_side=req.truncation_side, priority=req.priority, field=query_field,
+                                   lora_request=lora_request)
+        return [row[0] for row in rows], tokens
     params = PoolingParams(normalize=True)
     distinct = {query_field: list(dict.fromkeys(queries)), "documents": list(dict.fromkeys(documents))}
     done = await asyncio.gather(*(embed(serving, f"{engine_id}-{field}", texts, params,

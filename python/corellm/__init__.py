@@ -23,8 +23,8 @@ with _lasting_objects():  # torch's import makes ~200k objects that live as long
     from corellm.inputs import PromptType, TextPrompt, TokensPrompt
     from corellm.lora.lora_request import LoRARequest
     from corellm.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
-    from corellm.outputs import (CompletionOutput, EmbeddingOutput, EmbeddingRequestOutput, Logprob, RequestOutput,
-                                 ScoringOutput, ScoringRequestOutput)
+    from corellm.outputs import (ClassificationOutput, ClassificationRequestOutput, CompletionOutput, EmbeddingOutput,
+                                 EmbeddingRequestOutput, Logprob, RequestOutput, ScoringOutput, ScoringRequestOutput)
     from corellm.pooling_params import PoolingParams
     from corellm.sampling_params import (RepetitionDetectionParams, RequestOutputKind, SamplingParams,
                                          StructuredOutputsParams)
@@ -41,7 +41,8 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'corellm' has no attribute {name!r}")
 
 
-__all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "CompletionOutput", "EmbeddingOutput",
+__all__ = ["LLM", "BeamSearchOutput", "BeamSearchParams", "BeamSearchSequence", "ClassificationOutput",
+           "ClassificationRequestOutput", "CompletionOutput", "EmbeddingOutput",
            "EmbeddingRequestOutput", "EngineConfig", "LoRARequest", "Logprob", "PoolingParams", "PromptType",
            "RepetitionDetectionParams", "RequestOutput", "RequestOutputKind", "SamplingParams", "SchedulerConfig",
            "ScoringOutput", "ScoringRequestOutput", "StructuredOutputsParams", "TextPrompt", "TokensPrompt", "_core",

@@ -7,6 +7,7 @@ others run their shares of its steps; rank 0's result (or its error) is then ret
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import pickle
@@ -20,13 +21,14 @@ from corellm.distributed.torchrun import TorchrunPlace
 from corellm.distributed.spawned_processes import refuse_while_importing_main
 from corellm.engine.data_parallel_replicas import DataParallelReplicas
 from corellm.engine.engine_parts import EngineParts
-from corellm.inputs import PromptType
+from corellm.inputs import PromptType, TokensPrompt
 from corellm.lora.lora_request import LoRARequest
 from corellm.model.loader import LoadedModel
-from corellm.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput, ScoringOutput, ScoringRequestOutput
+from corellm.outputs import (ClassificationOutput, ClassificationRequestOutput, EmbeddingOutput, EmbeddingRequestOutput,
+                             RequestOutput, ScoringOutput, ScoringRequestOutput)
 from corellm.pooling_params import PoolingParams
 from corellm.sampling_params import RequestOutputKind, SamplingParams
-from corellm.scoring import cosine_scores, pair_up
+from corellm.scoring import cosine_scores, cross_encoder_inputs, pair_up
 from corellm.tokenizer import CHAT_TEMPLATE_PARAMETERS, Tokenizer
 from corellm.worker.tp_workers import TensorParallelWorkers, WorkerLoop
 
@@ -244,15 +246,35 @@ class LLM:
             results.append(EmbeddingRequestOutput(out.request_id, out.prompt_token_ids, EmbeddingOutput(out.embedding)))
         return results
 
+    def classify(self, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams | None = None,
+                 use_tqdm: bool = True) -> list[ClassificationRequestOutput]:
+        """vLLM's LLM.classify, with a sequence classifier (a *ForSequenceClassification model):
+        per prompt the probabilities of the model's labels (`.outputs.probs`, in id order: a
+        softmax over them, or one sigmoid for a one-label model; the logits with
+        PoolingParams(use_activation=False)). The labels' names: `.labels`."""
+        params = dataclasses.replace(pooling_params or PoolingParams(), task="classify")
+        return self._on_every_rank(lambda: [
+            ClassificationRequestOutput(o.request_id, o.prompt_token_ids, ClassificationOutput(o.outputs.embedding))
+            for o in self._embed(prompts, params, use_tqdm)])
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """A sequence classifier's labels, in id order (its config's id2label); (): not a classifier."""
+        return self.loaded.config.classifier_labels
+
     def score(self, data_1: PromptType | Sequence[PromptType], data_2: PromptType | Sequence[PromptType],
               use_tqdm: bool = True) -> list[ScoringRequestOutput]:
-        """vLLM's LLM.score with an embedding model (a bi-encoder): per pair the cosine similarity of
-        the two prompts' vectors (`embed`'s, L2-normalized). One of data_1 against each of data_2,
-        or as many of each, scored pairwise (scoring.py); each distinct prompt is embedded once."""
+        """vLLM's LLM.score. With an embedding model (a bi-encoder): per pair the cosine similarity
+        of the two prompts' vectors (`embed`'s, L2-normalized), each distinct prompt embedded once.
+        With a one-label sequence classifier (a cross-encoder): per pair the classifier's sigmoid
+        on the two texts encoded together (the tokenizer's pair encoding, its separators included).
+        One of data_1 against each of data_2, or as many of each, scored pairwise (scoring.py)."""
         return self._on_every_rank(lambda: self._score(data_1, data_2, use_tqdm))
 
     def _score(self, data_1, data_2, use_tqdm: bool) -> list[ScoringRequestOutput]:
         first, second = pair_up(*([d] if isinstance(d, (str, dict)) else list(d) for d in (data_1, data_2)))
+        if self.labels:
+            return self._cross_encoder_score(first, second, use_tqdm)
         distinct: dict[object, PromptType] = {}
         for prompt in first + second:
             distinct.setdefault(_prompt_key(prompt), prompt)
@@ -261,6 +283,12 @@ class LLM:
         scores = cosine_scores([a.outputs.embedding for a, _ in pairs], [b.outputs.embedding for _, b in pairs])
         return [ScoringRequestOutput(f"{a.request_id}-{b.request_id}", a.prompt_token_ids + b.prompt_token_ids,
                                      ScoringOutput(s)) for (a, b), s in zip(pairs, scores)]
+
+    def _cross_encoder_score(self, first: list, second: list, use_tqdm: bool) -> list[ScoringRequestOutput]:
+        pairs = [TokensPrompt(prompt_token_ids=ids)
+                 for ids in cross_encoder_inputs(self.get_tokenizer(), self.labels, first, second)]
+        return [ScoringRequestOutput(o.request_id, o.prompt_token_ids, ScoringOutput(o.outputs.probs[0]))
+                for o in self.classify(pairs, use_tqdm=use_tqdm)]
 
     def _generate(self, prompts, sampling_params, use_tqdm: bool, priority, lora_request=None) -> list[RequestOutput]:
         if isinstance(prompts, (str, dict)):

@@ -8,7 +8,14 @@ hidden states — the final norm's output, as transformers' `last_hidden_state` 
 
 The pooling type is the model's (pooling_type_of: its sentence-transformers 1_Pooling/config.json,
 else LAST), or the engine's `pooling_type`; the vector is L2-normalized unless `normalize` is
-False."""
+False.
+
+With task "classify" (vLLM's classify task; a sequence classifier only: ModelConfig's
+classifier_labels) the request is a classification instead: the prompt's last token's row (LAST,
+as transformers' *ForSequenceClassification pool, whatever the engine's pooling type) times the
+model's score matrix, in fp32, gives one logit per label; with `use_activation` (the default) they
+become probabilities: a softmax over the labels, or the sigmoid of the one logit of a one-label model
+(a cross-encoder's relevance)."""
 
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
+POOLING_TASKS = ("embed", "classify")
 
 # sentence-transformers' pooling modes (1_Pooling/config.json) -> corellm's
 _SENTENCE_TRANSFORMERS_MODES = {"pooling_mode_lasttoken": "LAST", "pooling_mode_mean_tokens": "MEAN",
@@ -25,11 +33,16 @@ _SENTENCE_TRANSFORMERS_MODES = {"pooling_mode_lasttoken": "LAST", "pooling_mode_
 
 @dataclass
 class PoolingParams:
-    normalize: bool = True
+    normalize: bool = True  # embed: the vector L2-normalized
+    task: str = "embed"  # or "classify"
+    use_activation: bool = True  # classify: probabilities, not logits
 
     def __post_init__(self) -> None:
-        if not isinstance(self.normalize, bool):
-            raise ValueError(f"normalize must be a bool, got {self.normalize!r}.")
+        for name in ("normalize", "use_activation"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
+        if self.task not in POOLING_TASKS:
+            raise ValueError(f"task must be one of {', '.join(POOLING_TASKS)}, got {self.task!r}.")
 
 
 def pooling_type_of(model_path: str | Path, configured: str | None) -> str:

@@ -1,6 +1,7 @@
-"""How well two texts match, as vLLM scores them with an embedding model (a bi-encoder): the cosine
-similarity of their pooled, L2-normalized vectors, so a dot product (in float64). Shared by
-`LLM.score` and the server's /score and /rerank.
+"""How well two texts match, as vLLM scores them. With an embedding model (a bi-encoder): the
+cosine similarity of their pooled, L2-normalized vectors, so a dot product (in float64). With a
+one-label sequence classifier (a cross-encoder): the classifier's sigmoid on the two texts encoded
+as one input (cross_encoder_inputs). Shared by `LLM.score` and the server's /score and /rerank.
 
 Pairing: one first text against each of many second texts, or as many first texts as second ones,
 scored pairwise."""
@@ -32,3 +33,22 @@ def pair_up(first: Sequence[T], second: Sequence[T], first_name: str = "data_1",
 def cosine_scores(first: Sequence[Sequence[float]], second: Sequence[Sequence[float]]) -> list[float]:
     """The dot product of each (first[i], second[i]) pair of L2-normalized vectors, in float64."""
     return [float(np.asarray(a, dtype=np.float64) @ np.asarray(b, dtype=np.float64)) for a, b in zip(first, second)]
+
+
+def cross_encoder_inputs(tokenizer, labels: Sequence[str], first: Sequence, second: Sequence) -> list[list[int]]:
+    """Each (first[i], second[i]) pair's token ids as a cross-encoder reads them: the tokenizer's pair
+    encoding (Tokenizer.encode_pair). labels: the classifier's (one: its relevance). A pair's parts
+    are texts (a str, or a dict holding only its "prompt"); ValueError naming what is not."""
+    if len(labels) != 1:
+        raise ValueError(f"scoring with a sequence classifier needs one label (a cross-encoder's relevance); this "
+                         f"model has {len(labels)} ({', '.join(labels)}): classify each input instead")
+
+    def text(prompt, name: str) -> str:
+        if isinstance(prompt, dict) and set(prompt) == {"prompt"}:
+            prompt = prompt["prompt"]
+        if not isinstance(prompt, str):
+            raise ValueError(f"a cross-encoder scores texts, encoding each pair together: {name} must be a text, "
+                             f"got {type(prompt).__name__ if not isinstance(prompt, dict) else sorted(prompt)}")
+        return prompt
+
+    return [tokenizer.encode_pair(text(a, "data_1"), text(b, "data_2")) for a, b in zip(first, second)]

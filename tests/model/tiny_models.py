@@ -78,3 +78,28 @@ def make_tiny_model(arch: str, directory: Path, tokenizer_json: Path | None = No
     if tokenizer_json is not None:
         (directory / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
     return model
+
+
+def make_tiny_classifier(arch: str, directory: Path, tokenizer_json: Path | None = None, seed: int = 0,
+                         labels: tuple[str, ...] = ("negative", "neutral", "positive"), **overrides):
+    """make_tiny_model's decoder as transformers' sequence classifier (Llama -> LlamaForSequenceClassification,
+    Gemma 3 -> Gemma3TextForSequenceClassification), its score head over `labels`; saved and returned."""
+    import transformers
+
+    config_cls, model_cls, extra = ARCHS[arch]
+    config = getattr(transformers, config_cls)(**{**TINY, **extra, **overrides}, num_labels=len(labels),
+                                               id2label=dict(enumerate(labels)),
+                                               label2id={name: i for i, name in enumerate(labels)})
+    classifier = model_cls.replace("ForCausalLM", "ForSequenceClassification").replace("Gemma3For", "Gemma3TextFor")
+    torch.manual_seed(seed)
+    model = getattr(transformers, classifier)(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.normal_(1.0 if "norm" in name else 0.0, 0.2)
+            elif name == "score.weight":
+                p.normal_(0.0, 0.5)  # logits of a few units, so that the probabilities differ
+    model.save_pretrained(directory, safe_serialization=True)
+    if tokenizer_json is not None:
+        (directory / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
+    return model

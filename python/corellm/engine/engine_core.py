@@ -183,7 +183,7 @@ class EngineCore:
         # A request whose prompt logprobs are wanted, or whose pooling reads every prompt row, must
         # compute every prompt position: keep it out of prefix-cache sharing with a salt of its own.
         every_position = p.prompt_logprobs is not None or (
-            request.pooling is not None and self.model_runner.pooler.needs_every_position)
+            request.pooling is not None and self.model_runner.pooler.needs_every_position(request.pooling))
         salt = f"{request.cache_salt}\x00{request.request_id}" if every_position else request.cache_salt
         if request.lora is not None:  # its blocks hold the adapter's keys and values: shared only under it
             salt = f"{salt}\x00lora:{request.lora.serial}"

@@ -81,7 +81,7 @@ class EngineParts:
                                          extra_eos, config.seed, config.scheduling_policy, grammar_compiler,
                                          config.reasoning_parser, image_inputs=image_inputs_of(loaded, config),
                                          prediction_drafts=engine_core.scheduler.config.prompt_lookup_max > 0,
-                                         loras=loras)
+                                         loras=loras, classifier_labels=loaded.config.classifier_labels)
         return cls(loaded, engine_core, input_processor, OutputProcessor(loaded.tokenizer, config.stream_interval),
                    grammar_compiler, sampling_defaults_of(generation_config, config))
 

@@ -40,12 +40,21 @@ class ProcessedRequest:
         return len(self.prompt_token_ids) * len(self.samples)
 
 
+def generation_refusal(classifier_labels: tuple[str, ...]) -> str:
+    """Why a sequence classifier (ModelConfig's classifier_labels) does not generate."""
+    shown = ", ".join(classifier_labels[:4]) + (", ..." if len(classifier_labels) > 4 else "")
+    return (f"this model is a sequence classifier ({len(classifier_labels)} labels: {shown}), which has no "
+            f"language-model head: it serves classify, score and rerank (and embeddings), not generation")
+
+
 class InputProcessor:
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_model_len: int,
                  extra_eos_token_ids: list[int] | None = None, seed: int = 0, scheduling_policy: str = "fcfs",
                  grammar_compiler: GrammarCompiler | None = None, reasoning_parser: str | None = None,
                  image_inputs: ImageInputs | None = None, prediction_drafts: bool = False,
-                 loras: LoraRegistry | None = None):
+                 loras: LoraRegistry | None = None, classifier_labels: tuple[str, ...] = ()):
+        """classifier_labels: a sequence classifier's labels (ModelConfig's): it serves pooling
+        requests only, and classifications; (): a generator, which classifies nothing."""
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -57,6 +66,7 @@ class InputProcessor:
         self.image_inputs = image_inputs  # a model that takes images (LLaVA); None: text only
         self.prediction_drafts = prediction_drafts  # the scheduler drafts n-grams (a prediction's too)
         self.loras = loras  # the LoRA adapters known (None: the engine runs without LoRA)
+        self.classifier_labels = classifier_labels
 
     def images(self, prompt: PromptType, ids: list[int]):
         """(ids with each image's placeholders expanded, its MultiModalFeatures) for a prompt's
@@ -114,8 +124,13 @@ class InputProcessor:
             params = SamplingParams()
         pooling = None
         if isinstance(params, PoolingParams):
+            if params.task == "classify" and not self.classifier_labels:
+                raise ValueError("classify: this model is not a sequence classifier (its architecture is not one "
+                                 "of the *ForSequenceClassification); it serves generation and embeddings")
             pooling, params = params, SamplingParams(max_tokens=1, temperature=0.0,
                                                      output_kind=RequestOutputKind.FINAL_ONLY)
+        elif self.classifier_labels:
+            raise ValueError(generation_refusal(self.classifier_labels))
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams or a PoolingParams, got {type(params).__name__}")
         text, ids = self.tokenize(prompt)

@@ -138,6 +138,9 @@ class LlamaForCausalLM:
                        for i in range(config.num_hidden_layers)]
         self.norm = torch.empty(config.hidden_size, dtype=dtype, device=self.device)
         self.lm_head = Linear(config.vocab_size, config.hidden_size, False, dtype, self.device)
+        # A sequence classifier's head (num_labels x hidden), whole on every rank; None: a generator.
+        self.score = (torch.empty(len(config.classifier_labels), config.hidden_size, dtype=dtype, device=self.device)
+                      if config.classifier_labels else None)
         inv_freq = inverse_frequencies(config, max_model_len=max_model_len)
         if config.rope_type == "longrope" and tp.rank == 0:
             long = longrope_is_long(config, max_model_len)
@@ -166,6 +169,8 @@ class LlamaForCausalLM:
         }
         if not c.tie_word_embeddings:
             dest["lm_head.weight"] = (self.lm_head, 0, c.vocab_size)
+        if self.score is not None:
+            dest["score.weight"] = (self.score, 0, self.score.shape[0])
         q, kv = c.q_size, c.kv_size
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
@@ -289,7 +294,8 @@ class LlamaForCausalLM:
 
     def other_weights(self) -> list[torch.Tensor]:
         """The weights outside the embedding and the linear layers, in the dtype (the norms)."""
-        return [t for layer in self.layers for t in layer.norms()] + [self.norm]
+        return [t for layer in self.layers for t in layer.norms()] + [self.norm] + (
+            [self.score] if self.score is not None else [])
 
     # ------------------------------------------------------------------ forward
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:

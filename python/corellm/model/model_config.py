@@ -3,6 +3,7 @@ GGUF metadata, validated, with one clear error for anything unsupported."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,14 @@ SUPPORTED_ARCHITECTURES = {
     "Phi3ForCausalLM": "phi3",
     "GraniteForCausalLM": "granite",
     "GraniteMoeForCausalLM": "granitemoe",
+}
+# A sequence classifier (a cross-encoder, a reward or label model) -> the decoder it is built on: the
+# same layers, its final hidden state at the prompt's last token times a `score` matrix (num_labels x
+# hidden, no bias) instead of an LM head (transformers' *ForSequenceClassification).
+CLASSIFIER_ARCHITECTURES = {
+    **{f"{family}ForSequenceClassification": f"{family}ForCausalLM"
+       for family in ("Llama", "Mistral", "Qwen2", "Qwen3", "Mixtral", "Qwen3Moe", "Qwen2Moe", "Phi3")},
+    "Gemma3TextForSequenceClassification": "Gemma3ForCausalLM",
 }
 # GGUF general.architecture -> the HF architecture it stores.
 GGUF_ARCHITECTURES = {
@@ -95,6 +104,10 @@ class ModelConfig:
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an expert every token runs, gated (0: none)
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
+    # A sequence classifier's labels, by id (CLASSIFIER_ARCHITECTURES; its config's id2label); (): a
+    # generator. `architecture` is then the decoder's, and the tied embedding stands in for the LM
+    # head that such a checkpoint lacks (only for the one token an engine request samples to end).
+    classifier_labels: tuple[str, ...] = ()
     source: str = ""  # file the config came from, for error messages
 
     def __post_init__(self) -> None:
@@ -212,9 +225,14 @@ class ModelConfig:
         if not archs:
             raise UnsupportedModelError(f"{source}: no 'architectures' entry; cannot tell which model this is")
         arch = archs[0]
+        if arch in CLASSIFIER_ARCHITECTURES:
+            decoder = cls.from_hf_config({**cfg, "architectures": [CLASSIFIER_ARCHITECTURES[arch]],
+                                          "tie_word_embeddings": True}, source)
+            return dataclasses.replace(decoder, classifier_labels=_classifier_labels(cfg, source))
         if arch not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModelError(
-                f"{source}: architecture {arch!r} is not supported; corellm runs {sorted(SUPPORTED_ARCHITECTURES)}"
+                f"{source}: architecture {arch!r} is not supported; corellm runs "
+                f"{sorted(SUPPORTED_ARCHITECTURES)} and the sequence classifiers {sorted(CLASSIFIER_ARCHITECTURES)}"
             )
         family = SUPPORTED_ARCHITECTURES[arch]
         if family == "gemma3":
@@ -345,3 +363,19 @@ def _experts(cfg: dict[str, Any], family: str, source: str) -> dict[str, Any]:
                 norm_topk_prob=bool(cfg.get("norm_topk_prob", False)), dense_layers=dense,
                 shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
                 if family == "qwen2_moe" else 0)
+
+
+def _classifier_labels(cfg: dict[str, Any], source: str) -> tuple[str, ...]:
+    """A classifier's labels in id order: its id2label (transformers writes it with every config),
+    else LABEL_0 .. LABEL_{num_labels - 1} (transformers' default: two)."""
+    id2label = cfg.get("id2label") or {}
+    count = cfg.get("num_labels", len(id2label) or 2)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ValueError(f"{source}: num_labels must be a positive integer, got {count!r}")
+    try:
+        names = {int(i): str(name) for i, name in id2label.items()}
+    except (TypeError, ValueError):
+        raise ValueError(f"{source}: id2label's keys must be label ids, got {sorted(id2label)}") from None
+    if names and sorted(names) != list(range(count)):
+        raise ValueError(f"{source}: id2label names ids {sorted(names)}, num_labels is {count}")
+    return tuple(names.get(i, f"LABEL_{i}") for i in range(count))

@@ -70,7 +70,7 @@ class ModelRunner:
         each step's inputs are sent to them before the forward. pooling_type: how embedding
         requests' vectors are made (worker/pooler.py). max_loras: how many LoRA adapters it holds
         at once (0: LoRA off)."""
-        self.pooler = Pooler(pooling_type)
+        self.pooler = Pooler(pooling_type, classifier=getattr(loaded.model, "score", None))
         self._pooling: set[str] = set()  # the embedding requests in the batch (most steps: none)
         self.model = loaded.model
         self.device = self.model.device

@@ -4,8 +4,10 @@ preemption): step by step the pooler keeps what its pooling type needs of the po
 taken in — CLS the first position's row, MEAN the running sum of the rows in position order, in
 float64 (a sequential scan: the same sum whatever the chunks) — and once the prompt's last position
 is computed gives the vector: LAST that row, MEAN the sum over the prompt's length, CLS the first
-row; in fp32, L2-normalized if the request asks. A row's bits do not depend on the batch (corellm's
-kernels), so neither does the vector."""
+row; in fp32, L2-normalized if the request asks. A classification (task "classify") pools LAST
+whatever the engine's type, and its row times the classifier's score matrix, in fp32, gives the
+label logits (probabilities with use_activation: softmax, or the sigmoid of a lone logit). A row's
+bits do not depend on the batch (corellm's kernels), so neither does the vector."""
 
 from __future__ import annotations
 
@@ -15,18 +17,24 @@ from corellm.pooling_params import POOLING_TYPES, PoolingParams
 
 
 class Pooler:
-    def __init__(self, pooling_type: str):
+    def __init__(self, pooling_type: str, classifier: torch.Tensor | None = None):
+        """classifier: a sequence classifier's score matrix [num_labels, hidden] (None: the model
+        classifies nothing)."""
         if pooling_type not in POOLING_TYPES:
             raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}, got {pooling_type!r}")
         self.pooling_type = pooling_type
+        self._classifier = None if classifier is None else classifier.float()
         # request -> (the CLS row or the MEAN sum so far, the prompt positions taken in so far)
         self._partial: dict[str, tuple[torch.Tensor | None, int]] = {}
 
-    @property
-    def needs_every_position(self) -> bool:
-        """Whether the vector reads rows before the prompt's last (MEAN, CLS): a prompt served from
-        another request's prefix-cache blocks would leave them uncomputed."""
-        return self.pooling_type != "LAST"
+    def type_for(self, params: PoolingParams) -> str:
+        """How the request's rows are pooled: LAST for a classification, else the engine's type."""
+        return "LAST" if params.task == "classify" else self.pooling_type
+
+    def needs_every_position(self, params: PoolingParams) -> bool:
+        """Whether the request's vector reads rows before the prompt's last (MEAN, CLS): a prompt
+        served from another request's prefix-cache blocks would leave them uncomputed."""
+        return self.type_for(params) != "LAST"
 
     def drop(self, req_id: str) -> None:
         """A finished request. (A preempted one keeps its part: the positions it computes again
@@ -38,12 +46,13 @@ class Pooler:
         """rows: the request's hidden rows this step, prompt positions [start, start + len(rows));
         the vector once the prompt's last position is among them, else None."""
         end = start + rows.shape[0]
-        if self.pooling_type != "LAST":
+        pooling_type = self.type_for(params)
+        if pooling_type != "LAST":
             part, taken = self._partial.get(req_id, (None, 0))
             new_from, new_to = max(taken, start), min(end, prompt_len)
             if new_to > new_from:
                 new = rows[new_from - start:new_to - start]
-                if self.pooling_type == "MEAN":
+                if pooling_type == "MEAN":
                     scan = new.double() if part is None else torch.cat([part[None], new.double()])
                     part = scan.cumsum(dim=0)[-1]
                 elif new_from == 0:
@@ -51,11 +60,21 @@ class Pooler:
                 self._partial[req_id] = (part, new_to)
         if end < prompt_len:
             return None
-        if self.pooling_type == "LAST":
+        if pooling_type == "LAST":
             vector = rows[prompt_len - 1 - start].float()
         else:
             part, _ = self._partial.pop(req_id)
-            vector = (part / prompt_len).float() if self.pooling_type == "MEAN" else part
+            vector = (part / prompt_len).float() if pooling_type == "MEAN" else part
+        if params.task == "classify":
+            return self._classify(vector, params.use_activation)
         if params.normalize:
             vector = torch.nn.functional.normalize(vector, dim=0)
         return vector.cpu().tolist()
+
+    def _classify(self, row: torch.Tensor, use_activation: bool) -> list[float]:
+        if self._classifier is None:  # the input processor refuses these first
+            raise ValueError("task 'classify' needs a sequence-classification model")
+        logits = self._classifier.to(row.device) @ row
+        if use_activation:
+            logits = torch.sigmoid(logits) if logits.numel() == 1 else torch.softmax(logits, dim=0)
+        return logits.cpu().tolist()

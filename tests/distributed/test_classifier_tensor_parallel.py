@@ -1,0 +1,24 @@
+"""A sequence classifier with tensor parallelism: three ranks (9 heads, 3 KV heads, as SmolLM2's)
+give one process's label probabilities (fp32: the all-reduces sum the ranks' shares in another
+order, so to within float rounding); the score matrix is whole on every rank and applied on rank 0."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from corellm import LLM  # noqa: E402
+from tests.model.tiny_models import make_tiny_classifier  # noqa: E402
+
+
+def test_three_ranks_classify_as_one_process(tmp_path, tokenizer_json):
+    make_tiny_classifier("llama3", tmp_path, tokenizer_json, seed=9, hidden_size=72, num_attention_heads=9,
+                         num_key_value_heads=3, intermediate_size=144)
+    prompts = ["w5 w7 w9 w11", "w1 w2", "w100 w101 w102 w103 w104 w105 w106 w107 w108 w109 w110 w111 w112 w113"]
+    common = dict(dtype="float32", max_model_len=256, kv_cache_memory=32 * 1024**2)
+    one = [o.outputs.probs for o in LLM(str(tmp_path), **common).classify(prompts, use_tqdm=False)]
+    three = [o.outputs.probs for o in LLM(str(tmp_path), tensor_parallel_size=3, **common).classify(prompts,
+                                                                                                  use_tqdm=False)]
+    assert [x for p in three for x in p] == pytest.approx([x for p in one for x in p], abs=1e-5)
+    assert max(max(p) for p in one) - min(min(p) for p in one) > 0.1  # probabilities that tell labels apart
