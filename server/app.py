@@ -158,15 +158,18 @@ INVOCATIONS = [("messages", create_chat_completion, ChatCompletionRequest),
 
 async def invocations(request: web.Request) -> web.StreamResponse:
     """The body answered as the request its fields make it (INVOCATIONS): a chat completion, a
-    completion, embeddings, a rerank or a score; it is then checked as that request, so an error
-    names the field that is wrong in it. A body with none of the fields is a 400 naming them."""
+    completion, embeddings (with a sequence classifier served: a classification), a rerank or a
+    score; it is then checked as that request, so an error names the field that is wrong in it. A
+    body with none of the fields is a 400 naming them."""
     body = await read_body(request)
     for field, create, model in INVOCATIONS:
         if field in body:
+            if create is create_embedding and request.app[SERVING].engine.parts.loaded.config.classifier_labels:
+                create, model = create_classification, ClassificationRequest
             return await answer(request, create, model, body)
     raise bad_request("an /invocations body is a chat completion (`messages`), a completion (`prompt`), "
-                      "embeddings (`input`), a rerank (`query` and `documents`) or a score (`queries` and "
-                      "`documents`, or `text_1` and `text_2`); this one has none of those fields")
+                      "embeddings or a classification (`input`), a rerank (`query` and `documents`) or a score "
+                      "(`queries` and `documents`, or `text_1` and `text_2`); this one has none of those fields")
 
 
 def stored_response_route(handle):

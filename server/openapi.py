@@ -91,10 +91,11 @@ def openapi_spec(allow_unknown_fields: bool = False) -> dict:
             **{f"{prefix}/classify": _post(ClassificationRequest, "Each input's label probabilities (a sequence "
                                            "classifier)")
                for prefix in ("", "/v1")},
-            "/invocations": _post([ChatCompletionRequest, CompletionRequest, EmbeddingRequest, RerankRequest,
-                                   ScoreRequest], "SageMaker's inference route: a chat completion (the body has "
-                                  "`messages`), a completion (`prompt`), embeddings (`input`), a rerank (`query`) "
-                                  "or a score (`queries` or `text_1`)"),
+            "/invocations": _post([ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ClassificationRequest,
+                                   RerankRequest, ScoreRequest], "SageMaker's inference route: a chat completion (the "
+                                  "body has `messages`), a completion (`prompt`), embeddings (`input`; with a "
+                                  "sequence classifier served, a classification), a rerank (`query`) or a score "
+                                  "(`queries` or `text_1`)"),
             "/v1/messages": _post(MessagesRequest, "A message (Anthropic's Messages API over the chat path; its "
                                   "errors in that API's shape)"),
             "/v1/messages/count_tokens": _post(CountTokensRequest, "The input tokens of a message"),

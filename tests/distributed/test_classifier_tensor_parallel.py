@@ -18,7 +18,10 @@ def test_three_ranks_classify_as_one_process(tmp_path, tokenizer_json):
     prompts = ["w5 w7 w9 w11", "w1 w2", "w100 w101 w102 w103 w104 w105 w106 w107 w108 w109 w110 w111 w112 w113"]
     common = dict(dtype="float32", max_model_len=256, kv_cache_memory=32 * 1024**2)
     one = [o.outputs.probs for o in LLM(str(tmp_path), **common).classify(prompts, use_tqdm=False)]
-    three = [o.outputs.probs for o in LLM(str(tmp_path), tensor_parallel_size=3, **common).classify(prompts,
-                                                                                                  use_tqdm=False)]
+    llm = LLM(str(tmp_path), tensor_parallel_size=3, **common)
+    try:
+        three = [o.outputs.probs for o in llm.classify(prompts, use_tqdm=False)]
+    finally:
+        llm.shutdown()  # its workers and this process's place in their group
     assert [x for p in three for x in p] == pytest.approx([x for p in one for x in p], abs=1e-5)
     assert max(max(p) for p in one) - min(min(p) for p in one) > 0.1  # probabilities that tell labels apart

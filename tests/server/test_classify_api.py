@@ -60,6 +60,8 @@ def test_classify_gives_the_engines_probabilities_and_the_most_probable_label(cl
         assert [d["label"] for d in body["data"]] == [offline.labels[p.index(max(p))] for p in want]
         assert body["object"] == "list" and body["id"].startswith("classify-")
         assert body["usage"]["prompt_tokens"] == sum(len(offline.get_tokenizer().encode(t)) for t in TEXTS)
+    status, body = post(server, "/invocations", {"input": TEXTS})  # SageMaker's route: the served model's task
+    assert status == 200 and [d["probs"] for d in body["data"]] == want
     ids = offline.get_tokenizer().encode(TEXTS[0])
     status, body = post(server, "/classify", {"input": ids, "use_activation": False})
     assert status == 200 and body["data"][0]["probs"] == offline.classify(

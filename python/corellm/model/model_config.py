@@ -134,6 +134,7 @@ class ModelConfig:
             raise UnsupportedModelError(f"{self.source}: layer_types must name {self.num_hidden_layers} layers, each "
                                         f"one of {_LAYER_TYPES}; got {list(self.layer_types)}")
         object.__setattr__(self, "dense_layers", tuple(sorted(self.dense_layers)))
+        object.__setattr__(self, "classifier_labels", tuple(self.classifier_labels))  # (a list from JSON)
         if self.num_experts:
             if not 1 <= self.num_experts_per_tok <= self.num_experts or self.moe_intermediate_size <= 0:
                 raise ValueError(f"{self.source}: a mixture of experts needs 1 <= num_experts_per_tok "
