@@ -154,6 +154,9 @@ class EngineConfig:
     the model and the machine when the engine starts."""
 
     model: str | None = None  # an HF directory, a .gguf file, or the default's short name
+    # Fields set over the HF directory's config.json before it is read (vLLM's hf_overrides; a
+    # nested dict updates its own), e.g. a checkpoint loaded as a sequence classifier.
+    hf_overrides: dict | None = None
     dtype: str = "auto"
     quantization: str | None = None  # QUANTIZATION_METHODS, or None: chosen by the model and device
     device: str = "cpu"
@@ -229,6 +232,9 @@ class EngineConfig:
                 raise ValueError(f"limit_mm_per_prompt takes {{'image': N}}, got {limits!r}")
             _check_int("limit_mm_per_prompt['image']", limits.get("image", 1), 0)
         object.__setattr__(self, "allowed_media_domains", tuple(self.allowed_media_domains))
+        if self.hf_overrides is not None and (not isinstance(self.hf_overrides, dict)
+                                              or not all(isinstance(k, str) for k in self.hf_overrides)):
+            raise ValueError(f"hf_overrides must be a dict of config.json fields, got {self.hf_overrides!r}")
         if not isinstance(self.generation_config, str) or not self.generation_config:
             raise ValueError(f"generation_config must be 'auto', 'vllm' or a folder, got {self.generation_config!r}")
         overrides = self.override_generation_config

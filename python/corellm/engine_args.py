@@ -44,6 +44,10 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num
                    help="where the sampling defaults (temperature, top_p, top_k, min_p, repetition_penalty) of "
                         "requests that leave them out come from: auto, the model's generation_config.json; vllm, "
                         "none; or a folder's generation_config.json (its eos_token_id too)")
+    p.add_argument("--hf-overrides", default=None, metavar="JSON",
+                   help='fields set over the model directory\'s config.json, e.g. \'{"architectures": '
+                        '["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"], '
+                        '"is_original_qwen3_reranker": true}\'')
     p.add_argument("--override-generation-config", default=None, metavar="JSON",
                    help='sampling defaults set over those, e.g. \'{"temperature": 0.5}\'')
     p.add_argument("--speculative-config", default=None, metavar="JSON",
@@ -129,6 +133,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         generation_config=args.generation_config,
                         override_generation_config=json_object_arg("--override-generation-config",
                                                                    args.override_generation_config),
+                        hf_overrides=json_object_arg("--hf-overrides", args.hf_overrides),
                         speculative_config=speculative_config_from_arg(args.speculative_config),
                         limit_mm_per_prompt=limit_mm_from_arg(args.limit_mm_per_prompt),
                         allowed_media_domains=tuple(args.allowed_media_domains),

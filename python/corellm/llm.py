@@ -48,7 +48,7 @@ class LLM:
                  reasoning_parser: str | None = None, pooling_type: str | None = None,
                  generation_config: str = "auto", override_generation_config: dict | None = None,
                  stream_interval: int = 1, enable_lora: bool = False, max_loras: int = 4, max_lora_rank: int = 16,
-                 loaded_model: LoadedModel | None = None):
+                 hf_overrides: dict | None = None, loaded_model: LoadedModel | None = None):
         """quantization: "gguf" (a GGUF file's quantized weights computed as they are; the default for
         a .gguf on the CPU), "int8" (an HF checkpoint's projections quantized to int8 at load: W8A8
         on the CPU or a Hopper GPU), "fp8" (the projections in fp8 e4m3 on a Hopper GPU) or "none"
@@ -79,6 +79,10 @@ class LLM:
         enable_lora: requests may run with LoRA adapters (generate's lora_request), max_loras of them
         held at once (a step mixes any of those and the base model), each of rank max_lora_rank at
         most (vLLM's names; its default max_loras is 1).
+        hf_overrides: fields set over the model directory's config.json before it is read
+        (vLLM's), e.g. a causal reranker loaded as a cross-encoder: {"architectures":
+        ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"],
+        "is_original_qwen3_reranker": True}.
         stream_interval: EngineConfig's, for streamed outputs (AsyncLLM, the server); LLM returns
         whole outputs, so anything but 1 is a ValueError rather than a setting that does nothing."""
         arguments = dict(locals())  # first: the parameters as given, for the data-parallel replicas
@@ -105,7 +109,7 @@ class LLM:
                 raise ValueError("under torchrun, every process is a tensor-parallel rank: data_parallel_size, "
                                  "loaded_model, nnodes and node_rank do not apply (torchrun places the ranks)")
             nnodes, node_rank = torchrun.nnodes, torchrun.node_rank
-        self.config = EngineConfig(model=model, dtype=dtype, quantization=quantization, device=device, enforce_eager=enforce_eager,
+        self.config = EngineConfig(model=model, hf_overrides=hf_overrides, dtype=dtype, quantization=quantization, device=device, enforce_eager=enforce_eager,
                                    max_model_len=max_model_len,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                    block_size=block_size, enable_prefix_caching=enable_prefix_caching,

@@ -116,3 +116,46 @@ def test_a_classifiers_labels_come_from_its_config(tmp_path, tokenizer_json):
         ModelConfig.from_hf_config({**cfg, "num_labels": 3})
     with pytest.raises(ValueError, match="is not supported; corellm runs .* and the sequence classifiers"):
         ModelConfig.from_hf_config({**cfg, "architectures": ["BertForSequenceClassification"]})
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen2"])  # an LM head of its own; the embedding tied as one
+def test_a_causal_reranker_read_as_a_cross_encoder_is_its_yes_no_softmax(arch, tmp_path, tokenizer_json):
+    """vLLM's hf_overrides for Qwen3-Reranker: the causal checkpoint as a Qwen3ForSequenceClassification
+    whose one label's row is the LM head's "yes" row minus its "no" row (from_2_way_softmax), so
+    that LLM.score is the softmax of the (no, yes) logits at the pair's last position; with
+    no_post_processing, LLM.classify is the softmax over the named tokens' logits."""
+    hf = make_tiny_model(arch, tmp_path, tokenizer_json, seed=4)
+    overrides = {"architectures": [f"{'Qwen3' if arch == 'qwen3' else 'Qwen2'}ForSequenceClassification"],
+                 "classifier_from_token": ["w7", "w9"], "is_original_qwen3_reranker": True}
+    llm = LLM(str(tmp_path), dtype="float32", hf_overrides=overrides, **ENGINE)
+    assert llm.labels == ("w9",)
+    query, documents = "w10 w11 w12", ["w10 w11", "w200 w201 w202 w203"]
+    for document, out in zip(documents, llm.score(query, documents, use_tqdm=False)):
+        ids = encode(tokenizer_json, query, document)
+        with torch.no_grad():
+            last = hf(torch.tensor([ids])).logits[0, -1].double()
+        assert out.outputs.score == pytest.approx(torch.softmax(last[[7, 9]], 0)[1].item(), abs=1e-5)
+    three = LLM(str(tmp_path), dtype="float32", **ENGINE, hf_overrides={
+        **overrides, "classifier_from_token": ["w3", "w4", "w5"], "is_original_qwen3_reranker": False})
+    assert three.labels == ("w3", "w4", "w5")
+    out = three.classify(PROMPTS[:2], use_tqdm=False)
+    for prompt, o in zip(PROMPTS[:2], out):
+        with torch.no_grad():
+            last = hf(torch.tensor([encode(tokenizer_json, prompt)])).logits[0, -1].double()
+        torch.testing.assert_close(torch.tensor(o.outputs.probs, dtype=torch.float64), torch.softmax(last[[3, 4, 5]], 0),
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_hf_overrides_that_cannot_apply_are_refused(tmp_path, tokenizer_json):
+    make_tiny_model("qwen3", tmp_path, tokenizer_json)
+    base = {"architectures": ["Qwen3ForSequenceClassification"]}
+    with pytest.raises(ValueError, match=r"from_2_way_softmax takes two tokens \(false, true\), got \['w7'\]"):
+        LLM(str(tmp_path), hf_overrides={**base, "classifier_from_token": ["w7"], "method": "from_2_way_softmax"},
+            **ENGINE)
+    with pytest.raises(ValueError, match="classifier_from_token 'nope nope' is not one token of the tokenizer"):
+        LLM(str(tmp_path), hf_overrides={**base, "classifier_from_token": ["nope nope"]}, **ENGINE)
+    with pytest.raises(ValueError, match="hf_overrides must be a dict of config.json fields"):
+        LLM(str(tmp_path), hf_overrides=["architectures"], **ENGINE)
+    with pytest.raises(ValueError, match=r"hf_overrides \(\['architectures'\]\) apply to an HF model directory's "
+                                         r"config.json; .*\.gguf is not one"):
+        LLM(hf_overrides=base, **ENGINE)  # the default model: a GGUF file

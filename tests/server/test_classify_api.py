@@ -104,3 +104,25 @@ def test_score_and_rerank_with_a_cross_encoder_are_its_scores_of_each_pair(cross
     best = sorted(range(3), key=lambda i: -want[i])[:2]
     assert [r["index"] for r in body["results"]] == best
     assert [r["relevance_score"] for r in body["results"]] == [want[i] for i in best]
+
+
+def test_a_causal_reranker_served_with_hf_overrides_reranks_as_offline(tmp_path):
+    """`corellm serve MODEL --hf-overrides JSON`: vLLM's way to serve Qwen3-Reranker as a cross-encoder."""
+    import json
+
+    from tests.model.tiny_models import make_tiny_model
+
+    make_tiny_model("qwen3", tmp_path, seed=4)
+    write_tokenizer(tmp_path)
+    overrides = {"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["w7", "w9"],
+                 "is_original_qwen3_reranker": True}
+    query, documents = "w10 w11 w12", ["w10 w11", "w200 w201 w202", "w12"]
+    want = [o.outputs.score for o in LLM(str(tmp_path), dtype="float32", hf_overrides=overrides, **ENGINE).score(
+        query, documents, use_tqdm=False)]
+    server = Server("--model", str(tmp_path), "--dtype", "float32", "--hf-overrides", json.dumps(overrides))
+    try:
+        status, body = post(server, "/rerank", {"query": query, "documents": documents})
+        assert status == 200, body
+        assert sorted((r["index"], r["relevance_score"]) for r in body["results"]) == list(enumerate(want))
+    finally:
+        server.stop()

@@ -55,13 +55,14 @@ class EngineParts:
             if loaded is not None:
                 raise ValueError("tensor_parallel_size > 1 loads the model in every rank: pass the model's path, "
                                  "not a loaded model")
-            check_divisible(load_model_config(config.model), config.tensor_parallel_size)  # before any process starts
+            check_divisible(load_model_config(config.model, config.hf_overrides),  # before any process starts
+                            config.tensor_parallel_size)
             workers = TensorParallelWorkers.start(config)
         try:
             loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device,
                                           quantization=config.quantization,
                                           tensor_parallel=workers.tp if workers else None,
-                                          max_model_len=config.max_model_len)
+                                          max_model_len=config.max_model_len, hf_overrides=config.hf_overrides)
         except BaseException:
             if workers is not None:
                 workers.stop()

@@ -25,12 +25,27 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: not valid JSON ({e})") from None
 
 
+def with_overrides(cfg: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """cfg with overrides set over it (vLLM's hf_overrides): a dict value that meets a dict updates it
+    in turn; any other value replaces the field."""
+    merged = dict(cfg)
+    for key, value in overrides.items():
+        merged[key] = with_overrides(merged[key], value) if isinstance(value, dict) and isinstance(
+            merged.get(key), dict) else value
+    return merged
+
+
 class HFModelDir:
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, hf_overrides: dict[str, Any] | None = None):
+        """hf_overrides: fields set over config.json as it is read (with_overrides)."""
         self.path = Path(path)
         if not (self.path / "config.json").is_file():
             raise FileNotFoundError(f"{self.path}: no config.json (not an HF model directory)")
+        self.hf_overrides = hf_overrides or {}
         self.files = self._safetensors_files()
+
+    def _config_json(self) -> dict[str, Any]:
+        return with_overrides(_read_json(self.path / "config.json"), self.hf_overrides)
 
     def _safetensors_files(self) -> list[Path]:
         index = self.path / "model.safetensors.index.json"
@@ -53,11 +68,12 @@ class HFModelDir:
         llava = self.llava_spec()
         if llava is not None:
             return llava.text
-        return ModelConfig.from_hf_config(_read_json(self.path / "config.json"), str(self.path / "config.json"))
+        source = str(self.path / "config.json") + (" (with hf_overrides)" if self.hf_overrides else "")
+        return ModelConfig.from_hf_config(self._config_json(), source)
 
     def llava_spec(self) -> LlavaSpec | None:
         """The image path of a LLaVA-style model (model_type "llava"), or None."""
-        cfg = _read_json(self.path / "config.json")
+        cfg = self._config_json()
         return LlavaSpec.from_hf_config(cfg, str(self.path / "config.json")) if is_llava_config(cfg) else None
 
     def image_processor(self, image_size: int) -> ImageProcessor:

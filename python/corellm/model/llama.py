@@ -118,11 +118,14 @@ def _mlp_destinations(prefix: str, mlp: MLP, intermediate: int, hidden: int,
 class LlamaForCausalLM:
     def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
                  rope_factors: torch.Tensor | None = None, max_position: int | None = None,
-                 tp: TensorParallel = TensorParallel(), max_model_len: int | None = None):
+                 tp: TensorParallel = TensorParallel(), max_model_len: int | None = None,
+                 classifier_token_ids: list[int] | None = None):
         """tp: this process's place in a tensor-parallel group (model/tensor_parallel.py): the model
         then holds its share (self.config: the share's sizes; full_config: the whole model's).
         max_position: the rotary table's rows (default max_position_embeddings); max_model_len: the
-        longest sequence the engine will run, which picks LongRoPE's factors (model/rope.py)."""
+        longest sequence the engine will run, which picks LongRoPE's factors (model/rope.py).
+        classifier_token_ids: the ids of config.classifier_from_tokens, whose output rows make the
+        score matrix (a causal checkpoint read as a classifier)."""
         self.full_config = config
         self.tp = tp
         if tp.size > 1:
@@ -141,6 +144,10 @@ class LlamaForCausalLM:
         # A sequence classifier's head (num_labels x hidden), whole on every rank; None: a generator.
         self.score = (torch.empty(len(config.classifier_labels), config.hidden_size, dtype=dtype, device=self.device)
                       if config.classifier_labels else None)
+        self.classifier_token_ids = list(classifier_token_ids or [])
+        if len(self.classifier_token_ids) != len(config.classifier_from_tokens):
+            raise ValueError(f"{config.source}: classifier_from_token names {len(config.classifier_from_tokens)} "
+                             f"tokens, {len(self.classifier_token_ids)} ids given")
         inv_freq = inverse_frequencies(config, max_model_len=max_model_len)
         if config.rope_type == "longrope" and tp.rank == 0:
             long = longrope_is_long(config, max_model_len)
@@ -169,7 +176,7 @@ class LlamaForCausalLM:
         }
         if not c.tie_word_embeddings:
             dest["lm_head.weight"] = (self.lm_head, 0, c.vocab_size)
-        if self.score is not None:
+        if self.score is not None and not c.classifier_from_tokens:
             dest["score.weight"] = (self.score, 0, self.score.shape[0])
         q, kv = c.q_size, c.kv_size
         for i, layer in enumerate(self.layers):
@@ -224,6 +231,8 @@ class LlamaForCausalLM:
         embedding and the LM head stay in the dtype, as in vLLM)."""
         dest = self._destinations()
         loaded: set[str] = set()
+        if self.config.classifier_from_tokens:  # before the vocabulary is cut between ranks
+            weights = self._score_from_output_rows(weights, source)
         if self.tp.size > 1:
             weights = shard_weights(weights, self.full_config, self.tp.rank, self.tp.size)
         for name, tensor in weights:
@@ -260,6 +269,24 @@ class LlamaForCausalLM:
             else:
                 self.lm_head.weight = self.embed.weight
         self.lm_head.finalize(keep_weight=self.config.tie_word_embeddings)
+
+    def _score_from_output_rows(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]],
+                                source: str) -> Iterable[tuple[str, torch.Tensor | QuantizedTensor]]:
+        """The tensors as they come, the score matrix filled meanwhile from the output projection's
+        rows of classifier_token_ids (the LM head's, or the tied embedding's): those rows, or with
+        classifier_two_way the true token's row minus the false one's."""
+        head = "model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"
+        found = False
+        for name, tensor in weights:
+            if name == head:
+                rows = (tensor.dequantize(torch.float32) if isinstance(tensor, QuantizedTensor) else tensor.float())
+                rows = rows[self.classifier_token_ids]
+                self.score.copy_(rows[1:] - rows[:1] if self.config.classifier_two_way else rows)
+                found = True
+            yield name, tensor
+        if not found:
+            raise ValueError(f"{source}: classifier_from_token reads the output projection ({head}), which the "
+                             f"checkpoint lacks")
 
     def weight_bytes(self) -> dict[str, int]:
         """Bytes of the model's weights by storage type (a quantized type's name, or the dtype),

@@ -170,10 +170,36 @@ def _load_gguf(path: Path, dtype: torch.dtype, progress: bool, use_cache: bool, 
     return config, tokenizer, rope_factors, weights
 
 
-def load_model_config(model: str | Path | None = None) -> ModelConfig:
-    """The model's configuration alone (no weights read): HF directory or GGUF file."""
+def load_model_config(model: str | Path | None = None, hf_overrides: dict | None = None) -> ModelConfig:
+    """The model's configuration alone (no weights read): HF directory (its config.json with
+    hf_overrides set over it) or GGUF file."""
     path = resolve_model_path(model)
-    return HFModelDir(path).config() if path.is_dir() else GGUFModelFile(path).config()
+    if path.is_dir():
+        return HFModelDir(path, hf_overrides).config()
+    _refuse_overrides(path, hf_overrides)
+    return GGUFModelFile(path).config()
+
+
+def classifier_token_ids(config: ModelConfig, tokenizer) -> list[int]:
+    """The ids of a classifier's classifier_from_tokens, each one token of the vocabulary (a
+    ValueError names one that is not)."""
+    ids = []
+    for token in config.classifier_from_tokens:
+        token_id = tokenizer.token_to_id(token)
+        if token_id is None:
+            encoded = tokenizer.encode(token, add_special_tokens=False)
+            if len(encoded) != 1:
+                raise ValueError(f"{config.source}: classifier_from_token {token!r} is not one token of the "
+                                 f"tokenizer (it encodes to {encoded})")
+            token_id = encoded[0]
+        ids.append(token_id)
+    return ids
+
+
+def _refuse_overrides(path: Path, hf_overrides: dict | None) -> None:
+    if hf_overrides:
+        raise ValueError(f"hf_overrides ({sorted(hf_overrides)}) apply to an HF model directory's config.json; "
+                         f"{path} is not one")
 
 
 def check_device(device: torch.device) -> None:
@@ -206,12 +232,13 @@ def check_head_size_on_device(config: ModelConfig, device: torch.device) -> None
 def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto", device: str = "cpu",
                max_position: int | None = None, progress: bool = True, use_cache: bool = True,
                quantization: str | None = None, tensor_parallel: TensorParallel | None = None,
-               max_model_len: int | None = None) -> LoadedModel:
+               max_model_len: int | None = None, hf_overrides: dict | None = None) -> LoadedModel:
     """quantization: see QUANTIZATION_METHODS (None: a GGUF file's quantized tensors stay
     quantized on the CPU). tensor_parallel: this process's rank in a tensor-parallel group, which
     loads its share of the model (quantized tensors cut as they are: tensor_parallel.shard_weights).
     max_model_len: the longest sequence the engine will run, where the user set it (LongRoPE's
-    factors follow it; model/rope.py)."""
+    factors follow it; model/rope.py). hf_overrides: fields set over an HF directory's config.json
+    (EngineConfig's)."""
     device_ = torch.device(device)
     check_device(device_)
     torch_dtype = resolve_dtype(dtype, device_)
@@ -222,8 +249,10 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
         raise ValueError("quantization 'fp8' with tensor parallelism is not supported yet (a GPU's scaled GEMMs "
                          "run in one process)")
     llava, image_processor = None, None
+    if not path.is_dir():
+        _refuse_overrides(path, hf_overrides)
     if path.is_dir():
-        source = HFModelDir(path)
+        source = HFModelDir(path, hf_overrides)
         config, tokenizer, generation_config = source.config(), source.tokenizer(), source.generation_config()
         llava = source.llava_spec()
         if llava is not None:
@@ -251,7 +280,8 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
                                             max_model_len=max_model_len)
     else:
         llm = LlamaForCausalLM(config, torch_dtype, device_, rope_factors=rope_factors, max_position=max_position,
-                               tp=tp, max_model_len=max_model_len)
+                               tp=tp, max_model_len=max_model_len,
+                               classifier_token_ids=classifier_token_ids(config, tokenizer))
     with torch.inference_mode():
         scaled_type = method if method in ("fp8", "int8") and device_.type == "cuda" else None
         llm.load_weights(weights, str(path), scaled_type=scaled_type)

@@ -108,6 +108,12 @@ class ModelConfig:
     # generator. `architecture` is then the decoder's, and the tied embedding stands in for the LM
     # head that such a checkpoint lacks (only for the one token an engine request samples to end).
     classifier_labels: tuple[str, ...] = ()
+    # A causal checkpoint read as a classifier (vLLM's hf_overrides "classifier_from_token"): the score
+    # matrix is the output projection's rows of these tokens, made at load (model/llama.py), or with
+    # classifier_two_way (from_2_way_softmax: a [false, true] pair, one label) the second's row minus
+    # the first's, so that the sigmoid of its logit is the softmax of the pair's.
+    classifier_from_tokens: tuple[str, ...] = ()
+    classifier_two_way: bool = False
     source: str = ""  # file the config came from, for error messages
 
     def __post_init__(self) -> None:
@@ -135,6 +141,7 @@ class ModelConfig:
                                         f"one of {_LAYER_TYPES}; got {list(self.layer_types)}")
         object.__setattr__(self, "dense_layers", tuple(sorted(self.dense_layers)))
         object.__setattr__(self, "classifier_labels", tuple(self.classifier_labels))  # (a list from JSON)
+        object.__setattr__(self, "classifier_from_tokens", tuple(self.classifier_from_tokens))
         if self.num_experts:
             if not 1 <= self.num_experts_per_tok <= self.num_experts or self.moe_intermediate_size <= 0:
                 raise ValueError(f"{self.source}: a mixture of experts needs 1 <= num_experts_per_tok "
@@ -227,9 +234,13 @@ class ModelConfig:
             raise UnsupportedModelError(f"{source}: no 'architectures' entry; cannot tell which model this is")
         arch = archs[0]
         if arch in CLASSIFIER_ARCHITECTURES:
-            decoder = cls.from_hf_config({**cfg, "architectures": [CLASSIFIER_ARCHITECTURES[arch]],
-                                          "tie_word_embeddings": True}, source)
-            return dataclasses.replace(decoder, classifier_labels=_classifier_labels(cfg, source))
+            tokens, two_way = _classifier_from_tokens(cfg, source)
+            # A score matrix from the checkpoint: the tied embedding stands in for its missing LM head.
+            tie = {} if tokens else {"tie_word_embeddings": True}
+            decoder = cls.from_hf_config({**cfg, "architectures": [CLASSIFIER_ARCHITECTURES[arch]], **tie}, source)
+            labels = (tokens[1:] if two_way else tokens) or _classifier_labels(cfg, source)
+            return dataclasses.replace(decoder, classifier_labels=labels, classifier_from_tokens=tokens,
+                                       classifier_two_way=two_way)
         if arch not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModelError(
                 f"{source}: architecture {arch!r} is not supported; corellm runs "
@@ -380,3 +391,25 @@ def _classifier_labels(cfg: dict[str, Any], source: str) -> tuple[str, ...]:
     if names and sorted(names) != list(range(count)):
         raise ValueError(f"{source}: id2label names ids {sorted(names)}, num_labels is {count}")
     return tuple(names.get(i, f"LABEL_{i}") for i in range(count))
+
+
+_FROM_TOKEN_METHODS = ("from_2_way_softmax", "no_post_processing")
+
+
+def _classifier_from_tokens(cfg: dict[str, Any], source: str) -> tuple[tuple[str, ...], bool]:
+    """(the tokens whose output rows make the score matrix, whether as a two-way softmax) of a
+    causal checkpoint read as a classifier, as vLLM's hf_overrides say it: "classifier_from_token",
+    and "method" ("from_2_way_softmax" — also what "is_original_qwen3_reranker" means — or
+    "no_post_processing", the default); ((), False): the checkpoint has its own score matrix."""
+    tokens = cfg.get("classifier_from_token")
+    if tokens is None:
+        return (), False
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) and t for t in tokens):
+        raise ValueError(f"{source}: classifier_from_token must be a list of tokens, got {tokens!r}")
+    method = cfg.get("method") or ("from_2_way_softmax" if cfg.get("is_original_qwen3_reranker")
+                                   else "no_post_processing")
+    if method not in _FROM_TOKEN_METHODS:
+        raise ValueError(f"{source}: method must be one of {', '.join(_FROM_TOKEN_METHODS)}, got {method!r}")
+    if method == "from_2_way_softmax" and len(tokens) != 2:
+        raise ValueError(f"{source}: from_2_way_softmax takes two tokens (false, true), got {tokens}")
+    return tuple(tokens), method == "from_2_way_softmax"

@@ -58,6 +58,7 @@ class WorkerSpec:
     ranks_per_node: int  # size / nnodes; rank r runs on node r // ranks_per_node
     shm_all_reduce: bool  # the all-reduces through shared memory (every rank on one machine, the CPU)
     max_model_len: int | None = None  # the engine's, as given (picks LongRoPE's factors, as on rank 0)
+    hf_overrides: dict | None = None  # the engine's (EngineConfig)
 
 
 def free_local_port() -> int:
@@ -142,7 +143,8 @@ class WorkerLoop:
         self.channel = BroadcastChannel(tp, shared_memory=spec.ranks_per_node == spec.size,
                                         writer_alive=lambda: os.getppid() == parent)
         self.loaded = load_model(spec.model, dtype=spec.dtype, device=str(device), quantization=spec.quantization,
-                                 progress=False, tensor_parallel=tp, max_model_len=spec.max_model_len)
+                                 progress=False, tensor_parallel=tp, max_model_len=spec.max_model_len,
+                                 hf_overrides=spec.hf_overrides)
         self.worker = Worker(rank, self.loaded.model)
         self.stopped = False  # STOP received
         self._closed = False
@@ -212,7 +214,7 @@ class TensorParallelWorkers:
         return WorkerSpec(config.model, config.dtype, config.device, config.quantization, config.tensor_parallel_size,
                           init, max(1, cores // per_node), per_node,
                           shm_all_reduce=config.nnodes == 1 and not config.disable_custom_all_reduce,
-                          max_model_len=config.max_model_len)
+                          max_model_len=config.max_model_len, hf_overrides=config.hf_overrides)
 
     def _spawn(self, ranks: range) -> list[StartSignal]:
         context = mp.get_context("spawn")
