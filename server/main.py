@@ -192,7 +192,12 @@ def run(args: argparse.Namespace) -> int:
     name = args.served_model_name or engine.loaded.name
     load_lora_modules(engine, lora_modules, name)
     logger.info("model %s (%s, %s), context %d tokens", name, engine.loaded.path, engine.loaded.model.dtype,
-                   engine.max_model_len)
+                engine.max_model_len)
+    labels = engine.loaded.config.classifier_labels
+    if labels:
+        logger.info("a sequence classifier of %d label(s) (%s): it serves /classify%s and embeddings, not "
+                    "generation", len(labels), ", ".join(labels[:8]) + (", ..." if len(labels) > 8 else ""),
+                    ", /score and /rerank (a cross-encoder)" if len(labels) == 1 else "")
     server_config = ServerConfig(served_model_name=name, api_key=args.api_key,
                                  allow_request_chat_template=args.allow_request_chat_template,
                                  chat_template=read_chat_template(args.chat_template),

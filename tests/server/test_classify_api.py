@@ -51,6 +51,8 @@ def cross_encoder(tmp_path_factory):
 
 def test_classify_gives_the_engines_probabilities_and_the_most_probable_label(classifier):
     server, offline = classifier
+    assert "a sequence classifier of 3 label(s) (negative, neutral, positive): it serves /classify and " \
+        "embeddings" in server.output()
     want = [o.outputs.probs for o in offline.classify(TEXTS, use_tqdm=False)]
     for path in ("/classify", "/v1/classify"):
         status, body = post(server, path, {"input": TEXTS})
