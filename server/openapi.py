@@ -66,7 +66,8 @@ def openapi_spec(allow_unknown_fields: bool = False) -> dict:
     unless the server runs with --allow-unknown-fields, while its parts (messages, tools) take
     others (request_fields.py)."""
     models = [CompletionRequest, ChatCompletionRequest, ResponsesRequest, EmbeddingRequest, ScoreRequest,
-              RerankRequest, ClassificationRequest, TokenizeRequest, DetokenizeRequest, GenerateRequest, MessagesRequest, CountTokensRequest]
+              RerankRequest, ClassificationRequest, TokenizeRequest, DetokenizeRequest, GenerateRequest,
+              MessagesRequest, CountTokensRequest]
     schemas: dict = {}
     for m in models:
         schema = m.model_json_schema(ref_template="#/components/schemas/{model}")
