@@ -109,7 +109,8 @@ class LLM:
                 raise ValueError("under torchrun, every process is a tensor-parallel rank: data_parallel_size, "
                                  "loaded_model, nnodes and node_rank do not apply (torchrun places the ranks)")
             nnodes, node_rank = torchrun.nnodes, torchrun.node_rank
-        self.config = EngineConfig(model=model, hf_overrides=hf_overrides, dtype=dtype, quantization=quantization, device=device, enforce_eager=enforce_eager,
+        self.config = EngineConfig(model=model, hf_overrides=hf_overrides, dtype=dtype, quantization=quantization,
+                                   device=device, enforce_eager=enforce_eager,
                                    max_model_len=max_model_len,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                    block_size=block_size, enable_prefix_caching=enable_prefix_caching,
@@ -233,16 +234,22 @@ class LLM:
         return self._on_every_rank(lambda: self._generate(prompts, sampling_params, use_tqdm, priority, lora_request))
 
     def embed(self, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams | None = None,
-              use_tqdm: bool = True) -> list[EmbeddingRequestOutput]:
+              use_tqdm: bool = True, lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+              ) -> list[EmbeddingRequestOutput]:
         """One vector per prompt, in order (vLLM's embed): the prompt's final hidden states pooled
         by the engine's pooling_type (LAST, MEAN or CLS: the model's sentence-transformers config,
-        else LAST), L2-normalized unless pooling_params.normalize is False. With data_parallel_size
-        > 1 this process computes them all."""
-        return self._on_every_rank(lambda: self._embed(prompts, pooling_params or PoolingParams(), use_tqdm))
+        else LAST), L2-normalized unless pooling_params.normalize is False. lora_request: the LoRA
+        adapter every prompt runs with, or one per prompt. With data_parallel_size > 1 this process
+        computes them all."""
+        return self._on_every_rank(lambda: self._embed(prompts, pooling_params or PoolingParams(), use_tqdm,
+                                                       lora_request))
 
-    def _embed(self, prompts, params: PoolingParams, use_tqdm: bool) -> list[EmbeddingRequestOutput]:
+    def _embed(self, prompts, params: PoolingParams, use_tqdm: bool,
+               lora_request=None) -> list[EmbeddingRequestOutput]:
         prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
-        processed = [self.input_processor.process(str(next(self._ids)), prompt, params) for prompt in prompts]
+        loras = _per_prompt("LoRA requests", lora_request, len(prompts))
+        processed = [self.input_processor.process(str(next(self._ids)), prompt, params, lora_request=lora)
+                     for prompt, lora in zip(prompts, loras)]
         results = []
         for out in self._run(processed, use_tqdm):
             if out.embedding is None:
@@ -251,15 +258,19 @@ class LLM:
         return results
 
     def classify(self, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams | None = None,
-                 use_tqdm: bool = True) -> list[ClassificationRequestOutput]:
+                 use_tqdm: bool = True, lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+                 ) -> list[ClassificationRequestOutput]:
         """vLLM's LLM.classify, with a sequence classifier (a *ForSequenceClassification model):
         per prompt the probabilities of the model's labels (`.outputs.probs`, in id order: a
         softmax over them, or one sigmoid for a one-label model; the logits with
-        PoolingParams(use_activation=False)). The labels' names: `.labels`."""
+        PoolingParams(use_activation=False)). The labels' names: `.labels`. lora_request: as embed's."""
         params = dataclasses.replace(pooling_params or PoolingParams(), task="classify")
-        return self._on_every_rank(lambda: [
-            ClassificationRequestOutput(o.request_id, o.prompt_token_ids, ClassificationOutput(o.outputs.embedding))
-            for o in self._embed(prompts, params, use_tqdm)])
+        return self._on_every_rank(lambda: self._classify(prompts, params, use_tqdm, lora_request))
+
+    def _classify(self, prompts, params: PoolingParams, use_tqdm: bool,
+                  lora_request=None) -> list[ClassificationRequestOutput]:
+        return [ClassificationRequestOutput(o.request_id, o.prompt_token_ids, ClassificationOutput(o.outputs.embedding))
+                for o in self._embed(prompts, params, use_tqdm, lora_request)]
 
     @property
     def labels(self) -> tuple[str, ...]:
@@ -267,32 +278,34 @@ class LLM:
         return self.loaded.config.classifier_labels
 
     def score(self, data_1: PromptType | Sequence[PromptType], data_2: PromptType | Sequence[PromptType],
-              use_tqdm: bool = True) -> list[ScoringRequestOutput]:
+              use_tqdm: bool = True, lora_request: LoRARequest | None = None) -> list[ScoringRequestOutput]:
         """vLLM's LLM.score. With an embedding model (a bi-encoder): per pair the cosine similarity
         of the two prompts' vectors (`embed`'s, L2-normalized), each distinct prompt embedded once.
         With a one-label sequence classifier (a cross-encoder): per pair the classifier's sigmoid
         on the two texts encoded together (the tokenizer's pair encoding, its separators included).
-        One of data_1 against each of data_2, or as many of each, scored pairwise (scoring.py)."""
-        return self._on_every_rank(lambda: self._score(data_1, data_2, use_tqdm))
+        One of data_1 against each of data_2, or as many of each, scored pairwise (scoring.py).
+        lora_request: the LoRA adapter every prompt runs with."""
+        if lora_request is not None and not isinstance(lora_request, LoRARequest):
+            raise ValueError(f"score's lora_request is one LoRARequest for every pair, got "
+                             f"{type(lora_request).__name__}")
+        return self._on_every_rank(lambda: self._score(data_1, data_2, use_tqdm, lora_request))
 
-    def _score(self, data_1, data_2, use_tqdm: bool) -> list[ScoringRequestOutput]:
+    def _score(self, data_1, data_2, use_tqdm: bool, lora_request: LoRARequest | None) -> list[ScoringRequestOutput]:
         first, second = pair_up(*([d] if isinstance(d, (str, dict)) else list(d) for d in (data_1, data_2)))
         if self.labels:
-            return self._cross_encoder_score(first, second, use_tqdm)
+            pairs = [TokensPrompt(prompt_token_ids=ids)
+                     for ids in cross_encoder_inputs(self.get_tokenizer(), self.labels, first, second)]
+            return [ScoringRequestOutput(o.request_id, o.prompt_token_ids, ScoringOutput(o.outputs.probs[0]))
+                    for o in self._classify(pairs, PoolingParams(task="classify"), use_tqdm, lora_request)]
         distinct: dict[object, PromptType] = {}
         for prompt in first + second:
             distinct.setdefault(_prompt_key(prompt), prompt)
-        vectors = dict(zip(distinct, self._embed(list(distinct.values()), PoolingParams(normalize=True), use_tqdm)))
+        vectors = dict(zip(distinct, self._embed(list(distinct.values()), PoolingParams(normalize=True), use_tqdm,
+                                                 lora_request)))
         pairs = [(vectors[_prompt_key(a)], vectors[_prompt_key(b)]) for a, b in zip(first, second)]
         scores = cosine_scores([a.outputs.embedding for a, _ in pairs], [b.outputs.embedding for _, b in pairs])
         return [ScoringRequestOutput(f"{a.request_id}-{b.request_id}", a.prompt_token_ids + b.prompt_token_ids,
                                      ScoringOutput(s)) for (a, b), s in zip(pairs, scores)]
-
-    def _cross_encoder_score(self, first: list, second: list, use_tqdm: bool) -> list[ScoringRequestOutput]:
-        pairs = [TokensPrompt(prompt_token_ids=ids)
-                 for ids in cross_encoder_inputs(self.get_tokenizer(), self.labels, first, second)]
-        return [ScoringRequestOutput(o.request_id, o.prompt_token_ids, ScoringOutput(o.outputs.probs[0]))
-                for o in self.classify(pairs, use_tqdm=use_tqdm)]
 
     def _generate(self, prompts, sampling_params, use_tqdm: bool, priority, lora_request=None) -> list[RequestOutput]:
         if isinstance(prompts, (str, dict)):

@@ -159,3 +159,26 @@ def test_hf_overrides_that_cannot_apply_are_refused(tmp_path, tokenizer_json):
     with pytest.raises(ValueError, match=r"hf_overrides \(\['architectures'\]\) apply to an HF model directory's "
                                          r"config.json; .*\.gguf is not one"):
         LLM(hf_overrides=base, **ENGINE)  # the default model: a GGUF file
+
+
+def test_a_lora_adapter_classifies_as_its_merged_model(tmp_path, tokenizer_json):
+    """LLM.classify / LLM.score with lora_request (vLLM's): a PEFT adapter of the decoder's projections
+    gives the probabilities of transformers' classifier with the adapter merged, the base model's
+    without it, in one batch."""
+    from corellm import LoRARequest
+    from tests.lora_adapters import make_lora_adapter, merged
+
+    hf = make_tiny_classifier("llama3", tmp_path / "model", tokenizer_json, seed=6)
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    adapted = merged(hf, make_lora_adapter(tmp_path / "adapter", config, rank=8, seed=2, std=0.2))
+    llm = LLM(str(tmp_path / "model"), dtype="float32", enable_lora=True, max_lora_rank=8, **ENGINE)
+    lora = LoRARequest("adapter", 1, str(tmp_path / "adapter"))
+    got = llm.classify(PROMPTS[:2] * 2, lora_request=[lora, lora, None, None], use_tqdm=False)
+    for i, (prompt, out) in enumerate(zip(PROMPTS[:2] * 2, got)):
+        with torch.no_grad():
+            want = (adapted if i < 2 else hf)(torch.tensor([encode(tokenizer_json, prompt)])).logits[0].double()
+        torch.testing.assert_close(torch.tensor(out.outputs.probs, dtype=torch.float64), torch.softmax(want, 0),
+                                   atol=1e-4, rtol=1e-4)
+    assert got[0].outputs.probs != got[2].outputs.probs
+    with pytest.raises(ValueError, match="score's lora_request is one LoRARequest for every pair"):
+        llm.score("w1", "w2", lora_request=[lora], use_tqdm=False)
