@@ -125,7 +125,7 @@ async def answer(request: web.Request, create, model: type[BaseModel], body: dic
     serving = request.app[SERVING]
     serving.model_requests += 1
     try:
-        classifier_labels = serving.engine.parts.loaded.config.classifier_labels
+        classifier_labels = serving.classifier_labels
         if classifier_labels and create in GENERATING:
             raise bad_request(generation_refusal(classifier_labels), "model", "model_not_supported")
         body = await read_body(request) if body is None else body
@@ -164,7 +164,7 @@ async def invocations(request: web.Request) -> web.StreamResponse:
     body = await read_body(request)
     for field, create, model in INVOCATIONS:
         if field in body:
-            if create is create_embedding and request.app[SERVING].engine.parts.loaded.config.classifier_labels:
+            if create is create_embedding and request.app[SERVING].classifier_labels:
                 create, model = create_classification, ClassificationRequest
             return await answer(request, create, model, body)
     raise bad_request("an /invocations body is a chat completion (`messages`), a completion (`prompt`), "

@@ -28,7 +28,7 @@ class ClassificationRequest(PooledInputsRequest):
 
 async def create_classification(serving: Serving, request: web.Request, req: ClassificationRequest) -> web.Response:
     model, lora = serving.resolve_model(req.model)
-    labels = serving.engine.parts.loaded.config.classifier_labels
+    labels = serving.classifier_labels
     if not labels:
         raise bad_request(f"the model {model} is not a sequence classifier (a *ForSequenceClassification model): it "
                           f"has no labels to classify into", "model", "model_not_supported")

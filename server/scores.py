@@ -73,7 +73,7 @@ async def _similarities(serving: Serving, engine_id: str, queries: list[str], do
     as the request's truncate_prompt_tokens and truncation_side say (a text too long is a 400
     naming its field). With a cross-encoder, the classifier's score of each pair encoded together
     (each pair's input cut so)."""
-    labels = serving.engine.parts.loaded.config.classifier_labels
+    labels = serving.classifier_labels
     if labels:
         try:
             pairs = cross_encoder_inputs(serving.tokenizer, labels, queries, documents)

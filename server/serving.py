@@ -95,6 +95,11 @@ class Serving:
         return self.engine.parts.sampling_defaults
 
     @property
+    def classifier_labels(self) -> tuple[str, ...]:
+        """A sequence classifier's labels (ModelConfig's); (): the model generates."""
+        return self.engine.parts.input_processor.classifier_labels
+
+    @property
     def takes_images(self) -> bool:
         """Whether the model takes images (a LLaVA model): chat templates then get content parts."""
         return self.engine.parts.input_processor.image_inputs is not None

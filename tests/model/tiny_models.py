@@ -64,41 +64,38 @@ ARCHS = {
 def make_tiny_model(arch: str, directory: Path, tokenizer_json: Path | None = None, seed: int = 0, **overrides):
     """Creates, saves (safetensors) and returns the HF model (float32, eval mode); `overrides`
     replace config fields (head_dim=72, ...)."""
-    import transformers
-
-    config_cls, model_cls, extra = ARCHS[arch]
-    config = getattr(transformers, config_cls)(**{**TINY, **extra, **overrides})
-    torch.manual_seed(seed)
-    model = getattr(transformers, model_cls)(config).float().eval()
-    with torch.no_grad():  # random biases and norm weights, so that they matter in the comparison
-        for name, p in model.named_parameters():
-            if name.endswith("bias") or "norm" in name:
-                p.normal_(1.0 if "norm" in name else 0.0, 0.2)
-    model.save_pretrained(directory, safe_serialization=True)
-    if tokenizer_json is not None:
-        (directory / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
-    return model
+    return _save_tiny(arch, directory, tokenizer_json, seed, None, overrides)
 
 
 def make_tiny_classifier(arch: str, directory: Path, tokenizer_json: Path | None = None, seed: int = 0,
                          labels: tuple[str, ...] = ("negative", "neutral", "positive"), **overrides):
     """make_tiny_model's decoder as transformers' sequence classifier (Llama -> LlamaForSequenceClassification,
     Gemma 3 -> Gemma3TextForSequenceClassification), its score head over `labels`; saved and returned."""
+    return _save_tiny(arch, directory, tokenizer_json, seed, labels, overrides)
+
+
+def _save_tiny(arch: str, directory: Path, tokenizer_json: Path | None, seed: int, labels: tuple[str, ...] | None,
+               overrides: dict):
+    """The tiny model of `arch` (a classifier over `labels` unless None) with random weights: biases and
+    norm weights drawn too, so that they matter in the comparison, and a classifier's score head
+    wide enough (logits of a few units) that its probabilities differ."""
     import transformers
 
     config_cls, model_cls, extra = ARCHS[arch]
-    config = getattr(transformers, config_cls)(**{**TINY, **extra, **overrides}, num_labels=len(labels),
-                                               id2label=dict(enumerate(labels)),
-                                               label2id={name: i for i, name in enumerate(labels)})
-    classifier = model_cls.replace("ForCausalLM", "ForSequenceClassification").replace("Gemma3For", "Gemma3TextFor")
+    fields = {**TINY, **extra, **overrides}
+    if labels is not None:
+        fields.update(num_labels=len(labels), id2label=dict(enumerate(labels)),
+                      label2id={name: i for i, name in enumerate(labels)})
+        model_cls = model_cls.replace("ForCausalLM", "ForSequenceClassification").replace("Gemma3For", "Gemma3TextFor")
+    config = getattr(transformers, config_cls)(**fields)
     torch.manual_seed(seed)
-    model = getattr(transformers, classifier)(config).float().eval()
+    model = getattr(transformers, model_cls)(config).float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.normal_(1.0 if "norm" in name else 0.0, 0.2)
             elif name == "score.weight":
-                p.normal_(0.0, 0.5)  # logits of a few units, so that the probabilities differ
+                p.normal_(0.0, 0.5)
     model.save_pretrained(directory, safe_serialization=True)
     if tokenizer_json is not None:
         (directory / "tokenizer.json").write_bytes(tokenizer_json.read_bytes())
