@@ -1,17 +1,21 @@
 """AsyncLLM directly: concurrent generators, abort by id and by cancelling, DELTA outputs that
 join to the full text, and blocks back in the pool afterwards; stream_interval's chunks through
-the server; a program that ends without shutdown() exits cleanly."""
+the server; the engine thread's wait for the event loop to take each step's outputs (and its
+bound); a program that ends without shutdown() exits cleanly."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from corellm.config import EngineConfig
-from corellm.engine.async_llm import AsyncLLM
+from corellm.engine import async_llm
+from corellm.engine.async_llm import AsyncLLM, engine_takes_every_core
 from corellm.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -117,11 +121,54 @@ def test_stream_interval_sends_tokens_that_many_at_a_time_through_the_server():
         LLM(stream_interval=4)
 
 
+def test_engine_takes_every_core_counts_the_threads_of_every_local_rank():
+    cores = len(os.sched_getaffinity(0))
+    assert engine_takes_every_core("cpu", cores)
+    assert engine_takes_every_core("cpu", cores + 3)
+    assert not engine_takes_every_core("cuda", cores)
+    if cores > 1:
+        assert not engine_takes_every_core("cpu", cores - 1)
+        assert engine_takes_every_core("cpu", (cores + 1) // 2, local_ranks=2)
+
+
+def _steps_while_the_loop_is_blocked(monkeypatch, wait_s: float, blocked_s: float) -> int:
+    """Outputs (one a step) that one decoding request's queue holds once the event loop, blocked
+    for blocked_s after its first token, runs again: the steps the engine took meanwhile."""
+    monkeypatch.setattr(async_llm, "engine_takes_every_core", lambda *args: True)
+    monkeypatch.setattr(async_llm, "HANDOFF_WAIT_S", wait_s)
+
+    async def run() -> int:
+        engine = AsyncLLM(EngineConfig(max_model_len=512, kv_cache_memory=64 * 1024**2))
+        try:
+            q = engine.add_request("Count:", SamplingParams(temperature=0, max_tokens=300, ignore_eos=True))
+            await q.get()
+            time.sleep(blocked_s)  # the loop takes no outputs meanwhile
+            for _ in range(3):  # the steps' posted callbacks run
+                await asyncio.sleep(0)
+            return q.qsize()
+        finally:
+            await engine.shutdown()
+
+    return asyncio.run(run())
+
+
+def test_the_engine_waits_for_the_event_loop_to_take_a_steps_outputs(monkeypatch):
+    """With the wait on and no bound to speak of, the engine does not run ahead of an event loop that
+    does not take its outputs: one step's outputs posted, then it waits."""
+    assert _steps_while_the_loop_is_blocked(monkeypatch, wait_s=30.0, blocked_s=0.5) <= 1
+
+
+def test_the_wait_for_the_event_loop_is_bounded(monkeypatch):
+    """A busy event loop holds each step up at most HANDOFF_WAIT_S: the engine goes on decoding."""
+    assert _steps_while_the_loop_is_blocked(monkeypatch, wait_s=0.01, blocked_s=0.5) >= 5
+
+
 # Requests still decoding when the program's event loop ends, and no shutdown().
 ENDS_WITHOUT_SHUTDOWN = r"""
 import asyncio
 from corellm.config import EngineConfig
-from corellm.engine.async_llm import AsyncLLM
+from corellm.engine import async_llm
+from corellm.engine.async_llm import AsyncLLM, engine_takes_every_core
 from corellm.sampling_params import SamplingParams
 
 async def main():
