@@ -28,6 +28,7 @@ void bind_model(py::module_& m) {
       .def_readwrite("intermediate", &DecoderDims::intermediate)
       .def_readwrite("eps", &DecoderDims::eps)
       .def_readwrite("scale", &DecoderDims::scale)
+      .def_readwrite("attn_softcap", &DecoderDims::attn_softcap)
       .def_readwrite("max_position", &DecoderDims::max_position)
       .def_readwrite("rot_dim", &DecoderDims::rot_dim)
       .def_readwrite("activation", &DecoderDims::activation)

@@ -58,7 +58,8 @@ def gather_kv(key_cache, value_cache, block_ids, seq_len):
     return k[:seq_len], v[:seq_len]
 
 
-def paged_attention(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, sliding_window=0):
+def paged_attention(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, sliding_window=0,
+                    softcap=0.0):
     num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[3]
     head_size = key_cache.shape[2] * key_cache.shape[4]
     num_heads = q.shape[1] // head_size
@@ -74,6 +75,8 @@ def paged_attention(q, key_cache, value_cache, block_table, seq_lens, query_star
         v = v.double().repeat_interleave(group, dim=1)
         qs = q[a:b].double().view(n, num_heads, head_size)
         scores = torch.einsum("qhd,khd->hqk", qs, k) * scale
+        if softcap:
+            scores = torch.tanh(scores / softcap) * softcap
         qpos = torch.arange(L - n, L)[:, None]
         kpos = torch.arange(L)[None, :]
         allowed = kpos <= qpos

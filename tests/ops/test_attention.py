@@ -2,7 +2,7 @@
 GQA ratios, head sizes, prefix (context) lengths, dtypes, sliding windows and batch mixes, on
 every instruction-set path this CPU runs (avx2: bf16 caches a span at a time, each pair widened,
 fp32 ones through the generic fold; avx512: per token, fp32 caches read in place; avx512bf16 and
-amx: bf16 caches a span at a time on their dot products)."""
+amx: bf16 caches a span at a time on their dot products); Gemma 2's soft-capped scores on each."""
 
 from __future__ import annotations
 
@@ -81,6 +81,33 @@ def test_paged_attention_sliding_window(window, dtype, isa):
     got = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, sliding_window=window, cpu_isa=isa)
     want = ref.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, sliding_window=window)
     torch.testing.assert_close(got.double(), want, **TOL[dtype])
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", [1, 4, 6, 10])
+@pytest.mark.parametrize("softcap", [5.0, 50.0])
+def test_soft_capped_scores_match_the_reference(softcap, case, dtype, isa):
+    """softcap * tanh(s / softcap) of the scaled scores before the softmax, on every fold: the span
+    folds (block sizes 16), the per-token and generic ones (block size 8). A scale of 1 makes the
+    scores large enough (sd ~ sqrt(head_size)) for a cap of 5 to change most of them."""
+    seqs, heads, kv_heads, head_size, block_size = CASES[case]
+    kc, vc, table, seq_lens, qsl = make_batch(seqs, kv_heads, head_size, block_size, dtype, seed=case)
+    q = torch.randn(int(qsl[-1]), heads * head_size).to(dtype)
+    got = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 1.0, cpu_isa=isa, softcap=softcap)
+    want = ref.paged_attention(q, kc, vc, table, seq_lens, qsl, 1.0, softcap=softcap)
+    uncapped = ref.paged_attention(q, kc, vc, table, seq_lens, qsl, 1.0)
+    torch.testing.assert_close(got.double(), want, **TOL[dtype])
+    if softcap == 5.0:  # the cap changed the result well beyond the tolerance
+        assert (want - uncapped).abs().max() > 0.2
+
+
+def test_a_bad_softcap_is_refused():
+    kc, vc, table, seq_lens, qsl = make_batch([(10, 10)], 1, 64, 16, torch.float32, seed=0)
+    q = torch.randn(10, 64)
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="softcap must be 0"):
+            ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, softcap=bad)
 
 
 def test_a_path_this_cpu_cannot_run_or_an_unknown_one_is_refused():

@@ -157,13 +157,13 @@ void tile_values(const TileRows& rows, const Span& span, int64_t r0, int64_t r_b
 // Folds the span into every row that sees a key of it (attention_tile.h's fold_span_bf16, on
 // tiles).
 template <int HD>
-void fold_span_bf16(const TileRows& rows, const Span& span, int64_t bs, float scale, const TileScratch& sc) {
+void fold_span_bf16(const TileRows& rows, const Span& span, int64_t bs, ScoreScaling scaling, const TileScratch& sc) {
   const auto [r_begin, r_end, key_lo, key_hi] = span_reach(rows, span);
   if (r_end <= r_begin) return;
   configure_tiles();
   const int64_t tile_begin = r_begin / kAmxTileRows * kAmxTileRows;
   for (int64_t r0 = tile_begin; r0 < r_end; r0 += kAmxTileRows) tile_scores<HD>(rows, span, bs, r0, sc.s);
-  avx512::tile_softmax_rows(rows, span, r_begin, r_end, scale, sc);
+  avx512::tile_softmax_rows(rows, span, r_begin, r_end, scaling, sc);
   for (int64_t r = r_begin; r < r_end; ++r) {  // acc rescaled here, before the tile products
     const __m512 correction = _mm512_set1_ps(sc.correction[r]);
     float* acc = rows.acc + r * HD;
@@ -179,7 +179,8 @@ void fold_span_bf16(const TileRows& rows, const Span& span, int64_t bs, float sc
 }  // namespace amx
 #pragma GCC pop_options
 
-using SpanFoldFn = void (*)(const TileRows& rows, const Span& span, int64_t bs, float scale, const TileScratch& sc);
+using SpanFoldFn = void (*)(const TileRows& rows, const Span& span, int64_t bs, ScoreScaling scaling,
+                           const TileScratch& sc);
 
 // A path's fold for head size hd among its four instantiations (null: another head size).
 inline SpanFoldFn fold_for_head_size(int64_t hd, SpanFoldFn hd32, SpanFoldFn hd64, SpanFoldFn hd128,

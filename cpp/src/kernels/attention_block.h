@@ -33,18 +33,33 @@ struct RowState {
   float* acc;          // [head_size] running sum of e^(score - m) * v
 };
 
+// What a score q . k becomes before the softmax: times `scale`, then, where softcap > 0,
+// softcap * tanh(x / softcap) (Gemma 2's attention logit soft-capping), the tanh as
+// 1 - 2 / (e^(2y) + 1) with fast_exp (the vector forms below compute the same function).
+struct ScoreScaling {
+  float scale = 1.0f;
+  float softcap = 0.0f;  // 0: none
+};
+
+inline float soft_capped(float x, float softcap) {
+  return softcap - (softcap + softcap) / (fast_exp(x * (2.0f / softcap)) + 1.0f);
+}
+
 // Rescale factor of the old state when the max grows (0 before the first visible key).
 inline float rescale(float m_old, float m_new) { return m_old == kNegInf ? 0.0f : fast_exp(m_old - m_new); }
 
 // Portable fold. kf: [head_size, block_size] keys transposed, vf: [block_size, head_size], fp32;
 // s: scratch of block_size floats.
 inline void fold_block_generic(const RowState& row, const float* kf, const float* vf, int64_t hd, int64_t bs,
-                               int64_t lo, int64_t hi, float* s) {
+                               int64_t lo, int64_t hi, float* s, float softcap) {
   std::fill(s, s + bs, 0.0f);
   for (int64_t d = 0; d < hd; ++d) {
     const float qd = row.q[d];
     const float* kd = kf + d * bs;
     for (int64_t t = 0; t < bs; ++t) s[t] += qd * kd[t];
+  }
+  if (softcap > 0.0f) {
+    for (int64_t t = lo; t < hi; ++t) s[t] = soft_capped(s[t], softcap);
   }
   float block_max = kNegInf;
   for (int64_t t = lo; t < hi; ++t) block_max = std::max(block_max, s[t]);
@@ -78,6 +93,15 @@ inline __mmask16 visible_lanes(int64_t t0, int64_t lo, int64_t hi, int64_t& firs
   return static_cast<__mmask16>(((1u << last) - 1u) & ~((1u << first) - 1u));
 }
 
+// x scaled and soft-capped as `scaling` says, on 16 lanes (soft_capped's function).
+inline __m512 scaled16(__m512 x, ScoreScaling scaling) {
+  x = _mm512_mul_ps(x, _mm512_set1_ps(scaling.scale));
+  if (scaling.softcap <= 0.0f) return x;
+  const __m512 cap = _mm512_set1_ps(scaling.softcap);
+  const __m512 e = exp16(_mm512_mul_ps(x, _mm512_set1_ps(2.0f / scaling.softcap)));
+  return _mm512_sub_ps(cap, _mm512_div_ps(_mm512_add_ps(cap, cap), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+}
+
 // Masked online-softmax update for 16 scores; returns the probabilities (0 on hidden lanes)
 // and the factor the accumulator must be multiplied by.
 inline __m512 softmax_step(const RowState& row, __m512 s, __mmask16 visible, float& correction) {
@@ -93,7 +117,8 @@ inline __m512 softmax_step(const RowState& row, __m512 s, __mmask16 visible, flo
 // fp32 cache read in place: kf [HD, BS] (keys transposed), vf [BS, HD]. Sizes are template
 // parameters so that the scores and the accumulator live in registers.
 template <int HD, int BS>
-void fold_block_fp32(const RowState& row, const float* kf, const float* vf, int64_t lo, int64_t hi, float) {
+void fold_block_fp32(const RowState& row, const float* kf, const float* vf, int64_t lo, int64_t hi,
+                     ScoreScaling scaling) {
   constexpr int kChunks = HD / 16;
   for (int64_t t0 = lo - lo % 16; t0 < hi; t0 += 16) {
     __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;  // four chains over the dims
@@ -107,8 +132,10 @@ void fold_block_fp32(const RowState& row, const float* kf, const float* vf, int6
     int64_t first, last;
     const __mmask16 visible = visible_lanes(t0, lo, hi, first, last);
     float correction;
-    const __m512 p = softmax_step(row, _mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)), visible,
-                                  correction);
+    // q was scaled already: only the soft cap is left to apply.
+    const __m512 p = softmax_step(row, scaled16(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)),
+                                                ScoreScaling{1.0f, scaling.softcap}),
+                                  visible, correction);
     alignas(64) float pv[16];
     _mm512_store_ps(pv, p);
     const __m512 corr = _mm512_set1_ps(correction);
@@ -125,8 +152,8 @@ void fold_block_fp32(const RowState& row, const float* kf, const float* vf, int6
 
 template <int HD, int BS>
 void fold_fp32(const RowState* rows, int num_rows, const float* kf, const float* vf, int64_t lo, int64_t hi,
-               float scale) {
-  for (int r = 0; r < num_rows; ++r) fold_block_fp32<HD, BS>(rows[r], kf, vf, lo, hi, scale);
+               ScoreScaling scaling) {
+  for (int r = 0; r < num_rows; ++r) fold_block_fp32<HD, BS>(rows[r], kf, vf, lo, hi, scaling);
 }
 
 }  // namespace avx512
@@ -136,7 +163,7 @@ void fold_fp32(const RowState* rows, int num_rows, const float* kf, const float*
 constexpr int kMaxRows = 4;
 template <class T>
 using FoldFn = void (*)(const RowState* rows, int num_rows, const T* kb, const T* vb, int64_t lo, int64_t hi,
-                        float scale);
+                        ScoreScaling scaling);
 
 // The per-token fold for this cache type and shape on path `isa`: AVX-512 for fp32 caches. Null:
 // the generic path (bf16 caches of shapes no span fold serves (attention_amx.h's

@@ -45,6 +45,15 @@ using corellm::avx2::exp8;
 using corellm::avx2::reduce_add8;
 using corellm::avx2::reduce_max8;
 
+// x scaled and soft-capped as `scaling` says, on 8 lanes (attention_block.h's soft_capped).
+inline __m256 scaled8(__m256 x, ScoreScaling scaling) {
+  x = _mm256_mul_ps(x, _mm256_set1_ps(scaling.scale));
+  if (scaling.softcap <= 0.0f) return x;
+  const __m256 cap = _mm256_set1_ps(scaling.softcap);
+  const __m256 e = exp8(_mm256_mul_ps(x, _mm256_set1_ps(2.0f / scaling.softcap)));
+  return _mm256_sub_ps(cap, _mm256_div_ps(_mm256_add_ps(cap, cap), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+}
+
 // Rows [r0, r0 + R)'s queries widened from bf16 pairs to fp32: q[r][HD].
 template <int HD, int R>
 void widen_queries(const TileRows& rows, int64_t r0, float (*q)[HD]) {
@@ -87,7 +96,7 @@ void span_scores(const float (*q)[HD], const Span& span, int64_t bs, int64_t g_b
 // Row r's softmax over the span: S scaled and masked to its visible keys, m and l updated, P
 // (fp32, 0 where hidden) written over S, and the factor acc is rescaled by. A row that sees no
 // key of the span gets P = 0, factor 1.
-inline void softmax_row(const TileRows& rows, const Span& span, int64_t r, float scale, const TileScratch& sc) {
+inline void softmax_row(const TileRows& rows, const Span& span, int64_t r, ScoreScaling scaling, const TileScratch& sc) {
   const int64_t lo = std::max<int64_t>(rows.lo[r] - span.t0, 0);
   const int64_t hi = std::min<int64_t>(rows.hi[r] - span.t0, span.keys);
   float* s = sc.s + r * kSpanKeys;
@@ -102,7 +111,7 @@ inline void softmax_row(const TileRows& rows, const Span& span, int64_t r, float
   const bool all_visible = lo == 0 && hi == span.keys;
   __m256 row_max = neg_inf;
   for (int64_t v = 0; v < vectors; ++v) {
-    __m256 x = _mm256_mul_ps(_mm256_loadu_ps(s + kLanes * v), _mm256_set1_ps(scale));
+    __m256 x = scaled8(_mm256_loadu_ps(s + kLanes * v), scaling);
     if (!all_visible) {  // a select, not a product: a stale NaN score stays out
       const __m256i key = _mm256_add_epi32(lane, _mm256_set1_epi32(static_cast<int32_t>(kLanes * v)));
       const __m256i visible = _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int32_t>(lo)), key),

@@ -98,7 +98,7 @@ void span_scores(const float (*q)[HD], const Span& span, int64_t bs, int64_t g_b
 // Row r's softmax over the span: S scaled and masked to its visible keys, m and l updated, P
 // (fp32, 0 where hidden) written over S, and the factor acc is rescaled by. A row that sees no
 // key of the span gets P = 0, factor 1.
-inline void softmax_row(const TileRows& rows, const Span& span, int64_t r, float scale, const TileScratch& sc) {
+inline void softmax_row(const TileRows& rows, const Span& span, int64_t r, ScoreScaling scaling, const TileScratch& sc) {
   const int64_t lo = std::max<int64_t>(rows.lo[r] - span.t0, 0);
   const int64_t hi = std::min<int64_t>(rows.hi[r] - span.t0, span.keys);
   float* s = sc.s + r * kSpanKeys;
@@ -113,7 +113,7 @@ inline void softmax_row(const TileRows& rows, const Span& span, int64_t r, float
   __mmask16 visible[kSpanKeys / kLanes];
   __m512 row_max = neg_inf;
   for (int64_t v = 0; v < vectors; ++v) {
-    __m512 x = _mm512_mul_ps(_mm512_loadu_ps(s + kLanes * v), _mm512_set1_ps(scale));
+    __m512 x = avx512::scaled16(_mm512_loadu_ps(s + kLanes * v), scaling);
     if (!all_visible) {  // a select, not a product: a stale NaN score stays out
       int64_t first, last;
       visible[v] = kLanes * v < hi && kLanes * v + kLanes > lo ? avx512::visible_lanes(kLanes * v, lo, hi, first, last) : 0;

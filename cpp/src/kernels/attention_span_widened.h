@@ -61,7 +61,7 @@ void span_values(const TileRows& rows, const Span& span, int64_t r0, int64_t g_b
 // Folds the span into every row that sees a key of it, a block of rows at a time from their
 // scores to their values (the block's K and V stay in L1 between the two).
 template <int HD>
-void fold_span_bf16(const TileRows& rows, const Span& span, int64_t bs, float scale, const TileScratch& sc) {
+void fold_span_bf16(const TileRows& rows, const Span& span, int64_t bs, ScoreScaling scaling, const TileScratch& sc) {
   const auto [r_begin, r_end, key_lo, key_hi] = span_reach(rows, span);
   if (r_end <= r_begin) return;
   for_row_blocks(r_begin, r_end, [&](auto rows_in_block, int64_t r0) {
@@ -72,7 +72,7 @@ void fold_span_bf16(const TileRows& rows, const Span& span, int64_t bs, float sc
     float q[R][HD];
     widen_queries<HD, R>(rows, r0, q);
     span_scores<HD, R>(q, span, bs, g_begin, g_end, sc.s + r0 * kSpanKeys);
-    for (int64_t r = r0; r < r0 + R; ++r) softmax_row(rows, span, r, scale, sc);
+    for (int64_t r = r0; r < r0 + R; ++r) softmax_row(rows, span, r, scaling, sc);
     span_values<HD, R>(rows, span, r0, g_begin, g_end, sc);
   });
 }

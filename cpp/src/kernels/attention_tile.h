@@ -156,7 +156,7 @@ void tile_scores(const TileRows& rows, const Span& span, int64_t bs, int64_t r0,
 // writes P as bf16 pairs (0 where hidden) and the factor acc is rescaled by. A row that sees no
 // key of the span gets P = 0, factor 1.
 template <int V>
-void tile_softmax_row(const TileRows& rows, const Span& span, int64_t r, float scale, const TileScratch& sc) {
+void tile_softmax_row(const TileRows& rows, const Span& span, int64_t r, ScoreScaling scaling, const TileScratch& sc) {
   const int64_t lo = std::max<int64_t>(rows.lo[r] - span.t0, 0);
   const int64_t hi = std::min<int64_t>(rows.hi[r] - span.t0, span.keys);
   uint32_t* p_row = sc.p + r * (kSpanKeys / 2);
@@ -177,7 +177,7 @@ void tile_softmax_row(const TileRows& rows, const Span& span, int64_t r, float s
       x[kv] = _mm512_set1_ps(kNegInf);
       continue;
     }
-    x[kv] = _mm512_mul_ps(_mm512_loadu_ps(s + kv * 16), _mm512_set1_ps(scale));
+    x[kv] = scaled16(_mm512_loadu_ps(s + kv * 16), scaling);
     if (!all_visible) {
       int64_t first, last;
       visible[kv] = kv * 16 < hi && kv * 16 + 16 > lo ? visible_lanes(kv * 16, lo, hi, first, last) : 0;
@@ -200,14 +200,14 @@ void tile_softmax_row(const TileRows& rows, const Span& span, int64_t r, float s
 }
 
 // tile_softmax_row for rows [r_begin, r_end), with as many registers as the span has vectors.
-inline void tile_softmax_rows(const TileRows& rows, const Span& span, int64_t r_begin, int64_t r_end, float scale,
+inline void tile_softmax_rows(const TileRows& rows, const Span& span, int64_t r_begin, int64_t r_end, ScoreScaling scaling,
                               const TileScratch& sc) {
   const int64_t vectors = span.keys / 16;
   for (int64_t r = r_begin; r < r_end; ++r) {
-    if (vectors > 4) tile_softmax_row<8>(rows, span, r, scale, sc);
-    else if (vectors > 2) tile_softmax_row<4>(rows, span, r, scale, sc);
-    else if (vectors > 1) tile_softmax_row<2>(rows, span, r, scale, sc);
-    else tile_softmax_row<1>(rows, span, r, scale, sc);
+    if (vectors > 4) tile_softmax_row<8>(rows, span, r, scaling, sc);
+    else if (vectors > 2) tile_softmax_row<4>(rows, span, r, scaling, sc);
+    else if (vectors > 1) tile_softmax_row<2>(rows, span, r, scaling, sc);
+    else tile_softmax_row<1>(rows, span, r, scaling, sc);
   }
 }
 
@@ -274,13 +274,13 @@ void for_row_blocks(int64_t begin, int64_t end, F&& f) {
 
 // Folds the span into every row that sees a key of it.
 template <int HD>
-void fold_span_bf16(const TileRows& rows, const Span& span, int64_t bs, float scale, const TileScratch& sc) {
+void fold_span_bf16(const TileRows& rows, const Span& span, int64_t bs, ScoreScaling scaling, const TileScratch& sc) {
   const auto [r_begin, r_end, key_lo, key_hi] = span_reach(rows, span);
   if (r_end <= r_begin) return;
   for_row_blocks(r_begin, r_end, [&](auto rows_in_block, int64_t r0) {
     tile_scores<HD, decltype(rows_in_block)::value>(rows, span, bs, r0, sc.s);
   });
-  tile_softmax_rows(rows, span, r_begin, r_end, scale, sc);
+  tile_softmax_rows(rows, span, r_begin, r_end, scaling, sc);
   const int64_t pair_begin = key_lo / 2, pair_end = (key_hi + 1) / 2;
   for_row_blocks(r_begin, r_end, [&](auto rows_in_block, int64_t r0) {
     tile_values<HD, decltype(rows_in_block)::value>(rows, span, r0, pair_begin, pair_end, sc);

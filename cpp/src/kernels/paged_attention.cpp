@@ -173,7 +173,7 @@ void run_spans(const PagedAttentionArgs& a, const WorkItem& w, const WorkItem* n
         span.keys += 16;
       }
     }
-    fold_span(tile, span, bs, a.scale, scratch);
+    fold_span(tile, span, bs, attention::ScoreScaling{a.scale, a.softcap}, scratch);
   }
 }
 
@@ -222,10 +222,11 @@ void run_blocks(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, att
                        &sc.l[r], &sc.acc[r * static_cast<size_t>(hd)]};
         }
         if (fold != nullptr) {
-          fold(states, num_rows, kb, vb, lo, hi, a.scale);
+          fold(states, num_rows, kb, vb, lo, hi, attention::ScoreScaling{a.scale, a.softcap});
         } else {
           for (int k = 0; k < num_rows; ++k) {
-            attention::fold_block_generic(states[k], sc.k.data(), sc.v.data(), hd, bs, lo, hi, sc.s.data());
+            attention::fold_block_generic(states[k], sc.k.data(), sc.v.data(), hd, bs, lo, hi, sc.s.data(),
+                                          a.softcap);
           }
         }
       }
@@ -423,6 +424,8 @@ void paged_attention(const PagedAttentionArgs& a) {
   check_cpu_runs(a.isa, "paged_attention");
   CORELLM_CHECK_ARG(a.num_heads > 0 && c.num_kv_heads > 0 && a.num_heads % c.num_kv_heads == 0,
                     "num_heads (", a.num_heads, ") must be a multiple of num_kv_heads (", c.num_kv_heads, ")");
+  CORELLM_CHECK_ARG(a.softcap >= 0.0f && std::isfinite(a.softcap), "softcap must be 0 (none) or positive, got ",
+                    a.softcap);
   CORELLM_CHECK_ARG(a.dtype == DType::F32 || c.block_size % 2 == 0,
                     "bf16 KV caches need an even block_size, got ", c.block_size);
   // Validate the metadata before any thread reads the cache through it.

@@ -363,6 +363,7 @@ void DecoderStack::layer(size_t index, const DecoderStepArgs& step, Scratch& s) 
   PagedAttentionArgs a{s.attn.data(), q, qkv_size_, w.key_cache, w.value_cache, cache_, step.block_table,
                        step.block_table_stride, step.seq_lens, step.query_start_loc, step.num_seqs,
                        dims_.num_heads, dims_.scale, w.sliding_window, bf16};
+  a.softcap = dims_.attn_softcap;
   paged_attention(a);
   w.o.forward(s.attn.data(), q_size_, h, hidden, n);
   add_lora(&LoraLayer::o, index, h, hidden, s.attn.data(), q_size_, n, lora, s);

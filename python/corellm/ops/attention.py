@@ -8,6 +8,8 @@ elements per 32-bit lane (1 for float32, 2 for bfloat16, whose dot-product instr
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from corellm.ops._backend import backend
@@ -84,6 +86,7 @@ def paged_attention(
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
     cpu_isa: str = "",
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Causal attention of each sequence's query tokens (its last ones) over its cached K/V.
     q [num_tokens, num_heads * head_size]; block_table [num_seqs, max_blocks] int32;
@@ -92,12 +95,19 @@ def paged_attention(
     sequence of the batch (or more: a captured graph's worst case), when the caller knows them;
     otherwise they are read from the device (a sync). They size the kernels' grids, and a decode
     batch's workspace for its split contexts. cpu_isa (CPU): the instruction-set path to run
-    ("avx2", "avx512", "avx512bf16", "amx"; empty: the process's), for tests and benchmarks."""
+    ("avx2", "avx512", "avx512bf16", "amx"; empty: the process's), for tests and benchmarks. softcap
+    > 0: each scaled score s becomes softcap * tanh(s / softcap) before the softmax (Gemma 2's
+    attention logit soft-capping; the CPU kernels only)."""
     op = "paged_attention"
     num_blocks, num_kv_heads, head_size, block_size = _check_caches(op, key_cache, value_cache)
     be = backend(op, key_cache)
     if cpu_isa and be.extra:
         raise ValueError(f"{op}: cpu_isa={cpu_isa!r} names a CPU path, but the caches are on {key_cache.device}")
+    if not (softcap >= 0 and math.isfinite(softcap)):
+        raise ValueError(f"{op}: softcap must be 0 (none) or positive, got {softcap}")
+    if softcap and be.extra:
+        raise ValueError(f"{op}: attention logit soft-capping (softcap={softcap}) is not implemented in the CUDA "
+                         f"kernels")
     check(op, "q", q, ndim=2, dtype=key_cache.dtype, device=key_cache.device)
     if q.shape[1] % head_size or (q.shape[1] // head_size) % num_kv_heads:
         raise ValueError(f"{op}: q width {q.shape[1]} is not a multiple of num_kv_heads ({num_kv_heads}) "
@@ -129,7 +139,7 @@ def paged_attention(
         workspace = torch.empty(size, dtype=torch.uint8, device=q.device) if size else None
         extra = (int(max_query_len), int(max_seq_len), 0 if workspace is None else workspace.data_ptr(), *be.extra)
     else:
-        extra = (cpu_isa,)
+        extra = (cpu_isa, float(softcap))
     be.kernels.paged_attention(out.data_ptr(), q.data_ptr(), row_stride(q), key_cache.data_ptr(),
                                value_cache.data_ptr(), num_blocks, num_kv_heads, head_size, block_size,
                                block_table.data_ptr(), row_stride(block_table), seq_lens.data_ptr(),

@@ -51,6 +51,7 @@ struct PagedAttentionArgs {
   int64_t sliding_window;
   DType dtype;
   CpuIsa isa = cpu_isa();  // the instruction-set path (tests and benchmarks may ask for another)
+  float softcap = 0.0f;    // > 0: each scaled score s becomes softcap * tanh(s / softcap) (Gemma 2)
 };
 
 void paged_attention(const PagedAttentionArgs& args);

@@ -62,6 +62,7 @@ struct DecoderDims {
   int64_t intermediate = 0;
   float eps = 0.0f;                        // RMSNorm epsilon
   float scale = 0.0f;                      // attention softmax scale
+  float attn_softcap = 0.0f;               // > 0: the scaled scores soft-capped (PagedAttentionArgs::softcap)
   int64_t max_position = 0;                // the layers' rope tables: [max_position, rot_dim]
   int64_t rot_dim = 0;
   GatedActivation activation = GatedActivation::kSilu;
