@@ -91,11 +91,12 @@ def test_a_token_outside_the_vocabulary_is_refused(tiny_bf16):
         runner.step([[384]])
 
 
-def test_gemma3_sliding_layers_see_only_their_window(tiny_bf16):
-    """Prompts longer than the tiny Gemma 3's window (16 tokens; its middle layer global): the
-    native stack passes each layer its own window and rope table, bit-identical to the per-op forward."""
-    if tiny_bf16.config.architecture != "Gemma3ForCausalLM":
-        pytest.skip("Gemma 3 only")
+def test_gemma_sliding_layers_see_only_their_window(tiny_bf16):
+    """Prompts longer than the tiny Gemma 3's and Gemma 2's window (16 tokens; their middle layer
+    global): the native stack passes each layer its own window and rope table (and Gemma 2's soft
+    cap), bit-identical to the per-op forward."""
+    if tiny_bf16.config.architecture not in ("Gemma2ForCausalLM", "Gemma3ForCausalLM"):
+        pytest.skip("Gemma 2 and 3 only")
     prompts = _prompts([40, 23], seed=6)
     native = greedy_decode(tiny_bf16, prompts, 6, native=True)
     assert torch.equal(native, greedy_decode(tiny_bf16, prompts, 6, native=False))

@@ -27,6 +27,13 @@ ARCHS = {
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
                dict(head_dim=16, sliding_window=16, query_pre_attn_scalar=24, tie_word_embeddings=True,
                     layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+    # Gemma 2: Gemma 3's layers without q/k norms, sliding and global layers alternating, one rope
+    # base; its attention scores and logits soft-capped, with caps small enough to change this
+    # random model's small scores and logits (each cap alone moves the logits by 0.03-0.16, see
+    # test_gemma2.py). transformers applies the attention's cap in its eager attention only.
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(head_dim=16, sliding_window=16, query_pre_attn_scalar=4, attn_logit_softcapping=0.5,
+                    final_logit_softcapping=1.0, tie_word_embeddings=True, attn_implementation="eager")),
     # Mixtures of experts: four experts, two per token. Mixtral renormalizes the pair's weights;
     # this Qwen3-MoE does not (norm_topk_prob False), and its middle layer is dense (mlp_only_layers).
     "mixtral": ("MixtralConfig", "MixtralForCausalLM",

@@ -47,7 +47,7 @@ _GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm.weight": "post_atten
 # Phi-3 keeps q/k/v fused (attn_qkv) and gate/up fused (ffn_up, gate rows first), as its checkpoints do.
 _PHI3_LAYER_NAMES = {**_LAYER_NAMES, "attn_qkv.weight": "self_attn.qkv_proj.weight",
                      "ffn_up.weight": "mlp.gate_up_proj.weight"}
-_LAYER_NAMES_OF = {"gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}
+_LAYER_NAMES_OF = {"gemma2": _GEMMA3_LAYER_NAMES, "gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 # A mixture of experts' tensors: the router; every expert's gate, up or down in one 3-D tensor
 # [experts, rows, columns] (llama.cpp's converters), or one per expert (early Mixtral files).
@@ -132,7 +132,7 @@ class GGUFModelFile:
             scaling = self._longrope_scaling()
         head_dim = int(self._arch_field("attention.key_length", hidden // heads))
         eos = self.field("tokenizer.ggml.eos_token_id")
-        gemma = self._gemma3_fields(hidden, heads) if self.arch == "gemma3" else {}
+        gemma = self._gemma_fields(hidden, heads) if self.arch in ("gemma2", "gemma3") else {}
         granite = self._granite_fields() if self.arch in ("granite", "granitemoe") else {}
         experts = self._expert_fields(names)
         architecture = GGUF_ARCHITECTURES[self.arch]
@@ -209,14 +209,16 @@ class GGUFModelFile:
                     dense_layers=tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in names),
                     shared_expert_intermediate_size=int(self._arch_field("expert_shared_feed_forward_length", 0) or 0))
 
-    def _gemma3_fields(self, hidden: int, heads: int) -> dict[str, Any]:
+    def _gemma_fields(self, hidden: int, heads: int) -> dict[str, Any]:
         """What a Gemma 3 file implies as llama.cpp reads it: every sixth layer global (the rest
         sliding, rope base 10000 there), attention scaled by the head size (27B: hidden / heads),
         GeGLU, sandwich norms stored as 1 + w, embeddings times sqrt(hidden); <end_of_turn> ends a
-        turn as EOS does."""
+        turn as EOS does. A Gemma 2 file: every second layer global (the first sliding), one rope base,
+        27B's 46 layers scaled by hidden / heads, and its soft caps."""
         layers = int(self._arch_field("block_count"))
-        pattern = int(self._arch_field("attention.sliding_window_pattern", GEMMA3_SLIDING_PATTERN) or
-                      GEMMA3_SLIDING_PATTERN)
+        gemma2 = self.arch == "gemma2"
+        pattern = 2 if gemma2 else int(self._arch_field("attention.sliding_window_pattern", GEMMA3_SLIDING_PATTERN) or
+                                        GEMMA3_SLIDING_PATTERN)
         head_dim = int(self._arch_field("attention.key_length", hidden // heads))
         tokens = self.field("tokenizer.ggml.tokens") or []
         end_of_turn = [i for i, t in enumerate(tokens[:1024]) if t == "<end_of_turn>"]
@@ -224,8 +226,12 @@ class GGUFModelFile:
             hidden_activation="gelu_pytorch_tanh", embedding_multiplier=hidden**0.5, sandwich_norms=True,
             layer_types=tuple("full_attention" if i % pattern == pattern - 1 else "sliding_attention"
                               for i in range(layers)),
-            rope_local_theta=10000.0, query_pre_attn_scalar=float(hidden // heads if layers == 62 else head_dim),
-            norm_weight_offset=1.0, extra_eos=end_of_turn)
+            rope_local_theta=float(self._arch_field("rope.freq_base", 10000.0)) if gemma2 else 10000.0,
+            query_pre_attn_scalar=float(hidden // heads if layers == (46 if gemma2 else 62) else head_dim),
+            norm_weight_offset=1.0, extra_eos=end_of_turn,
+            **(dict(attn_logit_softcapping=float(self._arch_field("attn_logit_softcapping", 0.0) or 0.0),
+                    final_logit_softcapping=float(self._arch_field("final_logit_softcapping", 0.0) or 0.0))
+               if gemma2 else {}))
 
     def rope_factors(self) -> torch.Tensor | None:
         for t in self.reader.tensors:
@@ -254,7 +260,7 @@ class GGUFModelFile:
         return Tokenizer(backend, bos_token_id=bos, eos_token_ids=[] if eos is None else [int(eos)],
                          pad_token_id=self.field("tokenizer.ggml.padding_token_id"),
                          chat_template=self.field("tokenizer.chat_template") or
-                         (GEMMA_CHAT_TEMPLATE if self.arch == "gemma3" else None), source=str(self.path))
+                         (GEMMA_CHAT_TEMPLATE if self.arch in ("gemma2", "gemma3") else None), source=str(self.path))
 
     def weights(self, dtype: torch.dtype, progress: bool = True,
                 quantized: bool = False) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
@@ -288,7 +294,7 @@ class GGUFModelFile:
             array = self._dequantized(t)
             if heads is not None:
                 array = unpermute_qk(array, heads)
-            if self.arch == "gemma3" and name.endswith("norm.weight"):  # stored as 1 + w: back to HF's w
+            if self.arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):  # stored as 1 + w: back to HF's w
                 array = array - np.float32(1.0)
             yield name, torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
 

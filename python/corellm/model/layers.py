@@ -206,6 +206,7 @@ class Attention:
         self.head_dim = config.head_dim
         self.q_size, self.kv_size = config.q_size, config.kv_size
         self.scale = config.attention_scale
+        self.softcap = config.attn_logit_softcapping  # Gemma 2 (0: none)
         self.eps = config.rms_norm_eps
         self.sliding_window = config.layer_window(layer)
         empty = lambda *shape: torch.empty(shape, dtype=dtype, device=device)  # noqa: E731
@@ -242,7 +243,8 @@ class Attention:
         ops.reshape_and_cache(k, v, key_cache, value_cache, attn.slot_mapping)
         out = ops.paged_attention(q, key_cache, value_cache, attn.block_table, attn.seq_lens,
                                   attn.query_start_loc, self.scale, self.sliding_window,
-                                  max_query_len=attn.max_query_len or None, max_seq_len=attn.max_seq_len or None)
+                                  max_query_len=attn.max_query_len or None, max_seq_len=attn.max_seq_len or None,
+                                  softcap=self.softcap)
         o = self.o_proj(out)
         if lora is not None:
             lora(o, out, "o")

@@ -369,4 +369,7 @@ class LlamaForCausalLM:
             logits = full if out is None else out.copy_(full)
         if self.config.logits_scaling != 1.0:  # Granite
             logits.div_(self.config.logits_scaling)
+        cap = self.config.final_logit_softcapping
+        if cap:  # Gemma 2: cap * tanh(logits / cap), in fp32 as HF computes it
+            logits.div_(cap).tanh_().mul_(cap)
         return logits

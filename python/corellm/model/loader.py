@@ -221,6 +221,10 @@ def check_head_size_on_device(config: ModelConfig, device: torch.device) -> None
     CPU kernels take any even head size; the CUDA ones a fixed list)."""
     if device.type != "cuda":
         return
+    if config.attn_logit_softcapping:
+        raise ValueError(f"{config.source}: attention logit soft-capping ({config.architecture}'s "
+                         f"attn_logit_softcapping) is not implemented in corellm's CUDA kernels; run this model "
+                         f"with device='cpu'")
     from corellm.ops._backend import cuda_attention_head_sizes
 
     sizes = cuda_attention_head_sizes()

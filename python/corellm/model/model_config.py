@@ -14,6 +14,7 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "MixtralForCausalLM": "mixtral",
     "Qwen3MoeForCausalLM": "qwen3_moe",
@@ -37,6 +38,7 @@ GGUF_ARCHITECTURES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM",  # (a "llama" file with experts is Mixtral's)
     "qwen2moe": "Qwen2MoeForCausalLM",
@@ -87,6 +89,10 @@ class ModelConfig:
     rope_local_theta: float = 0.0  # rope base of the sliding_attention layers (0: rope_theta)
     query_pre_attn_scalar: float = 0.0  # attention scale = this ** -0.5 (0: head_dim)
     norm_weight_offset: float = 0.0  # RMSNorm scales by (offset + weight) (Gemma: 1)
+    # Gemma 2: the attention's scaled scores s become cap * tanh(s / cap) before the softmax, and the
+    # logits l cap * tanh(l / cap) (0: none)
+    attn_logit_softcapping: float = 0.0
+    final_logit_softcapping: float = 0.0
     # Granite's multipliers (the defaults change nothing): each layer's attention and MLP outputs
     # times residual_multiplier before they join the residual stream; attention_multiplier the
     # attention scale itself (0: query_pre_attn_scalar's or head_dim's ** -0.5); logits divided by
@@ -161,6 +167,10 @@ class ModelConfig:
         if not 0 < self.partial_rotary_factor <= 1 or rotary != int(rotary) or int(rotary) % 2:
             raise ValueError(f"{self.source}: partial_rotary_factor {self.partial_rotary_factor} of head_dim "
                              f"{self.head_dim} must give an even number of rotary dimensions")
+        for name in ("attn_logit_softcapping", "final_logit_softcapping"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{self.source}: {name} must be 0 (none) or positive, got {value!r}")
         if self.rope_scaling is not None:
             kind = self.rope_type
             if kind not in ("llama3", "default", "linear", "longrope"):
@@ -247,8 +257,8 @@ class ModelConfig:
                 f"{sorted(SUPPORTED_ARCHITECTURES)} and the sequence classifiers {sorted(CLASSIFIER_ARCHITECTURES)}"
             )
         family = SUPPORTED_ARCHITECTURES[arch]
-        if family == "gemma3":
-            return cls._from_gemma3_config(cfg, source)
+        if family in ("gemma2", "gemma3"):
+            return cls._from_gemma_config(cfg, source, family)
         heads = cfg["num_attention_heads"]
         # transformers >= 5 nests rope settings in rope_parameters; older files use rope_theta/rope_scaling.
         rope_params = dict(cfg.get("rope_parameters") or {})
@@ -297,24 +307,31 @@ class ModelConfig:
         )
 
     @classmethod
-    def _from_gemma3_config(cls, cfg: dict[str, Any], source: str) -> "ModelConfig":
-        """Gemma3ForCausalLM (model_type gemma3_text): rope per layer type, sandwich norms, GeGLU."""
-        for key in ("final_logit_softcapping", "attn_logit_softcapping"):
-            if cfg.get(key) is not None:
-                raise UnsupportedModelError(f"{source}: {key} is not supported (Gemma 3 sets none)")
+    def _from_gemma_config(cls, cfg: dict[str, Any], source: str, family: str) -> "ModelConfig":
+        """Gemma3ForCausalLM (model_type gemma3_text): rope per layer type, sandwich norms, GeGLU,
+        q/k norms. Gemma2ForCausalLM: the same without the q/k norms, with one rope base, sliding and
+        global layers alternating (the first sliding), and its scores and logits soft-capped."""
+        gemma2 = family == "gemma2"
+        if not gemma2:
+            for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+                if cfg.get(key) is not None:
+                    raise UnsupportedModelError(f"{source}: {key} is not supported (Gemma 3 sets none)")
         if cfg.get("use_bidirectional_attention"):
             raise UnsupportedModelError(f"{source}: use_bidirectional_attention is not supported")
         rope = dict(cfg.get("rope_parameters") or {})
+        if gemma2:  # one rope for every layer
+            rope = {"full_attention": rope, "sliding_attention": rope}
         full, local = dict(rope.get("full_attention") or {}), dict(rope.get("sliding_attention") or {})
         scaling = full if full.get("rope_type", "default") != "default" else (cfg.get("rope_scaling") or None)
         layers = cfg["num_hidden_layers"]
+        pattern = 2 if gemma2 else cfg.get("sliding_window_pattern", GEMMA3_SLIDING_PATTERN)
         layer_types = cfg.get("layer_types") or [
-            "full_attention" if (i + 1) % cfg.get("sliding_window_pattern", GEMMA3_SLIDING_PATTERN) == 0
-            else "sliding_attention" for i in range(layers)]
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
+        theta = float(full.get("rope_theta", cfg.get("rope_theta", 10000.0 if gemma2 else 1e6)))
         heads, eos = cfg["num_attention_heads"], cfg.get("eos_token_id")
         hidden = cfg["hidden_size"]
         return cls(
-            architecture="Gemma3ForCausalLM",
+            architecture="Gemma2ForCausalLM" if gemma2 else "Gemma3ForCausalLM",
             vocab_size=cfg["vocab_size"],
             hidden_size=hidden,
             intermediate_size=cfg["intermediate_size"],
@@ -323,20 +340,22 @@ class ModelConfig:
             num_key_value_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or hidden // heads,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(full.get("rope_theta", cfg.get("rope_theta", 1e6))),
-            max_position_embeddings=cfg.get("max_position_embeddings", 32768),
+            rope_theta=theta,
+            max_position_embeddings=cfg.get("max_position_embeddings", 8192 if gemma2 else 32768),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
             attention_bias=bool(cfg.get("attention_bias", False)),
-            qk_norm=True,
+            qk_norm=not gemma2,
             rope_scaling=dict(scaling) if scaling else None,
             sliding_window=int(cfg.get("sliding_window") or 0),
             hidden_activation=cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh",
             embedding_multiplier=hidden**0.5,
             sandwich_norms=True,
             layer_types=tuple(layer_types),
-            rope_local_theta=float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0))),
+            rope_local_theta=theta if gemma2 else float(local.get("rope_theta", cfg.get("rope_local_base_freq", 10000.0))),
             query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar") or 0.0),
             norm_weight_offset=1.0,
+            attn_logit_softcapping=float(cfg.get("attn_logit_softcapping") or 0.0),
+            final_logit_softcapping=float(cfg.get("final_logit_softcapping") or 0.0),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             source=source,

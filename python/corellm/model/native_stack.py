@@ -96,7 +96,7 @@ class NativeDecoderStack:
         dims = _core.model.DecoderDims()
         dims.vocab_size, dims.hidden, dims.intermediate = c.vocab_size, c.hidden_size, c.intermediate_size
         dims.num_heads, dims.num_kv_heads, dims.head_size = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-        dims.eps, dims.scale = c.rms_norm_eps, attn.scale
+        dims.eps, dims.scale, dims.attn_softcap = c.rms_norm_eps, attn.scale, c.attn_logit_softcapping
         dims.max_position, dims.rot_dim = model.cos_sin_cache.shape
         dims.activation = _ACTIVATIONS[c.hidden_activation]
         dims.embedding_multiplier = c.embedding_multiplier
