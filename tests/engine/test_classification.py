@@ -40,7 +40,7 @@ def encode(tokenizer_json, first: str, second: str | None = None) -> list[int]:
     return Tokenizer.from_file(str(tokenizer_json)).encode(first, second).ids
 
 
-@pytest.mark.parametrize("arch", ["llama3", "qwen2", "qwen3", "gemma3", "mixtral"])
+@pytest.mark.parametrize("arch", ["llama3", "qwen2", "qwen3", "gemma2", "gemma3", "mixtral"])
 def test_probabilities_and_logits_are_transformers(arch, tmp_path, tokenizer_json):
     hf = make_tiny_classifier(arch, tmp_path, tokenizer_json, seed=3)
     llm = LLM(str(tmp_path), dtype="float32", **ENGINE)

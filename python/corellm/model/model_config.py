@@ -29,7 +29,7 @@ SUPPORTED_ARCHITECTURES = {
 # hidden, no bias) instead of an LM head (transformers' *ForSequenceClassification).
 CLASSIFIER_ARCHITECTURES = {
     **{f"{family}ForSequenceClassification": f"{family}ForCausalLM"
-       for family in ("Llama", "Mistral", "Qwen2", "Qwen3", "Mixtral", "Qwen3Moe", "Qwen2Moe", "Phi3")},
+       for family in ("Llama", "Mistral", "Qwen2", "Qwen3", "Gemma2", "Mixtral", "Qwen3Moe", "Qwen2Moe", "Phi3")},
     "Gemma3TextForSequenceClassification": "Gemma3ForCausalLM",
 }
 # GGUF general.architecture -> the HF architecture it stores.
