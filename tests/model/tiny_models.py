@@ -18,6 +18,9 @@ ARCHS = {
                     rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64})),
     "llama_tied": ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=True, num_key_value_heads=4)),
+    # SmolLM3: a Llama whose every n-th layer turns no rotary embedding (NoPE; here the middle one)
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM",
+                dict(no_rope_layers=[1, 0, 1], rope_theta=50000.0, tie_word_embeddings=True, pad_token_id=0)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None, tie_word_embeddings=False)),
     "mistral_window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=16, tie_word_embeddings=False)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True, rope_theta=1e6)),

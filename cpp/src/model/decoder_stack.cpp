@@ -126,10 +126,10 @@ DecoderStack::DecoderStack(const DecoderDims& dims, const EmbeddingWeight& embed
                     tp.kv_whole, ") need qk_norm_whole, an all-reduce and this rank's columns inside them");
   qkv_size_ = q_size_ + 2 * kv_size_;
   for (const DecoderLayerWeights& w : layers_) {
-    CORELLM_CHECK_ARG(w.input_norm && w.post_attention_norm && w.key_cache && w.value_cache && w.cos_sin_cache &&
+    CORELLM_CHECK_ARG(w.input_norm && w.post_attention_norm && w.key_cache && w.value_cache &&
                           (w.q_norm == nullptr) == (w.k_norm == nullptr) &&
                           (w.attention_output_norm == nullptr) == (w.mlp_output_norm == nullptr),
-                      "DecoderStack: a layer lacks a norm, its rope table or its KV cache");
+                      "DecoderStack: a layer lacks a norm or its KV cache");
     w.qkv.check("DecoderStack: qkv");
     w.o.check("DecoderStack: o");
     std::vector<const LinearWeight*> projections{&w.qkv, &w.o};
@@ -357,8 +357,10 @@ void DecoderStack::layer(size_t index, const DecoderStepArgs& step, Scratch& s) 
                dims_.num_kv_heads, dims_.head_size, dims_.eps, bf16);
     }
   }
-  rotary_embedding(step.positions, q, qkv_size_, k, qkv_size_, w.cos_sin_cache, dims_.max_position, n,
-                   dims_.num_heads, dims_.num_kv_heads, dims_.head_size, dims_.rot_dim, /*is_neox=*/true, bf16);
+  if (w.cos_sin_cache != nullptr) {  // (none: a NoPE layer, SmolLM3's)
+    rotary_embedding(step.positions, q, qkv_size_, k, qkv_size_, w.cos_sin_cache, dims_.max_position, n,
+                     dims_.num_heads, dims_.num_kv_heads, dims_.head_size, dims_.rot_dim, /*is_neox=*/true, bf16);
+  }
   reshape_and_cache(k, qkv_size_, v, qkv_size_, w.key_cache, w.value_cache, step.slot_mapping, n, cache_, bf16);
   PagedAttentionArgs a{s.attn.data(), q, qkv_size_, w.key_cache, w.value_cache, cache_, step.block_table,
                        step.block_table_stride, step.seq_lens, step.query_start_loc, step.num_seqs,

@@ -14,7 +14,8 @@ import torch
 
 from corellm.model import quantized_tensor
 from corellm.model.gguf_reader import GGUFContents
-from corellm.model.model_config import GEMMA3_SLIDING_PATTERN, GGUF_ARCHITECTURES, ModelConfig, UnsupportedModelError
+from corellm.model.model_config import (GEMMA3_SLIDING_PATTERN, GGUF_ARCHITECTURES, SMOLLM3_NOPE_INTERVAL, ModelConfig,
+                                        UnsupportedModelError)
 from corellm.model.quantized_tensor import QuantizedTensor
 from corellm.tokenizer import Tokenizer, byte_level_bpe, sentencepiece_bpe
 
@@ -69,7 +70,7 @@ GEMMA_CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
 ROPE_FACTORS = "rope_freqs.weight"  # llama3-style scaling precomputed by the converter
 # The architectures whose q and k llama.cpp's converter permutes (its LlamaModel and subclasses).
-PERMUTED_ARCHITECTURES = ("llama", "mistral", "granite", "granitemoe")
+PERMUTED_ARCHITECTURES = ("llama", "smollm3", "mistral", "granite", "granitemoe")
 # LongRoPE's (Phi-3's) per-frequency factors, for contexts within the pretrained length and beyond.
 LONGROPE_FACTORS = {"short_factor": "rope_factors_short.weight", "long_factor": "rope_factors_long.weight"}
 
@@ -158,6 +159,10 @@ class GGUFModelFile:
             rope_scaling=scaling,
             partial_rotary_factor=int(self._arch_field("rope.dimension_count", head_dim)) / head_dim,
             sliding_window=int(self._arch_field("attention.sliding_window", 0) or 0),
+            # SmolLM3: every fourth layer NoPE (llama.cpp's n_no_rope_layer_step, not in the file)
+            nope_layers=tuple(range(SMOLLM3_NOPE_INTERVAL - 1, int(self._arch_field("block_count")),
+                                    SMOLLM3_NOPE_INTERVAL))
+            if self.arch == "smollm3" else (),
             bos_token_id=self.field("tokenizer.ggml.bos_token_id"),
             eos_token_id=([] if eos is None else [int(eos)]) + gemma.pop("extra_eos", []),
             source=str(self.path),

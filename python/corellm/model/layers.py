@@ -207,6 +207,7 @@ class Attention:
         self.q_size, self.kv_size = config.q_size, config.kv_size
         self.scale = config.attention_scale
         self.softcap = config.attn_logit_softcapping  # Gemma 2 (0: none)
+        self.use_rope = config.layer_uses_rope(layer)  # False: a NoPE layer (SmolLM3)
         self.eps = config.rms_norm_eps
         self.sliding_window = config.layer_window(layer)
         empty = lambda *shape: torch.empty(shape, dtype=dtype, device=device)  # noqa: E731
@@ -238,7 +239,8 @@ class Attention:
         elif self.q_norm is not None:  # Qwen3, Gemma 3: RMSNorm over each head's dims
             q = ops.rms_norm(q.reshape(-1, self.head_dim), self.q_norm, self.eps).view(num_tokens, -1)
             k = ops.rms_norm(k.reshape(-1, self.head_dim), self.k_norm, self.eps).view(num_tokens, -1)
-        ops.rotary_embedding(positions, q, k, self.head_dim, cos_sin_cache, is_neox=True)
+        if self.use_rope:
+            ops.rotary_embedding(positions, q, k, self.head_dim, cos_sin_cache, is_neox=True)
         key_cache, value_cache = kv_cache
         ops.reshape_and_cache(k, v, key_cache, value_cache, attn.slot_mapping)
         out = ops.paged_attention(q, key_cache, value_cache, attn.block_table, attn.seq_lens,

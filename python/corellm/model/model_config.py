@@ -11,6 +11,7 @@ from typing import Any
 # HF architecture name -> corellm's model family flags.
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
+    "SmolLM3ForCausalLM": "smollm3",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
@@ -35,6 +36,7 @@ CLASSIFIER_ARCHITECTURES = {
 # GGUF general.architecture -> the HF architecture it stores.
 GGUF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
@@ -79,6 +81,7 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = None  # {"rope_type": "llama3", ...} or None
     partial_rotary_factor: float = 1.0  # the fraction of each head that rotary embeddings turn (Phi-4-mini: 0.75)
     sliding_window: int = 0  # 0: none
+    nope_layers: tuple[int, ...] = ()  # layers that turn no rotary embedding (SmolLM3's NoPE layers)
     # Gemma 3's differences from Llama (the defaults are Llama's):
     hidden_activation: str = "silu"  # the MLP's gate activation: silu, or gelu_pytorch_tanh
     # The embedding rows times this, the factor rounded to the dtype as HF's Gemma rounds it (Gemma:
@@ -139,6 +142,10 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ValueError(f"{self.source}: head_dim must be even for rotary embeddings, got {self.head_dim}")
         object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        object.__setattr__(self, "nope_layers", tuple(self.nope_layers))
+        if any(not 0 <= i < self.num_hidden_layers for i in self.nope_layers):
+            raise ValueError(f"{self.source}: nope_layers {self.nope_layers} must be layers of the "
+                             f"{self.num_hidden_layers}")
         if self.sliding_window >= self.max_position_embeddings:  # (Phi-3.5-mini's 262144 of 131072 positions)
             object.__setattr__(self, "sliding_window", 0)  # a window as long as the context is none
         if self.layer_types and (len(self.layer_types) != self.num_hidden_layers
@@ -188,6 +195,9 @@ class ModelConfig:
         if self.layer_types and self.layer_types[layer] == "full_attention":
             return 0
         return self.sliding_window
+
+    def layer_uses_rope(self, layer: int) -> bool:
+        return layer not in self.nope_layers
 
     def layer_rope_theta(self, layer: int) -> float:
         if self.layer_types and self.layer_types[layer] == "sliding_attention" and self.rope_local_theta:
@@ -299,6 +309,7 @@ class ModelConfig:
             partial_rotary_factor=float(rope_params.get("partial_rotary_factor",
                                                         cfg.get("partial_rotary_factor", 1.0))),
             sliding_window=sliding,
+            **_smollm3_fields(cfg, family, source),
             **_experts(cfg, family, source),
             **_granite_multipliers(cfg, family),
             bos_token_id=cfg.get("bos_token_id"),
@@ -360,6 +371,28 @@ class ModelConfig:
             eos_token_id=[] if eos is None else ([eos] if isinstance(eos, int) else list(eos)),
             source=source,
         )
+
+
+SMOLLM3_NOPE_INTERVAL = 4  # SmolLM3: every fourth layer turns no rotary embedding
+
+
+def _smollm3_fields(cfg: dict[str, Any], family: str, source: str) -> dict[str, Any]:
+    """SmolLM3's NoPE layers ({} for the other families): its config's no_rope_layers (per layer, 1:
+    rotary, 0: none), or every no_rope_layer_interval-th layer; and the layers its sliding window
+    applies to (layer_types) where use_sliding_window is set."""
+    if family != "smollm3":
+        return {}
+    layers = cfg["num_hidden_layers"]
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        interval = int(cfg.get("no_rope_layer_interval") or SMOLLM3_NOPE_INTERVAL)
+        flags = [int((i + 1) % interval != 0) for i in range(layers)]
+    if len(flags) != layers:
+        raise UnsupportedModelError(f"{source}: no_rope_layers names {len(flags)} layers of {layers}")
+    fields: dict[str, Any] = {"nope_layers": tuple(i for i, rope in enumerate(flags) if not rope)}
+    if cfg.get("use_sliding_window") and cfg.get("layer_types"):
+        fields["layer_types"] = tuple(cfg["layer_types"])
+    return fields
 
 
 def _granite_multipliers(cfg: dict[str, Any], family: str) -> dict[str, float]:

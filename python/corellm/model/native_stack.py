@@ -128,7 +128,8 @@ class NativeDecoderStack:
         w.input_norm, w.post_attention_norm = layer.input_norm.data_ptr(), layer.post_attention_norm.data_ptr()
         w.attention_output_norm = _address(layer.attention_output_norm)
         w.mlp_output_norm = _address(layer.mlp_output_norm)
-        w.cos_sin_cache, w.sliding_window = cos_sin_cache.data_ptr(), a.sliding_window or 0
+        w.cos_sin_cache = cos_sin_cache.data_ptr() if a.use_rope else 0  # 0: a NoPE layer
+        w.sliding_window = a.sliding_window or 0
         w.qkv, w.o = linear_weight(a.qkv_proj), linear_weight(a.o_proj)
         w.q_norm, w.k_norm = _address(a.q_norm), _address(a.k_norm)
         if isinstance(m, SparseMoe):

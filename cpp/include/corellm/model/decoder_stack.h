@@ -127,7 +127,9 @@ struct DecoderLayerWeights {
   LinearWeight gate_up;                           // [2 * intermediate, hidden], gate rows first
   LinearWeight down;                              // [hidden, intermediate]
   MoeWeights moe;                                 // sparse(): gate_up and down unused (no parts)
-  const float* cos_sin_cache = nullptr;  // [max_position, rot_dim] fp32, cos then sin (ops.rotary_embedding)
+  // [max_position, rot_dim] fp32, cos then sin (ops.rotary_embedding); null: the layer turns no
+  // rotary embedding (a NoPE layer: SmolLM3's every fourth)
+  const float* cos_sin_cache = nullptr;
   int64_t sliding_window = 0;            // <= 0: none
   void* key_cache = nullptr;                      // layout of paged_attention.h
   void* value_cache = nullptr;
