@@ -34,7 +34,8 @@ void bind_model(py::module_& m) {
       .def_readwrite("activation", &DecoderDims::activation)
       .def_readwrite("embedding_multiplier", &DecoderDims::embedding_multiplier)
       .def_readwrite("residual_multiplier", &DecoderDims::residual_multiplier)
-      .def_readwrite("qk_norm_whole", &DecoderDims::qk_norm_whole);
+      .def_readwrite("qk_norm_whole", &DecoderDims::qk_norm_whole)
+      .def_readwrite("rope_interleaved", &DecoderDims::rope_interleaved);
   py::enum_<GatedActivation>(model, "GatedActivation", "The MLP's gated activation")
       .value("SILU", GatedActivation::kSilu)
       .value("GELU_TANH", GatedActivation::kGeluTanh);

@@ -128,6 +128,8 @@ def test_speculative_decoding_with_three_ranks_is_bit_identical_to_none():
     ("gemma2", 3, dict(hidden_size=72, num_attention_heads=3, num_key_value_heads=3, intermediate_size=192)),
     # SmolLM3: its middle layer turns no rotary embedding (NoPE), on every rank
     ("smollm3", 2, {}),
+    # ERNIE 4.5: rotary on each head's interleaved pairs
+    ("ernie4_5", 2, {}),
     # a mixture of experts (four, two per token, and a shared expert): each rank holds its share of
     # every expert and the whole router
     ("qwen2_moe", 2, {}),

@@ -21,6 +21,9 @@ ARCHS = {
     # SmolLM3: a Llama whose every n-th layer turns no rotary embedding (NoPE; here the middle one)
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM",
                 dict(no_rope_layers=[1, 0, 1], rope_theta=50000.0, tie_word_embeddings=True, pad_token_id=0)),
+    # ERNIE 4.5: a Llama whose rotary turns each head's pairs (2i, 2i + 1) (GPT-J's), not its halves
+    "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM",
+                 dict(head_dim=16, rope_theta=500000.0, tie_word_embeddings=True, use_bias=False, pad_token_id=0)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None, tie_word_embeddings=False)),
     "mistral_window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=16, tie_word_embeddings=False)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True, rope_theta=1e6)),

@@ -359,7 +359,8 @@ void DecoderStack::layer(size_t index, const DecoderStepArgs& step, Scratch& s) 
   }
   if (w.cos_sin_cache != nullptr) {  // (none: a NoPE layer, SmolLM3's)
     rotary_embedding(step.positions, q, qkv_size_, k, qkv_size_, w.cos_sin_cache, dims_.max_position, n,
-                     dims_.num_heads, dims_.num_kv_heads, dims_.head_size, dims_.rot_dim, /*is_neox=*/true, bf16);
+                     dims_.num_heads, dims_.num_kv_heads, dims_.head_size, dims_.rot_dim, /*is_neox=*/!dims_.rope_interleaved,
+                     bf16);
   }
   reshape_and_cache(k, qkv_size_, v, qkv_size_, w.key_cache, w.value_cache, step.slot_mapping, n, cache_, bf16);
   PagedAttentionArgs a{s.attn.data(), q, qkv_size_, w.key_cache, w.value_cache, cache_, step.block_table,

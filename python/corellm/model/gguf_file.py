@@ -163,6 +163,7 @@ class GGUFModelFile:
             nope_layers=tuple(range(SMOLLM3_NOPE_INTERVAL - 1, int(self._arch_field("block_count")),
                                     SMOLLM3_NOPE_INTERVAL))
             if self.arch == "smollm3" else (),
+            rope_interleaved=self.arch == "ernie4_5",  # llama.cpp's rope type NORM, the checkpoint's unpermuted
             bos_token_id=self.field("tokenizer.ggml.bos_token_id"),
             eos_token_id=([] if eos is None else [int(eos)]) + gemma.pop("extra_eos", []),
             source=str(self.path),

@@ -208,6 +208,7 @@ class Attention:
         self.scale = config.attention_scale
         self.softcap = config.attn_logit_softcapping  # Gemma 2 (0: none)
         self.use_rope = config.layer_uses_rope(layer)  # False: a NoPE layer (SmolLM3)
+        self.rope_interleaved = config.rope_interleaved  # ERNIE 4.5: GPT-J's pairs, not NeoX's halves
         self.eps = config.rms_norm_eps
         self.sliding_window = config.layer_window(layer)
         empty = lambda *shape: torch.empty(shape, dtype=dtype, device=device)  # noqa: E731
@@ -240,7 +241,7 @@ class Attention:
             q = ops.rms_norm(q.reshape(-1, self.head_dim), self.q_norm, self.eps).view(num_tokens, -1)
             k = ops.rms_norm(k.reshape(-1, self.head_dim), self.k_norm, self.eps).view(num_tokens, -1)
         if self.use_rope:
-            ops.rotary_embedding(positions, q, k, self.head_dim, cos_sin_cache, is_neox=True)
+            ops.rotary_embedding(positions, q, k, self.head_dim, cos_sin_cache, is_neox=not self.rope_interleaved)
         key_cache, value_cache = kv_cache
         ops.reshape_and_cache(k, v, key_cache, value_cache, attn.slot_mapping)
         out = ops.paged_attention(q, key_cache, value_cache, attn.block_table, attn.seq_lens,

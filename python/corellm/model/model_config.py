@@ -12,6 +12,7 @@ from typing import Any
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "SmolLM3ForCausalLM": "smollm3",
+    "Ernie4_5ForCausalLM": "ernie4_5",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
@@ -37,6 +38,7 @@ CLASSIFIER_ARCHITECTURES = {
 GGUF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
+    "ernie4_5": "Ernie4_5ForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
@@ -80,6 +82,9 @@ class ModelConfig:
     qk_norm_whole: bool = False  # with qk_norm: over q's and k's whole rows, not each head (OLMoE)
     rope_scaling: dict[str, Any] | None = None  # {"rope_type": "llama3", ...} or None
     partial_rotary_factor: float = 1.0  # the fraction of each head that rotary embeddings turn (Phi-4-mini: 0.75)
+    # Rotary on the pairs (2i, 2i + 1) of a head, each by frequency i (GPT-J's, ERNIE 4.5's); False: the
+    # pairs (i, i + d / 2), NeoX's and Llama's
+    rope_interleaved: bool = False
     sliding_window: int = 0  # 0: none
     nope_layers: tuple[int, ...] = ()  # layers that turn no rotary embedding (SmolLM3's NoPE layers)
     # Gemma 3's differences from Llama (the defaults are Llama's):
@@ -286,6 +291,8 @@ class ModelConfig:
         sliding = 0
         if cfg.get("clip_qkv") is not None:
             raise UnsupportedModelError(f"{source}: clip_qkv is not supported")
+        if family == "ernie4_5" and cfg.get("use_bias"):
+            raise UnsupportedModelError(f"{source}: use_bias (biases on every projection) is not supported")
         if family in ("mistral", "mixtral", "phi3") or cfg.get("use_sliding_window"):
             sliding = int(cfg.get("sliding_window") or 0)
         return cls(
@@ -310,6 +317,7 @@ class ModelConfig:
                                                         cfg.get("partial_rotary_factor", 1.0))),
             sliding_window=sliding,
             **_smollm3_fields(cfg, family, source),
+            rope_interleaved=family == "ernie4_5",
             **_experts(cfg, family, source),
             **_granite_multipliers(cfg, family),
             bos_token_id=cfg.get("bos_token_id"),

@@ -102,6 +102,7 @@ class NativeDecoderStack:
         dims.embedding_multiplier = c.embedding_multiplier
         dims.residual_multiplier = c.residual_multiplier
         dims.qk_norm_whole = c.qk_norm_whole
+        dims.rope_interleaved = c.rope_interleaved
         layers = [self._layer_weights(layer, rope, key_cache, value_cache)
                   for layer, rope, (key_cache, value_cache) in zip(model.layers, model.layer_cos_sin_caches,
                                                                    kv_caches)]

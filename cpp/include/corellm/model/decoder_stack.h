@@ -69,6 +69,7 @@ struct DecoderDims {
   float embedding_multiplier = 1.0f;       // 1: the embedding rows as they are
   float residual_multiplier = 1.0f;        // the attention's and the MLP's outputs times this (Granite)
   bool qk_norm_whole = false;              // the q/k norms over each token's whole q and k (OLMoE), not per head
+  bool rope_interleaved = false;           // rotary on pairs (2i, 2i + 1) (GPT-J's, ERNIE 4.5's), not NeoX's halves
 };
 
 // Tensor parallelism (python/corellm/model/tensor_parallel.py): the dims and weights are this rank's
