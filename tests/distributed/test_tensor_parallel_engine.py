@@ -135,6 +135,8 @@ def test_speculative_decoding_with_three_ranks_is_bit_identical_to_none():
     ("qwen2_moe", 2, {}),
     # OLMoE: q and k normed over each token's whole rows, gathered from the ranks
     ("olmoe", 2, {}),
+    # Olmo 3: OLMo 2's layers (no pre-norms, whole-row q/k norms) and sliding-window layers
+    ("olmo3", 2, {}),
 ])
 def test_tiny_model_variants_over_ranks_equal_one(tmp_path, tokenizer_json, arch, size, overrides):
     """In fp32 op by op, equal to one process; in bf16 rank 0 runs the native decoder stack, and

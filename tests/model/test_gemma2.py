@@ -16,17 +16,15 @@ import torch
 from corellm.model import load_model
 from corellm.model.loader import check_head_size_on_device
 from tests.model.runner import assert_last_logits_match
-from tests.model.test_gguf import add_model_fields, write_tensors_and_close
+from tests.model.test_gguf import LLAMA_LAYER_TENSORS, add_model_fields, write_tensors_and_close
 from tests.model.tiny_models import make_tiny_model
 
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
-GEMMA2_LAYER_TENSORS = {"input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
-                        "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
-                        "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-                        "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                        "mlp.down_proj": "ffn_down"}
+# llama.cpp's names for a "gemma2" file's norms: after the attention, before and after the MLP
+GEMMA2_LAYER_TENSORS = {**LLAMA_LAYER_TENSORS, "post_attention_layernorm": "post_attention_norm",
+                        "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
 
 
 @pytest.fixture(scope="module")

@@ -49,7 +49,9 @@ def add_model_fields(w, c) -> None:
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_freq_base(float(getattr(c, "rope_theta", None) or c.rope_parameters["rope_theta"]))
+    rope = getattr(c, "rope_parameters", None) or {}
+    rope = rope.get("full_attention", rope)  # (Olmo 3's: one per layer type)
+    w.add_rope_freq_base(float(getattr(c, "rope_theta", None) or rope["rope_theta"]))
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_vocab_size(c.vocab_size)
     w.add_tokenizer_model("gpt2")

@@ -51,6 +51,13 @@ ARCHS = {
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
                   dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
                        shared_expert_intermediate_size=96, norm_topk_prob=False, tie_word_embeddings=False)),
+    # OLMo 2: no norm on a layer's input nor before its MLP, RMSNorm on the attention's and the MLP's
+    # outputs before each joins the stream, q and k normed over each token's whole rows
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(tie_word_embeddings=False, pad_token_id=0)),
+    # Olmo 3: OLMo 2's layers, the first and last with a sliding window (16 tokens) beside a global one
+    "olmo3": ("Olmo3Config", "Olmo3ForCausalLM",
+              dict(tie_word_embeddings=False, pad_token_id=0, sliding_window=16,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
     # OLMoE: RMSNorm over each token's whole q and k (not per head), eight experts, two per token.
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM",
               dict(num_experts=8, num_experts_per_tok=2, intermediate_size=64, tie_word_embeddings=False)),

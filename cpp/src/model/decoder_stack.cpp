@@ -126,9 +126,10 @@ DecoderStack::DecoderStack(const DecoderDims& dims, const EmbeddingWeight& embed
                     tp.kv_whole, ") need qk_norm_whole, an all-reduce and this rank's columns inside them");
   qkv_size_ = q_size_ + 2 * kv_size_;
   for (const DecoderLayerWeights& w : layers_) {
-    CORELLM_CHECK_ARG(w.input_norm && w.post_attention_norm && w.key_cache && w.value_cache &&
+    CORELLM_CHECK_ARG(w.key_cache && w.value_cache && (w.input_norm == nullptr) == (w.post_attention_norm == nullptr) &&
                           (w.q_norm == nullptr) == (w.k_norm == nullptr) &&
-                          (w.attention_output_norm == nullptr) == (w.mlp_output_norm == nullptr),
+                          (w.attention_output_norm == nullptr) == (w.mlp_output_norm == nullptr) &&
+                          (w.input_norm != nullptr || w.attention_output_norm != nullptr),
                       "DecoderStack: a layer lacks a norm or its KV cache");
     w.qkv.check("DecoderStack: qkv");
     w.o.check("DecoderStack: o");
@@ -336,7 +337,13 @@ void DecoderStack::layer(size_t index, const DecoderStepArgs& step, Scratch& s) 
   const DType bf16 = DType::BF16;
   const int32_t* lora = step.lora_slots;
   uint16_t *x = s.residual.data(), *h = s.h.data(), *qkv = s.qkv.data();
-  if (index == 0) {
+  if (w.input_norm == nullptr) {  // OLMo 2: the stream itself goes in
+    if (index == 0) {
+      std::memcpy(h, x, static_cast<size_t>(n * hidden) * sizeof(uint16_t));
+    } else {
+      add_to_stream(h, x, n);
+    }
+  } else if (index == 0) {
     rms_norm(h, hidden, x, hidden, w.input_norm, n, hidden, dims_.eps, bf16);
   } else {
     fused_add_rms_norm(h, hidden, x, hidden, w.input_norm, n, hidden, dims_.eps, bf16);
@@ -375,7 +382,11 @@ void DecoderStack::layer(size_t index, const DecoderStepArgs& step, Scratch& s) 
     rms_norm(h, hidden, h, hidden, w.attention_output_norm, n, hidden, dims_.eps, bf16);
   }
   if (dims_.residual_multiplier != 1.0f) scale(h, hidden, n, hidden, dims_.residual_multiplier, bf16);
-  fused_add_rms_norm(h, hidden, x, hidden, w.post_attention_norm, n, hidden, dims_.eps, bf16);
+  if (w.post_attention_norm == nullptr) {
+    add_to_stream(h, x, n);
+  } else {
+    fused_add_rms_norm(h, hidden, x, hidden, w.post_attention_norm, n, hidden, dims_.eps, bf16);
+  }
   if (w.moe.sparse()) {
     sparse_mlp(w.moe, h, n, s);
     all_reduce(h, n);  // each rank's share of every expert's output, weighted and summed
@@ -405,6 +416,17 @@ void DecoderStack::layer(size_t index, const DecoderStepArgs& step, Scratch& s) 
   }
   all_reduce(h, n);
   finish_mlp(w, h, n);
+}
+
+// x += h (each sum rounded to bf16 once, as torch adds bf16 tensors), then h = x: a layer without a
+// pre-norm (OLMo 2) takes the stream itself.
+void DecoderStack::add_to_stream(uint16_t* h, uint16_t* x, int64_t n) const {
+  const int64_t count = n * dims_.hidden;
+#pragma omp parallel for schedule(static) if (count >= (int64_t{1} << 16))
+  for (int64_t i = 0; i < count; ++i) {
+    x[i] = f32_to_bf16(bf16_to_f32(x[i]) + bf16_to_f32(h[i]));
+    h[i] = x[i];
+  }
 }
 
 void DecoderStack::finish_mlp(const DecoderLayerWeights& w, uint16_t* h, int64_t n) const {

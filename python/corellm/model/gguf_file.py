@@ -48,7 +48,10 @@ _GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm.weight": "post_atten
 # Phi-3 keeps q/k/v fused (attn_qkv) and gate/up fused (ffn_up, gate rows first), as its checkpoints do.
 _PHI3_LAYER_NAMES = {**_LAYER_NAMES, "attn_qkv.weight": "self_attn.qkv_proj.weight",
                      "ffn_up.weight": "mlp.gate_up_proj.weight"}
-_LAYER_NAMES_OF = {"gemma2": _GEMMA3_LAYER_NAMES, "gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}
+# OLMo 2 norms only its outputs: after the attention and after the MLP.
+_OLMO2_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm.weight": "post_attention_layernorm.weight",
+                      "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
+_LAYER_NAMES_OF = {"olmo2": _OLMO2_LAYER_NAMES, "gemma2": _GEMMA3_LAYER_NAMES, "gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 # A mixture of experts' tensors: the router; every expert's gate, up or down in one 3-D tensor
 # [experts, rows, columns] (llama.cpp's converters), or one per expert (early Mixtral files).
@@ -155,7 +158,7 @@ class GGUFModelFile:
             tie_word_embeddings="output.weight" not in names,
             attention_bias="blk.0.attn_q.bias" in names,
             qk_norm="blk.0.attn_q_norm.weight" in names,
-            qk_norm_whole=self.arch == "olmoe",
+            qk_norm_whole=self.arch in ("olmoe", "olmo2"),
             rope_scaling=scaling,
             partial_rotary_factor=int(self._arch_field("rope.dimension_count", head_dim)) / head_dim,
             sliding_window=int(self._arch_field("attention.sliding_window", 0) or 0),
@@ -164,6 +167,7 @@ class GGUFModelFile:
                                     SMOLLM3_NOPE_INTERVAL))
             if self.arch == "smollm3" else (),
             rope_interleaved=self.arch == "ernie4_5",  # llama.cpp's rope type NORM, the checkpoint's unpermuted
+            **self._olmo2_fields(),
             bos_token_id=self.field("tokenizer.ggml.bos_token_id"),
             eos_token_id=([] if eos is None else [int(eos)]) + gemma.pop("extra_eos", []),
             source=str(self.path),
@@ -171,6 +175,17 @@ class GGUFModelFile:
             **experts,
             **granite,
         )
+
+    def _olmo2_fields(self) -> dict[str, Any]:
+        """An OLMo 2 file's layers norm only their outputs; an Olmo 3's (llama.cpp stores both as
+        "olmo2") name their sliding-window layers in attention.sliding_window_pattern."""
+        if self.arch != "olmo2":
+            return {}
+        pattern = self._arch_field("attention.sliding_window_pattern")
+        fields: dict[str, Any] = dict(sandwich_norms=True, pre_norms=False)
+        if pattern is not None and self._arch_field("attention.sliding_window", 0):
+            fields["layer_types"] = tuple("sliding_attention" if s else "full_attention" for s in pattern)
+        return fields
 
     def _granite_fields(self) -> dict[str, float]:
         """Granite's multipliers under llama.cpp's names (each optional there: absent, none)."""

@@ -350,8 +350,9 @@ class DecoderLayer:
         self.eps = config.rms_norm_eps
         self.index = layer
         norm = lambda: torch.empty(config.hidden_size, dtype=dtype, device=device)  # noqa: E731
-        self.input_norm = norm()
-        self.post_attention_norm = norm()  # before the MLP (Gemma's pre_feedforward_layernorm)
+        # Before the attention and before the MLP (Gemma's pre_feedforward_layernorm); OLMo 2 has neither.
+        self.input_norm = norm() if config.pre_norms else None
+        self.post_attention_norm = norm() if config.pre_norms else None
         # Gemma's sandwich norms: on the attention's output and on the MLP's, before each joins the stream.
         self.attention_output_norm = norm() if config.sandwich_norms else None
         self.mlp_output_norm = norm() if config.sandwich_norms else None
@@ -368,7 +369,10 @@ class DecoderLayer:
         the stream after it is h + residual (added by the next norm, fused). lora: the step's
         tokens' LoRA adapters, whose updates go into the projections' outputs."""
         update = None if lora is None else functools.partial(lora.add, layer=self.index)
-        if residual is None:
+        if self.input_norm is None:  # OLMo 2: the stream itself goes in
+            residual = h if residual is None else residual + h
+            h = residual
+        elif residual is None:
             residual = h
             h = ops.rms_norm(h, self.input_norm, self.eps)
         else:
@@ -378,7 +382,11 @@ class DecoderLayer:
             h = ops.rms_norm(h, self.attention_output_norm, self.eps)
         if self.residual_multiplier != 1.0:  # Granite
             ops.scale(h, self.residual_multiplier)
-        h, residual = ops.fused_add_rms_norm(h, residual, self.post_attention_norm, self.eps)
+        if self.post_attention_norm is None:
+            residual = residual + h
+            h = residual
+        else:
+            h, residual = ops.fused_add_rms_norm(h, residual, self.post_attention_norm, self.eps)
         h = self.mlp.forward(h) if isinstance(self.mlp, SparseMoe) else self.mlp.forward(h, update)
         if self.mlp_output_norm is not None:
             h = ops.rms_norm(h, self.mlp_output_norm, self.eps)

@@ -182,12 +182,16 @@ class LlamaForCausalLM:
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
             a = layer.attn
-            dest[p + "input_layernorm.weight"] = (layer.input_norm, 0, c.hidden_size)
-            if c.sandwich_norms:  # Gemma: post_attention_layernorm is on the attention's output
+            if not c.pre_norms:  # OLMo 2: norms on the attention's and the MLP's outputs only
+                dest[p + "post_attention_layernorm.weight"] = (layer.attention_output_norm, 0, c.hidden_size)
+                dest[p + "post_feedforward_layernorm.weight"] = (layer.mlp_output_norm, 0, c.hidden_size)
+            elif c.sandwich_norms:  # Gemma: post_attention_layernorm is on the attention's output
+                dest[p + "input_layernorm.weight"] = (layer.input_norm, 0, c.hidden_size)
                 dest[p + "post_attention_layernorm.weight"] = (layer.attention_output_norm, 0, c.hidden_size)
                 dest[p + "pre_feedforward_layernorm.weight"] = (layer.post_attention_norm, 0, c.hidden_size)
                 dest[p + "post_feedforward_layernorm.weight"] = (layer.mlp_output_norm, 0, c.hidden_size)
             else:
+                dest[p + "input_layernorm.weight"] = (layer.input_norm, 0, c.hidden_size)
                 dest[p + "post_attention_layernorm.weight"] = (layer.post_attention_norm, 0, c.hidden_size)
             qkv = a.qkv_proj
             dest[p + "self_attn.q_proj.weight"] = (qkv, 0, q)

@@ -22,6 +22,8 @@ SUPPORTED_ARCHITECTURES = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "OlmoeForCausalLM": "olmoe",
+    "Olmo2ForCausalLM": "olmo2",
+    "Olmo3ForCausalLM": "olmo3",
     "Phi3ForCausalLM": "phi3",
     "GraniteForCausalLM": "granite",
     "GraniteMoeForCausalLM": "granitemoe",
@@ -47,6 +49,7 @@ GGUF_ARCHITECTURES = {
     "qwen3moe": "Qwen3MoeForCausalLM",  # (a "llama" file with experts is Mixtral's)
     "qwen2moe": "Qwen2MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",  # (an Olmo 3 file too: its sliding layers in the metadata)
     "phi3": "Phi3ForCausalLM",
     "granite": "GraniteForCausalLM",
     "granitemoe": "GraniteMoeForCausalLM",
@@ -93,6 +96,9 @@ class ModelConfig:
     # sqrt(hidden); Granite: its embedding_multiplier, 12.0 in its releases, which bf16 holds exactly)
     embedding_multiplier: float = 1.0
     sandwich_norms: bool = False  # RMSNorm on the attention's and the MLP's outputs too
+    # RMSNorm on each layer's input and on the MLP's (False: OLMo 2, whose layers norm only the
+    # attention's and the MLP's outputs, sandwich_norms, before each joins the stream)
+    pre_norms: bool = True
     layer_types: tuple[str, ...] = ()  # per layer full_attention / sliding_attention; (): sliding_window everywhere
     rope_local_theta: float = 0.0  # rope base of the sliding_attention layers (0: rope_theta)
     query_pre_attn_scalar: float = 0.0  # attention scale = this ** -0.5 (0: head_dim)
@@ -141,6 +147,8 @@ class ModelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{self.source}: {name} must be a positive integer, got {value!r}")
+        if not self.pre_norms and not self.sandwich_norms:
+            raise ValueError(f"{self.source}: a model without pre-norms needs the sandwich norms on its outputs")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"{self.source}: num_attention_heads ({self.num_attention_heads}) must be a "
                              f"multiple of num_key_value_heads ({self.num_key_value_heads})")
@@ -277,6 +285,13 @@ class ModelConfig:
         heads = cfg["num_attention_heads"]
         # transformers >= 5 nests rope settings in rope_parameters; older files use rope_theta/rope_scaling.
         rope_params = dict(cfg.get("rope_parameters") or {})
+        local_rope: dict[str, Any] = {}
+        if "full_attention" in rope_params:  # Olmo 3: a rope per layer type, the sliding layers' unscaled
+            local_rope = dict(rope_params.get("sliding_attention") or {})
+            rope_params = dict(rope_params["full_attention"] or {})
+            if local_rope.get("rope_type", "default") != "default":
+                raise UnsupportedModelError(f"{source}: rope scaling on the sliding-window layers "
+                                            f"({local_rope.get('rope_type')!r}) is not supported")
         rope_theta = float(rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0)))
         scaling = cfg.get("rope_scaling") or None
         if scaling is None and rope_params.get("rope_type", "default") != "default":
@@ -293,8 +308,9 @@ class ModelConfig:
             raise UnsupportedModelError(f"{source}: clip_qkv is not supported")
         if family == "ernie4_5" and cfg.get("use_bias"):
             raise UnsupportedModelError(f"{source}: use_bias (biases on every projection) is not supported")
-        if family in ("mistral", "mixtral", "phi3") or cfg.get("use_sliding_window"):
+        if family in ("mistral", "mixtral", "phi3", "olmo3") or cfg.get("use_sliding_window"):
             sliding = int(cfg.get("sliding_window") or 0)
+        olmo = family in ("olmo2", "olmo3")
         return cls(
             architecture=arch,
             vocab_size=cfg["vocab_size"],
@@ -310,8 +326,12 @@ class ModelConfig:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=family == "qwen2" or (family == "qwen2_moe" and cfg.get("qkv_bias", True))
             or bool(cfg.get("attention_bias", False)),
-            qk_norm=family in ("qwen3", "qwen3_moe", "olmoe"),
-            qk_norm_whole=family == "olmoe",
+            qk_norm=family in ("qwen3", "qwen3_moe", "olmoe") or olmo,
+            qk_norm_whole=family == "olmoe" or olmo,
+            sandwich_norms=olmo,
+            pre_norms=not olmo,
+            **({"layer_types": tuple(cfg.get("layer_types") or ()),
+                "rope_local_theta": float(local_rope.get("rope_theta", rope_theta))} if family == "olmo3" else {}),
             rope_scaling=dict(scaling) if scaling else None,
             partial_rotary_factor=float(rope_params.get("partial_rotary_factor",
                                                         cfg.get("partial_rotary_factor", 1.0))),

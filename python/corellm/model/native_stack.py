@@ -126,7 +126,7 @@ class NativeDecoderStack:
     def _layer_weights(layer, cos_sin_cache: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor):
         a, m = layer.attn, layer.mlp
         w = _core.model.DecoderLayerWeights()
-        w.input_norm, w.post_attention_norm = layer.input_norm.data_ptr(), layer.post_attention_norm.data_ptr()
+        w.input_norm, w.post_attention_norm = _address(layer.input_norm), _address(layer.post_attention_norm)
         w.attention_output_norm = _address(layer.attention_output_norm)
         w.mlp_output_norm = _address(layer.mlp_output_norm)
         w.cos_sin_cache = cos_sin_cache.data_ptr() if a.use_rope else 0  # 0: a NoPE layer

@@ -116,8 +116,9 @@ struct MoeWeights {
 // One layer's weights (norms bf16, projections as linear_weight.h), its attention's rope table
 // and window, and its KV cache.
 struct DecoderLayerWeights {
-  const uint16_t* input_norm = nullptr;           // [hidden]
-  const uint16_t* post_attention_norm = nullptr;  // [hidden], before the MLP
+  // [hidden] each, or both null: no pre-norms (OLMo 2, whose sandwich norms below are its only ones)
+  const uint16_t* input_norm = nullptr;
+  const uint16_t* post_attention_norm = nullptr;  // before the MLP
   // Gemma 3's sandwich norms, on the attention's and the MLP's outputs: [hidden] each, or both null.
   const uint16_t* attention_output_norm = nullptr;
   const uint16_t* mlp_output_norm = nullptr;
@@ -196,6 +197,7 @@ class DecoderStack {
   // The MLP's output h [n, hidden] made ready to join the residual stream: Gemma 3's
   // post-feedforward norm, Granite's residual_multiplier.
   void finish_mlp(const DecoderLayerWeights& w, uint16_t* h, int64_t n) const;
+  void add_to_stream(uint16_t* h, uint16_t* x, int64_t n) const;  // x += h, then h = x
   // Expert e of `moe` on its chosen rows of h (s.expert_first's range), into s.choice_rows.
   void run_expert(const MoeWeights& moe, int64_t e, const uint16_t* h, Scratch& s, Scratch::ExpertRows& rows) const;
   // y [m, width] += the LoRA updates of x's rows by layer `index`'s `which` projection, for the
