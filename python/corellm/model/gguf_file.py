@@ -51,7 +51,8 @@ _PHI3_LAYER_NAMES = {**_LAYER_NAMES, "attn_qkv.weight": "self_attn.qkv_proj.weig
 # OLMo 2 norms only its outputs: after the attention and after the MLP.
 _OLMO2_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm.weight": "post_attention_layernorm.weight",
                       "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
-_LAYER_NAMES_OF = {"olmo2": _OLMO2_LAYER_NAMES, "gemma2": _GEMMA3_LAYER_NAMES, "gemma3": _GEMMA3_LAYER_NAMES, "phi3": _PHI3_LAYER_NAMES}
+_LAYER_NAMES_OF = {"olmo2": _OLMO2_LAYER_NAMES, "gemma2": _GEMMA3_LAYER_NAMES, "gemma3": _GEMMA3_LAYER_NAMES,
+                   "phi3": _PHI3_LAYER_NAMES}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 # A mixture of experts' tensors: the router; every expert's gate, up or down in one 3-D tensor
 # [experts, rows, columns] (llama.cpp's converters), or one per expert (early Mixtral files).
