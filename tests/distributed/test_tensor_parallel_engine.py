@@ -130,6 +130,9 @@ def test_speculative_decoding_with_three_ranks_is_bit_identical_to_none():
     ("smollm3", 2, {}),
     # ERNIE 4.5: rotary on each head's interleaved pairs
     ("ernie4_5", 2, {}),
+    # GLM-4: q/k/v biases, gate and up fused in the checkpoint, interleaved rotary on half of each head,
+    # norms on the attention's and the MLP's outputs
+    ("glm4", 2, {}),
     # a mixture of experts (four, two per token, and a shared expert): each rank holds its share of
     # every expert and the whole router
     ("qwen2_moe", 2, {}),

@@ -1,4 +1,4 @@
-"""Tiny random Llama, SmolLM3, ERNIE 4.5, OLMo 2, Olmo 3, Qwen2, Qwen3, Gemma 2, Gemma 3, Mixtral, Qwen3-MoE and Qwen2-MoE models (fp32) through the whole engine, 16 prompts x 32
+"""Tiny random Llama, SmolLM3, ERNIE 4.5, GLM, GLM-4, OLMo 2, Olmo 3, Qwen2, Qwen3, Gemma 2, Gemma 3, Mixtral, Qwen3-MoE and Qwen2-MoE models (fp32) through the whole engine, 16 prompts x 32
 tokens as one batch: greedy token ids equal HF transformers' greedy, logprobs within 1e-4."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def hf_greedy(model, prompt: list[int], n: int):
     return ids[len(prompt):], logprobs, margins
 
 
-@pytest.mark.parametrize("arch", ["llama3", "smollm3", "ernie4_5", "qwen2", "qwen3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "olmo2", "olmo3",
+@pytest.mark.parametrize("arch", ["llama3", "smollm3", "ernie4_5", "glm", "glm4", "qwen2", "qwen3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "olmo2", "olmo3",
                                   "phi3", "granite", "granitemoe"])
 def test_greedy_batch_equals_transformers(arch, tmp_path):
     hf = make_tiny_model(arch, tmp_path, seed=11)

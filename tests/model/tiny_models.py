@@ -24,6 +24,11 @@ ARCHS = {
     # ERNIE 4.5: a Llama whose rotary turns each head's pairs (2i, 2i + 1) (GPT-J's), not its halves
     "ernie4_5": ("Ernie4_5Config", "Ernie4_5ForCausalLM",
                  dict(head_dim=16, rope_theta=500000.0, tie_word_embeddings=True, use_bias=False, pad_token_id=0)),
+    # GLM (glm-edge, GLM-4-9B-chat-hf) and GLM-4 (GLM-4-0414): q/k/v biases, gate and up fused in the
+    # checkpoint, rotary on the first half of each head's dims, in interleaved pairs; GLM-4 adds norms
+    # on the attention's and the MLP's outputs
+    "glm": ("GlmConfig", "GlmForCausalLM", dict(head_dim=16, tie_word_embeddings=False, pad_token_id=0)),
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", dict(head_dim=16, tie_word_embeddings=False, pad_token_id=0)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None, tie_word_embeddings=False)),
     "mistral_window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=16, tie_word_embeddings=False)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True, rope_theta=1e6)),

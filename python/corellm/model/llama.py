@@ -61,6 +61,21 @@ _GRANITE_EXPERTS = re.compile(r"^(model\.layers\.\d+\.block_sparse_moe\.)"
                               r"(input_linear|output_linear|router\.layer)\.weight$")
 
 
+def _layer_norm_names(c: ModelConfig) -> dict[str, str]:
+    """A layer's norms in the checkpoint -> DecoderLayer's attributes. Llama: before the attention
+    and before the MLP. With sandwich norms, also on the attention's and the MLP's outputs, under
+    Gemma's names (post_attention_layernorm on the attention's output) or GLM-4's; OLMo 2: only those."""
+    if not c.pre_norms:
+        return {"post_attention_layernorm": "attention_output_norm", "post_feedforward_layernorm": "mlp_output_norm"}
+    if not c.sandwich_norms:
+        return {"input_layernorm": "input_norm", "post_attention_layernorm": "post_attention_norm"}
+    if c.family == "glm4":
+        return {"input_layernorm": "input_norm", "post_self_attn_layernorm": "attention_output_norm",
+                "post_attention_layernorm": "post_attention_norm", "post_mlp_layernorm": "mlp_output_norm"}
+    return {"input_layernorm": "input_norm", "post_attention_layernorm": "attention_output_norm",
+            "pre_feedforward_layernorm": "post_attention_norm", "post_feedforward_layernorm": "mlp_output_norm"}
+
+
 def split_fused_projections(weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]], config: ModelConfig
                             ) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
     """Each fused projection as its parts (row slices: views, or a quantized tensor's panels);
@@ -182,17 +197,8 @@ class LlamaForCausalLM:
         for i, layer in enumerate(self.layers):
             p = f"model.layers.{i}."
             a = layer.attn
-            if not c.pre_norms:  # OLMo 2: norms on the attention's and the MLP's outputs only
-                dest[p + "post_attention_layernorm.weight"] = (layer.attention_output_norm, 0, c.hidden_size)
-                dest[p + "post_feedforward_layernorm.weight"] = (layer.mlp_output_norm, 0, c.hidden_size)
-            elif c.sandwich_norms:  # Gemma: post_attention_layernorm is on the attention's output
-                dest[p + "input_layernorm.weight"] = (layer.input_norm, 0, c.hidden_size)
-                dest[p + "post_attention_layernorm.weight"] = (layer.attention_output_norm, 0, c.hidden_size)
-                dest[p + "pre_feedforward_layernorm.weight"] = (layer.post_attention_norm, 0, c.hidden_size)
-                dest[p + "post_feedforward_layernorm.weight"] = (layer.mlp_output_norm, 0, c.hidden_size)
-            else:
-                dest[p + "input_layernorm.weight"] = (layer.input_norm, 0, c.hidden_size)
-                dest[p + "post_attention_layernorm.weight"] = (layer.post_attention_norm, 0, c.hidden_size)
+            for hf_name, norm in _layer_norm_names(c).items():
+                dest[p + hf_name + ".weight"] = (getattr(layer, norm), 0, c.hidden_size)
             qkv = a.qkv_proj
             dest[p + "self_attn.q_proj.weight"] = (qkv, 0, q)
             dest[p + "self_attn.k_proj.weight"] = (qkv, q, kv)
