@@ -34,15 +34,15 @@ struct RowState {
 };
 
 // What a score q . k becomes before the softmax: times `scale`, then, where softcap > 0,
-// softcap * tanh(x / softcap) (Gemma 2's attention logit soft-capping), the tanh as
-// 1 - 2 / (e^(2y) + 1) with fast_exp (the vector forms below compute the same function).
+// softcap * tanh(x / softcap) (Gemma 2's attention logit soft-capping: fast_math.h's
+// soft_capped_by, here and in the vector forms, scaled16 below and attention_span_avx2.h's scaled8).
 struct ScoreScaling {
   float scale = 1.0f;
   float softcap = 0.0f;  // 0: none
 };
 
 inline float soft_capped(float x, float softcap) {
-  return softcap - (softcap + softcap) / (fast_exp(x * (2.0f / softcap)) + 1.0f);
+  return soft_capped_by(x, softcap, [](float v) { return fast_exp(v); });
 }
 
 // Rescale factor of the old state when the max grows (0 before the first visible key).
@@ -97,9 +97,7 @@ inline __mmask16 visible_lanes(int64_t t0, int64_t lo, int64_t hi, int64_t& firs
 inline __m512 scaled16(__m512 x, ScoreScaling scaling) {
   x = _mm512_mul_ps(x, _mm512_set1_ps(scaling.scale));
   if (scaling.softcap <= 0.0f) return x;
-  const __m512 cap = _mm512_set1_ps(scaling.softcap);
-  const __m512 e = exp16(_mm512_mul_ps(x, _mm512_set1_ps(2.0f / scaling.softcap)));
-  return _mm512_sub_ps(cap, _mm512_div_ps(_mm512_add_ps(cap, cap), _mm512_add_ps(e, _mm512_set1_ps(1.0f))));
+  return soft_capped_by(x, scaling.softcap, [](__m512 v) { return exp16(v); });
 }
 
 // Masked online-softmax update for 16 scores; returns the probabilities (0 on hidden lanes)

@@ -49,9 +49,7 @@ using corellm::avx2::reduce_max8;
 inline __m256 scaled8(__m256 x, ScoreScaling scaling) {
   x = _mm256_mul_ps(x, _mm256_set1_ps(scaling.scale));
   if (scaling.softcap <= 0.0f) return x;
-  const __m256 cap = _mm256_set1_ps(scaling.softcap);
-  const __m256 e = exp8(_mm256_mul_ps(x, _mm256_set1_ps(2.0f / scaling.softcap)));
-  return _mm256_sub_ps(cap, _mm256_div_ps(_mm256_add_ps(cap, cap), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+  return soft_capped_by(x, scaling.softcap, [](__m256 v) { return exp8(v); });
 }
 
 // Rows [r0, r0 + R)'s queries widened from bf16 pairs to fp32: q[r][HD].

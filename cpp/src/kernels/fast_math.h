@@ -50,4 +50,10 @@ inline V gelu_tanh_by(V x, Exp exp) {
   return x / (1.0f + exp(-2.0f * u));
 }
 
+// Gemma 2's soft cap: cap tanh(x / cap), with tanh(y) = 1 - 2 / (e^(2y) + 1), so one exponential.
+template <class V, class Exp>
+inline V soft_capped_by(V x, float cap, Exp exp) {
+  return cap - (cap + cap) / (exp(x * (2.0f / cap)) + 1.0f);
+}
+
 }  // namespace corellm
