@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 import corellm
 from corellm.engine.async_llm import AsyncLLM, EngineDeadError
-from corellm.engine.input_processor import generation_refusal
+from corellm.engine.input_processor import ENCODER_REFUSAL, generation_refusal
 from corellm.server import anthropic_messages
 from corellm.server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from corellm.server.chat import create_chat_completion, render_prompt
@@ -128,6 +128,8 @@ async def answer(request: web.Request, create, model: type[BaseModel], body: dic
         classifier_labels = serving.classifier_labels
         if classifier_labels and create in GENERATING:
             raise bad_request(generation_refusal(classifier_labels), "model", "model_not_supported")
+        if serving.engine.loaded.config.encoder_only and create in GENERATING:
+            raise bad_request(ENCODER_REFUSAL, "model", "model_not_supported")
         body = await read_body(request) if body is None else body
         return await create(serving, request, validate_body(request, body, model))
     finally:

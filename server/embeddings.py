@@ -14,6 +14,7 @@ import numpy as np
 from aiohttp import web
 from pydantic import Field
 
+from corellm.inputs import TokensPrompt
 from corellm.lora.lora_request import LoRARequest
 from corellm.pooling_params import PoolingParams
 from corellm.server.errors import APIError, bad_request
@@ -68,19 +69,26 @@ async def create_embedding(serving: Serving, request: web.Request, req: Embeddin
                               "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
 
-async def embed(serving: Serving, engine_id: str, prompts: list[str | list[int]], params: PoolingParams,
+async def embed(serving: Serving, engine_id: str, prompts: list[str | list[int] | TokensPrompt], params: PoolingParams,
                 add_special_tokens: bool = True, truncate_prompt_tokens: int | None = None,
                 truncation_side: str | None = None, priority: int = 0,
                 field: str = "input", lora_request: LoRARequest | None = None) -> tuple[list[list[float]], int]:
     """The prompts' vectors, in order, and their tokens in all (a 400 naming `field` for a prompt
-    the context cannot hold)."""
+    the context cannot hold). A prompt is a text, token ids, or a TokensPrompt with its token types
+    (a cross-encoder's pair: scoring.cross_encoder_inputs), whose types are cut as its ids are."""
     processed = []
     for i, prompt in enumerate(prompts):
         text = prompt if isinstance(prompt, str) else None
-        ids = serving.tokenizer.encode(prompt, add_special_tokens=add_special_tokens) if text is not None else prompt
+        types = prompt.get("token_type_ids") if isinstance(prompt, dict) else None
+        if text is not None:
+            ids = serving.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        else:
+            ids = prompt["prompt_token_ids"] if isinstance(prompt, dict) else prompt
         ids = serving.truncate_prompt(ids, truncate_prompt_tokens, truncation_side)
+        if types is not None:
+            types = serving.truncate_prompt(types, truncate_prompt_tokens, truncation_side)
         processed.append(serving.prepare(f"{engine_id}-{i}", ids, text, params, None, kind=field, priority=priority,
-                                         lora_request=lora_request))
+                                         lora_request=lora_request, token_type_ids=types))
     outputs = await serving.run_all(processed)
     for i, out in enumerate(outputs):
         if out.embedding is None:

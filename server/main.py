@@ -194,6 +194,9 @@ def run(args: argparse.Namespace) -> int:
     logger.info("model %s (%s, %s), context %d tokens", name, engine.loaded.path, engine.loaded.model.dtype,
                 engine.max_model_len)
     labels = engine.loaded.config.classifier_labels
+    if engine.loaded.config.encoder_only and not labels:
+        logger.info("an encoder-only model (%s): it serves embeddings, /score and /rerank (cosine similarity), not "
+                    "generation", engine.loaded.config.architecture)
     if labels:
         logger.info("a sequence classifier of %d label(s) (%s): it serves /classify%s and embeddings, not "
                     "generation", len(labels), ", ".join(labels[:8]) + (", ..." if len(labels) > 8 else ""),

@@ -76,7 +76,8 @@ async def _similarities(serving: Serving, engine_id: str, queries: list[str], do
     labels = serving.classifier_labels
     if labels:
         try:
-            pairs = cross_encoder_inputs(serving.tokenizer, labels, queries, documents)
+            pairs = cross_encoder_inputs(serving.tokenizer, labels, queries, documents,
+                                         token_types=serving.engine.loaded.config.type_vocab_size > 1)
         except ValueError as e:
             raise bad_request(str(e), "model") from None
         rows, tokens = await embed(serving, f"{engine_id}-pair", pairs, PoolingParams(task="classify"),

@@ -106,8 +106,9 @@ class Serving:
 
     def truncate_prompt(self, prompt_ids: list[int], keep: int | None, side: str | None = None) -> list[int]:
         """truncate_prompt_tokens (vLLM's): the prompt's last `keep` tokens (-1: as many as the context
-        holds; None: all of it); with truncation_side "right", its first ones. 0 keeps nothing: a
-        400; a side without a count would cut nothing: a 400 too."""
+        holds, one position being left for the token that ends the request; None: all of it); with
+        truncation_side "right", its first ones. 0 keeps nothing: a 400; a side without a count
+        would cut nothing: a 400 too."""
         if keep is None:
             if side is not None:
                 raise bad_request("truncation_side applies with truncate_prompt_tokens (which sets how many tokens "
@@ -116,20 +117,21 @@ class Serving:
         if keep == 0:
             raise bad_request("truncate_prompt_tokens must be -1 (the model's context) or at least 1, got 0",
                               "truncate_prompt_tokens")
-        keep = self.engine.max_model_len if keep == -1 else keep
+        keep = self.engine.max_model_len - 1 if keep == -1 else keep
         return prompt_ids[:keep] if side == "right" else prompt_ids[-keep:]
 
     def prepare(self, request_id: str, prompt_ids: list[int], prompt_text: str | None, params: SamplingParams,
                 requested_max_tokens: int | None, kind: str = "prompt", cache_salt: str | None = None,
                 priority: int = 0, structured_field: str | None = None,
                 images: list[tuple[str, str]] | None = None,
-                lora_request: LoRARequest | None = None) -> ProcessedRequest:
+                lora_request: LoRARequest | None = None, token_type_ids: list[int] | None = None) -> ProcessedRequest:
         """Validates one prompt against the context; the messages name the numbers and `kind`, the
         request field the prompt came from ("prompt", "messages", "input", ...). structured_field: the request field its output constraint came from (the engine checks
         the constraint and its error then names that field). images: (the part's name, its URL)
         for each image of the messages, in order. The context check counts an image's placeholder
         tokens once they are expanded (the engine's own check). lora_request: the LoRA adapter the
-        request's `model` named (resolve_model)."""
+        request's `model` named (resolve_model). token_type_ids: each prompt token's type (an
+        encoder's cross-encoder pair)."""
         limit = self.engine.max_model_len
         if len(prompt_ids) >= limit:
             raise bad_request(f"This model's maximum context length is {limit} tokens. However, your {kind} has "
@@ -141,6 +143,8 @@ class Serving:
                               f"{requested_max_tokens} in the completion). Please reduce the length of the {kind} "
                               f"or the completion.", "max_tokens", "context_length_exceeded")
         prompt = {"prompt_token_ids": prompt_ids, "prompt": prompt_text}
+        if token_type_ids is not None:
+            prompt["token_type_ids"] = token_type_ids
         if images:
             prompt["multi_modal_data"] = {"image": [url for _, url in images]}
             prompt["multi_modal_names"] = [name for name, _ in images]

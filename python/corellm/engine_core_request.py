@@ -51,6 +51,9 @@ class EngineCoreRequest:
     # An embedding request: its prompt's hidden states pooled into a vector (worker/pooler.py);
     # its sampling_params then ask for the one token that ends it, which nobody reads.
     pooling: PoolingParams | None = None
+    # Each prompt token's type (an encoder's segment, BERT's token_type_ids: a cross-encoder pair's
+    # second text is 1); None: every token's type 0, or a model that reads none.
+    token_type_ids: list[int] | None = None
     # The LoRA adapter it runs with (None: the base model): the engine places it in one of the
     # model runner's slots before the request enters the scheduler, and its prefix-cache entries
     # are keyed by the adapter's load.

@@ -24,15 +24,15 @@ class TokensPrompt(TypedDict):
     prompt: NotRequired[str]
     multi_modal_data: NotRequired[dict[str, Any]]
     cache_salt: NotRequired[str]
+    token_type_ids: NotRequired[list[int]]  # an encoder's (BERT's) segment per token; left out: all 0
 
 
 PromptType = Union[str, TextPrompt, TokensPrompt]
 
 # The keys a dict prompt may hold. multi_modal_names is the server's: how errors call each image.
-PROMPT_KEYS = ("prompt", "prompt_token_ids", "multi_modal_data", "cache_salt", "multi_modal_names")
+PROMPT_KEYS = ("prompt", "prompt_token_ids", "multi_modal_data", "cache_salt", "multi_modal_names", "token_type_ids")
 # vLLM's keys whose meaning corellm lacks -> the value that means the same as leaving it out.
-NOT_HONOURED_PROMPT_KEYS: dict[str, Any] = {"mm_processor_kwargs": {}, "multi_modal_uuids": None,
-                                            "token_type_ids": None}
+NOT_HONOURED_PROMPT_KEYS: dict[str, Any] = {"mm_processor_kwargs": {}, "multi_modal_uuids": None}
 
 
 def check_prompt_keys(prompt: dict) -> None:

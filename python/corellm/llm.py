@@ -293,8 +293,8 @@ class LLM:
     def _score(self, data_1, data_2, use_tqdm: bool, lora_request: LoRARequest | None) -> list[ScoringRequestOutput]:
         first, second = pair_up(*([d] if isinstance(d, (str, dict)) else list(d) for d in (data_1, data_2)))
         if self.labels:
-            pairs = [TokensPrompt(prompt_token_ids=ids)
-                     for ids in cross_encoder_inputs(self.get_tokenizer(), self.labels, first, second)]
+            pairs = cross_encoder_inputs(self.get_tokenizer(), self.labels, first, second,
+                                         token_types=self.loaded.config.type_vocab_size > 1)
             return [ScoringRequestOutput(o.request_id, o.prompt_token_ids, ScoringOutput(o.outputs.probs[0]))
                     for o in self._classify(pairs, PoolingParams(task="classify"), use_tqdm, lora_request)]
         distinct: dict[object, PromptType] = {}

@@ -7,13 +7,14 @@ hidden states — the final norm's output, as transformers' `last_hidden_state` 
     CLS    the prompt's first token's row
 
 The pooling type is the model's (pooling_type_of: its sentence-transformers 1_Pooling/config.json,
-else LAST), or the engine's `pooling_type`; the vector is L2-normalized unless `normalize` is
-False.
+else LAST, CLS for an encoder such as BERT), or the engine's `pooling_type`; the vector is
+L2-normalized unless `normalize` is False.
 
 With task "classify" (vLLM's classify task; a sequence classifier only: ModelConfig's
 classifier_labels) the request is a classification instead: the prompt's last token's row (LAST,
-as transformers' *ForSequenceClassification pool, whatever the engine's pooling type) times the
-model's score matrix, in fp32, gives one logit per label; with `use_activation` (the default) they
+as transformers' decoder *ForSequenceClassification pool, whatever the engine's pooling type; an
+encoder's first, CLS) through the model's head (a score matrix; BERT's pooler and classifier), in
+fp32, gives one logit per label; with `use_activation` (the default) they
 become probabilities: a softmax over the labels, or the sigmoid of the one logit of a one-label model
 (a cross-encoder's relevance)."""
 
@@ -45,9 +46,10 @@ class PoolingParams:
             raise ValueError(f"task must be one of {', '.join(POOLING_TASKS)}, got {self.task!r}.")
 
 
-def pooling_type_of(model_path: str | Path, configured: str | None) -> str:
+def pooling_type_of(model_path: str | Path, configured: str | None, default: str = "LAST") -> str:
     """The engine's pooling type: `configured` when given (one of POOLING_TYPES), else what the
-    model directory's sentence-transformers pooling config names (one mode set), else LAST."""
+    model directory's sentence-transformers pooling config names (one mode set), else `default`
+    (LAST for a decoder; CLS for an encoder, as BERT-style models are trained)."""
     if configured is not None:
         if configured.upper() not in POOLING_TYPES:
             raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}, got {configured!r}")
@@ -59,4 +61,4 @@ def pooling_type_of(model_path: str | Path, configured: str | None) -> str:
             raise ValueError(f"{config}: corellm pools by one of {', '.join(_SENTENCE_TRANSFORMERS_MODES)}, the "
                              f"model asks for {asked}; give pooling_type to choose")
         return _SENTENCE_TRANSFORMERS_MODES[asked[0]]
-    return "LAST"
+    return default

@@ -13,6 +13,8 @@ from typing import TypeVar
 
 import numpy as np
 
+from corellm.inputs import TokensPrompt
+
 T = TypeVar("T")
 
 
@@ -35,10 +37,12 @@ def cosine_scores(first: Sequence[Sequence[float]], second: Sequence[Sequence[fl
     return [float(np.asarray(a, dtype=np.float64) @ np.asarray(b, dtype=np.float64)) for a, b in zip(first, second)]
 
 
-def cross_encoder_inputs(tokenizer, labels: Sequence[str], first: Sequence, second: Sequence) -> list[list[int]]:
-    """Each (first[i], second[i]) pair's token ids as a cross-encoder reads them: the tokenizer's pair
-    encoding (Tokenizer.encode_pair). labels: the classifier's (one: its relevance). A pair's parts
-    are texts (a str, or a dict holding only its "prompt"); ValueError naming what is not."""
+def cross_encoder_inputs(tokenizer, labels: Sequence[str], first: Sequence, second: Sequence,
+                         token_types: bool = False) -> list[TokensPrompt]:
+    """Each (first[i], second[i]) pair as a cross-encoder reads it: the tokenizer's pair encoding
+    (Tokenizer.encode_pair), with its token types where `token_types` (a model whose embedding
+    tells them apart: BERT's). labels: the classifier's (one: its relevance). A pair's parts are
+    texts (a str, or a dict holding only its "prompt"); ValueError naming what is not."""
     if len(labels) != 1:
         raise ValueError(f"scoring with a sequence classifier needs one label (a cross-encoder's relevance); this "
                          f"model has {len(labels)} ({', '.join(labels)}): classify each input instead")
@@ -51,4 +55,9 @@ def cross_encoder_inputs(tokenizer, labels: Sequence[str], first: Sequence, seco
                              f"got {type(prompt).__name__ if not isinstance(prompt, dict) else sorted(prompt)}")
         return prompt
 
-    return [tokenizer.encode_pair(text(a, "data_1"), text(b, "data_2")) for a, b in zip(first, second)]
+    pairs = []
+    for a, b in zip(first, second):
+        ids, types = tokenizer.encode_pair(text(a, "data_1"), text(b, "data_2"))
+        pairs.append(TokensPrompt(prompt_token_ids=ids, token_type_ids=types) if token_types
+                     else TokensPrompt(prompt_token_ids=ids))
+    return pairs

@@ -38,14 +38,16 @@ class Tokenizer:
             raise ValueError(f"text to encode must be a str, got {type(text).__name__}")
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def encode_pair(self, first: str, second: str, add_special_tokens: bool = True) -> list[int]:
-        """Two texts encoded as one input (a cross-encoder's query and document): the tokenizer's
-        pair template puts its special tokens around and between them (transformers'
-        tokenizer(first, second)); a tokenizer without one joins them as they are."""
+    def encode_pair(self, first: str, second: str, add_special_tokens: bool = True) -> tuple[list[int], list[int]]:
+        """Two texts encoded as one input (a cross-encoder's query and document): (the ids, each
+        one's token type). The tokenizer's pair template puts its special tokens around and between
+        them and gives each its type (BERT's: 1 over the second text) as transformers'
+        tokenizer(first, second) does; a tokenizer without one joins them as they are, all type 0."""
         for name, text in (("first", first), ("second", second)):
             if not isinstance(text, str):
                 raise ValueError(f"the {name} text of a pair must be a str, got {type(text).__name__}")
-        return self.backend.encode(first, second, add_special_tokens=add_special_tokens).ids
+        encoding = self.backend.encode(first, second, add_special_tokens=add_special_tokens)
+        return encoding.ids, encoding.type_ids
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)

@@ -114,8 +114,8 @@ def test_a_classifiers_labels_come_from_its_config(tmp_path, tokenizer_json):
         "LABEL_0", "LABEL_1", "LABEL_2")
     with pytest.raises(ValueError, match=r"id2label names ids \[0, 1\], num_labels is 3"):
         ModelConfig.from_hf_config({**cfg, "num_labels": 3})
-    with pytest.raises(ValueError, match="is not supported; corellm runs .* and the sequence classifiers"):
-        ModelConfig.from_hf_config({**cfg, "architectures": ["BertForSequenceClassification"]})
+    with pytest.raises(ValueError, match="is not supported; corellm runs .*, the sequence classifiers .* the encoders"):
+        ModelConfig.from_hf_config({**cfg, "architectures": ["DebertaV2ForSequenceClassification"]})
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen2"])  # an LM head of its own; the embedding tied as one

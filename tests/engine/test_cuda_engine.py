@@ -132,3 +132,27 @@ def test_cuda_speculative_decoding_matches_plain(tiny_dir):
         n = first_near_tie(p.outputs[0].logprobs)
         assert s.outputs[0].token_ids[:n] == p.outputs[0].token_ids[:n]
     assert spec_llm.get_metrics()["corellm:spec_decode_num_draft_tokens"] > 0
+
+
+def test_an_encoder_on_cuda_gives_the_cpus_vectors_and_scores(tmp_path):
+    """An encoder-only model (model/bert.py: corellm's Linear and torch's attention per input) on
+    the GPU: a BERT's mean-pooled vectors and a cross-encoder's scores, with token types, are the
+    CPU engine's in fp32 (within the two devices' GEMM rounding)."""
+    pytest.importorskip("transformers")
+    from tests.model.test_bert import make_encoder, write_bert_tokenizer
+
+    tokenizer_json = write_bert_tokenizer(tmp_path)
+    texts = ["w5 w7 w9 w11 w13", "w3", "w300 w17 w17 w4 w99 w100 w101 w250"]
+    for name, labels in (("embedder", None), ("cross_encoder", ("relevance",))):
+        directory = tmp_path / name
+        directory.mkdir()
+        make_encoder("bert", directory, tokenizer_json, seed=9, labels=labels, pooling="mean_tokens")
+        cpu = LLM(str(directory), dtype="float32", device="cpu", max_num_seqs=8)
+        gpu = LLM(str(directory), dtype="float32", device="cuda", max_num_seqs=8)
+        if labels is None:
+            want = torch.tensor([o.outputs.embedding for o in cpu.embed(texts, use_tqdm=False)])
+            got = torch.tensor([o.outputs.embedding for o in gpu.embed(texts, use_tqdm=False)])
+        else:
+            want = torch.tensor([o.outputs.score for o in cpu.score(texts[0], texts, use_tqdm=False)])
+            got = torch.tensor([o.outputs.score for o in gpu.score(texts[0], texts, use_tqdm=False)])
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)

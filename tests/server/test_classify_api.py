@@ -99,7 +99,7 @@ def test_score_and_rerank_with_a_cross_encoder_are_its_scores_of_each_pair(cross
     want = [o.outputs.score for o in offline.score(query, documents, use_tqdm=False)]
     status, body = post(server, "/score", {"queries": query, "documents": documents})
     assert status == 200 and [d["score"] for d in body["data"]] == want
-    pairs = [offline.get_tokenizer().encode_pair(query, d) for d in documents]
+    pairs = [offline.get_tokenizer().encode_pair(query, d)[0] for d in documents]
     assert body["usage"]["prompt_tokens"] == sum(len(p) for p in pairs)
     status, body = post(server, "/v1/rerank", {"query": query, "documents": documents, "top_n": 2})
     assert status == 200

@@ -36,6 +36,8 @@ logger = logging.getLogger("corellm")
 def plan_scheduler_config(loaded: LoadedModel, config: EngineConfig, draft: LoadedModel | None = None) -> SchedulerConfig:
     """Sizes the KV cache from the memory budget (shared with a draft model's KV cache, which has
     as many blocks) and derives max_model_len when not given."""
+    if loaded.config.encoder_only:
+        return plan_encoder_scheduler_config(loaded, config)
     model_len = loaded.config.max_position_embeddings
     if config.max_model_len is not None and config.max_model_len > model_len:
         raise ValueError(f"max_model_len ({config.max_model_len}) exceeds the model's context length "
@@ -71,6 +73,31 @@ def plan_scheduler_config(loaded: LoadedModel, config: EngineConfig, draft: Load
                            prompt_lookup_max=spec.prompt_lookup_max if ngram else 0,
                            num_lookahead_tokens=spec.num_speculative_tokens if draft is not None else 0,
                            max_num_encoder_input_tokens=encoder_tokens, encoder_cache_size=encoder_tokens)
+
+
+def plan_encoder_scheduler_config(loaded: LoadedModel, config: EngineConfig) -> SchedulerConfig:
+    """An encoder-only model (BERT, XLM-R) keeps no KV cache: its attention is bidirectional, so an
+    input is computed whole in one step (no chunked prefill: the step's token budget is at least
+    max_model_len) and no input starts from another's cached blocks (no prefix caching). The
+    scheduler still admits by blocks: as many as every running request at full length needs,
+    holding no memory."""
+    c = loaded.config
+    model_len = c.max_input_positions
+    if config.max_model_len is not None and config.max_model_len > model_len:
+        raise ValueError(f"max_model_len ({config.max_model_len}) exceeds the model's context length "
+                         f"({model_len} positions)")
+    if config.speculative_config is not None:
+        raise ValueError(f"speculative decoding does not apply to an encoder-only model ({c.architecture}): it "
+                         f"generates nothing")
+    max_model_len = config.max_model_len or model_len
+    budget = max(config.max_num_batched_tokens, max_model_len)
+    logger.info("encoder-only model (%s): no KV cache; each input computed whole in one step (up to %d tokens), "
+                "%d tokens a step, prefix caching off", c.architecture, max_model_len - 1, budget)
+    return SchedulerConfig(num_blocks=config.max_num_seqs * -(-max_model_len // config.block_size),
+                           max_num_seqs=config.max_num_seqs, max_num_batched_tokens=budget,
+                           max_model_len=max_model_len, block_size=config.block_size,
+                           enable_prefix_caching=False, enable_chunked_prefill=False,
+                           scheduling_policy=config.scheduling_policy)
 
 
 def _repetition_rule(params: RepetitionDetectionParams | None) -> tuple[int, int, int] | None:
@@ -125,7 +152,8 @@ class EngineCore:
         native = self.scheduler_config.to_native()
         self.scheduler = _core.Scheduler(native)
         self.model_runner = ModelRunner(loaded, native, enforce_eager=config.enforce_eager, tp_workers=tp_workers,
-                                        pooling_type=pooling_type_of(loaded.path, config.pooling_type),
+                                        pooling_type=pooling_type_of(loaded.path, config.pooling_type,
+                                                                     "CLS" if loaded.config.encoder_only else "LAST"),
                                         max_loras=config.max_loras if config.enable_lora else 0)
         # Requests whose LoRA adapter waits for a slot (every slot's adapter in use): in arrival order.
         self._lora_waiting: list[EngineCoreRequest] = []

@@ -55,8 +55,11 @@ class EngineParts:
             if loaded is not None:
                 raise ValueError("tensor_parallel_size > 1 loads the model in every rank: pass the model's path, "
                                  "not a loaded model")
-            check_divisible(load_model_config(config.model, config.hf_overrides),  # before any process starts
-                            config.tensor_parallel_size)
+            model_config = load_model_config(config.model, config.hf_overrides)  # before any process starts
+            if model_config.encoder_only:
+                raise ValueError(f"{model_config.source}: tensor parallelism is not supported for an encoder-only "
+                                 f"model ({model_config.architecture}); run it with tensor_parallel_size 1")
+            check_divisible(model_config, config.tensor_parallel_size)
             workers = TensorParallelWorkers.start(config)
         try:
             loaded = loaded or load_model(config.model, dtype=config.dtype, device=config.device,
@@ -82,7 +85,9 @@ class EngineParts:
                                          extra_eos, config.seed, config.scheduling_policy, grammar_compiler,
                                          config.reasoning_parser, image_inputs=image_inputs_of(loaded, config),
                                          prediction_drafts=engine_core.scheduler.config.prompt_lookup_max > 0,
-                                         loras=loras, classifier_labels=loaded.config.classifier_labels)
+                                         loras=loras, classifier_labels=loaded.config.classifier_labels,
+                                         encoder_only=loaded.config.encoder_only,
+                                         type_vocab_size=loaded.config.type_vocab_size)
         return cls(loaded, engine_core, input_processor, OutputProcessor(loaded.tokenizer, config.stream_interval),
                    grammar_compiler, sampling_defaults_of(generation_config, config))
 
@@ -92,6 +97,9 @@ def lora_registry_of(loaded: LoadedModel, config: EngineConfig) -> LoraRegistry 
     GPU). An image model's (LLaVA) adapters update its language model."""
     if not config.enable_lora:
         return None
+    if loaded.config.encoder_only:
+        raise ValueError(f"{loaded.config.source}: LoRA adapters are not supported for an encoder-only model "
+                         f"({loaded.config.architecture}); start it without enable_lora")
     return LoraRegistry(loaded.config, config.max_lora_rank, loaded.model.dtype)
 
 

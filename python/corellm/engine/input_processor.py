@@ -47,14 +47,23 @@ def generation_refusal(classifier_labels: tuple[str, ...]) -> str:
             f"language-model head: it serves classify, score and rerank (and embeddings), not generation")
 
 
+# Why an encoder-only model (EncoderConfig) does not generate.
+ENCODER_REFUSAL = ("this model is an encoder (bidirectional attention, no language-model head): it serves embeddings, "
+                   "score and rerank (and classify, if a sequence classifier), not generation")
+
+
 class InputProcessor:
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, max_model_len: int,
                  extra_eos_token_ids: list[int] | None = None, seed: int = 0, scheduling_policy: str = "fcfs",
                  grammar_compiler: GrammarCompiler | None = None, reasoning_parser: str | None = None,
                  image_inputs: ImageInputs | None = None, prediction_drafts: bool = False,
-                 loras: LoraRegistry | None = None, classifier_labels: tuple[str, ...] = ()):
+                 loras: LoraRegistry | None = None, classifier_labels: tuple[str, ...] = (),
+                 encoder_only: bool = False, type_vocab_size: int = 0):
         """classifier_labels: a sequence classifier's labels (ModelConfig's): it serves pooling
-        requests only, and classifications; (): a generator, which classifies nothing."""
+        requests only, and classifications; (): a generator, which classifies nothing.
+        encoder_only: an encoder (EncoderConfig: BERT, XLM-R), which serves pooling requests only;
+        type_vocab_size: the token types its embedding tells apart (a prompt's token_type_ids; 0:
+        the model reads none)."""
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -67,6 +76,8 @@ class InputProcessor:
         self.prediction_drafts = prediction_drafts  # the scheduler drafts n-grams (a prediction's too)
         self.loras = loras  # the LoRA adapters known (None: the engine runs without LoRA)
         self.classifier_labels = classifier_labels
+        self.encoder_only = encoder_only
+        self.type_vocab_size = type_vocab_size
 
     def images(self, prompt: PromptType, ids: list[int]):
         """(ids with each image's placeholders expanded, its MultiModalFeatures) for a prompt's
@@ -131,6 +142,8 @@ class InputProcessor:
                                                      output_kind=RequestOutputKind.FINAL_ONLY)
         elif self.classifier_labels:
             raise ValueError(generation_refusal(self.classifier_labels))
+        elif self.encoder_only:
+            raise ValueError(ENCODER_REFUSAL)
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams or a PoolingParams, got {type(params).__name__}")
         text, ids = self.tokenize(prompt)
@@ -138,6 +151,7 @@ class InputProcessor:
         ids, mm_features = self.images(prompt, ids)
         if not ids:
             raise ValueError("The prompt is empty: at least one token is needed")
+        token_type_ids = self.token_types(prompt, len(ids))
         if len(ids) >= self.max_model_len:
             raise ValueError(f"The prompt (total length {len(ids)}) is too long to fit into the model "
                              f"(context length {self.max_model_len}); at least one token must be generated")
@@ -207,9 +221,24 @@ class InputProcessor:
                 mm_features=mm_features,
                 prediction_token_ids=prediction_token_ids,
                 pooling=pooling,
+                token_type_ids=token_type_ids,
                 lora=lora,
             ))
         return ProcessedRequest(request_id, text, ids, params, samples)
+
+    def token_types(self, prompt: PromptType, num_tokens: int) -> list[int] | None:
+        """A TokensPrompt's token_type_ids, checked: one per token, each a type the model's embedding
+        has (ValueError naming what is wrong, and on a model that reads none); None when absent."""
+        types = prompt.get("token_type_ids") if isinstance(prompt, dict) else None
+        if types is None:
+            return None
+        if self.type_vocab_size == 0:
+            raise ValueError("token_type_ids: this model reads no token types (they are an encoder's, such as BERT's)")
+        if not isinstance(types, (list, tuple)) or len(types) != num_tokens or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.type_vocab_size for t in types):
+            raise ValueError(f"token_type_ids must be {num_tokens} integers (one per prompt token), each in "
+                             f"[0, {self.type_vocab_size}); got {types!r:.200}")
+        return list(types)
 
     def _prompt_block(self, prompt_ids: list[int]) -> str:
         """Where the prompt's end leaves the reasoning block: "closed" (it ends with an empty or

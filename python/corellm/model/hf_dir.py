@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from corellm.model.llava import LlavaSpec, is_llava_config
+from corellm.model.encoder_config import ENCODER_ARCHITECTURES, EncoderConfig
 from corellm.model.model_config import ModelConfig
 from corellm.multimodal.image_processor import ImageProcessor
 from corellm.tokenizer import Tokenizer
@@ -63,13 +64,16 @@ class HFModelDir:
             raise FileNotFoundError(f"{self.path}: no *.safetensors weights{hint}")
         return files
 
-    def config(self) -> ModelConfig:
-        """The decoder's configuration (a LLaVA's text_config)."""
+    def config(self) -> ModelConfig | EncoderConfig:
+        """The decoder's configuration (a LLaVA's text_config), or an encoder-only model's."""
         llava = self.llava_spec()
         if llava is not None:
             return llava.text
         source = str(self.path / "config.json") + (" (with hf_overrides)" if self.hf_overrides else "")
-        return ModelConfig.from_hf_config(self._config_json(), source)
+        cfg = self._config_json()
+        if (cfg.get("architectures") or [None])[0] in ENCODER_ARCHITECTURES:
+            return EncoderConfig.from_hf_config(cfg, source)
+        return ModelConfig.from_hf_config(cfg, source)
 
     def llava_spec(self) -> LlavaSpec | None:
         """The image path of a LLaVA-style model (model_type "llava"), or None."""

@@ -366,6 +366,13 @@ class LlamaForCausalLM:
         h, _ = ops.fused_add_rms_norm(h, residual, self.norm, self.config.rms_norm_eps)
         return h
 
+    def classify(self, row: torch.Tensor) -> torch.Tensor:
+        """A sequence classifier's pooled row (fp32 [hidden]) -> label logits: the score matrix
+        times it, in fp32."""
+        if self.score is None:
+            raise ValueError("classify needs a sequence-classification model")
+        return self.score.float().to(row.device) @ row
+
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor | None:
         """[n, hidden] -> float32 logits [n, vocab] (tensor parallelism: gathered on rank 0; the
         other ranks get None). out: a float32 [n, vocab] tensor to write them into, returned."""

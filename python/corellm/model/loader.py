@@ -12,6 +12,8 @@ import torch
 
 from corellm.config import QUANTIZATION_METHODS
 from corellm.distributed.parallel_state import TensorParallel
+from corellm.model.bert import BertEncoder
+from corellm.model.encoder_config import EncoderConfig
 from corellm.model.gguf_file import GGUFModelFile
 from corellm.model.hf_dir import HFModelDir
 from corellm.model.hf_hub_cache import find_in_hub_cache, looks_like_repo_id
@@ -32,9 +34,9 @@ _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.
 
 @dataclass
 class LoadedModel:
-    model: LlamaForCausalLM
+    model: LlamaForCausalLM | BertEncoder
     tokenizer: Tokenizer
-    config: ModelConfig
+    config: ModelConfig | EncoderConfig
     generation_config: dict[str, Any] = field(default_factory=dict)
     name: str = ""
     path: str = ""
@@ -170,7 +172,8 @@ def _load_gguf(path: Path, dtype: torch.dtype, progress: bool, use_cache: bool, 
     return config, tokenizer, rope_factors, weights
 
 
-def load_model_config(model: str | Path | None = None, hf_overrides: dict | None = None) -> ModelConfig:
+def load_model_config(model: str | Path | None = None, hf_overrides: dict | None = None
+                      ) -> ModelConfig | EncoderConfig:
     """The model's configuration alone (no weights read): HF directory (its config.json with
     hf_overrides set over it) or GGUF file."""
     path = resolve_model_path(model)
@@ -273,6 +276,9 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
         generation_config = {"eos_token_id": config.eos_token_id} if len(config.eos_token_id) > 1 else {}
     else:
         raise ValueError(f"{path}: not an HF model directory or a .gguf file")
+    if config.encoder_only:
+        return _load_encoder(config, tokenizer, generation_config, weights, name=name, path=path, dtype=torch_dtype,
+                             device=device_, tp=tp, method=method)
     check_head_size_on_device(config, device_)
     if config.num_experts and device_.type != "cpu":
         raise ValueError(f"{config.source}: a mixture-of-experts model ({config.architecture}) runs on the CPU only "
@@ -294,6 +300,21 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
         gather_packed_weights(llm)
     return LoadedModel(llm, tokenizer, config, generation_config, name=name, path=str(path), quantization=method,
                        image_processor=image_processor)
+
+
+def _load_encoder(config: EncoderConfig, tokenizer: Tokenizer, generation_config: dict, weights, *, name: str,
+                  path: Path, dtype: torch.dtype, device: torch.device, tp: TensorParallel, method: str) -> LoadedModel:
+    """An encoder-only model (BERT, XLM-R): in one process, its weights in the dtype."""
+    if tp.size > 1:
+        raise ValueError(f"{config.source}: tensor parallelism is not supported for an encoder-only model "
+                         f"({config.architecture}); run it with tensor_parallel_size 1")
+    if method != "none":
+        raise ValueError(f"{config.source}: quantization {method!r} is not supported for an encoder-only model "
+                         f"({config.architecture}); leave it unset")
+    model = BertEncoder(config, dtype, device)
+    with torch.inference_mode():
+        model.load_weights(weights, str(path))
+    return LoadedModel(model, tokenizer, config, generation_config, name=name, path=str(path), quantization=method)
 
 
 def default_model_path_or_none() -> Path | None:

@@ -138,6 +138,9 @@ class ModelConfig:
     classifier_two_way: bool = False
     source: str = ""  # file the config came from, for error messages
 
+    encoder_only = False  # a decoder (EncoderConfig's is True)
+    type_vocab_size = 0  # a decoder reads no token types (an encoder's segments: EncoderConfig)
+
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModelError(
@@ -279,7 +282,8 @@ class ModelConfig:
         if arch not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModelError(
                 f"{source}: architecture {arch!r} is not supported; corellm runs "
-                f"{sorted(SUPPORTED_ARCHITECTURES)} and the sequence classifiers {sorted(CLASSIFIER_ARCHITECTURES)}"
+                f"{sorted(SUPPORTED_ARCHITECTURES)}, the sequence classifiers {sorted(CLASSIFIER_ARCHITECTURES)} and "
+                f"the encoders BertModel, XLMRobertaModel, RobertaModel and their *ForSequenceClassification"
             )
         family = SUPPORTED_ARCHITECTURES[arch]
         if family in ("gemma2", "gemma3"):

@@ -70,7 +70,9 @@ class ModelRunner:
         each step's inputs are sent to them before the forward. pooling_type: how embedding
         requests' vectors are made (worker/pooler.py). max_loras: how many LoRA adapters it holds
         at once (0: LoRA off)."""
-        self.pooler = Pooler(pooling_type, classifier=getattr(loaded.model, "score", None))
+        self.encoder_only = loaded.config.encoder_only  # no KV cache; each input whole in its step
+        self.pooler = Pooler(pooling_type, classifier=loaded.model.classify if loaded.config.classifier_labels else None,
+                             classify_pooling="CLS" if self.encoder_only else "LAST")
         self._pooling: set[str] = set()  # the embedding requests in the batch (most steps: none)
         self.model = loaded.model
         self.device = self.model.device
@@ -78,8 +80,8 @@ class ModelRunner:
         c = scheduler_config
         self.block_size = c.block_size
         self.activity = StepActivity()  # the KV cache's commit waits for pauses in the steps
-        self.kv_caches = allocate_kv_caches(self.model.config, c.num_blocks, c.block_size, self.model.dtype,
-                                            self.device, self.activity)  # this rank's KV heads
+        self.kv_caches = [] if self.encoder_only else allocate_kv_caches(
+            self.model.config, c.num_blocks, c.block_size, self.model.dtype, self.device, self.activity)  # this rank's KV heads
         self.tp_workers = tp_workers
         if tp_workers is not None:
             tp_workers.setup(c.num_blocks, c.block_size)
@@ -101,7 +103,9 @@ class ModelRunner:
         # The ways a step's forward can run besides the model's per-op layers (see forward).
         self.cuda_graphs: CUDAGraphRunner | None = None
         self.native_stack: NativeDecoderStack | None = None
-        if self.device.type == "cuda" and not enforce_eager and tp_workers is None:
+        if self.encoder_only:
+            pass  # the per-op layers (model/bert.py)
+        elif self.device.type == "cuda" and not enforce_eager and tp_workers is None:
             self.cuda_graphs = CUDAGraphRunner(self.model, self.kv_caches, c.max_num_seqs, c.max_model_len,
                                                c.block_size, self.device)
             self.cuda_graphs.capture()
@@ -158,7 +162,8 @@ class ModelRunner:
           1. a captured CUDA graph: on a GPU, for a uniform-decode batch no larger than the largest
              capture (padded to the next captured size);
           2. the native decoder stack: on a CPU with the weights packed in bf16 (one native call);
-          3. the model's per-op layers: everything else (fp32, a GPU's prefill and mixed batches).
+          3. the model's per-op layers: everything else (fp32, a GPU's prefill and mixed batches,
+             an encoder-only model, with its inputs' token types).
         2 and 3 are bit-identical; 1 runs 3's kernels. prompt_spans: the rows whose logits the step
         scores after the sampled ones (tensor-parallel workers compute them alongside)."""
         b = self.builder
@@ -176,6 +181,10 @@ class ModelRunner:
         attn = AttentionMetadata(slot_mapping=i32(b.slot_mapping), block_table=i32(b.block_table),
                                  seq_lens=i32(b.seq_lens), query_start_loc=i32(b.query_start_loc),
                                  max_query_len=b.max_query_len, max_seq_len=b.max_seq_len)
+        if self.encoder_only:
+            types = self._token_types(so)
+            return self.model.forward(i32(b.input_ids), i32(b.positions), attn,
+                                      token_type_ids=None if types is None else i32(types))
         lora_slots = self._lora_slots(so) if self._lora_slot_of else None
         if self.tp_workers is not None:  # the other ranks run the same step on their shares
             index, rows = image_rows if image_rows is not None else (None, None)
@@ -209,6 +218,20 @@ class ModelRunner:
                     slots = np.full(len(self.builder.input_ids), -1, dtype=np.int32)
                 slots[starts[i]:starts[i + 1]] = slot
         return slots
+
+    def _token_types(self, so: _core.SchedulerOutput) -> np.ndarray | None:
+        """int32 [num_tokens]: each of the step's tokens' token type (an encoder's segment: 1 over the
+        second text of a cross-encoder's pair), or None when no request of the step gave any (all 0)."""
+        starts = self.builder.query_start_loc
+        types = None
+        for i, req_id in enumerate(so.req_ids):
+            given = self.sampling.requests[req_id].request.token_type_ids
+            if given is not None:
+                if types is None:
+                    types = np.zeros(len(self.builder.input_ids), dtype=np.int32)
+                start = int(so.num_computed_tokens[i])
+                types[starts[i]:starts[i + 1]] = given[start:start + int(so.num_scheduled_tokens[i])]
+        return types
 
     def _image_rows(self, so: _core.SchedulerOutput) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The step's image rows: (the flat rows of the placeholders it computes, int64 [k]; the

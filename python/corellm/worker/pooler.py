@@ -4,12 +4,15 @@ preemption): step by step the pooler keeps what its pooling type needs of the po
 taken in — CLS the first position's row, MEAN the running sum of the rows in position order, in
 float64 (a sequential scan: the same sum whatever the chunks) — and once the prompt's last position
 is computed gives the vector: LAST that row, MEAN the sum over the prompt's length, CLS the first
-row; in fp32, L2-normalized if the request asks. A classification (task "classify") pools LAST
-whatever the engine's type, and its row times the classifier's score matrix, in fp32, gives the
-label logits (probabilities with use_activation: softmax, or the sigmoid of a lone logit). A row's
-bits do not depend on the batch (corellm's kernels), so neither does the vector."""
+row; in fp32, L2-normalized if the request asks. A classification (task "classify") pools the
+model's classification row whatever the engine's type (a decoder's LAST, an encoder's CLS), and the
+model's classify (a decoder's score matrix, an encoder's head), in fp32, gives the label logits
+(probabilities with use_activation: softmax, or the sigmoid of a lone logit). A row's bits do not
+depend on the batch (corellm's kernels), so neither does the vector."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -17,19 +20,24 @@ from corellm.pooling_params import POOLING_TYPES, PoolingParams
 
 
 class Pooler:
-    def __init__(self, pooling_type: str, classifier: torch.Tensor | None = None):
-        """classifier: a sequence classifier's score matrix [num_labels, hidden] (None: the model
-        classifies nothing)."""
-        if pooling_type not in POOLING_TYPES:
-            raise ValueError(f"pooling_type must be one of {', '.join(POOLING_TYPES)}, got {pooling_type!r}")
+    def __init__(self, pooling_type: str, classifier: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 classify_pooling: str = "LAST"):
+        """classifier: a sequence classifier's classify (its pooled row, fp32 [hidden] -> label
+        logits, fp32 [num_labels]); None: the model classifies nothing. classify_pooling: the row it
+        reads (LAST: a decoder's; CLS: an encoder's)."""
+        for name, value in (("pooling_type", pooling_type), ("classify_pooling", classify_pooling)):
+            if value not in POOLING_TYPES:
+                raise ValueError(f"{name} must be one of {', '.join(POOLING_TYPES)}, got {value!r}")
         self.pooling_type = pooling_type
-        self._classifier = None if classifier is None else classifier.float()
+        self.classify_pooling = classify_pooling
+        self._classifier = classifier
         # request -> (the CLS row or the MEAN sum so far, the prompt positions taken in so far)
         self._partial: dict[str, tuple[torch.Tensor | None, int]] = {}
 
     def type_for(self, params: PoolingParams) -> str:
-        """How the request's rows are pooled: LAST for a classification, else the engine's type."""
-        return "LAST" if params.task == "classify" else self.pooling_type
+        """How the request's rows are pooled: the classifier's row for a classification, else the
+        engine's type."""
+        return self.classify_pooling if params.task == "classify" else self.pooling_type
 
     def needs_every_position(self, params: PoolingParams) -> bool:
         """Whether the request's vector reads rows before the prompt's last (MEAN, CLS): a prompt
@@ -74,7 +82,7 @@ class Pooler:
     def _classify(self, row: torch.Tensor, use_activation: bool) -> list[float]:
         if self._classifier is None:  # the input processor refuses these first
             raise ValueError("task 'classify' needs a sequence-classification model")
-        logits = self._classifier.to(row.device) @ row
+        logits = self._classifier(row)
         if use_activation:
             logits = torch.sigmoid(logits) if logits.numel() == 1 else torch.softmax(logits, dim=0)
         return logits.cpu().tolist()

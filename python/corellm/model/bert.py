@@ -1,0 +1,213 @@
+"""BertEncoder: an encoder-only model (EncoderConfig: BERT, RoBERTa, XLM-RoBERTa) computing a
+step's inputs, each whole, into final hidden states, as transformers' BertModel / XLMRobertaModel
+compute `last_hidden_state`; with a classification head, a pooled row's label logits.
+
+    h = LayerNorm(word[id] + type[token type] + position[offset + p])     (the embeddings)
+    per layer (post-norm):
+        a = concat over heads of softmax(q k^T / sqrt(d)) v, each input alone, every position seeing every other
+        h = LayerNorm(h + a W_o + b_o)
+        h = LayerNorm(h + gelu(h W_i + b_i) W_out + b_out)
+
+The projections run through corellm's Linear (in bf16 on the CPU its packed GEMM: a row's result
+does not depend on the batch); the attention through torch's scaled_dot_product_attention, one
+input at a time, so that an input's rows are the same whatever else the step holds. No KV cache:
+an input is computed in one step (the engine schedules encoders without chunked prefill or prefix
+caching), and nothing of it is kept for a later one.
+
+Classification (classify(row), on the first token's row, fp32):
+    bert_pooler   logits = W_c tanh(W_p row + b_p) + b_c       (BertForSequenceClassification)
+    roberta_head  logits = W_o tanh(W_d row + b_d) + b_o       (RobertaForSequenceClassification)"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+
+from corellm.model.attention_metadata import AttentionMetadata
+from corellm.model.encoder_config import ENCODER_ACTIVATIONS, EncoderConfig
+from corellm.model.layers import Linear
+
+# Tensors a checkpoint may carry that an encoder's embeddings and classification do not read: the
+# position-id buffer older files saved, a masked-LM or pre-training head, an embedding model's pooler.
+_UNREAD_PREFIXES = ("cls.", "lm_head.")
+_UNREAD_NAMES = ("embeddings.position_ids",)
+# Prefixes transformers' task models put before the encoder's own names (base_model_prefix).
+_ENCODER_PREFIXES = ("bert.", "roberta.")
+
+
+class EncoderLayer:
+    """One post-norm encoder layer: fused q/k/v with biases, the attention's output projection and
+    norm, the GELU MLP and its norm."""
+
+    def __init__(self, config: EncoderConfig, dtype: torch.dtype, device: torch.device):
+        d, i = config.hidden_size, config.intermediate_size
+        self.config = config
+        self.qkv = Linear(3 * d, d, True, dtype, device)
+        self.attn_out = Linear(d, d, True, dtype, device)
+        self.mlp_in = Linear(i, d, True, dtype, device)
+        self.mlp_out = Linear(d, i, True, dtype, device)
+        self.attn_norm = (torch.empty(d, dtype=dtype, device=device), torch.empty(d, dtype=dtype, device=device))
+        self.mlp_norm = (torch.empty(d, dtype=dtype, device=device), torch.empty(d, dtype=dtype, device=device))
+
+    def linears(self) -> list[Linear]:
+        return [self.qkv, self.attn_out, self.mlp_in, self.mlp_out]
+
+    def forward(self, h: torch.Tensor, query_start_loc: list[int]) -> torch.Tensor:
+        c = self.config
+        eps, d, heads = c.layer_norm_eps, c.hidden_size, c.num_attention_heads
+        qkv = self.qkv(h)
+        context = torch.empty_like(h)
+        for start, end in zip(query_start_loc[:-1], query_start_loc[1:]):
+            # [n, 3d] -> q, k, v [1, heads, n, head_dim]: one input, bidirectional
+            q, k, v = qkv[start:end].view(end - start, 3, heads, c.head_dim).permute(1, 2, 0, 3).unsqueeze(1)
+            out = F.scaled_dot_product_attention(q, k, v)
+            context[start:end] = out[0].transpose(0, 1).reshape(end - start, d)
+        h = F.layer_norm(self.attn_out(context) + h, (d,), *self.attn_norm, eps)
+        inner = F.gelu(self.mlp_in(h), approximate=ENCODER_ACTIVATIONS[c.hidden_act])
+        return F.layer_norm(self.mlp_out(inner) + h, (d,), *self.mlp_norm, eps)
+
+
+class BertEncoder:
+    def __init__(self, config: EncoderConfig, dtype: torch.dtype = torch.bfloat16,
+                 device: str | torch.device = "cpu"):
+        self.config = config
+        self.full_config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        d = config.hidden_size
+        empty = lambda *shape: torch.empty(shape, dtype=dtype, device=self.device)  # noqa: E731
+        self.word_embeddings = empty(config.vocab_size, d)
+        self.position_embeddings = empty(config.max_position_embeddings, d)
+        self.token_type_embeddings = empty(config.type_vocab_size, d)
+        self.embedding_norm = (empty(d), empty(d))
+        self.layers = [EncoderLayer(config, dtype, self.device) for _ in range(config.num_hidden_layers)]
+        # The classification head (None: an embedding model): two linear maps with a tanh between.
+        self.head: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        if config.classifier_kind is not None:
+            self.head = (empty(d, d), empty(d), empty(len(config.classifier_labels), d),
+                         empty(len(config.classifier_labels)))
+
+    # ------------------------------------------------------------------ weights
+    def _destinations(self) -> dict[str, tuple[torch.Tensor | Linear, int, int]]:
+        """The encoder's tensor names (without a task model's prefix) -> (where, row offset, rows)."""
+        whole = lambda t: (t, 0, t.shape[0])  # noqa: E731
+        dest: dict[str, tuple[torch.Tensor | Linear, int, int]] = {
+            "embeddings.word_embeddings.weight": whole(self.word_embeddings),
+            "embeddings.position_embeddings.weight": whole(self.position_embeddings),
+            "embeddings.token_type_embeddings.weight": whole(self.token_type_embeddings),
+            "embeddings.LayerNorm.weight": whole(self.embedding_norm[0]),
+            "embeddings.LayerNorm.bias": whole(self.embedding_norm[1]),
+        }
+        d = self.config.hidden_size
+        for i, layer in enumerate(self.layers):
+            p = f"encoder.layer.{i}."
+            for j, part in enumerate(("query", "key", "value")):  # rows j*d .. (j+1)*d of the fused q/k/v
+                dest[f"{p}attention.self.{part}.weight"] = (layer.qkv, j * d, d)
+                dest[f"{p}attention.self.{part}.bias"] = (layer.qkv.bias, j * d, d)
+            for name, linear in (("attention.output.dense", layer.attn_out), ("intermediate.dense", layer.mlp_in),
+                                 ("output.dense", layer.mlp_out)):
+                dest[f"{p}{name}.weight"] = (linear, 0, linear.shape[0])
+                dest[f"{p}{name}.bias"] = whole(linear.bias)
+            for name, (weight, bias) in (("attention.output.LayerNorm", layer.attn_norm),
+                                         ("output.LayerNorm", layer.mlp_norm)):
+                dest[f"{p}{name}.weight"] = whole(weight)
+                dest[f"{p}{name}.bias"] = whole(bias)
+        if self.head is not None:
+            inner, outer = (("pooler.dense", "classifier") if self.config.classifier_kind == "bert_pooler"
+                            else ("classifier.dense", "classifier.out_proj"))
+            for name, t in zip([f"{inner}.weight", f"{inner}.bias", f"{outer}.weight", f"{outer}.bias"], self.head):
+                dest[name] = whole(t)
+        return dest
+
+    @staticmethod
+    def _encoder_name(name: str) -> str:
+        """A checkpoint's tensor name as _destinations names it: a task model's prefix (bert., roberta.)
+        dropped, and the LayerNorm's gamma / beta of older files read as weight / bias."""
+        for prefix in _ENCODER_PREFIXES:
+            if name.startswith(prefix):
+                name = name[len(prefix):]
+                break
+        if "LayerNorm." in name:
+            name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
+        return name
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], source: str, scaled_type: str | None = None
+                     ) -> None:
+        """Copies every tensor to its place; ValueError naming the file and the tensor for a name the
+        model has no place for, a shape the config does not give, or a tensor that is missing. An
+        embedding model's pooler, masked-LM heads and the position-id buffer are not read."""
+        if scaled_type is not None:
+            raise ValueError(f"{source}: quantization {scaled_type!r} is not supported for an encoder-only model")
+        dest = self._destinations()
+        loaded: set[str] = set()
+        for raw_name, tensor in weights:
+            name = self._encoder_name(raw_name)
+            if name not in dest and (name.startswith(_UNREAD_PREFIXES) or name in _UNREAD_NAMES
+                                     or (self.head is None and name.startswith("pooler."))):
+                continue
+            if name not in dest:
+                raise ValueError(f"{source}: unexpected tensor {raw_name!r} for {self.config.architecture}")
+            target, offset, rows = dest[name]
+            expected = (rows, *tuple(target.shape)[1:])
+            if tuple(tensor.shape) != expected:
+                raise ValueError(f"{source}: tensor {raw_name!r} has shape {tuple(tensor.shape)}, but the config "
+                                 f"implies {expected}")
+            if isinstance(target, Linear):
+                target.load(offset, tensor)
+            else:
+                target[offset:offset + rows].copy_(tensor)
+            loaded.add(name)
+        missing = sorted(set(dest) - loaded)
+        if missing:
+            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+            raise ValueError(f"{source}: missing tensors {missing[:3]}{more}")
+        for linear in self.all_linears():
+            linear.finalize()
+
+    def all_linears(self) -> list[Linear]:
+        return [linear for layer in self.layers for linear in layer.linears()]
+
+    def weight_bytes(self) -> dict[str, int]:
+        """Bytes of the weights by dtype (engine_parts' start-up log)."""
+        tensors = [self.word_embeddings, self.position_embeddings, self.token_type_embeddings, *self.embedding_norm,
+                   *(self.head or ())]
+        for layer in self.layers:
+            tensors += [*layer.attn_norm, *layer.mlp_norm]
+            for linear in layer.linears():
+                tensors += [linear.weight if linear.packed is None else linear.packed, linear.bias]
+        dense = str(self.dtype).replace("torch.", "")
+        return {dense: sum(t.numel() * t.element_size() for t in tensors if t is not None)}
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
+                kv_caches: list = (), token_type_ids: torch.Tensor | None = None, **_unused) -> torch.Tensor:
+        """input_ids, positions: int32 [num_tokens], each input's tokens whole and in order (positions 0
+        .. n-1), where attn.query_start_loc puts them; token_type_ids: int32 [num_tokens] (None: all 0)
+        -> the final hidden states [num_tokens, hidden]."""
+        c = self.config
+        types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+        # transformers' order of the two sums (each rounded to the dtype), then the norm
+        h = F.embedding(input_ids, self.word_embeddings) + F.embedding(types, self.token_type_embeddings)
+        h = h + F.embedding(positions + c.position_offset, self.position_embeddings)
+        h = F.layer_norm(h, (c.hidden_size,), *self.embedding_norm, c.layer_norm_eps)
+        bounds = attn.query_start_loc.tolist()
+        for layer in self.layers:
+            h = layer.forward(h, bounds)
+        return h
+
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """An encoder has no language-model head, and serves pooling requests only (the input
+        processor refuses generation): the one token the engine samples to end such a request, which
+        nobody reads, is drawn from zero logits, float32 [n, vocab] (into `out` when given)."""
+        if out is None:
+            return torch.zeros((hidden.shape[0], self.config.vocab_size), dtype=torch.float32, device=hidden.device)
+        return out.zero_()
+
+    def classify(self, row: torch.Tensor) -> torch.Tensor:
+        """The first token's final row (fp32 [hidden]) -> label logits, fp32 [num_labels]."""
+        if self.head is None:
+            raise ValueError("classify needs a sequence-classification model")
+        inner_w, inner_b, outer_w, outer_b = (t.float().to(row.device) for t in self.head)
+        return F.linear(torch.tanh(F.linear(row, inner_w, inner_b)), outer_w, outer_b)

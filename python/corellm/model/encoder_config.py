@@ -1,0 +1,127 @@
+"""EncoderConfig: the hyper-parameters of an encoder-only model — BERT and (XLM-)RoBERTa, the
+models behind most sentence embedders (all-MiniLM, bge, e5, gte, bge-m3) and cross-encoder
+rerankers (ms-marco-MiniLM, bge-reranker) — read from an HF config.json, validated, with one clear
+error for anything unsupported.
+
+An encoder's attention is bidirectional: every position sees the whole input, so a position's
+hidden state depends on the tokens after it. Such a model serves embeddings and classifications
+only, each input computed whole in one step, with no KV cache and no prefix caching (the engine
+reads `encoder_only`; ModelConfig's is False)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from corellm.model.model_config import UnsupportedModelError, _classifier_labels
+
+# HF architecture -> (its family: how positions are numbered, the classification head it has; None: none)
+#   bert     positions from 0; a "pooler" (dense + tanh on the first token's row) under the classifier
+#   roberta  positions from padding_idx + 1 (XLM-R, RoBERTa); the head's own dense + tanh, then out_proj
+ENCODER_ARCHITECTURES = {
+    "BertModel": ("bert", None),
+    "BertForSequenceClassification": ("bert", "bert_pooler"),
+    "RobertaModel": ("roberta", None),
+    "RobertaForSequenceClassification": ("roberta", "roberta_head"),
+    "XLMRobertaModel": ("roberta", None),
+    "XLMRobertaForSequenceClassification": ("roberta", "roberta_head"),
+}
+# hidden_act -> torch.nn.functional.gelu's approximate argument
+ENCODER_ACTIVATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    architecture: str  # HF name, e.g. "BertModel"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    max_position_embeddings: int  # rows of the position table
+    type_vocab_size: int  # token types (segments) the embedding tells apart; 1: none
+    layer_norm_eps: float
+    hidden_act: str = "gelu"  # ENCODER_ACTIVATIONS
+    # The first position's row in the position table (RoBERTa: padding_idx + 1, the rows below are
+    # the padding's); BERT: 0
+    position_offset: int = 0
+    # A sequence classifier's labels by id (its id2label); (): an embedding model
+    classifier_labels: tuple[str, ...] = ()
+    eos_token_id: tuple[int, ...] = ()  # (an encoder generates nothing: none)
+    source: str = ""
+
+    encoder_only = True
+
+    def __post_init__(self) -> None:
+        if self.architecture not in ENCODER_ARCHITECTURES:
+            raise UnsupportedModelError(f"{self.source}: architecture {self.architecture!r} is not an encoder corellm "
+                                        f"runs ({', '.join(sorted(ENCODER_ARCHITECTURES))})")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "max_position_embeddings", "type_vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{self.source}: {name} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"{self.source}: hidden_size ({self.hidden_size}) must be a multiple of "
+                             f"num_attention_heads ({self.num_attention_heads})")
+        if self.hidden_act not in ENCODER_ACTIVATIONS:
+            raise UnsupportedModelError(f"{self.source}: hidden_act {self.hidden_act!r} is not supported "
+                                        f"({', '.join(ENCODER_ACTIVATIONS)})")
+        if not 0 <= self.position_offset < self.max_position_embeddings - 1:
+            raise ValueError(f"{self.source}: positions start at row {self.position_offset} of "
+                             f"{self.max_position_embeddings}: no room for an input")
+        if self.classifier_kind is not None and not self.classifier_labels:
+            raise ValueError(f"{self.source}: a sequence classifier needs at least one label")
+
+    @property
+    def family(self) -> str:
+        return ENCODER_ARCHITECTURES[self.architecture][0]
+
+    @property
+    def classifier_kind(self) -> str | None:
+        """The classification head: "bert_pooler", "roberta_head", or None (an embedding model)."""
+        return ENCODER_ARCHITECTURES[self.architecture][1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def max_input_positions(self) -> int:
+        """The longest input the position table numbers (RoBERTa's first rows are the padding's)."""
+        return self.max_position_embeddings - self.position_offset
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any], source: str = "config.json") -> "EncoderConfig":
+        arch = (cfg.get("architectures") or [None])[0]
+        if arch not in ENCODER_ARCHITECTURES:
+            raise UnsupportedModelError(f"{source}: architecture {arch!r} is not an encoder corellm runs "
+                                        f"({', '.join(sorted(ENCODER_ARCHITECTURES))})")
+        family, head = ENCODER_ARCHITECTURES[arch]
+        kind = cfg.get("position_embedding_type", "absolute")
+        if kind != "absolute":
+            raise UnsupportedModelError(f"{source}: position_embedding_type {kind!r} is not supported (absolute)")
+        if cfg.get("is_decoder") or cfg.get("add_cross_attention"):
+            raise UnsupportedModelError(f"{source}: a BERT-style decoder (is_decoder, add_cross_attention) is not "
+                                        f"supported; corellm runs these models as encoders")
+        if head is not None and cfg.get("problem_type") == "multi_label_classification":
+            raise UnsupportedModelError(f"{source}: problem_type 'multi_label_classification' (a sigmoid per label) "
+                                        f"is not supported; corellm's classify gives a softmax over the labels")
+        pad = cfg.get("pad_token_id", 1)
+        if family == "roberta" and (not isinstance(pad, int) or pad < 0):
+            raise ValueError(f"{source}: RoBERTa numbers positions from pad_token_id + 1; pad_token_id is {pad!r}")
+        return cls(
+            architecture=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=cfg["num_attention_heads"],
+            max_position_embeddings=cfg.get("max_position_embeddings", 512),
+            type_vocab_size=cfg.get("type_vocab_size", 2),
+            layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12)),
+            hidden_act=cfg.get("hidden_act", "gelu"),
+            position_offset=pad + 1 if family == "roberta" else 0,
+            classifier_labels=_classifier_labels(cfg, source) if head is not None else (),
+            source=source,
+        )
