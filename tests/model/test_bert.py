@@ -214,6 +214,11 @@ def test_config_refusals_name_the_field(tmp_path):
     base = {"architectures": ["BertModel"], "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
             "num_hidden_layers": 1, "num_attention_heads": 2}
     assert EncoderConfig.from_hf_config(base).max_input_positions == 512
+    # sentence-transformers' max_seq_length, where shorter than the positions, bounds the input
+    assert EncoderConfig.from_hf_config(base, sentence_config={"max_seq_length": 256}).max_input_positions == 256
+    assert EncoderConfig.from_hf_config(base, sentence_config={"max_seq_length": 1024}).max_input_positions == 512
+    with pytest.raises(ValueError, match="max_seq_length must be an integer >= 2, got '256'"):
+        EncoderConfig.from_hf_config(base, sentence_config={"max_seq_length": "256"})
     with pytest.raises(ValueError, match="position_embedding_type 'relative_key'"):
         EncoderConfig.from_hf_config({**base, "position_embedding_type": "relative_key"})
     with pytest.raises(ValueError, match="hidden_act 'swish'"):

@@ -110,3 +110,18 @@ def test_chat_template_runs_in_a_sandbox():
     out = render_chat_template("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] | tojson }}{% endfor %}",
                                [{"role": "user", "content": "é"}])
     assert out == '[user]"é"'
+
+
+def test_a_tokenizer_json_that_pads_and_truncates_encodes_whole_and_unpadded(tmp_path):
+    """A tokenizer.json saved with padding and truncation on (all-MiniLM-L6-v2's: 128) encodes a
+    prompt whole and unpadded, as transformers does unless asked: a prompt is never cut silently."""
+    from tokenizers import Tokenizer as Backend, models, pre_tokenizers
+
+    backend = Backend(models.WordLevel({"[PAD]": 0, "[UNK]": 1, **{f"w{i}": i + 2 for i in range(20)}},
+                                       unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.enable_padding(length=16, pad_id=0, pad_token="[PAD]")
+    backend.enable_truncation(max_length=4)
+    backend.save(str(tmp_path / "tokenizer.json"))
+    ids = Tokenizer.from_hf_dir(tmp_path).encode("w1 w2 w3 w4 w5 w6")
+    assert ids == [3, 4, 5, 6, 7, 8]

@@ -45,6 +45,9 @@ class EncoderConfig:
     # The first position's row in the position table (RoBERTa: padding_idx + 1, the rows below are
     # the padding's); BERT: 0
     position_offset: int = 0
+    # sentence-transformers' max_seq_length (sentence_bert_config.json): the longest input the model was
+    # trained on, shorter than its position table (all-MiniLM-L6-v2: 256 of 512); 0: the table's
+    max_seq_length: int = 0
     # A sequence classifier's labels by id (its id2label); (): an embedding model
     classifier_labels: tuple[str, ...] = ()
     eos_token_id: tuple[int, ...] = ()  # (an encoder generates nothing: none)
@@ -88,11 +91,15 @@ class EncoderConfig:
 
     @property
     def max_input_positions(self) -> int:
-        """The longest input the position table numbers (RoBERTa's first rows are the padding's)."""
-        return self.max_position_embeddings - self.position_offset
+        """The longest input: the positions the table numbers (RoBERTa's first rows are the padding's),
+        or sentence-transformers' max_seq_length where shorter."""
+        positions = self.max_position_embeddings - self.position_offset
+        return min(positions, self.max_seq_length) if self.max_seq_length > 0 else positions
 
     @classmethod
-    def from_hf_config(cls, cfg: dict[str, Any], source: str = "config.json") -> "EncoderConfig":
+    def from_hf_config(cls, cfg: dict[str, Any], source: str = "config.json",
+                       sentence_config: dict[str, Any] | None = None) -> "EncoderConfig":
+        """cfg: config.json's; sentence_config: sentence_bert_config.json's, where the directory has one."""
         arch = (cfg.get("architectures") or [None])[0]
         if arch not in ENCODER_ARCHITECTURES:
             raise UnsupportedModelError(f"{source}: architecture {arch!r} is not an encoder corellm runs "
@@ -122,6 +129,17 @@ class EncoderConfig:
             layer_norm_eps=float(cfg.get("layer_norm_eps", 1e-12)),
             hidden_act=cfg.get("hidden_act", "gelu"),
             position_offset=pad + 1 if family == "roberta" else 0,
+            max_seq_length=_max_seq_length(sentence_config or {}, source),
             classifier_labels=_classifier_labels(cfg, source) if head is not None else (),
             source=source,
         )
+
+
+def _max_seq_length(sentence_config: dict[str, Any], source: str) -> int:
+    """sentence_bert_config.json's max_seq_length (0 where it sets none)."""
+    value = sentence_config.get("max_seq_length")
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or value < 2:
+        raise ValueError(f"{source}: sentence_bert_config.json's max_seq_length must be an integer >= 2, got {value!r}")
+    return value

@@ -72,7 +72,8 @@ class HFModelDir:
         source = str(self.path / "config.json") + (" (with hf_overrides)" if self.hf_overrides else "")
         cfg = self._config_json()
         if (cfg.get("architectures") or [None])[0] in ENCODER_ARCHITECTURES:
-            return EncoderConfig.from_hf_config(cfg, source)
+            sentence = self.path / "sentence_bert_config.json"
+            return EncoderConfig.from_hf_config(cfg, source, _read_json(sentence) if sentence.is_file() else None)
         return ModelConfig.from_hf_config(cfg, source)
 
     def llava_spec(self) -> LlavaSpec | None:
