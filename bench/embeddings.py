@@ -5,6 +5,11 @@ embedder, cached under build/embeddings/:
   minilm    all-MiniLM-L6-v2: 6 layers, hidden 384, 12 heads, MLP 1536, 30522 words
   bge-base  bge-base-en-v1.5 / BERT-base: 12 layers, hidden 768, 12 heads, MLP 3072
 
+With --vllm, vLLM's CPU backend too (bench/compare_vllm.py's venv under build/vllm/, installed there
+on first use; every core: VLLM_CPU_OMP_THREADS_BIND), its offline LLM(runner="pooling").embed on
+the same inputs, with the same max_num_seqs and step budget; its start-up (torch.compile) is
+printed apart and not timed with the run.
+
 Inputs: --num-prompts token-id inputs of lengths drawn uniformly from [--min-len, --max-len]
 (seeded), each as the tokenizer would frame it ([CLS] ... [SEP]). transformers runs them in
 batches of --hf-batch-size, in input order, padded to the batch's longest with an attention mask
@@ -13,15 +18,18 @@ L2-normalize. Printed: a table of inputs/s and tokens/s per engine and the ratio
 ran, and the two engines' agreement (the smallest cosine similarity between their vectors of one
 input).
 
-    .venv/bin/python bench/embeddings.py --shape minilm --num-prompts 512
+    .venv/bin/python bench/embeddings.py --shape minilm --num-prompts 512 --vllm
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,13 +46,13 @@ VOCAB, CLS, SEP = 30522, 101, 102
 
 def model_dir(shape: str) -> Path:
     """The random BertModel of `shape` (weights N(0, 0.02) as transformers initializes them, seed
-    0), saved with a word-level tokenizer and a mean-pooling sentence-transformers config."""
+    0), saved with a word-level tokenizer and a mean-pooling sentence-transformers configuration."""
     import torch
     from tokenizers import Tokenizer, models
     from hf_transformers import import_transformers
 
     directory = CACHE / shape
-    if (directory / "model.safetensors").exists():
+    if (directory / "modules.json").exists():
         return directory
     transformers = import_transformers()
     directory.mkdir(parents=True, exist_ok=True)
@@ -55,6 +63,11 @@ def model_dir(shape: str) -> Path:
         str(directory / "tokenizer.json"))
     (directory / "1_Pooling").mkdir(exist_ok=True)
     (directory / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    # sentence-transformers' module list: how vLLM tells it pools (without it, CLS)
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+               {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]
+    (directory / "modules.json").write_text(json.dumps(modules))  # written last: the directory is complete
     return directory
 
 
@@ -82,7 +95,7 @@ def run_transformers(directory: Path, prompts: list[list[int]], dtype: str, batc
 
     transformers = import_transformers()
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    model = transformers.BertModel.from_pretrained(directory, dtype=torch_dtype).eval()
+    model = transformers.BertModel.from_pretrained(directory, dtype=torch_dtype, add_pooling_layer=False).eval()
 
     def batch_vectors(batch: list[list[int]]) -> torch.Tensor:
         longest = max(map(len, batch))
@@ -100,6 +113,51 @@ def run_transformers(directory: Path, prompts: list[list[int]], dtype: str, batc
     return [v.tolist() for v in vectors], seconds, f"transformers {transformers.__version__} (torch {torch.__version__})"
 
 
+# Run by vLLM's python: the inputs from a JSON file, the vectors and the seconds to another.
+_VLLM_RUN = """
+import json, sys, time
+from vllm import LLM
+
+def main():
+    model, inputs, out, max_num_seqs, dtype = sys.argv[1:6]
+    prompts = json.load(open(inputs))
+    started = time.perf_counter()
+    llm = LLM(model=model, runner="pooling", dtype=dtype, max_num_seqs=int(max_num_seqs), max_num_batched_tokens=8192)
+    startup = time.perf_counter() - started
+    llm.embed([{"prompt_token_ids": prompts[0]}], use_tqdm=False)  # warm
+    start = time.perf_counter()
+    outputs = llm.embed([{"prompt_token_ids": p} for p in prompts], use_tqdm=False)
+    seconds = time.perf_counter() - start
+    import vllm
+    json.dump({"seconds": seconds, "startup": startup, "version": vllm.__version__,
+               "vectors": [o.outputs.embedding for o in outputs]}, open(out, "w"))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def run_vllm(directory: Path, prompts: list[list[int]], dtype: str, max_num_seqs: int):
+    from compare_vllm import vllm_python
+
+    python = vllm_python()
+    cores = len(os.sched_getaffinity(0))
+    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{cores - 1}", VLLM_CPU_KVCACHE_SPACE="1")
+    with tempfile.TemporaryDirectory() as tmp:
+        script, inputs, out = Path(tmp) / "run.py", Path(tmp) / "inputs.json", Path(tmp) / "out.json"
+        script.write_text(_VLLM_RUN)
+        inputs.write_text(json.dumps(prompts))
+        log = CACHE / "vllm.log"
+        with open(log, "w") as f:
+            done = subprocess.run([str(python), str(script), str(directory), str(inputs), str(out), str(max_num_seqs),
+                                   dtype], env=env, cwd=tmp, stdout=f, stderr=subprocess.STDOUT)
+        if done.returncode != 0:
+            raise SystemExit(f"vLLM failed (exit {done.returncode}); its log: {log}")
+        result = json.loads(out.read_text())
+    print(f"vLLM start-up (not timed with the run): {result['startup']:.1f} s")
+    return result["vectors"], result["seconds"], f"vLLM CPU {result['version']} ({cores} cores)"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=list(SHAPES), default="minilm")
@@ -110,6 +168,7 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--hf-batch-size", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vllm", action="store_true", help="vLLM's CPU backend too (its own venv under build/vllm)")
     args = p.parse_args()
     import numpy as np
     import torch
@@ -117,16 +176,19 @@ def main() -> None:
     directory = model_dir(args.shape)
     prompts = inputs(args.num_prompts, args.min_len, args.max_len, args.seed)
     tokens = sum(map(len, prompts))
-    ours, our_s, our_name = run_corellm(directory, prompts, args.dtype, args.max_num_seqs)
-    theirs, their_s, their_name = run_transformers(directory, prompts, args.dtype, args.hf_batch_size)
-    cosine = min(float(np.dot(a, b)) for a, b in zip(ours, theirs))
+    runs = [run_corellm(directory, prompts, args.dtype, args.max_num_seqs),
+            run_transformers(directory, prompts, args.dtype, args.hf_batch_size)]
+    if args.vllm:
+        runs.append(run_vllm(directory, prompts, args.dtype, args.max_num_seqs))
+    (ours, our_s, _), peers = runs[0], runs[1:]
     print(f"\n{args.shape}, {args.num_prompts} inputs of {args.min_len}-{args.max_len} tokens ({tokens} in all), "
           f"{args.dtype}, {torch.get_num_threads()} threads")
-    print("| engine | seconds | inputs/s | tokens/s |\n|---|---|---|---|")
-    for name, seconds in ((our_name, our_s), (their_name, their_s)):
-        print(f"| {name} | {seconds:.2f} | {args.num_prompts / seconds:.1f} | {tokens / seconds:.0f} |")
-    print(f"\ncorellm / transformers: {their_s / our_s:.2f}x; smallest cosine between their vectors of one input: "
-          f"{cosine:.5f}")
+    print("| engine | seconds | inputs/s | tokens/s | corellm / it | smallest cosine with corellm's vector |")
+    print("|---|---|---|---|---|---|")
+    for vectors, seconds, name in runs:
+        cosine = min(float(np.dot(a, b)) for a, b in zip(ours, vectors))
+        print(f"| {name} | {seconds:.2f} | {args.num_prompts / seconds:.1f} | {tokens / seconds:.0f} | "
+              f"{seconds / our_s:.2f}x | {cosine:.5f} |")
 
 
 if __name__ == "__main__":
