@@ -231,3 +231,33 @@ def test_config_refusals_name_the_field(tmp_path):
     roberta = EncoderConfig.from_hf_config({**base, "architectures": ["XLMRobertaModel"], "pad_token_id": 1,
                                             "max_position_embeddings": 514})
     assert (roberta.position_offset, roberta.max_input_positions) == (2, 512)
+
+
+def test_checkpoint_names_are_read_as_transformers_reads_them_and_bad_ones_named(tmp_path, tokenizer_json):
+    """An older file's LayerNorm gamma / beta and a task model's "bert." prefix load as transformers
+    loads them (the same vectors); a tensor the model has no place for, one of the wrong shape and a
+    missing one are ValueErrors naming the tensor. A masked-LM head beside the encoder is not read."""
+    from safetensors.torch import load_file, save_file
+
+    make_encoder("bert", tmp_path, tokenizer_json, seed=9, pooling="mean_tokens")
+    want = LLM(str(tmp_path), dtype="float32", **ENGINE).embed(PROMPTS, use_tqdm=False)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+
+    def save(named: dict) -> None:
+        save_file(named, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+
+    renamed = {"bert." + k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+               for k, v in tensors.items()}
+    save({**renamed, "cls.predictions.bias": torch.zeros(384)})
+    got = LLM(str(tmp_path), dtype="float32", **ENGINE).embed(PROMPTS, use_tqdm=False)
+    assert [o.outputs.embedding for o in got] == [o.outputs.embedding for o in want]
+    save({**tensors, "encoder.layer.0.attention.self.rotary.weight": torch.zeros(4)})
+    with pytest.raises(ValueError, match="unexpected tensor 'encoder.layer.0.attention.self.rotary.weight'"):
+        LLM(str(tmp_path), dtype="float32", **ENGINE)
+    save({**tensors, "encoder.layer.1.attention.self.key.weight": torch.zeros(64, 32)})
+    with pytest.raises(ValueError, match=r"'encoder.layer.1.attention.self.key.weight' has shape \(64, 32\), but the "
+                                         r"config implies \(64, 64\)"):
+        LLM(str(tmp_path), dtype="float32", **ENGINE)
+    save({k: v for k, v in tensors.items() if k != "encoder.layer.1.output.LayerNorm.bias"})
+    with pytest.raises(ValueError, match=r"missing tensors \['encoder.layer.1.output.LayerNorm.bias'\]"):
+        LLM(str(tmp_path), dtype="float32", **ENGINE)

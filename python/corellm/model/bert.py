@@ -73,7 +73,6 @@ class BertEncoder:
     def __init__(self, config: EncoderConfig, dtype: torch.dtype = torch.bfloat16,
                  device: str | torch.device = "cpu"):
         self.config = config
-        self.full_config = config
         self.dtype = dtype
         self.device = torch.device(device)
         d = config.hidden_size
@@ -133,13 +132,10 @@ class BertEncoder:
             name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
         return name
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], source: str, scaled_type: str | None = None
-                     ) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], source: str) -> None:
         """Copies every tensor to its place; ValueError naming the file and the tensor for a name the
         model has no place for, a shape the config does not give, or a tensor that is missing. An
         embedding model's pooler, masked-LM heads and the position-id buffer are not read."""
-        if scaled_type is not None:
-            raise ValueError(f"{source}: quantization {scaled_type!r} is not supported for an encoder-only model")
         dest = self._destinations()
         loaded: set[str] = set()
         for raw_name, tensor in weights:
@@ -182,7 +178,7 @@ class BertEncoder:
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
-                kv_caches: list = (), token_type_ids: torch.Tensor | None = None, **_unused) -> torch.Tensor:
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """input_ids, positions: int32 [num_tokens], each input's tokens whole and in order (positions 0
         .. n-1), where attn.query_start_loc puts them; token_type_ids: int32 [num_tokens] (None: all 0)
         -> the final hidden states [num_tokens, hidden]."""
