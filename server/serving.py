@@ -21,6 +21,7 @@ from corellm.engine.async_llm import AsyncLLM, EngineDeadError
 from corellm.engine.input_processor import ProcessedRequest
 from corellm.lora.lora_registry import LoraRegistry
 from corellm.lora.lora_request import LoRARequest
+from corellm.pooling_params import PoolingParams
 from corellm.outputs import CompletionOutput, RequestOutput
 from corellm.sampling_params import SamplingParams
 from corellm.structured_output.reasoning_wait import ForcedReasoningEnd
@@ -120,9 +121,9 @@ class Serving:
         keep = self.engine.max_model_len - 1 if keep == -1 else keep
         return prompt_ids[:keep] if side == "right" else prompt_ids[-keep:]
 
-    def prepare(self, request_id: str, prompt_ids: list[int], prompt_text: str | None, params: SamplingParams,
-                requested_max_tokens: int | None, kind: str = "prompt", cache_salt: str | None = None,
-                priority: int = 0, structured_field: str | None = None,
+    def prepare(self, request_id: str, prompt_ids: list[int], prompt_text: str | None,
+                params: SamplingParams | PoolingParams, requested_max_tokens: int | None, kind: str = "prompt",
+                cache_salt: str | None = None, priority: int = 0, structured_field: str | None = None,
                 images: list[tuple[str, str]] | None = None,
                 lora_request: LoRARequest | None = None, token_type_ids: list[int] | None = None) -> ProcessedRequest:
         """Validates one prompt against the context; the messages name the numbers and `kind`, the
@@ -134,9 +135,11 @@ class Serving:
         encoder's cross-encoder pair)."""
         limit = self.engine.max_model_len
         if len(prompt_ids) >= limit:
+            left = ("an input takes at most {} tokens (one position is kept for the token that ends the request; "
+                    "truncate_prompt_tokens cuts it)".format(limit - 1) if isinstance(params, PoolingParams)
+                    else "at least one token must be left for the completion")
             raise bad_request(f"This model's maximum context length is {limit} tokens. However, your {kind} has "
-                              f"{len(prompt_ids)} tokens; at least one token must be left for the completion.",
-                              kind, "context_length_exceeded")
+                              f"{len(prompt_ids)} tokens; {left}.", kind, "context_length_exceeded")
         if requested_max_tokens is not None and len(prompt_ids) + requested_max_tokens > limit:
             raise bad_request(f"This model's maximum context length is {limit} tokens. However, you requested "
                               f"{len(prompt_ids) + requested_max_tokens} tokens ({len(prompt_ids)} in the {kind}, "

@@ -197,7 +197,7 @@ def test_an_input_is_computed_whole_and_its_length_bounded(tmp_path, tokenizer_j
     long = " ".join(f"w{10 + i}" for i in range(100))
     first, again = llm.embed([long, long], use_tqdm=False)
     assert first.outputs.embedding == again.outputs.embedding
-    with pytest.raises(ValueError, match="too long"):
+    with pytest.raises(ValueError, match=r"The input \(128 tokens\) is too long .* at most 127 tokens"):
         llm.embed([TokensPrompt(prompt_token_ids=[5] * 128)], use_tqdm=False)
 
 

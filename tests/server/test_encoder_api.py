@@ -58,7 +58,8 @@ def test_an_input_longer_than_the_context_is_cut_by_truncate_prompt_tokens(embed
     server, offline = embedder
     long = " ".join(f"w{10 + i}" for i in range(200))
     status, body = post(server, "/v1/embeddings", {"input": long})
-    assert status == 400 and "maximum context length is 128 tokens" in body["error"]["message"], body
+    assert status == 400 and "maximum context length is 128 tokens. However, your input has 202 tokens; an input " \
+        "takes at most 127 tokens" in body["error"]["message"], body
     status, body = post(server, "/v1/embeddings", {"input": long, "truncate_prompt_tokens": -1})
     assert status == 200 and body["usage"]["prompt_tokens"] == 127, body
     ids = offline.get_tokenizer().encode(long)[-127:]

@@ -152,6 +152,10 @@ class InputProcessor:
         if not ids:
             raise ValueError("The prompt is empty: at least one token is needed")
         token_type_ids = self.token_types(prompt, len(ids))
+        if len(ids) >= self.max_model_len and pooling is not None:
+            raise ValueError(f"The input ({len(ids)} tokens) is too long to fit into the model (context length "
+                             f"{self.max_model_len}; an input takes at most {self.max_model_len - 1} tokens, one "
+                             f"position being kept for the token that ends the request)")
         if len(ids) >= self.max_model_len:
             raise ValueError(f"The prompt (total length {len(ids)}) is too long to fit into the model "
                              f"(context length {self.max_model_len}); at least one token must be generated")
