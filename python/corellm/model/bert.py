@@ -64,12 +64,9 @@ class EncoderLayer:
             q, k, v = qkv[start:end].view(end - start, 3, heads, c.head_dim).permute(1, 2, 0, 3).unsqueeze(1)
             out = F.scaled_dot_product_attention(q, k, v)
             context[start:end] = out[0].transpose(0, 1).reshape(end - start, d)
-        # The residual sums and the activation in place, on the GEMMs' fresh outputs (the same
-        # roundings as out-of-place; no new step-sized tensors to fault in)
-        attended = self.attn_out(context)
-        h = F.layer_norm(attended.add_(h), (d,), *self.attn_norm, eps)
-        inner = torch.ops.aten.gelu_(self.mlp_in(h), approximate=ENCODER_ACTIVATIONS[c.hidden_act])
-        return F.layer_norm(self.mlp_out(inner).add_(h), (d,), *self.mlp_norm, eps)
+        h = F.layer_norm(self.attn_out(context) + h, (d,), *self.attn_norm, eps)
+        inner = F.gelu(self.mlp_in(h), approximate=ENCODER_ACTIVATIONS[c.hidden_act])
+        return F.layer_norm(self.mlp_out(inner) + h, (d,), *self.mlp_norm, eps)
 
 
 class BertEncoder:
