@@ -212,6 +212,34 @@ def sentencepiece_bpe(tokens: list[str], scores: list[float], token_types: list[
     return backend
 
 
+def wordpiece_from_phantom(tokens: list[str], token_types: list[int] | None, unk_token_id: int, cls_token_id: int,
+                           sep_token_id: int, lowercase: bool = True) -> tokenizers.Tokenizer:
+    """BERT's WordPiece from a GGUF vocabulary (tokenizer.ggml.model == "bert"). llama.cpp's converter
+    wrote it in "phantom space" form: a word's first piece as "▁" + piece, a continuation without
+    WordPiece's "##", a control token ([CLS], [SEP], [PAD], ...) as it is; this turns it back. Then
+    BERT's text steps (clean-up, Chinese characters apart, accents stripped and lower case where the
+    file says so, a split at whitespace and punctuation) and its template: [CLS] A [SEP], and for a
+    pair [CLS] A [SEP] B [SEP] with B's part token type 1."""
+    control = [bool(token_types) and token_types[i] == 3 for i in range(len(tokens))]
+    pieces = [t if control[i] else t[1:] if t.startswith("\u2581") else "##" + t for i, t in enumerate(tokens)]
+    vocab = {}
+    for i, piece in enumerate(pieces):
+        vocab.setdefault(piece, i)
+    backend = tokenizers.Tokenizer(models.WordPiece(vocab=vocab, unk_token=pieces[unk_token_id],
+                                                    max_input_chars_per_word=100))
+    backend.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                                                    lowercase=lowercase)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece()
+    backend.add_special_tokens([AddedToken(p, special=True, normalized=False)
+                                for p, is_control in zip(pieces, control) if is_control])
+    cls, sep = pieces[cls_token_id], pieces[sep_token_id]
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+        special_tokens=[(cls, cls_token_id), (sep, sep_token_id)])
+    return backend
+
+
 def _merges_from_scores(tokens, scores, token_types) -> list[tuple[str, str]]:
     """Every (left, right) whose concatenation is a normal token, best merged token first."""
     normal = {t: i for i, t in enumerate(tokens) if not token_types or token_types[i] == 1}

@@ -100,6 +100,14 @@ def plan_encoder_scheduler_config(loaded: LoadedModel, config: EngineConfig) -> 
                            scheduling_policy=config.scheduling_policy)
 
 
+def default_pooling_type(loaded: LoadedModel) -> str:
+    """How a model pools when neither the engine nor a sentence-transformers config says: a decoder
+    LAST; an encoder as its file says (a GGUF's pooling type), else CLS (as vLLM pools BERT)."""
+    if not loaded.config.encoder_only:
+        return "LAST"
+    return loaded.config.pooling_type or "CLS"
+
+
 def _repetition_rule(params: RepetitionDetectionParams | None) -> tuple[int, int, int] | None:
     """A request's repetition_detection as the scheduler takes it, None when off."""
     if params is None or not params.enabled:
@@ -153,7 +161,7 @@ class EngineCore:
         self.scheduler = _core.Scheduler(native)
         self.model_runner = ModelRunner(loaded, native, enforce_eager=config.enforce_eager, tp_workers=tp_workers,
                                         pooling_type=pooling_type_of(loaded.path, config.pooling_type,
-                                                                     "CLS" if loaded.config.encoder_only else "LAST"),
+                                                                     default_pooling_type(loaded)),
                                         max_loras=config.max_loras if config.enable_lora else 0)
         # Requests whose LoRA adapter waits for a slot (every slot's adapter in use): in arrival order.
         self._lora_waiting: list[EngineCoreRequest] = []

@@ -166,15 +166,21 @@ class BertEncoder:
         return [linear for layer in self.layers for linear in layer.linears()]
 
     def weight_bytes(self) -> dict[str, int]:
-        """Bytes of the weights by dtype (engine_parts' start-up log)."""
-        tensors = [self.word_embeddings, self.position_embeddings, self.token_type_embeddings, *self.embedding_norm,
-                   *(self.head or ())]
-        for layer in self.layers:
-            tensors += [*layer.attn_norm, *layer.mlp_norm]
-            for linear in layer.linears():
-                tensors += [linear.weight if linear.packed is None else linear.packed, linear.bias]
+        """Bytes of the weights by storage type (a GGUF quantized type's name, or the dtype), for
+        engine_parts' start-up log."""
         dense = str(self.dtype).replace("torch.", "")
-        return {dense: sum(t.numel() * t.element_size() for t in tensors if t is not None)}
+        tensors = [(dense, t) for t in (self.word_embeddings, self.position_embeddings, self.token_type_embeddings,
+                                         *self.embedding_norm, *(self.head or ()))]
+        for layer in self.layers:
+            tensors += [(dense, t) for t in (*layer.attn_norm, *layer.mlp_norm)]
+            for linear in layer.linears():
+                tensors += [(q.type_name, q.packed) for _, q in linear.quantized]
+                tensors += [(dense, linear.weight if linear.packed is None else linear.packed), (dense, linear.bias)]
+        totals: dict[str, int] = {}
+        for kind, t in tensors:
+            if t is not None:
+                totals[kind] = totals.get(kind, 0) + t.numel() * t.element_size()
+        return totals
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,

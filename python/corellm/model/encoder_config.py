@@ -26,6 +26,8 @@ ENCODER_ARCHITECTURES = {
     "XLMRobertaModel": ("roberta", None),
     "XLMRobertaForSequenceClassification": ("roberta", "roberta_head"),
 }
+# GGUF general.architecture -> the HF architecture it stores (llama.cpp's converter writes a BertModel as "bert")
+GGUF_ENCODER_ARCHITECTURES = {"bert": "BertModel"}
 # hidden_act -> torch.nn.functional.gelu's approximate argument
 ENCODER_ACTIVATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
 
@@ -51,11 +53,18 @@ class EncoderConfig:
     # A sequence classifier's labels by id (its id2label); (): an embedding model
     classifier_labels: tuple[str, ...] = ()
     eos_token_id: tuple[int, ...] = ()  # (an encoder generates nothing: none)
+    # The pooling the file itself names (a GGUF's bert.pooling_type: MEAN, CLS or LAST); "": none
+    # (an HF directory says it in its sentence-transformers 1_Pooling/config.json instead)
+    pooling_type: str = ""
     source: str = ""
 
     encoder_only = True
 
     def __post_init__(self) -> None:
+        for name in ("classifier_labels", "eos_token_id"):  # (lists from JSON: the GGUF weight cache's)
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.pooling_type not in ("", "MEAN", "CLS", "LAST"):
+            raise ValueError(f"{self.source}: pooling_type must be MEAN, CLS or LAST, got {self.pooling_type!r}")
         if self.architecture not in ENCODER_ARCHITECTURES:
             raise UnsupportedModelError(f"{self.source}: architecture {self.architecture!r} is not an encoder corellm "
                                         f"runs ({', '.join(sorted(ENCODER_ARCHITECTURES))})")

@@ -14,10 +14,11 @@ import torch
 
 from corellm.model import quantized_tensor
 from corellm.model.gguf_reader import GGUFContents
+from corellm.model.encoder_config import GGUF_ENCODER_ARCHITECTURES, EncoderConfig
 from corellm.model.model_config import (GEMMA3_SLIDING_PATTERN, GGUF_ARCHITECTURES, SMOLLM3_NOPE_INTERVAL, ModelConfig,
                                         UnsupportedModelError)
 from corellm.model.quantized_tensor import QuantizedTensor
-from corellm.tokenizer import Tokenizer, byte_level_bpe, sentencepiece_bpe
+from corellm.tokenizer import Tokenizer, byte_level_bpe, sentencepiece_bpe, wordpiece_from_phantom
 
 
 _LAYER_NAMES = {
@@ -54,6 +55,18 @@ _OLMO2_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm.weight": "post_attent
 _LAYER_NAMES_OF = {"olmo2": _OLMO2_LAYER_NAMES, "gemma2": _GEMMA3_LAYER_NAMES, "gemma3": _GEMMA3_LAYER_NAMES,
                    "phi3": _PHI3_LAYER_NAMES}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
+# llama.cpp's BERT names -> BertModel's (model/bert.py)
+_BERT_GLOBAL_NAMES = {"token_embd.weight": "embeddings.word_embeddings.weight",
+                      "position_embd.weight": "embeddings.position_embeddings.weight",
+                      "token_types.weight": "embeddings.token_type_embeddings.weight",
+                      "token_embd_norm.weight": "embeddings.LayerNorm.weight",
+                      "token_embd_norm.bias": "embeddings.LayerNorm.bias"}
+_BERT_LAYER_NAMES = {f"{gguf}.{kind}": f"{hf}.{kind}" for kind in ("weight", "bias") for gguf, hf in (
+    ("attn_q", "attention.self.query"), ("attn_k", "attention.self.key"), ("attn_v", "attention.self.value"),
+    ("attn_output", "attention.output.dense"), ("attn_output_norm", "attention.output.LayerNorm"),
+    ("ffn_up", "intermediate.dense"), ("ffn_down", "output.dense"), ("layer_output_norm", "output.LayerNorm"))}
+# llama.cpp's pooling types (LLAMA_POOLING_TYPE_*) -> corellm's; 0 (none) gives none
+_GGUF_POOLING_TYPES = {0: "", 1: "MEAN", 2: "CLS", 3: "LAST"}
 # A mixture of experts' tensors: the router; every expert's gate, up or down in one 3-D tensor
 # [experts, rows, columns] (llama.cpp's converters), or one per expert (early Mixtral files).
 _ROUTER = re.compile(r"^blk\.(\d+)\.ffn_gate_inp\.weight$")
@@ -105,10 +118,10 @@ class GGUFModelFile:
         except Exception as e:  # noqa: BLE001 - a damaged file fails in many ways
             raise ValueError(f"{self.path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
         self.arch = self.field("general.architecture")
-        if self.arch not in GGUF_ARCHITECTURES:
+        if self.arch not in GGUF_ARCHITECTURES and self.arch not in GGUF_ENCODER_ARCHITECTURES:
             raise UnsupportedModelError(
                 f"{self.path}: GGUF architecture {self.arch!r} is not supported; corellm runs "
-                f"{sorted(GGUF_ARCHITECTURES)}")
+                f"{sorted(GGUF_ARCHITECTURES)} and the encoder {sorted(GGUF_ENCODER_ARCHITECTURES)}")
 
     def field(self, key: str, default: Any = None) -> Any:
         return self.reader.fields.get(key, default)
@@ -120,7 +133,9 @@ class GGUFModelFile:
     def tensor_names(self) -> list[str]:
         return [t.name for t in self.reader.tensors]
 
-    def config(self) -> ModelConfig:
+    def config(self) -> ModelConfig | EncoderConfig:
+        if self.arch in GGUF_ENCODER_ARCHITECTURES:
+            return self._encoder_config()
         names = set(self.tensor_names)
         heads = int(self._arch_field("attention.head_count"))
         hidden = int(self._arch_field("embedding_length"))
@@ -255,6 +270,32 @@ class GGUFModelFile:
                     final_logit_softcapping=float(self._arch_field("final_logit_softcapping", 0.0) or 0.0))
                if gemma2 else {}))
 
+    def _encoder_config(self) -> EncoderConfig:
+        """A BERT file's (llama.cpp's "bert": an embedding model; its rerankers' heads are not read)."""
+        names = set(self.tensor_names)
+        if names & {"cls.weight", "cls.output.weight"}:
+            raise UnsupportedModelError(f"{self.path}: a BERT classifier (its cls tensors) is not supported in a GGUF "
+                                        f"file; load the HF directory")
+        if self._arch_field("attention.causal", False):
+            raise UnsupportedModelError(f"{self.path}: a BERT file with causal attention is not supported")
+        pooling = self._arch_field("pooling_type")
+        if pooling not in (None, *_GGUF_POOLING_TYPES):
+            raise UnsupportedModelError(f"{self.path}: pooling type {pooling} is not supported (0 none, 1 mean, "
+                                        f"2 cls, 3 last)")
+        types = next((t for t in self.reader.tensors if t.name == "token_types.weight"), None)
+        return EncoderConfig(
+            architecture=GGUF_ENCODER_ARCHITECTURES[self.arch],
+            vocab_size=len(self.field("tokenizer.ggml.tokens")),
+            hidden_size=int(self._arch_field("embedding_length")),
+            intermediate_size=int(self._arch_field("feed_forward_length")),
+            num_hidden_layers=int(self._arch_field("block_count")),
+            num_attention_heads=int(self._arch_field("attention.head_count")),
+            max_position_embeddings=int(self._arch_field("context_length")),
+            type_vocab_size=1 if types is None else int(types.shape[1]),
+            layer_norm_eps=float(self._arch_field("attention.layer_norm_epsilon", 1e-12)),
+            pooling_type=_GGUF_POOLING_TYPES.get(pooling, ""),
+            source=str(self.path))
+
     def rope_factors(self) -> torch.Tensor | None:
         for t in self.reader.tensors:
             if t.name == ROPE_FACTORS:
@@ -273,12 +314,17 @@ class GGUFModelFile:
             add_bos = bool(self.field("tokenizer.ggml.add_bos_token", False))
             backend = byte_level_bpe(tokens, self.field("tokenizer.ggml.merges") or [], types,
                                      self.field("tokenizer.ggml.pre"), bos, add_bos)
+        elif kind == "bert":
+            backend = wordpiece_from_phantom(tokens, types, int(self.field("tokenizer.ggml.unknown_token_id")),
+                                             int(bos), int(self.field("tokenizer.ggml.seperator_token_id", eos)),
+                                             bool(self.field("tokenizer.ggml.normalizer.lowercase", True)))
+            eos = None  # ([SEP] ends an input; an encoder generates nothing)
         elif kind == "llama":
             add_bos = bool(self.field("tokenizer.ggml.add_bos_token", True))
             backend = sentencepiece_bpe(tokens, self.field("tokenizer.ggml.scores"), types, bos, add_bos,
                                         bool(self.field("tokenizer.ggml.add_space_prefix", True)))
         else:
-            raise UnsupportedModelError(f"{self.path}: tokenizer model {kind!r} is not supported (gpt2, llama)")
+            raise UnsupportedModelError(f"{self.path}: tokenizer model {kind!r} is not supported (gpt2, llama, bert)")
         return Tokenizer(backend, bos_token_id=bos, eos_token_ids=[] if eos is None else [int(eos)],
                          pad_token_id=self.field("tokenizer.ggml.padding_token_id"),
                          chat_template=self.field("tokenizer.chat_template") or
@@ -292,6 +338,9 @@ class GGUFModelFile:
         from tqdm import tqdm
 
         config = self.config()
+        if config.encoder_only:
+            yield from self._encoder_weights(dtype, progress, quantized)
+            return
         permute = self.arch in PERMUTED_ARCHITECTURES
         rope_tables = {ROPE_FACTORS, *LONGROPE_FACTORS.values()}  # read into the config or rope_factors()
         tensors = [t for t in self.reader.tensors if t.name not in rope_tables]
@@ -319,6 +368,36 @@ class GGUFModelFile:
             if self.arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):  # stored as 1 + w: back to HF's w
                 array = array - np.float32(1.0)
             yield name, torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
+
+    def _encoder_weights(self, dtype: torch.dtype, progress: bool, quantized: bool
+                         ) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
+        """A BERT file's tensors under BertModel's names (model/bert.py): the embeddings and norms
+        dequantized, each projection's weight (q, k, v, or the three fused) a QuantizedTensor with
+        `quantized` where quant_gemm computes its type."""
+        from tqdm import tqdm
+
+        d = int(self._arch_field("embedding_length"))
+        for t in tqdm(self.reader.tensors, desc=f"Loading {self.path.name}", unit="tensor", disable=not progress,
+                      leave=False):
+            m = _BLOCK.match(t.name)
+            part = m.group(2) if m else None
+            if m and part.startswith("attn_qkv."):  # q, k and v fused: three row ranges of d
+                kind = part.split(".", 1)[1]
+                array = self._dequantized(t)
+                for j, name in enumerate(("query", "key", "value")):
+                    yield (f"encoder.layer.{m.group(1)}.attention.self.{name}.{kind}",
+                           torch.from_numpy(np.ascontiguousarray(array[j * d:(j + 1) * d])).to(dtype))
+                continue
+            name = _BERT_GLOBAL_NAMES.get(t.name) if m is None else (
+                f"encoder.layer.{m.group(1)}.{_BERT_LAYER_NAMES[part]}" if part in _BERT_LAYER_NAMES else None)
+            if name is None:
+                raise UnsupportedModelError(f"{self.path}: unexpected tensor {t.name!r}")
+            ggml_type = int(t.tensor_type)
+            if (quantized and m is not None and part.endswith(".weight") and len(t.shape) == 2
+                    and quantized_tensor.supported(ggml_type)):
+                yield name, QuantizedTensor.pack(ggml_type, t.data, (int(t.shape[1]), int(t.shape[0])))
+                continue
+            yield name, torch.from_numpy(np.ascontiguousarray(self._dequantized(t))).to(dtype)
 
     def _dequantized(self, t) -> np.ndarray:
         """Tensor t's values, float32, writable (GGUF's dims reversed: [.., rows, columns])."""

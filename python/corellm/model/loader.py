@@ -304,11 +304,12 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
 
 def _load_encoder(config: EncoderConfig, tokenizer: Tokenizer, generation_config: dict, weights, *, name: str,
                   path: Path, dtype: torch.dtype, device: torch.device, tp: TensorParallel, method: str) -> LoadedModel:
-    """An encoder-only model (BERT, XLM-R): in one process, its weights in the dtype."""
+    """An encoder-only model (BERT, XLM-R): in one process, its weights in the dtype (a GGUF file's
+    quantized projections as they are, with quantization "gguf")."""
     if tp.size > 1:
         raise ValueError(f"{config.source}: tensor parallelism is not supported for an encoder-only model "
                          f"({config.architecture}); run it with tensor_parallel_size 1")
-    if method != "none":
+    if method not in ("none", "gguf"):
         raise ValueError(f"{config.source}: quantization {method!r} is not supported for an encoder-only model "
                          f"({config.architecture}); leave it unset")
     model = BertEncoder(config, dtype, device)

@@ -24,6 +24,7 @@ from pathlib import Path
 import tokenizers
 import torch
 
+from corellm.model.encoder_config import EncoderConfig
 from corellm.model.model_config import ModelConfig
 from corellm.model.quantized_tensor import QuantizedTensor
 from corellm.tokenizer import Tokenizer
@@ -46,7 +47,7 @@ class GGUFWeightCache:
         kind = "gguf" if quantized else str(dtype).replace("torch.", "")
         self.dir = cache_root() / f"{gguf_path.stem}-{kind}-{digest}"
 
-    def load(self) -> tuple[ModelConfig, Tokenizer, torch.Tensor | None, dict[str, torch.Tensor | QuantizedTensor]] | None:
+    def load(self) -> tuple[ModelConfig | EncoderConfig, Tokenizer, torch.Tensor | None, dict[str, torch.Tensor | QuantizedTensor]] | None:
         meta_path = self.dir / "meta.json"
         if not meta_path.exists():
             return None
@@ -54,7 +55,8 @@ class GGUFWeightCache:
             from safetensors.torch import load_file
 
             meta = json.loads(meta_path.read_text())
-            config = ModelConfig(**meta["config"])
+            config_type = EncoderConfig if meta.get("config_type") == "encoder" else ModelConfig
+            config = config_type(**meta["config"])
             t = meta["tokenizer"]
             backend = tokenizers.Tokenizer.from_file(str(self.dir / "tokenizer.json"))
             tokenizer = Tokenizer(backend, bos_token_id=t["bos_token_id"], eos_token_ids=t["eos_token_ids"],
@@ -68,7 +70,7 @@ class GGUFWeightCache:
             logger.warning("ignoring the weight cache %s: %s", self.dir, e)
             return None
 
-    def store(self, config: ModelConfig, tokenizer: Tokenizer, rope_factors: torch.Tensor | None,
+    def store(self, config: ModelConfig | EncoderConfig, tokenizer: Tokenizer, rope_factors: torch.Tensor | None,
               weights: dict[str, torch.Tensor | QuantizedTensor]) -> None:
         try:
             from safetensors.torch import save_file
@@ -81,7 +83,7 @@ class GGUFWeightCache:
                 tensors["__rope_factors__"] = rope_factors
             save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "weights.safetensors"))
             tokenizer.backend.save(str(tmp / "tokenizer.json"))
-            meta = {"config": dataclasses.asdict(config),
+            meta = {"config": dataclasses.asdict(config), "config_type": "encoder" if config.encoder_only else "decoder",
                     "tokenizer": {"bos_token_id": tokenizer.bos_token_id, "eos_token_ids": tokenizer.eos_token_ids,
                                   "pad_token_id": tokenizer.pad_token_id, "chat_template": tokenizer.chat_template,
                                   "source": tokenizer.source},
