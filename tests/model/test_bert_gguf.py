@@ -45,7 +45,7 @@ def write_hf_tokenizer(directory, vocab: list[str]):
     return t
 
 
-BERT_TENSORS = {"attention.self.query": "attn_q", "attention.self.key": "attn_k", "attention.self.value": "attn_v",
+BERT_TENSORS = {"attention.self.qkv": "attn_qkv", "attention.self.query": "attn_q", "attention.self.key": "attn_k", "attention.self.value": "attn_v",
                 "attention.output.dense": "attn_output", "attention.output.LayerNorm": "attn_output_norm",
                 "intermediate.dense": "ffn_up", "output.dense": "ffn_down", "output.LayerNorm": "layer_output_norm"}
 BERT_GLOBALS = {"embeddings.word_embeddings": "token_embd", "embeddings.position_embeddings": "position_embd",
@@ -53,10 +53,11 @@ BERT_GLOBALS = {"embeddings.word_embeddings": "token_embd", "embeddings.position
 
 
 def write_bert_gguf(hf, vocab: list[str], path, tensor_type: str = "F32", pooling_type: int = 1,
-                    extra: dict | None = None) -> None:
+                    extra: dict | None = None, fused_qkv: bool = False) -> None:
     """llama.cpp's layout of a BertModel: its keys, the phantom-space vocabulary (a word's first piece
     "\u2581" + piece, a continuation without "##", control tokens as they are), its tensor names
-    (the pooler dropped), 2-D projection weights in `tensor_type`; `extra` tensors besides."""
+    (the pooler dropped), 2-D projection weights in `tensor_type`; `extra` tensors besides; with
+    fused_qkv, each layer's q, k and v as one attn_qkv tensor (rows q, k, v), as some files have them."""
     c = hf.config
     w = gguf.GGUFWriter(str(path), "bert")
     w.add_block_count(c.num_hidden_layers)
@@ -77,7 +78,13 @@ def write_bert_gguf(hf, vocab: list[str], path, tensor_type: str = "F32", poolin
     w.add_unk_token_id(1)
     w.add_sep_token_id(3)
     w.add_pad_token_id(0)
-    for name, t in hf.state_dict().items():
+    state = dict(hf.state_dict())
+    if fused_qkv:
+        for i in range(c.num_hidden_layers):
+            for kind in ("weight", "bias"):
+                parts = [state.pop(f"encoder.layer.{i}.attention.self.{p}.{kind}") for p in ("query", "key", "value")]
+                state[f"encoder.layer.{i}.attention.self.qkv.{kind}"] = torch.cat(parts)
+    for name, t in state.items():
         if name.startswith("pooler.") or name == "embeddings.position_ids":
             continue
         a = t.float().numpy()
@@ -123,11 +130,11 @@ def hf_mean(hf, encoding) -> torch.Tensor:
     return rows.double().mean(0)
 
 
-@pytest.mark.parametrize("tensor_type", ["F32", "Q8_0"])
-def test_a_bert_gguf_embeds_as_transformers(tiny_bert, tmp_path, tensor_type):
+@pytest.mark.parametrize("tensor_type,fused_qkv", [("F32", False), ("Q8_0", False), ("F32", True)])
+def test_a_bert_gguf_embeds_as_transformers(tiny_bert, tmp_path, tensor_type, fused_qkv):
     hf, tokenizer, vocab, _ = tiny_bert
     path = tmp_path / "bert.gguf"
-    write_bert_gguf(hf, vocab, path, tensor_type)
+    write_bert_gguf(hf, vocab, path, tensor_type, fused_qkv=fused_qkv)
     llm = LLM(str(path), dtype="float32", max_num_seqs=8)
     assert llm.engine_core.model_runner.pooler.pooling_type == "MEAN"  # the file's bert.pooling_type
     for text, out in zip(TEXTS, llm.embed(TEXTS, PoolingParams(normalize=False), use_tqdm=False)):
