@@ -280,6 +280,18 @@ void bind_kernels(py::module_& m) {
         arg("x"), arg("x_stride"), arg("packed"), arg("bias"), arg("y"), arg("y_stride"), arg("m"), arg("n"), arg("k"),
         arg("y_dtype") = static_cast<int32_t>(DType::BF16), arg("isa") = std::string(),
         arg("x_rows") = std::string("anywhere"), py::call_guard<py::gil_scoped_release>());
+  k.def("bf16_gemm_gelu_fused", [](const std::string& isa) {
+        return bf16_gemm_gelu_fused(isa.empty() ? cpu_isa() : cpu_isa_named(isa));
+      }, arg("isa") = std::string());
+  k.def("bf16_gemm_gelu",
+        [](uintptr_t x, int64_t x_stride, uintptr_t packed, uintptr_t bias, uintptr_t y, int64_t y_stride, int64_t m,
+           int64_t n, int64_t kk, const std::string& isa, const std::string& x_rows) {
+          bf16_gemm_gelu(ptr<const uint16_t>(x), x_stride, ptr<const uint16_t>(packed), ptr<const uint16_t>(bias),
+                         ptr<uint16_t>(y), y_stride, m, n, kk, isa.empty() ? cpu_isa() : cpu_isa_named(isa),
+                         x_rows_named(x_rows));
+        },
+        arg("x"), arg("x_stride"), arg("packed"), arg("bias"), arg("y"), arg("y_stride"), arg("m"), arg("n"), arg("k"),
+        arg("isa") = std::string(), arg("x_rows") = std::string("anywhere"), py::call_guard<py::gil_scoped_release>());
   k.def("bf16_gemm_gated_fused", [](int64_t n, const std::string& isa) {
         return bf16_gemm_gated_fused(isa.empty() ? cpu_isa() : cpu_isa_named(isa), n);
       }, arg("n"), arg("isa") = std::string());

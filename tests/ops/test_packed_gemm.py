@@ -210,3 +210,46 @@ def test_a_y_larger_than_the_caches_gets_the_same_rows(isa, out_dtype):
     for i in (0, 31, 32, 519):
         assert torch.equal(gemm(x[i : i + 1].contiguous(), packed, n, out_dtype=out_dtype, isa=isa)[0], y[i])
     assert torch.equal(gemm(x, packed, n, out_dtype=out_dtype, isa=isa), y)  # row stride 8200: off the lines
+
+
+def gelu_gemm(x: torch.Tensor, packed: torch.Tensor, n: int, bias: torch.Tensor | None, isa: str = "amx",
+              y: torch.Tensor | None = None) -> torch.Tensor:
+    m, kk = x.shape
+    y = torch.empty(m, n, dtype=torch.bfloat16) if y is None else y
+    k.bf16_gemm_gelu(x.data_ptr(), x.stride(0), packed.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                     y.data_ptr(), y.stride(0), m, n, kk, isa=isa)
+    return y
+
+
+@pytest.mark.skipif("amx" not in ISAS, reason="the fused GELU store is the amx path's")
+@pytest.mark.parametrize("m", [1, 5, 17, 33, 129, 300])
+@pytest.mark.parametrize("n, kk", [(1536, 384), (40, 70), (96, 32)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gelu_in_the_store_is_the_gemm_then_gelu(m, n, kk, bias):
+    """bf16_gemm_gelu = gelu (erf form) of bf16_gemm's bf16 y, rounded again: against float64's exact
+    GELU of those same values, at most one bf16 step apart (erf within 1.5e-7 can tip a rounding), or
+    1e-6 in GELU's negative tail (below about -4, where 1 - erf is itself of the order of erf's
+    error: float32's exact erf loses as much there), nearly all equal; with a panel tail (n = 40) and
+    the store's masked halves; each row the same alone and in the batch."""
+    g = torch.Generator().manual_seed(n * kk + m)
+    x = (torch.randn(m, kk, generator=g) * 0.5).bfloat16()
+    w = (torch.randn(n, kk, generator=g) / kk**0.5 * 3).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16() if bias else None
+    packed = pack(w)
+    got = gelu_gemm(x, packed, n, b)
+    want = torch.nn.functional.gelu(gemm(x, packed, n, b, isa="amx").double()).bfloat16()
+    step = (want.float().abs() * 2**-7).clamp_min(1e-6)  # a bf16 step (2^-8 relative, doubled at the edges)
+    assert ((got.float() - want.float()).abs() <= step).all()
+    assert (got == want).float().mean() > 0.9  # (about 1 % differ in a large sample)
+    rows = [0, m - 1]
+    for r in rows:
+        assert torch.equal(gelu_gemm(x[r:r + 1], packed, n, b)[0], got[r])
+
+
+def test_the_fused_gelu_store_is_refused_where_the_path_has_none():
+    x, w = torch.randn(2, 64).bfloat16(), torch.randn(32, 64).bfloat16()
+    for isa in ISAS:
+        if isa != "amx":
+            assert not k.bf16_gemm_gelu_fused(isa)
+            with pytest.raises(ValueError, match=f"bf16_gemm_gelu: no fused pass on the {isa} path"):
+                gelu_gemm(x, pack(w), 32, None, isa=isa)

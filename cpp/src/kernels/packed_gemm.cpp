@@ -53,6 +53,18 @@ void bf16_gemm(const uint16_t* x, int64_t x_stride, const uint16_t* packed, cons
   CORELLM_CHECK_ARG(false, "bf16_gemm: unknown instruction-set path ", static_cast<int>(isa));
 }
 
+bool bf16_gemm_gelu_fused(CpuIsa isa) { return isa == CpuIsa::kAmx; }
+
+void bf16_gemm_gelu(const uint16_t* x, int64_t x_stride, const uint16_t* packed, const uint16_t* bias, uint16_t* y,
+                    int64_t y_stride, int64_t m, int64_t n, int64_t k, CpuIsa isa, XRows x_rows) {
+  CORELLM_CHECK_ARG(m >= 0 && n >= 1 && k >= 1, "bf16_gemm_gelu: bad shape m=", m, " n=", n, " k=", k);
+  check_cpu_runs(isa, "bf16_gemm_gelu");
+  CORELLM_CHECK_ARG(bf16_gemm_gelu_fused(isa), "bf16_gemm_gelu: no fused pass on the ", cpu_isa_name(isa),
+                    " path (amx only): use bf16_gemm, then GELU");
+  if (m == 0) return;
+  bf16_gemm_gelu_amx(GemmArgs{x, x_stride, packed, bias, y, y_stride, m, n, k, DType::BF16, x_rows});
+}
+
 // The amx and AVX-512 paths pair whole panels: each half a whole number of them. (The avx2 path's
 // ways from 4 rows on widen x and the panels first; it computes the GEMM, then the activation.)
 bool bf16_gemm_gated_fused(CpuIsa isa, int64_t n) {

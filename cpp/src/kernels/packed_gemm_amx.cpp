@@ -143,6 +143,9 @@ struct SumsTarget {
   int64_t gate_row0 = 0;
   GatedActivation act = GatedActivation::kSilu;
   bool stream = false;  // kY: y's whole lines written past the caches (streams_y)
+  // kY, bf16 y: each value rounded as y's would be, then GELU (erf form), rounded again —
+  // bf16_gemm then GELU on its output (bf16_gemm_gelu)
+  bool gelu = false;
 };
 
 // Whether y's whole lines are written with non-temporal stores, past the caches: where y is at
@@ -172,7 +175,8 @@ void store_rows(const float* sums, int64_t begin, int64_t end, const GemmArgs& a
       const int64_t c0 = 16 * h;
       const __m512 b = gemm_store::bias_of(a.bias, t.col + c0, mask);
       for (int64_t r = begin; r < end; ++r) {
-        const __m512 v = _mm512_add_ps(_mm512_loadu_ps(sums + r * kGemmPanelCols + c0), b);
+        __m512 v = _mm512_add_ps(_mm512_loadu_ps(sums + r * kGemmPanelCols + c0), b);
+        if (t.gelu) v = gemm_store::gelu_erf16(gemm_store::rounded_as_stored<true>(v));
         const int64_t at = (row0 + r) * a.y_stride + t.col + c0;
         if (t.stream && y_f32 && cols == 16) {
           _mm512_stream_ps(static_cast<float*>(a.y) + at, v);
@@ -195,8 +199,12 @@ void store_rows(const float* sums, int64_t begin, int64_t end, const GemmArgs& a
       continue;
     }
     // Both halves rounded by one instruction (the second operand's into the low half).
-    const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(_mm512_add_ps(_mm512_loadu_ps(s + 16), b1),
-                                                   _mm512_add_ps(_mm512_loadu_ps(s), b0));
+    __m512 lo = _mm512_add_ps(_mm512_loadu_ps(s), b0), hi = _mm512_add_ps(_mm512_loadu_ps(s + 16), b1);
+    if (t.gelu) {
+      lo = gemm_store::gelu_erf16(gemm_store::rounded_as_stored<true>(lo));
+      hi = gemm_store::gelu_erf16(gemm_store::rounded_as_stored<true>(hi));
+    }
+    const __m512i v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
     uint16_t* out = t.to == SumsTo::kGate ? t.gate_rows + (row0 + r - t.gate_row0) * kGemmPanelCols
                                           : y + (row0 + r) * a.y_stride + t.col;
     if (t.stream) {
@@ -324,13 +332,14 @@ int64_t row_split_start(int64_t m, int64_t t, int64_t threads) {
   return m * t / threads / (2 * kTileRows) * (2 * kTileRows);
 }
 
-// The GEMM, or with `gated` the gated one (a.n = 2d columns of W, y d columns): its units are then
+// The GEMM (with `gelu`, each value of y rounded, GELU'd and rounded again as it is stored:
+// SumsTarget::gelu), or with `gated` the gated one (a.n = 2d columns of W, y d columns): its units are then
 // pairs of panels, the gate's panel u and the up half's u + d / 32, whose passes run one after the
 // other over the chunk's rows (each panel stays in the first level over its pass), the gate's
 // rounded values kept in the thread's gate rows for the up pass to combine. The threads share
 // each chunk's units (SharedRanges), or (kRowSplitMinRowsPerThread) split the rows and compute
 // every unit for their own.
-void gemm_amx(const GemmArgs& a, const GatedActivation* gated) {
+void gemm_amx(const GemmArgs& a, const GatedActivation* gated, bool gelu = false) {
   const int64_t groups = gemm_padded_pairs(a.k) * 2 / kTileK;
   const int64_t panel_size = gemm_panel_elements(a.k);
   const int64_t row_tiles = (a.m + kTileRows - 1) / kTileRows;
@@ -371,6 +380,7 @@ void gemm_amx(const GemmArgs& a, const GatedActivation* gated) {
         SumsTarget to;
         to.col = u * kGemmPanelCols;
         to.stream = stream_y;
+        to.gelu = gelu;
         panel_pass(x, a, a.packed + u * panel_size, r0, r1, stream_x, next, to, sums, which, pending);
         return;
       }
@@ -423,6 +433,11 @@ using amx_gemm::kTileK;
 using amx_gemm::kTileRows;
 
 void bf16_gemm_amx(const GemmArgs& a) { gemm_amx(a, nullptr); }
+
+void bf16_gemm_gelu_amx(const GemmArgs& a) {
+  CORELLM_CHECK_ARG(a.y_dtype == DType::BF16, "bf16_gemm_gelu_amx: y must be bf16");
+  gemm_amx(a, nullptr, true);
+}
 
 void bf16_gemm_gated_amx(const GemmArgs& a, GatedActivation act) {
   CORELLM_CHECK_ARG(a.n % (2 * kGemmPanelCols) == 0 && a.y_dtype == DType::BF16,

@@ -50,6 +50,7 @@ void bf16_gemm_avx512bf16(const GemmArgs& a);  // packed_gemm_avx512bf16.cpp
 void bf16_gemm_amx(const GemmArgs& a);         // packed_gemm_amx.cpp
 // a.n = 2d (gate rows, then up rows), y = [m, d]: bf16_gemm_gated's fused pass.
 void bf16_gemm_gated_amx(const GemmArgs& a, GatedActivation act);
+void bf16_gemm_gelu_amx(const GemmArgs& a);     // packed_gemm_amx.cpp
 void bf16_gemm_gated_avx512bf16(const GemmArgs& a, GatedActivation act);  // packed_gemm_vector.h's
 void bf16_gemm_gated_avx512(const GemmArgs& a, GatedActivation act);
 

@@ -73,6 +73,12 @@ inline __m512 gated_act(__m512 g, GatedActivation act) {
   return act == GatedActivation::kSilu ? silu_by(g, Exp16{}) : gelu_tanh_by(g, Exp16{});
 }
 
+// GELU (erf form: fast_math.h's gelu_erf_by) on 16 values.
+struct Abs16 {
+  __m512 operator()(__m512 v) const { return _mm512_abs_ps(v); }
+};
+inline __m512 gelu_erf16(__m512 v) { return gelu_erf_by(v, Exp16{}, Abs16{}); }
+
 // y[at .. at + 16) = act(gate[0 .. 16)) * (v + bias), the up half's sums plus their 16 columns'
 // bias (bias_of) rounded as y's (HardwareBf16), the product rounded as the elementwise loops round it.
 template <bool HardwareBf16>

@@ -14,6 +14,7 @@ from corellm.config import GENERATION_DEFAULTS, EngineConfig
 from corellm.engine.engine_core import EngineCore
 from corellm.engine.input_processor import InputProcessor
 from corellm.engine.output_processor import OutputProcessor
+from corellm.heap_reuse import keep_freed_memory_for_reuse
 from corellm.lora.lora_registry import LoraRegistry
 from corellm.model.loader import LoadedModel, load_model, load_model_config
 from corellm.model.tensor_parallel import check_divisible
@@ -70,6 +71,8 @@ class EngineParts:
             if workers is not None:
                 workers.stop()
             raise
+        if loaded.config.encoder_only and loaded.model.device.type == "cpu":
+            keep_freed_memory_for_reuse()  # its per-op layers allocate step-sized tensors (heap_reuse.py)
         weights = loaded.model.weight_bytes()
         logger.info("weights: %.1f MiB (%s), quantization %s", sum(weights.values()) / 2**20,
                     ", ".join(f"{kind} {size / 2**20:.1f} MiB" for kind, size in sorted(weights.items())),

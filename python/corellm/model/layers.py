@@ -34,6 +34,7 @@ LoraUpdate = Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]
 
 
 _GEMM = _core.kernels.bf16_gemm_available()
+_GELU_FUSED = _GEMM and _core.kernels.bf16_gemm_gelu_fused()  # the process's path stores gelu(y) (amx)
 # A shared weight (a tied LM head's embedding) keeps its row-major form for the embedding lookup;
 # packing a second copy is worth it up to this size (beyond: oneDNN on the row-major form).
 _SHARED_PACK_MAX_ELEMENTS = 64 * 1024 * 1024
@@ -153,6 +154,21 @@ class Linear:
         if out is not None:
             return out.copy_(y)
         return y.to(y_dtype)
+
+    def gelu(self, x: torch.Tensor) -> torch.Tensor:
+        """gelu(x W^T + b) in the weight's dtype, GELU in its erf form (BERT's MLP). Where the weight
+        is packed and the process's path fuses it (amx: bf16_gemm_gelu), in the GEMM's store: each
+        value rounded to bf16 as y would be, then GELU (erf within 1.5e-7), rounded again; else this
+        linear, then torch's GELU. Either way a row's result does not depend on the batch."""
+        if self.packed is None or not _GELU_FUSED:
+            return F.gelu(self(x))
+        n, k = self.shape
+        if x.stride(-1) != 1 or x.dtype != torch.bfloat16:
+            x = x.to(torch.bfloat16).contiguous()
+        y = torch.empty((x.shape[0], n), dtype=torch.bfloat16)
+        _core.kernels.bf16_gemm_gelu(x.data_ptr(), x.stride(0), self.packed.data_ptr(),
+                                     0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(), n, x.shape[0], n, k)
+        return y
 
     def _quantized_call(self, x: torch.Tensor, out_dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
         y = out if out is not None else torch.empty((x.shape[0], self.shape[0]), dtype=out_dtype)

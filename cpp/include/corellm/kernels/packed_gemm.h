@@ -71,6 +71,16 @@ void bf16_gemm_gated(const uint16_t* x, int64_t x_stride, const uint16_t* packed
                      int64_t out_stride, int64_t m, int64_t n, int64_t k, GatedActivation act, CpuIsa isa = cpu_isa(),
                      XRows x_rows = XRows::kAnywhere);
 
+// y = gelu(bf16_gemm's y) in one pass where the path has it (bf16_gemm_gelu_fused: amx): y bf16,
+// each value rounded as bf16_gemm rounds it, then GELU in its erf form (BERT's MLP activation; erf
+// within 1.5e-7: fast_math.h's gelu_erf_by) in fp32, rounded again — as it is stored, on the
+// vector unit while the tiles compute the next block, instead of a pass over y written and read
+// back. Each row's result does not depend on m.
+bool bf16_gemm_gelu_fused(CpuIsa isa);
+void bf16_gemm_gelu(const uint16_t* x, int64_t x_stride, const uint16_t* packed, const uint16_t* bias, uint16_t* y,
+                    int64_t y_stride, int64_t m, int64_t n, int64_t k, CpuIsa isa = cpu_isa(),
+                    XRows x_rows = XRows::kAnywhere);
+
 // The path's bf16 dot-product peak, for benchmarks: `iterations` rounds of independent dot
 // products on operands already in registers (tiles) on every thread of the OpenMP team; returns
 // the flops done (time it to get the peak).
