@@ -119,7 +119,8 @@ def run_transformers(directory: Path, prompts: list[list[int]], dtype: str, batc
         start = time.perf_counter()
         vectors = [v for i in range(0, len(prompts), batch_size) for v in batch_vectors(prompts[i:i + batch_size])]
         seconds = time.perf_counter() - start
-    return [v.tolist() for v in vectors], seconds, f"transformers {transformers.__version__} (torch {torch.__version__})"
+    name = f"transformers {transformers.__version__} (torch {torch.__version__})"
+    return [v.tolist() for v in vectors], seconds, name
 
 
 # Run by vLLM's python: the inputs from a JSON file, the vectors and the seconds to another.

@@ -9,8 +9,9 @@ compute `last_hidden_state`; with a classification head, a pooled row's label lo
         h = LayerNorm(h + gelu(h W_i + b_i) W_out + b_out)
 
 The projections run through corellm's Linear (in bf16 on the CPU its packed GEMM: a row's result
-does not depend on the batch; on the amx path the MLP's GELU is applied in the GEMM's store); the attention through torch's scaled_dot_product_attention, one
-input at a time, so that an input's rows are the same whatever else the step holds. No KV cache:
+does not depend on the batch; on the amx path the MLP's GELU is applied in the GEMM's store); the
+attention through torch's scaled_dot_product_attention, one input at a time, so that an input's
+rows are the same whatever else the step holds. No KV cache:
 an input is computed in one step (the engine schedules encoders without chunked prefill or prefix
 caching), and nothing of it is kept for a later one.
 

@@ -167,7 +167,8 @@ class Linear:
             x = x.to(torch.bfloat16).contiguous()
         y = torch.empty((x.shape[0], n), dtype=torch.bfloat16)
         _core.kernels.bf16_gemm_gelu(x.data_ptr(), x.stride(0), self.packed.data_ptr(),
-                                     0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(), n, x.shape[0], n, k)
+                                     0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(), n, x.shape[0],
+                                     n, k)
         return y
 
     def _quantized_call(self, x: torch.Tensor, out_dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:

@@ -47,7 +47,8 @@ class GGUFWeightCache:
         kind = "gguf" if quantized else str(dtype).replace("torch.", "")
         self.dir = cache_root() / f"{gguf_path.stem}-{kind}-{digest}"
 
-    def load(self) -> tuple[ModelConfig | EncoderConfig, Tokenizer, torch.Tensor | None, dict[str, torch.Tensor | QuantizedTensor]] | None:
+    def load(self) -> tuple[ModelConfig | EncoderConfig, Tokenizer, torch.Tensor | None,
+                            dict[str, torch.Tensor | QuantizedTensor]] | None:
         meta_path = self.dir / "meta.json"
         if not meta_path.exists():
             return None
@@ -83,7 +84,8 @@ class GGUFWeightCache:
                 tensors["__rope_factors__"] = rope_factors
             save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "weights.safetensors"))
             tokenizer.backend.save(str(tmp / "tokenizer.json"))
-            meta = {"config": dataclasses.asdict(config), "config_type": "encoder" if config.encoder_only else "decoder",
+            meta = {"config": dataclasses.asdict(config),
+                    "config_type": "encoder" if config.encoder_only else "decoder",
                     "tokenizer": {"bos_token_id": tokenizer.bos_token_id, "eos_token_ids": tokenizer.eos_token_ids,
                                   "pad_token_id": tokenizer.pad_token_id, "chat_template": tokenizer.chat_template,
                                   "source": tokenizer.source},
