@@ -50,19 +50,6 @@ inline V gelu_tanh_by(V x, Exp exp) {
   return x / (1.0f + exp(-2.0f * u));
 }
 
-// GELU in its erf form (PyTorch's default, BERT's "gelu"): x Phi(x) = 0.5 (x + |x| erf(|x| / sqrt 2))
-// (erf is odd, so x erf(x / sqrt 2) = |x| erf(|x| / sqrt 2): no branch on the sign), with erf(z),
-// z >= 0, by Abramowitz & Stegun 7.1.26: 1 - t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) e^(-z^2),
-// t = 1 / (1 + p z), absolute error <= 1.5e-7. abs: |x| for the type.
-template <class V, class Exp, class Abs>
-inline V gelu_erf_by(V x, Exp exp, Abs abs) {
-  const V z = abs(x) * 0.7071067811865476f;
-  const V t = 1.0f / (1.0f + 0.3275911f * z);
-  const V poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
-  const V erf = 1.0f - poly * exp(-(z * z));
-  return 0.5f * (x + abs(x) * erf);
-}
-
 // Gemma 2's soft cap: cap tanh(x / cap), with tanh(y) = 1 - 2 / (e^(2y) + 1), so one exponential.
 template <class V, class Exp>
 inline V soft_capped_by(V x, float cap, Exp exp) {

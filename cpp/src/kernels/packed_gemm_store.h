@@ -73,11 +73,22 @@ inline __m512 gated_act(__m512 g, GatedActivation act) {
   return act == GatedActivation::kSilu ? silu_by(g, Exp16{}) : gelu_tanh_by(g, Exp16{});
 }
 
-// GELU (erf form: fast_math.h's gelu_erf_by) on 16 values.
-struct Abs16 {
-  __m512 operator()(__m512 v) const { return _mm512_abs_ps(v); }
-};
-inline __m512 gelu_erf16(__m512 v) { return gelu_erf_by(v, Exp16{}, Abs16{}); }
+// GELU in its erf form (PyTorch's default, BERT's "gelu") on 16 values: x Phi(x) = 0.5 (x + |x|
+// erf(|x| / sqrt 2)) (erf is odd, so x erf(x / sqrt 2) = |x| erf(|x| / sqrt 2): no branch on the
+// sign), with erf(z), z >= 0, by Abramowitz & Stegun 7.1.26: 1 - t (a1 + t (a2 + t (a3 + t (a4 +
+// t a5)))) e^(-z^2), t = 1 / (1 + p z), absolute error <= 1.5e-7. Written here, inside the path's
+// target region, with no call out of it (a template defined outside would be compiled for the
+// baseline and call the AVX-512 exponential out of line: AVX-512 code outside the paths, which
+// tests/ops/test_portable_build.py refuses).
+inline __m512 gelu_erf16(__m512 x) {
+  const __m512 a = _mm512_abs_ps(x);
+  const __m512 z = a * 0.7071067811865476f;
+  const __m512 t = 1.0f / (1.0f + 0.3275911f * z);
+  const __m512 poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f +
+                                                                                    t * 1.061405429f))));
+  const __m512 erf = 1.0f - poly * avx512::exp16(-(z * z));
+  return 0.5f * (x + a * erf);
+}
 
 // y[at .. at + 16) = act(gate[0 .. 16)) * (v + bias), the up half's sums plus their 16 columns'
 // bias (bias_of) rounded as y's (HardwareBf16), the product rounded as the elementwise loops round it.

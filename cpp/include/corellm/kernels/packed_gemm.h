@@ -73,7 +73,7 @@ void bf16_gemm_gated(const uint16_t* x, int64_t x_stride, const uint16_t* packed
 
 // y = gelu(bf16_gemm's y) in one pass where the path has it (bf16_gemm_gelu_fused: amx): y bf16,
 // each value rounded as bf16_gemm rounds it, then GELU in its erf form (BERT's MLP activation; erf
-// within 1.5e-7: fast_math.h's gelu_erf_by) in fp32, rounded again — as it is stored, on the
+// within 1.5e-7: packed_gemm_store.h's gelu_erf16) in fp32, rounded again — as it is stored, on the
 // vector unit while the tiles compute the next block, instead of a pass over y written and read
 // back. Each row's result does not depend on m.
 bool bf16_gemm_gelu_fused(CpuIsa isa);
