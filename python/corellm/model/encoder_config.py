@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from corellm.model.model_config import UnsupportedModelError, _classifier_labels
+from corellm.model.classifier_labels import read_classifier_labels
+from corellm.model.model_config import UnsupportedModelError, check_positive_integers
 
 # HF architecture -> (its family: how positions are numbered, the classification head it has; None: none)
 #   bert     positions from 0; a "pooler" (dense + tanh on the first token's row) under the classifier
@@ -68,11 +69,8 @@ class EncoderConfig:
         if self.architecture not in ENCODER_ARCHITECTURES:
             raise UnsupportedModelError(f"{self.source}: architecture {self.architecture!r} is not an encoder corellm "
                                         f"runs ({', '.join(sorted(ENCODER_ARCHITECTURES))})")
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "max_position_embeddings", "type_vocab_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{self.source}: {name} must be a positive integer, got {value!r}")
+        check_positive_integers(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                       "num_attention_heads", "max_position_embeddings", "type_vocab_size"))
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"{self.source}: hidden_size ({self.hidden_size}) must be a multiple of "
                              f"num_attention_heads ({self.num_attention_heads})")
@@ -139,7 +137,7 @@ class EncoderConfig:
             hidden_act=cfg.get("hidden_act", "gelu"),
             position_offset=pad + 1 if family == "roberta" else 0,
             max_seq_length=_max_seq_length(sentence_config or {}, source),
-            classifier_labels=_classifier_labels(cfg, source) if head is not None else (),
+            classifier_labels=read_classifier_labels(cfg, source) if head is not None else (),
             source=source,
         )
 

@@ -43,6 +43,11 @@ _SHARED_PACK_MAX_ELEMENTS = 64 * 1024 * 1024
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 
 
+def _as_gemm_input(x: torch.Tensor) -> torch.Tensor:
+    """x as the packed GEMM reads it: bf16 rows with unit column stride (a copy only where not)."""
+    return x if x.stride(-1) == 1 and x.dtype == torch.bfloat16 else x.to(torch.bfloat16).contiguous()
+
+
 class Linear:
     """y = x W^T (+ b). The weight is loaded in parts (q, k and v rows of a fused qkv), each dense
     or a QuantizedTensor (a GGUF quantized type kept as it is, on the CPU). After loading:
@@ -135,8 +140,7 @@ class Linear:
             return self._quantized_call(x, y_dtype, out)
         if self.packed is not None:
             n, k = self.shape
-            if x.stride(-1) != 1 or x.dtype != torch.bfloat16:
-                x = x.to(torch.bfloat16).contiguous()
+            x = _as_gemm_input(x)
             f32 = y_dtype == torch.float32
             y = out if out is not None else torch.empty((x.shape[0], n), dtype=torch.float32 if f32 else torch.bfloat16)
             _core.kernels.bf16_gemm(x.data_ptr(), x.stride(0), self.packed.data_ptr(),
@@ -163,8 +167,7 @@ class Linear:
         if self.packed is None or not _GELU_FUSED:
             return F.gelu(self(x))
         n, k = self.shape
-        if x.stride(-1) != 1 or x.dtype != torch.bfloat16:
-            x = x.to(torch.bfloat16).contiguous()
+        x = _as_gemm_input(x)
         y = torch.empty((x.shape[0], n), dtype=torch.bfloat16)
         _core.kernels.bf16_gemm_gelu(x.data_ptr(), x.stride(0), self.packed.data_ptr(),
                                      0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(), n, x.shape[0],

@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from corellm.model.classifier_labels import read_classifier_from_tokens, read_classifier_labels
+
 # HF architecture name -> corellm's model family flags.
 SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
@@ -66,6 +68,15 @@ GEMMA3_SLIDING_PATTERN = 6  # Gemma 3: five sliding-window layers, then one glob
 
 class UnsupportedModelError(ValueError):
     """The model's architecture or one of its options is not supported."""
+
+
+def check_positive_integers(config, names: tuple[str, ...]) -> None:
+    """ValueError naming config.source and the first of the fields `names` that is not a positive
+    integer (a decoder's or an encoder's sizes)."""
+    for name in names:
+        value = getattr(config, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{config.source}: {name} must be a positive integer, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -147,11 +158,9 @@ class ModelConfig:
                 f"{self.source}: architecture {self.architecture!r} is not supported; "
                 f"corellm runs {sorted(SUPPORTED_ARCHITECTURES)}"
             )
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{self.source}: {name} must be a positive integer, got {value!r}")
+        check_positive_integers(self, ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                       "num_attention_heads", "num_key_value_heads", "head_dim",
+                                       "max_position_embeddings"))
         if not self.pre_norms and not self.sandwich_norms:
             raise ValueError(f"{self.source}: a model without pre-norms needs the sandwich norms on its outputs")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -272,11 +281,11 @@ class ModelConfig:
             raise UnsupportedModelError(f"{source}: no 'architectures' entry; cannot tell which model this is")
         arch = archs[0]
         if arch in CLASSIFIER_ARCHITECTURES:
-            tokens, two_way = _classifier_from_tokens(cfg, source)
+            tokens, two_way = read_classifier_from_tokens(cfg, source)
             # A score matrix from the checkpoint: the tied embedding stands in for its missing LM head.
             tie = {} if tokens else {"tie_word_embeddings": True}
             decoder = cls.from_hf_config({**cfg, "architectures": [CLASSIFIER_ARCHITECTURES[arch]], **tie}, source)
-            labels = (tokens[1:] if two_way else tokens) or _classifier_labels(cfg, source)
+            labels = (tokens[1:] if two_way else tokens) or read_classifier_labels(cfg, source)
             return dataclasses.replace(decoder, classifier_labels=labels, classifier_from_tokens=tokens,
                                        classifier_two_way=two_way)
         if arch not in SUPPORTED_ARCHITECTURES:
@@ -462,41 +471,3 @@ def _experts(cfg: dict[str, Any], family: str, source: str) -> dict[str, Any]:
                 norm_topk_prob=bool(cfg.get("norm_topk_prob", False)), dense_layers=dense,
                 shared_expert_intermediate_size=int(cfg.get("shared_expert_intermediate_size") or 0)
                 if family == "qwen2_moe" else 0)
-
-
-def _classifier_labels(cfg: dict[str, Any], source: str) -> tuple[str, ...]:
-    """A classifier's labels in id order: its id2label (transformers writes it with every config),
-    else LABEL_0 .. LABEL_{num_labels - 1} (transformers' default: two)."""
-    id2label = cfg.get("id2label") or {}
-    count = cfg.get("num_labels", len(id2label) or 2)
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        raise ValueError(f"{source}: num_labels must be a positive integer, got {count!r}")
-    try:
-        names = {int(i): str(name) for i, name in id2label.items()}
-    except (TypeError, ValueError):
-        raise ValueError(f"{source}: id2label's keys must be label ids, got {sorted(id2label)}") from None
-    if names and sorted(names) != list(range(count)):
-        raise ValueError(f"{source}: id2label names ids {sorted(names)}, num_labels is {count}")
-    return tuple(names.get(i, f"LABEL_{i}") for i in range(count))
-
-
-_FROM_TOKEN_METHODS = ("from_2_way_softmax", "no_post_processing")
-
-
-def _classifier_from_tokens(cfg: dict[str, Any], source: str) -> tuple[tuple[str, ...], bool]:
-    """(the tokens whose output rows make the score matrix, whether as a two-way softmax) of a
-    causal checkpoint read as a classifier, as vLLM's hf_overrides say it: "classifier_from_token",
-    and "method" ("from_2_way_softmax" — also what "is_original_qwen3_reranker" means — or
-    "no_post_processing", the default); ((), False): the checkpoint has its own score matrix."""
-    tokens = cfg.get("classifier_from_token")
-    if tokens is None:
-        return (), False
-    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) and t for t in tokens):
-        raise ValueError(f"{source}: classifier_from_token must be a list of tokens, got {tokens!r}")
-    method = cfg.get("method") or ("from_2_way_softmax" if cfg.get("is_original_qwen3_reranker")
-                                   else "no_post_processing")
-    if method not in _FROM_TOKEN_METHODS:
-        raise ValueError(f"{source}: method must be one of {', '.join(_FROM_TOKEN_METHODS)}, got {method!r}")
-    if method == "from_2_way_softmax" and len(tokens) != 2:
-        raise ValueError(f"{source}: from_2_way_softmax takes two tokens (false, true), got {tokens}")
-    return tuple(tokens), method == "from_2_way_softmax"
