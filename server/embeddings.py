@@ -1,7 +1,8 @@
 """POST /v1/embeddings (OpenAI's Embeddings API, as vLLM serves it): each input — a string, or token
 ids — becomes an embedding request (PoolingParams): the engine computes the prompt and pools its
 final hidden states by its pooling type (--pooling-type; worker/pooler.py), L2-normalized unless
-vLLM's `normalize` is false. The vectors come back as floats, or as base64 of their little-endian
+vLLM's `normalize` is false; `dimensions` keeps a Matryoshka model's first values (before the
+normalization; a model whose config declares none refuses it). The vectors come back as floats, or as base64 of their little-endian
 float32 bytes (`encoding_format`). A model answers embedding and generation requests alike: one
 trained for embeddings (Qwen3-Embedding, e5-mistral) gives vectors worth comparing."""
 
@@ -16,6 +17,7 @@ from pydantic import Field
 
 from corellm.inputs import TokensPrompt
 from corellm.lora.lora_request import LoRARequest
+from corellm.model.matryoshka import check_dimensions
 from corellm.pooling_params import PoolingParams
 from corellm.server.errors import APIError, bad_request
 from corellm.server.protocol import MAX_REQUEST_ID_CHARS, TokenId
@@ -49,17 +51,22 @@ class PooledInputsRequest(RequestPart):
 
 class EmbeddingRequest(PooledInputsRequest):
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1)  # refused: no model served declares shorter vectors
+    dimensions: int | None = Field(None, ge=1)  # a Matryoshka model's first values (model/matryoshka.py)
     normalize: bool | None = None  # vLLM's; default true
 
 
 async def create_embedding(serving: Serving, request: web.Request, req: EmbeddingRequest) -> web.Response:
     model, lora = serving.resolve_model(req.model)
     if req.dimensions is not None:
-        raise bad_request("dimensions is not supported: the served model declares no shorter (Matryoshka) vectors",
-                          "dimensions", "unsupported_field")
+        processor = serving.engine.parts.input_processor
+        try:
+            check_dimensions(req.dimensions, processor.embedding_size, processor.matryoshka_dimensions, repr(model))
+        except ValueError as e:
+            raise bad_request(str(e), "dimensions", "unsupported_field" if processor.matryoshka_dimensions is None
+                              else None) from None
     response_id, engine_id = serving.new_ids("embd-", request, req.request_id)
-    vectors, tokens = await embed(serving, engine_id, req.prompts(), PoolingParams(normalize=req.normalize is not False),
+    params = PoolingParams(normalize=req.normalize is not False, dimensions=req.dimensions)
+    vectors, tokens = await embed(serving, engine_id, req.prompts(), params,
                                   add_special_tokens=req.add_special_tokens,
                                   truncate_prompt_tokens=req.truncate_prompt_tokens,
                                   truncation_side=req.truncation_side, priority=req.priority, lora_request=lora)

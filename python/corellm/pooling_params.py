@@ -8,7 +8,8 @@ hidden states — the final norm's output, as transformers' `last_hidden_state` 
 
 The pooling type is the model's (pooling_type_of: its sentence-transformers 1_Pooling/config.json,
 else LAST, CLS for an encoder such as BERT), or the engine's `pooling_type`; the vector is
-L2-normalized unless `normalize` is False.
+L2-normalized unless `normalize` is False; with `dimensions` (a Matryoshka model's), only its first
+`dimensions` values are kept, before the normalization.
 
 With task "classify" (vLLM's classify task; a sequence classifier only: ModelConfig's
 classifier_labels) the request is a classification instead: the prompt's last token's row (LAST,
@@ -37,6 +38,9 @@ class PoolingParams:
     normalize: bool = True  # embed: the vector L2-normalized
     task: str = "embed"  # or "classify"
     use_activation: bool = True  # classify: probabilities, not logits
+    # embed: the vector's first `dimensions` values (then normalized), for a Matryoshka model
+    # (model/matryoshka.py; the input processor checks the model); None: the whole vector
+    dimensions: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("normalize", "use_activation"):
@@ -44,6 +48,11 @@ class PoolingParams:
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}.")
         if self.task not in POOLING_TASKS:
             raise ValueError(f"task must be one of {', '.join(POOLING_TASKS)}, got {self.task!r}.")
+        if self.dimensions is not None:
+            if not isinstance(self.dimensions, int) or isinstance(self.dimensions, bool) or self.dimensions < 1:
+                raise ValueError(f"dimensions must be a positive integer, got {self.dimensions!r}.")
+            if self.task != "embed":
+                raise ValueError(f"dimensions shortens an embedding; task {self.task!r} takes none.")
 
 
 def pooling_type_of(model_path: str | Path, configured: str | None, default: str = "LAST") -> str:

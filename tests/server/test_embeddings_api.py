@@ -1,6 +1,7 @@
 """POST /v1/embeddings through the official openai client: the vectors are the engine's own
 (LLM.embed, bit for bit), as floats or base64 float32, for strings and token ids; usage counts the
-inputs' tokens; what is not made (dimensions) and bad inputs are 400s naming the field. /score and
+inputs' tokens; what is not made (dimensions: SmolLM2 is no Matryoshka model) and bad inputs are 400s
+naming the field. /score and
 /rerank: the cosine similarities of the same vectors, per pair and ranked."""
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def test_bad_requests_name_the_field(client, body, param):
     with pytest.raises(openai.BadRequestError) as err:
         client.embeddings.create(**{"model": MODEL, "input": "Hi", **body})
     assert err.value.body["param"].startswith(param), err.value.body
+    if param == "dimensions":
+        assert "is not a Matryoshka embedding model" in err.value.body["message"]
 
 
 def post(server, path: str, body: dict) -> tuple[int, dict]:

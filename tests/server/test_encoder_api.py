@@ -1,13 +1,17 @@
 """Encoder-only models served (BERT: model/bert.py): an embedding model's /v1/embeddings are the
 engine's own vectors (LLM.embed, bit for bit) and its /rerank the cosine similarities; a BERT
 cross-encoder's /rerank and /score are LLM.score's, each pair with its token types, cut together
-with its ids by truncate_prompt_tokens; generation is a 400 that says why."""
+with its ids by truncate_prompt_tokens; generation is a 400 that says why. A Matryoshka model's
+(config.json's matryoshka_dimensions) `dimensions` gives its vectors' first values, normalized again."""
 
 from __future__ import annotations
 
+import json
+
+import numpy as np
 import pytest
 
-from corellm import LLM
+from corellm import LLM, PoolingParams
 from tests.model.test_bert import make_encoder, write_bert_tokenizer
 from tests.server.conftest import Server
 from tests.server.http_calls import post
@@ -22,16 +26,23 @@ def tokenizer_json(tmp_path_factory):
     return write_bert_tokenizer(tmp_path_factory.mktemp("tok"))
 
 
-def _served(tmp_path_factory, tokenizer_json, name: str, **kwargs):
+MATRYOSHKA_DIMENSIONS = [8, 16, 32]
+
+
+def _served(tmp_path_factory, tokenizer_json, name: str, matryoshka: bool = False, **kwargs):
     directory = tmp_path_factory.mktemp(name)
     make_encoder("bert", directory, tokenizer_json, **kwargs)
+    if matryoshka:  # as jina-embeddings-v3's config.json declares its lengths
+        config = json.loads((directory / "config.json").read_text())
+        (directory / "config.json").write_text(json.dumps({**config, "matryoshka_dimensions": MATRYOSHKA_DIMENSIONS}))
     server = Server("--model", str(directory), "--dtype", "float32", "--max-model-len", "128")
     return server, LLM(str(directory), dtype="float32", max_num_seqs=8)
 
 
 @pytest.fixture(scope="module")
 def embedder(tmp_path_factory, tokenizer_json):
-    server, offline = _served(tmp_path_factory, tokenizer_json, "embedder", seed=11, pooling="mean_tokens")
+    server, offline = _served(tmp_path_factory, tokenizer_json, "embedder", seed=11, pooling="mean_tokens",
+                               matryoshka=True)
     yield server, offline
     server.stop()
 
@@ -99,3 +110,24 @@ def test_a_cross_encoders_scores_are_llm_score_with_token_types(cross_encoder):
     ids, types = offline.get_tokenizer().encode_pair(query, documents[1])
     same = offline.classify([{"prompt_token_ids": ids[-4:], "token_type_ids": types[-4:]}], use_tqdm=False)[0]
     assert cut["data"][0]["score"] == same.outputs.probs[0]
+
+
+def test_dimensions_keep_a_matryoshka_models_first_values(embedder):
+    """dimensions=n: the pooled vector's first n values, L2-normalized (vLLM's order), the same on the
+    server and offline; a length the config does not list, or past the hidden size, is a 400."""
+    server, offline = embedder
+    whole = offline.embed(TEXTS, PoolingParams(normalize=False), use_tqdm=False)
+    for n in MATRYOSHKA_DIMENSIONS:
+        status, body = post(server, "/v1/embeddings", {"input": TEXTS, "dimensions": n})
+        assert status == 200, body
+        short = offline.embed(TEXTS, PoolingParams(dimensions=n), use_tqdm=False)
+        for d, o, w in zip(body["data"], short, whole):
+            assert d["embedding"] == o.outputs.embedding and len(d["embedding"]) == n
+            first = np.asarray(w.outputs.embedding[:n], dtype=np.float64)
+            assert np.allclose(d["embedding"], first / np.linalg.norm(first), atol=1e-6)
+    for n, says in ((12, "supports the Matryoshka lengths [8, 16, 32], got 12"), (65, "1 to 64 values, got 65")):
+        status, body = post(server, "/v1/embeddings", {"input": TEXTS[0], "dimensions": n})
+        assert status == 400 and body["error"]["param"] == "dimensions" and says in body["error"]["message"], body
+        with pytest.raises(ValueError, match=says.replace("[", r"\[").replace("]", r"\]")):
+            offline.embed(TEXTS[0], PoolingParams(dimensions=n), use_tqdm=False)
+

@@ -13,6 +13,7 @@ from corellm.lora.lora_registry import LoraRegistry
 from corellm.lora.lora_request import LoRARequest
 from corellm.inputs import PromptType, check_prompt_keys, prompt_cache_salt
 from corellm.multimodal.image_inputs import ImageInputs
+from corellm.model.matryoshka import check_dimensions
 from corellm.pooling_params import PoolingParams
 from corellm.reasoning_parser import THINK_END, THINK_START
 from corellm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
@@ -58,12 +59,14 @@ class InputProcessor:
                  grammar_compiler: GrammarCompiler | None = None, reasoning_parser: str | None = None,
                  image_inputs: ImageInputs | None = None, prediction_drafts: bool = False,
                  loras: LoraRegistry | None = None, classifier_labels: tuple[str, ...] = (),
-                 encoder_only: bool = False, type_vocab_size: int = 0):
+                 encoder_only: bool = False, type_vocab_size: int = 0, embedding_size: int = 0,
+                 matryoshka_dimensions: tuple[int, ...] | None = None):
         """classifier_labels: a sequence classifier's labels (ModelConfig's): it serves pooling
         requests only, and classifications; (): a generator, which classifies nothing.
         encoder_only: an encoder (EncoderConfig: BERT, XLM-R), which serves pooling requests only;
         type_vocab_size: the token types its embedding tells apart (a prompt's token_type_ids; 0:
-        the model reads none)."""
+        the model reads none). embedding_size: the length of the model's vectors (its hidden size);
+        matryoshka_dimensions: the config's (model/matryoshka.py), which a request's dimensions must fit."""
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
@@ -78,6 +81,8 @@ class InputProcessor:
         self.classifier_labels = classifier_labels
         self.encoder_only = encoder_only
         self.type_vocab_size = type_vocab_size
+        self.embedding_size = embedding_size
+        self.matryoshka_dimensions = matryoshka_dimensions
 
     def images(self, prompt: PromptType, ids: list[int]):
         """(ids with each image's placeholders expanded, its MultiModalFeatures) for a prompt's
@@ -138,6 +143,8 @@ class InputProcessor:
             if params.task == "classify" and not self.classifier_labels:
                 raise ValueError("classify: this model is not a sequence classifier (its architecture is not one "
                                  "of the *ForSequenceClassification); it serves generation and embeddings")
+            if params.dimensions is not None:
+                check_dimensions(params.dimensions, self.embedding_size, self.matryoshka_dimensions)
             pooling, params = params, SamplingParams(max_tokens=1, temperature=0.0,
                                                      output_kind=RequestOutputKind.FINAL_ONLY)
         elif self.classifier_labels:

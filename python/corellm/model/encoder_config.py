@@ -57,6 +57,8 @@ class EncoderConfig:
     # The pooling the file itself names (a GGUF's bert.pooling_type: MEAN, CLS or LAST); "": none
     # (an HF directory says it in its sentence-transformers 1_Pooling/config.json instead)
     pooling_type: str = ""
+    # Matryoshka lengths (model/matryoshka.py): None not a Matryoshka model, () any length
+    matryoshka_dimensions: tuple[int, ...] | None = None
     source: str = ""
 
     encoder_only = True
@@ -64,6 +66,8 @@ class EncoderConfig:
     def __post_init__(self) -> None:
         for name in ("classifier_labels", "eos_token_id"):  # (lists from JSON: the GGUF weight cache's)
             object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.matryoshka_dimensions is not None:
+            object.__setattr__(self, "matryoshka_dimensions", tuple(self.matryoshka_dimensions))
         if self.pooling_type not in ("", "MEAN", "CLS", "LAST"):
             raise ValueError(f"{self.source}: pooling_type must be MEAN, CLS or LAST, got {self.pooling_type!r}")
         if self.architecture not in ENCODER_ARCHITECTURES:

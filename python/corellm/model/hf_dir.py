@@ -3,6 +3,7 @@ tokenizer files, generation_config.json. Safetensors only: pickled weights are n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch
 
 from corellm.model.llava import LlavaSpec, is_llava_config
 from corellm.model.encoder_config import ENCODER_ARCHITECTURES, EncoderConfig
+from corellm.model.matryoshka import read_matryoshka_dimensions
 from corellm.model.model_config import ModelConfig
 from corellm.multimodal.image_processor import ImageProcessor
 from corellm.tokenizer import Tokenizer
@@ -73,8 +75,11 @@ class HFModelDir:
         cfg = self._config_json()
         if (cfg.get("architectures") or [None])[0] in ENCODER_ARCHITECTURES:
             sentence = self.path / "sentence_bert_config.json"
-            return EncoderConfig.from_hf_config(cfg, source, _read_json(sentence) if sentence.is_file() else None)
-        return ModelConfig.from_hf_config(cfg, source)
+            config = EncoderConfig.from_hf_config(cfg, source, _read_json(sentence) if sentence.is_file() else None)
+        else:
+            config = ModelConfig.from_hf_config(cfg, source)
+        dimensions = read_matryoshka_dimensions(cfg, source, config.hidden_size)
+        return config if dimensions is None else dataclasses.replace(config, matryoshka_dimensions=dimensions)
 
     def llava_spec(self) -> LlavaSpec | None:
         """The image path of a LLaVA-style model (model_type "llava"), or None."""

@@ -147,6 +147,8 @@ class ModelConfig:
     # the first's, so that the sigmoid of its logit is the softmax of the pair's.
     classifier_from_tokens: tuple[str, ...] = ()
     classifier_two_way: bool = False
+    # An embedding model's Matryoshka lengths (model/matryoshka.py): None not one, () any length
+    matryoshka_dimensions: tuple[int, ...] | None = None
     source: str = ""  # file the config came from, for error messages
 
     encoder_only = False  # a decoder (EncoderConfig's is True)
@@ -182,6 +184,8 @@ class ModelConfig:
         object.__setattr__(self, "dense_layers", tuple(sorted(self.dense_layers)))
         object.__setattr__(self, "classifier_labels", tuple(self.classifier_labels))  # (a list from JSON)
         object.__setattr__(self, "classifier_from_tokens", tuple(self.classifier_from_tokens))
+        if self.matryoshka_dimensions is not None:
+            object.__setattr__(self, "matryoshka_dimensions", tuple(self.matryoshka_dimensions))
         if self.num_experts:
             if not 1 <= self.num_experts_per_tok <= self.num_experts or self.moe_intermediate_size <= 0:
                 raise ValueError(f"{self.source}: a mixture of experts needs 1 <= num_experts_per_tok "

@@ -4,7 +4,7 @@ preemption): step by step the pooler keeps what its pooling type needs of the po
 taken in — CLS the first position's row, MEAN the running sum of the rows in position order, in
 float64 (a sequential scan: the same sum whatever the chunks) — and once the prompt's last position
 is computed gives the vector: LAST that row, MEAN the sum over the prompt's length, CLS the first
-row; in fp32, L2-normalized if the request asks. A classification (task "classify") pools the
+row; in fp32, cut to the request's `dimensions` (a Matryoshka model), L2-normalized if the request asks. A classification (task "classify") pools the
 model's classification row whatever the engine's type (a decoder's LAST, an encoder's CLS), and the
 model's classify (a decoder's score matrix, an encoder's head), in fp32, gives the label logits
 (probabilities with use_activation: softmax, or the sigmoid of a lone logit). A row's bits do not
@@ -75,6 +75,8 @@ class Pooler:
             vector = (part / prompt_len).float() if pooling_type == "MEAN" else part
         if params.task == "classify":
             return self._classify(vector, params.use_activation)
+        if params.dimensions is not None:  # a Matryoshka model's first values (the input processor checked it)
+            vector = vector[:params.dimensions]
         if params.normalize:
             vector = torch.nn.functional.normalize(vector, dim=0)
         return vector.cpu().tolist()
