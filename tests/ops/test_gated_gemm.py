@@ -119,3 +119,19 @@ def test_rows_split_between_the_threads_give_the_same_bits(m):
     assert torch.equal(y_by_thread, y_anywhere)
     with pytest.raises(ValueError, match="x_rows must be 'anywhere' or 'by_thread', got 'mine'"):
         k.bf16_gemm(x.data_ptr(), kk, packed.data_ptr(), 0, y_anywhere.data_ptr(), n, m, n, kk, x_rows="mine")
+
+
+@pytest.mark.parametrize("n, bias", [(256, False), (128, True), (96, False)])  # 96: no fused pass (48 a half)
+def test_linear_silu_and_mul_is_the_linear_then_the_activation(n, bias):
+    """Linear.silu_and_mul (an encoder's SwiGLU: Nomic BERT) on a packed bf16 weight: the fused pass
+    where the process's path has one, else the GEMM then ops.silu_and_mul; the same bits either way."""
+    from corellm.model.layers import Linear
+
+    x, w, b = operands(37, n, 64, bias, seed=5)
+    linear = Linear(n, 64, bias, torch.bfloat16, torch.device("cpu"))
+    linear.load(0, w)
+    if bias:
+        linear.bias.copy_(b)
+    linear.finalize()
+    assert linear.packed is not None
+    assert torch.equal(linear.silu_and_mul(x), ops.silu_and_mul(linear(x)))

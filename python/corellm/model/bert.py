@@ -1,12 +1,18 @@
-"""BertEncoder: an encoder-only model (EncoderConfig: BERT, RoBERTa, XLM-RoBERTa) computing a
-step's inputs, each whole, into final hidden states, as transformers' BertModel / XLMRobertaModel
-compute `last_hidden_state`; with a classification head, a pooled row's label logits.
+"""BertEncoder: an encoder-only model (EncoderConfig: BERT, RoBERTa, XLM-RoBERTa, Nomic BERT)
+computing a step's inputs, each whole, into final hidden states, as transformers' BertModel /
+XLMRobertaModel / NomicBertModel compute `last_hidden_state`; with a classification head, a pooled
+row's label logits.
 
     h = LayerNorm(word[id] + type[token type] + position[offset + p])     (the embeddings)
     per layer (post-norm):
         a = concat over heads of softmax(q k^T / sqrt(d)) v, each input alone, every position seeing every other
         h = LayerNorm(h + a W_o + b_o)
         h = LayerNorm(h + gelu(h W_i + b_i) W_out + b_out)
+
+Nomic BERT (rope_theta set, gated_mlp, no projection biases): no position table; q and k turned by
+rotary embeddings (NeoX-style, over the whole head) at their positions; the MLP SwiGLU (in the
+GEMM's store where the path fuses it: Linear.silu_and_mul):
+        h = LayerNorm(h + (silu(h W_gate) * (h W_up)) W_out)
 
 The projections run through corellm's Linear (in bf16 on the CPU its packed GEMM: a row's result
 does not depend on the batch; on the amx path the MLP's GELU is applied in the GEMM's store); the
@@ -29,6 +35,8 @@ import torch.nn.functional as F
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.encoder_config import ENCODER_ACTIVATIONS, EncoderConfig
 from corellm.model.layers import Linear
+from corellm.model.rope import cos_sin_cache, default_inverse_frequencies
+from corellm.ops.rotary import rotary_embedding
 
 # Tensors a checkpoint may carry that an encoder's embeddings and classification do not read: the
 # position-id buffer older files saved, a masked-LM or pre-training head, an embedding model's pooler.
@@ -39,26 +47,32 @@ _ENCODER_PREFIXES = ("bert.", "roberta.")
 
 
 class EncoderLayer:
-    """One post-norm encoder layer: fused q/k/v with biases, the attention's output projection and
-    norm, the GELU MLP and its norm."""
+    """One post-norm encoder layer: fused q/k/v (with biases unless projection_bias is off), the
+    attention's output projection and norm, the GELU MLP (or SwiGLU: gate and up fused in mlp_in,
+    gate's rows first) and its norm."""
 
     def __init__(self, config: EncoderConfig, dtype: torch.dtype, device: torch.device):
-        d, i = config.hidden_size, config.intermediate_size
+        d, i, bias = config.hidden_size, config.intermediate_size, config.projection_bias
         self.config = config
-        self.qkv = Linear(3 * d, d, True, dtype, device)
-        self.attn_out = Linear(d, d, True, dtype, device)
-        self.mlp_in = Linear(i, d, True, dtype, device)
-        self.mlp_out = Linear(d, i, True, dtype, device)
+        self.qkv = Linear(3 * d, d, bias, dtype, device)
+        self.attn_out = Linear(d, d, bias, dtype, device)
+        self.mlp_in = Linear(2 * i if config.gated_mlp else i, d, bias, dtype, device)
+        self.mlp_out = Linear(d, i, bias, dtype, device)
         self.attn_norm = (torch.empty(d, dtype=dtype, device=device), torch.empty(d, dtype=dtype, device=device))
         self.mlp_norm = (torch.empty(d, dtype=dtype, device=device), torch.empty(d, dtype=dtype, device=device))
 
     def linears(self) -> list[Linear]:
         return [self.qkv, self.attn_out, self.mlp_in, self.mlp_out]
 
-    def forward(self, h: torch.Tensor, query_start_loc: list[int]) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, query_start_loc: list[int], positions: torch.Tensor,
+                rotary_cos_sin: torch.Tensor | None) -> torch.Tensor:
+        """rotary_cos_sin: the rotary table (model/rope.py's), which turns q and k at `positions`
+        in place; None: positions are in h already (a position table)."""
         c = self.config
         eps, d, heads = c.layer_norm_eps, c.hidden_size, c.num_attention_heads
         qkv = self.qkv(h)
+        if rotary_cos_sin is not None:
+            rotary_embedding(positions, qkv[:, :d], qkv[:, d:2 * d], c.head_dim, rotary_cos_sin, is_neox=True)
         context = torch.empty_like(h)
         for start, end in zip(query_start_loc[:-1], query_start_loc[1:]):
             # [n, 3d] -> q, k, v [1, heads, n, head_dim]: one input, bidirectional
@@ -67,7 +81,12 @@ class EncoderLayer:
             context[start:end] = out[0].transpose(0, 1).reshape(end - start, d)
         h = F.layer_norm(self.attn_out(context) + h, (d,), *self.attn_norm, eps)
         approximate = ENCODER_ACTIVATIONS[c.hidden_act]
-        inner = self.mlp_in.gelu(h) if approximate == "none" else F.gelu(self.mlp_in(h), approximate=approximate)
+        if c.gated_mlp:
+            inner = self.mlp_in.silu_and_mul(h)
+        elif approximate == "none":
+            inner = self.mlp_in.gelu(h)
+        else:
+            inner = F.gelu(self.mlp_in(h), approximate=approximate)
         return F.layer_norm(self.mlp_out(inner) + h, (d,), *self.mlp_norm, eps)
 
 
@@ -80,7 +99,12 @@ class BertEncoder:
         d = config.hidden_size
         empty = lambda *shape: torch.empty(shape, dtype=dtype, device=self.device)  # noqa: E731
         self.word_embeddings = empty(config.vocab_size, d)
-        self.position_embeddings = empty(config.max_position_embeddings, d)
+        # A position table, or (rotary positions) the rotary table: [positions, head_dim] fp32, cos then sin
+        self.position_embeddings = None if config.rope_theta else empty(config.max_position_embeddings, d)
+        self.rotary_cos_sin = None
+        if config.rope_theta:
+            self.rotary_cos_sin = cos_sin_cache(None, config.max_position_embeddings, default_inverse_frequencies(
+                config.head_dim, config.rope_theta)).to(self.device)
         self.token_type_embeddings = empty(config.type_vocab_size, d)
         self.embedding_norm = (empty(d), empty(d))
         self.layers = [EncoderLayer(config, dtype, self.device) for _ in range(config.num_hidden_layers)]
@@ -93,6 +117,8 @@ class BertEncoder:
     # ------------------------------------------------------------------ weights
     def _destinations(self) -> dict[str, tuple[torch.Tensor | Linear, int, int]]:
         """The encoder's tensor names (without a task model's prefix) -> (where, row offset, rows)."""
+        if self.config.family == "nomic_bert":
+            return self._nomic_destinations()
         whole = lambda t: (t, 0, t.shape[0])  # noqa: E731
         dest: dict[str, tuple[torch.Tensor | Linear, int, int]] = {
             "embeddings.word_embeddings.weight": whole(self.word_embeddings),
@@ -120,6 +146,31 @@ class BertEncoder:
                             else ("classifier.dense", "classifier.out_proj"))
             for name, t in zip([f"{inner}.weight", f"{inner}.bias", f"{outer}.weight", f"{outer}.bias"], self.head):
                 dest[name] = whole(t)
+        return dest
+
+    def _nomic_destinations(self) -> dict[str, tuple[torch.Tensor | Linear, int, int]]:
+        """Nomic BERT's names, as its Hub checkpoints (and transformers' save_pretrained) write them:
+        q, k and v fused in Wqkv; fc11 the MLP's up, fc12 its gate."""
+        whole = lambda t: (t, 0, t.shape[0])  # noqa: E731
+        dest: dict[str, tuple[torch.Tensor | Linear, int, int]] = {
+            "embeddings.word_embeddings.weight": whole(self.word_embeddings),
+            "embeddings.token_type_embeddings.weight": whole(self.token_type_embeddings),
+            "emb_ln.weight": whole(self.embedding_norm[0]),
+            "emb_ln.bias": whole(self.embedding_norm[1]),
+        }
+        i = self.config.intermediate_size
+        for n, layer in enumerate(self.layers):
+            p = f"encoder.layers.{n}."
+            parts = {"attn.Wqkv": (layer.qkv, 0), "attn.out_proj": (layer.attn_out, 0), "mlp.fc12": (layer.mlp_in, 0),
+                     "mlp.fc11": (layer.mlp_in, i), "mlp.fc2": (layer.mlp_out, 0)}
+            for name, (linear, offset) in parts.items():
+                rows = i if name in ("mlp.fc11", "mlp.fc12") else linear.shape[0]
+                dest[f"{p}{name}.weight"] = (linear, offset, rows)
+                if linear.bias is not None:
+                    dest[f"{p}{name}.bias"] = (linear.bias, offset, rows)
+            for name, (weight, bias) in (("norm1", layer.attn_norm), ("norm2", layer.mlp_norm)):
+                dest[f"{p}{name}.weight"] = whole(weight)
+                dest[f"{p}{name}.bias"] = whole(bias)
         return dest
 
     @staticmethod
@@ -194,11 +245,12 @@ class BertEncoder:
         types = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
         # transformers' order of the two sums (each rounded to the dtype), then the norm
         h = F.embedding(input_ids, self.word_embeddings) + F.embedding(types, self.token_type_embeddings)
-        h = h + F.embedding(positions + c.position_offset, self.position_embeddings)
+        if self.position_embeddings is not None:
+            h = h + F.embedding(positions + c.position_offset, self.position_embeddings)
         h = F.layer_norm(h, (c.hidden_size,), *self.embedding_norm, c.layer_norm_eps)
         bounds = attn.query_start_loc.tolist()
         for layer in self.layers:
-            h = layer.forward(h, bounds)
+            h = layer.forward(h, bounds, positions, self.rotary_cos_sin)
         return h
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

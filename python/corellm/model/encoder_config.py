@@ -1,7 +1,8 @@
 """EncoderConfig: the hyper-parameters of an encoder-only model — BERT and (XLM-)RoBERTa, the
 models behind most sentence embedders (all-MiniLM, bge, e5, gte, bge-m3) and cross-encoder
-rerankers (ms-marco-MiniLM, bge-reranker) — read from an HF config.json, validated, with one clear
-error for anything unsupported.
+rerankers (ms-marco-MiniLM, bge-reranker), and Nomic BERT (nomic-embed-text v1 / v1.5: rotary
+positions, a SwiGLU MLP, no biases in its projections) — read from an HF config.json, validated,
+with one clear error for anything unsupported.
 
 An encoder's attention is bidirectional: every position sees the whole input, so a position's
 hidden state depends on the tokens after it. Such a model serves embeddings and classifications
@@ -19,7 +20,9 @@ from corellm.model.model_config import UnsupportedModelError, check_positive_int
 # HF architecture -> (its family: how positions are numbered, the classification head it has; None: none)
 #   bert     positions from 0; a "pooler" (dense + tanh on the first token's row) under the classifier
 #   roberta  positions from padding_idx + 1 (XLM-R, RoBERTa); the head's own dense + tanh, then out_proj
+#   nomic_bert  rotary positions (no position table), SwiGLU, projections without biases
 ENCODER_ARCHITECTURES = {
+    "NomicBertModel": ("nomic_bert", None),
     "BertModel": ("bert", None),
     "BertForSequenceClassification": ("bert", "bert_pooler"),
     "RobertaModel": ("roberta", None),
@@ -28,9 +31,10 @@ ENCODER_ARCHITECTURES = {
     "XLMRobertaForSequenceClassification": ("roberta", "roberta_head"),
 }
 # GGUF general.architecture -> the HF architecture it stores (llama.cpp's converter writes a BertModel as "bert")
-GGUF_ENCODER_ARCHITECTURES = {"bert": "BertModel"}
-# hidden_act -> torch.nn.functional.gelu's approximate argument
-ENCODER_ACTIVATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh"}
+GGUF_ENCODER_ARCHITECTURES = {"bert": "BertModel", "nomic-bert": "NomicBertModel"}
+# hidden_act -> torch.nn.functional.gelu's approximate argument (a BERT's MLP); "silu": a gated MLP's
+# (SwiGLU: silu(gate) * up)
+ENCODER_ACTIVATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "silu": None}
 
 
 @dataclass(frozen=True)
@@ -41,10 +45,14 @@ class EncoderConfig:
     intermediate_size: int
     num_hidden_layers: int
     num_attention_heads: int
-    max_position_embeddings: int  # rows of the position table
+    max_position_embeddings: int  # rows of the position table (rotary positions: the context trained)
     type_vocab_size: int  # token types (segments) the embedding tells apart; 1: none
     layer_norm_eps: float
     hidden_act: str = "gelu"  # ENCODER_ACTIVATIONS
+    # Rotary positions' base (NeoX-style, over the whole head; no position table); 0: absolute positions
+    rope_theta: float = 0.0
+    gated_mlp: bool = False  # down(act(gate(h)) * up(h)) instead of down(act(in(h)))
+    projection_bias: bool = True  # the attention's and the MLP's projections have biases
     # The first position's row in the position table (RoBERTa: padding_idx + 1, the rows below are
     # the padding's); BERT: 0
     position_offset: int = 0
@@ -78,9 +86,12 @@ class EncoderConfig:
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"{self.source}: hidden_size ({self.hidden_size}) must be a multiple of "
                              f"num_attention_heads ({self.num_attention_heads})")
-        if self.hidden_act not in ENCODER_ACTIVATIONS:
+        if self.hidden_act not in ENCODER_ACTIVATIONS or (self.hidden_act == "silu") != self.gated_mlp:
             raise UnsupportedModelError(f"{self.source}: hidden_act {self.hidden_act!r} is not supported "
-                                        f"({', '.join(ENCODER_ACTIVATIONS)})")
+                                        f"{'in a gated MLP (silu)' if self.gated_mlp else '(gelu, gelu_new)'}")
+        if self.rope_theta < 0 or (self.rope_theta and self.head_dim % 2):
+            raise ValueError(f"{self.source}: rotary positions need a positive base and an even head size, got "
+                             f"{self.rope_theta} and {self.head_dim}")
         if not 0 <= self.position_offset < self.max_position_embeddings - 1:
             raise ValueError(f"{self.source}: positions start at row {self.position_offset} of "
                              f"{self.max_position_embeddings}: no room for an input")
@@ -116,6 +127,8 @@ class EncoderConfig:
             raise UnsupportedModelError(f"{source}: architecture {arch!r} is not an encoder corellm runs "
                                         f"({', '.join(sorted(ENCODER_ARCHITECTURES))})")
         family, head = ENCODER_ARCHITECTURES[arch]
+        if family == "nomic_bert":
+            return _nomic_bert_config(cfg, source, _max_seq_length(sentence_config or {}, source))
         kind = cfg.get("position_embedding_type", "absolute")
         if kind != "absolute":
             raise UnsupportedModelError(f"{source}: position_embedding_type {kind!r} is not supported (absolute)")
@@ -154,3 +167,63 @@ def _max_seq_length(sentence_config: dict[str, Any], source: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 2:
         raise ValueError(f"{source}: sentence_bert_config.json's max_seq_length must be an integer >= 2, got {value!r}")
     return value
+
+
+# Nomic BERT's config.json, as its Hub repositories (the model's own code) write it, or as transformers'
+# NomicBertConfig does: (the Hub's key, transformers' key) for each field.
+_NOMIC_KEYS = {"hidden_size": ("n_embd", "hidden_size"), "num_hidden_layers": ("n_layer", "num_hidden_layers"),
+               "num_attention_heads": ("n_head", "num_attention_heads"),
+               "intermediate_size": ("n_inner", "intermediate_size"),
+               "layer_norm_eps": ("layer_norm_epsilon", "layer_norm_eps")}
+# The Hub config's options that corellm computes only in their nomic-embed-text values: (key, value).
+_NOMIC_FIXED = (("causal", False), ("prenorm", False), ("parallel_block", False), ("use_rms_norm", False),
+                ("rotary_emb_fraction", 1.0), ("rotary_emb_interleaved", False), ("rotary_emb_scale_base", None),
+                ("rotary_scaling_factor", None))
+
+
+def _nomic_bert_config(cfg: dict[str, Any], source: str, max_seq_length: int) -> EncoderConfig:
+    """A NomicBertModel's config (nomic-embed-text v1 / v1.5): post-norm layers, rotary positions over
+    whole heads (NeoX-style), SwiGLU; its context the positions it was trained on (max_trained_positions:
+    2048, as llama.cpp takes it, though the Hub config says n_positions 8192)."""
+    def field(name: str, default: Any = None) -> Any:
+        hub, ours = _NOMIC_KEYS[name]
+        return cfg.get(hub, cfg.get(ours, default))
+
+    if cfg.get("moe_every_n_layers"):
+        raise UnsupportedModelError(f"{source}: a Nomic BERT mixture of experts (nomic-embed-text-v2-moe) is not "
+                                    f"supported")
+    for key, value in _NOMIC_FIXED:
+        if key in cfg and cfg[key] != value:
+            raise UnsupportedModelError(f"{source}: {key} {cfg[key]!r} is not supported for a NomicBertModel "
+                                        f"(only {value!r})")
+    if cfg.get("head_dim") not in (None, field("hidden_size") // field("num_attention_heads")):
+        raise UnsupportedModelError(f"{source}: head_dim {cfg['head_dim']} is not hidden_size / num_attention_heads")
+    activation = cfg.get("activation_function", "swiglu" if cfg.get("hidden_act", "silu") == "silu" else None)
+    if activation != "swiglu":
+        raise UnsupportedModelError(f"{source}: a NomicBertModel's MLP must be SwiGLU, got activation "
+                                    f"{activation or cfg.get('hidden_act')!r}")
+    biases = {key: cfg.get(key, False) for key in ("qkv_proj_bias", "mlp_fc1_bias", "mlp_fc2_bias")}
+    if len(set(biases.values())) > 1:
+        raise UnsupportedModelError(f"{source}: a NomicBertModel's projections have biases all or none, got {biases}")
+    rope = cfg.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default":
+        raise UnsupportedModelError(f"{source}: rope_type {rope['rope_type']!r} is not supported for a NomicBertModel")
+    theta = cfg.get("rotary_emb_base", rope.get("rope_theta", cfg.get("rope_theta", 1000.0)))
+    positions = cfg.get("max_trained_positions", cfg.get("n_positions", cfg.get("max_position_embeddings", 2048)))
+    return EncoderConfig(
+        architecture=cfg["architectures"][0],
+        vocab_size=cfg["vocab_size"],
+        hidden_size=field("hidden_size"),
+        intermediate_size=field("intermediate_size"),
+        num_hidden_layers=field("num_hidden_layers"),
+        num_attention_heads=field("num_attention_heads"),
+        max_position_embeddings=positions,
+        type_vocab_size=cfg.get("type_vocab_size", 2),
+        layer_norm_eps=float(field("layer_norm_eps", 1e-12)),
+        hidden_act="silu",
+        rope_theta=float(theta),
+        gated_mlp=True,
+        projection_bias=bool(biases["qkv_proj_bias"]),
+        max_seq_length=max_seq_length,
+        source=source,
+    )

@@ -65,6 +65,13 @@ _BERT_LAYER_NAMES = {f"{gguf}.{kind}": f"{hf}.{kind}" for kind in ("weight", "bi
     ("attn_q", "attention.self.query"), ("attn_k", "attention.self.key"), ("attn_v", "attention.self.value"),
     ("attn_output", "attention.output.dense"), ("attn_output_norm", "attention.output.LayerNorm"),
     ("ffn_up", "intermediate.dense"), ("ffn_down", "output.dense"), ("layer_output_norm", "output.LayerNorm"))}
+# llama.cpp's Nomic BERT names ("nomic-bert") -> the Hub checkpoint's (model/bert.py's _nomic_destinations)
+_NOMIC_GLOBAL_NAMES = {"token_embd.weight": "embeddings.word_embeddings.weight",
+                       "token_types.weight": "embeddings.token_type_embeddings.weight",
+                       "token_embd_norm.weight": "emb_ln.weight", "token_embd_norm.bias": "emb_ln.bias"}
+_NOMIC_LAYER_NAMES = {f"{gguf}.{kind}": f"{hf}.{kind}" for kind in ("weight", "bias") for gguf, hf in (
+    ("attn_qkv", "attn.Wqkv"), ("attn_output", "attn.out_proj"), ("attn_output_norm", "norm1"),
+    ("ffn_up", "mlp.fc11"), ("ffn_gate", "mlp.fc12"), ("ffn_down", "mlp.fc2"), ("layer_output_norm", "norm2"))}
 # llama.cpp's pooling types (LLAMA_POOLING_TYPE_*) -> corellm's; 0 (none) gives none
 _GGUF_POOLING_TYPES = {0: "", 1: "MEAN", 2: "CLS", 3: "LAST"}
 # A mixture of experts' tensors: the router; every expert's gate, up or down in one 3-D tensor
@@ -271,7 +278,8 @@ class GGUFModelFile:
                if gemma2 else {}))
 
     def _encoder_config(self) -> EncoderConfig:
-        """A BERT file's (llama.cpp's "bert": an embedding model; its rerankers' heads are not read)."""
+        """A BERT file's (llama.cpp's "bert": an embedding model; its rerankers' heads are not read), or
+        a Nomic BERT's ("nomic-bert": rotary positions at rope.freq_base, SwiGLU)."""
         names = set(self.tensor_names)
         if names & {"cls.weight", "cls.output.weight"}:
             raise UnsupportedModelError(f"{self.path}: a BERT classifier (its cls tensors) is not supported in a GGUF "
@@ -283,6 +291,9 @@ class GGUFModelFile:
             raise UnsupportedModelError(f"{self.path}: pooling type {pooling} is not supported (0 none, 1 mean, "
                                         f"2 cls, 3 last)")
         types = next((t for t in self.reader.tensors if t.name == "token_types.weight"), None)
+        nomic = self.arch == "nomic-bert"
+        rotary = dict(hidden_act="silu", rope_theta=float(self._arch_field("rope.freq_base", 1000.0)), gated_mlp=True,
+                      projection_bias="blk.0.attn_output.bias" in names) if nomic else {}
         return EncoderConfig(
             architecture=GGUF_ENCODER_ARCHITECTURES[self.arch],
             vocab_size=len(self.field("tokenizer.ggml.tokens")),
@@ -294,7 +305,7 @@ class GGUFModelFile:
             type_vocab_size=1 if types is None else int(types.shape[1]),
             layer_norm_eps=float(self._arch_field("attention.layer_norm_epsilon", 1e-12)),
             pooling_type=_GGUF_POOLING_TYPES.get(pooling, ""),
-            source=str(self.path))
+            source=str(self.path), **rotary)
 
     def rope_factors(self) -> torch.Tensor | None:
         for t in self.reader.tensors:
@@ -371,25 +382,30 @@ class GGUFModelFile:
 
     def _encoder_weights(self, dtype: torch.dtype, progress: bool, quantized: bool
                          ) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
-        """A BERT file's tensors under BertModel's names (model/bert.py): the embeddings and norms
+        """A BERT file's tensors under BertModel's names (model/bert.py; a Nomic BERT's under its Hub
+        checkpoint's): the embeddings and norms
         dequantized, each projection's weight (q, k, v, or the three fused) a QuantizedTensor with
         `quantized` where quant_gemm computes its type."""
         from tqdm import tqdm
 
         d = int(self._arch_field("embedding_length"))
+        nomic = self.arch == "nomic-bert"
+        global_names, layer_names = (_NOMIC_GLOBAL_NAMES, _NOMIC_LAYER_NAMES) if nomic else \
+            (_BERT_GLOBAL_NAMES, _BERT_LAYER_NAMES)
+        layer_prefix = "encoder.layers" if nomic else "encoder.layer"
         for t in tqdm(self.reader.tensors, desc=f"Loading {self.path.name}", unit="tensor", disable=not progress,
                       leave=False):
             m = _BLOCK.match(t.name)
             part = m.group(2) if m else None
-            if m and part.startswith("attn_qkv."):  # q, k and v fused: three row ranges of d
+            if m and part.startswith("attn_qkv.") and not nomic:  # BERT's q, k and v fused: three row ranges of d
                 kind = part.split(".", 1)[1]
                 array = self._dequantized(t)
                 for j, name in enumerate(("query", "key", "value")):
                     yield (f"encoder.layer.{m.group(1)}.attention.self.{name}.{kind}",
                            torch.from_numpy(np.ascontiguousarray(array[j * d:(j + 1) * d])).to(dtype))
                 continue
-            name = _BERT_GLOBAL_NAMES.get(t.name) if m is None else (
-                f"encoder.layer.{m.group(1)}.{_BERT_LAYER_NAMES[part]}" if part in _BERT_LAYER_NAMES else None)
+            name = global_names.get(t.name) if m is None else (
+                f"{layer_prefix}.{m.group(1)}.{layer_names[part]}" if part in layer_names else None)
             if name is None:
                 raise UnsupportedModelError(f"{self.path}: unexpected tensor {t.name!r}")
             ggml_type = int(t.tensor_type)

@@ -174,6 +174,22 @@ class Linear:
                                      n, k)
         return y
 
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of this linear's output [m, 2d] (gate's columns first: a fused gate and up
+        projection; SwiGLU), [m, d] in the weight's dtype. Where the weight is packed and the
+        process's path fuses it (bf16_gemm_gated: amx, avx512bf16, avx512, d a multiple of 32), in
+        the GEMM's store with ops.silu_and_mul's arithmetic, the same bits, without writing the
+        [m, 2d] output; else this linear, then ops.silu_and_mul."""
+        n, k = self.shape
+        if self.packed is None or not _core.kernels.bf16_gemm_gated_fused(n):
+            return ops.silu_and_mul(self(x))
+        x = _as_gemm_input(x)
+        y = torch.empty((x.shape[0], n // 2), dtype=torch.bfloat16)
+        _core.kernels.bf16_gemm_gated(x.data_ptr(), x.stride(0), self.packed.data_ptr(),
+                                      0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(), n // 2,
+                                      x.shape[0], n, k, "silu")
+        return y
+
     def _quantized_call(self, x: torch.Tensor, out_dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
         y = out if out is not None else torch.empty((x.shape[0], self.shape[0]), dtype=out_dtype)
         # A bf16 bias is added by the kernel before its one rounding; an fp32 one after, the same sum.

@@ -16,6 +16,16 @@ import torch
 from corellm.model.model_config import ModelConfig
 
 
+def rotary_exponents(rotary_dim: int) -> torch.Tensor:
+    """[rotary_dim / 2] float32: 2i / rotary_dim, each frequency's power of the base."""
+    return torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+
+
+def default_inverse_frequencies(rotary_dim: int, theta: float) -> torch.Tensor:
+    """[rotary_dim / 2] float32: theta^(-2i / rotary_dim), unscaled rotary embeddings' frequencies."""
+    return 1.0 / (theta ** rotary_exponents(rotary_dim))
+
+
 def inverse_frequencies(config: ModelConfig, theta: float | None = None, scaled: bool = True,
                         max_model_len: int | None = None) -> torch.Tensor:
     """[rotary_dim / 2] float32. theta: the rope base (default the config's); scaled: apply the
@@ -23,14 +33,14 @@ def inverse_frequencies(config: ModelConfig, theta: float | None = None, scaled:
     sequence the model will run (default max_position_embeddings), which picks LongRoPE's factors."""
     dim = config.rotary_dim
     base = config.rope_theta if theta is None else theta
-    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    exponents = rotary_exponents(dim)
     scaling = config.rope_scaling if scaled else None
     kind = config.rope_type if scaled else None
     if kind == "longrope":
         long = longrope_is_long(config, max_model_len)
         factors = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float32)
         return 1.0 / (factors * base**exponents)
-    inv = 1.0 / (base**exponents)
+    inv = default_inverse_frequencies(dim, base)
     if not scaling:
         return inv
     if kind == "linear":
@@ -69,10 +79,10 @@ def attention_factor(config: ModelConfig) -> float:
     return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
-def cos_sin_cache(config: ModelConfig, max_position: int, inv_freq: torch.Tensor | None = None,
+def cos_sin_cache(config: ModelConfig | None, max_position: int, inv_freq: torch.Tensor | None = None,
                   scale: float = 1.0) -> torch.Tensor:
     """[max_position, rotary_dim] float32: cos of the angles in the first half, sin in the second,
-    each times scale (attention_factor)."""
+    each times scale (attention_factor). The frequencies: inv_freq, else the config's."""
     inv = inverse_frequencies(config) if inv_freq is None else inv_freq.float()
     positions = torch.arange(max_position, dtype=torch.int64).float()
     angles = positions[:, None] * inv[None, :]
