@@ -91,7 +91,7 @@ class EngineParts:
                                          loras=loras, classifier_labels=loaded.config.classifier_labels,
                                          encoder_only=loaded.config.encoder_only,
                                          type_vocab_size=loaded.config.type_vocab_size,
-                                         embedding_size=loaded.config.hidden_size,
+                                         embedding_size=loaded.embedding_size,
                                          matryoshka_dimensions=loaded.config.matryoshka_dimensions)
         return cls(loaded, engine_core, input_processor, OutputProcessor(loaded.tokenizer, config.stream_interval),
                    grammar_compiler, sampling_defaults_of(generation_config, config))

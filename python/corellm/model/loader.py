@@ -12,6 +12,7 @@ import torch
 
 from corellm.config import QUANTIZATION_METHODS
 from corellm.distributed.parallel_state import TensorParallel
+from corellm.model.embedding_projection import EmbeddingProjection
 from corellm.model.bert import BertEncoder
 from corellm.model.encoder_config import EncoderConfig
 from corellm.model.gguf_file import GGUFModelFile
@@ -42,6 +43,14 @@ class LoadedModel:
     path: str = ""
     quantization: str = "none"
     image_processor: ImageProcessor | None = None  # a model that takes images (LLaVA): its preprocessing
+    # A sentence-transformers model's Dense layers after its pooling (modules.json); None: none
+    embedding_projection: EmbeddingProjection | None = None
+
+    @property
+    def embedding_size(self) -> int:
+        """The length of the model's embedding vectors: the hidden size, or its projection's output."""
+        projection = self.embedding_projection
+        return self.config.hidden_size if projection is None else projection.out_features
 
 
 def default_model_path() -> Path:
@@ -276,9 +285,10 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
         generation_config = {"eos_token_id": config.eos_token_id} if len(config.eos_token_id) > 1 else {}
     else:
         raise ValueError(f"{path}: not an HF model directory or a .gguf file")
+    projection = EmbeddingProjection.from_model_dir(path, config.hidden_size) if path.is_dir() else None
     if config.encoder_only:
         return _load_encoder(config, tokenizer, generation_config, weights, name=name, path=path, dtype=torch_dtype,
-                             device=device_, tp=tp, method=method)
+                             device=device_, tp=tp, method=method, projection=projection)
     check_head_size_on_device(config, device_)
     if config.num_experts and device_.type != "cpu":
         raise ValueError(f"{config.source}: a mixture-of-experts model ({config.architecture}) runs on the CPU only "
@@ -299,11 +309,12 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
     if device_.type == "cpu":
         gather_packed_weights(llm)
     return LoadedModel(llm, tokenizer, config, generation_config, name=name, path=str(path), quantization=method,
-                       image_processor=image_processor)
+                       image_processor=image_processor, embedding_projection=projection)
 
 
 def _load_encoder(config: EncoderConfig, tokenizer: Tokenizer, generation_config: dict, weights, *, name: str,
-                  path: Path, dtype: torch.dtype, device: torch.device, tp: TensorParallel, method: str) -> LoadedModel:
+                  path: Path, dtype: torch.dtype, device: torch.device, tp: TensorParallel, method: str,
+                  projection: EmbeddingProjection | None) -> LoadedModel:
     """An encoder-only model (BERT, XLM-R): in one process, its weights in the dtype (a GGUF file's
     quantized projections as they are, with quantization "gguf")."""
     if tp.size > 1:
@@ -315,7 +326,8 @@ def _load_encoder(config: EncoderConfig, tokenizer: Tokenizer, generation_config
     model = BertEncoder(config, dtype, device)
     with torch.inference_mode():
         model.load_weights(weights, str(path))
-    return LoadedModel(model, tokenizer, config, generation_config, name=name, path=str(path), quantization=method)
+    return LoadedModel(model, tokenizer, config, generation_config, name=name, path=str(path), quantization=method,
+                       embedding_projection=projection)
 
 
 def default_model_path_or_none() -> Path | None:

@@ -4,7 +4,8 @@ preemption): step by step the pooler keeps what its pooling type needs of the po
 taken in — CLS the first position's row, MEAN the running sum of the rows in position order, in
 float64 (a sequential scan: the same sum whatever the chunks) — and once the prompt's last position
 is computed gives the vector: LAST that row, MEAN the sum over the prompt's length, CLS the first
-row; in fp32, cut to the request's `dimensions` (a Matryoshka model), L2-normalized if the request asks. A classification (task "classify") pools the
+row; in fp32, through the model's Dense projection (a sentence-transformers model's), cut to the
+request's `dimensions` (a Matryoshka model), L2-normalized if the request asks. A classification (task "classify") pools the
 model's classification row whatever the engine's type (a decoder's LAST, an encoder's CLS), and the
 model's classify (a decoder's score matrix, an encoder's head), in fp32, gives the label logits
 (probabilities with use_activation: softmax, or the sigmoid of a lone logit). A row's bits do not
@@ -21,16 +22,18 @@ from corellm.pooling_params import POOLING_TYPES, PoolingParams
 
 class Pooler:
     def __init__(self, pooling_type: str, classifier: Callable[[torch.Tensor], torch.Tensor] | None = None,
-                 classify_pooling: str = "LAST"):
+                 classify_pooling: str = "LAST", projection: Callable[[torch.Tensor], torch.Tensor] | None = None):
         """classifier: a sequence classifier's classify (its pooled row, fp32 [hidden] -> label
         logits, fp32 [num_labels]); None: the model classifies nothing. classify_pooling: the row it
-        reads (LAST: a decoder's; CLS: an encoder's)."""
+        reads (LAST: a decoder's; CLS: an encoder's). projection: a sentence-transformers model's
+        Dense layers (model/embedding_projection.py) on each pooled vector, fp32; None: none."""
         for name, value in (("pooling_type", pooling_type), ("classify_pooling", classify_pooling)):
             if value not in POOLING_TYPES:
                 raise ValueError(f"{name} must be one of {', '.join(POOLING_TYPES)}, got {value!r}")
         self.pooling_type = pooling_type
         self.classify_pooling = classify_pooling
         self._classifier = classifier
+        self._projection = projection
         # request -> (the CLS row or the MEAN sum so far, the prompt positions taken in so far)
         self._partial: dict[str, tuple[torch.Tensor | None, int]] = {}
 
@@ -75,6 +78,8 @@ class Pooler:
             vector = (part / prompt_len).float() if pooling_type == "MEAN" else part
         if params.task == "classify":
             return self._classify(vector, params.use_activation)
+        if self._projection is not None:
+            vector = self._projection(vector)
         if params.dimensions is not None:  # a Matryoshka model's first values (the input processor checked it)
             vector = vector[:params.dimensions]
         if params.normalize:
