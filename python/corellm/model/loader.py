@@ -13,6 +13,7 @@ import torch
 from corellm.config import QUANTIZATION_METHODS
 from corellm.distributed.parallel_state import TensorParallel
 from corellm.model.embedding_projection import EmbeddingProjection
+from corellm.model.modern_bert import ModernBertEncoder
 from corellm.model.bert import BertEncoder
 from corellm.model.encoder_config import EncoderConfig
 from corellm.model.gguf_file import GGUFModelFile
@@ -323,7 +324,7 @@ def _load_encoder(config: EncoderConfig, tokenizer: Tokenizer, generation_config
     if method not in ("none", "gguf"):
         raise ValueError(f"{config.source}: quantization {method!r} is not supported for an encoder-only model "
                          f"({config.architecture}); leave it unset")
-    model = BertEncoder(config, dtype, device)
+    model = (ModernBertEncoder if config.family == "modernbert" else BertEncoder)(config, dtype, device)
     with torch.inference_mode():
         model.load_weights(weights, str(path))
     return LoadedModel(model, tokenizer, config, generation_config, name=name, path=str(path), quantization=method,

@@ -72,7 +72,7 @@ class ModelRunner:
         at once (0: LoRA off)."""
         self.encoder_only = loaded.config.encoder_only  # no KV cache; each input whole in its step
         self.pooler = Pooler(pooling_type, classifier=loaded.model.classify if loaded.config.classifier_labels else None,
-                             classify_pooling="CLS" if self.encoder_only else "LAST",
+                             classify_pooling=loaded.config.classifier_pooling if self.encoder_only else "LAST",
                              projection=loaded.embedding_projection)
         self._pooling: set[str] = set()  # the embedding requests in the batch (most steps: none)
         self.model = loaded.model
