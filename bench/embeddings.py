@@ -191,8 +191,10 @@ def run_vllm(directory: Path, prompts: list[list[int]], dtype: str, max_num_seqs
         with open(log, "w") as f:
             done = subprocess.run([str(python), str(script), str(directory), str(inputs), str(out), str(max_num_seqs),
                                    dtype], env=env, cwd=tmp, stdout=f, stderr=subprocess.STDOUT)
-        if done.returncode != 0:
+        if done.returncode != 0 and not out.exists():
             raise SystemExit(f"vLLM failed (exit {done.returncode}); its log: {log}")
+        if done.returncode != 0:  # (its ModernBERT run aborts in the interpreter's exit, its results written)
+            print(f"vLLM exited with {done.returncode} after writing its results; its log: {log}")
         result = json.loads(out.read_text())
     print(f"vLLM start-up (not timed with the run): {result['startup']:.1f} s")
     return result["vectors"], result["seconds"], f"vLLM CPU {result['version']} ({cores} cores)"

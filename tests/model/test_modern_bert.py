@@ -1,5 +1,5 @@
 """ModernBERT against transformers' ModernBertModel / ModernBertForSequenceClassification in fp32
-on tiny random models: pre-norm layers, GeGLU, rotary positions with a base per layer kind, and
+on tiny random models: pre-norm layers, GeGLU (and SwiGLU), rotary positions with a base per layer kind, and
 sliding-window layers (inputs longer than the window, so that the window matters), the config as
 transformers 5 writes it and as its 4.x releases did (global_attn_every_n_layers,
 global_rope_theta, ...: the same vectors); a classifier pooling CLS or MEAN; bf16 vectors the same
@@ -62,9 +62,10 @@ def embed(directory, prompts, pooling: str, **engine) -> list[torch.Tensor]:
             for o in llm.embed(prompts, PoolingParams(normalize=False), use_tqdm=False)]
 
 
-@pytest.mark.parametrize("pooling", ["cls_token", "mean_tokens"])
-def test_embeddings_are_transformers_pooled(tmp_path, tokenizer_json, pooling):
-    hf = make_modernbert(tmp_path, tokenizer_json, seed=1)
+@pytest.mark.parametrize("pooling, activation", [("cls_token", "gelu"), ("mean_tokens", "gelu"),
+                                                 ("mean_tokens", "silu")])  # silu: IBM's granite-embedding r2
+def test_embeddings_are_transformers_pooled(tmp_path, tokenizer_json, pooling, activation):
+    hf = make_modernbert(tmp_path, tokenizer_json, seed=1, hidden_activation=activation)
     assert hf.config.layer_types == ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]
     for prompt, got in zip(PROMPTS, embed(tmp_path, PROMPTS, pooling)):
         rows = hf_rows(hf, encode(tokenizer_json, prompt))
@@ -127,7 +128,7 @@ def test_a_vector_is_the_same_alone_and_in_a_batch_in_bf16(tmp_path, tokenizer_j
 
 @pytest.mark.parametrize("change, says", [
     ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "scaled rotary positions"),
-    ({"hidden_activation": "silu"}, "hidden_activation 'silu' is not supported"),
+    ({"hidden_activation": "relu"}, "hidden_activation 'relu' is not supported"),
     ({"attention_bias": True}, "biases both or neither"),
     ({"layer_types": ["full_attention", "chunked_attention", "full_attention", "full_attention"]},
      "layer_types must name 4 layers"),

@@ -259,7 +259,7 @@ def _modernbert_config(cfg: dict[str, Any], source: str, max_seq_length: int) ->
     """A ModernBERT's config (transformers' ModernBertConfig, as its 4.x releases wrote it —
     global_attn_every_n_layers, global_rope_theta, local_rope_theta — or as 5.x does: layer_types and
     rope_parameters per layer type). Its layers are pre-norm, its MLP GeGLU (gelu of Wi's first half
-    times its second), its attention windowed to local_attention / 2 positions each side in the
+    times its second; SwiGLU with hidden_activation silu), its attention windowed to local_attention / 2 positions each side in the
     sliding layers; no token types (the one type 0)."""
     arch = cfg["architectures"][0]
     layers = cfg["num_hidden_layers"]
@@ -281,10 +281,10 @@ def _modernbert_config(cfg: dict[str, Any], source: str, max_seq_length: int) ->
         raise UnsupportedModelError(f"{source}: a ModernBERT's attention and MLP projections have biases both or "
                                     f"neither, got attention_bias {cfg.get('attention_bias')}, mlp_bias "
                                     f"{cfg.get('mlp_bias')}")
-    activation = cfg.get("hidden_activation", "gelu")
-    if activation not in ENCODER_ACTIVATIONS or activation == "silu":
+    activation = cfg.get("hidden_activation", "gelu")  # (IBM's granite-embedding r2: silu, a SwiGLU)
+    if activation not in ENCODER_ACTIVATIONS:
         raise UnsupportedModelError(f"{source}: hidden_activation {activation!r} is not supported for a ModernBERT "
-                                    f"(gelu, gelu_new, gelu_pytorch_tanh)")
+                                    f"({', '.join(ENCODER_ACTIVATIONS)})")
     head = ENCODER_ARCHITECTURES[arch][1]
     if head is not None:
         if cfg.get("classifier_activation", "gelu") != "gelu":

@@ -12,7 +12,7 @@ classification head, a pooled row's label logits.
           position sees those at most local_window away (transformers' |i - j| <= local_attention / 2)
         h = h + a W_o
         g, u = the two halves of LayerNorm(h) W_i
-        h = h + (gelu(g) * u) W_o'
+        h = h + (gelu(g) * u) W_o'                           (silu for hidden_act silu: granite-embedding r2)
     h = LayerNorm(h)                                         (the final norm)
 
 The norms have no biases unless norm_bias; nor do the projections unless projection_bias.
@@ -69,8 +69,12 @@ class ModernBertLayer:
         context = bidirectional_attention(qkv, query_start_loc, c.num_attention_heads, c.head_dim,
                                           window=c.local_window if self.sliding else 0)
         h = h + self.attn_out(context)
-        both = self.mlp_in(F.layer_norm(h, (d,), *self.mlp_norm, eps))
-        inner = F.gelu(both[:, :i], approximate=ENCODER_ACTIVATIONS[c.hidden_act]) * both[:, i:]
+        x = F.layer_norm(h, (d,), *self.mlp_norm, eps)
+        if c.hidden_act == "silu":  # SwiGLU: in the GEMM's store where the path fuses it
+            inner = self.mlp_in.silu_and_mul(x)
+        else:
+            both = self.mlp_in(x)
+            inner = F.gelu(both[:, :i], approximate=ENCODER_ACTIVATIONS[c.hidden_act]) * both[:, i:]
         return h + self.mlp_out(inner)
 
 
