@@ -240,6 +240,35 @@ def wordpiece_from_phantom(tokens: list[str], token_types: list[int] | None, unk
     return backend
 
 
+def unigram_from_gguf(tokens: list[str], scores: list[float], token_types: list[int] | None, unk_token_id: int,
+                      bos_token_id: int, eos_token_id: int, add_space_prefix: bool = True,
+                      remove_extra_whitespaces: bool = True, precompiled_charsmap: bytes | None = None
+                      ) -> tokenizers.Tokenizer:
+    """An XLM-RoBERTa's sentencepiece Unigram vocabulary from a GGUF file (tokenizer.ggml.model ==
+    "t5", as llama.cpp's converter writes an XLMRobertaModel: <s> <pad> </s> <unk>, then the pieces
+    with their scores), segmenting as the sentencepiece model it came from does: the model's own normalization (its precompiled charsmap: NFKC and more), the spaces around
+    the text dropped and runs of them made one (remove_extra_whitespaces, as sentencepiece does), "▁" for each space and before the text
+    (add_space_prefix), the Viterbi segmentation by the scores; and RoBERTa's template: <s> A </s>,
+    a pair <s> A </s> </s> B </s>, every token of type 0."""
+    control = [bool(token_types) and token_types[i] == 3 for i in range(len(tokens))]
+    backend = tokenizers.Tokenizer(models.Unigram([(t, float(sc)) for t, sc in zip(tokens, scores)],
+                                                  unk_id=unk_token_id, byte_fallback=False))
+    steps = [normalizers.Precompiled(precompiled_charsmap)] if precompiled_charsmap else []
+    if remove_extra_whitespaces:  # as sentencepiece: none before or after the text, runs made one
+        steps += [normalizers.Strip(left=True, right=True), normalizers.Replace(tokenizers.Regex(" {2,}"), " ")]
+    backend.normalizer = normalizers.Sequence(steps)
+    scheme = "always" if add_space_prefix else "never"
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme)
+    backend.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=scheme)
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                for t, is_control in zip(tokens, control) if is_control])
+    bos, eos = tokens[bos_token_id], tokens[eos_token_id]
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{bos}:0 $A:0 {eos}:0", pair=f"{bos}:0 $A:0 {eos}:0 {eos}:0 $B:0 {eos}:0",
+        special_tokens=[(bos, bos_token_id), (eos, eos_token_id)])
+    return backend
+
+
 def _merges_from_scores(tokens, scores, token_types) -> list[tuple[str, str]]:
     """Every (left, right) whose concatenation is a normal token, best merged token first."""
     normal = {t: i for i, t in enumerate(tokens) if not token_types or token_types[i] == 1}

@@ -53,31 +53,36 @@ BERT_GLOBALS = {"embeddings.word_embeddings": "token_embd", "embeddings.position
 
 
 def write_bert_gguf(hf, vocab: list[str], path, tensor_type: str = "F32", pooling_type: int = 1,
-                    extra: dict | None = None, fused_qkv: bool = False) -> None:
+                    extra: dict | None = None, fused_qkv: bool = False, tokenizer=None, position_offset: int = 0) -> None:
     """llama.cpp's layout of a BertModel: its keys, the phantom-space vocabulary (a word's first piece
     "\u2581" + piece, a continuation without "##", control tokens as they are), its tensor names
     (the pooler dropped), 2-D projection weights in `tensor_type`; `extra` tensors besides; with
-    fused_qkv, each layer's q, k and v as one attn_qkv tensor (rows q, k, v), as some files have them."""
+    fused_qkv, each layer's q, k and v as one attn_qkv tensor (rows q, k, v), as some files have them.
+    tokenizer: a function writing another vocabulary's keys instead (an XLM-R's); position_offset:
+    the position table's first rows dropped (an XLM-R's padding_idx + 1, as the converter does)."""
     c = hf.config
     w = gguf.GGUFWriter(str(path), "bert")
     w.add_block_count(c.num_hidden_layers)
-    w.add_context_length(c.max_position_embeddings)
+    w.add_context_length(c.max_position_embeddings - position_offset)
     w.add_embedding_length(c.hidden_size)
     w.add_feed_forward_length(c.intermediate_size)
     w.add_head_count(c.num_attention_heads)
     w.add_layer_norm_eps(c.layer_norm_eps)
     w.add_causal_attention(False)
     w.add_pooling_type(gguf.PoolingType(pooling_type))
-    w.add_tokenizer_model("bert")
-    types = [gguf.TokenType.CONTROL if p in SPECIAL else gguf.TokenType.NORMAL for p in vocab]
-    w.add_token_list([p if p in SPECIAL else p[2:] if p.startswith("##") else "\u2581" + p for p in vocab])
-    w.add_token_types(types)
-    w.add_uint32("tokenizer.ggml.token_type_count", c.type_vocab_size)
-    w.add_bos_token_id(2)
-    w.add_eos_token_id(3)
-    w.add_unk_token_id(1)
-    w.add_sep_token_id(3)
-    w.add_pad_token_id(0)
+    if tokenizer is not None:
+        tokenizer(w)
+    else:
+        w.add_tokenizer_model("bert")
+        types = [gguf.TokenType.CONTROL if p in SPECIAL else gguf.TokenType.NORMAL for p in vocab]
+        w.add_token_list([p if p in SPECIAL else p[2:] if p.startswith("##") else "\u2581" + p for p in vocab])
+        w.add_token_types(types)
+        w.add_uint32("tokenizer.ggml.token_type_count", c.type_vocab_size)
+        w.add_bos_token_id(2)
+        w.add_eos_token_id(3)
+        w.add_unk_token_id(1)
+        w.add_sep_token_id(3)
+        w.add_pad_token_id(0)
     state = dict(hf.state_dict())
     if fused_qkv:
         for i in range(c.num_hidden_layers):
@@ -88,6 +93,8 @@ def write_bert_gguf(hf, vocab: list[str], path, tensor_type: str = "F32", poolin
         if name.startswith("pooler.") or name == "embeddings.position_ids":
             continue
         a = t.float().numpy()
+        if name == "embeddings.position_embeddings.weight":
+            a = a[position_offset:]
         stem, kind = name.rsplit(".", 1)
         if stem.startswith("encoder.layer."):
             i, rest = stem[len("encoder.layer."):].split(".", 1)

@@ -18,7 +18,7 @@ from corellm.model.encoder_config import GGUF_ENCODER_ARCHITECTURES, EncoderConf
 from corellm.model.model_config import (GEMMA3_SLIDING_PATTERN, GGUF_ARCHITECTURES, SMOLLM3_NOPE_INTERVAL, ModelConfig,
                                         UnsupportedModelError)
 from corellm.model.quantized_tensor import QuantizedTensor
-from corellm.tokenizer import Tokenizer, byte_level_bpe, sentencepiece_bpe, wordpiece_from_phantom
+from corellm.tokenizer import Tokenizer, byte_level_bpe, sentencepiece_bpe, unigram_from_gguf, wordpiece_from_phantom
 
 
 _LAYER_NAMES = {
@@ -330,12 +330,22 @@ class GGUFModelFile:
                                              int(bos), int(self.field("tokenizer.ggml.seperator_token_id", eos)),
                                              bool(self.field("tokenizer.ggml.normalizer.lowercase", True)))
             eos = None  # ([SEP] ends an input; an encoder generates nothing)
+        elif kind == "t5" and self.arch in GGUF_ENCODER_ARCHITECTURES:  # an XLM-RoBERTa (bge-m3, ...)
+            charsmap = self.field("tokenizer.ggml.precompiled_charsmap")
+            backend = unigram_from_gguf(
+                tokens, self.field("tokenizer.ggml.scores"), types,
+                int(self.field("tokenizer.ggml.unknown_token_id", 3)), int(bos), int(eos),
+                bool(self.field("tokenizer.ggml.add_space_prefix", True)),
+                bool(self.field("tokenizer.ggml.remove_extra_whitespaces", True)),
+                None if charsmap is None else bytes(np.asarray(charsmap, dtype=np.uint8)))
+            eos = None  # (</s> ends an input; an encoder generates nothing)
         elif kind == "llama":
             add_bos = bool(self.field("tokenizer.ggml.add_bos_token", True))
             backend = sentencepiece_bpe(tokens, self.field("tokenizer.ggml.scores"), types, bos, add_bos,
                                         bool(self.field("tokenizer.ggml.add_space_prefix", True)))
         else:
-            raise UnsupportedModelError(f"{self.path}: tokenizer model {kind!r} is not supported (gpt2, llama, bert)")
+            raise UnsupportedModelError(f"{self.path}: tokenizer model {kind!r} is not supported (gpt2, llama, bert; "
+                                        f"t5 for an XLM-RoBERTa encoder)")
         return Tokenizer(backend, bos_token_id=bos, eos_token_ids=[] if eos is None else [int(eos)],
                          pad_token_id=self.field("tokenizer.ggml.padding_token_id"),
                          chat_template=self.field("tokenizer.chat_template") or
