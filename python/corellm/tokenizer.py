@@ -250,7 +250,6 @@ def unigram_from_gguf(tokens: list[str], scores: list[float], token_types: list[
     the text dropped and runs of them made one (remove_extra_whitespaces, as sentencepiece does), "▁" for each space and before the text
     (add_space_prefix), the Viterbi segmentation by the scores; and RoBERTa's template: <s> A </s>,
     a pair <s> A </s> </s> B </s>, every token of type 0."""
-    control = [bool(token_types) and token_types[i] == 3 for i in range(len(tokens))]
     backend = tokenizers.Tokenizer(models.Unigram([(t, float(sc)) for t, sc in zip(tokens, scores)],
                                                   unk_id=unk_token_id, byte_fallback=False))
     steps = [normalizers.Precompiled(precompiled_charsmap)] if precompiled_charsmap else []
@@ -260,8 +259,7 @@ def unigram_from_gguf(tokens: list[str], scores: list[float], token_types: list[
     scheme = "always" if add_space_prefix else "never"
     backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme)
     backend.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=scheme)
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                for t, is_control in zip(tokens, control) if is_control])
+    _add_control_tokens(backend, tokens, token_types)
     bos, eos = tokens[bos_token_id], tokens[eos_token_id]
     backend.post_processor = processors.TemplateProcessing(
         single=f"{bos}:0 $A:0 {eos}:0", pair=f"{bos}:0 $A:0 {eos}:0 {eos}:0 $B:0 {eos}:0",

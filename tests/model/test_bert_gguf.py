@@ -52,6 +52,35 @@ BERT_GLOBALS = {"embeddings.word_embeddings": "token_embd", "embeddings.position
                 "embeddings.token_type_embeddings": "token_types", "embeddings.LayerNorm": "token_embd_norm"}
 
 
+def add_wordpiece_vocabulary(w, vocab: list[str], type_vocab_size: int) -> None:
+    """The phantom-space vocabulary llama.cpp writes for a WordPiece one (a word's first piece
+    "\u2581" + piece, a continuation without "##", control tokens as they are) and BERT's token ids."""
+    w.add_tokenizer_model("bert")
+    w.add_token_list([p if p in SPECIAL else p[2:] if p.startswith("##") else "\u2581" + p for p in vocab])
+    w.add_token_types([gguf.TokenType.CONTROL if p in SPECIAL else gguf.TokenType.NORMAL for p in vocab])
+    w.add_uint32("tokenizer.ggml.token_type_count", type_vocab_size)
+    for key, value in (("bos", 2), ("eos", 3), ("unk", 1), ("sep", 3), ("pad", 0)):
+        getattr(w, f"add_{key}_token_id")(value)
+
+
+def add_encoder_tensors(w, arrays: dict, layer_prefix: str, layer_names: dict, global_names: dict,
+                        tensor_type: str) -> None:
+    """Each HF tensor (name -> float32 array) under llama.cpp's name (a layer's part by layer_names,
+    the rest by global_names), its 2-D layer weights in `tensor_type`."""
+    for name, a in arrays.items():
+        stem, kind = name.rsplit(".", 1)
+        if stem.startswith(layer_prefix):
+            i, rest = stem[len(layer_prefix):].split(".", 1)
+            gname = f"blk.{i}.{layer_names[rest]}.{kind}"
+        else:
+            gname = f"{global_names[stem]}.{kind}"
+        if tensor_type != "F32" and a.ndim == 2 and gname.startswith("blk."):
+            w.add_tensor(gname, quant_blocks.quantize(a, tensor_type),
+                         raw_dtype=getattr(gguf.GGMLQuantizationType, tensor_type))
+        else:
+            w.add_tensor(gname, a)
+
+
 def write_bert_gguf(hf, vocab: list[str], path, tensor_type: str = "F32", pooling_type: int = 1,
                     extra: dict | None = None, fused_qkv: bool = False, tokenizer=None, position_offset: int = 0) -> None:
     """llama.cpp's layout of a BertModel: its keys, the phantom-space vocabulary (a word's first piece
@@ -73,39 +102,17 @@ def write_bert_gguf(hf, vocab: list[str], path, tensor_type: str = "F32", poolin
     if tokenizer is not None:
         tokenizer(w)
     else:
-        w.add_tokenizer_model("bert")
-        types = [gguf.TokenType.CONTROL if p in SPECIAL else gguf.TokenType.NORMAL for p in vocab]
-        w.add_token_list([p if p in SPECIAL else p[2:] if p.startswith("##") else "\u2581" + p for p in vocab])
-        w.add_token_types(types)
-        w.add_uint32("tokenizer.ggml.token_type_count", c.type_vocab_size)
-        w.add_bos_token_id(2)
-        w.add_eos_token_id(3)
-        w.add_unk_token_id(1)
-        w.add_sep_token_id(3)
-        w.add_pad_token_id(0)
+        add_wordpiece_vocabulary(w, vocab, c.type_vocab_size)
     state = dict(hf.state_dict())
     if fused_qkv:
         for i in range(c.num_hidden_layers):
             for kind in ("weight", "bias"):
                 parts = [state.pop(f"encoder.layer.{i}.attention.self.{p}.{kind}") for p in ("query", "key", "value")]
                 state[f"encoder.layer.{i}.attention.self.qkv.{kind}"] = torch.cat(parts)
-    for name, t in state.items():
-        if name.startswith("pooler.") or name == "embeddings.position_ids":
-            continue
-        a = t.float().numpy()
-        if name == "embeddings.position_embeddings.weight":
-            a = a[position_offset:]
-        stem, kind = name.rsplit(".", 1)
-        if stem.startswith("encoder.layer."):
-            i, rest = stem[len("encoder.layer."):].split(".", 1)
-            gname = f"blk.{i}.{BERT_TENSORS[rest]}.{kind}"
-        else:
-            gname = f"{BERT_GLOBALS[stem]}.{kind}"
-        if tensor_type != "F32" and a.ndim == 2 and gname.startswith("blk."):
-            w.add_tensor(gname, quant_blocks.quantize(a, tensor_type),
-                         raw_dtype=getattr(gguf.GGMLQuantizationType, tensor_type))
-        else:
-            w.add_tensor(gname, a)
+    arrays = {name: t.float().numpy() for name, t in state.items()
+              if not name.startswith("pooler.") and name != "embeddings.position_ids"}
+    arrays["embeddings.position_embeddings.weight"] = arrays["embeddings.position_embeddings.weight"][position_offset:]
+    add_encoder_tensors(w, arrays, "encoder.layer.", BERT_TENSORS, BERT_GLOBALS, tensor_type)
     for gname, a in (extra or {}).items():
         w.add_tensor(gname, a)
     w.write_header_to_file()

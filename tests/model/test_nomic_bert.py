@@ -20,8 +20,8 @@ gguf = pytest.importorskip("gguf")
 from safetensors import safe_open  # noqa: E402
 
 from corellm import LLM, PoolingParams  # noqa: E402
-from tests import quant_blocks  # noqa: E402
-from tests.model.test_bert_gguf import SPECIAL, TEXTS, hf_mean, vocabulary, write_hf_tokenizer  # noqa: E402
+from tests.model.test_bert_gguf import (TEXTS, add_encoder_tensors, add_wordpiece_vocabulary, hf_mean,  # noqa: E402
+                                        vocabulary, write_hf_tokenizer)
 
 CONFIG = dict(vocab_size=384, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
               max_position_embeddings=128, type_vocab_size=2, hidden_act="silu")
@@ -127,26 +127,10 @@ def write_nomic_gguf(hf, directory, vocab: list[str], path, tensor_type: str = "
     w.add_causal_attention(False)
     w.add_rope_freq_base(1000.0)
     w.add_pooling_type(gguf.PoolingType.MEAN)
-    w.add_tokenizer_model("bert")
-    w.add_token_list([p if p in SPECIAL else p[2:] if p.startswith("##") else "\u2581" + p for p in vocab])
-    w.add_token_types([gguf.TokenType.CONTROL if p in SPECIAL else gguf.TokenType.NORMAL for p in vocab])
-    w.add_uint32("tokenizer.ggml.token_type_count", c.type_vocab_size)
-    for key, value in (("bos", 2), ("eos", 3), ("unk", 1), ("sep", 3), ("pad", 0)):
-        getattr(w, f"add_{key}_token_id")(value)
+    add_wordpiece_vocabulary(w, vocab, c.type_vocab_size)
     with safe_open(str(directory / "model.safetensors"), framework="np") as f:
-        for name in f.keys():
-            a = f.get_tensor(name).astype(np.float32)
-            stem, kind = name.rsplit(".", 1)
-            if stem.startswith("encoder.layers."):
-                i, rest = stem[len("encoder.layers."):].split(".", 1)
-                gname = f"blk.{i}.{GGUF_NAMES[rest]}.{kind}"
-            else:
-                gname = f"{GGUF_NAMES[stem]}.{kind}"
-            if tensor_type != "F32" and a.ndim == 2 and gname.startswith("blk."):
-                w.add_tensor(gname, quant_blocks.quantize(a, tensor_type),
-                             raw_dtype=getattr(gguf.GGMLQuantizationType, tensor_type))
-            else:
-                w.add_tensor(gname, a)
+        arrays = {name: f.get_tensor(name).astype(np.float32) for name in f.keys()}
+    add_encoder_tensors(w, arrays, "encoder.layers.", GGUF_NAMES, GGUF_NAMES, tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

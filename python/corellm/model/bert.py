@@ -27,13 +27,13 @@ Classification (classify(row), on the first token's row, fp32):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
 
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.encoder_config import ENCODER_ACTIVATIONS, EncoderConfig
+from corellm.model.encoder_model import EncoderModel
 from corellm.model.layers import Linear
 from corellm.model.rope import cos_sin_cache, default_inverse_frequencies
 from corellm.ops.rotary import rotary_embedding
@@ -105,12 +105,10 @@ class EncoderLayer:
         return F.layer_norm(self.mlp_out(inner) + h, (d,), *self.mlp_norm, eps)
 
 
-class BertEncoder:
+class BertEncoder(EncoderModel):
     def __init__(self, config: EncoderConfig, dtype: torch.dtype = torch.bfloat16,
                  device: str | torch.device = "cpu"):
-        self.config = config
-        self.dtype = dtype
-        self.device = torch.device(device)
+        super().__init__(config, dtype, device)
         d = config.hidden_size
         empty = lambda *shape: torch.empty(shape, dtype=dtype, device=self.device)  # noqa: E731
         self.word_embeddings = empty(config.vocab_size, d)
@@ -201,63 +199,16 @@ class BertEncoder:
         return name
 
     def _unread(self, name: str) -> bool:
-        """Whether a tensor the model has no place for is one it does not read (and not a mistake)."""
+        """An embedding model's pooler, masked-LM heads and the position-id buffer."""
         return (name.startswith(_UNREAD_PREFIXES) or name in _UNREAD_NAMES
                 or (self.head is None and name.startswith("pooler.")))
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], source: str) -> None:
-        """Copies every tensor to its place; ValueError naming the file and the tensor for a name the
-        model has no place for, a shape the config does not give, or a tensor that is missing. An
-        embedding model's pooler, masked-LM heads and the position-id buffer are not read."""
-        dest = self._destinations()
-        loaded: set[str] = set()
-        for raw_name, tensor in weights:
-            name = self._encoder_name(raw_name)
-            if name not in dest and self._unread(name):
-                continue
-            if name not in dest:
-                raise ValueError(f"{source}: unexpected tensor {raw_name!r} for {self.config.architecture}")
-            target, offset, rows = dest[name]
-            expected = (rows, *tuple(target.shape)[1:])
-            if tuple(tensor.shape) != expected:
-                raise ValueError(f"{source}: tensor {raw_name!r} has shape {tuple(tensor.shape)}, but the config "
-                                 f"implies {expected}")
-            if isinstance(target, Linear):
-                target.load(offset, tensor)
-            else:
-                target[offset:offset + rows].copy_(tensor)
-            loaded.add(name)
-        missing = sorted(set(dest) - loaded)
-        if missing:
-            more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-            raise ValueError(f"{source}: missing tensors {missing[:3]}{more}")
-        for linear in self.all_linears():
-            linear.finalize()
-
-    def all_linears(self) -> list[Linear]:
-        return [linear for layer in self.layers for linear in layer.linears()]
-
     def _plain_tensors(self) -> list[torch.Tensor | None]:
-        """The weights outside the projections: embeddings, norms, the classification head."""
         tensors = [self.word_embeddings, self.position_embeddings, self.token_type_embeddings, *self.embedding_norm,
                    *(self.head or ())]
         for layer in self.layers:
             tensors += [*layer.attn_norm, *layer.mlp_norm]
         return tensors
-
-    def weight_bytes(self) -> dict[str, int]:
-        """Bytes of the weights by storage type (a GGUF quantized type's name, or the dtype), for
-        engine_parts' start-up log."""
-        dense = str(self.dtype).replace("torch.", "")
-        tensors = [(dense, t) for t in self._plain_tensors()]
-        for linear in self.all_linears():
-            tensors += [(q.type_name, q.packed) for _, q in linear.quantized]
-            tensors += [(dense, linear.weight if linear.packed is None else linear.packed), (dense, linear.bias)]
-        totals: dict[str, int] = {}
-        for kind, t in tensors:
-            if t is not None:
-                totals[kind] = totals.get(kind, 0) + t.numel() * t.element_size()
-        return totals
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
@@ -276,14 +227,6 @@ class BertEncoder:
         for layer in self.layers:
             h = layer.forward(h, bounds, positions, self.rotary_cos_sin)
         return h
-
-    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """An encoder has no language-model head, and serves pooling requests only (the input
-        processor refuses generation): the one token the engine samples to end such a request, which
-        nobody reads, is drawn from zero logits, float32 [n, vocab] (into `out` when given)."""
-        if out is None:
-            return torch.zeros((hidden.shape[0], self.config.vocab_size), dtype=torch.float32, device=hidden.device)
-        return out.zero_()
 
     def classify(self, row: torch.Tensor) -> torch.Tensor:
         """The first token's final row (fp32 [hidden]) -> label logits, fp32 [num_labels]."""

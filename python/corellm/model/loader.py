@@ -13,6 +13,7 @@ import torch
 from corellm.config import QUANTIZATION_METHODS
 from corellm.distributed.parallel_state import TensorParallel
 from corellm.model.embedding_projection import EmbeddingProjection
+from corellm.model.encoder_model import EncoderModel
 from corellm.model.modern_bert import ModernBertEncoder
 from corellm.model.bert import BertEncoder
 from corellm.model.encoder_config import EncoderConfig
@@ -36,7 +37,7 @@ _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.
 
 @dataclass
 class LoadedModel:
-    model: LlamaForCausalLM | BertEncoder
+    model: LlamaForCausalLM | EncoderModel
     tokenizer: Tokenizer
     config: ModelConfig | EncoderConfig
     generation_config: dict[str, Any] = field(default_factory=dict)

@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from corellm.model.attention_metadata import AttentionMetadata
-from corellm.model.bert import BertEncoder, bidirectional_attention
+from corellm.model.bert import bidirectional_attention
 from corellm.model.encoder_config import ENCODER_ACTIVATIONS, EncoderConfig
+from corellm.model.encoder_model import EncoderModel
 from corellm.model.layers import Linear
 from corellm.model.rope import cos_sin_cache, default_inverse_frequencies
 from corellm.ops.rotary import rotary_embedding
@@ -78,14 +79,10 @@ class ModernBertLayer:
         return h + self.mlp_out(inner)
 
 
-class ModernBertEncoder(BertEncoder):
-    """BertEncoder's loading, weight accounting and logits over ModernBERT's own layers and names."""
-
+class ModernBertEncoder(EncoderModel):
     def __init__(self, config: EncoderConfig, dtype: torch.dtype = torch.bfloat16,
                  device: str | torch.device = "cpu"):
-        self.config = config
-        self.dtype = dtype
-        self.device = torch.device(device)
+        super().__init__(config, dtype, device)
         d = config.hidden_size
         self.word_embeddings = torch.empty((config.vocab_size, d), dtype=dtype, device=self.device)
         self.embedding_norm = _norm(d, config.norm_bias, dtype, self.device)
