@@ -299,9 +299,12 @@ void bind_kernels(py::module_& m) {
         [](uintptr_t x, int64_t x_stride, uintptr_t packed, uintptr_t bias, uintptr_t out, int64_t out_stride,
            int64_t m, int64_t n, int64_t kk, const std::string& activation, const std::string& isa,
            const std::string& x_rows) {
-          CORELLM_CHECK_ARG(activation == "silu" || activation == "gelu_tanh",
-                            "bf16_gemm_gated: activation must be 'silu' or 'gelu_tanh', got '", activation, "'");
-          const GatedActivation act = activation == "silu" ? GatedActivation::kSilu : GatedActivation::kGeluTanh;
+          CORELLM_CHECK_ARG(activation == "silu" || activation == "gelu_tanh" || activation == "gelu",
+                            "bf16_gemm_gated: activation must be 'silu', 'gelu_tanh' or 'gelu', got '", activation,
+                            "'");
+          const GatedActivation act = activation == "silu"      ? GatedActivation::kSilu
+                                      : activation == "gelu_tanh" ? GatedActivation::kGeluTanh
+                                                                  : GatedActivation::kGeluErf;
           bf16_gemm_gated(ptr<const uint16_t>(x), x_stride, ptr<const uint16_t>(packed), ptr<const uint16_t>(bias),
                           ptr<uint16_t>(out), out_stride, m, n, kk, act, isa.empty() ? cpu_isa() : cpu_isa_named(isa),
                           x_rows_named(x_rows));

@@ -96,7 +96,7 @@ def test_paths_and_shapes_without_the_fused_pass_are_refused_naming_them():
         assert not k.bf16_gemm_gated_fused(96, isa=isa)  # halves of 48 columns: not whole panels
         with pytest.raises(ValueError, match=f"no fused pass on the {isa} path for n=96"):
             gated(x, packed, 96, None, "silu", isa=isa)
-    with pytest.raises(ValueError, match="activation must be 'silu' or 'gelu_tanh', got 'relu'"):
+    with pytest.raises(ValueError, match="activation must be 'silu', 'gelu_tanh' or 'gelu', got 'relu'"):
         gated(x, packed, 96, None, "relu")
 
 
@@ -122,8 +122,8 @@ def test_rows_split_between_the_threads_give_the_same_bits(m):
 
 
 @pytest.mark.parametrize("n, bias", [(256, False), (128, True), (96, False)])  # 96: no fused pass (48 a half)
-def test_linear_silu_and_mul_is_the_linear_then_the_activation(n, bias):
-    """Linear.silu_and_mul (an encoder's SwiGLU: Nomic BERT) on a packed bf16 weight: the fused pass
+def test_linear_gated_is_the_linear_then_the_activation(n, bias):
+    """Linear.gated (an encoder's SwiGLU: Nomic BERT; GeGLU: ModernBERT) on a packed bf16 weight: the fused pass
     where the process's path has one, else the GEMM then ops.silu_and_mul; the same bits either way."""
     from corellm.model.layers import Linear
 
@@ -134,4 +134,25 @@ def test_linear_silu_and_mul_is_the_linear_then_the_activation(n, bias):
         linear.bias.copy_(b)
     linear.finalize()
     assert linear.packed is not None
-    assert torch.equal(linear.silu_and_mul(x), ops.silu_and_mul(linear(x)))
+    assert torch.equal(linear.gated(x, "silu"), ops.silu_and_mul(linear(x)))
+    assert torch.equal(linear.gated(x, "gelu_tanh"), ops.gelu_tanh_and_mul(linear(x)))
+
+
+@fused_isas
+@pytest.mark.parametrize("m", [1, 16, 33, 300])
+@pytest.mark.parametrize("n, kk, bias", [(128, 70, True), (2304, 768, False)])  # 2304: ModernBERT-base's Wi
+def test_the_erf_gelu_pass_is_gelu_of_the_rounded_gate_times_up(m, n, kk, bias, isa):
+    """activation "gelu" (ModernBERT's GeGLU, GELU's erf form; no unfused kernel has it): each value
+    within one bf16 step of float64's gelu(g) * u, g and u bf16_gemm's own rounded halves; a row
+    the same alone as in the batch."""
+    x, w, b = operands(m, n, kk, bias, seed=m + n)
+    packed = pack(w)
+    y = torch.empty(m, n, dtype=torch.bfloat16)
+    k.bf16_gemm(x.data_ptr(), x.stride(0), packed.data_ptr(), 0 if b is None else b.data_ptr(), y.data_ptr(),
+                n, m, n, kk, isa=isa)
+    g, u = y[:, :n // 2].double(), y[:, n // 2:].double()
+    want = torch.nn.functional.gelu(g) * u
+    got = gated(x, packed, n, b, "gelu", isa=isa).double()
+    step = want.abs().clamp(min=1e-30) * 2.0**-7  # one bf16 step of the value (8 bits of mantissa)
+    assert ((got - want).abs() <= step + 1e-6).all(), (got - want).abs().max()
+    assert torch.equal(gated(x[-1:], packed, n, b, "gelu", isa=isa), gated(x, packed, n, b, "gelu", isa=isa)[-1:])

@@ -124,6 +124,8 @@ void gelu_tanh_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_s
 
 void gated_activation_and_mul(GatedActivation act, void* out, int64_t out_stride, const void* x, int64_t x_stride,
                               int64_t num_tokens, int64_t d, DType dtype) {
+  CORELLM_CHECK_ARG(act == GatedActivation::kSilu || act == GatedActivation::kGeluTanh,
+                    "gated_activation_and_mul: silu or gelu_tanh, got activation ", static_cast<int32_t>(act));
   if (act == GatedActivation::kGeluTanh) {
     gelu_tanh_and_mul(out, out_stride, x, x_stride, num_tokens, d, dtype);
   } else {

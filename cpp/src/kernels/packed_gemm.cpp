@@ -75,7 +75,8 @@ void bf16_gemm_gated(const uint16_t* x, int64_t x_stride, const uint16_t* packed
                      int64_t out_stride, int64_t m, int64_t n, int64_t k, GatedActivation act, CpuIsa isa,
                      XRows x_rows) {
   CORELLM_CHECK_ARG(m >= 0 && n >= 2 && k >= 1, "bf16_gemm_gated: bad shape m=", m, " n=", n, " k=", k);
-  CORELLM_CHECK_ARG(act == GatedActivation::kSilu || act == GatedActivation::kGeluTanh,
+  CORELLM_CHECK_ARG(act == GatedActivation::kSilu || act == GatedActivation::kGeluTanh ||
+                        act == GatedActivation::kGeluErf,
                     "bf16_gemm_gated: unknown gated activation ", static_cast<int32_t>(act));
   check_cpu_runs(isa, "bf16_gemm_gated");
   CORELLM_CHECK_ARG(bf16_gemm_gated_fused(isa, n), "bf16_gemm_gated: no fused pass on the ", cpu_isa_name(isa),

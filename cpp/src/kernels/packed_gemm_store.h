@@ -69,9 +69,6 @@ inline __m512 rounded_as_stored(__m512 v) {
 struct Exp16 {
   __m512 operator()(__m512 v) const { return avx512::exp16(v); }
 };
-inline __m512 gated_act(__m512 g, GatedActivation act) {
-  return act == GatedActivation::kSilu ? silu_by(g, Exp16{}) : gelu_tanh_by(g, Exp16{});
-}
 
 // GELU in its erf form (PyTorch's default, BERT's "gelu") on 16 values: x Phi(x) = 0.5 (x + |x|
 // erf(|x| / sqrt 2)) (erf is odd, so x erf(x / sqrt 2) = |x| erf(|x| / sqrt 2): no branch on the
@@ -88,6 +85,12 @@ inline __m512 gelu_erf16(__m512 x) {
                                                                                     t * 1.061405429f))));
   const __m512 erf = 1.0f - poly * avx512::exp16(-(z * z));
   return 0.5f * (x + a * erf);
+}
+
+// The gated activation by `act` (kGeluErf: gelu_erf16, which no unfused kernel shares).
+inline __m512 gated_act(__m512 g, GatedActivation act) {
+  if (act == GatedActivation::kGeluErf) return gelu_erf16(g);
+  return act == GatedActivation::kSilu ? silu_by(g, Exp16{}) : gelu_tanh_by(g, Exp16{});
 }
 
 // y[at .. at + 16) = act(gate[0 .. 16)) * (v + bias), the up half's sums plus their 16 columns'

@@ -11,7 +11,7 @@ row's label logits.
 
 Nomic BERT (rope_theta set, gated_mlp, no projection biases): no position table; q and k turned by
 rotary embeddings (NeoX-style, over the whole head) at their positions; the MLP SwiGLU (in the
-GEMM's store where the path fuses it: Linear.silu_and_mul):
+GEMM's store where the path fuses it: Linear.gated):
         h = LayerNorm(h + (silu(h W_gate) * (h W_up)) W_out)
 
 The projections run through corellm's Linear (in bf16 on the CPU its packed GEMM: a row's result
@@ -97,7 +97,7 @@ class EncoderLayer:
         h = F.layer_norm(self.attn_out(context) + h, (d,), *self.attn_norm, eps)
         approximate = ENCODER_ACTIVATIONS[c.hidden_act]
         if c.gated_mlp:
-            inner = self.mlp_in.silu_and_mul(h)
+            inner = self.mlp_in.gated(h, "silu")
         elif approximate == "none":
             inner = self.mlp_in.gelu(h)
         else:

@@ -34,6 +34,8 @@ LoraUpdate = Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]
 
 
 _GEMM = _core.kernels.bf16_gemm_available()
+# A gated activation's name (Linear.gated) -> its unfused op (gelu: torch's, in Linear.gated)
+_GATED_ACTIVATIONS = {"silu": ops.silu_and_mul, "gelu_tanh": ops.gelu_tanh_and_mul, "gelu": None}
 _GELU_FUSED = _GEMM and _core.kernels.bf16_gemm_gelu_fused()  # the process's path stores gelu(y) (amx)
 # A shared weight (a tied LM head's embedding) keeps its row-major form for the embedding lookup;
 # packing a second copy is worth it up to this size (beyond: oneDNN on the row-major form).
@@ -174,20 +176,29 @@ class Linear:
                                      n, k)
         return y
 
-    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up of this linear's output [m, 2d] (gate's columns first: a fused gate and up
-        projection; SwiGLU), [m, d] in the weight's dtype. Where the weight is packed and the
-        process's path fuses it (bf16_gemm_gated: amx, avx512bf16, avx512, d a multiple of 32), in
-        the GEMM's store with ops.silu_and_mul's arithmetic, the same bits, without writing the
-        [m, 2d] output; else this linear, then ops.silu_and_mul."""
+    def gated(self, x: torch.Tensor, activation: str = "silu") -> torch.Tensor:
+        """act(gate) * up of this linear's output [m, 2d] (gate's columns first: a fused gate and up
+        projection), [m, d] in the weight's dtype; act: "silu" (SwiGLU), "gelu_tanh" or "gelu" (GeGLU,
+        GELU's tanh or erf form). Where the weight is packed and the process's path fuses it
+        (bf16_gemm_gated: amx, avx512bf16, avx512, d a multiple of 32), in the GEMM's store without
+        writing the [m, 2d] output — silu and gelu_tanh with ops.silu_and_mul's / gelu_tanh_and_mul's
+        arithmetic, the same bits; gelu with the erf of gelu_erf16 (within 1.5e-7) on the rounded
+        gate, the product rounded once; else this linear, then those ops (gelu: torch's, each step
+        rounded to the dtype). One way per process and model: a row's result does not depend on the batch."""
+        if activation not in _GATED_ACTIVATIONS:
+            raise ValueError(f"Linear.gated: activation must be one of {', '.join(_GATED_ACTIVATIONS)}, "
+                             f"got {activation!r}")
         n, k = self.shape
         if self.packed is None or not _core.kernels.bf16_gemm_gated_fused(n):
-            return ops.silu_and_mul(self(x))
+            y = self(x)
+            if activation == "gelu":
+                return F.gelu(y[:, :n // 2]) * y[:, n // 2:]
+            return _GATED_ACTIVATIONS[activation](y)
         x = _as_gemm_input(x)
         y = torch.empty((x.shape[0], n // 2), dtype=torch.bfloat16)
         _core.kernels.bf16_gemm_gated(x.data_ptr(), x.stride(0), self.packed.data_ptr(),
                                       0 if self.bias is None else self.bias.data_ptr(), y.data_ptr(), n // 2,
-                                      x.shape[0], n, k, "silu")
+                                      x.shape[0], n, k, activation)
         return y
 
     def _quantized_call(self, x: torch.Tensor, out_dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.bert import bidirectional_attention
-from corellm.model.encoder_config import ENCODER_ACTIVATIONS, EncoderConfig
+from corellm.model.encoder_config import EncoderConfig
 from corellm.model.encoder_model import EncoderModel
 from corellm.model.layers import Linear
 from corellm.model.rope import cos_sin_cache, default_inverse_frequencies
@@ -37,6 +37,8 @@ from corellm.ops.rotary import rotary_embedding
 # does not read; the prefix transformers' task models put before the encoder's names.
 _MLM_PREFIXES = ("head.", "decoder.")
 _MODEL_PREFIX = "model."
+# hidden_act -> Linear.gated's activation
+_GATED = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "silu": "silu"}
 
 
 def _norm(d: int, bias: bool, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -63,19 +65,15 @@ class ModernBertLayer:
                 rotary_cos_sin: torch.Tensor) -> torch.Tensor:
         """rotary_cos_sin: this layer's kind's rotary table."""
         c = self.config
-        d, i, eps = c.hidden_size, c.intermediate_size, c.layer_norm_eps
+        d, eps = c.hidden_size, c.layer_norm_eps
         x = h if self.attn_norm is None else F.layer_norm(h, (d,), *self.attn_norm, eps)
         qkv = self.qkv(x)
         rotary_embedding(positions, qkv[:, :d], qkv[:, d:2 * d], c.head_dim, rotary_cos_sin, is_neox=True)
         context = bidirectional_attention(qkv, query_start_loc, c.num_attention_heads, c.head_dim,
                                           window=c.local_window if self.sliding else 0)
         h = h + self.attn_out(context)
-        x = F.layer_norm(h, (d,), *self.mlp_norm, eps)
-        if c.hidden_act == "silu":  # SwiGLU: in the GEMM's store where the path fuses it
-            inner = self.mlp_in.silu_and_mul(x)
-        else:
-            both = self.mlp_in(x)
-            inner = F.gelu(both[:, :i], approximate=ENCODER_ACTIVATIONS[c.hidden_act]) * both[:, i:]
+        # GeGLU (or SwiGLU), in the GEMM's store where the path fuses it (Linear.gated)
+        inner = self.mlp_in.gated(F.layer_norm(h, (d,), *self.mlp_norm, eps), _GATED[c.hidden_act])
         return h + self.mlp_out(inner)
 
 

@@ -22,8 +22,9 @@ void fused_add_rms_norm(void* x, int64_t x_stride, void* residual, int64_t resid
 // residual_multiplier on a layer's attention and MLP outputs, as HF's bf16 product rounds).
 void scale(void* x, int64_t x_stride, int64_t num_tokens, int64_t d, float factor, DType dtype);
 
-// The activation of a gated MLP: out = act(gate) * up (SwiGLU: silu; GeGLU: gelu_tanh).
-enum class GatedActivation : int32_t { kSilu = 0, kGeluTanh = 1 };
+// The activation of a gated MLP: out = act(gate) * up (SwiGLU: silu; GeGLU: gelu_tanh, or gelu_erf —
+// ModernBERT's, GELU in its erf form — which only the fused gated GEMM computes: bf16_gemm_gated).
+enum class GatedActivation : int32_t { kSilu = 0, kGeluTanh = 1, kGeluErf = 2 };
 
 // out[t, :d] = silu(x[t, :d]) * x[t, d:2d].
 void silu_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride, int64_t num_tokens,
@@ -34,7 +35,7 @@ void silu_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride
 void gelu_tanh_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride, int64_t num_tokens,
                        int64_t d, DType dtype);
 
-// silu_and_mul or gelu_tanh_and_mul, by `act`.
+// silu_and_mul or gelu_tanh_and_mul, by `act` (kGeluErf: refused, there is no unfused kernel for it).
 void gated_activation_and_mul(GatedActivation act, void* out, int64_t out_stride, const void* x, int64_t x_stride,
                               int64_t num_tokens, int64_t d, DType dtype);
 

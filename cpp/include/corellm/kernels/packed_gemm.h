@@ -63,7 +63,8 @@ void bf16_gemm(const uint16_t* x, int64_t x_stride, const uint16_t* packed, cons
 // (bf16_gemm_gated_fused): W [n, k] packed is gate_up, its first n / 2 rows the gate's and the
 // others up's (bias likewise); out [m, n / 2] (row stride out_stride) = act(g) * u, g and u the
 // two halves of bf16_gemm's y, each rounded to bf16 as y is, the product in fp32 rounded once —
-// bf16_gemm then gated_activation_and_mul (elementwise.h) bit for bit, without y's m x n values
+// bf16_gemm then gated_activation_and_mul (elementwise.h) bit for bit (kGeluErf, which has no
+// unfused kernel: packed_gemm_store.h's gelu_erf16 on the rounded gate), without y's m x n values
 // written and read back: on amx, avx512bf16 and avx512 the up panel's sums are combined with the
 // gate's while they are still in the first level, the work shared in pairs of panels.
 bool bf16_gemm_gated_fused(CpuIsa isa, int64_t n);
