@@ -167,7 +167,8 @@ def _byte_level_pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
     """How llama.cpp's pre-tokenizer types split text before byte-level BPE."""
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     split = {"llama3": LLAMA3_SPLIT, "llama-bpe": LLAMA3_SPLIT, "llama-v3": LLAMA3_SPLIT,
-             "smaug-bpe": LLAMA3_SPLIT, "qwen2": QWEN2_SPLIT, "deepseek-r1-qwen": QWEN2_SPLIT}.get(pre or "")
+             "smaug-bpe": LLAMA3_SPLIT, "qwen2": QWEN2_SPLIT, "deepseek-r1-qwen": QWEN2_SPLIT,
+             "glm4": LLAMA3_SPLIT, "chatglm-bpe": LLAMA3_SPLIT}.get(pre or "")  # (llama.cpp's CHATGLM4: the same)
     if split is not None:
         return pre_tokenizers.Sequence([pre_tokenizers.Split(tokenizers.Regex(split), behavior="isolated"), byte_level])
     steps = []

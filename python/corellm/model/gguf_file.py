@@ -52,8 +52,12 @@ _PHI3_LAYER_NAMES = {**_LAYER_NAMES, "attn_qkv.weight": "self_attn.qkv_proj.weig
 # OLMo 2 norms only its outputs: after the attention and after the MLP.
 _OLMO2_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm.weight": "post_attention_layernorm.weight",
                       "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
+# GLM-4 norms the attention's and the MLP's outputs besides their inputs (its sandwich norms), and
+# keeps gate and up fused (ffn_up, gate rows first), as its checkpoints do.
+_GLM4_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm.weight": "post_self_attn_layernorm.weight",
+                     "post_ffw_norm.weight": "post_mlp_layernorm.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"}
 _LAYER_NAMES_OF = {"olmo2": _OLMO2_LAYER_NAMES, "gemma2": _GEMMA3_LAYER_NAMES, "gemma3": _GEMMA3_LAYER_NAMES,
-                   "phi3": _PHI3_LAYER_NAMES}
+                   "phi3": _PHI3_LAYER_NAMES, "glm4": _GLM4_LAYER_NAMES}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 # llama.cpp's BERT names -> BertModel's (model/bert.py)
 _BERT_GLOBAL_NAMES = {"token_embd.weight": "embeddings.word_embeddings.weight",
@@ -189,10 +193,12 @@ class GGUFModelFile:
             nope_layers=tuple(range(SMOLLM3_NOPE_INTERVAL - 1, int(self._arch_field("block_count")),
                                     SMOLLM3_NOPE_INTERVAL))
             if self.arch == "smollm3" else (),
-            rope_interleaved=self.arch == "ernie4_5",  # llama.cpp's rope type NORM, the checkpoint's unpermuted
+            # llama.cpp's rope type NORM, the checkpoint's q/k unpermuted
+            rope_interleaved=self.arch in ("ernie4_5", "glm4"),
             **self._olmo2_fields(),
+            **({"sandwich_norms": True} if self.arch == "glm4" else {}),
             bos_token_id=self.field("tokenizer.ggml.bos_token_id"),
-            eos_token_id=([] if eos is None else [int(eos)]) + gemma.pop("extra_eos", []),
+            eos_token_id=([] if eos is None else [int(eos)]) + gemma.pop("extra_eos", []) + self._glm4_eot(),
             source=str(self.path),
             **gemma,
             **experts,
@@ -209,6 +215,12 @@ class GGUFModelFile:
         if pattern is not None and self._arch_field("attention.sliding_window", 0):
             fields["layer_types"] = tuple("sliding_attention" if s else "full_attention" for s in pattern)
         return fields
+
+    def _glm4_eot(self) -> list[int]:
+        """GLM-4's turn end (<|user|>, llama.cpp's eot), which its generation config lists as an end of
+        generation beside <|endoftext|>; [] for another architecture or a file without one."""
+        eot = self.field("tokenizer.ggml.eot_token_id") if self.arch == "glm4" else None
+        return [] if eot is None else [int(eot)]
 
     def _granite_fields(self) -> dict[str, float]:
         """Granite's multipliers under llama.cpp's names (each optional there: absent, none)."""
