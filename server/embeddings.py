@@ -2,8 +2,8 @@
 ids — becomes an embedding request (PoolingParams): the engine computes the prompt and pools its
 final hidden states by its pooling type (--pooling-type; worker/pooler.py), L2-normalized unless
 vLLM's `normalize` is false; `dimensions` keeps a Matryoshka model's first values (before the
-normalization; a model whose config declares none refuses it). The vectors come back as floats, or as base64 of their little-endian
-float32 bytes (`encoding_format`). A model answers embedding and generation requests alike: one
+normalization; a model whose config declares none refuses it). The vectors come back as floats, or
+as base64 of their little-endian float32 bytes (`encoding_format`). A model answers embedding and generation requests alike: one
 trained for embeddings (Qwen3-Embedding, e5-mistral) gives vectors worth comparing."""
 
 from __future__ import annotations

@@ -259,8 +259,8 @@ def _modernbert_config(cfg: dict[str, Any], source: str, max_seq_length: int) ->
     """A ModernBERT's config (transformers' ModernBertConfig, as its 4.x releases wrote it —
     global_attn_every_n_layers, global_rope_theta, local_rope_theta — or as 5.x does: layer_types and
     rope_parameters per layer type). Its layers are pre-norm, its MLP GeGLU (gelu of Wi's first half
-    times its second; SwiGLU with hidden_activation silu), its attention windowed to local_attention / 2 positions each side in the
-    sliding layers; no token types (the one type 0)."""
+    times its second; SwiGLU with hidden_activation silu), its attention windowed to local_attention / 2
+    positions each side in the sliding layers; no token types (the one type 0)."""
     arch = cfg["architectures"][0]
     layers = cfg["num_hidden_layers"]
     layer_types = cfg.get("layer_types")

@@ -5,8 +5,9 @@ taken in — CLS the first position's row, MEAN the running sum of the rows in p
 float64 (a sequential scan: the same sum whatever the chunks) — and once the prompt's last position
 is computed gives the vector: LAST that row, MEAN the sum over the prompt's length, CLS the first
 row; in fp32, through the model's Dense projection (a sentence-transformers model's), cut to the
-request's `dimensions` (a Matryoshka model), L2-normalized if the request asks. A classification (task "classify") pools the
-model's classification row whatever the engine's type (a decoder's LAST, an encoder's CLS), and the
+request's `dimensions` (a Matryoshka model), L2-normalized if the request asks. A classification
+(task "classify") pools the model's classification row whatever the engine's type (a decoder's
+LAST, an encoder's CLS or, ModernBERT's classifier_pooling, MEAN), and the
 model's classify (a decoder's score matrix, an encoder's head), in fp32, gives the label logits
 (probabilities with use_activation: softmax, or the sigmoid of a lone logit). A row's bits do not
 depend on the batch (corellm's kernels), so neither does the vector."""
