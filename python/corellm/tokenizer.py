@@ -178,12 +178,18 @@ def _byte_level_pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence(steps)
 
 
+# llama.cpp's pre-tokenizer types whose BPE takes a whole pre-token that is in the vocabulary as it is,
+# before any merge (its ignore_merges; Llama 3's tokenizer.json says "ignore_merges": true)
+IGNORE_MERGES_PRE = ("llama3", "llama-v3", "llama-bpe", "glm4", "glm5")
+
+
 def byte_level_bpe(tokens: list[str], merges: list[str], token_types: list[int] | None, pre: str | None,
                    bos_token_id: int | None, add_bos: bool) -> tokenizers.Tokenizer:
     """GPT-2 style byte-level BPE from a GGUF vocabulary (tokenizer.ggml.model == "gpt2")."""
     vocab = {t: i for i, t in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
-    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
+    backend = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False,
+                                              ignore_merges=pre in IGNORE_MERGES_PRE))
     backend.pre_tokenizer = _byte_level_pre_tokenizer(pre)
     backend.decoder = decoders.ByteLevel()
     _add_control_tokens(backend, tokens, token_types)

@@ -125,3 +125,25 @@ def test_a_tokenizer_json_that_pads_and_truncates_encodes_whole_and_unpadded(tmp
     backend.save(str(tmp_path / "tokenizer.json"))
     ids = Tokenizer.from_hf_dir(tmp_path).encode("w1 w2 w3 w4 w5 w6")
     assert ids == [3, 4, 5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("pre, whole", [("llama-bpe", True), ("glm4", True), ("qwen2", False), ("smollm", False)])
+def test_llama3_style_vocabularies_take_a_known_word_whole(pre, whole):
+    """llama.cpp's ignore_merges (Llama 3's and GLM-4's pre-tokenizers; the "ignore_merges": true of
+    Llama 3's tokenizer.json): a pre-token that is itself in the vocabulary is that token, even where
+    the merges would not build it; other vocabularies merge as BPE does."""
+    import tokenizers
+    from tokenizers import models
+
+    from corellm.tokenizer import byte_level_bpe
+
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    tokens = letters + ["Ġ", "ab", "Ġab", "abc", "Ġabc"]  # "Ġabc" in the vocabulary, but no merge builds it
+    merges = ["a b", "Ġ ab"]
+    ours = byte_level_bpe(tokens, merges, [1] * len(tokens), pre, None, False)
+    reference = tokenizers.Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(tokens)},
+                                                merges=[tuple(m.split()) for m in merges], ignore_merges=whole))
+    reference.pre_tokenizer = ours.pre_tokenizer
+    for text in (" abc", "abc abc", " ab c"):
+        assert ours.encode(text).ids == reference.encode(text).ids
+    assert (ours.encode(" abc").ids == [tokens.index("Ġabc")]) == whole
