@@ -155,7 +155,8 @@ class EngineConfig:
 
     model: str | None = None  # an HF directory, a .gguf file, or the default's short name
     # Fields set over the HF directory's config.json before it is read (vLLM's hf_overrides; a
-    # nested dict updates its own), e.g. a checkpoint loaded as a sequence classifier.
+    # nested dict updates its own), e.g. a checkpoint loaded as a sequence classifier; a GGUF file
+    # takes is_matryoshka and matryoshka_dimensions only (loader.GGUF_OVERRIDES).
     hf_overrides: dict | None = None
     dtype: str = "auto"
     quantization: str | None = None  # QUANTIZATION_METHODS, or None: chosen by the model and device

@@ -152,3 +152,21 @@ def test_a_nomic_bert_gguf_embeds_as_transformers(tiny_nomic, tmp_path, tensor_t
             torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
         else:
             assert float(torch.nn.functional.cosine_similarity(got, want, dim=0)) > 0.999
+
+
+def test_a_gguf_files_model_is_declared_matryoshka_by_hf_overrides(tiny_nomic, tmp_path):
+    """No GGUF key says a model is Matryoshka (nomic-embed-text-v1.5's files): hf_overrides'
+    is_matryoshka / matryoshka_dimensions apply to a GGUF file, and only they."""
+    hf, _, vocab, directory = tiny_nomic
+    path = tmp_path / "nomic.gguf"
+    write_nomic_gguf(hf, directory, vocab, path)
+    with pytest.raises(ValueError, match="not a Matryoshka embedding model"):
+        LLM(str(path), dtype="float32").embed(TEXTS[:1], PoolingParams(dimensions=16), use_tqdm=False)
+    llm = LLM(str(path), dtype="float32", hf_overrides={"matryoshka_dimensions": [16, 32]})
+    whole = llm.embed(TEXTS[:1], PoolingParams(normalize=False), use_tqdm=False)[0].outputs.embedding
+    short = llm.embed(TEXTS[:1], PoolingParams(dimensions=16), use_tqdm=False)[0].outputs.embedding
+    first = torch.tensor(whole[:16], dtype=torch.float64)
+    torch.testing.assert_close(torch.tensor(short, dtype=torch.float64), first / first.norm(), atol=1e-6, rtol=1e-6)
+    with pytest.raises(ValueError, match=r"hf_overrides \(\['rope_theta'\]\) apply to an HF model directory's .*\(a "
+                                         r"GGUF file takes only is_matryoshka, matryoshka_dimensions\)"):
+        LLM(str(path), dtype="float32", hf_overrides={"is_matryoshka": True, "rope_theta": 10.0})

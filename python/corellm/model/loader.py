@@ -3,6 +3,7 @@ and loads its weights, tokenizer and generation defaults."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 from corellm.config import QUANTIZATION_METHODS
 from corellm.distributed.parallel_state import TensorParallel
 from corellm.model.embedding_projection import EmbeddingProjection
+from corellm.model.matryoshka import read_matryoshka_dimensions
 from corellm.model.encoder_model import EncoderModel
 from corellm.model.modern_bert import ModernBertEncoder
 from corellm.model.bert import BertEncoder
@@ -191,7 +193,7 @@ def load_model_config(model: str | Path | None = None, hf_overrides: dict | None
     if path.is_dir():
         return HFModelDir(path, hf_overrides).config()
     _refuse_overrides(path, hf_overrides)
-    return GGUFModelFile(path).config()
+    return _with_gguf_overrides(GGUFModelFile(path).config(), path, hf_overrides)
 
 
 def classifier_token_ids(config: ModelConfig, tokenizer) -> list[int]:
@@ -210,10 +212,23 @@ def classifier_token_ids(config: ModelConfig, tokenizer) -> list[int]:
     return ids
 
 
+# The hf_overrides a GGUF file takes: what says its model is a Matryoshka embedder, which no GGUF key does
+# (nomic-embed-text-v1.5's files, Ollama's nomic-embed-text).
+GGUF_OVERRIDES = ("is_matryoshka", "matryoshka_dimensions")
+
+
 def _refuse_overrides(path: Path, hf_overrides: dict | None) -> None:
-    if hf_overrides:
-        raise ValueError(f"hf_overrides ({sorted(hf_overrides)}) apply to an HF model directory's config.json; "
-                         f"{path} is not one")
+    """A GGUF file's hf_overrides: GGUF_OVERRIDES only (model/matryoshka.py), others a ValueError."""
+    others = sorted(set(hf_overrides or {}) - set(GGUF_OVERRIDES))
+    if others:
+        raise ValueError(f"hf_overrides ({others}) apply to an HF model directory's config.json; {path} is not one "
+                         f"(a GGUF file takes only {', '.join(GGUF_OVERRIDES)})")
+
+
+def _with_gguf_overrides(config: ModelConfig | EncoderConfig, path: Path, hf_overrides: dict | None):
+    """config with the Matryoshka lengths hf_overrides give a GGUF file's model (checked by _refuse_overrides)."""
+    dimensions = read_matryoshka_dimensions(hf_overrides or {}, f"{path} (hf_overrides)", config.hidden_size)
+    return config if dimensions is None else dataclasses.replace(config, matryoshka_dimensions=dimensions)
 
 
 def check_device(device: torch.device) -> None:
@@ -281,6 +296,7 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
             weights = quantize_int8(weights)
     elif path.suffix.lower() == ".gguf":
         config, tokenizer, rope_factors, weights = _load_gguf(path, torch_dtype, progress, use_cache, method == "gguf")
+        config = _with_gguf_overrides(config, path, hf_overrides)
         weights = split_fused_projections(weights.items() if isinstance(weights, dict) else weights, config)
         # More than one end token (Gemma's <end_of_turn>): the engine stops on each, as with an HF
         # directory's generation_config.
