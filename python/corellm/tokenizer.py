@@ -253,10 +253,11 @@ def unigram_from_gguf(tokens: list[str], scores: list[float], token_types: list[
                       ) -> tokenizers.Tokenizer:
     """An XLM-RoBERTa's sentencepiece Unigram vocabulary from a GGUF file (tokenizer.ggml.model ==
     "t5", as llama.cpp's converter writes an XLMRobertaModel: <s> <pad> </s> <unk>, then the pieces
-    with their scores), segmenting as the sentencepiece model it came from does: the model's own normalization (its precompiled charsmap: NFKC and more), the spaces around
-    the text dropped and runs of them made one (remove_extra_whitespaces, as sentencepiece does), "▁" for each space and before the text
-    (add_space_prefix), the Viterbi segmentation by the scores; and RoBERTa's template: <s> A </s>,
-    a pair <s> A </s> </s> B </s>, every token of type 0."""
+    with their scores), segmenting as the sentencepiece model it came from does: the model's own
+    normalization (its precompiled charsmap: NFKC and more), the spaces around the text dropped and
+    runs of them made one (remove_extra_whitespaces, as sentencepiece does), "▁" for each space and
+    before the text (add_space_prefix), the Viterbi segmentation by the scores; and RoBERTa's
+    template: <s> A </s>, a pair <s> A </s> </s> B </s>, every token of type 0."""
     backend = tokenizers.Tokenizer(models.Unigram([(t, float(sc)) for t, sc in zip(tokens, scores)],
                                                   unk_id=unk_token_id, byte_fallback=False))
     steps = [normalizers.Precompiled(precompiled_charsmap)] if precompiled_charsmap else []

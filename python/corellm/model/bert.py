@@ -27,7 +27,6 @@ Classification (classify(row), on the first token's row, fp32):
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 
