@@ -125,11 +125,14 @@ void bind_kernels(py::module_& m) {
         py::call_guard<py::gil_scoped_release>());
   k.def("moe_route",
         [](uintptr_t logits, int64_t logits_stride, int64_t m, int64_t num_experts, int64_t top_k, bool renormalize,
-           uintptr_t expert_ids, uintptr_t expert_weights) {
+           uintptr_t expert_ids, uintptr_t expert_weights, uintptr_t selection_bias, float renormalize_min) {
           moe_route(ptr<const float>(logits), logits_stride, m, num_experts, top_k, renormalize,
-                    ptr<int32_t>(expert_ids), ptr<float>(expert_weights));
+                    ptr<int32_t>(expert_ids), ptr<float>(expert_weights), ptr<const float>(selection_bias),
+                    renormalize_min);
         },
-        py::call_guard<py::gil_scoped_release>());
+        py::arg("logits"), py::arg("logits_stride"), py::arg("m"), py::arg("num_experts"), py::arg("top_k"),
+        py::arg("renormalize"), py::arg("expert_ids"), py::arg("expert_weights"), py::arg("selection_bias") = 0,
+        py::arg("renormalize_min") = 0.0f, py::call_guard<py::gil_scoped_release>());
   k.def("moe_combine",
         [](uintptr_t out, int64_t out_stride, uintptr_t rows, int64_t rows_stride, uintptr_t weights, int64_t m,
            int64_t top_k, int64_t hidden, int32_t dtype, uintptr_t shared_rows, int64_t shared_stride,

@@ -64,6 +64,8 @@ void bind_model(py::module_& m) {
       .def_readwrite("down", &MoeWeights::down)
       .def_readwrite("top_k", &MoeWeights::top_k)
       .def_readwrite("renormalize", &MoeWeights::renormalize)
+      .def_readwrite("renormalize_min", &MoeWeights::renormalize_min)
+      .def_readwrite("selection_bias", &MoeWeights::selection_bias)
       .def_readwrite("intermediate", &MoeWeights::intermediate)
       .def_readwrite("shared_gate_up", &MoeWeights::shared_gate_up)
       .def_readwrite("shared_down", &MoeWeights::shared_down)

@@ -91,6 +91,7 @@ def run_ranks(size: int, target, *args):
     ("mixtral", 2, {}, True),
     ("qwen3_moe", 2, {}, False),  # a dense layer among the sparse ones
     ("qwen2_moe", 2, {}, True),  # a shared expert and its gate
+    ("ernie4_5_moe", 2, {}, False),  # an ungated shared expert, the choice's bias replicated with the router
     ("phi3", 2, {}, True),  # fused q/k/v and gate/up in the checkpoint, split and then sharded
     ("granite", 2, {}, True),  # the outputs scaled after their all-reduce, the logits after their gather
     ("granitemoe", 2, {}, False),  # its stacked experts split, then each expert's share cut
@@ -115,6 +116,7 @@ def test_rank_zero_logits_equal_the_single_process_model(tmp_path, tokenizer_jso
 @pytest.mark.parametrize("arch, size, overrides", [
     ("llama3", 3, dict(hidden_size=72, num_attention_heads=9, num_key_value_heads=3, intermediate_size=192)),
     ("qwen2_moe", 2, {}),  # experts, a shared expert
+    ("ernie4_5_moe", 2, {}),  # the choice's bias, an ungated shared expert
     ("olmoe", 2, {}),  # the whole q and k rows gathered inside the stack's call
 ])
 def test_the_native_stack_under_tensor_parallelism_equals_the_per_op_forward(tmp_path, tokenizer_json, arch, size,

@@ -73,11 +73,35 @@ def test_combine_adds_the_shared_expert_by_its_gate():
     want = (rows.double().view(m, top_k, hidden) * weights.double()[:, :, None]).sum(1) + \
         torch.sigmoid(gate.double())[:, None] * shared.double()
     torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="rows and its gate go together"):
-        ops.moe_combine(rows, weights, shared=shared)
+    # ungated (ERNIE 4.5's shared experts): the shared output added whole
+    ungated = ops.moe_combine(rows, weights, shared=shared)
+    torch.testing.assert_close(ungated.double(), want - torch.sigmoid(gate.double())[:, None] * shared.double()
+                               + shared.double(), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="a shared expert's gate without its rows"):
+        ops.moe_combine(rows, weights, shared_gate=gate)
 
 
-@pytest.fixture(scope="module", params=["mixtral", "qwen3_moe", "qwen2_moe", "olmoe"])
+def test_route_with_a_selection_bias_chooses_by_p_plus_bias_and_weighs_by_p():
+    """ERNIE 4.5's router (transformers' Ernie4_5_MoeTopKRouter): softmax, the top_k of p + the bias,
+    their p renormalized by their sum (at least moe_norm_min)."""
+    g = torch.Generator().manual_seed(5)
+    logits, bias = torch.randn(60, 8, generator=g) * 2, torch.randn(8, generator=g) * 0.3
+    ids, weights = ops.moe_route(logits, 2, True, bias, 1e-12)
+    p = torch.softmax(logits, dim=-1)
+    _, want_ids = torch.topk(p + bias, 2, dim=-1)
+    want = torch.gather(p, 1, want_ids)
+    want = want / want.sum(-1, keepdim=True).clamp(min=1e-12)
+    assert torch.equal(ids.long(), want_ids)
+    torch.testing.assert_close(weights, want, atol=1e-6, rtol=1e-5)
+    assert not torch.equal(ids, ops.moe_route(logits, 2, True)[0])  # the bias changed some choices
+    # a sum below renormalize_min is divided by it instead
+    _, tiny = ops.moe_route(torch.tensor([[0.0, 0.0, 0.0, 0.0]]), 1, True, renormalize_min=2.0)
+    assert tiny.tolist() == [[0.125]]
+    with pytest.raises(ValueError, match="selection_bias"):
+        ops.moe_route(logits, 2, True, torch.zeros(7))
+
+
+@pytest.fixture(scope="module", params=["mixtral", "qwen3_moe", "qwen2_moe", "ernie4_5_moe", "olmoe"])
 def tiny_moe(request, tmp_path_factory, tokenizer_json):
     directory = tmp_path_factory.mktemp(request.param)
     hf = make_tiny_model(request.param, directory, tokenizer_json, seed=11)
@@ -112,8 +136,9 @@ def test_a_lora_update_of_a_sparse_mlp_is_refused(tiny_moe, tmp_path):
     _, directory, _ = tiny_moe
     config = load_model(str(directory), dtype="float32", progress=False).config
     shape = dict(hf_shape(config), intermediate_size=config.moe_intermediate_size)
-    make_lora_adapter(tmp_path / "mlp", shape, modules=("gate_proj",), layers=[0])
-    with pytest.raises(ValueError, match="layer 0's gate_proj: that layer's MLP is a mixture of experts"):
+    sparse = next(i for i in range(config.num_hidden_layers) if config.layer_is_sparse(i))  # (ERNIE 4.5's first: 1)
+    make_lora_adapter(tmp_path / "mlp", shape, modules=("gate_proj",), layers=[sparse])
+    with pytest.raises(ValueError, match=f"layer {sparse}'s gate_proj: that layer's MLP is a mixture of experts"):
         load_lora_adapter("mlp", str(tmp_path / "mlp"), config, max_lora_rank=16, dtype=torch.bfloat16)
     make_lora_adapter(tmp_path / "attn", shape, modules=("q_proj", "v_proj"))
     assert load_lora_adapter("attn", str(tmp_path / "attn"), config, max_lora_rank=16, dtype=torch.bfloat16).rank == 4

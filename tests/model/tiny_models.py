@@ -56,6 +56,12 @@ ARCHS = {
     "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
                   dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
                        shared_expert_intermediate_size=96, norm_topk_prob=False, tie_word_embeddings=False)),
+    # ERNIE 4.5's mixture of experts: its first layer dense, four experts two per token chosen by p plus a
+    # learned bias per expert (drawn here, as the biases are: it changes choices), one ungated shared expert
+    "ernie4_5_moe": ("Ernie4_5_MoeConfig", "Ernie4_5_MoeForCausalLM",
+                     dict(head_dim=16, rope_theta=500000.0, tie_word_embeddings=True, use_bias=False, pad_token_id=0,
+                          moe_num_experts=4, moe_k=2, moe_intermediate_size=64, moe_num_shared_experts=1,
+                          moe_layer_start_index=1, moe_layer_interval=1)),
     # OLMo 2: no norm on a layer's input nor before its MLP, RMSNorm on the attention's and the MLP's
     # outputs before each joins the stream, q and k normed over each token's whole rows
     "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(tie_word_embeddings=False, pad_token_id=0)),

@@ -76,16 +76,21 @@ void check_experts(const MoeWeights& moe, int64_t hidden) {
                     moe.down.size(), " down weights");
   CORELLM_CHECK_ARG(moe.top_k >= 1 && moe.top_k <= experts && inter >= 1, "DecoderStack: MoE top_k ", moe.top_k,
                     " of ", experts, " experts, intermediate ", inter);
+  CORELLM_CHECK_ARG(moe.selection_bias.empty() || static_cast<int64_t>(moe.selection_bias.size()) == experts,
+                    "DecoderStack: a selection bias of ", moe.selection_bias.size(), " for ", experts, " experts");
   if (moe.has_shared()) {
     const int64_t si = moe.shared_intermediate;
     moe.shared_gate_up.check("DecoderStack: the shared expert's gate_up");
     moe.shared_down.check("DecoderStack: the shared expert's down");
-    moe.shared_gate.check("DecoderStack: the shared expert's gate");
     CORELLM_CHECK_ARG(si >= 1 && moe.shared_gate_up.n == 2 * si && moe.shared_gate_up.k == hidden &&
-                          moe.shared_down.n == hidden && moe.shared_down.k == si && moe.shared_gate.n == 1 &&
-                          moe.shared_gate.k == hidden && moe.shared_gate.bias == nullptr,
-                      "DecoderStack: the shared expert's shapes differ from [2 x ", si, ", ", hidden, "], [", hidden,
-                      ", ", si, "] and [1, ", hidden, "]");
+                          moe.shared_down.n == hidden && moe.shared_down.k == si,
+                      "DecoderStack: the shared expert's shapes differ from [2 x ", si, ", ", hidden, "] and [",
+                      hidden, ", ", si, "]");
+    if (moe.shared_gated()) {
+      moe.shared_gate.check("DecoderStack: the shared expert's gate");
+      CORELLM_CHECK_ARG(moe.shared_gate.n == 1 && moe.shared_gate.k == hidden && moe.shared_gate.bias == nullptr,
+                        "DecoderStack: the shared expert's gate must be [1, ", hidden, "] without a bias");
+    }
   }
   for (int64_t e = 0; e < experts; ++e) {
     moe.gate_up[e].check("DecoderStack: an expert's gate_up");

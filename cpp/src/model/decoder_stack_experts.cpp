@@ -28,18 +28,22 @@ void DecoderStack::sparse_mlp(const MoeWeights& moe, uint16_t* h, int64_t n, Scr
     s.shared_gate_up.resize(rows * 2 * si);
     s.shared_act.resize(rows * si);
     s.shared_out.resize(rows * hidden);
-    s.shared_logits.resize(rows);
     moe.shared_gate_up.forward_gated(h, hidden, s.shared_act.data(), si, n, dims_.activation, s.shared_gate_up.data());
     moe.shared_down.forward(s.shared_act.data(), si, s.shared_out.data(), hidden, n);
-    moe.shared_gate.forward_f32(h, hidden, s.shared_logits.data(), 1, n);
-    shared = MoeSharedExpert{s.shared_out.data(), hidden, s.shared_logits.data()};
+    shared = MoeSharedExpert{s.shared_out.data(), hidden, nullptr};
+    if (moe.shared_gated()) {
+      s.shared_logits.resize(rows);
+      moe.shared_gate.forward_f32(h, hidden, s.shared_logits.data(), 1, n);
+      shared.gate = s.shared_logits.data();
+    }
   }
   s.router_logits.resize(static_cast<size_t>(n * experts));
   s.expert_ids.resize(choices);
   s.expert_weights.resize(choices);
   moe.router.forward_f32(h, hidden, s.router_logits.data(), experts, n);
   moe_route(s.router_logits.data(), experts, n, experts, top_k, moe.renormalize, s.expert_ids.data(),
-            s.expert_weights.data());
+            s.expert_weights.data(), moe.selection_bias.empty() ? nullptr : moe.selection_bias.data(),
+            moe.renormalize_min);
   // The choices (t * top_k + j) sorted by expert, by counting: each expert's in ascending order.
   std::vector<int64_t>& first = s.expert_first;  // expert e's choices: [first[e], first[e + 1])
   first.assign(static_cast<size_t>(experts) + 1, 0);

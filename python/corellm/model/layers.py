@@ -348,7 +348,8 @@ class SparseMoe:
         through the expert's MLP, into rows[t * top_k + j] (the token's j-th choice)
       out = ops.moe_combine(rows, weights)   per token, in fp32, rounded once
     With a shared expert (Qwen2-MoE), every token also runs it, and the combine adds its output
-    times sigmoid(its gate's logit) before the one rounding. Every step is row by row (the GEMMs
+    times sigmoid(its gate's logit) before the one rounding (ERNIE 4.5's, ungated: its output). ERNIE
+    4.5 chooses by p + a learned bias per expert (selection_bias), the weights still p. Every step is row by row (the GEMMs
     compute a row alike whichever rows share the call), so a token's result does not depend on the
     step's other tokens. The native decoder stack (decoder_stack.cpp's sparse_mlp) runs the same
     steps. Under tensor parallelism every rank holds a slice of each expert's intermediate rows
@@ -359,19 +360,26 @@ class SparseMoe:
                  tp: TensorParallel = TensorParallel()):
         self.tp = tp  # the experts' MLPs are not reduced one by one: their weighted sum is, once
         self.top_k, self.renormalize = config.num_experts_per_tok, config.norm_topk_prob
+        self.renormalize_min = config.moe_renormalize_min
         self.router = Linear(config.num_experts, config.hidden_size, False, dtype, device)
+        # ERNIE 4.5's per-expert bias on the choice (fp32 [experts]); None: none
+        self.selection_bias = torch.empty(config.num_experts, dtype=torch.float32, device=device) \
+            if config.moe_selection_bias else None
         self.experts = [MLP(config, dtype, device, intermediate_size=config.moe_intermediate_size)
                         for _ in range(config.num_experts)]
         shared = config.shared_expert_intermediate_size
         self.shared_expert = MLP(config, dtype, device, intermediate_size=shared) if shared else None
-        self.shared_expert_gate = Linear(1, config.hidden_size, False, dtype, device) if shared else None
+        self.shared_expert_gate = Linear(1, config.hidden_size, False, dtype, device) \
+            if shared and config.shared_expert_gated else None
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         shared = shared_gate = None
         if self.shared_expert is not None:
             shared = self.shared_expert.forward(h)
-            shared_gate = self.shared_expert_gate(h, out_dtype=torch.float32).view(-1)
-        ids, weights = ops.moe_route(self.router(h, out_dtype=torch.float32), self.top_k, self.renormalize)
+            if self.shared_expert_gate is not None:
+                shared_gate = self.shared_expert_gate(h, out_dtype=torch.float32).view(-1)
+        ids, weights = ops.moe_route(self.router(h, out_dtype=torch.float32), self.top_k, self.renormalize,
+                                     self.selection_bias, self.renormalize_min)
         rows = torch.empty((h.shape[0] * self.top_k, h.shape[1]), dtype=h.dtype, device=h.device)
         choices = ids.view(-1).long()  # choice p = t * top_k + j
         order = torch.argsort(choices, stable=True)

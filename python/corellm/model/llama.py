@@ -76,11 +76,22 @@ def _layer_norm_names(c: ModelConfig) -> dict[str, str]:
             "pre_feedforward_layernorm": "post_attention_norm", "post_feedforward_layernorm": "mlp_output_norm"}
 
 
+# ERNIE 4.5's sparse layers: the shared experts (one MLP) and the experts' choice bias [1, experts].
+_ERNIE_MOE_NAMES = re.compile(r"^(model\.layers\.\d+\.mlp\.)(shared_experts\..+|moe_statics\.e_score_correction_bias)$")
+
+
 def split_fused_projections(weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]], config: ModelConfig
                             ) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
-    """Each fused projection as its parts (row slices: views, or a quantized tensor's panels);
+    """Each fused projection as its parts (row slices: views, or a quantized tensor's panels); ERNIE
+    4.5's shared experts and expert bias under Qwen2-MoE's name and the layer's (_ERNIE_MOE_NAMES);
     every other tensor as it is."""
     for name, t in weights:
+        ernie = _ERNIE_MOE_NAMES.match(name) if config.family == "ernie4_5_moe" else None
+        if ernie is not None:
+            prefix, kind = ernie.group(1), ernie.group(2)
+            yield (prefix + "selection_bias", t.reshape(-1)) if kind == "moe_statics.e_score_correction_bias" \
+                else (prefix + "shared_expert." + kind[len("shared_experts."):], t)
+            continue
         granite = _GRANITE_EXPERTS.match(name)
         if granite is not None:
             yield from _granite_experts(granite.group(1), granite.group(2), t, config)
@@ -226,10 +237,13 @@ class LlamaForCausalLM:
         dest: dict[str, tuple[Destination, int, int]] = {p + "gate.weight": (moe.router, 0, c.num_experts)}
         for e, expert in enumerate(moe.experts):
             dest.update(_mlp_destinations(f"{p}experts.{e}.", expert, c.moe_intermediate_size, c.hidden_size, names))
-        if moe.shared_expert is not None:  # Qwen2-MoE
+        if moe.shared_expert is not None:  # Qwen2-MoE (ERNIE 4.5's shared_experts: renamed, ungated)
             dest.update(_mlp_destinations(p + "shared_expert.", moe.shared_expert, c.shared_expert_intermediate_size,
                                           c.hidden_size))
-            dest[p + "shared_expert_gate.weight"] = (moe.shared_expert_gate, 0, 1)
+            if moe.shared_expert_gate is not None:
+                dest[p + "shared_expert_gate.weight"] = (moe.shared_expert_gate, 0, 1)
+        if moe.selection_bias is not None:  # ERNIE 4.5's moe_statics.e_score_correction_bias, renamed
+            dest[p + "selection_bias"] = (moe.selection_bias, 0, c.num_experts)
         return dest
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]], source: str,

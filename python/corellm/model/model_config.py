@@ -15,6 +15,7 @@ SUPPORTED_ARCHITECTURES = {
     "LlamaForCausalLM": "llama",
     "SmolLM3ForCausalLM": "smollm3",
     "Ernie4_5ForCausalLM": "ernie4_5",
+    "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",
     "GlmForCausalLM": "glm",
     "Glm4ForCausalLM": "glm4",
     "MistralForCausalLM": "mistral",
@@ -136,6 +137,11 @@ class ModelConfig:
     norm_topk_prob: bool = True  # the chosen experts' weights renormalized to sum to 1
     dense_layers: tuple[int, ...] = ()  # of a mixture-of-experts model, the layers whose MLP is dense
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an expert every token runs, gated (0: none)
+    shared_expert_gated: bool = True  # (ERNIE 4.5's shared experts: ungated, their output added whole)
+    # ERNIE 4.5: the experts chosen by p + a learned bias per expert (e_score_correction_bias), their
+    # weights p divided by at least moe_renormalize_min (moe_norm_min)
+    moe_selection_bias: bool = False
+    moe_renormalize_min: float = 0.0
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
     # A sequence classifier's labels, by id (CLASSIFIER_ARCHITECTURES; its config's id2label); (): a
@@ -326,7 +332,7 @@ class ModelConfig:
         sliding = 0
         if cfg.get("clip_qkv") is not None:
             raise UnsupportedModelError(f"{source}: clip_qkv is not supported")
-        if family == "ernie4_5" and cfg.get("use_bias"):
+        if family in ("ernie4_5", "ernie4_5_moe") and cfg.get("use_bias"):
             raise UnsupportedModelError(f"{source}: use_bias (biases on every projection) is not supported")
         if family in ("mistral", "mixtral", "phi3", "olmo3") or cfg.get("use_sliding_window"):
             sliding = int(cfg.get("sliding_window") or 0)
@@ -357,7 +363,7 @@ class ModelConfig:
                                                         cfg.get("partial_rotary_factor", 1.0))),
             sliding_window=sliding,
             **_smollm3_fields(cfg, family, source),
-            rope_interleaved=family in ("ernie4_5", "glm", "glm4"),
+            rope_interleaved=family in ("ernie4_5", "ernie4_5_moe", "glm", "glm4"),
             **_experts(cfg, family, source),
             **_granite_multipliers(cfg, family),
             bos_token_id=cfg.get("bos_token_id"),
@@ -454,6 +460,31 @@ def _granite_multipliers(cfg: dict[str, Any], family: str) -> dict[str, float]:
                 logits_scaling=float(cfg.get("logits_scaling", 1.0)))
 
 
+def _ernie_experts(cfg: dict[str, Any], layers: int, source: str) -> dict[str, Any]:
+    """ERNIE 4.5's mixture of experts (Ernie4_5_MoeForCausalLM): moe_num_experts experts of
+    moe_intermediate_size, moe_k a token; the layers from moe_layer_start_index to
+    moe_layer_end_index (-1: the last), every moe_layer_interval-th, sparse, the others dense MLPs
+    of intermediate_size; moe_num_shared_experts shared experts run as one ungated MLP of their summed
+    width; the choice by p + each expert's correction bias, the weights renormalized (by at least
+    moe_norm_min)."""
+    experts, top_k = cfg.get("moe_num_experts", 64), cfg.get("moe_k", 6)
+    start, end = cfg.get("moe_layer_start_index", 1), cfg.get("moe_layer_end_index", -1)
+    interval = cfg.get("moe_layer_interval", 1)
+    if isinstance(start, list) or isinstance(end, list) or isinstance(experts, list):  # (the VL models' pairs)
+        raise UnsupportedModelError(f"{source}: per-modality experts (lists in moe_num_experts or the layer "
+                                    f"indices: ERNIE 4.5's vision-language models) are not supported")
+    end = layers - 1 if end == -1 else end
+    for name, value in (("moe_num_experts", experts), ("moe_k", top_k), ("moe_layer_interval", interval)):
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{source}: {name} must be a positive integer, got {value!r}")
+    dense = tuple(i for i in range(layers) if not ((i + 1) % interval == 0 and start <= i <= end))
+    shared = int(cfg.get("moe_num_shared_experts", 0) or 0) * cfg["moe_intermediate_size"]
+    return dict(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=cfg["moe_intermediate_size"],
+                norm_topk_prob=True, dense_layers=dense, shared_expert_intermediate_size=shared,
+                shared_expert_gated=False, moe_selection_bias=True,
+                moe_renormalize_min=float(cfg.get("moe_norm_min", 1e-12)))
+
+
 def _experts(cfg: dict[str, Any], family: str, source: str) -> dict[str, Any]:
     """The mixture-of-experts fields of an HF config (none for a dense family). Mixtral and
     Granite-MoE: every layer sparse, experts of intermediate_size, weights always renormalized. Qwen3-MoE, Qwen2-MoE
@@ -461,10 +492,12 @@ def _experts(cfg: dict[str, Any], family: str, source: str) -> dict[str, Any]:
     when listed in mlp_only_layers or off the decoder_sparse_step; norm_topk_prob as the config
     says (transformers' default: False); Qwen2-MoE's shared expert of
     shared_expert_intermediate_size."""
-    if family not in ("mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "granitemoe"):
+    if family not in ("mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "granitemoe", "ernie4_5_moe"):
         return {}
     experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
     layers = cfg["num_hidden_layers"]
+    if family == "ernie4_5_moe":
+        return _ernie_experts(cfg, layers, source)
     if family in ("mixtral", "granitemoe"):  # (Granite's MoE: softmax over the top k, the same weights)
         return dict(num_experts=experts, num_experts_per_tok=cfg.get("num_experts_per_tok", 2),
                     moe_intermediate_size=cfg["intermediate_size"], norm_topk_prob=True)

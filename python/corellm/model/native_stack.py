@@ -65,12 +65,15 @@ def moe_weights(moe: SparseMoe):
     w.router = linear_weight(moe.router)
     w.gate_up = [linear_weight(e.gate_up_proj) for e in moe.experts]
     w.down = [linear_weight(e.down_proj) for e in moe.experts]
-    w.top_k, w.renormalize = moe.top_k, moe.renormalize
+    w.top_k, w.renormalize, w.renormalize_min = moe.top_k, moe.renormalize, moe.renormalize_min
+    if moe.selection_bias is not None:  # ERNIE 4.5
+        w.selection_bias = moe.selection_bias.tolist()
     w.intermediate = moe.experts[0].down_proj.shape[1]
-    if moe.shared_expert is not None:  # Qwen2-MoE
+    if moe.shared_expert is not None:  # Qwen2-MoE, ERNIE 4.5 (ungated)
         w.shared_gate_up, w.shared_down = linear_weight(moe.shared_expert.gate_up_proj), \
             linear_weight(moe.shared_expert.down_proj)
-        w.shared_gate = linear_weight(moe.shared_expert_gate)
+        if moe.shared_expert_gate is not None:
+            w.shared_gate = linear_weight(moe.shared_expert_gate)
         w.shared_intermediate = moe.shared_expert.down_proj.shape[1]
     return w
 

@@ -97,20 +97,25 @@ struct DecoderTensorParallel {
 //     activation, then down), each output row put in the token's place (the experts one after
 //     another, or in a step of a few tokens shared out between the threads)
 //   h = the token's expert outputs summed by their weights, fp32, rounded once (moe_combine)
-// With a shared expert (Qwen2-MoE), every token runs it too, before the routing, and the sum adds
-// its output times sigmoid(shared_gate's logit).
+// With a shared expert (Qwen2-MoE, ERNIE 4.5), every token runs it too, before the routing, and the
+// sum adds its output times sigmoid(shared_gate's logit) (ERNIE 4.5's, ungated: times 1). ERNIE 4.5
+// chooses its experts by p + selection_bias and divides the weights by at least renormalize_min.
 struct MoeWeights {
   LinearWeight router;                // [num_experts, hidden]; no parts: the layer's MLP is dense
   std::vector<LinearWeight> gate_up;  // per expert [2 * intermediate, hidden], gate rows first
   std::vector<LinearWeight> down;     // per expert [hidden, intermediate]
   int64_t top_k = 0;
   bool renormalize = true;            // the chosen experts' weights divided by their sum
+  float renormalize_min = 0.0f;       // ... or by this where the sum is smaller (moe.h's moe_route)
+  std::vector<float> selection_bias;  // [num_experts] fp32, or empty: the choice ranks p alone
   int64_t intermediate = 0;           // an expert's
-  // The shared expert, or no parts: [2 * shared_intermediate, hidden], [hidden, shared_intermediate], [1, hidden].
+  // The shared expert, or no parts: [2 * shared_intermediate, hidden], [hidden, shared_intermediate], and its
+  // gate [1, hidden] (no parts: ungated).
   LinearWeight shared_gate_up, shared_down, shared_gate;
   int64_t shared_intermediate = 0;
   bool sparse() const { return !router.parts.empty(); }
-  bool has_shared() const { return !shared_gate.parts.empty(); }
+  bool has_shared() const { return !shared_gate_up.parts.empty(); }
+  bool shared_gated() const { return !shared_gate.parts.empty(); }
 };
 
 // One layer's weights (norms bf16, projections as linear_weight.h), its attention's rope table
