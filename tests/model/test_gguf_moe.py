@@ -30,8 +30,10 @@ _ATTENTION = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_n
 _EXPERTS = {"qwen3_moe": ("mlp.gate", "mlp.experts", ("gate_proj", "up_proj", "down_proj")),
             "qwen2_moe": ("mlp.gate", "mlp.experts", ("gate_proj", "up_proj", "down_proj")),
             "olmoe": ("mlp.gate", "mlp.experts", ("gate_proj", "up_proj", "down_proj")),
+            "ernie4_5_moe": ("mlp.gate", "mlp.experts", ("gate_proj", "up_proj", "down_proj")),
             "mixtral": ("block_sparse_moe.gate", "block_sparse_moe.experts", ("w1", "w3", "w2"))}
-_ARCHS = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "olmoe": "olmoe", "mixtral": "llama"}
+_ARCHS = {"qwen3_moe": "qwen3moe", "qwen2_moe": "qwen2moe", "olmoe": "olmoe", "mixtral": "llama",
+          "ernie4_5_moe": "ernie4_5-moe"}
 
 
 def write_moe_gguf(hf_model, hf_dir, family: str, path, tensor_type: str = "F32", stacked: bool = True) -> None:
@@ -46,10 +48,12 @@ def write_moe_gguf(hf_model, hf_dir, family: str, path, tensor_type: str = "F32"
     experts = getattr(c, "num_local_experts", None) or c.num_experts
     w.add_expert_count(experts)
     w.add_expert_used_count(c.num_experts_per_tok)
-    if family in ("qwen3_moe", "qwen2_moe"):  # (Mixtral's and OLMoE's experts: feed_forward_length)
+    if family in ("qwen3_moe", "qwen2_moe", "ernie4_5_moe"):  # (Mixtral's and OLMoE's experts: feed_forward_length)
         w.add_expert_feed_forward_length(c.moe_intermediate_size)
     if family == "qwen2_moe":
         w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
+    if family == "ernie4_5_moe":  # its shared experts as one MLP of their summed width
+        w.add_expert_shared_feed_forward_length(c.moe_intermediate_size * c.moe_num_shared_experts)
 
     def add(name: str, a: np.ndarray) -> None:
         if tensor_type != "F32" and a.ndim >= 2 and "ffn_gate_inp" not in name:
@@ -65,7 +69,8 @@ def write_moe_gguf(hf_model, hf_dir, family: str, path, tensor_type: str = "F32"
     router, prefix, parts = _EXPERTS[family]
     add("token_embd.weight", state.pop("model.embed_tokens.weight"))
     add("output_norm.weight", state.pop("model.norm.weight"))
-    add("output.weight", state.pop("lm_head.weight"))
+    if "lm_head.weight" in state:  # (a tied one, ERNIE 4.5's: none, as the converter writes it)
+        add("output.weight", state.pop("lm_head.weight"))
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
         if p + router + ".weight" in state:
@@ -77,6 +82,10 @@ def write_moe_gguf(hf_model, hf_dir, family: str, path, tensor_type: str = "F32"
                 else:
                     for e, m in enumerate(mats):
                         add(f"blk.{i}.ffn_{part}.{e}.weight", m)
+            if p + "mlp.moe_statics.e_score_correction_bias" in state:  # ERNIE 4.5: the choice's bias, ungated shared
+                add(f"blk.{i}.exp_probs_b.bias", state.pop(p + "mlp.moe_statics.e_score_correction_bias").reshape(-1))
+                for part in ("gate", "up", "down"):
+                    add(f"blk.{i}.ffn_{part}_shexp.weight", state.pop(f"{p}mlp.shared_experts.{part}_proj.weight"))
             if p + "mlp.shared_expert_gate.weight" in state:  # Qwen2-MoE; the gate's row 1-D, as some files have it
                 add(f"blk.{i}.ffn_gate_inp_shexp.weight", state.pop(p + "mlp.shared_expert_gate.weight")[0])
                 for part in ("gate", "up", "down"):
@@ -107,7 +116,7 @@ def _hf(family, directory):
 @pytest.mark.parametrize("family, tensor_type, stacked", [
     ("qwen3_moe", "F32", True), ("qwen3_moe", "Q8_0", True), ("mixtral", "F32", True), ("mixtral", "Q4_0", True),
     ("mixtral", "F32", False), ("qwen2_moe", "F32", True), ("qwen2_moe", "Q8_0", True), ("olmoe", "F32", True),
-    ("olmoe", "Q8_0", True)])
+    ("olmoe", "Q8_0", True), ("ernie4_5_moe", "F32", True), ("ernie4_5_moe", "Q8_0", True)])
 def test_moe_gguf_logits_match_transformers(tmp_path, family, tensor_type, stacked):
     hf = _hf(family, tmp_path / "hf")
     path = tmp_path / "moe.gguf"
@@ -116,8 +125,9 @@ def test_moe_gguf_logits_match_transformers(tmp_path, family, tensor_type, stack
     c = ours.config
     assert (c.family, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size) == \
         (family, 8 if family == "olmoe" else 4, 2, 64)
-    assert c.dense_layers == ((1,) if family == "qwen3_moe" else ())
-    assert c.shared_expert_intermediate_size == (96 if family == "qwen2_moe" else 0)
+    assert c.dense_layers == {"qwen3_moe": (1,), "ernie4_5_moe": (0,)}.get(family, ())
+    assert c.shared_expert_intermediate_size == {"qwen2_moe": 96, "ernie4_5_moe": 64}.get(family, 0)
+    assert (c.shared_expert_gated, c.moe_selection_bias) == ((False, True) if family == "ernie4_5_moe" else (True, False))
     assert c.norm_topk_prob == (family not in ("qwen2_moe", "olmoe"))
     assert c.qk_norm_whole == (family == "olmoe")
     quantized = [linear for layer in ours.model.layers if c.layer_is_sparse(layer.index)

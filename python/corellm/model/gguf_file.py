@@ -85,6 +85,8 @@ _EXPERTS = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
 _ONE_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
 # Qwen2-MoE's shared expert: its gate's row (1-D in llama.cpp's files) and its gate, up and down.
 _SHARED = re.compile(r"^blk\.(\d+)\.ffn_(gate_inp|gate|up|down)_shexp\.weight$")
+# ERNIE 4.5's choice bias per expert (its e_score_correction_bias)
+_PROBS_BIAS = re.compile(r"^blk\.(\d+)\.exp_probs_b\.bias$")
 _EXPERT_PARTS = ("gate", "up", "down")
 # Gemma's chat format, for GGUF files that carry no tokenizer.chat_template (a system message
 # opens the first user turn, as Gemma's own template does).
@@ -194,7 +196,7 @@ class GGUFModelFile:
                                     SMOLLM3_NOPE_INTERVAL))
             if self.arch == "smollm3" else (),
             # llama.cpp's rope type NORM, the checkpoint's q/k unpermuted
-            rope_interleaved=self.arch in ("ernie4_5", "glm4"),
+            rope_interleaved=self.arch in ("ernie4_5", "ernie4_5-moe", "glm4"),
             **self._olmo2_fields(),
             **({"sandwich_norms": True} if self.arch == "glm4" else {}),
             bos_token_id=self.field("tokenizer.ggml.bos_token_id"),
@@ -258,12 +260,19 @@ class GGUFModelFile:
         if not experts:
             return {}
         layers = int(self._arch_field("block_count"))
+        sparse = [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" in names]
+        shared = int(self._arch_field("expert_shared_feed_forward_length", 0) or 0)
+        ernie = self.arch == "ernie4_5-moe"  # (its choice bias, and shared experts without a gate)
         return dict(num_experts=experts, num_experts_per_tok=int(self._arch_field("expert_used_count", 0) or 0),
                     moe_intermediate_size=int(self._arch_field("expert_feed_forward_length", 0) or
                                               self._arch_field("feed_forward_length")),
                     norm_topk_prob=self.arch not in ("qwen2moe", "olmoe"),
-                    dense_layers=tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" not in names),
-                    shared_expert_intermediate_size=int(self._arch_field("expert_shared_feed_forward_length", 0) or 0))
+                    dense_layers=tuple(i for i in range(layers) if i not in sparse),
+                    shared_expert_intermediate_size=shared,
+                    shared_expert_gated=not shared or any(f"blk.{i}.ffn_gate_inp_shexp.weight" in names
+                                                          for i in sparse),
+                    moe_selection_bias=any(f"blk.{i}.exp_probs_b.bias" in names for i in sparse),
+                    moe_renormalize_min=1e-12 if ernie else 0.0)
 
     def _gemma_fields(self, hidden: int, heads: int) -> dict[str, Any]:
         """What a Gemma 3 file implies as llama.cpp reads it: every sixth layer global (the rest
@@ -378,7 +387,8 @@ class GGUFModelFile:
         rope_tables = {ROPE_FACTORS, *LONGROPE_FACTORS.values()}  # read into the config or rope_factors()
         tensors = [t for t in self.reader.tensors if t.name not in rope_tables]
         for t in tqdm(tensors, desc=f"Loading {self.path.name}", unit="tensor", disable=not progress, leave=False):
-            if config.num_experts and any(p.match(t.name) for p in (_ROUTER, _EXPERTS, _ONE_EXPERT, _SHARED)):
+            if config.num_experts and any(p.match(t.name) for p in (_ROUTER, _EXPERTS, _ONE_EXPERT, _SHARED,
+                                                                    _PROBS_BIAS)):
                 yield from self._expert_tensors(t, config, dtype, quantized)
                 continue
             name = hf_name(t.name, self.arch)
@@ -457,10 +467,14 @@ class GGUFModelFile:
         an expert's rows are one slice of the 3-D tensor's blocks."""
         from corellm.model.llama import expert_tensor_names
 
-        router, stacked, one, shared = (p.match(t.name) for p in (_ROUTER, _EXPERTS, _ONE_EXPERT, _SHARED))
-        layer = int((router or stacked or one or shared).group(1))
+        router, stacked, one, shared, bias = (p.match(t.name) for p in (_ROUTER, _EXPERTS, _ONE_EXPERT, _SHARED,
+                                                                         _PROBS_BIAS))
+        layer = int((router or stacked or one or shared or bias).group(1))
         prefix, names = expert_tensor_names(config.family, layer)
         ggml_type = int(t.tensor_type)
+        if bias:  # fp32, as the model keeps it
+            yield prefix + "selection_bias", torch.from_numpy(self._dequantized(t).reshape(-1))
+            return
         if shared and shared.group(2) == "gate_inp":  # [hidden] or [1, hidden]: one row
             yield prefix + "shared_expert_gate.weight", torch.from_numpy(self._dequantized(t).reshape(1, -1)).to(dtype)
             return

@@ -58,6 +58,7 @@ GGUF_ARCHITECTURES = {
     "phi3": "Phi3ForCausalLM",
     "granite": "GraniteForCausalLM",
     "granitemoe": "GraniteMoeForCausalLM",
+    "ernie4_5-moe": "Ernie4_5_MoeForCausalLM",
     "glm4": "Glm4ForCausalLM",  # GLM-4-0414, GLM-Z1 (llama.cpp's "chatglm", the older GLMs, is not read)
 }
 # HF architecture -> the GGUF general.architecture llama.cpp stores it under (Mixtral: "llama",
