@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from corellm.model.classifier_labels import read_classifier_labels
-from corellm.model.model_config import UnsupportedModelError, check_positive_integers
+from corellm.model.config_checks import UnsupportedModelError, check_positive_integers
 
 # HF architecture -> (its family: how positions are numbered, the classification head it has; None: none)
 #   bert     positions from 0; a "pooler" (dense + tanh on the first token's row) under the classifier

@@ -1,6 +1,7 @@
 """A GGUF model file: its hyper-parameters, its tokenizer and its tensors under HF tensor names,
 Q/K un-permuted back to the HF layout: dequantized with the `gguf` package, or, where corellm
-has a kernel for the type, kept quantized (QuantizedTensor: the file's blocks, packed)."""
+has a kernel for the type, kept quantized (QuantizedTensor: the file's blocks, packed). An
+encoder's (BERT, XLM-R, Nomic BERT): model/gguf_encoder.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from corellm.model import quantized_tensor
+from corellm.model import gguf_encoder, quantized_tensor
 from corellm.model.gguf_reader import GGUFContents
 from corellm.model.encoder_config import GGUF_ENCODER_ARCHITECTURES, EncoderConfig
 from corellm.model.model_config import (GEMMA3_SLIDING_PATTERN, GGUF_ARCHITECTURES, SMOLLM3_NOPE_INTERVAL, ModelConfig,
@@ -59,25 +60,6 @@ _GLM4_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm.weight": "post_self_at
 _LAYER_NAMES_OF = {"olmo2": _OLMO2_LAYER_NAMES, "gemma2": _GEMMA3_LAYER_NAMES, "gemma3": _GEMMA3_LAYER_NAMES,
                    "phi3": _PHI3_LAYER_NAMES, "glm4": _GLM4_LAYER_NAMES}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
-# llama.cpp's BERT names -> BertModel's (model/bert.py)
-_BERT_GLOBAL_NAMES = {"token_embd.weight": "embeddings.word_embeddings.weight",
-                      "position_embd.weight": "embeddings.position_embeddings.weight",
-                      "token_types.weight": "embeddings.token_type_embeddings.weight",
-                      "token_embd_norm.weight": "embeddings.LayerNorm.weight",
-                      "token_embd_norm.bias": "embeddings.LayerNorm.bias"}
-_BERT_LAYER_NAMES = {f"{gguf}.{kind}": f"{hf}.{kind}" for kind in ("weight", "bias") for gguf, hf in (
-    ("attn_q", "attention.self.query"), ("attn_k", "attention.self.key"), ("attn_v", "attention.self.value"),
-    ("attn_output", "attention.output.dense"), ("attn_output_norm", "attention.output.LayerNorm"),
-    ("ffn_up", "intermediate.dense"), ("ffn_down", "output.dense"), ("layer_output_norm", "output.LayerNorm"))}
-# llama.cpp's Nomic BERT names ("nomic-bert") -> the Hub checkpoint's (model/bert.py's _nomic_destinations)
-_NOMIC_GLOBAL_NAMES = {"token_embd.weight": "embeddings.word_embeddings.weight",
-                       "token_types.weight": "embeddings.token_type_embeddings.weight",
-                       "token_embd_norm.weight": "emb_ln.weight", "token_embd_norm.bias": "emb_ln.bias"}
-_NOMIC_LAYER_NAMES = {f"{gguf}.{kind}": f"{hf}.{kind}" for kind in ("weight", "bias") for gguf, hf in (
-    ("attn_qkv", "attn.Wqkv"), ("attn_output", "attn.out_proj"), ("attn_output_norm", "norm1"),
-    ("ffn_up", "mlp.fc11"), ("ffn_gate", "mlp.fc12"), ("ffn_down", "mlp.fc2"), ("layer_output_norm", "norm2"))}
-# llama.cpp's pooling types (LLAMA_POOLING_TYPE_*) -> corellm's; 0 (none) gives none
-_GGUF_POOLING_TYPES = {0: "", 1: "MEAN", 2: "CLS", 3: "LAST"}
 # A mixture of experts' tensors: the router; every expert's gate, up or down in one 3-D tensor
 # [experts, rows, columns] (llama.cpp's converters), or one per expert (early Mixtral files).
 _ROUTER = re.compile(r"^blk\.(\d+)\.ffn_gate_inp\.weight$")
@@ -139,7 +121,7 @@ class GGUFModelFile:
     def field(self, key: str, default: Any = None) -> Any:
         return self.reader.fields.get(key, default)
 
-    def _arch_field(self, key: str, default: Any = None) -> Any:
+    def arch_field(self, key: str, default: Any = None) -> Any:
         return self.field(f"{self.arch}.{key}", default)
 
     @property
@@ -148,22 +130,22 @@ class GGUFModelFile:
 
     def config(self) -> ModelConfig | EncoderConfig:
         if self.arch in GGUF_ENCODER_ARCHITECTURES:
-            return self._encoder_config()
+            return gguf_encoder.encoder_config(self)
         names = set(self.tensor_names)
-        heads = int(self._arch_field("attention.head_count"))
-        hidden = int(self._arch_field("embedding_length"))
-        vocab = self._arch_field("vocab_size")
+        heads = int(self.arch_field("attention.head_count"))
+        hidden = int(self.arch_field("embedding_length"))
+        vocab = self.arch_field("vocab_size")
         if vocab is None:
             vocab = len(self.field("tokenizer.ggml.tokens"))
         scaling = None
-        kind = self._arch_field("rope.scaling.type")
+        kind = self.arch_field("rope.scaling.type")
         if kind == "linear":
-            scaling = {"rope_type": "linear", "factor": float(self._arch_field("rope.scaling.factor"))}
+            scaling = {"rope_type": "linear", "factor": float(self.arch_field("rope.scaling.factor"))}
         elif kind not in (None, "none"):
             raise UnsupportedModelError(f"{self.path}: rope scaling type {kind!r} is not supported")
         if LONGROPE_FACTORS["long_factor"] in names:
             scaling = self._longrope_scaling()
-        head_dim = int(self._arch_field("attention.key_length", hidden // heads))
+        head_dim = int(self.arch_field("attention.key_length", hidden // heads))
         eos = self.field("tokenizer.ggml.eos_token_id")
         gemma = self._gemma_fields(hidden, heads) if self.arch in ("gemma2", "gemma3") else {}
         granite = self._granite_fields() if self.arch in ("granite", "granitemoe") else {}
@@ -175,24 +157,24 @@ class GGUFModelFile:
             architecture=architecture,
             vocab_size=int(vocab),
             hidden_size=hidden,
-            intermediate_size=int(self._arch_field("feed_forward_length", 0) or
-                                  self._arch_field("expert_feed_forward_length")),
-            num_hidden_layers=int(self._arch_field("block_count")),
+            intermediate_size=int(self.arch_field("feed_forward_length", 0) or
+                                  self.arch_field("expert_feed_forward_length")),
+            num_hidden_layers=int(self.arch_field("block_count")),
             num_attention_heads=heads,
-            num_key_value_heads=int(self._arch_field("attention.head_count_kv", heads)),
+            num_key_value_heads=int(self.arch_field("attention.head_count_kv", heads)),
             head_dim=head_dim,
-            rms_norm_eps=float(self._arch_field("attention.layer_norm_rms_epsilon", 1e-6)),
-            rope_theta=float(self._arch_field("rope.freq_base", 10000.0)),
-            max_position_embeddings=int(self._arch_field("context_length", 2048)),
+            rms_norm_eps=float(self.arch_field("attention.layer_norm_rms_epsilon", 1e-6)),
+            rope_theta=float(self.arch_field("rope.freq_base", 10000.0)),
+            max_position_embeddings=int(self.arch_field("context_length", 2048)),
             tie_word_embeddings="output.weight" not in names,
             attention_bias="blk.0.attn_q.bias" in names,
             qk_norm="blk.0.attn_q_norm.weight" in names,
             qk_norm_whole=self.arch in ("olmoe", "olmo2"),
             rope_scaling=scaling,
-            partial_rotary_factor=int(self._arch_field("rope.dimension_count", head_dim)) / head_dim,
-            sliding_window=int(self._arch_field("attention.sliding_window", 0) or 0),
+            partial_rotary_factor=int(self.arch_field("rope.dimension_count", head_dim)) / head_dim,
+            sliding_window=int(self.arch_field("attention.sliding_window", 0) or 0),
             # SmolLM3: every fourth layer NoPE (llama.cpp's n_no_rope_layer_step, not in the file)
-            nope_layers=tuple(range(SMOLLM3_NOPE_INTERVAL - 1, int(self._arch_field("block_count")),
+            nope_layers=tuple(range(SMOLLM3_NOPE_INTERVAL - 1, int(self.arch_field("block_count")),
                                     SMOLLM3_NOPE_INTERVAL))
             if self.arch == "smollm3" else (),
             # llama.cpp's rope type NORM, the checkpoint's q/k unpermuted
@@ -212,9 +194,9 @@ class GGUFModelFile:
         "olmo2") name their sliding-window layers in attention.sliding_window_pattern."""
         if self.arch != "olmo2":
             return {}
-        pattern = self._arch_field("attention.sliding_window_pattern")
+        pattern = self.arch_field("attention.sliding_window_pattern")
         fields: dict[str, Any] = dict(sandwich_norms=True, pre_norms=False)
-        if pattern is not None and self._arch_field("attention.sliding_window", 0):
+        if pattern is not None and self.arch_field("attention.sliding_window", 0):
             fields["layer_types"] = tuple("sliding_attention" if s else "full_attention" for s in pattern)
         return fields
 
@@ -226,10 +208,10 @@ class GGUFModelFile:
 
     def _granite_fields(self) -> dict[str, float]:
         """Granite's multipliers under llama.cpp's names (each optional there: absent, none)."""
-        fields = dict(embedding_multiplier=self._arch_field("embedding_scale"),
-                      residual_multiplier=self._arch_field("residual_scale"),
-                      attention_multiplier=self._arch_field("attention.scale"),
-                      logits_scaling=self._arch_field("logit_scale"))
+        fields = dict(embedding_multiplier=self.arch_field("embedding_scale"),
+                      residual_multiplier=self.arch_field("residual_scale"),
+                      attention_multiplier=self.arch_field("attention.scale"),
+                      logits_scaling=self.arch_field("logit_scale"))
         return {key: float(value) for key, value in fields.items() if value is not None}
 
     def _longrope_scaling(self) -> dict[str, Any]:
@@ -241,11 +223,11 @@ class GGUFModelFile:
             if name not in tensors:
                 raise ValueError(f"{self.path}: LongRoPE factors {name!r} without their pair")
             scaling[key] = np.array(tensors[name].data, dtype=np.float32).reshape(-1).tolist()
-        original = self._arch_field("rope.scaling.original_context_length")
+        original = self.arch_field("rope.scaling.original_context_length")
         if original is None:
             raise ValueError(f"{self.path}: LongRoPE factors without {self.arch}.rope.scaling.original_context_length")
         scaling["original_max_position_embeddings"] = int(original)
-        factor = self._arch_field("rope.scaling.attn_factor")
+        factor = self.arch_field("rope.scaling.attn_factor")
         if factor is not None:
             scaling["attention_factor"] = float(factor)
         return scaling
@@ -256,16 +238,16 @@ class GGUFModelFile:
         graphs do (Mixtral's and Qwen3-MoE's: yes, Qwen2-MoE's and OLMoE's: no), experts of
         expert_feed_forward_length (Mixtral's files: feed_forward_length), Qwen2-MoE's shared
         expert of expert_shared_feed_forward_length."""
-        experts = int(self._arch_field("expert_count", 0) or 0)
+        experts = int(self.arch_field("expert_count", 0) or 0)
         if not experts:
             return {}
-        layers = int(self._arch_field("block_count"))
+        layers = int(self.arch_field("block_count"))
         sparse = [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" in names]
-        shared = int(self._arch_field("expert_shared_feed_forward_length", 0) or 0)
+        shared = int(self.arch_field("expert_shared_feed_forward_length", 0) or 0)
         ernie = self.arch == "ernie4_5-moe"  # (its choice bias, and shared experts without a gate)
-        return dict(num_experts=experts, num_experts_per_tok=int(self._arch_field("expert_used_count", 0) or 0),
-                    moe_intermediate_size=int(self._arch_field("expert_feed_forward_length", 0) or
-                                              self._arch_field("feed_forward_length")),
+        return dict(num_experts=experts, num_experts_per_tok=int(self.arch_field("expert_used_count", 0) or 0),
+                    moe_intermediate_size=int(self.arch_field("expert_feed_forward_length", 0) or
+                                              self.arch_field("feed_forward_length")),
                     norm_topk_prob=self.arch not in ("qwen2moe", "olmoe"),
                     dense_layers=tuple(i for i in range(layers) if i not in sparse),
                     shared_expert_intermediate_size=shared,
@@ -280,53 +262,23 @@ class GGUFModelFile:
         GeGLU, sandwich norms stored as 1 + w, embeddings times sqrt(hidden); <end_of_turn> ends a
         turn as EOS does. A Gemma 2 file: every second layer global (the first sliding), one rope base,
         27B's 46 layers scaled by hidden / heads, and its soft caps."""
-        layers = int(self._arch_field("block_count"))
+        layers = int(self.arch_field("block_count"))
         gemma2 = self.arch == "gemma2"
-        pattern = 2 if gemma2 else int(self._arch_field("attention.sliding_window_pattern", GEMMA3_SLIDING_PATTERN) or
+        pattern = 2 if gemma2 else int(self.arch_field("attention.sliding_window_pattern", GEMMA3_SLIDING_PATTERN) or
                                         GEMMA3_SLIDING_PATTERN)
-        head_dim = int(self._arch_field("attention.key_length", hidden // heads))
+        head_dim = int(self.arch_field("attention.key_length", hidden // heads))
         tokens = self.field("tokenizer.ggml.tokens") or []
         end_of_turn = [i for i, t in enumerate(tokens[:1024]) if t == "<end_of_turn>"]
         return dict(
             hidden_activation="gelu_pytorch_tanh", embedding_multiplier=hidden**0.5, sandwich_norms=True,
             layer_types=tuple("full_attention" if i % pattern == pattern - 1 else "sliding_attention"
                               for i in range(layers)),
-            rope_local_theta=float(self._arch_field("rope.freq_base", 10000.0)) if gemma2 else 10000.0,
+            rope_local_theta=float(self.arch_field("rope.freq_base", 10000.0)) if gemma2 else 10000.0,
             query_pre_attn_scalar=float(hidden // heads if layers == (46 if gemma2 else 62) else head_dim),
             norm_weight_offset=1.0, extra_eos=end_of_turn,
-            **(dict(attn_logit_softcapping=float(self._arch_field("attn_logit_softcapping", 0.0) or 0.0),
-                    final_logit_softcapping=float(self._arch_field("final_logit_softcapping", 0.0) or 0.0))
+            **(dict(attn_logit_softcapping=float(self.arch_field("attn_logit_softcapping", 0.0) or 0.0),
+                    final_logit_softcapping=float(self.arch_field("final_logit_softcapping", 0.0) or 0.0))
                if gemma2 else {}))
-
-    def _encoder_config(self) -> EncoderConfig:
-        """A BERT file's (llama.cpp's "bert": an embedding model; its rerankers' heads are not read), or
-        a Nomic BERT's ("nomic-bert": rotary positions at rope.freq_base, SwiGLU)."""
-        names = set(self.tensor_names)
-        if names & {"cls.weight", "cls.output.weight"}:
-            raise UnsupportedModelError(f"{self.path}: a BERT classifier (its cls tensors) is not supported in a GGUF "
-                                        f"file; load the HF directory")
-        if self._arch_field("attention.causal", False):
-            raise UnsupportedModelError(f"{self.path}: a BERT file with causal attention is not supported")
-        pooling = self._arch_field("pooling_type")
-        if pooling not in (None, *_GGUF_POOLING_TYPES):
-            raise UnsupportedModelError(f"{self.path}: pooling type {pooling} is not supported (0 none, 1 mean, "
-                                        f"2 cls, 3 last)")
-        types = next((t for t in self.reader.tensors if t.name == "token_types.weight"), None)
-        nomic = self.arch == "nomic-bert"
-        rotary = dict(hidden_act="silu", rope_theta=float(self._arch_field("rope.freq_base", 1000.0)), gated_mlp=True,
-                      projection_bias="blk.0.attn_output.bias" in names) if nomic else {}
-        return EncoderConfig(
-            architecture=GGUF_ENCODER_ARCHITECTURES[self.arch],
-            vocab_size=len(self.field("tokenizer.ggml.tokens")),
-            hidden_size=int(self._arch_field("embedding_length")),
-            intermediate_size=int(self._arch_field("feed_forward_length")),
-            num_hidden_layers=int(self._arch_field("block_count")),
-            num_attention_heads=int(self._arch_field("attention.head_count")),
-            max_position_embeddings=int(self._arch_field("context_length")),
-            type_vocab_size=1 if types is None else int(types.shape[1]),
-            layer_norm_eps=float(self._arch_field("attention.layer_norm_epsilon", 1e-12)),
-            pooling_type=_GGUF_POOLING_TYPES.get(pooling, ""),
-            source=str(self.path), **rotary)
 
     def rope_factors(self) -> torch.Tensor | None:
         for t in self.reader.tensors:
@@ -381,7 +333,7 @@ class GGUFModelFile:
 
         config = self.config()
         if config.encoder_only:
-            yield from self._encoder_weights(dtype, progress, quantized)
+            yield from gguf_encoder.encoder_weights(self, dtype, progress, quantized)
             return
         permute = self.arch in PERMUTED_ARCHITECTURES
         rope_tables = {ROPE_FACTORS, *LONGROPE_FACTORS.values()}  # read into the config or rope_factors()
@@ -405,49 +357,14 @@ class GGUFModelFile:
                 order = None if heads is None else unpermute_qk(np.arange(n), heads)
                 yield name, QuantizedTensor.pack(ggml_type, t.data, (n, k), order)
                 continue
-            array = self._dequantized(t)
+            array = self.dequantized(t)
             if heads is not None:
                 array = unpermute_qk(array, heads)
             if self.arch in ("gemma2", "gemma3") and name.endswith("norm.weight"):  # stored as 1 + w: back to HF's w
                 array = array - np.float32(1.0)
             yield name, torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
 
-    def _encoder_weights(self, dtype: torch.dtype, progress: bool, quantized: bool
-                         ) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
-        """A BERT file's tensors under BertModel's names (model/bert.py; a Nomic BERT's under its Hub
-        checkpoint's): the embeddings and norms
-        dequantized, each projection's weight (q, k, v, or the three fused) a QuantizedTensor with
-        `quantized` where quant_gemm computes its type."""
-        from tqdm import tqdm
-
-        d = int(self._arch_field("embedding_length"))
-        nomic = self.arch == "nomic-bert"
-        global_names, layer_names = (_NOMIC_GLOBAL_NAMES, _NOMIC_LAYER_NAMES) if nomic else \
-            (_BERT_GLOBAL_NAMES, _BERT_LAYER_NAMES)
-        layer_prefix = "encoder.layers" if nomic else "encoder.layer"
-        for t in tqdm(self.reader.tensors, desc=f"Loading {self.path.name}", unit="tensor", disable=not progress,
-                      leave=False):
-            m = _BLOCK.match(t.name)
-            part = m.group(2) if m else None
-            if m and part.startswith("attn_qkv.") and not nomic:  # BERT's q, k and v fused: three row ranges of d
-                kind = part.split(".", 1)[1]
-                array = self._dequantized(t)
-                for j, name in enumerate(("query", "key", "value")):
-                    yield (f"encoder.layer.{m.group(1)}.attention.self.{name}.{kind}",
-                           torch.from_numpy(np.ascontiguousarray(array[j * d:(j + 1) * d])).to(dtype))
-                continue
-            name = global_names.get(t.name) if m is None else (
-                f"{layer_prefix}.{m.group(1)}.{layer_names[part]}" if part in layer_names else None)
-            if name is None:
-                raise UnsupportedModelError(f"{self.path}: unexpected tensor {t.name!r}")
-            ggml_type = int(t.tensor_type)
-            if (quantized and m is not None and part.endswith(".weight") and len(t.shape) == 2
-                    and quantized_tensor.supported(ggml_type)):
-                yield name, QuantizedTensor.pack(ggml_type, t.data, (int(t.shape[1]), int(t.shape[0])))
-                continue
-            yield name, torch.from_numpy(np.ascontiguousarray(self._dequantized(t))).to(dtype)
-
-    def _dequantized(self, t) -> np.ndarray:
+    def dequantized(self, t) -> np.ndarray:
         """Tensor t's values, float32, writable (GGUF's dims reversed: [.., rows, columns])."""
         from gguf.quants import dequantize
 
@@ -473,10 +390,10 @@ class GGUFModelFile:
         prefix, names = expert_tensor_names(config.family, layer)
         ggml_type = int(t.tensor_type)
         if bias:  # fp32, as the model keeps it
-            yield prefix + "selection_bias", torch.from_numpy(self._dequantized(t).reshape(-1))
+            yield prefix + "selection_bias", torch.from_numpy(self.dequantized(t).reshape(-1))
             return
         if shared and shared.group(2) == "gate_inp":  # [hidden] or [1, hidden]: one row
-            yield prefix + "shared_expert_gate.weight", torch.from_numpy(self._dequantized(t).reshape(1, -1)).to(dtype)
+            yield prefix + "shared_expert_gate.weight", torch.from_numpy(self.dequantized(t).reshape(1, -1)).to(dtype)
             return
         if router:
             slices = [(prefix + "gate.weight", None)]
@@ -496,6 +413,6 @@ class GGUFModelFile:
             for hf, e in slices:
                 yield hf, QuantizedTensor.pack(ggml_type, t.data if e is None else t.data[e], (n, k))
             return
-        array = self._dequantized(t)
+        array = self.dequantized(t)
         for hf, e in slices:
             yield hf, torch.from_numpy(np.ascontiguousarray(array if e is None else array[e])).to(dtype)
