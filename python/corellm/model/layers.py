@@ -34,9 +34,18 @@ LoraUpdate = Callable[[torch.Tensor, torch.Tensor, str], torch.Tensor]
 
 
 _GEMM = _core.kernels.bf16_gemm_available()
-# A gated activation's name (Linear.gated) -> its unfused op (gelu: torch's, in Linear.gated)
-_GATED_ACTIVATIONS = {"silu": ops.silu_and_mul, "gelu_tanh": ops.gelu_tanh_and_mul, "gelu": None}
 _GELU_FUSED = _GEMM and _core.kernels.bf16_gemm_gelu_fused()  # the process's path stores gelu(y) (amx)
+
+
+def _gelu_and_mul(y: torch.Tensor) -> torch.Tensor:
+    """gelu(gate) * up of y [m, 2d] by torch (GELU's erf form, which no unfused corellm op has)."""
+    d = y.shape[1] // 2
+    return F.gelu(y[:, :d]) * y[:, d:]
+
+
+# A gated activation's name (Linear.gated) -> its unfused op
+_GATED_ACTIVATIONS = {"silu": ops.silu_and_mul, "gelu_tanh": ops.gelu_tanh_and_mul, "gelu": _gelu_and_mul}
+
 # A shared weight (a tied LM head's embedding) keeps its row-major form for the embedding lookup;
 # packing a second copy is worth it up to this size (beyond: oneDNN on the row-major form).
 _SHARED_PACK_MAX_ELEMENTS = 64 * 1024 * 1024
@@ -190,10 +199,7 @@ class Linear:
                              f"got {activation!r}")
         n, k = self.shape
         if self.packed is None or not _core.kernels.bf16_gemm_gated_fused(n):
-            y = self(x)
-            if activation == "gelu":
-                return F.gelu(y[:, :n // 2]) * y[:, n // 2:]
-            return _GATED_ACTIVATIONS[activation](y)
+            return _GATED_ACTIVATIONS[activation](self(x))
         x = _as_gemm_input(x)
         y = torch.empty((x.shape[0], n // 2), dtype=torch.bfloat16)
         _core.kernels.bf16_gemm_gated(x.data_ptr(), x.stride(0), self.packed.data_ptr(),
