@@ -79,6 +79,18 @@ def test_paths_agree_and_are_within_the_activation_bound(type_name):
     paths_agree_within_bound(q, x, w)
 
 
+@pytest.mark.parametrize("type_name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
+def test_an_odd_number_of_blocks_per_row(type_name):
+    """k = 3 blocks of 32 (the amx path's tiles of 16 rows, then 3 rows on the vector loops):
+    every path is the reference's bits, within the bound, and each row is its bits alone."""
+    n, k, m = 24, 96, 35
+    q, w = weight(type_name, n, k, seed=9)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(10))
+    got = paths_agree_within_bound(q, x, w)
+    for r in (0, 17, 34):
+        assert torch.equal(gemm(q, x[r : r + 1])[0], got[PATHS[-1]][r]), f"row {r} depends on the batch"
+
+
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q4_K", "Q6_K"])
 def test_many_rows_share_every_panel_once(type_name):
     """Rows in several chunks of 128 (each chunk's panels shared by the team, taken one at a time
