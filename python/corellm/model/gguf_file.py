@@ -5,6 +5,8 @@ encoder's (BERT, XLM-R, Nomic BERT): model/gguf_encoder.py."""
 
 from __future__ import annotations
 
+import math
+
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,6 +143,8 @@ class GGUFModelFile:
         kind = self.arch_field("rope.scaling.type")
         if kind == "linear":
             scaling = {"rope_type": "linear", "factor": float(self.arch_field("rope.scaling.factor"))}
+        elif kind == "yarn":
+            scaling = self._yarn_scaling()
         elif kind not in (None, "none"):
             raise UnsupportedModelError(f"{self.path}: rope scaling type {kind!r} is not supported")
         if LONGROPE_FACTORS["long_factor"] in names:
@@ -165,7 +169,7 @@ class GGUFModelFile:
             head_dim=head_dim,
             rms_norm_eps=float(self.arch_field("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(self.arch_field("rope.freq_base", 10000.0)),
-            max_position_embeddings=int(self.arch_field("context_length", 2048)),
+            max_position_embeddings=self._context_length(scaling),
             tie_word_embeddings="output.weight" not in names,
             attention_bias="blk.0.attn_q.bias" in names,
             qk_norm="blk.0.attn_q_norm.weight" in names,
@@ -213,6 +217,33 @@ class GGUFModelFile:
                       attention_multiplier=self.arch_field("attention.scale"),
                       logits_scaling=self.arch_field("logit_scale"))
         return {key: float(value) for key, value in fields.items() if value is not None}
+
+    def _context_length(self, scaling: dict[str, Any] | None) -> int:
+        """context_length, or under YaRN the pretrained length times the factor where longer (as
+        from an HF config: model_config._context_length)."""
+        length = int(self.arch_field("context_length", 2048))
+        if scaling is not None and scaling["rope_type"] == "yarn" and math.isfinite(scaling["factor"]):
+            length = max(length, int(scaling["original_max_position_embeddings"] * scaling["factor"]))
+        return length
+
+    def _yarn_scaling(self) -> dict[str, Any]:
+        """YaRN under llama.cpp's keys: the factor, the pretrained context length (default the
+        context_length), the betas where given (llama.cpp's defaults are transformers': 32 and 1)."""
+        scaling: dict[str, Any] = {"rope_type": "yarn", "factor": float(self.arch_field("rope.scaling.factor"))}
+        original = self.arch_field("rope.scaling.original_context_length") or self.arch_field("context_length")
+        scaling["original_max_position_embeddings"] = int(original)
+        for key, name in (("beta_fast", "rope.scaling.yarn_beta_fast"), ("beta_slow", "rope.scaling.yarn_beta_slow")):
+            value = self.arch_field(name)
+            if value is not None:
+                scaling[key] = float(value)
+        if self.arch_field("rope.scaling.yarn_log_multiplier"):
+            raise UnsupportedModelError(f"{self.path}: YaRN's yarn_log_multiplier (DeepSeek's mscale_all_dim) "
+                                        f"is not supported in a GGUF file")
+        attn_factor = self.arch_field("rope.scaling.attn_factor")
+        if attn_factor is not None and float(attn_factor) != 1.0:
+            raise UnsupportedModelError(f"{self.path}: YaRN with rope.scaling.attn_factor {float(attn_factor)} "
+                                        f"(a multiplier on its attention factor) is not supported")
+        return scaling
 
     def _longrope_scaling(self) -> dict[str, Any]:
         """LongRoPE as llama.cpp's converter stores it: the two factor tensors, the pretrained
