@@ -174,19 +174,20 @@ void bind_kernels(py::module_& m) {
            int64_t num_blocks, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
            uintptr_t block_table, int64_t block_table_stride, uintptr_t seq_lens, uintptr_t query_start_loc,
            int64_t num_seqs, int64_t num_heads, float scale, int64_t sliding_window, int32_t dtype,
-           const std::string& isa, float softcap) {
+           const std::string& isa, float softcap, uintptr_t sinks) {
           PagedAttentionArgs a{ptr<void>(out), ptr<const void>(q), q_stride, ptr<const void>(key_cache),
                                ptr<const void>(value_cache), {num_blocks, num_kv_heads, head_size, block_size},
                                ptr<const int32_t>(block_table), block_table_stride, ptr<const int32_t>(seq_lens),
                                ptr<const int32_t>(query_start_loc), num_seqs, num_heads, scale, sliding_window,
-                               dtype_of(dtype), isa.empty() ? cpu_isa() : cpu_isa_named(isa), softcap};
+                               dtype_of(dtype), isa.empty() ? cpu_isa() : cpu_isa_named(isa), softcap,
+                               ptr<const float>(sinks)};
           paged_attention(a);
         },
         arg("out"), arg("q"), arg("q_stride"), arg("key_cache"), arg("value_cache"), arg("num_blocks"),
         arg("num_kv_heads"), arg("head_size"), arg("block_size"), arg("block_table"), arg("block_table_stride"),
         arg("seq_lens"), arg("query_start_loc"), arg("num_seqs"), arg("num_heads"), arg("scale"),
         arg("sliding_window"), arg("dtype"), arg("isa") = std::string(), arg("softcap") = 0.0f,
-        py::call_guard<py::gil_scoped_release>());
+        arg("sinks") = uintptr_t{0}, py::call_guard<py::gil_scoped_release>());
   bind_sampling_batch(k);
   k.def("sample", &sample, arg("batch"), py::call_guard<py::gil_scoped_release>());
   k.def("philox_uniform", &philox_uniform, arg("seed"), arg("counter"));

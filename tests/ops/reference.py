@@ -59,7 +59,7 @@ def gather_kv(key_cache, value_cache, block_ids, seq_len):
 
 
 def paged_attention(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, sliding_window=0,
-                    softcap=0.0):
+                    softcap=0.0, sinks=None):
     num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[3]
     head_size = key_cache.shape[2] * key_cache.shape[4]
     num_heads = q.shape[1] // head_size
@@ -83,6 +83,10 @@ def paged_attention(q, key_cache, value_cache, block_table, seq_lens, query_star
         if sliding_window > 0:
             allowed &= kpos > qpos - sliding_window
         scores = scores.masked_fill(~allowed[None], float("-inf"))
-        p = torch.softmax(scores, dim=-1)
+        if sinks is not None:  # one more logit per head, its weight dropped after the softmax (gpt-oss)
+            sink = sinks.double()[:, None, None].expand(num_heads, n, 1)
+            p = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        else:
+            p = torch.softmax(scores, dim=-1)
         out[a:b] = torch.einsum("hqk,khd->qhd", p, v).reshape(n, -1)
     return out

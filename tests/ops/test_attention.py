@@ -105,6 +105,37 @@ def test_soft_capped_scores_match_the_reference(softcap, case, dtype, isa):
         assert (want - uncapped).abs().max() > 0.2
 
 
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", [1, 4, 5, 6, 10])
+def test_attention_sinks_match_the_reference(case, dtype, isa):
+    """gpt-oss's sinks, a logit per head in each row's softmax denominator: on every fold, the
+    split long decode's combine step (case 5) included. The sinks range from far below the rows'
+    scores (no effect) to far above (the outputs shrink towards 0; the kernel's max then the
+    sink's), sd-4 scores as in the soft-cap test."""
+    seqs, heads, kv_heads, head_size, block_size = CASES[case]
+    kc, vc, table, seq_lens, qsl = make_batch(seqs, kv_heads, head_size, block_size, dtype, seed=case)
+    q = torch.randn(int(qsl[-1]), heads * head_size).to(dtype)
+    scale = 4.0 * head_size**-0.5
+    sinks = torch.linspace(-30.0, 40.0, heads)
+    got = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, scale, cpu_isa=isa, sinks=sinks)
+    want = ref.paged_attention(q, kc, vc, table, seq_lens, qsl, scale, sinks=sinks)
+    without = ref.paged_attention(q, kc, vc, table, seq_lens, qsl, scale)
+    torch.testing.assert_close(got.double(), want, **TOL[dtype])
+    assert (want - without).abs().max() > 0.2  # the sinks changed the result well beyond the tolerance
+
+
+def test_bad_sinks_are_refused():
+    kc, vc, table, seq_lens, qsl = make_batch([(10, 10)], 1, 64, 16, torch.float32, seed=0)
+    q = torch.randn(10, 128)
+    with pytest.raises(ValueError, match=r"sinks must have shape \(2,\)"):
+        ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, sinks=torch.zeros(3))
+    with pytest.raises(ValueError, match="sinks"):
+        ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, sinks=torch.zeros(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="attention sink of head 1 is not finite: nan"):
+        ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, sinks=torch.tensor([0.0, float("nan")]))
+
+
 def test_a_bad_softcap_is_refused():
     kc, vc, table, seq_lens, qsl = make_batch([(10, 10)], 1, 64, 16, torch.float32, seed=0)
     q = torch.randn(10, 64)

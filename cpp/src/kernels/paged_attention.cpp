@@ -234,6 +234,18 @@ void run_blocks(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, att
   }
 }
 
+// What a row's fp32 sums acc are multiplied by to give its output, from its running max m and
+// denominator l (the sum of exp(s - m) over its visible keys): 1 / l, or with a sink (head's logit
+// `sink`, PagedAttentionArgs::sinks) exp(m - M) / (l exp(m - M) + exp(sink - M)), M = max(m, sink),
+// which keeps both exponents at most 0. A row that saw no key gives 0.
+inline float output_factor(float m, float l, const float* sink) {
+  if (l <= 0.0f) return 0.0f;
+  if (sink == nullptr) return 1.0f / l;
+  const float top = std::max(m, *sink);
+  const float kept = std::exp(m - top);
+  return kept / (l * kept + std::exp(*sink - top));
+}
+
 // One item; next_item: the one this thread runs after it (null: none), whose first blocks the
 // span fold fetches while it folds this item's last span.
 template <class T>
@@ -294,9 +306,10 @@ void run_item(const PagedAttentionArgs& a, const WorkItem& w, const WorkItem* ne
       std::copy(acc, acc + hd, p + 2);
       continue;
     }
-    const float l = sc.l[static_cast<size_t>(r)];
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    T* o = static_cast<T*>(a.out) + ((q0 + i) * a.num_heads + w.kv_head * group + g) * hd;
+    const int64_t head = w.kv_head * group + g;
+    const float inv = output_factor(sc.m[static_cast<size_t>(r)], sc.l[static_cast<size_t>(r)],
+                                    a.sinks == nullptr ? nullptr : a.sinks + head);
+    T* o = static_cast<T*>(a.out) + ((q0 + i) * a.num_heads + head) * hd;
     for (int64_t d = 0; d < hd; ++d) store_f32(o + d, acc[d] * inv);
   }
 }
@@ -322,9 +335,9 @@ void combine(const PagedAttentionArgs& a, const WorkItem& first, int64_t num_spl
       l += p[1] * weight;
       for (int64_t d = 0; d < hd; ++d) acc[static_cast<size_t>(d)] += p[2 + d] * weight;
     }
-    const int64_t i = first.q_begin + r / group, g = r % group;
-    T* o = static_cast<T*>(a.out) + ((q0 + i) * a.num_heads + first.kv_head * group + g) * hd;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    const int64_t i = first.q_begin + r / group, head = first.kv_head * group + r % group;
+    T* o = static_cast<T*>(a.out) + ((q0 + i) * a.num_heads + head) * hd;
+    const float inv = output_factor(m, l, a.sinks == nullptr ? nullptr : a.sinks + head);
     for (int64_t d = 0; d < hd; ++d) store_f32(o + d, acc[static_cast<size_t>(d)] * inv);
   }
 }
@@ -426,6 +439,9 @@ void paged_attention(const PagedAttentionArgs& a) {
                     "num_heads (", a.num_heads, ") must be a multiple of num_kv_heads (", c.num_kv_heads, ")");
   CORELLM_CHECK_ARG(a.softcap >= 0.0f && std::isfinite(a.softcap), "softcap must be 0 (none) or positive, got ",
                     a.softcap);
+  for (int64_t h = 0; a.sinks != nullptr && h < a.num_heads; ++h) {
+    CORELLM_CHECK_ARG(std::isfinite(a.sinks[h]), "attention sink of head ", h, " is not finite: ", a.sinks[h]);
+  }
   CORELLM_CHECK_ARG(a.dtype == DType::F32 || c.block_size % 2 == 0,
                     "bf16 KV caches need an even block_size, got ", c.block_size);
   // Validate the metadata before any thread reads the cache through it.

@@ -87,6 +87,7 @@ def paged_attention(
     max_seq_len: int | None = None,
     cpu_isa: str = "",
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's query tokens (its last ones) over its cached K/V.
     q [num_tokens, num_heads * head_size]; block_table [num_seqs, max_blocks] int32;
@@ -97,7 +98,9 @@ def paged_attention(
     batch's workspace for its split contexts. cpu_isa (CPU): the instruction-set path to run
     ("avx2", "avx512", "avx512bf16", "amx"; empty: the process's), for tests and benchmarks. softcap
     > 0: each scaled score s becomes softcap * tanh(s / softcap) before the softmax (Gemma 2's
-    attention logit soft-capping; the CPU kernels only)."""
+    attention logit soft-capping; the CPU kernels only). sinks [num_heads] fp32 (CPU kernels only):
+    each head's sink logit, one more term of its rows' softmax denominators with no value
+    (gpt-oss's attention sinks; paged_attention.h)."""
     op = "paged_attention"
     num_blocks, num_kv_heads, head_size, block_size = _check_caches(op, key_cache, value_cache)
     be = backend(op, key_cache)
@@ -108,11 +111,16 @@ def paged_attention(
     if softcap and be.extra:
         raise ValueError(f"{op}: attention logit soft-capping (softcap={softcap}) is not implemented in the CUDA "
                          f"kernels")
+    if sinks is not None and be.extra:
+        raise ValueError(f"{op}: attention sinks are not implemented in the CUDA kernels")
     check(op, "q", q, ndim=2, dtype=key_cache.dtype, device=key_cache.device)
     if q.shape[1] % head_size or (q.shape[1] // head_size) % num_kv_heads:
         raise ValueError(f"{op}: q width {q.shape[1]} is not a multiple of num_kv_heads ({num_kv_heads}) "
                          f"x head_size ({head_size})")
     num_heads = q.shape[1] // head_size
+    if sinks is not None:
+        check(op, "sinks", sinks, ndim=1, dtype=torch.float32, device=key_cache.device, contiguous=True)
+        check_shape(op, "sinks", sinks, (num_heads,))
     check(op, "block_table", block_table, ndim=2, dtype=torch.int32, device=key_cache.device)
     num_seqs = block_table.shape[0]
     check(op, "seq_lens", seq_lens, ndim=1, dtype=torch.int32, device=key_cache.device, contiguous=True)
@@ -139,7 +147,7 @@ def paged_attention(
         workspace = torch.empty(size, dtype=torch.uint8, device=q.device) if size else None
         extra = (int(max_query_len), int(max_seq_len), 0 if workspace is None else workspace.data_ptr(), *be.extra)
     else:
-        extra = (cpu_isa, float(softcap))
+        extra = (cpu_isa, float(softcap), 0 if sinks is None else sinks.data_ptr())
     be.kernels.paged_attention(out.data_ptr(), q.data_ptr(), row_stride(q), key_cache.data_ptr(),
                                value_cache.data_ptr(), num_blocks, num_kv_heads, head_size, block_size,
                                block_table.data_ptr(), row_stride(block_table), seq_lens.data_ptr(),

@@ -52,6 +52,10 @@ struct PagedAttentionArgs {
   DType dtype;
   CpuIsa isa = cpu_isa();  // the instruction-set path (tests and benchmarks may ask for another)
   float softcap = 0.0f;    // > 0: each scaled score s becomes softcap * tanh(s / softcap) (Gemma 2)
+  // [num_heads] fp32, or null: head h's sink, a logit that joins each of its rows' softmax as one
+  // more term of the denominator with no value (gpt-oss's attention sinks): a row's weights are
+  // exp(s_t - M) / (sum_t exp(s_t - M) + exp(sink_h - M)), M the larger of the row's max and the sink.
+  const float* sinks = nullptr;
 };
 
 void paged_attention(const PagedAttentionArgs& args);
