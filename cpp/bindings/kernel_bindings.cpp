@@ -113,6 +113,13 @@ void bind_kernels(py::module_& m) {
           silu_and_mul(ptr<void>(out), out_stride, ptr<const void>(x), x_stride, n, d, dtype_of(dtype));
         },
         py::call_guard<py::gil_scoped_release>());
+  k.def("swigluoai_and_mul",
+        [](uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, int64_t n, int64_t d, int32_t dtype,
+           float alpha, float limit) {
+          swigluoai_and_mul(ptr<void>(out), out_stride, ptr<const void>(x), x_stride, n, d, alpha, limit,
+                            dtype_of(dtype));
+        },
+        py::call_guard<py::gil_scoped_release>());
   k.def("lora_add",
         [](uintptr_t y, int64_t y_stride, uintptr_t x, int64_t x_stride, int64_t m, uintptr_t slots,
            const std::vector<const LoraLinear*>& by_slot, int64_t n, int32_t dtype, const std::string& isa) {

@@ -29,6 +29,8 @@ void bind_model(py::module_& m) {
       .def_readwrite("eps", &DecoderDims::eps)
       .def_readwrite("scale", &DecoderDims::scale)
       .def_readwrite("attn_softcap", &DecoderDims::attn_softcap)
+      .def_readwrite("swiglu_alpha", &DecoderDims::swiglu_alpha)
+      .def_readwrite("swiglu_limit", &DecoderDims::swiglu_limit)
       .def_readwrite("max_position", &DecoderDims::max_position)
       .def_readwrite("rot_dim", &DecoderDims::rot_dim)
       .def_readwrite("activation", &DecoderDims::activation)
@@ -38,7 +40,8 @@ void bind_model(py::module_& m) {
       .def_readwrite("rope_interleaved", &DecoderDims::rope_interleaved);
   py::enum_<GatedActivation>(model, "GatedActivation", "The MLP's gated activation")
       .value("SILU", GatedActivation::kSilu)
-      .value("GELU_TANH", GatedActivation::kGeluTanh);
+      .value("GELU_TANH", GatedActivation::kGeluTanh)
+      .value("SWIGLU_OAI", GatedActivation::kSwigluOai);
 
   model.attr("BF16_PACKED") = kBf16Packed;
   py::class_<LinearPart> part(model, "LinearPart", "Rows of a linear weight, packed for one GEMM (linear_weight.h)");
@@ -85,6 +88,7 @@ void bind_model(py::module_& m) {
   def_address(layer, "attention_output_norm", &DecoderLayerWeights::attention_output_norm);
   def_address(layer, "mlp_output_norm", &DecoderLayerWeights::mlp_output_norm);
   def_address(layer, "cos_sin_cache", &DecoderLayerWeights::cos_sin_cache);
+  def_address(layer, "sinks", &DecoderLayerWeights::sinks);
   def_address(layer, "q_norm", &DecoderLayerWeights::q_norm);
   def_address(layer, "k_norm", &DecoderLayerWeights::k_norm);
   def_address(layer, "key_cache", &DecoderLayerWeights::key_cache);

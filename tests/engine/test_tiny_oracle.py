@@ -35,7 +35,7 @@ def hf_greedy(model, prompt: list[int], n: int):
 
 
 @pytest.mark.parametrize("arch", ["llama3", "smollm3", "ernie4_5", "glm", "glm4", "qwen2", "qwen3", "gemma2", "gemma3", "mixtral", "qwen3_moe", "qwen2_moe", "ernie4_5_moe", "olmoe", "olmo2", "olmo3",
-                                  "phi3", "granite", "granitemoe"])
+                                  "phi3", "granite", "granitemoe", "gpt_oss"])
 def test_greedy_batch_equals_transformers(arch, tmp_path):
     hf = make_tiny_model(arch, tmp_path, seed=11)
     write_tokenizer(tmp_path)

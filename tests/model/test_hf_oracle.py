@@ -36,7 +36,8 @@ def test_prefill_hidden_states_and_logits_match_transformers(arch, tmp_path, tok
     torch.testing.assert_close(logits, ref.logits[0], atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["llama3", "qwen2", "qwen3", "gemma3", "mixtral", "qwen3_moe", "qwen2_moe", "olmoe"])
+@pytest.mark.parametrize("arch", ["llama3", "qwen2", "qwen3", "gemma3", "mixtral", "qwen3_moe", "qwen2_moe", "olmoe",
+                                  "gpt_oss"])
 def test_batched_chunked_prefill_and_decode_match_transformers(arch, tmp_path, tokenizer_json):
     hf = make_tiny_model(arch, tmp_path, tokenizer_json, seed=3)
     ours = load_model(str(tmp_path), dtype="float32", progress=False)

@@ -89,6 +89,17 @@ ARCHS = {
                    dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64, embedding_multiplier=3.0,
                         residual_multiplier=0.375, attention_multiplier=0.1875, logits_scaling=2.5,
                         tie_word_embeddings=True, pad_token_id=0)),
+    # gpt-oss: sliding-window (16) and global layers alternating, biases on q/k/v/o, a sink per head
+    # (drawn with sd 1: large enough to move the attention), YaRN (pretrained at 128 positions, x4,
+    # truncate false), four experts two per token with biases on the router and the experts, the
+    # clamped SwiGLU with a limit low enough (0.25) that this random model's gates and ups reach it
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=64, head_dim=16, sliding_window=16,
+                     layer_types=["sliding_attention", "full_attention", "sliding_attention"], swiglu_limit=0.25,
+                     tie_word_embeddings=False, pad_token_id=0, attn_implementation="eager",
+                     rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                      "truncate": False, "original_max_position_embeddings": 128,
+                                      "rope_theta": 150000.0})),
 }
 
 
@@ -125,6 +136,8 @@ def _save_tiny(arch: str, directory: Path, tokenizer_json: Path | None, seed: in
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.normal_(1.0 if "norm" in name else 0.0, 0.2)
+            elif name.endswith("sinks"):
+                p.normal_(0.0, 1.0)
             elif name == "score.weight":
                 p.normal_(0.0, 0.5)
     model.save_pretrained(directory, safe_serialization=True)

@@ -4,6 +4,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -120,6 +121,30 @@ void gelu_tanh_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_s
                               x_stride, num_tokens, d);
     }
   });
+}
+
+void swigluoai_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride, int64_t num_tokens,
+                       int64_t d, float alpha, float limit, DType dtype) {
+  CORELLM_CHECK_ARG(alpha > 0.0f && limit > 0.0f && std::isfinite(alpha) && std::isfinite(limit),
+                    "swigluoai_and_mul: alpha and limit must be positive and finite, got ", alpha, " and ", limit);
+  // A scalar loop with the library's exp: the models that use it run it once per layer on an
+  // expert's few rows, beside GEMMs thousands of times its work.
+  auto one = [&](float gate, float up) {
+    const float g = std::min(gate, limit), u = std::min(std::max(up, -limit), limit);
+    const float glu = g * (1.0f / (1.0f + std::exp(-(alpha * g))));
+    return (u + 1.0f) * glu;
+  };
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    if (dtype == DType::F32) {
+      const float* row = static_cast<const float*>(x) + t * x_stride;
+      float* o = static_cast<float*>(out) + t * out_stride;
+      for (int64_t i = 0; i < d; ++i) o[i] = one(row[i], row[d + i]);
+    } else {
+      const uint16_t* row = static_cast<const uint16_t*>(x) + t * x_stride;
+      uint16_t* o = static_cast<uint16_t*>(out) + t * out_stride;
+      for (int64_t i = 0; i < d; ++i) o[i] = f32_to_bf16(one(bf16_to_f32(row[i]), bf16_to_f32(row[d + i])));
+    }
+  }
 }
 
 void gated_activation_and_mul(GatedActivation act, void* out, int64_t out_stride, const void* x, int64_t x_stride,

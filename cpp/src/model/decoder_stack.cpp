@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <exception>
 #include <utility>
@@ -68,8 +69,7 @@ constexpr double kSplitMaxImbalance = 1.25;
 void check_experts(const MoeWeights& moe, int64_t hidden) {
   moe.router.check("DecoderStack: the MoE router");
   const int64_t experts = moe.router.n, inter = moe.intermediate;
-  CORELLM_CHECK_ARG(moe.router.k == hidden && moe.router.bias == nullptr, "DecoderStack: the MoE router must be [",
-                    "experts, ", hidden, "] without a bias");
+  CORELLM_CHECK_ARG(moe.router.k == hidden, "DecoderStack: the MoE router must be [experts, ", hidden, "]");
   CORELLM_CHECK_ARG(static_cast<int64_t>(moe.gate_up.size()) == experts &&
                         static_cast<int64_t>(moe.down.size()) == experts,
                     "DecoderStack: a router of ", experts, " experts with ", moe.gate_up.size(), " gate_up and ",
@@ -120,8 +120,14 @@ DecoderStack::DecoderStack(const DecoderDims& dims, const EmbeddingWeight& embed
   CORELLM_CHECK_ARG(dims.max_position > 0 && dims.rot_dim > 0 && dims.rot_dim <= dims.head_size,
                     "DecoderStack: the rope tables' extents (", dims.max_position, " x ", dims.rot_dim,
                     ") must be positive, rot_dim at most head_size (", dims.head_size, ")");
-  CORELLM_CHECK_ARG(dims.activation == GatedActivation::kSilu || dims.activation == GatedActivation::kGeluTanh,
+  CORELLM_CHECK_ARG(dims.activation == GatedActivation::kSilu || dims.activation == GatedActivation::kGeluTanh ||
+                        dims.activation == GatedActivation::kSwigluOai,
                     "DecoderStack: unknown gated activation ", static_cast<int32_t>(dims.activation));
+  CORELLM_CHECK_ARG(dims.activation != GatedActivation::kSwigluOai ||
+                        (dims.swiglu_alpha > 0.0f && dims.swiglu_limit > 0.0f && std::isfinite(dims.swiglu_alpha) &&
+                         std::isfinite(dims.swiglu_limit)),
+                    "DecoderStack: swiglu_oai needs a positive, finite alpha and limit, got ", dims.swiglu_alpha,
+                    " and ", dims.swiglu_limit);
   q_size_ = dims.num_heads * dims.head_size;
   kv_size_ = dims.num_kv_heads * dims.head_size;
   CORELLM_CHECK_ARG(tp.q_whole == 0 || (dims.qk_norm_whole && tp.all_reduce != nullptr && tp.q_start >= 0 &&
@@ -379,6 +385,7 @@ void DecoderStack::layer(size_t index, const DecoderStepArgs& step, Scratch& s) 
                        step.block_table_stride, step.seq_lens, step.query_start_loc, step.num_seqs,
                        dims_.num_heads, dims_.scale, w.sliding_window, bf16};
   a.softcap = dims_.attn_softcap;
+  a.sinks = w.sinks;
   paged_attention(a);
   w.o.forward(s.attn.data(), q_size_, h, hidden, n);
   add_lora(&LoraLayer::o, index, h, hidden, s.attn.data(), q_size_, n, lora, s);
@@ -401,7 +408,8 @@ void DecoderStack::layer(size_t index, const DecoderStepArgs& step, Scratch& s) 
   // gate_up's LoRA update goes in before the activation: then gate_up's output, updated, is
   // activated in a pass of its own.
   const bool gate_up_lora = lora != nullptr && lora_touches(&LoraLayer::gate_up, index);
-  const int64_t block = w.gate_up.gated_in_one_pass() && !gate_up_lora ? kOnePassMlpBlockRows : kMlpBlockRows;
+  const bool one_pass = w.gate_up.gated_in_one_pass() && dims_.activation != GatedActivation::kSwigluOai;
+  const int64_t block = one_pass && !gate_up_lora ? kOnePassMlpBlockRows : kMlpBlockRows;
   for (int64_t r0 = 0; r0 < n; r0 += block) {  // down's rows overwrite h's after gate_up read them
     const int64_t rows = std::min(block, n - r0);
     uint16_t* hb = h + r0 * hidden;
@@ -410,17 +418,36 @@ void DecoderStack::layer(size_t index, const DecoderStepArgs& step, Scratch& s) 
     if (gate_up_lora) {
       w.gate_up.forward(hb, hidden, s.gate_up.data(), 2 * inter, rows, XRows::kByThread);
       add_lora(&LoraLayer::gate_up, index, s.gate_up.data(), 2 * inter, hb, hidden, rows, block_lora, s);
-      gated_activation_and_mul(dims_.activation, s.act.data(), inter, s.gate_up.data(), 2 * inter, rows, inter,
-                               bf16);
+      activate(s.gate_up.data(), 2 * inter, s.act.data(), inter, rows);
     } else {
-      w.gate_up.forward_gated(hb, hidden, s.act.data(), inter, rows, dims_.activation, s.gate_up.data(),
-                              XRows::kByThread);
+      gated(w.gate_up, hb, hidden, s.act.data(), inter, rows, s.gate_up.data(), XRows::kByThread);
     }
     w.down.forward(s.act.data(), inter, hb, hidden, rows, XRows::kByThread);
     add_lora(&LoraLayer::down, index, hb, hidden, s.act.data(), inter, rows, block_lora, s);
   }
   all_reduce(h, n);
   finish_mlp(w, h, n);
+}
+
+void DecoderStack::gated(const LinearWeight& w, const uint16_t* x, int64_t x_stride, uint16_t* out, int64_t out_stride,
+                         int64_t m, uint16_t* scratch, XRows x_rows) const {
+  if (dims_.activation != GatedActivation::kSwigluOai) {
+    w.forward_gated(x, x_stride, out, out_stride, m, dims_.activation, scratch, x_rows);
+    return;
+  }
+  w.forward(x, x_stride, scratch, w.n, m, x_rows);
+  activate(scratch, w.n, out, out_stride, m);
+}
+
+void DecoderStack::activate(const uint16_t* gate_up, int64_t gate_up_stride, uint16_t* out, int64_t out_stride,
+                            int64_t m) const {
+  const int64_t d = gate_up_stride / 2;
+  if (dims_.activation == GatedActivation::kSwigluOai) {
+    swigluoai_and_mul(out, out_stride, gate_up, gate_up_stride, m, d, dims_.swiglu_alpha, dims_.swiglu_limit,
+                      DType::BF16);
+  } else {
+    gated_activation_and_mul(dims_.activation, out, out_stride, gate_up, gate_up_stride, m, d, DType::BF16);
+  }
 }
 
 // x += h (each sum rounded to bf16 once, as torch adds bf16 tensors), then h = x: a layer without a

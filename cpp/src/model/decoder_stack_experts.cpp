@@ -28,7 +28,7 @@ void DecoderStack::sparse_mlp(const MoeWeights& moe, uint16_t* h, int64_t n, Scr
     s.shared_gate_up.resize(rows * 2 * si);
     s.shared_act.resize(rows * si);
     s.shared_out.resize(rows * hidden);
-    moe.shared_gate_up.forward_gated(h, hidden, s.shared_act.data(), si, n, dims_.activation, s.shared_gate_up.data());
+    gated(moe.shared_gate_up, h, hidden, s.shared_act.data(), si, n, s.shared_gate_up.data());
     moe.shared_down.forward(s.shared_act.data(), si, s.shared_out.data(), hidden, n);
     shared = MoeSharedExpert{s.shared_out.data(), hidden, nullptr};
     if (moe.shared_gated()) {
@@ -107,8 +107,7 @@ void DecoderStack::run_expert(const MoeWeights& moe, int64_t e, const uint16_t* 
   const int32_t* picked = s.choices_by_expert.data() + s.expert_first[e];
   const size_t row_bytes = static_cast<size_t>(hidden) * sizeof(uint16_t);
   for (int64_t i = 0; i < count; ++i) std::memcpy(&rows.in[i * hidden], h + (picked[i] / moe.top_k) * hidden, row_bytes);
-  moe.gate_up[e].forward_gated(rows.in.data(), hidden, rows.act.data(), inter, count, dims_.activation,
-                               rows.gate_up.data());
+  gated(moe.gate_up[e], rows.in.data(), hidden, rows.act.data(), inter, count, rows.gate_up.data());
   moe.down[e].forward(rows.act.data(), inter, rows.out.data(), hidden, count);
   for (int64_t i = 0; i < count; ++i) {
     std::memcpy(&s.choice_rows[static_cast<size_t>(picked[i]) * hidden], &rows.out[i * hidden], row_bytes);

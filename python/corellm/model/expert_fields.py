@@ -40,8 +40,9 @@ def expert_fields(cfg: dict[str, Any], family: str, source: str) -> dict[str, An
     and OLMoE: experts of moe_intermediate_size (OLMoE's: intermediate_size); a layer is dense
     when listed in mlp_only_layers or off the decoder_sparse_step; norm_topk_prob as the config
     says (transformers' default: False); Qwen2-MoE's shared expert of
-    shared_expert_intermediate_size."""
-    if family not in ("mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "granitemoe", "ernie4_5_moe"):
+    shared_expert_intermediate_size. gpt-oss: every layer sparse, experts of intermediate_size, biases
+    on the router and the experts."""
+    if family not in ("mixtral", "qwen3_moe", "qwen2_moe", "olmoe", "granitemoe", "ernie4_5_moe", "gpt_oss"):
         return {}
     experts = cfg.get("num_local_experts") or cfg.get("num_experts") or 0
     layers = cfg["num_hidden_layers"]
@@ -50,6 +51,10 @@ def expert_fields(cfg: dict[str, Any], family: str, source: str) -> dict[str, An
     if family in ("mixtral", "granitemoe"):  # (Granite's MoE: softmax over the top k, the same weights)
         return dict(num_experts=experts, num_experts_per_tok=cfg.get("num_experts_per_tok", 2),
                     moe_intermediate_size=cfg["intermediate_size"], norm_topk_prob=True)
+    if family == "gpt_oss":  # a softmax over the top k's logits (the renormalized weights), biases everywhere
+        return dict(num_experts=experts, num_experts_per_tok=cfg.get("num_experts_per_tok", 4),
+                    moe_intermediate_size=cfg["intermediate_size"], norm_topk_prob=True, moe_router_bias=True,
+                    expert_bias=True)
     step = cfg.get("decoder_sparse_step", 1) or 1
     only_mlp = set(cfg.get("mlp_only_layers") or [])
     dense = tuple(i for i in range(layers) if i in only_mlp or not (experts > 0 and (i + 1) % step == 0))

@@ -267,7 +267,10 @@ class Attention:
         empty = lambda *shape: torch.empty(shape, dtype=dtype, device=device)  # noqa: E731
         # qkv [q+2kv, hidden] (q, k, v projections fused), o [hidden, q]
         self.qkv_proj = Linear(self.q_size + 2 * self.kv_size, config.hidden_size, config.attention_bias, dtype, device)
-        self.o_proj = Linear(config.hidden_size, self.q_size, False, dtype, device)
+        self.o_proj = Linear(config.hidden_size, self.q_size, config.attention_output_bias, dtype, device)
+        # gpt-oss: a sink logit per head [heads] fp32 in each row's softmax denominator (None: none)
+        self.sinks = torch.empty(self.num_heads, dtype=torch.float32, device=device) if config.attention_sinks \
+            else None
         # Per head [head_dim] (Qwen3, Gemma 3), or over the whole rows [q] and [kv] (OLMoE).
         self.qk_norm_whole = config.qk_norm_whole
         q_norm_size, k_norm_size = (self.q_size, self.kv_size) if config.qk_norm_whole else (self.head_dim,) * 2
@@ -300,7 +303,7 @@ class Attention:
         out = ops.paged_attention(q, key_cache, value_cache, attn.block_table, attn.seq_lens,
                                   attn.query_start_loc, self.scale, self.sliding_window,
                                   max_query_len=attn.max_query_len or None, max_seq_len=attn.max_seq_len or None,
-                                  softcap=self.softcap)
+                                  softcap=self.softcap, sinks=self.sinks)
         o = self.o_proj(out)
         if lora is not None:
             lora(o, out, "o")
@@ -323,16 +326,23 @@ class Attention:
 
 class MLP:
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-                 tp: TensorParallel = TensorParallel(), intermediate_size: int | None = None):
-        """intermediate_size: the gate's and up's rows (default: the config's; an expert's: its own)."""
+                 tp: TensorParallel = TensorParallel(), intermediate_size: int | None = None, bias: bool = False):
+        """intermediate_size: the gate's and up's rows (default: the config's; an expert's: its own);
+        bias: gate_up and down have biases (gpt-oss's experts)."""
         self.tp = tp  # down_proj's partial output is summed over the group
         inter = intermediate_size or config.intermediate_size
         # gate_up [2 * intermediate, hidden] (gate and up fused), down [hidden, intermediate]
-        self.gate_up_proj = Linear(2 * inter, config.hidden_size, False, dtype, device)
-        self.down_proj = Linear(config.hidden_size, inter, False, dtype, device)
-        # SwiGLU, or GeGLU (Gemma: GELU's tanh approximation); act(gate) * up in fp32, rounded once.
-        self.gated_activation = ops.gelu_tanh_and_mul if config.hidden_activation == "gelu_pytorch_tanh" \
-            else ops.silu_and_mul
+        self.gate_up_proj = Linear(2 * inter, config.hidden_size, bias, dtype, device)
+        self.down_proj = Linear(config.hidden_size, inter, bias, dtype, device)
+        # SwiGLU, GeGLU (Gemma: GELU's tanh approximation) or gpt-oss's clamped SwiGLU; act(gate) * up
+        # in fp32, rounded once.
+        if config.hidden_activation == "gelu_pytorch_tanh":
+            self.gated_activation = ops.gelu_tanh_and_mul
+        elif config.hidden_activation == "swigluoai":
+            self.gated_activation = functools.partial(ops.swigluoai_and_mul, alpha=config.swiglu_alpha,
+                                                      limit=config.swiglu_limit)
+        else:
+            self.gated_activation = ops.silu_and_mul
 
     def forward(self, h: torch.Tensor, lora: LoraUpdate | None = None) -> torch.Tensor:
         if lora is None:
@@ -355,7 +365,9 @@ class SparseMoe:
       out = ops.moe_combine(rows, weights)   per token, in fp32, rounded once
     With a shared expert (Qwen2-MoE), every token also runs it, and the combine adds its output
     times sigmoid(its gate's logit) before the one rounding (ERNIE 4.5's, ungated: its output). ERNIE
-    4.5 chooses by p + a learned bias per expert (selection_bias), the weights still p. Every step is row by row (the GEMMs
+    4.5 chooses by p + a learned bias per expert (selection_bias), the weights still p; gpt-oss's router
+    and experts have biases, and its weights are the softmax of the top k's logits (the renormalized
+    p). Every step is row by row (the GEMMs
     compute a row alike whichever rows share the call), so a token's result does not depend on the
     step's other tokens. The native decoder stack (decoder_stack.cpp's sparse_mlp) runs the same
     steps. Under tensor parallelism every rank holds a slice of each expert's intermediate rows
@@ -367,12 +379,12 @@ class SparseMoe:
         self.tp = tp  # the experts' MLPs are not reduced one by one: their weighted sum is, once
         self.top_k, self.renormalize = config.num_experts_per_tok, config.norm_topk_prob
         self.renormalize_min = config.moe_renormalize_min
-        self.router = Linear(config.num_experts, config.hidden_size, False, dtype, device)
+        self.router = Linear(config.num_experts, config.hidden_size, config.moe_router_bias, dtype, device)
         # ERNIE 4.5's per-expert bias on the choice (fp32 [experts]); None: none
         self.selection_bias = torch.empty(config.num_experts, dtype=torch.float32, device=device) \
             if config.moe_selection_bias else None
-        self.experts = [MLP(config, dtype, device, intermediate_size=config.moe_intermediate_size)
-                        for _ in range(config.num_experts)]
+        self.experts = [MLP(config, dtype, device, intermediate_size=config.moe_intermediate_size,
+                            bias=config.expert_bias) for _ in range(config.num_experts)]
         shared = config.shared_expert_intermediate_size
         self.shared_expert = MLP(config, dtype, device, intermediate_size=shared) if shared else None
         self.shared_expert_gate = Linear(1, config.hidden_size, False, dtype, device) \
@@ -456,8 +468,9 @@ class DecoderLayer:
         return h, residual
 
     def norms(self) -> list[torch.Tensor]:
+        """The layer's weights outside its linear layers: its norms (and gpt-oss's attention sinks)."""
         return [t for t in (self.input_norm, self.post_attention_norm, self.attention_output_norm,
-                            self.mlp_output_norm, self.attn.q_norm, self.attn.k_norm) if t is not None]
+                            self.mlp_output_norm, self.attn.q_norm, self.attn.k_norm, self.attn.sinks) if t is not None]
 
     def linears(self) -> list[Linear]:
         return [self.attn.qkv_proj, self.attn.o_proj, *self.mlp.linears()]

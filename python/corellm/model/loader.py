@@ -254,6 +254,9 @@ def check_head_size_on_device(config: ModelConfig, device: torch.device) -> None
         raise ValueError(f"{config.source}: attention logit soft-capping ({config.architecture}'s "
                          f"attn_logit_softcapping) is not implemented in corellm's CUDA kernels; run this model "
                          f"with device='cpu'")
+    if config.attention_sinks or config.hidden_activation == "swigluoai":
+        raise ValueError(f"{config.source}: {config.architecture}'s attention sinks and clamped SwiGLU are not "
+                         f"implemented in corellm's CUDA kernels; run this model with device='cpu'")
     from corellm.ops._backend import cuda_attention_head_sizes
 
     sizes = cuda_attention_head_sizes()

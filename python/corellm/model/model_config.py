@@ -34,6 +34,7 @@ SUPPORTED_ARCHITECTURES = {
     "Phi3ForCausalLM": "phi3",
     "GraniteForCausalLM": "granite",
     "GraniteMoeForCausalLM": "granitemoe",
+    "GptOssForCausalLM": "gpt_oss",
 }
 # A sequence classifier (a cross-encoder, a reward or label model) -> the decoder it is built on: the
 # same layers, its final hidden state at the prompt's last token times a `score` matrix (num_labels x
@@ -66,7 +67,7 @@ GGUF_ARCHITECTURES = {
 # HF architecture -> the GGUF general.architecture llama.cpp stores it under (Mixtral: "llama",
 # told apart from Llama by its expert_count).
 GGUF_ARCHITECTURE_OF = {**{hf: arch for arch, hf in GGUF_ARCHITECTURES.items()}, "MixtralForCausalLM": "llama"}
-_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "swigluoai")
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 GEMMA3_SLIDING_PATTERN = 6  # Gemma 3: five sliding-window layers, then one global
 
@@ -96,7 +97,11 @@ class ModelConfig:
     sliding_window: int = 0  # 0: none
     nope_layers: tuple[int, ...] = ()  # layers that turn no rotary embedding (SmolLM3's NoPE layers)
     # Gemma 3's differences from Llama (the defaults are Llama's):
-    hidden_activation: str = "silu"  # the MLP's gate activation: silu, or gelu_pytorch_tanh
+    # the MLP's gate activation: silu, gelu_pytorch_tanh, or swigluoai (gpt-oss's: the gate clamped
+    # above and the up half on both sides at swiglu_limit, then (up + 1) * gate * sigmoid(swiglu_alpha gate))
+    hidden_activation: str = "silu"
+    swiglu_alpha: float = 0.0
+    swiglu_limit: float = 0.0
     # The embedding rows times this, the factor rounded to the dtype as HF's Gemma rounds it (Gemma:
     # sqrt(hidden); Granite: its embedding_multiplier, 12.0 in its releases, which bf16 holds exactly)
     embedding_multiplier: float = 1.0
@@ -132,6 +137,13 @@ class ModelConfig:
     # weights p divided by at least moe_renormalize_min (moe_norm_min)
     moe_selection_bias: bool = False
     moe_renormalize_min: float = 0.0
+    # gpt-oss: a bias on the router's logits and on each expert's gate_up and down projections, one on
+    # the attention's output projection (attention_bias covers q, k and v), and a sink per layer and
+    # head, a logit with no value that joins each of the head's softmax denominators (ops.paged_attention)
+    moe_router_bias: bool = False
+    expert_bias: bool = False
+    attention_output_bias: bool = False
+    attention_sinks: bool = False
     bos_token_id: int | None = None
     eos_token_id: list[int] = field(default_factory=list)
     # A sequence classifier's labels, by id (CLASSIFIER_ARCHITECTURES; its config's id2label); (): a
@@ -194,6 +206,11 @@ class ModelConfig:
         if self.hidden_activation not in _ACTIVATIONS:
             raise UnsupportedModelError(f"{self.source}: activation {self.hidden_activation!r} is not supported "
                                         f"({', '.join(_ACTIVATIONS)})")
+        if self.hidden_activation == "swigluoai" and not (self.swiglu_alpha > 0 and self.swiglu_limit > 0
+                                                          and math.isfinite(self.swiglu_alpha)
+                                                          and math.isfinite(self.swiglu_limit)):
+            raise ValueError(f"{self.source}: swiglu_alpha ({self.swiglu_alpha}) and swiglu_limit "
+                             f"({self.swiglu_limit}) must be positive and finite")
         if not self.logits_scaling > 0 or not math.isfinite(self.residual_multiplier) or self.attention_multiplier < 0:
             raise ValueError(f"{self.source}: logits_scaling ({self.logits_scaling}) must be positive, "
                              f"residual_multiplier ({self.residual_multiplier}) finite and attention_multiplier "
@@ -317,6 +334,13 @@ class ModelConfig:
                 f"the encoders BertModel, XLMRobertaModel, RobertaModel and their *ForSequenceClassification"
             )
         family = SUPPORTED_ARCHITECTURES[arch]
+        quantization = cfg.get("quantization_config")
+        method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
+        if quantization is not None and not (family == "gpt_oss" and method == "mxfp4"):
+            raise UnsupportedModelError(
+                f"{source}: a checkpoint quantized by {method!r} (its quantization_config) "
+                f"is not supported; corellm reads bf16 / fp16 / fp32 checkpoints (quantized at load with "
+                f"--quantization int8 or fp8), GGUF files, and gpt-oss's MXFP4 experts")
         if family in ("gemma2", "gemma3"):
             return cls._from_gemma_config(cfg, source, family)
         heads = cfg["num_attention_heads"]
@@ -346,7 +370,7 @@ class ModelConfig:
             raise UnsupportedModelError(f"{source}: clip_qkv is not supported")
         if family in ("ernie4_5", "ernie4_5_moe") and cfg.get("use_bias"):
             raise UnsupportedModelError(f"{source}: use_bias (biases on every projection) is not supported")
-        if family in ("mistral", "mixtral", "phi3", "olmo3") or cfg.get("use_sliding_window"):
+        if family in ("mistral", "mixtral", "phi3", "olmo3", "gpt_oss") or cfg.get("use_sliding_window"):
             sliding = int(cfg.get("sliding_window") or 0)
         olmo = family in ("olmo2", "olmo3")
         return cls(
@@ -362,7 +386,7 @@ class ModelConfig:
             rope_theta=rope_theta,
             max_position_embeddings=_context_length(cfg, scaling, 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=family == "qwen2" or (family == "qwen2_moe" and cfg.get("qkv_bias", True))
+            attention_bias=family in ("qwen2", "gpt_oss") or (family == "qwen2_moe" and cfg.get("qkv_bias", True))
             or bool(cfg.get("attention_bias", False)),
             qk_norm=family in ("qwen3", "qwen3_moe", "olmoe") or olmo,
             qk_norm_whole=family == "olmoe" or olmo,
@@ -370,6 +394,7 @@ class ModelConfig:
             pre_norms=not olmo,
             **({"layer_types": tuple(cfg.get("layer_types") or ()),
                 "rope_local_theta": float(local_rope.get("rope_theta", rope_theta))} if family == "olmo3" else {}),
+            **(_gpt_oss_fields(cfg, source) if family == "gpt_oss" else {}),
             rope_scaling=dict(scaling) if scaling else None,
             partial_rotary_factor=float(rope_params.get("partial_rotary_factor",
                                                         cfg.get("partial_rotary_factor", 1.0))),
@@ -442,6 +467,20 @@ class ModelConfig:
 
 
 SMOLLM3_NOPE_INTERVAL = 4  # SmolLM3: every fourth layer turns no rotary embedding
+
+
+def _gpt_oss_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
+    """gpt-oss (GptOssForCausalLM): sliding-window and global layers alternating (layer_types; by
+    default the even ones sliding), biases on q, k, v and o, a sink per head, the clamped SwiGLU,
+    and biases on the router and the experts (expert_fields has the experts' counts)."""
+    layers = cfg["num_hidden_layers"]
+    layer_types = cfg.get("layer_types") or ["sliding_attention" if i % 2 == 0 else "full_attention"
+                                             for i in range(layers)]
+    if not cfg.get("attention_bias", True):
+        raise UnsupportedModelError(f"{source}: gpt-oss without attention_bias is not supported")
+    return dict(layer_types=tuple(layer_types), hidden_activation="swigluoai",
+                swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)), swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),
+                attention_output_bias=True, attention_sinks=True)
 
 
 def _with_yarn_defaults(scaling: dict[str, Any] | None, cfg: dict[str, Any]) -> dict[str, Any] | None:

@@ -23,7 +23,8 @@ def _address(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
-_ACTIVATIONS = {"silu": _core.model.GatedActivation.SILU, "gelu_pytorch_tanh": _core.model.GatedActivation.GELU_TANH}
+_ACTIVATIONS = {"silu": _core.model.GatedActivation.SILU, "gelu_pytorch_tanh": _core.model.GatedActivation.GELU_TANH,
+                "swigluoai": _core.model.GatedActivation.SWIGLU_OAI}
 
 
 def supports(model) -> bool:
@@ -102,6 +103,7 @@ class NativeDecoderStack:
         dims.eps, dims.scale, dims.attn_softcap = c.rms_norm_eps, attn.scale, c.attn_logit_softcapping
         dims.max_position, dims.rot_dim = model.cos_sin_cache.shape
         dims.activation = _ACTIVATIONS[c.hidden_activation]
+        dims.swiglu_alpha, dims.swiglu_limit = c.swiglu_alpha, c.swiglu_limit  # (gpt-oss's)
         dims.embedding_multiplier = c.embedding_multiplier
         dims.residual_multiplier = c.residual_multiplier
         dims.qk_norm_whole = c.qk_norm_whole
@@ -134,6 +136,7 @@ class NativeDecoderStack:
         w.mlp_output_norm = _address(layer.mlp_output_norm)
         w.cos_sin_cache = cos_sin_cache.data_ptr() if a.use_rope else 0  # 0: a NoPE layer
         w.sliding_window = a.sliding_window or 0
+        w.sinks = _address(a.sinks)  # (gpt-oss's; 0: none)
         w.qkv, w.o = linear_weight(a.qkv_proj), linear_weight(a.o_proj)
         w.q_norm, w.k_norm = _address(a.q_norm), _address(a.k_norm)
         if isinstance(m, SparseMoe):

@@ -45,6 +45,10 @@ if TYPE_CHECKING:  # lora_adapter imports corellm.model, which imports this modu
 def check_divisible(config: ModelConfig, size: int) -> None:
     if size < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {size}")
+    if size > 1 and (config.attention_sinks or config.attention_output_bias or config.expert_bias):
+        # (each rank would add o's and down's biases to its partial sum, and hold every head's sink)
+        raise ValueError(f"{config.architecture}: tensor parallelism is not supported for its attention sinks and "
+                         f"biases on the output projections (gpt-oss); run it with tensor_parallel_size 1")
     h, kv = config.num_attention_heads, config.num_key_value_heads
     if h % size:
         raise ValueError(f"tensor_parallel_size {size} does not divide the model's {h} attention heads")

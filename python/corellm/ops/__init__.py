@@ -1,7 +1,7 @@
 """corellm's ops: one Python function per kernel, checking device, dtype, shape and layout,
 then dispatching on the tensors' device (CPU: corellm._core's C++ kernels)."""
 
-from corellm.ops.activation import gelu_tanh_and_mul, silu_and_mul
+from corellm.ops.activation import gelu_tanh_and_mul, silu_and_mul, swigluoai_and_mul
 from corellm.ops.attention import kv_cache_shapes, kv_pack, paged_attention, reshape_and_cache, unpack_kv_cache
 from corellm.ops.lora import lora_add
 from corellm.ops.moe import moe_combine, moe_route
@@ -35,6 +35,7 @@ __all__ = [
     "scale",
     "scaled_gemm",
     "silu_and_mul",
+    "swigluoai_and_mul",
     "token_logprobs",
     "unpack_kv_cache",
 ]

@@ -23,8 +23,9 @@ void fused_add_rms_norm(void* x, int64_t x_stride, void* residual, int64_t resid
 void scale(void* x, int64_t x_stride, int64_t num_tokens, int64_t d, float factor, DType dtype);
 
 // The activation of a gated MLP: out = act(gate) * up (SwiGLU: silu; GeGLU: gelu_tanh, or gelu_erf —
-// ModernBERT's, GELU in its erf form — which only the fused gated GEMM computes: bf16_gemm_gated).
-enum class GatedActivation : int32_t { kSilu = 0, kGeluTanh = 1, kGeluErf = 2 };
+// ModernBERT's, GELU in its erf form — which only the fused gated GEMM computes: bf16_gemm_gated;
+// swiglu_oai, gpt-oss's clamped SwiGLU, with its two parameters: swigluoai_and_mul only).
+enum class GatedActivation : int32_t { kSilu = 0, kGeluTanh = 1, kGeluErf = 2, kSwigluOai = 3 };
 
 // out[t, :d] = silu(x[t, :d]) * x[t, d:2d].
 void silu_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride, int64_t num_tokens,
@@ -34,6 +35,12 @@ void silu_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride
 // rounded once to the dtype.
 void gelu_tanh_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride, int64_t num_tokens,
                        int64_t d, DType dtype);
+
+// gpt-oss's clamped SwiGLU: with g = min(x[t, i], limit) and u = clamp(x[t, d + i], -limit, limit),
+// out[t, i] = (u + 1) * (g * sigmoid(alpha * g)), in fp32 (sigmoid(z) = 1 / (1 + e^-z)), rounded once
+// to the dtype. InvalidArgument unless alpha and limit are positive and finite.
+void swigluoai_and_mul(void* out, int64_t out_stride, const void* x, int64_t x_stride, int64_t num_tokens,
+                       int64_t d, float alpha, float limit, DType dtype);
 
 // silu_and_mul or gelu_tanh_and_mul, by `act` (kGeluErf: refused, there is no unfused kernel for it).
 void gated_activation_and_mul(GatedActivation act, void* out, int64_t out_stride, const void* x, int64_t x_stride,

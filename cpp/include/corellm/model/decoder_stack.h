@@ -16,11 +16,11 @@
 //                                      each token's whole q and k)
 //   q, k = rotary(q, k, positions)     (the layer's rope table: Gemma 3's sliding layers have their own)
 //   cache[slot] = k, v
-//   a = paged_attention(q, cache)      [n, q] (the layer's window, if any)
-//   h = a Wo^T                         (Gemma 3: h = rms_norm(h), its post-attention norm)
+//   a = paged_attention(q, cache)      [n, q] (the layer's window and sinks, if any)
+//   h = a Wo^T (+ b)                   (Gemma 3: h = rms_norm(h), its post-attention norm)
 //                                      (Granite: h *= residual_multiplier, here and after the MLP)
 //   x += h, h = rms_norm(x)
-//   h = down(act(gate(h)) * up(h))     act: silu (SwiGLU) or gelu_tanh (GeGLU); in blocks of 256
+//   h = down(act(gate(h)) * up(h))     act: silu (SwiGLU), gelu_tanh (GeGLU) or swiglu_oai; in blocks of 256
 //                                      rows, each block's intermediates kept in the caches
 //                                      (a mixture of experts' sparse layer: MoeWeights' steps)
 //                                      (Gemma 3: h = rms_norm(h), its post-feedforward norm)
@@ -66,6 +66,7 @@ struct DecoderDims {
   int64_t max_position = 0;                // the layers' rope tables: [max_position, rot_dim]
   int64_t rot_dim = 0;
   GatedActivation activation = GatedActivation::kSilu;
+  float swiglu_alpha = 0.0f, swiglu_limit = 0.0f;  // kSwigluOai's (swigluoai_and_mul's alpha and limit)
   float embedding_multiplier = 1.0f;       // 1: the embedding rows as they are
   float residual_multiplier = 1.0f;        // the attention's and the MLP's outputs times this (Granite)
   bool qk_norm_whole = false;              // the q/k norms over each token's whole q and k (OLMoE), not per head
@@ -138,6 +139,7 @@ struct DecoderLayerWeights {
   // rotary embedding (a NoPE layer: SmolLM3's every fourth)
   const float* cos_sin_cache = nullptr;
   int64_t sliding_window = 0;            // <= 0: none
+  const float* sinks = nullptr;          // [num_heads] fp32, the attention's sinks (gpt-oss), or null
   void* key_cache = nullptr;                      // layout of paged_attention.h
   void* value_cache = nullptr;
 };
@@ -197,6 +199,13 @@ class DecoderStack {
   void run(const DecoderStepArgs& step, Scratch& s);  // embedding, layers and final norm into step.out
   void reserve(Scratch& s, int64_t num_tokens) const;
   void layer(size_t index, const DecoderStepArgs& step, Scratch& s);
+  // out [m, d] = act(gate) * up of w's output (w: a gate_up, n = 2d), by the model's activation:
+  // w.forward_gated, or for kSwigluOai w.forward into scratch [m, n], then swigluoai_and_mul.
+  void gated(const LinearWeight& w, const uint16_t* x, int64_t x_stride, uint16_t* out, int64_t out_stride, int64_t m,
+             uint16_t* scratch, XRows x_rows = XRows::kAnywhere) const;
+  // out [m, d] = act(gate) * up of gate_up's rows [m, 2d] (row stride gate_up_stride = 2d), by the
+  // model's activation.
+  void activate(const uint16_t* gate_up, int64_t gate_up_stride, uint16_t* out, int64_t out_stride, int64_t m) const;
   // h [n, hidden] (in place) = the mixture of experts `moe` of h's rows (MoeWeights' steps).
   void sparse_mlp(const MoeWeights& moe, uint16_t* h, int64_t n, Scratch& s) const;
   // The MLP's output h [n, hidden] made ready to join the residual stream: Gemma 3's

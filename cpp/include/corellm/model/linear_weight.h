@@ -35,8 +35,8 @@ struct LinearWeight {
   // x_rows: where x's rows were written (packed_gemm.h's XRows), for the bf16 GEMM's split.
   void forward(const uint16_t* x, int64_t x_stride, uint16_t* y, int64_t y_stride, int64_t m,
                XRows x_rows = XRows::kAnywhere) const;
-  // As forward, but y [m, n] fp32: each part's sums as its GEMM makes them, not rounded to bf16
-  // (a router's logits). Python's Linear(..., out_dtype=float32) computes the same.
+  // As forward, but y [m, n] fp32: each part's sums (plus the bias) as its GEMM makes them, not
+  // rounded to bf16 (a router's logits). Python's Linear(..., out_dtype=float32) computes the same.
   void forward_f32(const uint16_t* x, int64_t x_stride, float* y, int64_t y_stride, int64_t m) const;
 
   // A gated MLP's gate_up (n = 2d: the gate's rows, then up's): out [m, d] (row stride

@@ -1,0 +1,131 @@
+"""gpt-oss (GptOssForCausalLM) against transformers in fp32, beyond the tiny model's runs in
+test_hf_oracle.py, test_native_stack.py and the engine's test_tiny_oracle.py: its attention sinks and
+clamped SwiGLU each change the result (so the comparisons test them), a checkpoint whose experts are
+in MXFP4 as the official ones are (dequantized at load, exactly), the config's defaults as
+transformers reads them, and what corellm refuses, by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from corellm.model import load_model
+from corellm.model.model_config import ModelConfig
+from corellm.model.mxfp4 import dequantize_mxfp4
+from corellm.model.tensor_parallel import check_divisible
+from tests.model.runner import assert_last_logits_match
+from tests.model.tiny_models import TINY, make_tiny_model
+
+transformers = pytest.importorskip("transformers")
+
+PROMPT = [(13 * i + 7) % 384 for i in range(50)]  # past the sliding layers' 16-token window
+
+
+def test_logits_match_and_the_sinks_and_the_clamp_matter(tmp_path, tokenizer_json):
+    hf = make_tiny_model("gpt_oss", tmp_path, tokenizer_json, seed=4)
+    ours = load_model(str(tmp_path), dtype="float32", progress=False)
+    c = ours.config
+    assert (c.attention_sinks, c.attention_output_bias, c.expert_bias, c.moe_router_bias) == (True,) * 4
+    assert c.layer_types == ("sliding_attention", "full_attention", "sliding_attention") and c.sliding_window == 16
+    assert c.rope_type == "yarn" and c.swiglu_limit == 0.25 and c.swiglu_alpha == pytest.approx(1.702)
+    assert_last_logits_match(ours.model, hf, PROMPT, atol=1e-4, rtol=1e-4)
+    for layer in ours.model.layers:  # without the sinks the logits move
+        layer.attn.sinks.fill_(-1e4)
+    with pytest.raises(AssertionError):
+        assert_last_logits_match(ours.model, hf, PROMPT, atol=1e-3, rtol=1e-3)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["swiglu_limit"] = 100.0  # a clamp nothing reaches: the logits move too
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    unclamped = load_model(str(tmp_path), dtype="float32", progress=False)
+    with pytest.raises(AssertionError):
+        assert_last_logits_match(unclamped.model, hf, PROMPT, atol=1e-3, rtol=1e-3)
+
+
+def test_experts_in_mxfp4_load_exactly(tmp_path, tokenizer_json):
+    """The official checkpoints' form: each layer's gate_up_proj and down_proj as _blocks and
+    _scales (config quantization_config quant_method mxfp4). Random codes and scales, the HF model
+    given the weights transformers' own converter makes of them: the same logits."""
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    hf = make_tiny_model("gpt_oss", tmp_path, tokenizer_json, seed=5)
+    g = torch.Generator().manual_seed(6)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    c = hf.config
+    for i, layer in enumerate(hf.model.layers):
+        for proj, (rows, k) in {"gate_up_proj": (2 * c.intermediate_size, c.hidden_size),
+                                "down_proj": (c.hidden_size, c.intermediate_size)}.items():
+            blocks = torch.randint(0, 256, (c.num_local_experts, rows, k // 32, 16), generator=g, dtype=torch.uint8)
+            scales = torch.randint(119, 124, (c.num_local_experts, rows, k // 32), generator=g, dtype=torch.uint8)
+            with torch.no_grad():
+                getattr(layer.mlp.experts, proj).copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+            name = f"model.layers.{i}.mlp.experts.{proj}"
+            del state[name]
+            state[name + "_blocks"], state[name + "_scales"] = blocks, scales
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    ours = load_model(str(tmp_path), dtype="float32", progress=False)
+    assert_last_logits_match(ours.model, hf, PROMPT, atol=1e-4, rtol=1e-4)
+    # a half without the other is named
+    del state["model.layers.1.mlp.experts.down_proj_scales"]
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"model.layers.1.mlp.experts.down_proj_blocks without its _scales"):
+        load_model(str(tmp_path), dtype="float32", progress=False)
+
+
+def test_mxfp4_values():
+    """Codes 0-15 are 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, the low nibble first, times
+    2^(scale - 127)."""
+    blocks = torch.tensor([[[0x10 | 0x0, 0x32, 0x54, 0x76, 0x98, 0xBA, 0xDC, 0xFE] + [0] * 8]], dtype=torch.uint8)
+    got = dequantize_mxfp4(blocks, torch.tensor([[128]], dtype=torch.uint8))
+    want = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6] + [0] * 16) * 2
+    assert torch.equal(got[0], want)
+    with pytest.raises(ValueError, match="need scales of shape"):
+        dequantize_mxfp4(blocks, torch.zeros(2, 1, dtype=torch.uint8))
+
+
+def gpt_oss_config(**overrides) -> dict:
+    cfg = dict(TINY, architectures=["GptOssForCausalLM"], model_type="gpt_oss", num_local_experts=4,
+               num_experts_per_tok=2, head_dim=16, sliding_window=16, rope_theta=150000.0,
+               rope_scaling={"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "truncate": False, "original_max_position_embeddings": 4096})
+    cfg.update(overrides)
+    return cfg
+
+
+def test_the_config_defaults_as_transformers_reads_them():
+    """The official config.json's form (rope_scaling, no layer_types, no swiglu fields): sliding
+    layers first then alternating, alpha 1.702, limit 7, YaRN x32 over 4096 positions (131072)."""
+    c = ModelConfig.from_hf_config(gpt_oss_config(num_hidden_layers=4), "gpt-oss")
+    assert c.layer_types == ("sliding_attention", "full_attention") * 2
+    assert (c.swiglu_alpha, c.swiglu_limit, c.hidden_activation) == (1.702, 7.0, "swigluoai")
+    assert c.max_position_embeddings == 131072 and c.rope_scaling["truncate"] is False
+    assert (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size) == (4, 2, TINY["intermediate_size"])
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"swiglu_limit": 0.0}, r"swiglu_alpha \(1.702\) and swiglu_limit \(0.0\) must be positive and finite"),
+    ({"attention_bias": False}, r"gpt-oss without attention_bias is not supported"),
+    ({"quantization_config": {"quant_method": "awq"}}, r"a checkpoint quantized by 'awq'"),
+])
+def test_a_bad_config_is_refused_by_name(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_hf_config(gpt_oss_config(**overrides), "gpt-oss")
+
+
+def test_tensor_parallelism_is_refused_by_name():
+    config = ModelConfig.from_hf_config(gpt_oss_config(), "gpt-oss")
+    with pytest.raises(ValueError, match=r"tensor parallelism is not supported for its attention sinks"):
+        check_divisible(config, 2)
+    check_divisible(config, 1)
+
+
+def test_another_quantized_checkpoint_is_refused_by_name():
+    cfg = dict(TINY, architectures=["LlamaForCausalLM"], quantization_config={"quant_method": "fp8"})
+    with pytest.raises(ValueError, match=r"a checkpoint quantized by 'fp8' \(its quantization_config\) is not "
+                                         r"supported"):
+        ModelConfig.from_hf_config(cfg, "llama")
