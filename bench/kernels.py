@@ -218,7 +218,7 @@ def add_quantized_linear_cases(add) -> None:
     legacy = [((HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), (HIDDEN, HEADS * HEAD_DIM), (2 * INTER, HIDDEN),
               (HIDDEN, INTER)] * LAYERS
     peer = TorchLinearPeer()
-    for type_name in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS"):
+    for type_name in ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"):
         shapes = [(HIDDEN, INTER)] * LAYERS if type_name.endswith(("_K", "_XS")) else legacy
         rng = np.random.default_rng(0)
         ggml_type = int(getattr(gguf.GGMLQuantizationType, type_name))

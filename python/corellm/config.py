@@ -13,9 +13,10 @@ from corellm.sampling_params import SamplingParams
 # quant_gemm.h); "int8" quantizes an HF checkpoint's linear layers to int8 at load (one scale per
 # output row, activations quantized to int8 as they come; on the CPU quant_gemm.h, on a GPU the
 # CUTLASS scaled GEMM); "fp8" does the same in fp8 e4m3 on a Hopper GPU (cuda/scaled_gemm.cu);
-# "none" keeps (or dequantizes to) the dtype. Unset: "gguf" for a GGUF file on the CPU, else
-# "none" (model/loader.py).
-QUANTIZATION_METHODS = ("gguf", "int8", "fp8", "none")
+# "mxfp4" keeps an MXFP4 checkpoint's MXFP4 tensors (gpt-oss's experts) as they are (CPU kernels);
+# "none" keeps (or dequantizes to) the dtype. Unset: "gguf" for a GGUF file and "mxfp4" for an MXFP4
+# checkpoint on the CPU, else "none" (model/loader.py).
+QUANTIZATION_METHODS = ("gguf", "int8", "fp8", "mxfp4", "none")
 # generation_config.json fields that become a request's sampling defaults (vLLM's behaviour).
 GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 

@@ -20,7 +20,8 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num
     p.add_argument("--quantization", "-q", default=None, choices=list(QUANTIZATION_METHODS),
                    help="gguf: compute on a GGUF file's quantized weights as they are (the default for a .gguf "
                         "on the CPU); int8: quantize an HF checkpoint's projections to int8 at load (W8A8); "
-                        "fp8: the same in fp8 e4m3, on a Hopper GPU; "
+                        "fp8: the same in fp8 e4m3, on a Hopper GPU; mxfp4: compute on an MXFP4 checkpoint's "
+                        "MXFP4 weights as they are (gpt-oss's experts; the default for one on the CPU); "
                         "none: keep or dequantize to --dtype")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--max-num-seqs", type=int, default=max_num_seqs)

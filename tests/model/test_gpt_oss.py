@@ -13,9 +13,9 @@ import torch
 
 from corellm.model import load_model
 from corellm.model.model_config import ModelConfig
-from corellm.model.mxfp4 import dequantize_mxfp4
+from corellm.model.mxfp4 import dequantize_mxfp4, gguf_rows
 from corellm.model.tensor_parallel import check_divisible
-from tests.model.runner import assert_last_logits_match
+from tests.model.runner import assert_last_logits_match, greedy_decode
 from tests.model.tiny_models import TINY, make_tiny_model
 
 transformers = pytest.importorskip("transformers")
@@ -46,7 +46,10 @@ def test_logits_match_and_the_sinks_and_the_clamp_matter(tmp_path, tokenizer_jso
 def test_experts_in_mxfp4_load_exactly(tmp_path, tokenizer_json):
     """The official checkpoints' form: each layer's gate_up_proj and down_proj as _blocks and
     _scales (config quantization_config quant_method mxfp4). Random codes and scales, the HF model
-    given the weights transformers' own converter makes of them: the same logits."""
+    given the weights transformers' own converter makes of them. Dequantized at load (quantization
+    "none"): the same logits. Kept in MXFP4 (the default on the CPU): every expert's weight
+    dequantizes to transformers' exactly, the logits within the int8 activations' error, and in
+    bf16 the native stack is bit-identical to the per-op layers."""
     from safetensors.torch import load_file, save_file
     from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
@@ -68,8 +71,23 @@ def test_experts_in_mxfp4_load_exactly(tmp_path, tokenizer_json):
     cfg = json.loads((tmp_path / "config.json").read_text())
     cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    ours = load_model(str(tmp_path), dtype="float32", progress=False)
+    ours = load_model(str(tmp_path), dtype="float32", progress=False, quantization="none")
+    assert ours.quantization == "none"
     assert_last_logits_match(ours.model, hf, PROMPT, atol=1e-4, rtol=1e-4)
+    kept = load_model(str(tmp_path), dtype="float32", progress=False)
+    assert kept.quantization == "mxfp4"
+    for i, layer in enumerate(kept.model.layers):
+        experts = hf.model.layers[i].mlp.experts
+        for e, expert in enumerate(layer.mlp.experts):
+            ((_, gate_up),), ((_, down),) = expert.gate_up_proj.quantized, expert.down_proj.quantized
+            assert gate_up.type_name == down.type_name == "MXFP4"
+            want = experts.gate_up_proj[e].detach().t()  # [2 inter, hidden], gate and up rows interleaved
+            assert torch.equal(gate_up.dequantize(torch.float32), torch.cat([want[0::2], want[1::2]]))
+            assert torch.equal(down.dequantize(torch.float32), experts.down_proj[e].detach().t())
+    assert_last_logits_match(kept.model, hf, PROMPT, atol=0.05, rtol=0.05)
+    bf16 = load_model(str(tmp_path), dtype="bfloat16", progress=False).model
+    prompts = [PROMPT[:n] for n in (9, 30, 50)]
+    assert torch.equal(greedy_decode(bf16, prompts, 6, native=True), greedy_decode(bf16, prompts, 6, native=False))
     # a half without the other is named
     del state["model.layers.1.mlp.experts.down_proj_scales"]
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
@@ -122,6 +140,28 @@ def test_tensor_parallelism_is_refused_by_name():
     with pytest.raises(ValueError, match=r"tensor parallelism is not supported for its attention sinks"):
         check_divisible(config, 2)
     check_divisible(config, 1)
+
+
+def test_mxfp4_rows_in_ggufs_order():
+    """A checkpoint's codes in pairs (2j low, 2j + 1 high) as GGUF's MXFP4 block: the scale byte,
+    then values 0-15 in the low nibbles and 16-31 in the high ones; the gguf package reads back the
+    values dequantize_mxfp4 gives."""
+    from gguf import GGMLQuantizationType, quants
+
+    g = torch.Generator().manual_seed(8)
+    blocks = torch.randint(0, 256, (5, 3, 16), generator=g, dtype=torch.uint8)
+    scales = torch.randint(110, 140, (5, 3), generator=g, dtype=torch.uint8)
+    rows = gguf_rows(blocks, scales)
+    assert rows.shape == (5, 51)
+    read = quants.dequantize(rows, GGMLQuantizationType.MXFP4)
+    assert torch.equal(torch.from_numpy(read.reshape(5, 96)), dequantize_mxfp4(blocks, scales).reshape(5, 96))
+
+
+def test_quantization_mxfp4_needs_an_mxfp4_checkpoint(tmp_path, tokenizer_json):
+    make_tiny_model("gpt_oss", tmp_path, tokenizer_json, seed=2)
+    with pytest.raises(ValueError, match=r"quantization 'mxfp4' keeps an MXFP4 checkpoint's weights as they are"):
+        load_model(str(tmp_path), dtype="float32", progress=False, quantization="mxfp4")
+    assert load_model(str(tmp_path), dtype="float32", progress=False).quantization == "none"
 
 
 def test_another_quantized_checkpoint_is_refused_by_name():

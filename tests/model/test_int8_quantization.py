@@ -55,7 +55,7 @@ def test_int8_is_refused_where_it_does_not_apply(tiny):
 
     with pytest.raises(ValueError, match="quantization 'int8' quantizes an HF checkpoint's weights; .* is a GGUF"):
         load_model(str(default_model_path()), quantization="int8")
-    with pytest.raises(ValueError, match="quantization 'fp4' is not supported: use one of gguf, int8, fp8, none"):
+    with pytest.raises(ValueError, match="quantization 'fp4' is not supported: use one of gguf, int8, fp8, mxfp4, none"):
         load_model(str(tiny[0]), quantization="fp4")
     with pytest.raises(ValueError, match="quantization 'gguf' needs a .gguf file"):
         load_model(str(tiny[0]), quantization="gguf")

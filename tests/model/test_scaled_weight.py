@@ -57,7 +57,7 @@ def test_fp8_is_refused_off_the_gpu():
         load_model(quantization="fp8")
     with pytest.raises(ValueError, match="quantization 'fp8' runs on a Hopper GPU"):
         LLM(quantization="fp8")
-    with pytest.raises(ValueError, match="quantization must be one of gguf, int8, fp8, none"):
+    with pytest.raises(ValueError, match="quantization must be one of gguf, int8, fp8, mxfp4, none"):
         LLM(quantization="fp4")
 
 

@@ -129,6 +129,23 @@ def test_types_on_arbitrary_bits(type_name):
     paths_agree_within_bound(q, x, w)
 
 
+def test_mxfp4_keeps_every_scale_byte():
+    """MXFP4's E8M0 scale 2^(e - 128) for every byte e (2^-128 and 2^-127 subnormal in fp32 and bf16
+    alike, 2^127 the largest), kept in the panel as bf16: each row dequantizes to the `gguf`
+    package's values exactly; and rows of moderate scales multiply as the reference does."""
+    rng = np.random.default_rng(13)
+    blocks = np.concatenate([np.arange(256, dtype=np.uint8)[:, None],
+                             rng.integers(0, 256, size=(256, 16), dtype=np.uint8)], axis=1)
+    q = QuantizedTensor.pack(ggml_type("MXFP4"), blocks, (256, 32))
+    with np.errstate(over="ignore"):  # 2^127 x 12 is infinite in fp32, for both
+        want = dequantize(blocks, "MXFP4")
+    np.testing.assert_array_equal(q.dequantize(torch.float32).numpy(), want)
+    moderate = blocks[100:150]  # scales 2^-28 .. 2^21
+    q = QuantizedTensor.pack(ggml_type("MXFP4"), moderate, (50, 32))
+    x = torch.randn(20, 32, generator=torch.Generator().manual_seed(14))
+    paths_agree_within_bound(q, x, dequantize(moderate, "MXFP4"))
+
+
 @pytest.mark.parametrize("type_name", ["Q4_1", "Q8_0", "Q6_K", "Q5_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS"])
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32])
 def test_each_row_is_independent_of_the_batch(type_name, x_dtype):

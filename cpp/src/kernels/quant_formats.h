@@ -12,6 +12,7 @@
 //   Q2_K  d 32 | dmin 32 | sc|mn 256 | 2-bit values 1024                   1344
 //   Q3_K  d 32 | sc 256 | 2-bit values 1024 | 3rd bits 512                  1824
 //   IQ4_NL d 32 | nibbles 256                                  288
+//   MXFP4  d 32 (bf16) | nibbles 256                           288
 //   IQ4_XS d 32 | sc 128 | nibbles 2048                        2208
 //   Q4_K  d 32 | dmin 32 | sc 128 | mn 128 | nibbles 2048      2368
 //   Q5_K  d 32 | dmin 32 | sc 128 | mn 128 | nibbles 2048 | 5th bits 512   2880
@@ -39,7 +40,7 @@ namespace corellm::quant {
 struct QuantBlock {
   uint8_t u[256];      // Q2_K: 0..3, Q3_K: 0..7, Q4 and IQ4 (level index): 0..15, Q5: 0..31, Q6_K: 0..63,
                        // Q8_0: q + 128
-  uint16_t d = 0;      // fp16 scale
+  uint16_t d = 0;      // fp16 scale (MXFP4: bf16, 2^(e - 128) from its E8M0 byte)
   uint16_t m = 0;      // fp16: the min (Q4_1, Q5_1) or dmin (Q2_K, Q4_K, Q5_K)
   uint8_t sc[16] = {};  // Q4_K, Q5_K: 6-bit scale per 32 values; Q6_K, Q3_K: int8 scale per 16
                         // values; Q2_K: 4-bit scale per 16 values; IQ4_XS: int8 scale per 32
@@ -68,6 +69,7 @@ constexpr Layout layout_of(QuantType t) {
     case QuantType::kQ2_K: return {256, 128, 0, true, true, 0, 32, 64, -1, 320, -1, 1344};
     case QuantType::kQ3_K: return {256, 128, 4, false, true, 0, -1, 32, -1, 288, 1312, 1824};
     case QuantType::kIQ4_NL: return {32, 32, 128, false, false, 0, -1, -1, -1, 32, -1, 288};
+    case QuantType::kMXFP4: return {32, 32, 128, false, false, 0, -1, -1, -1, 32, -1, 288};
     case QuantType::kIQ4_XS: return {256, 32, 128, false, true, 0, -1, 32, -1, 160, -1, 2208};
     case QuantType::kQ4_K: return {256, 64, 0, true, true, 0, 32, 64, 192, 320, -1, 2368};
     case QuantType::kQ5_K: return {256, 64, 0, true, true, 0, 32, 64, 192, 320, 2368, 2880};
@@ -91,6 +93,19 @@ inline uint32_t load_u32(const uint8_t* p) {
 constexpr int8_t kIq4Levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 constexpr bool is_iq4(QuantType t) { return t == QuantType::kIQ4_NL || t == QuantType::kIQ4_XS; }
+
+// MXFP4: E2M1's values doubled (llama.cpp's kvalues_mxfp4), the scale 2^(e - 128) halving them back.
+constexpr int8_t kMxfp4Levels[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// The 16 levels of a type whose 4-bit indices are looked up (IQ4_NL, IQ4_XS, MXFP4).
+constexpr const int8_t* nibble_levels(QuantType t) { return t == QuantType::kMXFP4 ? kMxfp4Levels : kIq4Levels; }
+
+// MXFP4's scale 2^(e - 128) as bf16 bits (exact for every byte e: bf16's exponent range is fp32's,
+// its subnormals reach 2^-133).
+inline uint16_t e8m0_half_bf16(uint8_t e) {
+  if (e >= 2) return static_cast<uint16_t>((e - 1) << 7);   // 2^(e - 1 - 127), a normal number
+  return static_cast<uint16_t>(e == 1 ? 0x0040 : 0x0020);   // 2^-127, 2^-128: subnormals
+}
 
 // ggml's get_scale_min_k4: sub-block j's 6-bit scale and min from the 12 packed bytes.
 inline void k4_scale_min(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) {
@@ -136,6 +151,13 @@ inline void decode_file_block(QuantType t, const uint8_t* b, QuantBlock* out) {
       for (int i = 0; i < 16; ++i) {
         out->u[i] = b[2 + i] & 0xF;
         out->u[i + 16] = b[2 + i] >> 4;
+      }
+      return;
+    case QuantType::kMXFP4:  // e | qs[16]: value i the low nibble of qs[i], 16 + i the high one
+      out->d = e8m0_half_bf16(b[0]);
+      for (int i = 0; i < 16; ++i) {
+        out->u[i] = b[1 + i] & 0xF;
+        out->u[i + 16] = b[1 + i] >> 4;
       }
       return;
     case QuantType::kIQ4_XS: {  // d | scales_h (2 bytes) | scales_l[4] | qs[128], 32 values per 16 bytes

@@ -27,9 +27,13 @@ namespace {
 constexpr QuantType kAllTypes[] = {QuantType::kQ4_0, QuantType::kQ4_1, QuantType::kQ5_0,
                                    QuantType::kQ5_1, QuantType::kQ8_0, QuantType::kQ2_K,
                                    QuantType::kQ3_K, QuantType::kQ4_K, QuantType::kQ5_K,
-                                   QuantType::kQ6_K, QuantType::kIQ4_NL, QuantType::kIQ4_XS};
+                                   QuantType::kQ6_K, QuantType::kIQ4_NL, QuantType::kIQ4_XS,
+                                   QuantType::kMXFP4};
 
 inline float fp16(uint16_t h) { return _cvtsh_ss(h); }
+
+// A block's scale d as a float: fp16 bits, or MXFP4's bf16 ones.
+inline float scale_d(QuantType t, uint16_t d) { return t == QuantType::kMXFP4 ? bf16_to_f32(d) : fp16(d); }
 
 int64_t num_panels(int64_t n) { return (n + kQuantPanelRows - 1) / kQuantPanelRows; }
 
@@ -42,11 +46,11 @@ void check_shape(QuantType type, int64_t n, int64_t k, const char* what) {
 // Row c's block values, dequantized (w as quant_gemm.h defines it).
 void dequantize_block(QuantType t, const QuantBlock& q, float* out) {
   const Layout L = layout_of(t);
-  const float d = fp16(q.d), m = fp16(q.m);
+  const float d = scale_d(t, q.d), m = fp16(q.m);
   for (int e = 0; e < L.block; ++e) {
     const int u = q.u[e];
-    if (t == QuantType::kIQ4_NL) {
-      out[e] = d * static_cast<float>(quant::kIq4Levels[u]);
+    if (t == QuantType::kIQ4_NL || t == QuantType::kMXFP4) {
+      out[e] = d * static_cast<float>(quant::nibble_levels(t)[u]);
     } else if (t == QuantType::kIQ4_XS) {
       out[e] = d * static_cast<float>(static_cast<int8_t>(q.sc[e / 32])) * static_cast<float>(quant::kIq4Levels[u]);
     } else if (t == QuantType::kQ2_K) {
@@ -69,18 +73,18 @@ float block_dot(QuantType t, const QuantBlock& w, const quant::QuantizedRows& x,
   const int8_t* xq = x.row_q(r) + b * L.block;
   const float *xd = x.row_d(r), *xs = x.row_s(r);
   const int32_t* sum16 = x.row_sum16(r);
-  const float d = fp16(w.d), m = fp16(w.m);
+  const float d = scale_d(t, w.d), m = fp16(w.m);
   auto dot = [&](int begin, int count) {
     int32_t s = 0;
     for (int e = begin; e < begin + count; ++e) s += static_cast<int32_t>(w.u[e]) * xq[e];
     return s;
   };
-  auto level_dot = [&](int begin) {  // IQ4: the levels kv[q] (= u - 128) times x over 32 values
+  auto level_dot = [&](int begin) {  // IQ4, MXFP4: the levels kv[q] (= u - 128) times x over 32 values
     int32_t s = 0;
-    for (int e = begin; e < begin + 32; ++e) s += static_cast<int32_t>(quant::kIq4Levels[w.u[e]]) * xq[e];
+    for (int e = begin; e < begin + 32; ++e) s += static_cast<int32_t>(quant::nibble_levels(t)[w.u[e]]) * xq[e];
     return s;
   };
-  if (t == QuantType::kIQ4_NL) return std::fma(static_cast<float>(level_dot(0)), d * xd[b], acc);
+  if (t == QuantType::kIQ4_NL || t == QuantType::kMXFP4) return std::fma(static_cast<float>(level_dot(0)), d * xd[b], acc);
   if (t == QuantType::kIQ4_XS) {
     for (int j = 0; j < 8; ++j) {
       const int64_t a = 8 * b + j;
@@ -141,7 +145,7 @@ bool quant_type_supported(int32_t ggml_type) {
 QuantType quant_type_of(int32_t ggml_type) {
   CORELLM_CHECK_ARG(quant_type_supported(ggml_type), "ggml type ", ggml_type,
                     " has no quantized kernel (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, "
-                    "IQ4_XS do)");
+                    "IQ4_XS, MXFP4 do)");
   return static_cast<QuantType>(ggml_type);
 }
 
@@ -155,6 +159,7 @@ const char* quant_type_name(QuantType type) {
     case QuantType::kQ2_K: return "Q2_K";
     case QuantType::kQ3_K: return "Q3_K";
     case QuantType::kIQ4_NL: return "IQ4_NL";
+    case QuantType::kMXFP4: return "MXFP4";
     case QuantType::kIQ4_XS: return "IQ4_XS";
     case QuantType::kQ4_K: return "Q4_K";
     case QuantType::kQ5_K: return "Q5_K";
@@ -175,6 +180,7 @@ int64_t quant_block_bytes(QuantType type) {
     case QuantType::kQ2_K: return 84;
     case QuantType::kQ3_K: return 110;
     case QuantType::kIQ4_NL: return 18;
+    case QuantType::kMXFP4: return 17;
     case QuantType::kIQ4_XS: return 136;
     case QuantType::kQ4_K: return 144;
     case QuantType::kQ5_K: return 176;

@@ -13,7 +13,7 @@
 // on 16-512 rows (Q4_1, Q8_0, Q4_K); Q6_K, whose sub-blocks of 16 need two dot products of depth
 // 16 and two stores per 32 values, gains nothing (0.9-1.1x) and stays on the vector loops; so
 // do Q2_K and Q3_K, whose sub-blocks are of 16 too, and IQ4_NL / IQ4_XS (their levels looked up in
-// registers). As on the vector loops, the thread's next panel is fetched into L2 (next_panel.h) a
+// registers), and MXFP4 likewise. As on the vector loops, the thread's next panel is fetched into L2 (next_panel.h) a
 // step per block of each 16 rows: SmolLM2 Q4_1 decode steps of 16 / 32 / 64 requests 15.0-15.7 ->
 // 12.7-12.9 / 25.8-27.5 -> 22.2-23.7 / 49.8-51.3 -> 47.2-48.6 ms (Intel Xeon VM, 2 threads).
 #include <immintrin.h>
@@ -198,6 +198,7 @@ void quant_gemm_amx(const QuantGemmArgs& a, const QuantizedRows& x, const PanelC
     case QuantType::kQ2_K: return kernel::panels<Avx512VnniLanes, QuantType::kQ2_K>(a, x, claims);
     case QuantType::kQ3_K: return kernel::panels<Avx512VnniLanes, QuantType::kQ3_K>(a, x, claims);
     case QuantType::kIQ4_NL: return kernel::panels<Avx512VnniLanes, QuantType::kIQ4_NL>(a, x, claims);
+    case QuantType::kMXFP4: return kernel::panels<Avx512VnniLanes, QuantType::kMXFP4>(a, x, claims);
     case QuantType::kIQ4_XS: return kernel::panels<Avx512VnniLanes, QuantType::kIQ4_XS>(a, x, claims);
   }
 }

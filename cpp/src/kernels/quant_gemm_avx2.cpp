@@ -79,9 +79,10 @@ struct Avx2Lanes {
     for (int v = 0; v < 8; ++v) U[v] = load(p + 64 * v);
     q8_values_of(U, V);
   }
-  // IQ4's levels plus 128 (the sign bit flipped) by the 4-bit index in each byte (pshufb's lookup).
-  static I iq4_levels(I v) {
-    const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Levels));
+  // A type's 16 levels (IQ4's, MXFP4's: nibble_levels) plus 128 (the sign bit flipped) by the 4-bit
+  // index in each byte (pshufb's lookup).
+  static I levels(I v, const int8_t* values) {
+    const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(values));
     const __m256i table = _mm256_broadcastsi128_si256(_mm_xor_si128(levels, _mm_set1_epi8(static_cast<char>(0x80))));
     return {_mm256_shuffle_epi8(table, v.lo), _mm256_shuffle_epi8(table, v.hi)};
   }
@@ -103,6 +104,13 @@ struct Avx2Lanes {
   static F f16(const uint8_t* p) {
     return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
             _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};
+  }
+  static F bf16(const uint8_t* p) {  // 16 bf16 values, exactly
+    auto half = [](const uint8_t* h) {
+      return _mm256_castsi256_ps(
+          _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h))), 16));
+    };
+    return {half(p), half(p + 16)};
   }
   static __m256i u8x8(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
   static __m256i i8x8(const uint8_t* p) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }

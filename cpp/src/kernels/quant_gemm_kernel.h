@@ -13,11 +13,12 @@
 //   pair_sums(u, x4), add16, widen16   the lane's two 16-bit pair sums, added, widened to 32 bits
 //   q8_values(p, V), q8_dots(V, xq, xsum)   a Q8_0 block's values made once for all rows
 //                              (16 vectors), then each row's sum of u times xq
-//   f16(p), u8(p), u8i(p), i8(p)   16 fp16 / unsigned bytes (as floats, as integers) / signed
-//                              bytes -> lanes
+//   f16(p), bf16(p), u8(p), u8i(p), i8(p)   16 fp16 / bf16 / unsigned bytes (as floats, as
+//                              integers) / signed bytes -> lanes
 //   u8_pairs(lo, hi), madd16   lanes of lo[c] | hi[c] << 16 (two unsigned bytes); per lane the
 //                              sum of its two 16-bit products
-//   iq4_levels(v)              each byte's 4-bit level index -> the level plus 128 (a byte lookup)
+//   levels(v, values)          each byte's 4-bit level index -> the table's level plus 128 (a byte
+//                              lookup; IQ4's and MXFP4's tables: quant_formats.h's nibble_levels)
 //   q8_values_of(U, V)         (HasQ8Values) q8_values from 8 vectors of unsigned bytes in registers
 //   cvt, fmadd, fnmadd, mul, set1_f, zero_f, store16(float*, F)
 //   kNonTemporalOneRow         one row's panels of the streaming types fetched with the
@@ -30,7 +31,7 @@
 // Meanwhile the thread's next panel is fetched into L2 (next_panel.h). The pieces, one header
 // each: quant_kernel_integers.h (the integer dot products and bit moves every type uses),
 // quant_kernel_classic_blocks.h (Q4_0 ... Q8_0, Q4_K ... Q6_K), quant_kernel_low_bit_blocks.h (Q2_K,
-// Q3_K, IQ4_NL, IQ4_XS); this one drives them over panels and rows.
+// Q3_K, IQ4_NL, IQ4_XS, MXFP4); this one drives them over panels and rows.
 //
 // Include it inside the path's target region, after every system header: its templates are
 // compiled for that path's instructions, in each source its own copy.
@@ -75,8 +76,8 @@ void panel_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int6
   for (int r = 0; r < MR; ++r) acc[r] = Lanes::zero_f();
   for (int64_t b = 0; b < nb; ++b) {
     next.step();
-    if constexpr (T == QuantType::kIQ4_NL) {
-      iq4_nl_block<Lanes, MR>(panel + b * L.bytes, x, r0, b, acc);
+    if constexpr (T == QuantType::kIQ4_NL || T == QuantType::kMXFP4) {
+      iq4_nl_block<Lanes, MR, T>(panel + b * L.bytes, x, r0, b, acc);
     } else if constexpr (T == QuantType::kIQ4_XS) {
       iq4_xs_block<Lanes, MR>(panel + b * L.bytes, x, r0, b, acc);
     } else if constexpr (L.block == 32) {
@@ -106,7 +107,8 @@ void panel(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int64_t r
   const int64_t blocks_of_rows = rows / kRows + left / kTailRows + left % kTailRows;
   // the types whose panels gained from the non-temporal hint, on the paths where it did (next_panel.h)
   constexpr bool kStreams = Lanes::kNonTemporalOneRow && (T == QuantType::kQ4_0 || T == QuantType::kQ4_1 ||
-                                                          T == QuantType::kQ8_0 || T == QuantType::kIQ4_NL);
+                                                          T == QuantType::kQ8_0 || T == QuantType::kIQ4_NL ||
+                                                          T == QuantType::kMXFP4);
   NextPanel next = after >= 0 ? NextPanel(a.packed + after * panel_bytes, panel_bytes,
                                           blocks_of_rows * (a.k / L.block), read_once_panel(kStreams, rows))
                               : NextPanel();
@@ -137,6 +139,7 @@ void run(const QuantGemmArgs& a, const QuantizedRows& x, const PanelClaims& clai
     case QuantType::kQ2_K: return panels<Lanes, QuantType::kQ2_K>(a, x, claims);
     case QuantType::kQ3_K: return panels<Lanes, QuantType::kQ3_K>(a, x, claims);
     case QuantType::kIQ4_NL: return panels<Lanes, QuantType::kIQ4_NL>(a, x, claims);
+    case QuantType::kMXFP4: return panels<Lanes, QuantType::kMXFP4>(a, x, claims);
     case QuantType::kIQ4_XS: return panels<Lanes, QuantType::kIQ4_XS>(a, x, claims);
     case QuantType::kQ4_K: return panels<Lanes, QuantType::kQ4_K>(a, x, claims);
     case QuantType::kQ5_K: return panels<Lanes, QuantType::kQ5_K>(a, x, claims);

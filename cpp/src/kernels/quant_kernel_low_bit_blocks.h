@@ -1,6 +1,6 @@
 // quant_gemm's vector loops for the types added on top of the classic ones: Q2_K and Q3_K (2-bit
-// planes, 16-value sub-blocks; Q3_K's 3rd bits in a plane of their own) and IQ4_NL / IQ4_XS
-// (4-bit indices of non-linear levels, looked up in registers).
+// planes, 16-value sub-blocks; Q3_K's 3rd bits in a plane of their own) and IQ4_NL / IQ4_XS /
+// MXFP4 (4-bit indices of levels, looked up in registers).
 // Part of quant_gemm_kernel.h's loops (its header says what a Lanes policy provides): include that
 // header, inside the path's target region, not this one.
 #pragma once
@@ -20,16 +20,17 @@ inline F<Lanes> q2_epilogue(F<Lanes> acc, I<Lanes> T, I<Lanes> M, F<Lanes> d, F<
   return Lanes::fnmadd(Lanes::cvt(M), Lanes::mul(dmin, dx), acc);
 }
 
-// IQ4_NL / IQ4_XS: 32 values' level indices (nibbles at q, a run of 32 laid out as the legacy
-// types') looked up as u = kv + 128, in the form the Lanes' products take: |kv| and kv, 16 vectors
-// (HasQ8Values: Q8_0's signed products on AVX2), or u itself, 8 vectors.
-template <class Lanes>
+// IQ4_NL / IQ4_XS / MXFP4 (T): 32 values' level indices (nibbles at q, a run of 32 laid out as the
+// legacy types') looked up as u = kv + 128 (kv the type's levels, nibble_levels), in the form the
+// Lanes' products take: |kv| and kv, 16 vectors (HasQ8Values: Q8_0's signed products on AVX2), or u
+// itself, 8 vectors.
+template <class Lanes, QuantType T = QuantType::kIQ4_NL>
 inline void iq4_values(const uint8_t* q, I<Lanes>* V) {
   I<Lanes> U[8];
   for (int g = 0; g < 4; ++g) {
     const I<Lanes> v = Lanes::load(q + 64 * g);
-    U[g] = Lanes::iq4_levels(Lanes::low_nibbles(v));
-    U[4 + g] = Lanes::iq4_levels(Lanes::high_nibbles(v));
+    U[g] = Lanes::levels(Lanes::low_nibbles(v), nibble_levels(T));
+    U[4 + g] = Lanes::levels(Lanes::high_nibbles(v), nibble_levels(T));
   }
   if constexpr (HasQ8Values<Lanes>::value) {
     Lanes::q8_values_of(U, V);
@@ -54,16 +55,17 @@ inline F<Lanes> iq4_epilogue(F<Lanes> acc, I<Lanes> T, F<Lanes> d, const Quantiz
   return Lanes::fmadd(Lanes::cvt(T), Lanes::mul(d, Lanes::set1_f(x.row_d(row)[a])), acc);
 }
 
-template <class Lanes, int MR>
+// IQ4_NL, or MXFP4 (Type): its levels and its scale in bf16.
+template <class Lanes, int MR, QuantType Type = QuantType::kIQ4_NL>
 inline void iq4_nl_block(const uint8_t* pb, const QuantizedRows& x, int64_t r0, int64_t b, F<Lanes>* acc) {
-  constexpr Layout L = layout_of(QuantType::kIQ4_NL);
-  const F<Lanes> d = Lanes::f16(pb + L.d_off);
+  constexpr Layout L = layout_of(Type);
+  const F<Lanes> d = Type == QuantType::kMXFP4 ? Lanes::bf16(pb + L.d_off) : Lanes::f16(pb + L.d_off);
   I<Lanes> V[16];
-  iq4_values<Lanes>(pb + L.q_off, V);
+  iq4_values<Lanes, Type>(pb + L.q_off, V);
   for (int r = 0; r < MR; ++r) {
     const int32_t* sum16 = x.row_sum16(r0 + r) + 2 * b;
-    const I<Lanes> T = iq4_level_sum<Lanes>(V, x.row_q(r0 + r) + 32 * b, sum16[0] + sum16[1]);
-    acc[r] = iq4_epilogue<Lanes>(acc[r], T, d, x, r0 + r, b);
+    const I<Lanes> S = iq4_level_sum<Lanes>(V, x.row_q(r0 + r) + 32 * b, sum16[0] + sum16[1]);
+    acc[r] = iq4_epilogue<Lanes>(acc[r], S, d, x, r0 + r, b);
   }
 }
 

@@ -42,13 +42,17 @@ struct Avx512VnniLanes {
     }
     return add(a, b);
   }
-  // IQ4's levels plus 128 (the sign bit flipped) by the 4-bit index in each byte (pshufb's lookup
-  // per 128 bits).
-  static I iq4_levels(I v) {
-    const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Levels));
+  // A type's 16 levels (IQ4's, MXFP4's: nibble_levels) plus 128 (the sign bit flipped) by the 4-bit
+  // index in each byte (pshufb's lookup per 128 bits).
+  static I levels(I v, const int8_t* values) {
+    const __m128i levels = _mm_loadu_si128(reinterpret_cast<const __m128i*>(values));
     return _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_xor_si128(levels, _mm_set1_epi8(static_cast<char>(0x80)))), v);
   }
   static F f16(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+  static F bf16(const uint8_t* p) {  // 16 bf16 values, exactly
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  }
   static F u8(const uint8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }

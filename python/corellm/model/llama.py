@@ -19,7 +19,7 @@ from corellm.distributed.parallel_state import TensorParallel
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.layers import MLP, DecoderLayer, Embedding, KVCache, Linear, SparseMoe
 from corellm.model.model_config import ModelConfig
-from corellm.model.mxfp4 import dequantize_mxfp4
+from corellm.model.mxfp4 import dequantize_mxfp4, gguf_rows
 from corellm.model.quantized_tensor import QuantizedTensor, row_slice
 from corellm.model.rope import attention_factor, cos_sin_cache, inverse_frequencies, longrope_is_long
 from corellm.model.tensor_parallel import WholeRowColumns, shard_config, shard_weights
@@ -97,12 +97,13 @@ def _layer_norm_names(c: ModelConfig) -> dict[str, str]:
 _ERNIE_MOE_NAMES = re.compile(r"^(model\.layers\.\d+\.mlp\.)(shared_experts\..+|moe_statics\.e_score_correction_bias)$")
 
 
-def split_fused_projections(weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]], config: ModelConfig
-                            ) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
+def split_fused_projections(weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]], config: ModelConfig,
+                            keep_mxfp4: bool = False) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
     """Each fused projection as its parts (row slices: views, or a quantized tensor's panels); ERNIE
     4.5's shared experts and expert bias under Qwen2-MoE's name and the layer's (_ERNIE_MOE_NAMES);
     every other tensor as it is. gpt-oss: its stacked experts split per expert (_GPT_OSS_EXPERTS),
-    from MXFP4 where the checkpoint has them so (_GPT_OSS_MXFP4)."""
+    from MXFP4 where the checkpoint has them so (_GPT_OSS_MXFP4): dequantized, or with keep_mxfp4
+    kept as MXFP4 QuantizedTensors (quantization "mxfp4")."""
     mxfp4_halves: dict[tuple[str, str], dict[str, torch.Tensor]] = {}  # (layer prefix, projection) -> its halves so far
     for name, t in weights:
         mxfp4 = _GPT_OSS_MXFP4.match(name) if config.family == "gpt_oss" else None
@@ -112,6 +113,9 @@ def split_fused_projections(weights: Iterable[tuple[str, torch.Tensor | Quantize
             halves[half] = t
             if len(halves) == 2:
                 del mxfp4_halves[(prefix, projection)]
+                if keep_mxfp4:
+                    yield from _gpt_oss_mxfp4_experts(prefix, projection, halves["blocks"], halves["scales"], config)
+                    continue
                 stacked = dequantize_mxfp4(halves["blocks"], halves["scales"], f"{prefix}experts.{projection}")
                 yield from _gpt_oss_experts(prefix, "experts." + projection, stacked.transpose(1, 2), config)
             continue
@@ -192,6 +196,30 @@ def _gpt_oss_experts(prefix: str, kind: str, t: torch.Tensor, config: ModelConfi
             yield f"{prefix}experts.{e}.up_proj.{suffix}", w[1::2]
         else:
             yield f"{prefix}experts.{e}.down_proj.{suffix}", t[e] if suffix == "bias" else t[e].t()
+
+
+def _gpt_oss_mxfp4_experts(prefix: str, projection: str, blocks: torch.Tensor, scales: torch.Tensor,
+                           config: ModelConfig) -> Iterator[tuple[str, QuantizedTensor]]:
+    """A gpt-oss layer's MXFP4 gate_up_proj or down_proj (blocks [experts, out, in / 32, 16]) kept in
+    MXFP4, per expert under Qwen3-MoE's names: gate_up's even output rows the gate's, the odd ones up's."""
+    experts, inter, hidden = config.num_experts, config.moe_intermediate_size, config.hidden_size
+    out, k = (2 * inter, hidden) if projection == "gate_up_proj" else (hidden, inter)
+    if tuple(blocks.shape) != (experts, out, k // 32, 16) or tuple(scales.shape) != (experts, out, k // 32):
+        raise ValueError(f"{config.source}: {prefix}experts.{projection}'s MXFP4 blocks {tuple(blocks.shape)} and "
+                         f"scales {tuple(scales.shape)}, but the config implies {(experts, out, k // 32, 16)} and "
+                         f"{(experts, out, k // 32)}")
+    mxfp4 = 39  # GGUF's ggml_type number
+
+    def kept(rows: slice, e: int) -> QuantizedTensor:
+        b, s = blocks[e, rows], scales[e, rows]
+        return QuantizedTensor.pack(mxfp4, gguf_rows(b, s), (b.shape[0], k))
+
+    for e in range(experts):
+        if projection == "gate_up_proj":
+            yield f"{prefix}experts.{e}.gate_proj.weight", kept(slice(0, None, 2), e)
+            yield f"{prefix}experts.{e}.up_proj.weight", kept(slice(1, None, 2), e)
+        else:
+            yield f"{prefix}experts.{e}.down_proj.weight", kept(slice(None), e)
 
 
 def _mlp_destinations(prefix: str, mlp: MLP, intermediate: int, hidden: int,

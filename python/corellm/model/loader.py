@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,17 +116,36 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return _DTYPES[key]
 
 
+def checkpoint_quantization(path: Path) -> str | None:
+    """An HF directory's quantization_config quant_method (None: none, or no readable config.json)."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    quantization = config.get("quantization_config") if isinstance(config, dict) else None
+    return quantization.get("quant_method") if isinstance(quantization, dict) else None
+
+
 def resolve_quantization(quantization: str | None, path: Path, device: torch.device) -> str:
     """The quantization method a load uses (QUANTIZATION_METHODS); ValueError naming the value and
     why when it cannot apply to this model or device."""
     gguf = path.suffix.lower() == ".gguf"
+    mxfp4 = path.is_dir() and checkpoint_quantization(path) == "mxfp4"
     if quantization is None or quantization == "auto":
-        return "gguf" if gguf and device.type == "cpu" else "none"
+        if device.type != "cpu":
+            return "none"
+        return "gguf" if gguf else "mxfp4" if mxfp4 else "none"
     if quantization not in QUANTIZATION_METHODS:
         raise ValueError(f"quantization {quantization!r} is not supported: use one of "
                          f"{', '.join(QUANTIZATION_METHODS)} (or leave it unset)")
     if quantization == "gguf" and not gguf:
         raise ValueError(f"quantization 'gguf' needs a .gguf file; {path} is not one")
+    if quantization == "mxfp4" and not mxfp4:
+        raise ValueError(f"quantization 'mxfp4' keeps an MXFP4 checkpoint's weights as they are; {path} is not one "
+                         f"(its config.json names no quantization_config with quant_method mxfp4)")
+    if quantization == "mxfp4" and device.type != "cpu":
+        raise ValueError(f"quantization 'mxfp4' runs on the CPU only (device {str(device)!r}); on a GPU use 'none' "
+                         f"(dequantized to the dtype)")
     if quantization == "int8" and gguf:
         raise ValueError(f"quantization 'int8' quantizes an HF checkpoint's weights; {path} is a GGUF file "
                          f"(use 'gguf' to run its quantized tensors as they are, or 'none')")
@@ -294,7 +314,7 @@ def load_model(model: str | Path | None = None, dtype: str | torch.dtype = "auto
         if llava is not None:
             image_processor = source.image_processor(llava.vision.image_size)
         rope_factors = None
-        weights = split_fused_projections(source.weights(torch_dtype, progress), config)
+        weights = split_fused_projections(source.weights(torch_dtype, progress), config, keep_mxfp4=method == "mxfp4")
         if method == "int8" and device_.type == "cpu":
             weights = quantize_int8(weights)
     elif path.suffix.lower() == ".gguf":

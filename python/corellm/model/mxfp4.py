@@ -1,10 +1,13 @@
 """MXFP4 (the OCP microscaling 4-bit float), as gpt-oss's checkpoints store their experts: per 32
 weights along a row, 16 bytes of E2M1 codes (two a byte, the low nibble first) and one E8M0 scale
 byte, the weight being the code's value (0, 0.5, 1, 1.5, 2, 3, 4 or 6, the high bit its sign) times
-2^(scale - 127). Dequantized here at load, exactly (every such value is a bf16 too)."""
+2^(scale - 127). Dequantized here at load, exactly (every such value is a bf16 too), or rewritten
+as GGUF's MXFP4 blocks for the quantized GEMM to compute on (quant_gemm.h's MXFP4: the same
+values, ggml's nibble order)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 # The E2M1 codes' values: 0-7 positive, 8-15 their negatives.
@@ -27,3 +30,14 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, name: str = "MX
     values = torch.stack([lut[codes & 0x0F], lut[codes >> 4]], dim=-1).flatten(-2)  # [..., G, 32], low nibble first
     values = torch.ldexp(values, exponents.unsqueeze(-1).to(torch.float32))
     return values.flatten(-2)
+
+
+def gguf_rows(blocks: torch.Tensor, scales: torch.Tensor) -> np.ndarray:
+    """blocks [rows, G, 16] and scales [rows, G] (a checkpoint's, codes in pairs: value 2j the low
+    nibble of byte j, 2j + 1 the high one) -> [rows, G * 17] uint8, GGUF's MXFP4 rows: per block its
+    scale byte, then 16 bytes whose low nibbles hold values 0-15 and high nibbles values 16-31."""
+    b = blocks.to(torch.uint8).numpy()
+    codes = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(*b.shape[:-1], BLOCK)  # [rows, G, 32] in order
+    qs = codes[..., :16] | (codes[..., 16:] << 4)
+    rows = np.concatenate([scales.to(torch.uint8).numpy()[..., None], qs.astype(np.uint8)], axis=-1)
+    return np.ascontiguousarray(rows.reshape(rows.shape[0], -1))

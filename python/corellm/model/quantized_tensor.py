@@ -1,5 +1,5 @@
 """A weight kept in a GGUF quantized type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
-IQ4_NL, IQ4_XS), its
+IQ4_NL, IQ4_XS, MXFP4), its
 blocks packed once for corellm's quantized GEMM (cpp/include/corellm/kernels/quant_gemm.h: the
 file's bits rearranged into panels of 16 rows; activations quantized per row to int8 in blocks of
 32, integer dot products, a fixed float epilogue — each row's result independent of the batch)."""

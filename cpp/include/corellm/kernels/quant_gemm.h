@@ -1,5 +1,5 @@
 // y = x W^T (+ b) over a weight kept in a GGUF quantized type (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K,
-// Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS): corellm's CPU linear layer for quantized models,
+// Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4): corellm's CPU linear layer for quantized models,
 // llama.cpp's scheme.
 //
 // Activations are quantized per row, in blocks of 32 values, to int8: d = max|x| / 127,
@@ -17,6 +17,8 @@
 //                     acc = fma(float(sc_a (S_a - o Sx_a) + sc_b (S_b - o Sx_b)), d d_x, acc)
 //   IQ4_NL (w = d kv[q], kv llama.cpp's 16 non-linear int8 levels; u = kv[q] + 128, as Q8_0's):
 //                     acc = fma(float(S - 128 Sx), d_w d_x, acc)
+//   MXFP4 as IQ4_NL, its levels E2M1's doubled (0, 1, 2, 3, 4, 6, 8, 12 and their negatives) and
+//                     d_w = 2^(e - 128) from its E8M0 byte e (kept as bf16, which holds every one)
 //   IQ4_XS per sub-block j of 32 (w = d sc_j kv[q], sc_j a 6-bit scale minus 32):
 //                     acc = fma(float(sc_j (S_j - 128 Sx_j)), d d_x, acc)
 //   Q2_K per 32 values, two sub-blocks a, b of 16 (w = d sc u - dmin mn, 4-bit sc and mn):
@@ -30,7 +32,7 @@
 // Packed layout (made once at load from the file's blocks, the same bits rearranged): panels of
 // 16 output rows of W (one 32-bit lane each in a 512-bit register), each panel its blocks along
 // k, each panel-block the 16 rows' block side by side:
-//   scales    fp16 d[16] (and m[16] or dmin[16]); K types: sc[j][16], mn[j][16] as bytes
+//   scales    fp16 d[16] (MXFP4: bf16) (and m[16] or dmin[16]); K types: sc[j][16], mn[j][16] as bytes
 //             (Q6_K, Q3_K: sc[16][16] as int8; Q2_K: sc | mn << 4 [16][16], the file's bytes)
 //   nibbles   per run of R values (R = 32, or 64 for the K types), R / 8 vectors of 64 bytes;
 //             in vector g, row c's bytes 4c .. 4c + 3 hold values 4g + i (low nibble) and
@@ -39,7 +41,7 @@
 //   Q2_K      per run of 128 values, 8 vectors of 64 bytes: in vector g, row c's byte 4c + i holds
 //             values 32j + 4g + i (j = 0..3) in its bits 2j, 2j + 1
 //   Q3_K      its two low bits as Q2_K's, then a 3rd-bit plane (quant_formats.h)
-//   IQ4_*     the levels' 4-bit indices q as nibbles (runs of 32), looked up in registers
+//   IQ4_*, MXFP4  the levels' 4-bit indices q as nibbles (runs of 32), looked up in registers
 //   high bits Q5_*: a 5th-bit plane, one bit per value; Q6_K: a 2-bit plane (quant_formats.h)
 // Rows past n are zero blocks.
 #pragma once
@@ -54,7 +56,7 @@ namespace corellm {
 // GGUF's ggml_type numbers.
 enum class QuantType : int32_t {
   kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ5_1 = 7, kQ8_0 = 8, kQ2_K = 10, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14,
-  kIQ4_NL = 20, kIQ4_XS = 23
+  kIQ4_NL = 20, kIQ4_XS = 23, kMXFP4 = 39
 };
 
 // How the integer dot products are done. Every path gives the same bits (see above).
