@@ -159,6 +159,10 @@ def _read_json(path: Path) -> dict:
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# GPT-4o's (o200k's) split, gpt-oss's tokenizer: words with their leading capitals and a contraction
+GPT4O_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
@@ -168,7 +172,8 @@ def _byte_level_pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     split = {"llama3": LLAMA3_SPLIT, "llama-bpe": LLAMA3_SPLIT, "llama-v3": LLAMA3_SPLIT,
              "smaug-bpe": LLAMA3_SPLIT, "qwen2": QWEN2_SPLIT, "deepseek-r1-qwen": QWEN2_SPLIT,
-             "glm4": LLAMA3_SPLIT, "chatglm-bpe": LLAMA3_SPLIT}.get(pre or "")  # (llama.cpp's CHATGLM4: the same)
+             "glm4": LLAMA3_SPLIT, "chatglm-bpe": LLAMA3_SPLIT,  # (llama.cpp's CHATGLM4: the same)
+             "gpt-4o": GPT4O_SPLIT}.get(pre or "")
     if split is not None:
         return pre_tokenizers.Sequence([pre_tokenizers.Split(tokenizers.Regex(split), behavior="isolated"), byte_level])
     steps = []

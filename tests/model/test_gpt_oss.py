@@ -169,3 +169,110 @@ def test_another_quantized_checkpoint_is_refused_by_name():
     with pytest.raises(ValueError, match=r"a checkpoint quantized by 'fp8' \(its quantization_config\) is not "
                                          r"supported"):
         ModelConfig.from_hf_config(cfg, "llama")
+
+
+def write_gpt_oss_gguf(hf, path, tokenizer_pre: str | None = None) -> None:
+    """hf as llama.cpp's converter writes a gpt-oss: its experts gate and up apart and in MXFP4 (the
+    gguf package's quantizer; the HF model is given the values they dequantize to, so that it is the
+    oracle of the file), every other tensor in F32, the router and the experts' biases, the sinks, the
+    sliding window and YaRN."""
+    import gguf
+    import numpy as np
+
+    from tests.model.test_gguf import add_model_fields
+
+    c = hf.config
+    w = gguf.GGUFWriter(str(path), "gpt-oss")
+    add_model_fields(w, c)
+    w.add_expert_count(c.num_local_experts)
+    w.add_expert_used_count(c.num_experts_per_tok)
+    w.add_expert_feed_forward_length(c.intermediate_size)
+    w.add_sliding_window(c.sliding_window)
+    rope = c.rope_parameters
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rope["factor"])
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    w.add_rope_scaling_yarn_beta_fast(rope["beta_fast"])
+    w.add_rope_scaling_yarn_beta_slow(rope["beta_slow"])
+    if tokenizer_pre is not None:
+        w.add_tokenizer_pre(tokenizer_pre)
+
+    def f32(t):
+        return t.detach().float().numpy()
+
+    w.add_tensor("token_embd.weight", f32(hf.model.embed_tokens.weight))
+    w.add_tensor("output_norm.weight", f32(hf.model.norm.weight))
+    w.add_tensor("output.weight", f32(hf.lm_head.weight))
+    mxfp4 = gguf.GGMLQuantizationType.MXFP4
+    for i, layer in enumerate(hf.model.layers):
+        a, mlp, p = layer.self_attn, layer.mlp, f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", f32(layer.input_layernorm.weight))
+        w.add_tensor(p + "post_attention_norm.weight", f32(layer.post_attention_layernorm.weight))
+        for proj, name in (("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"), ("o_proj", "attn_output")):
+            w.add_tensor(p + name + ".weight", f32(getattr(a, proj).weight))
+            w.add_tensor(p + name + ".bias", f32(getattr(a, proj).bias))
+        w.add_tensor(p + "attn_sinks.weight", f32(a.sinks))
+        w.add_tensor(p + "ffn_gate_inp.weight", f32(mlp.router.weight))
+        w.add_tensor(p + "ffn_gate_inp.bias", f32(mlp.router.bias))
+        ex = mlp.experts
+        gate_up = f32(ex.gate_up_proj).transpose(0, 2, 1)  # [experts, 2 inter, hidden], gate and up interleaved
+        parts = {"gate": gate_up[:, 0::2], "up": gate_up[:, 1::2], "down": f32(ex.down_proj).transpose(0, 2, 1)}
+        for name, weight in parts.items():
+            blocks = np.stack([gguf.quants.quantize(np.ascontiguousarray(e), mxfp4) for e in weight])
+            w.add_tensor(p + f"ffn_{name}_exps.weight", blocks, raw_dtype=mxfp4)
+            parts[name] = np.stack([gguf.quants.dequantize(b, mxfp4) for b in blocks])
+        with torch.no_grad():  # the HF model computes with the file's values
+            interleaved = np.empty_like(gate_up)
+            interleaved[:, 0::2], interleaved[:, 1::2] = parts["gate"], parts["up"]
+            ex.gate_up_proj.copy_(torch.from_numpy(interleaved.transpose(0, 2, 1)))
+            ex.down_proj.copy_(torch.from_numpy(parts["down"].transpose(0, 2, 1).copy()))
+        bias = f32(ex.gate_up_proj_bias)
+        w.add_tensor(p + "ffn_gate_exps.bias", np.ascontiguousarray(bias[:, 0::2]))
+        w.add_tensor(p + "ffn_up_exps.bias", np.ascontiguousarray(bias[:, 1::2]))
+        w.add_tensor(p + "ffn_down_exps.bias", f32(ex.down_proj_bias))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_a_gguf_file_as_llama_cpp_writes_it(tmp_path, tokenizer_json):
+    """Its experts kept in MXFP4 (the default for a GGUF file): logits within the int8 activations'
+    error of transformers' on the file's values; dequantized (quantization "none"): within 1e-4; its
+    config as the HF one (YaRN unrounded, as the model defines it)."""
+    pytest.importorskip("gguf")
+    hf = make_tiny_model("gpt_oss", tmp_path / "hf", tokenizer_json, seed=9)
+    path = tmp_path / "gpt-oss.gguf"
+    write_gpt_oss_gguf(hf, path)
+    kept = load_model(str(path), dtype="float32", progress=False)
+    c = kept.config
+    assert c.architecture == "GptOssForCausalLM" and c.layer_types == ("sliding_attention", "full_attention",
+                                                                         "sliding_attention")
+    assert (c.sliding_window, c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size) == (16, 4, 2, 64)
+    assert c.rope_scaling["truncate"] is False and c.rope_scaling["original_max_position_embeddings"] == 128
+    assert (c.swiglu_alpha, c.swiglu_limit) == (1.702, 7.0)
+    hf.config.swiglu_limit = 7.0  # llama.cpp's fixed limit (the file has no field for it)
+    for layer in hf.model.layers:
+        layer.mlp.experts.limit = 7.0
+    ((_, gate_up),) = kept.model.layers[0].mlp.experts[0].gate_up_proj.quantized
+    assert gate_up.type_name == "MXFP4"
+    assert_last_logits_match(kept.model, hf, PROMPT, atol=0.05, rtol=0.05)
+    exact = load_model(str(path), dtype="float32", progress=False, quantization="none")
+    assert_last_logits_match(exact.model, hf, PROMPT, atol=1e-4, rtol=1e-4)
+
+
+def test_the_gpt_4o_pre_tokenizer():
+    """A GGUF vocabulary with pre "gpt-4o" (gpt-oss's o200k) splits as tiktoken's o200k pattern — a
+    capitalised word with its contraction, digits in threes, punctuation runs with their newlines —
+    in the tokenizers library's regex engine as in Python's `regex`."""
+    regex = pytest.importorskip("regex")
+    import tokenizers
+    from tokenizers import pre_tokenizers
+
+    from corellm.tokenizer import GPT4O_SPLIT
+
+    text = "HELLO World's 12345 ok!!\n\n  done CamelCase über"
+    assert regex.findall(GPT4O_SPLIT, text)[:9] == ["HELLO", " World's", " ", "123", "45", " ok", "!!\n\n", " ",
+                                                    " done"]
+    split = pre_tokenizers.Split(tokenizers.Regex(GPT4O_SPLIT), behavior="isolated")
+    assert [piece for piece, _ in split.pre_tokenize_str(text)] == regex.findall(GPT4O_SPLIT, text)

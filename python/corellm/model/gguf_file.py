@@ -59,8 +59,11 @@ _OLMO2_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm.weight": "post_attent
 # keeps gate and up fused (ffn_up, gate rows first), as its checkpoints do.
 _GLM4_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm.weight": "post_self_attn_layernorm.weight",
                      "post_ffw_norm.weight": "post_mlp_layernorm.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"}
+# gpt-oss: its norm before the MLP named post_attention_norm, o's bias and the attention sinks.
+_GPT_OSS_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm.weight": "post_attention_layernorm.weight",
+                        "attn_output.bias": "self_attn.o_proj.bias", "attn_sinks.weight": "self_attn.sinks"}
 _LAYER_NAMES_OF = {"olmo2": _OLMO2_LAYER_NAMES, "gemma2": _GEMMA3_LAYER_NAMES, "gemma3": _GEMMA3_LAYER_NAMES,
-                   "phi3": _PHI3_LAYER_NAMES, "glm4": _GLM4_LAYER_NAMES}
+                   "phi3": _PHI3_LAYER_NAMES, "glm4": _GLM4_LAYER_NAMES, "gpt-oss": _GPT_OSS_LAYER_NAMES}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 # A mixture of experts' tensors: the router; every expert's gate, up or down in one 3-D tensor
 # [experts, rows, columns] (llama.cpp's converters), or one per expert (early Mixtral files).
@@ -71,6 +74,8 @@ _ONE_EXPERT = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
 _SHARED = re.compile(r"^blk\.(\d+)\.ffn_(gate_inp|gate|up|down)_shexp\.weight$")
 # ERNIE 4.5's choice bias per expert (its e_score_correction_bias)
 _PROBS_BIAS = re.compile(r"^blk\.(\d+)\.exp_probs_b\.bias$")
+# gpt-oss's biases on the router's logits ([experts]) and on every expert's gate, up and down ([experts, rows])
+_EXPERT_BIASES = re.compile(r"^blk\.(\d+)\.ffn_(gate_inp|gate_exps|up_exps|down_exps)\.bias$")
 _EXPERT_PARTS = ("gate", "up", "down")
 # Gemma's chat format, for GGUF files that carry no tokenizer.chat_template (a system message
 # opens the first user turn, as Gemma's own template does).
@@ -154,6 +159,7 @@ class GGUFModelFile:
         gemma = self._gemma_fields(hidden, heads) if self.arch in ("gemma2", "gemma3") else {}
         granite = self._granite_fields() if self.arch in ("granite", "granitemoe") else {}
         experts = self._expert_fields(names)
+        gpt_oss = self._gpt_oss_fields(scaling) if self.arch == "gpt-oss" else {}
         architecture = GGUF_ARCHITECTURES[self.arch]
         if experts and self.arch == "llama":
             architecture = "MixtralForCausalLM"
@@ -174,7 +180,7 @@ class GGUFModelFile:
             attention_bias="blk.0.attn_q.bias" in names,
             qk_norm="blk.0.attn_q_norm.weight" in names,
             qk_norm_whole=self.arch in ("olmoe", "olmo2"),
-            rope_scaling=scaling,
+            rope_scaling=gpt_oss.pop("rope_scaling", scaling),
             partial_rotary_factor=int(self.arch_field("rope.dimension_count", head_dim)) / head_dim,
             sliding_window=int(self.arch_field("attention.sliding_window", 0) or 0),
             # SmolLM3: every fourth layer NoPE (llama.cpp's n_no_rope_layer_step, not in the file)
@@ -186,12 +192,36 @@ class GGUFModelFile:
             **self._olmo2_fields(),
             **({"sandwich_norms": True} if self.arch == "glm4" else {}),
             bos_token_id=self.field("tokenizer.ggml.bos_token_id"),
-            eos_token_id=([] if eos is None else [int(eos)]) + gemma.pop("extra_eos", []) + self._glm4_eot(),
+            eos_token_id=([] if eos is None else [int(eos)]) + gemma.pop("extra_eos", []) + self._glm4_eot()
+            + gpt_oss.pop("extra_eos", []),
             source=str(self.path),
             **gemma,
             **experts,
             **granite,
+            **gpt_oss,
         )
+
+    def _gpt_oss_fields(self, scaling: dict[str, Any] | None) -> dict[str, Any]:
+        """A gpt-oss file as llama.cpp reads it: sliding-window and global layers alternating (the
+        first sliding; attention.sliding_window_pattern where the file has it), biases on q/k/v and
+        o, the sinks, the experts' clamped SwiGLU with llama.cpp's fixed alpha 1.702 and limit 7, the
+        router's and experts' biases; YaRN without rounding its blend's bounds (`truncate` false, the
+        model's own; llama.cpp rounds them); <|return|> and <|call|> end a generation too."""
+        layers = int(self.arch_field("block_count"))
+        pattern = self.arch_field("attention.sliding_window_pattern", 2)
+        if isinstance(pattern, (list, tuple)):
+            sliding = [bool(s) for s in pattern]
+        else:
+            sliding = [int(pattern) == 0 or i % int(pattern) < int(pattern) - 1 for i in range(layers)]
+        tokens = self.field("tokenizer.ggml.tokens") or []
+        ends = [i for i, t in enumerate(tokens) if t in ("<|return|>", "<|call|>")]
+        fields: dict[str, Any] = dict(
+            layer_types=tuple("sliding_attention" if s else "full_attention" for s in sliding),
+            hidden_activation="swigluoai", swiglu_alpha=1.702, swiglu_limit=7.0, attention_output_bias=True,
+            attention_sinks=True, moe_router_bias=True, expert_bias=True, extra_eos=ends)
+        if scaling is not None and scaling.get("rope_type") == "yarn":
+            fields["rope_scaling"] = {**scaling, "truncate": False}
+        return fields
 
     def _olmo2_fields(self) -> dict[str, Any]:
         """An OLMo 2 file's layers norm only their outputs; an Olmo 3's (llama.cpp stores both as
@@ -239,10 +269,12 @@ class GGUFModelFile:
         if self.arch_field("rope.scaling.yarn_log_multiplier"):
             raise UnsupportedModelError(f"{self.path}: YaRN's yarn_log_multiplier (DeepSeek's mscale_all_dim) "
                                         f"is not supported in a GGUF file")
-        attn_factor = self.arch_field("rope.scaling.attn_factor")
-        if attn_factor is not None and float(attn_factor) != 1.0:
-            raise UnsupportedModelError(f"{self.path}: YaRN with rope.scaling.attn_factor {float(attn_factor)} "
-                                        f"(a multiplier on its attention factor) is not supported")
+        for key, default in (("rope.scaling.attn_factor", 1.0), ("rope.scaling.yarn_attn_factor", 1.0),
+                             ("rope.scaling.yarn_ext_factor", 1.0)):
+            value = self.arch_field(key)
+            if value is not None and float(value) != default:
+                raise UnsupportedModelError(f"{self.path}: YaRN with {key} {float(value)} (llama.cpp's multiplier "
+                                            f"on its attention factor, or a partial extrapolation) is not supported")
         return scaling
 
     def _longrope_scaling(self) -> dict[str, Any]:
@@ -276,6 +308,7 @@ class GGUFModelFile:
         sparse = [i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" in names]
         shared = int(self.arch_field("expert_shared_feed_forward_length", 0) or 0)
         ernie = self.arch == "ernie4_5-moe"  # (its choice bias, and shared experts without a gate)
+        # (gpt-oss: its router's and experts' biases, _gpt_oss_fields)
         return dict(num_experts=experts, num_experts_per_tok=int(self.arch_field("expert_used_count", 0) or 0),
                     moe_intermediate_size=int(self.arch_field("expert_feed_forward_length", 0) or
                                               self.arch_field("feed_forward_length")),
@@ -371,7 +404,7 @@ class GGUFModelFile:
         tensors = [t for t in self.reader.tensors if t.name not in rope_tables]
         for t in tqdm(tensors, desc=f"Loading {self.path.name}", unit="tensor", disable=not progress, leave=False):
             if config.num_experts and any(p.match(t.name) for p in (_ROUTER, _EXPERTS, _ONE_EXPERT, _SHARED,
-                                                                    _PROBS_BIAS)):
+                                                                    _PROBS_BIAS, _EXPERT_BIASES)):
                 yield from self._expert_tensors(t, config, dtype, quantized)
                 continue
             name = hf_name(t.name, self.arch)
@@ -415,11 +448,20 @@ class GGUFModelFile:
         an expert's rows are one slice of the 3-D tensor's blocks."""
         from corellm.model.llama import expert_tensor_names
 
-        router, stacked, one, shared, bias = (p.match(t.name) for p in (_ROUTER, _EXPERTS, _ONE_EXPERT, _SHARED,
-                                                                         _PROBS_BIAS))
-        layer = int((router or stacked or one or shared or bias).group(1))
+        router, stacked, one, shared, bias, biases = (p.match(t.name) for p in (_ROUTER, _EXPERTS, _ONE_EXPERT,
+                                                                                 _SHARED, _PROBS_BIAS, _EXPERT_BIASES))
+        layer = int((router or stacked or one or shared or bias or biases).group(1))
         prefix, names = expert_tensor_names(config.family, layer)
         ggml_type = int(t.tensor_type)
+        if biases:  # gpt-oss: the router's [experts], or the experts' [experts, rows], one row an expert
+            array = self.dequantized(t)
+            if biases.group(2) == "gate_inp":
+                yield prefix + "gate.bias", torch.from_numpy(array.reshape(-1)).to(dtype)
+                return
+            name = names[_EXPERT_PARTS.index(biases.group(2)[: -len("_exps")])]
+            for e in range(config.num_experts):
+                yield f"{prefix}experts.{e}.{name}.bias", torch.from_numpy(np.ascontiguousarray(array[e])).to(dtype)
+            return
         if bias:  # fp32, as the model keeps it
             yield prefix + "selection_bias", torch.from_numpy(self.dequantized(t).reshape(-1))
             return

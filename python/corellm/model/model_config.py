@@ -63,6 +63,7 @@ GGUF_ARCHITECTURES = {
     "granitemoe": "GraniteMoeForCausalLM",
     "ernie4_5-moe": "Ernie4_5_MoeForCausalLM",
     "glm4": "Glm4ForCausalLM",  # GLM-4-0414, GLM-Z1 (llama.cpp's "chatglm", the older GLMs, is not read)
+    "gpt-oss": "GptOssForCausalLM",
 }
 # HF architecture -> the GGUF general.architecture llama.cpp stores it under (Mixtral: "llama",
 # told apart from Llama by its expert_count).
