@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from corellm.harmony import HarmonyParser
 from corellm.reasoning_parser import ReasoningParser
 from corellm.tool_calls import ToolCallArguments, ToolCallParser, ToolCallStart
 
 
 class AssistantMessage:
-    def __init__(self, reasoning: ReasoningParser | None, tool_calls: ToolCallParser | None,
+    def __init__(self, reasoning: ReasoningParser | HarmonyParser | None, tool_calls: ToolCallParser | None,
                  include_reasoning: bool = True):
+        """reasoning: the reasoning parser; a HarmonyParser (gpt-oss) reads the calls too, and then
+        tool_calls is None."""
         self.reasoning = reasoning
         self.tool_calls = tool_calls
         self.include_reasoning = include_reasoning
@@ -33,8 +36,14 @@ class AssistantMessage:
         return self._deltas(reasoning, answer, final=True)
 
     @property
+    def _calls(self) -> list:
+        if isinstance(self.reasoning, HarmonyParser):
+            return self.reasoning.calls
+        return self.tool_calls.calls if self.tool_calls else []
+
+    @property
     def has_tool_calls(self) -> bool:
-        return bool(self.tool_calls and self.tool_calls.calls)
+        return bool(self._calls)
 
     def message(self) -> dict[str, Any]:
         """The whole reply (after finish): role, content, reasoning_content and reasoning, tool_calls."""
@@ -47,15 +56,18 @@ class AssistantMessage:
             message["content"] = content.strip() or None
             message["tool_calls"] = [{"id": c.id, "type": "function",
                                       "function": {"name": c.name, "arguments": c.arguments}}
-                                     for c in self.tool_calls.calls]
+                                     for c in self._calls]
         return message
 
-    def _deltas(self, reasoning: str, answer: str, final: bool) -> list[dict[str, Any]]:
+    def _deltas(self, reasoning: str, answer: str | list, final: bool) -> list[dict[str, Any]]:
+        """answer: the answer's text, or (a HarmonyParser's) its events: text and calls."""
         deltas: list[dict[str, Any]] = []
         if reasoning and self.include_reasoning:
             self._reasoning_text.append(reasoning)
             deltas.append({"reasoning_content": reasoning, "reasoning": reasoning})
-        if self.tool_calls is None:
+        if isinstance(answer, list):
+            events = answer
+        elif self.tool_calls is None:
             events = [answer] if answer else []
         else:
             events = self.tool_calls.feed(answer) + (self.tool_calls.finish() if final else [])

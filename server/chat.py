@@ -16,7 +16,7 @@ from corellm.beam_search import BeamSearchParams
 from corellm.chat_template import template_variables
 from corellm.engine.input_processor import ProcessedRequest
 from corellm.lora.lora_request import LoRARequest
-from corellm.reasoning_parser import ReasoningParser
+from corellm.reasoning_parser import HARMONY, make_reasoning_parser
 from corellm.server.assistant_message import AssistantMessage
 from corellm.sampling_params import SamplingParams
 from corellm.server.chat_tools import ChatTools, resolve_chat_tools
@@ -105,8 +105,9 @@ class ChatTurn:
 
     def reply(self) -> AssistantMessage:
         """A new reader of one choice's text: its reasoning, content and tool calls."""
-        return AssistantMessage(ReasoningParser(self.reasoning_parser) if self.reasoning_parser else None,
-                                self.tools.parser(), include_reasoning=self.include_reasoning)
+        parser = make_reasoning_parser(self.reasoning_parser, tool_calls=self.tools.mode != "none") \
+            if self.reasoning_parser else None
+        return AssistantMessage(parser, self.tools.parser(), include_reasoning=self.include_reasoning)
 
 
 async def prepare_chat(serving: Serving, request: web.Request, req: ChatCompletionRequest,
@@ -133,6 +134,8 @@ async def prepare_chat(serving: Serving, request: web.Request, req: ChatCompleti
     if tools.constraint is not None:
         params.structured_outputs, structured_field = tools.constraint, "tools"
         params.skip_special_tokens = False  # a call may open with a special token the parser must see
+    if serving.engine.config.reasoning_parser == HARMONY:
+        params.skip_special_tokens = False  # the harmony messages' headers and markers, which the parser reads
     await serving.check_constraint(params, structured_field)
     response_id, request_id = serving.new_ids(id_prefix, request, req.request_id)
     images = [(f"messages[{i}].content[{j}]", part.image_url) for i, m in enumerate(req.messages)

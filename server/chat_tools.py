@@ -18,7 +18,8 @@ from corellm.server.errors import bad_request
 from corellm.server.protocol import ChatCompletionRequest
 from corellm.server.serving import ServerConfig
 from corellm.tokenizer import Tokenizer
-from corellm.tool_calls import TOOL_CALL_FORMATS, Tool, ToolCallParser, tool_choice_constraint
+from corellm.reasoning_parser import HARMONY
+from corellm.tool_calls import HARMONY_TOOL_PARSER, TOOL_CALL_FORMATS, Tool, ToolCallParser, tool_choice_constraint
 
 
 @dataclass
@@ -31,10 +32,24 @@ class ChatTools:
     format_name: str
 
     def parser(self) -> ToolCallParser | None:
-        """A parser for one choice's output (None: the output is only text)."""
-        if self.mode == "none":
+        """A parser for one choice's output (None: the output is only text, or its calls are the
+        harmony parser's: the openai format)."""
+        if self.mode == "none" or self.format_name == HARMONY_TOOL_PARSER:
             return None
         return ToolCallParser(TOOL_CALL_FORMATS[self.format_name], [t.name for t in self.tools], self.mode, self.named)
+
+
+def check_tool_call_parser(tool_call_parser: str | None, enable_auto_tool_choice: bool,
+                           reasoning_parser: str | None) -> None:
+    """ValueError for server flags that do not go together: --enable-auto-tool-choice without a
+    parser; gpt-oss's harmony tool parser (openai) without its reasoning parser (openai_gptoss), or
+    that reasoning parser with another tool format (its calls are harmony messages)."""
+    if enable_auto_tool_choice and tool_call_parser is None:
+        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json, mistral or openai)")
+    if tool_call_parser is not None and (tool_call_parser == HARMONY_TOOL_PARSER) != (reasoning_parser == HARMONY):
+        raise ValueError(f"--tool-call-parser {tool_call_parser} with --reasoning-parser {reasoning_parser}: gpt-oss's "
+                         f"harmony format takes --tool-call-parser {HARMONY_TOOL_PARSER} with --reasoning-parser "
+                         f"{HARMONY}, and neither with another")
 
 
 def resolve_chat_tools(req: ChatCompletionRequest, config: ServerConfig, tokenizer: Tokenizer) -> ChatTools:
@@ -58,7 +73,12 @@ def resolve_chat_tools(req: ChatCompletionRequest, config: ServerConfig, tokeniz
     mode = "named" if named else choice
     fmt = config.tool_call_parser or "hermes"  # "required" without a parser: Hermes' format
     constraint = None
-    if mode != "none":
+    if fmt == HARMONY_TOOL_PARSER and mode in ("required", "named"):
+        raise bad_request(f"tool_choice {'a named function' if named else repr(mode)} is not supported with gpt-oss's "
+                          f"harmony format (--tool-call-parser openai): use \"auto\" or \"none\"", "tool_choice")
+    if fmt == HARMONY_TOOL_PARSER:
+        pass  # "auto": the model writes its calls as harmony messages, unconstrained (corellm.harmony reads them)
+    elif mode != "none":
         if req.structured_output()[0] is not None:
             raise bad_request(f"tool_choice {mode!r} cannot be combined with response_format or structured "
                               f"outputs", "tool_choice")

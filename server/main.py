@@ -22,7 +22,8 @@ from corellm.server.admission import AdmissionLimits
 from corellm.server.app import SERVING, create_app
 from corellm.server.lora_adapters import add_lora_modules_arg, checked_lora_modules, load_lora_modules
 from corellm.server.serving import ServerConfig
-from corellm.tool_calls import TOOL_CALL_FORMATS
+from corellm.server.chat_tools import check_tool_call_parser
+from corellm.tool_calls import TOOL_CALL_PARSERS
 
 logger = logging.getLogger("corellm.server")
 
@@ -47,7 +48,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
                    help="a Jinja chat template file, for models without one (or to replace theirs)")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help='let requests with tools use tool_choice "auto" (needs --tool-call-parser)')
-    p.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_CALL_FORMATS),
+    p.add_argument("--tool-call-parser", default=None, choices=list(TOOL_CALL_PARSERS),
                    help="how the model writes tool calls (hermes: Hermes / Qwen; llama3_json; mistral)")
     p.add_argument("--enable-server-load-tracking", action="store_true",
                    help="vLLM's flag, accepted for its command lines: GET /load always reports the server's load")
@@ -181,8 +182,7 @@ def run(args: argparse.Namespace) -> int:
         from corellm.worker.tp_workers import TensorParallelWorkers
 
         return TensorParallelWorkers.run_headless(config)
-    if args.enable_auto_tool_choice and args.tool_call_parser is None:
-        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json or mistral)")
+    check_tool_call_parser(args.tool_call_parser, args.enable_auto_tool_choice, args.reasoning_parser)
     started = time.perf_counter()
     config = engine_config_from_args(args)
     lora_modules = checked_lora_modules(args)

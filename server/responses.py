@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from corellm.engine.async_llm import EngineDeadError
 from corellm.server.chat import ChatTurn, prepare_chat
 from corellm.outputs import PositionLogprobs, RequestOutput
-from corellm.reasoning_parser import ReasoningParser
+from corellm.reasoning_parser import make_reasoning_parser
 from corellm.server.errors import APIError, bad_request, renamed, validation_error
 from corellm.server.logprobs import TokenLabels, token_logprob
 from corellm.server.protocol import ChatCompletionRequest
@@ -244,7 +244,7 @@ class _ReplyTokens:
 
     def __init__(self, serving: Serving, turn: ChatTurn, req: ResponsesRequest):
         self.tokenizer = serving.tokenizer
-        self.parser = ReasoningParser(turn.reasoning_parser) if turn.reasoning_parser else None
+        self.parser = make_reasoning_parser(turn.reasoning_parser) if turn.reasoning_parser else None
         self.labels = TokenLabels(serving.tokenizer) if req.output_logprobs else None
         self.top_n = req.top_logprobs or 0
         self.reasoning = 0  # tokens of the reasoning

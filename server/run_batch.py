@@ -133,7 +133,7 @@ async def run_batch(engine: AsyncLLM, config: ServerConfig, batch: list[BatchLin
 
 def add_run_batch_args(p: argparse.ArgumentParser) -> None:
     from corellm.engine_args import add_engine_args
-    from corellm.tool_calls import TOOL_CALL_FORMATS
+    from corellm.tool_calls import TOOL_CALL_PARSERS
 
     p.add_argument("-i", "--input-file", required=True, help="the batch's requests, one JSON line each ('-': stdin)")
     p.add_argument("-o", "--output-file", required=True, help="where the outputs go, one JSON line each ('-': stdout)")
@@ -151,7 +151,7 @@ def add_run_batch_args(p: argparse.ArgumentParser) -> None:
                    help="let requests bring their own chat template (rendered in the sandbox)")
     p.add_argument("--enable-auto-tool-choice", action="store_true",
                    help='let requests with tools use tool_choice "auto" (needs --tool-call-parser)')
-    p.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_CALL_FORMATS))
+    p.add_argument("--tool-call-parser", default=None, choices=list(TOOL_CALL_PARSERS))
     p.add_argument("--max-logprobs", type=int, default=ServerConfig.max_logprobs, metavar="N")
     p.add_argument("--allow-unknown-fields", action="store_true",
                    help="ignore (and log once) request arguments corellm does not know instead of answering 400")
@@ -167,8 +167,9 @@ def main(args: argparse.Namespace) -> int:
     if config.torchrun:
         raise ValueError("corellm run-batch does not run under torchrun (every rank would run it): give "
                          "--tensor-parallel-size instead")
-    if args.enable_auto_tool_choice and args.tool_call_parser is None:
-        raise ValueError("--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json or mistral)")
+    from corellm.server.chat_tools import check_tool_call_parser
+
+    check_tool_call_parser(args.tool_call_parser, args.enable_auto_tool_choice, args.reasoning_parser)
     if args.max_concurrency is not None and args.max_concurrency < 1:
         raise ValueError(f"--max-concurrency must be >= 1, got {args.max_concurrency}")
     try:

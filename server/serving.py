@@ -22,6 +22,7 @@ from corellm.engine.input_processor import ProcessedRequest
 from corellm.lora.lora_registry import LoraRegistry
 from corellm.lora.lora_request import LoRARequest
 from corellm.pooling_params import PoolingParams
+from corellm.reasoning_parser import HARMONY
 from corellm.outputs import CompletionOutput, RequestOutput
 from corellm.sampling_params import SamplingParams
 from corellm.structured_output.reasoning_wait import ForcedReasoningEnd
@@ -167,6 +168,12 @@ class Serving:
         while: the event loop serves the other requests meanwhile), within
         grammar_compile_timeout_s; a bad one is a 400 naming `field`. The compiled grammars are
         cached for the engine."""
+        if self.engine.config.reasoning_parser == HARMONY and (params.structured_outputs is not None
+                                                                or params.thinking_token_budget is not None):
+            name = field if params.structured_outputs is not None else "thinking_token_budget"
+            raise bad_request(f"{name} is not supported with gpt-oss's harmony format (--reasoning-parser {HARMONY}) "
+                              f"yet: its answer follows an analysis message, which a grammar or a budget would cut",
+                              name)
         specs = [] if params.structured_outputs is None else [params.structured_outputs]
         if params.thinking_token_budget is not None and self.engine.config.reasoning_parser is not None:
             specs.append(ForcedReasoningEnd(params.structured_outputs))

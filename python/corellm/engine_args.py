@@ -37,7 +37,9 @@ def add_engine_args(p: argparse.ArgumentParser, max_num_seqs: int = 256, max_num
                    help="KV cache size: bytes if >= 1, else a fraction of free memory (default on the CPU: 2 GiB)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reasoning-parser", default=None, choices=list(REASONING_PARSERS),
-                   help="a reasoning model's <think> format: reasoning_content apart, structured output after it")
+                   help="a reasoning model's format: <think> blocks (deepseek_r1, qwen3: reasoning_content apart, "
+                        "structured output after it) or gpt-oss's harmony messages (openai_gptoss, with "
+                        "--tool-call-parser openai for its calls)")
     p.add_argument("--pooling-type", default=None, choices=list(POOLING_TYPES),
                    help="how embedding requests pool the prompt's hidden states (default: the model's "
                         "sentence-transformers pooling config, else LAST)")

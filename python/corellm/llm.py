@@ -57,7 +57,8 @@ class LLM:
         {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}.
         reasoning_parser: a reasoning model's format ("deepseek_r1" or "qwen3", as the server's
         --reasoning-parser): structured output applies to the answer after its <think> block, and
-        SamplingParams.thinking_token_budget bounds the block.
+        SamplingParams.thinking_token_budget bounds the block; "openai_gptoss" (gpt-oss's harmony
+        messages) takes neither yet.
         pooling_type: how embed() pools the prompt's hidden states ("LAST", "MEAN", "CLS"; default:
         the model's sentence-transformers pooling config, else LAST).
         generation_config: where the sampling defaults of get_default_sampling_params() (and of

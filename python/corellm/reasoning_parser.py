@@ -8,19 +8,32 @@ streams. Models of the <think> ... </think> family write their reasoning first:
                   "</think>"; an output that does not start with "<think>" is all answer (thinking
                   off: the template wrote an empty block into the prompt).
 
-feed(delta) -> (reasoning piece, answer piece); a partial tag is held back until it resolves."""
+feed(delta) -> (reasoning piece, answer piece); a partial tag is held back until it resolves.
+
+    openai_gptoss gpt-oss's harmony messages: corellm.harmony's HarmonyParser (make_reasoning_parser)."""
 
 from __future__ import annotations
 
 from corellm.text_holdback import partial_marker_suffix
 
 THINK_START, THINK_END = "<think>", "</think>"
-REASONING_PARSERS = ("deepseek_r1", "qwen3")
+REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss")
+HARMONY = "openai_gptoss"  # gpt-oss's format: corellm.harmony
+
+
+def make_reasoning_parser(kind: str, tool_calls: bool = False):
+    """A fresh parser of one output in `kind`'s format: a ReasoningParser, or for openai_gptoss a
+    HarmonyParser (which reads the calls too where tool_calls: the request offers tools)."""
+    if kind == HARMONY:
+        from corellm.harmony import HarmonyParser
+
+        return HarmonyParser(tool_calls)
+    return ReasoningParser(kind)
 
 
 class ReasoningParser:
     def __init__(self, kind: str):
-        if kind not in REASONING_PARSERS:
+        if kind not in REASONING_PARSERS or kind == HARMONY:
             raise ValueError(f"unknown reasoning parser {kind!r}: one of {', '.join(REASONING_PARSERS)}")
         self.kind = kind
         # "start": nothing seen yet (a leading <think> may come); "reasoning"; "answer".

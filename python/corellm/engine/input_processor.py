@@ -15,7 +15,7 @@ from corellm.inputs import PromptType, check_prompt_keys, prompt_cache_salt
 from corellm.multimodal.image_inputs import ImageInputs
 from corellm.model.matryoshka import check_dimensions
 from corellm.pooling_params import PoolingParams
-from corellm.reasoning_parser import THINK_END, THINK_START
+from corellm.reasoning_parser import HARMONY, THINK_END, THINK_START
 from corellm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 from corellm.structured_output import GrammarCompiler
 from corellm.structured_output.reasoning_wait import ForcedReasoningEnd, ReasoningBudget
@@ -198,6 +198,10 @@ class InputProcessor:
                 raise ValueError("structured_outputs: this engine has no grammar compiler")
             self.grammar_compiler.check(params.structured_outputs)  # ValueError naming the field
             grammar_key = params.structured_outputs.key()
+        if self.reasoning_parser == HARMONY and (grammar_key is not None or params.thinking_token_budget is not None):
+            field = "structured_outputs" if grammar_key is not None else "thinking_token_budget"
+            raise ValueError(f"{field} is not supported with gpt-oss's harmony format (reasoning parser {HARMONY}) yet: "
+                             f"its answer follows an analysis message, which a grammar or a budget would cut")
         # Where the prompt leaves a reasoning model's block: read once, for the grammar and the budget.
         block = None
         if self.reasoning_parser is not None and (grammar_key is not None or params.thinking_token_budget is not None):

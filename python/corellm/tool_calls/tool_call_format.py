@@ -58,6 +58,10 @@ TOOL_CALL_FORMATS = {
     "llama3_json": ToolCallFormat("llama3_json", '{"name": ', '{{"name": "{name}", "parameters": ', "}"),
     "mistral": ToolCallFormat("mistral", "[TOOL_CALLS]", '[TOOL_CALLS][{{"name": "{name}", "arguments": ', "}]"),
 }
+# gpt-oss's calls (harmony messages to functions.NAME) are read by corellm.harmony's parser, with the
+# openai_gptoss reasoning parser (vLLM's names): a --tool-call-parser without a ToolCallFormat.
+HARMONY_TOOL_PARSER = "openai"
+TOOL_CALL_PARSERS = tuple(sorted([*TOOL_CALL_FORMATS, HARMONY_TOOL_PARSER]))
 
 
 def tool_choice_constraint(tools: list[Tool], tool_choice: str | dict, fmt: ToolCallFormat, parallel: bool,
