@@ -99,6 +99,8 @@ def run_ranks(size: int, target, *args):
     # held by both ranks (the first of them puts its k into the gathered rows)
     ("olmoe", 2, {}, True),
     ("olmoe", 2, dict(num_key_value_heads=1), False),
+    # gpt-oss: the sinks cut with the heads, o's and the experts' down biases in rank 0's partial sums
+    ("gpt_oss", 2, {}, True),
 ])
 def test_rank_zero_logits_equal_the_single_process_model(tmp_path, tokenizer_json, arch, size, overrides,
                                                          single_machine):
@@ -118,6 +120,7 @@ def test_rank_zero_logits_equal_the_single_process_model(tmp_path, tokenizer_jso
     ("qwen2_moe", 2, {}),  # experts, a shared expert
     ("ernie4_5_moe", 2, {}),  # the choice's bias, an ungated shared expert
     ("olmoe", 2, {}),  # the whole q and k rows gathered inside the stack's call
+    ("gpt_oss", 2, {}),  # sinks, biases, the clamped SwiGLU
 ])
 def test_the_native_stack_under_tensor_parallelism_equals_the_per_op_forward(tmp_path, tokenizer_json, arch, size,
                                                                                overrides):

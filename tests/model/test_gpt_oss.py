@@ -14,7 +14,7 @@ import torch
 from corellm.model import load_model
 from corellm.model.model_config import ModelConfig
 from corellm.model.mxfp4 import dequantize_mxfp4, gguf_rows
-from corellm.model.tensor_parallel import check_divisible
+from corellm.model.tensor_parallel import check_divisible, shard_weights
 from tests.model.runner import assert_last_logits_match, greedy_decode
 from tests.model.tiny_models import TINY, make_tiny_model
 
@@ -135,11 +135,23 @@ def test_a_bad_config_is_refused_by_name(overrides, message):
         ModelConfig.from_hf_config(gpt_oss_config(**overrides), "gpt-oss")
 
 
-def test_tensor_parallelism_is_refused_by_name():
+def test_tensor_parallel_shards_of_the_sinks_and_biases():
+    """(The group's logits against the single process: tests/distributed/test_tensor_parallel_model.py.)
+    Rank r holds its heads' sinks and its rows of an expert's gate and up biases; o's and down's
+    biases are rank 0's alone, zeros elsewhere, so that the all-reduced partial sums hold them once."""
     config = ModelConfig.from_hf_config(gpt_oss_config(), "gpt-oss")
-    with pytest.raises(ValueError, match=r"tensor parallelism is not supported for its attention sinks"):
-        check_divisible(config, 2)
-    check_divisible(config, 1)
+    check_divisible(config, 2)
+    sinks, gate_bias, o_bias = torch.arange(4.0), torch.arange(160.0), torch.ones(64)  # 4 heads, experts of 160
+    weights = [("model.layers.0.self_attn.sinks", sinks), ("model.layers.0.mlp.experts.1.gate_proj.bias", gate_bias),
+               ("model.layers.0.self_attn.o_proj.bias", o_bias), ("model.layers.0.mlp.experts.1.down_proj.bias", o_bias),
+               ("model.layers.0.mlp.gate.bias", torch.ones(4))]
+    for rank in (0, 1):
+        got = dict(shard_weights(weights, config, rank, 2))
+        assert torch.equal(got["model.layers.0.self_attn.sinks"], sinks[2 * rank:2 * rank + 2])
+        assert torch.equal(got["model.layers.0.mlp.experts.1.gate_proj.bias"], gate_bias[80 * rank:80 * rank + 80])
+        for name in ("model.layers.0.self_attn.o_proj.bias", "model.layers.0.mlp.experts.1.down_proj.bias"):
+            assert torch.equal(got[name], o_bias if rank == 0 else torch.zeros(64))
+        assert torch.equal(got["model.layers.0.mlp.gate.bias"], torch.ones(4))  # the router's: replicated
 
 
 def test_mxfp4_rows_in_ggufs_order():

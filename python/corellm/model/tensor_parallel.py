@@ -5,9 +5,12 @@ a group of `size` holds of a model and of its weights.
                    replicated when there are fewer than ranks: rank r holds KV head r // (size / kv))
                    and its slice of the intermediate rows
     o, down        row-parallel: the matching columns; each rank's partial output is summed over
-                   the group (an all-reduce) before the residual add
+                   the group (an all-reduce) before the residual add; their biases (gpt-oss's) in
+                   rank 0's partial sum alone (zeros on the others)
+    sinks          (gpt-oss) one per query head: the rank's heads' 
     experts        a mixture of experts: every expert's (and a shared expert's) gate and up
-                   column-parallel and its down row-parallel, as a dense MLP's; the router (and
+                   column-parallel (gpt-oss's gate and up biases cut as their rows) and its down
+                   row-parallel, as a dense MLP's; the router (with gpt-oss's bias; and
                    the shared expert's gate) replicated, so that every rank routes each token to
                    the same experts; the weighted sum of a token's experts is then a sum of the
                    ranks' partial sums, all-reduced once per layer
@@ -45,10 +48,6 @@ if TYPE_CHECKING:  # lora_adapter imports corellm.model, which imports this modu
 def check_divisible(config: ModelConfig, size: int) -> None:
     if size < 1:
         raise ValueError(f"tensor_parallel_size must be >= 1, got {size}")
-    if size > 1 and (config.attention_sinks or config.attention_output_bias or config.expert_bias):
-        # (each rank would add o's and down's biases to its partial sum, and hold every head's sink)
-        raise ValueError(f"{config.architecture}: tensor parallelism is not supported for its attention sinks and "
-                         f"biases on the output projections (gpt-oss); run it with tensor_parallel_size 1")
     h, kv = config.num_attention_heads, config.num_key_value_heads
     if h % size:
         raise ValueError(f"tensor_parallel_size {size} does not divide the model's {h} attention heads")
@@ -107,12 +106,18 @@ def shard_weights(weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]],
             t = row_slice(t, kv_first * hd, (kv_first + kv_local) * hd, name)
         elif name.endswith("o_proj.weight"):
             t = column_slice(t, rank * heads * hd, (rank + 1) * heads * hd, name)
+        elif name.endswith("self_attn.sinks"):  # (gpt-oss) a sink per query head: the rank's heads'
+            t = t[rank * heads:(rank + 1) * heads]
         elif name.endswith(_GATE_AND_UP):
             inter = _intermediate_of(name, c) // size
             t = row_slice(t, rank * inter, (rank + 1) * inter, name)
         elif name.endswith(_DOWN):
             inter = _intermediate_of(name, c) // size
             t = column_slice(t, rank * inter, (rank + 1) * inter, name)
+        elif name.endswith(_ROW_PARALLEL_BIASES) and rank > 0:
+            # gpt-oss's o and down biases: a row-parallel output is a partial sum, all-reduced once,
+            # so the bias goes into rank 0's alone (the others add zeros)
+            t = torch.zeros_like(t)
         elif name in ("model.embed_tokens.weight", "lm_head.weight"):
             # the last rank's padding rows: never looked up, their logits cut
             t = _padded(row_slice(t, rank * vocab, min((rank + 1) * vocab, t.shape[0]), name), vocab)
@@ -154,8 +159,10 @@ class WholeRowColumns:
 # An MLP's gate and up (column-parallel) and down (row-parallel), by the checkpoint's names: a
 # dense MLP's, an expert's (Mixtral's w1 / w3 / w2) and Qwen2-MoE's shared expert's. The routers
 # (mlp.gate, block_sparse_moe.gate) and shared_expert_gate are none of them: replicated.
-_GATE_AND_UP = ("gate_proj.weight", "up_proj.weight", ".w1.weight", ".w3.weight")
+_GATE_AND_UP = ("gate_proj.weight", "up_proj.weight", ".w1.weight", ".w3.weight",
+                "gate_proj.bias", "up_proj.bias")  # (gpt-oss's experts' biases: cut as their rows)
 _DOWN = ("down_proj.weight", ".w2.weight")
+_ROW_PARALLEL_BIASES = ("o_proj.bias", "down_proj.bias")
 
 
 def _intermediate_of(name: str, config: ModelConfig) -> int:
