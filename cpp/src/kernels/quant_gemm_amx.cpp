@@ -12,8 +12,11 @@
 // the leftover rows. The epilogue, not the tiles, bounds the speed: 1.1-1.4x the avx512vnni loops
 // on 16-512 rows (Q4_1, Q8_0, Q4_K); Q6_K, whose sub-blocks of 16 need two dot products of depth
 // 16 and two stores per 32 values, gains nothing (0.9-1.1x) and stays on the vector loops; so
-// do Q2_K and Q3_K, whose sub-blocks are of 16 too, and IQ4_NL / IQ4_XS (their levels looked up in
-// registers), and MXFP4 likewise. As on the vector loops, the thread's next panel is fetched into L2 (next_panel.h) a
+// do Q2_K and Q3_K, whose sub-blocks are of 16 too, and IQ4_XS (its int8 scale per sub-block).
+// IQ4_NL and MXFP4 lay their levels out (looked up once per panel, plus 128: unsigned bytes, the
+// epilogue taking 128 x's sum back off, as Q8_0's): the whole model's projections, Intel Xeon VM, 2
+// threads, alternating builds, 16 / 64 / 512 rows 10.1-10.4 -> 7.3-7.7, 35.1-36.1 -> 21.6-22.4 and
+// 263-271 -> 162-167 ms. As on the vector loops, the thread's next panel is fetched into L2 (next_panel.h) a
 // step per block of each 16 rows: SmolLM2 Q4_1 decode steps of 16 / 32 / 64 requests 15.0-15.7 ->
 // 12.7-12.9 / 25.8-27.5 -> 22.2-23.7 / 49.8-51.3 -> 47.2-48.6 ms (Intel Xeon VM, 2 threads).
 #include <immintrin.h>
@@ -77,7 +80,11 @@ void lay_out_values(const uint8_t* panel, int64_t blocks, uint8_t* out) {
     const uint8_t* pb = panel + b * L.bytes;
     if constexpr (L.block == 32) {
       I<Lanes> V[8];
-      kernel::legacy_values<Lanes, T>(pb, V);
+      if constexpr (T == QuantType::kIQ4_NL || T == QuantType::kMXFP4) {
+        kernel::iq4_values<Lanes, T>(pb + L.q_off, V);  // the levels plus 128, unsigned as the tiles take them
+      } else {
+        kernel::legacy_values<Lanes, T>(pb, V);
+      }
       store_vectors(out + b * kGroupBytes, V, 8);
     } else {
       for (int t = 0; t < 4; ++t) {
@@ -125,7 +132,7 @@ void tile_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int64
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* pb = panel + b * L.bytes;
     next.step();
-    const F<Lanes> d = Lanes::f16(pb + L.d_off);
+    const F<Lanes> d = T == QuantType::kMXFP4 ? Lanes::bf16(pb + L.d_off) : Lanes::f16(pb + L.d_off);
     if constexpr (L.block == 32) {
       F<Lanes> m{};
       if constexpr (L.has_min) m = Lanes::f16(pb + L.m_off);
@@ -197,8 +204,8 @@ void quant_gemm_amx(const QuantGemmArgs& a, const QuantizedRows& x, const PanelC
     case QuantType::kQ6_K: return kernel::panels<Avx512VnniLanes, QuantType::kQ6_K>(a, x, claims);
     case QuantType::kQ2_K: return kernel::panels<Avx512VnniLanes, QuantType::kQ2_K>(a, x, claims);
     case QuantType::kQ3_K: return kernel::panels<Avx512VnniLanes, QuantType::kQ3_K>(a, x, claims);
-    case QuantType::kIQ4_NL: return kernel::panels<Avx512VnniLanes, QuantType::kIQ4_NL>(a, x, claims);
-    case QuantType::kMXFP4: return kernel::panels<Avx512VnniLanes, QuantType::kMXFP4>(a, x, claims);
+    case QuantType::kIQ4_NL: return run_type<QuantType::kIQ4_NL>(a, x, claims);
+    case QuantType::kMXFP4: return run_type<QuantType::kMXFP4>(a, x, claims);
     case QuantType::kIQ4_XS: return kernel::panels<Avx512VnniLanes, QuantType::kIQ4_XS>(a, x, claims);
   }
 }
