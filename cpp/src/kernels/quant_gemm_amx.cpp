@@ -12,11 +12,12 @@
 // the leftover rows. The epilogue, not the tiles, bounds the speed: 1.1-1.4x the avx512vnni loops
 // on 16-512 rows (Q4_1, Q8_0, Q4_K); Q6_K, whose sub-blocks of 16 need two dot products of depth
 // 16 and two stores per 32 values, gains nothing (0.9-1.1x) and stays on the vector loops; so
-// do Q2_K and Q3_K, whose sub-blocks are of 16 too, and IQ4_XS (its int8 scale per sub-block).
-// IQ4_NL and MXFP4 lay their levels out (looked up once per panel, plus 128: unsigned bytes, the
-// epilogue taking 128 x's sum back off, as Q8_0's): the whole model's projections, Intel Xeon VM, 2
-// threads, alternating builds, 16 / 64 / 512 rows 10.1-10.4 -> 7.3-7.7, 35.1-36.1 -> 21.6-22.4 and
-// 263-271 -> 162-167 ms. As on the vector loops, the thread's next panel is fetched into L2 (next_panel.h) a
+// do Q2_K and Q3_K, whose sub-blocks are of 16 too. IQ4_NL, MXFP4 and IQ4_XS lay their levels out
+// (looked up once per panel, plus 128: unsigned bytes, the epilogue taking 128 x's sum back off, as
+// Q8_0's; IQ4_XS's then times its sub-block's int8 scale): the whole model's projections, Intel Xeon
+// VM, 2 threads, alternating builds, IQ4_NL / MXFP4 at 16 / 64 / 512 rows 10.1-10.4 -> 7.3-7.7,
+// 35.1-36.1 -> 21.6-22.4 and 263-271 -> 162-167 ms; IQ4_XS (the down projections) 2.70-2.85 ->
+// 2.06-2.34, 8.9-9.5 -> 6.0-6.8, 66.6-70.2 -> 44.8-48.7 ms. As on the vector loops, the thread's next panel is fetched into L2 (next_panel.h) a
 // step per block of each 16 rows: SmolLM2 Q4_1 decode steps of 16 / 32 / 64 requests 15.0-15.7 ->
 // 12.7-12.9 / 25.8-27.5 -> 22.2-23.7 / 49.8-51.3 -> 47.2-48.6 ms (Intel Xeon VM, 2 threads).
 #include <immintrin.h>
@@ -72,7 +73,7 @@ void store_vectors(uint8_t* out, const I<Lanes>* V, int count) {
 }
 
 // The panel's values as B tiles, group after group (group g: values 32g .. 32g + 31 along k);
-// Q4_K / Q5_K runs of 64 values give two groups each.
+// Q4_K / Q5_K runs of 64 values give two groups each; IQ4_XS's sub-blocks of 32 one each.
 template <QuantType T>
 void lay_out_values(const uint8_t* panel, int64_t blocks, uint8_t* out) {
   constexpr Layout L = layout_of(T);
@@ -86,6 +87,12 @@ void lay_out_values(const uint8_t* panel, int64_t blocks, uint8_t* out) {
         kernel::legacy_values<Lanes, T>(pb, V);
       }
       store_vectors(out + b * kGroupBytes, V, 8);
+    } else if constexpr (T == QuantType::kIQ4_XS) {
+      for (int j = 0; j < 8; ++j) {
+        I<Lanes> V[8];
+        kernel::iq4_values<Lanes, T>(pb + L.q_off + 256 * j, V);
+        store_vectors(out + (8 * b + j) * kGroupBytes, V, 8);
+      }
     } else {
       for (int t = 0; t < 4; ++t) {
         I<Lanes> V[16];
@@ -140,6 +147,18 @@ void tile_rows(const QuantGemmArgs& a, const QuantizedRows& x, int64_t r0, int64
 #pragma GCC unroll 16
       for (int r = 0; r < kTileRows; ++r) {
         acc[r] = kernel::legacy_epilogue<Lanes, T>(acc[r], sums_row(sums, r), d, m, x, r0 + r, b);
+      }
+    } else if constexpr (T == QuantType::kIQ4_XS) {  // iq4_xs_block's: sc_j (S_j - 128 Sx_j), then d d_x
+      for (int j = 0; j < 8; ++j) {
+        const int64_t g = 8 * b + j;
+        const I<Lanes> sc = Lanes::i8(pb + L.sc_off + 16 * j);
+        tile_sums(x, r0, g, values + g * kGroupBytes, sums);
+#pragma GCC unroll 16
+        for (int r = 0; r < kTileRows; ++r) {
+          const int32_t* sum16 = x.row_sum16(r0 + r) + 2 * g;
+          const I<Lanes> S = Lanes::sub(sums_row(sums, r), Lanes::set1_i(128 * (sum16[0] + sum16[1])));
+          acc[r] = kernel::iq4_epilogue<Lanes>(acc[r], Lanes::mullo(sc, S), d, x, r0 + r, g);
+        }
       }
     } else {
       const F<Lanes> dmin = Lanes::f16(pb + L.m_off);
@@ -206,7 +225,7 @@ void quant_gemm_amx(const QuantGemmArgs& a, const QuantizedRows& x, const PanelC
     case QuantType::kQ3_K: return kernel::panels<Avx512VnniLanes, QuantType::kQ3_K>(a, x, claims);
     case QuantType::kIQ4_NL: return run_type<QuantType::kIQ4_NL>(a, x, claims);
     case QuantType::kMXFP4: return run_type<QuantType::kMXFP4>(a, x, claims);
-    case QuantType::kIQ4_XS: return kernel::panels<Avx512VnniLanes, QuantType::kIQ4_XS>(a, x, claims);
+    case QuantType::kIQ4_XS: return run_type<QuantType::kIQ4_XS>(a, x, claims);
   }
 }
 
