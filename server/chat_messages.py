@@ -49,7 +49,9 @@ class ChatMessage(RequestPart):
     name: str | None = None
     tool_calls: list[MessageToolCall] | None = None  # assistant: the calls it made
     tool_call_id: str | None = None  # tool: the call this is the result of
-    reasoning_content: str | None = None  # assistant: its reasoning (templates may show or drop it)
+    # assistant: its reasoning (templates may show or drop it; they read it as reasoning_content, or as
+    # thinking, gpt-oss's template's name)
+    reasoning_content: str | None = None
     reasoning: str | None = None  # (vLLM's name for it) the same, as a vLLM client sends its replies back
 
     @model_validator(mode="after")
@@ -83,6 +85,8 @@ class ChatMessage(RequestPart):
         for key in ("name", "tool_call_id", "reasoning_content"):
             if getattr(self, key) is not None:
                 message[key] = getattr(self, key)
+        if self.reasoning_content is not None:
+            message["thinking"] = self.reasoning_content  # (the name gpt-oss's template reads it under)
         if self.tool_calls:
             message["tool_calls"] = [{"id": c.id, "type": "function", "function": {
                 "name": c.function.name, "arguments": _arguments_object(c.function.arguments)}}

@@ -148,3 +148,21 @@ def test_the_templates_that_read_a_field_are_known_and_show_it(templates, name, 
         text = render_chat_template(templates[name], conv["messages"], add_generation_prompt=True, bos_token=BOS,
                                     eos_token=EOS, **{field: conv[field]})
         assert all(s in text for s in shown), text
+
+
+def test_a_reasoning_sent_back_reaches_gpt_oss_template_as_its_analysis(templates, hf_tokenizer):
+    """A client's earlier assistant turn with its reasoning (reasoning_content, or vLLM's reasoning)
+    and a tool call: the server's template message carries it as `thinking` too, gpt-oss's name, and
+    its template renders it as that turn's analysis message, as transformers does with the same
+    message."""
+    from corellm.server.chat_messages import ChatMessage
+
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "reasoning": "I should call get_weather.", "tool_calls": [
+                   {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                                      "arguments": '{"city": "Paris"}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C."}]
+    conv = {"tools": TOOLS, "messages": [ChatMessage.model_validate(m).as_template_message() for m in history]}
+    text = render_ours(templates["openai-gpt-oss-120b"], conv, add_generation_prompt=True)
+    assert "<|channel|>analysis<|message|>I should call get_weather.<|end|>" in text
+    assert text == render_hf(hf_tokenizer, templates["openai-gpt-oss-120b"], conv, True, False)
