@@ -51,8 +51,9 @@ class LLM:
                  hf_overrides: dict | None = None, loaded_model: LoadedModel | None = None):
         """quantization: "gguf" (a GGUF file's quantized weights computed as they are; the default for
         a .gguf on the CPU), "int8" (an HF checkpoint's projections quantized to int8 at load: W8A8
-        on the CPU or a Hopper GPU), "fp8" (the projections in fp8 e4m3 on a Hopper GPU) or "none"
-        (weights in dtype).
+        on the CPU or a Hopper GPU), "fp8" (the projections in fp8 e4m3 on a Hopper GPU), "mxfp4" (an
+        MXFP4 checkpoint's MXFP4 weights computed as they are: gpt-oss's experts; the default for one
+        on the CPU) or "none" (weights in dtype).
         speculative_config: speculative decoding, as vLLM names it (see SpeculativeConfig), e.g.
         {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}.
         reasoning_parser: a reasoning model's format ("deepseek_r1" or "qwen3", as the server's
