@@ -288,3 +288,15 @@ def test_the_gpt_4o_pre_tokenizer():
                                                     " done"]
     split = pre_tokenizers.Split(tokenizers.Regex(GPT4O_SPLIT), behavior="isolated")
     assert [piece for piece, _ in split.pre_tokenize_str(text)] == regex.findall(GPT4O_SPLIT, text)
+
+
+def test_int8_quantizes_the_experts_and_keeps_their_biases(tmp_path, tokenizer_json):
+    """--quantization int8 on a gpt-oss directory: the split experts' and the attention's projections
+    quantized per row (their biases added in the kernels' epilogue), logits within the int8 error."""
+    hf = make_tiny_model("gpt_oss", tmp_path, tokenizer_json, seed=1)
+    ours = load_model(str(tmp_path), dtype="float32", progress=False, quantization="int8")
+    layer = ours.model.layers[0]
+    ((_, gate_up),) = layer.mlp.experts[0].gate_up_proj.quantized
+    ((_, qkv),) = layer.attn.qkv_proj.quantized
+    assert gate_up.type_name == qkv.type_name == "Q8_0" and layer.mlp.experts[0].gate_up_proj.bias is not None
+    assert_last_logits_match(ours.model, hf, PROMPT, atol=0.05, rtol=0.05)
