@@ -19,7 +19,7 @@ from corellm.distributed.parallel_state import TensorParallel
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.layers import MLP, DecoderLayer, Embedding, KVCache, Linear, SparseMoe
 from corellm.model.model_config import ModelConfig
-from corellm.model.mxfp4 import dequantize_mxfp4, gguf_rows
+from corellm.model.gpt_oss_checkpoint import GptOssCheckpoint
 from corellm.model.quantized_tensor import QuantizedTensor, row_slice
 from corellm.model.rope import attention_factor, cos_sin_cache, inverse_frequencies, longrope_is_long
 from corellm.model.tensor_parallel import WholeRowColumns, shard_config, shard_weights
@@ -62,22 +62,6 @@ _GRANITE_EXPERTS = re.compile(r"^(model\.layers\.\d+\.block_sparse_moe\.)"
                               r"(input_linear|output_linear|router\.layer)\.weight$")
 
 
-# gpt-oss's checkpoints hold each layer's experts in four 3-D / 2-D tensors, transposed (x W):
-# gate_up_proj [experts, hidden, 2 x intermediate] with gate and up columns interleaved (gate 2i, up
-# 2i + 1), gate_up_proj_bias [experts, 2 x intermediate] alike, down_proj [experts, intermediate,
-# hidden], down_proj_bias [experts, hidden]; and its router under mlp.router. They are split into
-# Qwen3-MoE's names (mlp.gate, mlp.experts.E.gate_proj / up_proj / down_proj), weights and biases.
-_GPT_OSS_EXPERTS = re.compile(r"^(model\.layers\.\d+\.mlp\.)"
-                              r"(experts\.gate_up_proj|experts\.gate_up_proj_bias|experts\.down_proj|"
-                              r"experts\.down_proj_bias|router\.weight|router\.bias)$")
-
-
-# The official gpt-oss checkpoints keep gate_up_proj and down_proj in MXFP4 (model/mxfp4.py), each as
-# two tensors, _blocks [experts, out, in / 32, 16] and _scales [experts, out, in / 32]: dequantized
-# when both have come, then split as the bf16 ones.
-_GPT_OSS_MXFP4 = re.compile(r"^(model\.layers\.\d+\.mlp\.)experts\.(gate_up_proj|down_proj)_(blocks|scales)$")
-
-
 def _layer_norm_names(c: ModelConfig) -> dict[str, str]:
     """A layer's norms in the checkpoint -> DecoderLayer's attributes. Llama: before the attention
     and before the MLP. With sandwich norms, also on the attention's and the MLP's outputs, under
@@ -101,33 +85,19 @@ def split_fused_projections(weights: Iterable[tuple[str, torch.Tensor | Quantize
                             keep_mxfp4: bool = False) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
     """Each fused projection as its parts (row slices: views, or a quantized tensor's panels); ERNIE
     4.5's shared experts and expert bias under Qwen2-MoE's name and the layer's (_ERNIE_MOE_NAMES);
-    every other tensor as it is. gpt-oss: its stacked experts split per expert (_GPT_OSS_EXPERTS),
-    from MXFP4 where the checkpoint has them so (_GPT_OSS_MXFP4): dequantized, or with keep_mxfp4
-    kept as MXFP4 QuantizedTensors (quantization "mxfp4")."""
-    mxfp4_halves: dict[tuple[str, str], dict[str, torch.Tensor]] = {}  # (layer prefix, projection) -> its halves so far
+    every other tensor as it is. gpt-oss: its stacked experts split per expert, from MXFP4 where the
+    checkpoint has them so: dequantized, or with keep_mxfp4 kept as MXFP4 QuantizedTensors
+    (quantization "mxfp4"; model/gpt_oss_checkpoint.py)."""
+    gpt_oss = GptOssCheckpoint(config, keep_mxfp4) if config.family == "gpt_oss" else None
     for name, t in weights:
-        mxfp4 = _GPT_OSS_MXFP4.match(name) if config.family == "gpt_oss" else None
-        if mxfp4 is not None:
-            prefix, projection, half = mxfp4.groups()
-            halves = mxfp4_halves.setdefault((prefix, projection), {})
-            halves[half] = t
-            if len(halves) == 2:
-                del mxfp4_halves[(prefix, projection)]
-                if keep_mxfp4:
-                    yield from _gpt_oss_mxfp4_experts(prefix, projection, halves["blocks"], halves["scales"], config)
-                    continue
-                stacked = dequantize_mxfp4(halves["blocks"], halves["scales"], f"{prefix}experts.{projection}")
-                yield from _gpt_oss_experts(prefix, "experts." + projection, stacked.transpose(1, 2), config)
+        if gpt_oss is not None and gpt_oss.takes(name):
+            yield from gpt_oss.split(name, t)
             continue
         ernie = _ERNIE_MOE_NAMES.match(name) if config.family == "ernie4_5_moe" else None
         if ernie is not None:
             prefix, kind = ernie.group(1), ernie.group(2)
             yield (prefix + "selection_bias", t.reshape(-1)) if kind == "moe_statics.e_score_correction_bias" \
                 else (prefix + "shared_expert." + kind[len("shared_experts."):], t)
-            continue
-        gpt_oss = _GPT_OSS_EXPERTS.match(name) if config.family == "gpt_oss" else None
-        if gpt_oss is not None:
-            yield from _gpt_oss_experts(gpt_oss.group(1), gpt_oss.group(2), t, config)
             continue
         granite = _GRANITE_EXPERTS.match(name)
         if granite is not None:
@@ -146,10 +116,8 @@ def split_fused_projections(weights: Iterable[tuple[str, torch.Tensor | Quantize
         for part, size in zip(_FUSED_PROJECTIONS[fused], sizes):
             yield prefix + part, row_slice(t, start, start + size, name)
             start += size
-    for (prefix, projection), halves in mxfp4_halves.items():
-        have = next(iter(halves))
-        raise ValueError(f"{config.source}: {prefix}experts.{projection}_{have} without its "
-                         f"_{'scales' if have == 'blocks' else 'blocks'}")
+    if gpt_oss is not None:
+        gpt_oss.check_complete()
 
 
 def _granite_experts(prefix: str, kind: str, t: torch.Tensor, config: ModelConfig
@@ -170,56 +138,6 @@ def _granite_experts(prefix: str, kind: str, t: torch.Tensor, config: ModelConfi
             yield f"{prefix}experts.{e}.w3.weight", t[e, inter:]
         else:
             yield f"{prefix}experts.{e}.w2.weight", t[e]
-
-
-def _gpt_oss_experts(prefix: str, kind: str, t: torch.Tensor, config: ModelConfig
-                     ) -> Iterator[tuple[str, torch.Tensor]]:
-    """A gpt-oss layer's router or stacked experts (prefix: the layer's mlp.) under Qwen3-MoE's names:
-    each expert's weights transposed to [out, in], the gate's columns (the even ones) apart from up's."""
-    if kind.startswith("router."):
-        yield prefix + "gate." + kind[len("router."):], t
-        return
-    if isinstance(t, QuantizedTensor):
-        raise ValueError(f"{config.source}: gpt-oss's expert tensor {prefix + kind} in a quantized type is not "
-                         f"supported")
-    experts, inter, hidden = config.num_experts, config.moe_intermediate_size, config.hidden_size
-    expected = {"experts.gate_up_proj": (experts, hidden, 2 * inter), "experts.gate_up_proj_bias": (experts, 2 * inter),
-                "experts.down_proj": (experts, inter, hidden), "experts.down_proj_bias": (experts, hidden)}[kind]
-    if tuple(t.shape) != expected:
-        raise ValueError(f"{config.source}: tensor {prefix + kind} has shape {tuple(t.shape)}, but the config "
-                         f"implies {expected}")
-    suffix = "bias" if kind.endswith("_bias") else "weight"
-    for e in range(experts):
-        if kind.startswith("experts.gate_up_proj"):
-            w = t[e] if suffix == "bias" else t[e].t()  # [2 inter(, hidden)], gate and up interleaved
-            yield f"{prefix}experts.{e}.gate_proj.{suffix}", w[0::2]
-            yield f"{prefix}experts.{e}.up_proj.{suffix}", w[1::2]
-        else:
-            yield f"{prefix}experts.{e}.down_proj.{suffix}", t[e] if suffix == "bias" else t[e].t()
-
-
-def _gpt_oss_mxfp4_experts(prefix: str, projection: str, blocks: torch.Tensor, scales: torch.Tensor,
-                           config: ModelConfig) -> Iterator[tuple[str, QuantizedTensor]]:
-    """A gpt-oss layer's MXFP4 gate_up_proj or down_proj (blocks [experts, out, in / 32, 16]) kept in
-    MXFP4, per expert under Qwen3-MoE's names: gate_up's even output rows the gate's, the odd ones up's."""
-    experts, inter, hidden = config.num_experts, config.moe_intermediate_size, config.hidden_size
-    out, k = (2 * inter, hidden) if projection == "gate_up_proj" else (hidden, inter)
-    if tuple(blocks.shape) != (experts, out, k // 32, 16) or tuple(scales.shape) != (experts, out, k // 32):
-        raise ValueError(f"{config.source}: {prefix}experts.{projection}'s MXFP4 blocks {tuple(blocks.shape)} and "
-                         f"scales {tuple(scales.shape)}, but the config implies {(experts, out, k // 32, 16)} and "
-                         f"{(experts, out, k // 32)}")
-    mxfp4 = 39  # GGUF's ggml_type number
-
-    def kept(rows: slice, e: int) -> QuantizedTensor:
-        b, s = blocks[e, rows], scales[e, rows]
-        return QuantizedTensor.pack(mxfp4, gguf_rows(b, s), (b.shape[0], k))
-
-    for e in range(experts):
-        if projection == "gate_up_proj":
-            yield f"{prefix}experts.{e}.gate_proj.weight", kept(slice(0, None, 2), e)
-            yield f"{prefix}experts.{e}.up_proj.weight", kept(slice(1, None, 2), e)
-        else:
-            yield f"{prefix}experts.{e}.down_proj.weight", kept(slice(None), e)
 
 
 def _mlp_destinations(prefix: str, mlp: MLP, intermediate: int, hidden: int,

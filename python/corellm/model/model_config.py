@@ -11,6 +11,7 @@ from typing import Any
 from corellm.model.classifier_labels import read_classifier_from_tokens, read_classifier_labels
 from corellm.model.config_checks import UnsupportedModelError, check_positive_integers
 from corellm.model.expert_fields import expert_fields
+from corellm.model.yarn_fields import check_yarn, context_length, with_yarn_defaults
 
 # HF architecture name -> corellm's model family flags.
 SUPPORTED_ARCHITECTURES = {
@@ -232,7 +233,7 @@ class ModelConfig:
             if kind == "longrope":
                 self._check_longrope()
             if kind == "yarn":
-                self._check_yarn()
+                check_yarn(self.rope_scaling, self.source)
 
     @property
     def family(self) -> str:
@@ -266,25 +267,6 @@ class ModelConfig:
         if not isinstance(original, int) or original <= 0:
             raise ValueError(f"{self.source}: longrope rope scaling needs a positive "
                              f"original_max_position_embeddings, got {original!r}")
-
-    def _check_yarn(self) -> None:
-        """YaRN: a factor of at least 1, the pretrained context length, finite betas (fast above slow)."""
-        s = self.rope_scaling
-        factor, original = s.get("factor"), s.get("original_max_position_embeddings")
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1:
-            raise ValueError(f"{self.source}: yarn rope scaling needs a factor of at least 1, got {factor!r}")
-        if isinstance(original, bool) or not isinstance(original, int) or original <= 0:
-            raise ValueError(f"{self.source}: yarn rope scaling needs a positive original_max_position_embeddings, "
-                             f"got {original!r}")
-        fast, slow = s.get("beta_fast") or 32, s.get("beta_slow") or 1
-        if not all(isinstance(b, (int, float)) and math.isfinite(b) and b > 0 for b in (fast, slow)) or fast < slow:
-            raise ValueError(f"{self.source}: yarn rope scaling needs positive beta_fast >= beta_slow, got "
-                             f"beta_fast={s.get('beta_fast')!r}, beta_slow={s.get('beta_slow')!r}")
-        for key in ("attention_factor", "mscale", "mscale_all_dim"):
-            value = s.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value) or value < 0):
-                raise ValueError(f"{self.source}: yarn rope scaling's {key} must be a number >= 0, got {value!r}")
 
     @property
     def rope_type(self) -> str | None:
@@ -364,7 +346,7 @@ class ModelConfig:
             # Phi-3 keeps the pretrained context length beside max_position_embeddings ("su": its first name)
             scaling = {**scaling, "rope_type": "longrope"}
             scaling.setdefault("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
-        scaling = _with_yarn_defaults(scaling, cfg)
+        scaling = with_yarn_defaults(scaling, cfg)
         eos = cfg.get("eos_token_id")
         sliding = 0
         if cfg.get("clip_qkv") is not None:
@@ -385,7 +367,7 @@ class ModelConfig:
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
-            max_position_embeddings=_context_length(cfg, scaling, 2048),
+            max_position_embeddings=context_length(cfg, scaling, 2048),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             attention_bias=family in ("qwen2", "gpt_oss") or (family == "qwen2_moe" and cfg.get("qkv_bias", True))
             or bool(cfg.get("attention_bias", False)),
@@ -426,7 +408,7 @@ class ModelConfig:
             rope = {"full_attention": rope, "sliding_attention": rope}
         full, local = dict(rope.get("full_attention") or {}), dict(rope.get("sliding_attention") or {})
         scaling = full if full.get("rope_type", "default") != "default" else (cfg.get("rope_scaling") or None)
-        scaling = _with_yarn_defaults(scaling, cfg)
+        scaling = with_yarn_defaults(scaling, cfg)
         layers = cfg["num_hidden_layers"]
         pattern = 2 if gemma2 else cfg.get("sliding_window_pattern", GEMMA3_SLIDING_PATTERN)
         layer_types = cfg.get("layer_types") or [
@@ -445,7 +427,7 @@ class ModelConfig:
             head_dim=cfg.get("head_dim") or hidden // heads,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=theta,
-            max_position_embeddings=_context_length(cfg, scaling, 8192 if gemma2 else 32768),
+            max_position_embeddings=context_length(cfg, scaling, 8192 if gemma2 else 32768),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
             attention_bias=bool(cfg.get("attention_bias", False)),
             qk_norm=not gemma2,
@@ -482,32 +464,6 @@ def _gpt_oss_fields(cfg: dict[str, Any], source: str) -> dict[str, Any]:
     return dict(layer_types=tuple(layer_types), hidden_activation="swigluoai",
                 swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)), swiglu_limit=float(cfg.get("swiglu_limit", 7.0)),
                 attention_output_bias=True, attention_sinks=True)
-
-
-def _with_yarn_defaults(scaling: dict[str, Any] | None, cfg: dict[str, Any]) -> dict[str, Any] | None:
-    """YaRN's scaling as transformers completes it: its type under "rope_type", and the pretrained
-    context length from the config's top level where it has one, else from the scaling, else
-    max_position_embeddings. Any other scaling as it is."""
-    if scaling is None or scaling.get("rope_type", scaling.get("type")) != "yarn":
-        return scaling
-    scaling = {**scaling, "rope_type": "yarn"}
-    scaling.pop("type", None)
-    if cfg.get("original_max_position_embeddings") is not None:
-        scaling["original_max_position_embeddings"] = cfg["original_max_position_embeddings"]
-    scaling.setdefault("original_max_position_embeddings", cfg.get("max_position_embeddings"))
-    return scaling
-
-
-def _context_length(cfg: dict[str, Any], scaling: dict[str, Any] | None, default: int) -> int:
-    """The positions the model serves: max_position_embeddings, or under YaRN the pretrained length
-    times the factor where that is longer (vLLM's rule: Qwen2.5's 32768 x 4 = 131072)."""
-    length = cfg.get("max_position_embeddings", default)
-    if scaling is not None and scaling.get("rope_type") == "yarn":
-        original, factor = scaling.get("original_max_position_embeddings"), scaling.get("factor")
-        if (isinstance(original, int) and isinstance(factor, (int, float)) and not isinstance(factor, bool)
-                and math.isfinite(factor)):
-            length = max(length, int(original * factor))
-    return length
 
 
 def _smollm3_fields(cfg: dict[str, Any], family: str, source: str) -> dict[str, Any]:

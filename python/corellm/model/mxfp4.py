@@ -13,6 +13,7 @@ import torch
 # The E2M1 codes' values: 0-7 positive, 8-15 their negatives.
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 BLOCK = 32  # weights per scale
+GGML_MXFP4 = 39  # GGUF's ggml_type number of MXFP4 (quant_gemm.h's QuantType::kMXFP4)
 
 
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, name: str = "MXFP4 tensor") -> torch.Tensor:
