@@ -24,15 +24,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the other benches' helpers
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def random_checkpoint(dest: Path, layers: int, experts: int, used: int, expert_rows: int, init_std: float,
@@ -79,25 +76,17 @@ def transformers_check(model: Path) -> str:
     from hf_transformers import import_transformers
 
     transformers = import_transformers()
-    sys.path.insert(0, str(ROOT))  # tests/model/runner.py
     from corellm.model import load_model
-    from tests.model.runner import PagedRunner
-    from transformers_agreement import LogitAgreement
+    from transformers_agreement import decode_agreement
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.float32).eval()
     ours = load_model(str(model), dtype="float32", progress=False, use_cache=False)
-    g = torch.Generator().manual_seed(0)
-    agreement = LogitAgreement()
-    for length in (20, 60, 150):  # past the sliding window of 128
-        ids = torch.randint(100, hf.config.vocab_size, (length,), generator=g).tolist()
-        runner = PagedRunner(ours.model, length, 1)
-        got = torch.cat([runner.step([[t]]) for t in ids])  # every position's logits, decode by decode
-        with torch.no_grad():
-            agreement.add(got, hf(torch.tensor([ids])).logits[0])
-    return str(agreement)
+    return str(decode_agreement(ours.model, hf, hf.config.vocab_size, (20, 60, 150)))  # past the window of 128
 
 
 def main() -> None:
+    from llamacpp_agreement import add_file_comparison_args, agreement_on_file, compare_speed_on_file, quantized_file
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--experts", type=int, default=32)
@@ -105,17 +94,10 @@ def main() -> None:
     p.add_argument("--expert-rows", type=int, default=384)
     p.add_argument("--init-std", type=float, default=0.02)
     p.add_argument("--head-std", type=float, default=0.3)
-    p.add_argument("--quant", default="MXFP4_MOE", help="llama-quantize type of the file both engines run (BF16: none)")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    p.add_argument("--concurrency", default="1,16")
-    p.add_argument("--num-prompts", type=int, default=32)
-    p.add_argument("--skip-agreement", action="store_true")
-    p.add_argument("--skip-single-stream", action="store_true")
-    p.add_argument("--skip-serving", action="store_true")
+    add_file_comparison_args(p, quant="MXFP4_MOE")
     args = p.parse_args()
 
     from compare_llamacpp import CACHE, build_llamacpp, run
-    from llamacpp_agreement import PROMPTS, llama_greedy, score
 
     bin_dir = build_llamacpp()
     stem = f"gpt-oss-{args.layers}L-{args.experts}x{args.expert_rows}-top{args.used}-std{args.init_std:g}"
@@ -127,30 +109,12 @@ def main() -> None:
         run([sys.executable, str(source / "convert_hf_to_gguf.py"), str(hf_dir), "--outtype", "bf16",
              "--outfile", str(model.with_suffix(".tmp"))], stdout=subprocess.DEVNULL)
         model.with_suffix(".tmp").rename(model)
-    if args.quant != "BF16":
-        quantized = CACHE / f"{stem}.{args.quant}.gguf"
-        if not quantized.exists():
-            run([str(bin_dir / "llama-quantize"), str(model), str(quantized.with_suffix(".tmp")), args.quant],
-                stdout=subprocess.DEVNULL)
-            quantized.with_suffix(".tmp").rename(quantized)
-        model = quantized
+    model = quantized_file(bin_dir, model, args.quant)
     print(f"model: {model} ({model.stat().st_size / 2**20:.0f} MiB)", flush=True)
     if not args.skip_agreement:
-        from corellm import LLM
-
         print(f"corellm vs transformers, fp32, on {hf_dir.name}: {transformers_check(hf_dir)}", flush=True)
-        replies = llama_greedy(bin_dir, model, PROMPTS, 24)
-        llm = LLM(str(model), kv_cache_memory=256 * 2**20, max_model_len=1024)
-        print(f"agreement on {model.name}: {score(llm, PROMPTS, replies)}", flush=True)
-        llm.shutdown()
-        del llm
-    if args.skip_single_stream and args.skip_serving:
-        return
-    flags = [f for f, on in (("--skip-single-stream", args.skip_single_stream), ("--skip-serving", args.skip_serving))
-             if on]
-    subprocess.run([sys.executable, str(Path(__file__).parent / "compare_llamacpp.py"), "--gguf", str(model),
-                    "--threads", str(args.threads), "--concurrency", args.concurrency, "--num-prompts",
-                    str(args.num_prompts), *flags], check=True)
+        print(f"agreement on {model.name}: {agreement_on_file(bin_dir, model)}", flush=True)
+    compare_speed_on_file(model, args)
 
 
 if __name__ == "__main__":

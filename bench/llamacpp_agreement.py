@@ -75,3 +75,59 @@ def score(llm, prompts: list[str], replies: list[dict], lora_request=None) -> Ag
             agree += max(ours, key=lambda t: ours[t].logprob) == token
             worst = max(worst, abs(ours[token].logprob - top[0]["logprob"]))
     return Agreement(agree, clear, worst)
+
+
+def agreement_on_file(bin_dir: Path, model: Path) -> Agreement:
+    """llama-server's greedy replies to PROMPTS on the GGUF `model`, scored by a corellm LLM on the
+    same file (bf16, its quantized tensors as they are)."""
+    from corellm import LLM
+
+    replies = llama_greedy(bin_dir, model, PROMPTS, 24)
+    llm = LLM(str(model), kv_cache_memory=256 * 2**20, max_model_len=1024)
+    try:
+        return score(llm, PROMPTS, replies)
+    finally:
+        llm.shutdown()
+
+
+def compare_speed_on_file(model: Path, args) -> None:
+    """bench/compare_llamacpp.py --gguf `model` with a bench's --threads, --concurrency, --num-prompts
+    and --skip-single-stream / --skip-serving (nothing when both are set)."""
+    import subprocess
+    import sys
+
+    if args.skip_single_stream and args.skip_serving:
+        return
+    flags = [f for f, on in (("--skip-single-stream", args.skip_single_stream), ("--skip-serving", args.skip_serving))
+             if on]
+    subprocess.run([sys.executable, str(Path(__file__).parent / "compare_llamacpp.py"), "--gguf", str(model),
+                    "--threads", str(args.threads), "--concurrency", args.concurrency, "--num-prompts",
+                    str(args.num_prompts), *flags], check=True)
+
+
+def add_file_comparison_args(p, quant: str) -> None:
+    """The flags of a bench that makes a GGUF file and compares the engines on it (moe.py, gpt_oss.py):
+    the llama-quantize type (default `quant`), then agreement_on_file's and compare_speed_on_file's."""
+    import os
+
+    p.add_argument("--quant", default=quant, help="llama-quantize type of the file both engines run (BF16: none)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--concurrency", default="1,16")
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--skip-agreement", action="store_true")
+    p.add_argument("--skip-single-stream", action="store_true")
+    p.add_argument("--skip-serving", action="store_true")
+
+
+def quantized_file(bin_dir: Path, bf16: Path, quant: str) -> Path:
+    """The BF16 GGUF `bf16` made `quant` by llama-quantize, beside it (cached; BF16: the file itself)."""
+    import subprocess
+
+    if quant == "BF16":
+        return bf16
+    quantized = bf16.with_name(bf16.name.replace(".BF16.gguf", f".{quant}.gguf"))
+    if not quantized.exists():
+        subprocess.run([str(bin_dir / "llama-quantize"), str(bf16), str(quantized.with_suffix(".tmp")), quant],
+                       stdout=subprocess.DEVNULL, check=True)
+        quantized.with_suffix(".tmp").rename(quantized)
+    return quantized

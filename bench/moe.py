@@ -22,8 +22,6 @@ users run). Cached under build/llamacpp/. Then:
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -96,11 +94,9 @@ def transformers_check(model: Path) -> str:
 
     transformers = import_transformers()  # (bench/kernels.py is not the `kernels` package it imports)
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/model/runner.py
     from corellm.model import load_model
     from corellm.model.gguf_file import GGUFModelFile
-    from tests.model.runner import PagedRunner
-    from transformers_agreement import LogitAgreement
+    from transformers_agreement import decode_agreement
 
     gguf_file = GGUFModelFile(model)
     c = gguf_file.config()
@@ -119,66 +115,34 @@ def transformers_check(model: Path) -> str:
             sliding_window=None)))
         hf = transformers.AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
     ours = load_model(str(model), dtype="float32", quantization="none", progress=False, use_cache=False)
-    g = torch.Generator().manual_seed(0)
-    agreement = LogitAgreement()
-    for length in (20, 60, 100):
-        ids = torch.randint(100, c.vocab_size, (length,), generator=g).tolist()
-        runner = PagedRunner(ours.model, 128, 1)
-        got = torch.cat([runner.step([[t]]) for t in ids])  # every position's logits, decode by decode
-        with torch.no_grad():
-            agreement.add(got, hf(torch.tensor([ids])).logits[0])
-    return str(agreement)
+    return str(decode_agreement(ours.model, hf, c.vocab_size, (20, 60, 100)))
 
 
 def main() -> None:
+    from llamacpp_agreement import add_file_comparison_args, agreement_on_file, compare_speed_on_file, quantized_file
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--experts", type=int, default=8)
     p.add_argument("--used", type=int, default=2)
     p.add_argument("--expert-rows", type=int, default=None,
                    help="fine-grained experts: each a slice of this many of the MLP's 1536 intermediate rows")
-    p.add_argument("--quant", default="Q4_K_M", help="llama-quantize type of the file both engines run (BF16: none)")
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    p.add_argument("--concurrency", default="1,16")
-    p.add_argument("--num-prompts", type=int, default=32)
-    p.add_argument("--skip-agreement", action="store_true")
-    p.add_argument("--skip-single-stream", action="store_true")
-    p.add_argument("--skip-serving", action="store_true")
+    add_file_comparison_args(p, quant="Q4_K_M")
     args = p.parse_args()
 
-    from compare_llamacpp import CACHE, bf16_model, build_llamacpp, run
-    from llamacpp_agreement import PROMPTS, llama_greedy, score
+    from compare_llamacpp import CACHE, bf16_model, build_llamacpp
 
     bin_dir = build_llamacpp()
     stem = f"SmolLM2-MoE-{args.experts}x{args.expert_rows or '135M'}-top{args.used}"
     model = CACHE / f"{stem}.BF16.gguf"
     if not model.exists():
         upcycled_gguf(bf16_model(), model, args.experts, args.used, args.expert_rows)
-    if args.quant != "BF16":
-        quantized = CACHE / f"{stem}.{args.quant}.gguf"
-        if not quantized.exists():
-            run([str(bin_dir / "llama-quantize"), str(model), str(quantized.with_suffix(".tmp")), args.quant],
-                stdout=subprocess.DEVNULL)
-            quantized.with_suffix(".tmp").rename(quantized)
-        model = quantized
+    model = quantized_file(bin_dir, model, args.quant)
     print(f"model: {model} ({model.stat().st_size / 2**20:.0f} MiB)", flush=True)
     if not args.skip_agreement:
-        from corellm import LLM
-
         print(f"corellm vs transformers, fp32, on {model.name.replace(args.quant, 'BF16')}'s weights: "
               f"{transformers_check(CACHE / f'{stem}.BF16.gguf')}", flush=True)
-
-        replies = llama_greedy(bin_dir, model, PROMPTS, 24)
-        llm = LLM(str(model), kv_cache_memory=256 * 2**20, max_model_len=1024)
-        print(f"agreement on {model.name}: {score(llm, PROMPTS, replies)}", flush=True)
-        llm.shutdown()
-        del llm
-    if args.skip_single_stream and args.skip_serving:
-        return
-    flags = [f for f, on in (("--skip-single-stream", args.skip_single_stream), ("--skip-serving", args.skip_serving))
-             if on]
-    subprocess.run([sys.executable, str(Path(__file__).parent / "compare_llamacpp.py"), "--gguf", str(model),
-                    "--threads", str(args.threads), "--concurrency", args.concurrency, "--num-prompts",
-                    str(args.num_prompts), *flags], check=True)
+        print(f"agreement on {model.name}: {agreement_on_file(bin_dir, model)}", flush=True)
+    compare_speed_on_file(model, args)
 
 
 if __name__ == "__main__":

@@ -29,3 +29,26 @@ class LogitAgreement:
     def __str__(self) -> str:
         return (f"the largest logit difference {self.worst:.1e}; the top token differs at {self.differ} of "
                 f"{self.clear} positions where transformers' top-2 margin exceeds {CLEAR_MARGIN}")
+
+
+def decode_agreement(ours, hf, vocab_size: int, lengths: tuple[int, ...], seed: int = 0) -> LogitAgreement:
+    """corellm's model `ours` (a LlamaForCausalLM, decoding one token a step through the paged
+    cache: tests/model/runner.py) against the transformers model `hf` (the whole prompt at once) on
+    random prompts of `lengths`, every position's logits."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/model/runner.py
+    from tests.model.runner import PagedRunner
+
+    g = torch.Generator().manual_seed(seed)
+    agreement = LogitAgreement()
+    for length in lengths:
+        ids = torch.randint(100, vocab_size, (length,), generator=g).tolist()
+        runner = PagedRunner(ours, length, 1)
+        got = torch.cat([runner.step([[t]]) for t in ids])  # every position's logits, decode by decode
+        with torch.no_grad():
+            agreement.add(got, hf(torch.tensor([ids])).logits[0])
+    return agreement
