@@ -5,7 +5,6 @@ encoder's (BERT, XLM-R, Nomic BERT): model/gguf_encoder.py."""
 
 from __future__ import annotations
 
-import math
 
 import re
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from corellm.model.encoder_config import GGUF_ENCODER_ARCHITECTURES, EncoderConf
 from corellm.model.model_config import (GEMMA3_SLIDING_PATTERN, GGUF_ARCHITECTURES, SMOLLM3_NOPE_INTERVAL, ModelConfig,
                                         UnsupportedModelError)
 from corellm.model.quantized_tensor import QuantizedTensor
+from corellm.model.yarn_fields import context_length
 from corellm.tokenizer import Tokenizer, byte_level_bpe, sentencepiece_bpe, unigram_from_gguf, wordpiece_from_phantom
 
 
@@ -175,7 +175,9 @@ class GGUFModelFile:
             head_dim=head_dim,
             rms_norm_eps=float(self.arch_field("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(self.arch_field("rope.freq_base", 10000.0)),
-            max_position_embeddings=self._context_length(scaling),
+            # context_length, or under YaRN the pretrained length times the factor where longer
+            max_position_embeddings=context_length(
+                {"max_position_embeddings": int(self.arch_field("context_length", 2048))}, scaling, 2048),
             tie_word_embeddings="output.weight" not in names,
             attention_bias="blk.0.attn_q.bias" in names,
             qk_norm="blk.0.attn_q_norm.weight" in names,
@@ -247,14 +249,6 @@ class GGUFModelFile:
                       attention_multiplier=self.arch_field("attention.scale"),
                       logits_scaling=self.arch_field("logit_scale"))
         return {key: float(value) for key, value in fields.items() if value is not None}
-
-    def _context_length(self, scaling: dict[str, Any] | None) -> int:
-        """context_length, or under YaRN the pretrained length times the factor where longer (as
-        from an HF config: model_config._context_length)."""
-        length = int(self.arch_field("context_length", 2048))
-        if scaling is not None and scaling["rope_type"] == "yarn" and math.isfinite(scaling["factor"]):
-            length = max(length, int(scaling["original_max_position_embeddings"] * scaling["factor"]))
-        return length
 
     def _yarn_scaling(self) -> dict[str, Any]:
         """YaRN under llama.cpp's keys: the factor, the pretrained context length (default the
