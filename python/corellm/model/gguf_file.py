@@ -5,7 +5,6 @@ encoder's (BERT, XLM-R, Nomic BERT): model/gguf_encoder.py."""
 
 from __future__ import annotations
 
-
 import re
 from collections.abc import Iterator
 from pathlib import Path
