@@ -14,6 +14,7 @@
 
 #include "corellm/check.h"
 #include "corellm/kernels/dtype.h"
+#include "corellm/kernels/paged_attention.h"
 #include "corellm/request.h"
 
 namespace corellm::binding {
@@ -31,6 +32,14 @@ inline DType dtype_of(int32_t tag) {
   CORELLM_CHECK_ARG(tag == static_cast<int32_t>(DType::F32) || tag == static_cast<int32_t>(DType::BF16),
                     "unknown dtype tag ", tag, " (the CPU kernels take F32 or BF16)");
   return static_cast<DType>(tag);
+}
+
+// The KV cache element tag of a CPU kernel call (paged_attention.h's KVCacheElement), checked.
+inline KVCacheElement kv_element_of(int32_t tag) {
+  CORELLM_CHECK_ARG(tag >= static_cast<int32_t>(KVCacheElement::kModelDType) &&
+                        tag <= static_cast<int32_t>(KVCacheElement::kFp8E5M2),
+                    "unknown KV cache element tag ", tag, " (KV_MODEL_DTYPE, KV_FP8_E4M3 or KV_FP8_E5M2)");
+  return static_cast<KVCacheElement>(tag);
 }
 
 // A pointer field of a bound struct, read and written from Python as an address (an int; 0 for

@@ -87,6 +87,9 @@ void bind_kernels(py::module_& m) {
   auto k = m.def_submodule("kernels", "CPU kernels on raw tensor addresses (use corellm.ops instead)");
   k.attr("DTYPE_F32") = static_cast<int32_t>(DType::F32);
   k.attr("DTYPE_BF16") = static_cast<int32_t>(DType::BF16);
+  k.attr("KV_MODEL_DTYPE") = static_cast<int32_t>(KVCacheElement::kModelDType);
+  k.attr("KV_FP8_E4M3") = static_cast<int32_t>(KVCacheElement::kFp8E4M3);
+  k.attr("KV_FP8_E5M2") = static_cast<int32_t>(KVCacheElement::kFp8E5M2);
 
   k.def("rms_norm",
         [](uintptr_t out, int64_t out_stride, uintptr_t x, int64_t x_stride, uintptr_t w, int64_t n,
@@ -170,20 +173,25 @@ void bind_kernels(py::module_& m) {
   k.def("reshape_and_cache",
         [](uintptr_t key, int64_t key_stride, uintptr_t value, int64_t value_stride, uintptr_t key_cache,
            uintptr_t value_cache, uintptr_t slot_mapping, int64_t n, int64_t num_blocks, int64_t num_kv_heads,
-           int64_t head_size, int64_t block_size, int32_t dtype) {
+           int64_t head_size, int64_t block_size, int32_t dtype, int32_t kv_element) {
           reshape_and_cache(ptr<const void>(key), key_stride, ptr<const void>(value), value_stride,
                             ptr<void>(key_cache), ptr<void>(value_cache), ptr<const int32_t>(slot_mapping), n,
-                            {num_blocks, num_kv_heads, head_size, block_size}, dtype_of(dtype));
+                            {num_blocks, num_kv_heads, head_size, block_size, kv_element_of(kv_element)},
+                            dtype_of(dtype));
         },
+        arg("key"), arg("key_stride"), arg("value"), arg("value_stride"), arg("key_cache"), arg("value_cache"),
+        arg("slot_mapping"), arg("n"), arg("num_blocks"), arg("num_kv_heads"), arg("head_size"), arg("block_size"),
+        arg("dtype"), arg("kv_element") = static_cast<int32_t>(KVCacheElement::kModelDType),
         py::call_guard<py::gil_scoped_release>());
   k.def("paged_attention",
         [](uintptr_t out, uintptr_t q, int64_t q_stride, uintptr_t key_cache, uintptr_t value_cache,
            int64_t num_blocks, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
            uintptr_t block_table, int64_t block_table_stride, uintptr_t seq_lens, uintptr_t query_start_loc,
            int64_t num_seqs, int64_t num_heads, float scale, int64_t sliding_window, int32_t dtype,
-           const std::string& isa, float softcap, uintptr_t sinks) {
+           const std::string& isa, float softcap, uintptr_t sinks, int32_t kv_element) {
           PagedAttentionArgs a{ptr<void>(out), ptr<const void>(q), q_stride, ptr<const void>(key_cache),
-                               ptr<const void>(value_cache), {num_blocks, num_kv_heads, head_size, block_size},
+                               ptr<const void>(value_cache),
+                               {num_blocks, num_kv_heads, head_size, block_size, kv_element_of(kv_element)},
                                ptr<const int32_t>(block_table), block_table_stride, ptr<const int32_t>(seq_lens),
                                ptr<const int32_t>(query_start_loc), num_seqs, num_heads, scale, sliding_window,
                                dtype_of(dtype), isa.empty() ? cpu_isa() : cpu_isa_named(isa), softcap,
@@ -194,7 +202,8 @@ void bind_kernels(py::module_& m) {
         arg("num_kv_heads"), arg("head_size"), arg("block_size"), arg("block_table"), arg("block_table_stride"),
         arg("seq_lens"), arg("query_start_loc"), arg("num_seqs"), arg("num_heads"), arg("scale"),
         arg("sliding_window"), arg("dtype"), arg("isa") = std::string(), arg("softcap") = 0.0f,
-        arg("sinks") = uintptr_t{0}, py::call_guard<py::gil_scoped_release>());
+        arg("sinks") = uintptr_t{0}, arg("kv_element") = static_cast<int32_t>(KVCacheElement::kModelDType),
+        py::call_guard<py::gil_scoped_release>());
   bind_sampling_batch(k);
   k.def("sample", &sample, arg("batch"), py::call_guard<py::gil_scoped_release>());
   k.def("philox_uniform", &philox_uniform, arg("seed"), arg("counter"));

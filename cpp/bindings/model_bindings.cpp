@@ -116,11 +116,14 @@ void bind_model(py::module_& m) {
       .def_readwrite("gate_up", &LoraLayer::gate_up)
       .def_readwrite("down", &LoraLayer::down);
 
-  py::class_<KVCacheShape>(model, "KVCacheShape", "The paged KV cache's extents (paged_attention.h)")
-      .def(py::init([](int64_t num_blocks, int64_t num_kv_heads, int64_t head_size, int64_t block_size) {
-             return KVCacheShape{num_blocks, num_kv_heads, head_size, block_size};
+  py::class_<KVCacheShape>(model, "KVCacheShape", "The paged KV cache's extents and element (paged_attention.h)")
+      .def(py::init([](int64_t num_blocks, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
+                       int32_t element) {
+             return KVCacheShape{num_blocks, num_kv_heads, head_size, block_size, kv_element_of(element)};
            }),
-           py::kw_only(), arg("num_blocks"), arg("num_kv_heads"), arg("head_size"), arg("block_size"))
+           py::kw_only(), arg("num_blocks"), arg("num_kv_heads"), arg("head_size"), arg("block_size"),
+           arg("element") = static_cast<int32_t>(KVCacheElement::kModelDType))
+      .def_property_readonly("element", [](const KVCacheShape& c) { return static_cast<int32_t>(c.element); })
       .def_readonly("num_blocks", &KVCacheShape::num_blocks)
       .def_readonly("num_kv_heads", &KVCacheShape::num_kv_heads)
       .def_readonly("head_size", &KVCacheShape::head_size)

@@ -149,6 +149,10 @@ class SpeculativeConfig:
                 raise ValueError("speculative_config: prompt_lookup_min/max belong to method 'ngram'")
 
 
+# EngineConfig.kv_cache_dtype's values, vLLM's names (worker/kv_cache.py maps them to element types).
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """What the user chose for an engine (LLM, AsyncLLM, the server). None means: derive it from
@@ -169,6 +173,9 @@ class EngineConfig:
     block_size: int = 16
     enable_prefix_caching: bool = True
     kv_cache_memory: int | float | None = None  # bytes, or a fraction of free memory
+    # The KV cache's element type (vLLM's kv_cache_dtype): "auto" the model's dtype, "bfloat16", or
+    # an 8-bit float — "fp8" (= "fp8_e4m3") or "fp8_e5m2" — half the bytes per token (CPU, bfloat16 models).
+    kv_cache_dtype: str = "auto"
     seed: int = 0
     long_prefill_token_threshold: int = 0
     scheduling_policy: str = "fcfs"  # "fcfs" or "priority" (lower priority values run first)
@@ -286,6 +293,11 @@ class EngineConfig:
                              f"got {self.quantization!r}")
         if self.scheduling_policy not in _POLICIES:
             raise ValueError(f"scheduling_policy must be one of {sorted(_POLICIES)}, got {self.scheduling_policy!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+        if self.kv_cache_dtype.startswith("fp8") and self.device != "cpu":
+            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype}: 8-bit KV caches are implemented in the CPU "
+                             f"kernels only, not on device {self.device!r}; use kv_cache_dtype auto")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
                              f"got {self.reasoning_parser!r}")

@@ -40,7 +40,8 @@ class LLM:
                  enforce_eager: bool = False, max_model_len: int | None = None, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 2048,
                  block_size: int = 16, enable_prefix_caching: bool = True,
-                 kv_cache_memory: int | float | None = None, seed: int = 0, long_prefill_token_threshold: int = 0,
+                 kv_cache_memory: int | float | None = None, kv_cache_dtype: str = "auto", seed: int = 0,
+                 long_prefill_token_threshold: int = 0,
                  scheduling_policy: str = "fcfs", speculative_config: dict | SpeculativeConfig | None = None,
                  limit_mm_per_prompt: dict | None = None, allowed_media_domains: tuple[str, ...] = (),
                  tensor_parallel_size: int = 1, nnodes: int = 1, node_rank: int = 0, master_addr: str = "127.0.0.1",
@@ -54,6 +55,8 @@ class LLM:
         on the CPU or a Hopper GPU), "fp8" (the projections in fp8 e4m3 on a Hopper GPU), "mxfp4" (an
         MXFP4 checkpoint's MXFP4 weights computed as they are: gpt-oss's experts; the default for one
         on the CPU) or "none" (weights in dtype).
+        kv_cache_dtype: the KV cache's element type, as vLLM's: "auto" the model's dtype; "fp8" (=
+        "fp8_e4m3") or "fp8_e5m2", an 8-bit float, half the bytes per token (CPU, bfloat16 models).
         speculative_config: speculative decoding, as vLLM names it (see SpeculativeConfig), e.g.
         {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}.
         reasoning_parser: a reasoning model's format ("deepseek_r1" or "qwen3", as the server's
@@ -116,7 +119,7 @@ class LLM:
                                    max_model_len=max_model_len,
                                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                                    block_size=block_size, enable_prefix_caching=enable_prefix_caching,
-                                   kv_cache_memory=kv_cache_memory, seed=seed,
+                                   kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_cache_dtype, seed=seed,
                                    long_prefill_token_threshold=long_prefill_token_threshold,
                                    scheduling_policy=scheduling_policy, speculative_config=speculative_config,
                                    limit_mm_per_prompt=limit_mm_per_prompt,

@@ -159,6 +159,27 @@ def test_tiny_model_variants_over_ranks_equal_one(tmp_path, tokenizer_json, arch
     assert assert_follows(one, generate(split, prompts)) >= 24
 
 
+def test_an_fp8_kv_cache_over_ranks_follows_one(tmp_path, tokenizer_json):
+    """kv_cache_dtype fp8: every rank holds its KV heads in fp8 e4m3 (rank 0 tells the workers the
+    element type with the blocks), and three ranks follow one process with the same cache, as bf16
+    ones do."""
+    make_tiny_model("llama3", tmp_path, tokenizer_json, seed=5, hidden_size=72, num_attention_heads=9,
+                    num_key_value_heads=3, intermediate_size=192)
+    g = torch.Generator().manual_seed(0)
+    prompts = [{"prompt_token_ids": torch.randint(0, 384, (n,), generator=g).tolist()} for n in (5, 23, 40, 2)]
+    common = dict(dtype="bfloat16", kv_cache_dtype="fp8", max_model_len=128, kv_cache_memory=16 * 1024**2,
+                  max_num_batched_tokens=32)
+    one_llm = LLM(str(tmp_path), **common)
+    assert one_llm.engine_core.model_runner.kv_caches[0][0].dtype == torch.float8_e4m3fn
+    one = generate(one_llm, prompts)
+    split = LLM(str(tmp_path), tensor_parallel_size=3, **common)
+    per_rank = split.engine_core.model_runner.tp_workers.collective_rpc("memory_usage")
+    blocks = split.engine_core.scheduler_config.num_blocks
+    # per rank one KV head of 8 dims, a byte each, keys and values, 3 layers, 16-token blocks
+    assert [m["kv_cache_bytes"] for m in per_rank] == [blocks * 16 * 8 * 2 * 3] * 2
+    assert assert_follows(one, generate(split, prompts)) >= 24
+
+
 def test_smollm2_three_ranks_equal_one():
     prompts = ["The capital of France is", "def fibonacci(n):"]
     common = dict(dtype="float32", quantization="none", max_model_len=128, kv_cache_memory=32 * 1024**2)

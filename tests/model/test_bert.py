@@ -186,6 +186,8 @@ def test_generation_and_what_an_encoder_lacks_are_refused(tmp_path, tokenizer_js
         LLM(str(tmp_path), dtype="float32", enable_lora=True)
     with pytest.raises(ValueError, match=r"max_model_len \(200\) exceeds the model's context length \(128"):
         LLM(str(tmp_path), dtype="float32", max_model_len=200)
+    with pytest.raises(ValueError, match="kv_cache_dtype fp8: an encoder-only model .* keeps no KV cache"):
+        LLM(str(tmp_path), dtype="bfloat16", kv_cache_dtype="fp8")
 
 
 def test_an_input_is_computed_whole_and_its_length_bounded(tmp_path, tokenizer_json):

@@ -4,6 +4,7 @@
 
 #include "corellm/check.h"
 #include "corellm/kernels/paged_attention.h"
+#include "fp8_codec.h"
 #include "kv_cache_layout.h"
 
 namespace corellm {
@@ -76,6 +77,34 @@ void reshape_and_cache_bf16(const uint16_t* key, int64_t key_stride, const uint1
   }
 }
 
+// The fp8 cache (bf16's layout, a byte an element): each token's K and V of a head narrowed into
+// a local row (fp8_codec.h, vectorized), then stored: a key's dim pair as one 16-bit word of the
+// key layout, a value's dims a byte each.
+constexpr int64_t kMaxFp8HeadSize = 1024;
+
+void reshape_and_cache_fp8(const uint16_t* key, int64_t key_stride, const uint16_t* value, int64_t value_stride,
+                           uint8_t* key_cache, uint8_t* value_cache, const int32_t* slot_mapping, int64_t num_tokens,
+                           const KVCacheShape& s) {
+  using Word = uint16_t __attribute__((may_alias, aligned(1)));  // an fp8 pair
+  const int64_t hd = s.head_size, bs = s.block_size, nkv = s.num_kv_heads;
+  const fp8::Format fmt = fp8::format_of(s.element);
+#pragma omp parallel for schedule(static) if (num_tokens >= 8)
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t slot = slot_mapping[t];
+    if (slot < 0) continue;
+    const int64_t block = slot / bs, o = slot % bs;
+    uint8_t k[kMaxFp8HeadSize], v[kMaxFp8HeadSize];
+    for (int64_t h = 0; h < nkv; ++h) {
+      fp8::narrow_bf16(key + t * key_stride + h * hd, k, hd, fmt);
+      fp8::narrow_bf16(value + t * value_stride + h * hd, v, hd, fmt);
+      auto* kc = reinterpret_cast<Word*>(key_cache + block_offset(s, block, h));  // [hd / 2, bs] pairs
+      for (int64_t p = 0; p < hd / 2; ++p) kc[p * bs + o] = static_cast<uint16_t>(k[2 * p] | k[2 * p + 1] << 8);
+      uint8_t* vc = value_cache + block_offset(s, block, h) + (o / 2) * hd * 2 + o % 2;  // [bs / 2, hd, 2]
+      for (int64_t d = 0; d < hd; ++d) vc[d * 2] = v[d];
+    }
+  }
+}
+
 }  // namespace
 
 void reshape_and_cache(const void* key, int64_t key_stride, const void* value, int64_t value_stride,
@@ -86,7 +115,15 @@ void reshape_and_cache(const void* key, int64_t key_stride, const void* value, i
     CORELLM_CHECK_ARG(slot_mapping[t] < num_slots, "slot_mapping[", t, "] = ", slot_mapping[t],
                       " is outside the cache's ", num_slots, " slots");
   }
-  if (dtype == DType::F32) {
+  if (is_fp8(shape.element)) {
+    CORELLM_CHECK_ARG(dtype == DType::BF16, "an fp8 KV cache is written from bf16 keys and values");
+    CORELLM_CHECK_ARG(shape.block_size % 2 == 0 && shape.head_size % 2 == 0 && shape.head_size <= kMaxFp8HeadSize,
+                      "fp8 KV caches need an even block_size and an even head_size of at most ", kMaxFp8HeadSize,
+                      ", got ", shape.block_size, " and ", shape.head_size);
+    reshape_and_cache_fp8(static_cast<const uint16_t*>(key), key_stride, static_cast<const uint16_t*>(value),
+                          value_stride, static_cast<uint8_t*>(key_cache), static_cast<uint8_t*>(value_cache),
+                          slot_mapping, num_tokens, shape);
+  } else if (dtype == DType::F32) {
     reshape_and_cache_impl(static_cast<const float*>(key), key_stride, static_cast<const float*>(value),
                            value_stride, static_cast<float*>(key_cache), static_cast<float*>(value_cache),
                            slot_mapping, num_tokens, shape);

@@ -23,11 +23,14 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attention_amx.h"
 #include "attention_block.h"
 #include "attention_tile.h"
+#include "fp8_codec.h"
 #include "kv_cache_layout.h"
 #include "corellm/aligned_vector.h"
 #include "corellm/check.h"
@@ -78,6 +81,49 @@ struct Scratch {
   AlignedVector<float> tile_s;
   std::vector<float> tile_correction;
   AlignedVector<uint32_t> tile_p;
+  AlignedVector<uint16_t> wide_k, wide_v;  // an fp8 cache's blocks widened to bf16 (CacheBlocks)
+};
+
+// Where a thread's folds read the cache's blocks: in place (bf16), or, for an fp8 cache, widened
+// to bf16 into the thread's scratch first (fp8_codec.h), slot i of the span holding its i-th block,
+// in the same layout. Widened at once: half the bytes come from memory, and the fold, for every
+// path, stays the bf16 one.
+class CacheBlocks {
+ public:
+  CacheBlocks(const PagedAttentionArgs& a, Scratch& sc, int64_t slots)
+      : a_(a), sc_(sc), fp8_(is_fp8(a.cache.element)), element_bytes_(fp8_ ? 1 : a.dtype == DType::F32 ? 4 : 2),
+        block_elements_(a.cache.head_size * a.cache.block_size),
+        fmt_(fp8::format_of(fp8_ ? a.cache.element : KVCacheElement::kFp8E4M3)) {
+    if (fp8_) {
+      sc.wide_k.resize(static_cast<size_t>(slots * block_elements_));
+      sc.wide_v.resize(static_cast<size_t>(slots * block_elements_));
+    }
+  }
+  int64_t block_bytes() const { return block_elements_ * element_bytes_; }
+  const void* key(int64_t block, int64_t kv_head) const { return at(a_.key_cache, block, kv_head); }
+  const void* value(int64_t block, int64_t kv_head) const { return at(a_.value_cache, block, kv_head); }
+  // Block `block`'s K and V of `kv_head` in bf16 (a bf16 or fp8 cache), as slot `slot` (fp8) or
+  // in place.
+  std::pair<const uint16_t*, const uint16_t*> bf16(int64_t block, int64_t kv_head, int64_t slot) const {
+    if (!fp8_) {
+      return {static_cast<const uint16_t*>(key(block, kv_head)), static_cast<const uint16_t*>(value(block, kv_head))};
+    }
+    uint16_t* k = sc_.wide_k.data() + slot * block_elements_;
+    uint16_t* v = sc_.wide_v.data() + slot * block_elements_;
+    fp8::widen_to_bf16(static_cast<const uint8_t*>(key(block, kv_head)), k, block_elements_, fmt_);
+    fp8::widen_to_bf16(static_cast<const uint8_t*>(value(block, kv_head)), v, block_elements_, fmt_);
+    return {k, v};
+  }
+
+ private:
+  const void* at(const void* cache, int64_t block, int64_t kv_head) const {
+    return static_cast<const char*>(cache) + block_offset(a_.cache, block, kv_head) * element_bytes_;
+  }
+  const PagedAttentionArgs& a_;
+  Scratch& sc_;
+  bool fp8_;
+  int64_t element_bytes_, block_elements_;
+  fp8::Format fmt_;
 };
 
 // The end of the item's first span: its first block's span boundary, or its own end.
@@ -86,13 +132,12 @@ int64_t first_span_end(const WorkItem& w, int64_t blocks_per_span) {
 }
 
 // The keys and values of the item's blocks [b0, b1), for `lines` to fetch.
-void add_span_blocks(const PagedAttentionArgs& a, const WorkItem& w, int64_t b0, int64_t b1,
+void add_span_blocks(const PagedAttentionArgs& a, const CacheBlocks& cache, const WorkItem& w, int64_t b0, int64_t b1,
                      attention::NextSpanLines& lines) {
   const int32_t* table = a.block_table + w.seq * a.block_table_stride;
   for (int64_t b = b0; b < b1; ++b) {
-    const int64_t at = block_offset(a.cache, table[b], w.kv_head);
-    lines.add(static_cast<const uint16_t*>(a.key_cache) + at);
-    lines.add(static_cast<const uint16_t*>(a.value_cache) + at);
+    lines.add(cache.key(table[b], w.kv_head));
+    lines.add(cache.value(table[b], w.kv_head));
   }
 }
 
@@ -124,10 +169,9 @@ void run_spans(const PagedAttentionArgs& a, const WorkItem& w, const WorkItem* n
   const attention::TileRows tile{sc.qb.data(), sc.m.data(), sc.l.data(), sc.acc.data(), sc.lo.data(), sc.hi.data(),
                                  rows};
   const attention::TileScratch scratch{sc.tile_s.data(), sc.tile_p.data(), sc.tile_correction.data()};
-  const auto* key_cache = static_cast<const uint16_t*>(a.key_cache);
-  const auto* value_cache = static_cast<const uint16_t*>(a.value_cache);
   const int32_t* table = a.block_table + w.seq * a.block_table_stride;
   const int64_t blocks_per_span = kSpanKeys / bs;
+  const CacheBlocks cache(a, sc, blocks_per_span);
   const int64_t tile_row_blocks = (rows + attention::kTileRows - 1) / attention::kTileRows;
   const bool amx = a.isa == CpuIsa::kAmx;
   for (int64_t blk = w.block_begin, end = 0; blk < w.block_end; blk = end) {
@@ -143,13 +187,14 @@ void run_spans(const PagedAttentionArgs& a, const WorkItem& w, const WorkItem* n
     // against 20.7-22.8 (Intel Xeon VM, 2 threads); and asking for the next item's first span too
     // (it had waited on its first keys) took 21.4-23.3 against 22.3-23.7 ms.
     if (blk == w.block_begin) {
-      for (int64_t b = blk; b < end; ++b) prefetch_l2(value_cache + block_offset(c, table[b], w.kv_head), hd * bs * 2);
+      for (int64_t b = blk; b < end; ++b) prefetch_l2(cache.value(table[b], w.kv_head), cache.block_bytes());
     }
-    attention::NextSpanLines next(hd * bs * 2);
+    attention::NextSpanLines next(cache.block_bytes());
     if (end < w.block_end) {
-      add_span_blocks(a, w, end, std::min(w.block_end, end + blocks_per_span), next);
+      add_span_blocks(a, cache, w, end, std::min(w.block_end, end + blocks_per_span), next);
     } else if (next_item != nullptr) {
-      add_span_blocks(a, *next_item, next_item->block_begin, first_span_end(*next_item, blocks_per_span), next);
+      add_span_blocks(a, cache, *next_item, next_item->block_begin, first_span_end(*next_item, blocks_per_span),
+                      next);
     }
     if (amx) {
       next.fetch_all();
@@ -164,8 +209,7 @@ void run_spans(const PagedAttentionArgs& a, const WorkItem& w, const WorkItem* n
       span.next = &next;
     }
     for (int64_t b = blk; b < end; ++b) {
-      const uint16_t* kb = key_cache + block_offset(c, table[b], w.kv_head);
-      const uint16_t* vb = value_cache + block_offset(c, table[b], w.kv_head);
+      const auto [kb, vb] = cache.bf16(table[b], w.kv_head, b - blk);
       for (int64_t o = 0; o < bs; o += 16) {
         const int64_t kv = span.keys / 16;
         span.k[kv] = kb + o * 2;
@@ -187,20 +231,24 @@ void run_blocks(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, att
   const int64_t group = a.num_heads / c.num_kv_heads;
   const int64_t q_len = a.query_start_loc[w.seq + 1] - a.query_start_loc[w.seq];
   const int64_t context = a.seq_lens[w.seq] - q_len;  // position of query token 0
-  const T* key_cache = static_cast<const T*>(a.key_cache);
-  const T* value_cache = static_cast<const T*>(a.value_cache);
   const int32_t* table = a.block_table + w.seq * a.block_table_stride;
+  const CacheBlocks cache(a, sc, 1);
   for (int64_t blk = w.block_begin; blk < w.block_end; ++blk) {
     const int64_t t0 = blk * bs;
-    const T* kb = key_cache + block_offset(c, table[blk], w.kv_head);
-    const T* vb = value_cache + block_offset(c, table[blk], w.kv_head);
     // Blocks are scattered in memory: ask for the block kPrefetchBlocks ahead (and, at the start,
     // for all blocks up to it) while this one is computed.
     for (int64_t ahead = blk == w.block_begin ? blk + 1 : blk + kPrefetchBlocks;
          ahead <= blk + kPrefetchBlocks && ahead < w.block_end; ++ahead) {
-      const int64_t at = block_offset(c, table[ahead], w.kv_head);
-      prefetch_l2(key_cache + at, hd * bs * static_cast<int64_t>(sizeof(T)));
-      prefetch_l2(value_cache + at, hd * bs * static_cast<int64_t>(sizeof(T)));
+      prefetch_l2(cache.key(table[ahead], w.kv_head), cache.block_bytes());
+      prefetch_l2(cache.value(table[ahead], w.kv_head), cache.block_bytes());
+    }
+    const T* kb;
+    const T* vb;
+    if constexpr (sizeof(T) == 2) {
+      std::tie(kb, vb) = cache.bf16(table[blk], w.kv_head, 0);
+    } else {
+      kb = static_cast<const T*>(cache.key(table[blk], w.kv_head));
+      vb = static_cast<const T*>(cache.value(table[blk], w.kv_head));
     }
     if (fold == nullptr) {  // unpack to fp32 [hd, bs] keys and [bs, hd] values
       for (int64_t d = 0; d < hd; ++d)
@@ -444,6 +492,7 @@ void paged_attention(const PagedAttentionArgs& a) {
   }
   CORELLM_CHECK_ARG(a.dtype == DType::F32 || c.block_size % 2 == 0,
                     "bf16 KV caches need an even block_size, got ", c.block_size);
+  CORELLM_CHECK_ARG(!is_fp8(c.element) || a.dtype == DType::BF16, "an fp8 KV cache is read with bf16 queries");
   // Validate the metadata before any thread reads the cache through it.
   CORELLM_CHECK_ARG(a.num_seqs == 0 || a.query_start_loc[0] == 0, "query_start_loc[0] must be 0");
   for (int64_t s = 0; s < a.num_seqs; ++s) {

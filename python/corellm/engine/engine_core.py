@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from corellm.native import _core
 from corellm.config import EngineConfig, SchedulerConfig
@@ -25,7 +26,7 @@ from corellm.model.loader import LoadedModel
 from corellm.pooling_params import pooling_type_of
 from corellm.sampling_params import RepetitionDetectionParams
 from corellm.structured_output import GrammarCompiler, StructuredOutputManager
-from corellm.worker.kv_cache import bytes_per_block, kv_cache_budget
+from corellm.worker.kv_cache import bytes_per_block, kv_cache_budget, kv_cache_torch_dtype
 from corellm.worker.draft_model_proposer import DraftModelProposer, load_draft_model
 from corellm.worker.model_runner import ModelRunner
 from corellm.worker.tp_workers import TensorParallelWorkers
@@ -33,9 +34,11 @@ from corellm.worker.tp_workers import TensorParallelWorkers
 logger = logging.getLogger("corellm")
 
 
-def plan_scheduler_config(loaded: LoadedModel, config: EngineConfig, draft: LoadedModel | None = None) -> SchedulerConfig:
-    """Sizes the KV cache from the memory budget (shared with a draft model's KV cache, which has
-    as many blocks) and derives max_model_len when not given."""
+def plan_scheduler_config(loaded: LoadedModel, config: EngineConfig, kv_cache_dtype: torch.dtype,
+                          draft: LoadedModel | None = None) -> SchedulerConfig:
+    """Sizes the KV cache, of kv_cache_dtype elements, from the memory budget (shared with a draft
+    model's KV cache, which has as many blocks of the same elements) and derives max_model_len when
+    not given."""
     if loaded.config.encoder_only:
         return plan_encoder_scheduler_config(loaded, config)
     model_len = loaded.config.max_position_embeddings
@@ -43,16 +46,16 @@ def plan_scheduler_config(loaded: LoadedModel, config: EngineConfig, draft: Load
         raise ValueError(f"max_model_len ({config.max_model_len}) exceeds the model's context length "
                          f"({model_len} positions)")
     budget = kv_cache_budget(config.kv_cache_memory, loaded.model.device)
-    per_block = bytes_per_block(loaded.model.config, config.block_size, loaded.model.dtype)  # a rank's share
+    per_block = bytes_per_block(loaded.model.config, config.block_size, kv_cache_dtype)  # a rank's share
     if draft is not None:
-        per_block += bytes_per_block(draft.config, config.block_size, draft.model.dtype)
+        per_block += bytes_per_block(draft.config, config.block_size, kv_cache_dtype)
     num_blocks = budget // per_block
     if num_blocks < 1:
         raise ValueError(f"the KV cache budget of {budget} bytes holds no block ({per_block} bytes each)")
     capacity = num_blocks * config.block_size
     max_model_len = config.max_model_len or min(model_len, capacity)
     logger.info("KV cache: %d blocks x %d tokens = %d tokens (%.2f GiB, %s)", num_blocks, config.block_size,
-                capacity, num_blocks * per_block / 1024**3, loaded.model.dtype)
+                capacity, num_blocks * per_block / 1024**3, kv_cache_dtype)
     spec = config.speculative_config
     if spec is not None and spec.num_speculative_tokens >= config.max_num_batched_tokens:
         raise ValueError(f"speculative_config: num_speculative_tokens ({spec.num_speculative_tokens}) must be below "
@@ -89,6 +92,9 @@ def plan_encoder_scheduler_config(loaded: LoadedModel, config: EngineConfig) -> 
     if config.speculative_config is not None:
         raise ValueError(f"speculative decoding does not apply to an encoder-only model ({c.architecture}): it "
                          f"generates nothing")
+    if config.kv_cache_dtype != "auto":
+        raise ValueError(f"kv_cache_dtype {config.kv_cache_dtype}: an encoder-only model ({c.architecture}) keeps no "
+                         f"KV cache; start it with kv_cache_dtype auto")
     max_model_len = config.max_model_len or model_len
     budget = max(config.max_num_batched_tokens, max_model_len)
     logger.info("encoder-only model (%s): no KV cache; each input computed whole in one step (up to %d tokens), "
@@ -156,10 +162,12 @@ class EngineCore:
         spec = config.speculative_config
         self.speculative = spec is not None
         draft = load_draft_model(spec, loaded) if spec is not None and spec.method == "draft_model" else None
-        self.scheduler_config = plan_scheduler_config(loaded, config, draft)
+        kv_cache_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, loaded.model.dtype, loaded.model.device)
+        self.scheduler_config = plan_scheduler_config(loaded, config, kv_cache_dtype, draft)
         native = self.scheduler_config.to_native()
         self.scheduler = _core.Scheduler(native)
-        self.model_runner = ModelRunner(loaded, native, enforce_eager=config.enforce_eager, tp_workers=tp_workers,
+        self.model_runner = ModelRunner(loaded, native, kv_cache_dtype, enforce_eager=config.enforce_eager,
+                                        tp_workers=tp_workers,
                                         pooling_type=pooling_type_of(loaded.path, config.pooling_type,
                                                                      default_pooling_type(loaded)),
                                         max_loras=config.max_loras if config.enable_lora else 0)

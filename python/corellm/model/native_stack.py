@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from corellm import ops
 from corellm.lora.lora_adapter import LoraAdapter
 from corellm.model.attention_metadata import AttentionMetadata
 from corellm.model.layers import SparseMoe
@@ -113,7 +114,8 @@ class NativeDecoderStack:
                                                                    kv_caches)]
         key_cache = kv_caches[0][0]  # [num_blocks, num_kv_heads, head_size / x, block_size, x]
         cache = _core.model.KVCacheShape(num_blocks=key_cache.shape[0], num_kv_heads=c.num_key_value_heads,
-                                         head_size=c.head_dim, block_size=key_cache.shape[3])
+                                         head_size=c.head_dim, block_size=key_cache.shape[3],
+                                         element=ops.kv_cache_element(key_cache.dtype))
         tp = getattr(model, "tp", None)
         parallel = {} if tp is None or tp.size == 1 else dict(
             all_reduce=tp.shm_all_reduce, vocab_start=tp.rank * c.vocab_size,

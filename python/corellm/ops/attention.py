@@ -4,6 +4,10 @@ KV cache layout of one layer (see cpp/include/corellm/kernels/paged_attention.h)
 elements per 32-bit lane (1 for float32, 2 for bfloat16, whose dot-product instructions take pairs):
     key_cache   [num_blocks, num_kv_heads, head_size / x, block_size, x]   (keys transposed per block)
     value_cache [num_blocks, num_kv_heads, block_size / x, head_size, x]
+An 8-bit cache (float8_e4m3fn or float8_e5m2: vLLM's kv_cache_dtype "fp8" / "fp8_e4m3", "fp8_e5m2";
+CPU only, for a bfloat16 model) keeps bfloat16's layout element for element (x = 2), so that a block
+widens to bfloat16 in place of the same shape; its keys and values are written from bfloat16,
+rounded to the nearest 8-bit float and saturated at the format's largest finite value.
 """
 
 from __future__ import annotations
@@ -12,13 +16,39 @@ import math
 
 import torch
 
+from corellm.native import _core
 from corellm.ops._backend import backend
 from corellm.ops._checks import check, check_shape, row_stride
 
 
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
 def kv_pack(dtype: torch.dtype) -> int:
-    """Elements per 32-bit lane of the cache layout."""
-    return 4 // dtype.itemsize
+    """Elements per 32-bit lane of the cache layout (an 8-bit cache: bfloat16's pairs)."""
+    return 2 if dtype in FP8_KV_DTYPES else 4 // dtype.itemsize
+
+
+def _compute_dtype(key_cache: torch.Tensor) -> torch.dtype:
+    """The dtype of the keys and values written into caches of key_cache's dtype, and of the
+    queries read against them: bfloat16 for an 8-bit cache, else the cache's own."""
+    return torch.bfloat16 if key_cache.dtype in FP8_KV_DTYPES else key_cache.dtype
+
+
+def kv_cache_element(dtype: torch.dtype) -> int:
+    """The CPU kernels' tag (paged_attention.h's KVCacheElement) for caches of `dtype`."""
+    k = _core.kernels
+    return {torch.float8_e4m3fn: k.KV_FP8_E4M3, torch.float8_e5m2: k.KV_FP8_E5M2}.get(dtype, k.KV_MODEL_DTYPE)
+
+
+def _kv_element(op: str, key_cache: torch.Tensor, be) -> tuple[int, ...]:
+    """The kernel's trailing kv_element argument for caches of key_cache's dtype: none for a cache
+    of the model's dtype; ValueError for an 8-bit cache on CUDA."""
+    if key_cache.dtype not in FP8_KV_DTYPES:
+        return ()
+    if be.extra:
+        raise ValueError(f"{op}: {key_cache.dtype} KV caches are not implemented in the CUDA kernels")
+    return (kv_cache_element(key_cache.dtype),)
 
 
 def kv_cache_shapes(num_blocks: int, num_kv_heads: int, head_size: int, block_size: int,
@@ -62,15 +92,16 @@ def reshape_and_cache(
     """key/value [num_tokens, num_kv_heads * head_size] -> their slots (negative slot: skipped)."""
     op = "reshape_and_cache"
     num_blocks, num_kv_heads, head_size, block_size = _check_caches(op, key_cache, value_cache)
-    be = backend(op, key_cache)
     n = slot_mapping.shape[0] if isinstance(slot_mapping, torch.Tensor) else 0
     check(op, "slot_mapping", slot_mapping, ndim=1, dtype=torch.int32, device=key_cache.device, contiguous=True)
     for name, t in (("key", key), ("value", value)):
-        check(op, name, t, ndim=2, dtype=key_cache.dtype, device=key_cache.device)
+        check(op, name, t, ndim=2, dtype=_compute_dtype(key_cache), device=key_cache.device)
         check_shape(op, name, t, (n, num_kv_heads * head_size))
+    be = backend(op, key)
+    element = _kv_element(op, key_cache, be)
     be.kernels.reshape_and_cache(key.data_ptr(), row_stride(key), value.data_ptr(), row_stride(value),
                                     key_cache.data_ptr(), value_cache.data_ptr(), slot_mapping.data_ptr(), n,
-                                    num_blocks, num_kv_heads, head_size, block_size, be.dtype, *be.extra)
+                                    num_blocks, num_kv_heads, head_size, block_size, be.dtype, *be.extra, *element)
 
 
 def paged_attention(
@@ -103,7 +134,9 @@ def paged_attention(
     (gpt-oss's attention sinks; paged_attention.h)."""
     op = "paged_attention"
     num_blocks, num_kv_heads, head_size, block_size = _check_caches(op, key_cache, value_cache)
-    be = backend(op, key_cache)
+    check(op, "q", q, ndim=2, dtype=_compute_dtype(key_cache), device=key_cache.device)
+    be = backend(op, q)
+    element = _kv_element(op, key_cache, be)
     if cpu_isa and be.extra:
         raise ValueError(f"{op}: cpu_isa={cpu_isa!r} names a CPU path, but the caches are on {key_cache.device}")
     if not (softcap >= 0 and math.isfinite(softcap)):
@@ -113,7 +146,6 @@ def paged_attention(
                          f"kernels")
     if sinks is not None and be.extra:
         raise ValueError(f"{op}: attention sinks are not implemented in the CUDA kernels")
-    check(op, "q", q, ndim=2, dtype=key_cache.dtype, device=key_cache.device)
     if q.shape[1] % head_size or (q.shape[1] // head_size) % num_kv_heads:
         raise ValueError(f"{op}: q width {q.shape[1]} is not a multiple of num_kv_heads ({num_kv_heads}) "
                          f"x head_size ({head_size})")
@@ -147,7 +179,7 @@ def paged_attention(
         workspace = torch.empty(size, dtype=torch.uint8, device=q.device) if size else None
         extra = (int(max_query_len), int(max_seq_len), 0 if workspace is None else workspace.data_ptr(), *be.extra)
     else:
-        extra = (cpu_isa, float(softcap), 0 if sinks is None else sinks.data_ptr())
+        extra = (cpu_isa, float(softcap), 0 if sinks is None else sinks.data_ptr(), *element)
     be.kernels.paged_attention(out.data_ptr(), q.data_ptr(), row_stride(q), key_cache.data_ptr(),
                                value_cache.data_ptr(), num_blocks, num_kv_heads, head_size, block_size,
                                block_table.data_ptr(), row_stride(block_table), seq_lens.data_ptr(),

@@ -67,7 +67,7 @@ class DraftModelProposer:
         self.vocab_size = min(draft.config.vocab_size, runner.vocab_size)
         self.runner = runner  # the target's: its batch builder holds the block tables
         self.kv_caches = allocate_kv_caches(draft.config, scheduler_config.num_blocks, self.block_size,
-                                            self.model.dtype, self.model.device, runner.activity)
+                                            runner.kv_cache_dtype, self.model.device, runner.activity)
         self.stack = NativeDecoderStack(self.model, self.kv_caches) if native_stack_supports(self.model) else None
         self.states: dict[str, DraftState] = {}
 

@@ -14,6 +14,7 @@ import weakref
 import torch
 
 from corellm import ops
+from corellm.config import KV_CACHE_DTYPES
 from corellm.huge_pages import HUGE_PAGE, libc as _libc, page_span as _pages, prefer_huge_pages
 from corellm.model.model_config import ModelConfig
 from corellm.worker.step_activity import StepActivity
@@ -21,6 +22,32 @@ from corellm.worker.step_activity import StepActivity
 logger = logging.getLogger("corellm")
 
 DEFAULT_CPU_KV_CACHE_BYTES = 2 * 1024**3
+
+# EngineConfig.kv_cache_dtype's values (config.KV_CACHE_DTYPES) as element types ("auto": the
+# model's). "fp8" is "fp8_e4m3", as in vLLM.
+_ELEMENT_TYPES = {"auto": None, "bfloat16": torch.bfloat16, "fp8": torch.float8_e4m3fn,
+                  "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+assert tuple(_ELEMENT_TYPES) == KV_CACHE_DTYPES
+
+
+def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The KV cache's element type for EngineConfig.kv_cache_dtype: "auto" the model's dtype; the
+    others name one, which the kernels must be able to write from and read with the model's dtype:
+    bfloat16 a bfloat16 model's, an 8-bit float (ops/attention.py) a bfloat16 model's on the CPU.
+    ValueError naming what does not fit."""
+    if kv_cache_dtype not in _ELEMENT_TYPES:
+        raise ValueError(f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {kv_cache_dtype!r}")
+    dtype = _ELEMENT_TYPES[kv_cache_dtype]
+    if dtype is None or dtype == model_dtype:
+        return model_dtype
+    if device.type != "cpu":
+        raise ValueError(f"kv_cache_dtype {kv_cache_dtype}: 8-bit KV caches are implemented in the CPU kernels only, "
+                         f"not on {device.type}; use kv_cache_dtype auto")
+    if model_dtype != torch.bfloat16 or dtype == torch.bfloat16:
+        raise ValueError(f"kv_cache_dtype {kv_cache_dtype} needs a bfloat16 model (the kernels write the cache from, and "
+                         f"read it with, bfloat16), this one runs in {model_dtype}; use kv_cache_dtype auto or "
+                         f"dtype bfloat16")
+    return dtype
 
 
 def available_memory(device: torch.device) -> int:

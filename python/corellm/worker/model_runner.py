@@ -63,9 +63,12 @@ class ExecuteModelState:
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, scheduler_config: _core.SchedulerConfig, enforce_eager: bool = False,
-                 tp_workers: TensorParallelWorkers | None = None, pooling_type: str = "LAST", max_loras: int = 0):
-        """On CUDA, decode batches replay captured CUDA graphs unless enforce_eager. tp_workers:
+    def __init__(self, loaded: LoadedModel, scheduler_config: _core.SchedulerConfig, kv_cache_dtype: torch.dtype,
+                 enforce_eager: bool = False, tp_workers: TensorParallelWorkers | None = None,
+                 pooling_type: str = "LAST", max_loras: int = 0):
+        """kv_cache_dtype: the KV cache's element type (worker/kv_cache.py's kv_cache_torch_dtype;
+        every rank's and a draft model's too). On CUDA, decode batches replay captured CUDA graphs
+        unless enforce_eager. tp_workers:
         the model is rank 0 of a tensor-parallel group whose other ranks run in these workers;
         each step's inputs are sent to them before the forward. pooling_type: how embedding
         requests' vectors are made (worker/pooler.py). max_loras: how many LoRA adapters it holds
@@ -81,11 +84,12 @@ class ModelRunner:
         c = scheduler_config
         self.block_size = c.block_size
         self.activity = StepActivity()  # the KV cache's commit waits for pauses in the steps
+        self.kv_cache_dtype = kv_cache_dtype
         self.kv_caches = [] if self.encoder_only else allocate_kv_caches(
-            self.model.config, c.num_blocks, c.block_size, self.model.dtype, self.device, self.activity)  # this rank's KV heads
+            self.model.config, c.num_blocks, c.block_size, kv_cache_dtype, self.device, self.activity)  # this rank's KV heads
         self.tp_workers = tp_workers
         if tp_workers is not None:
-            tp_workers.setup(c.num_blocks, c.block_size)
+            tp_workers.setup(c.num_blocks, c.block_size, kv_cache_dtype)
             for m in tp_workers.collective_rpc("memory_usage"):
                 logger.info("tensor parallel rank %d (pid %d): weights %.1f MiB, KV cache %.1f MiB, resident %.0f MiB",
                             m["rank"], m["pid"], m["weight_bytes"] / 2**20, m["kv_cache_bytes"] / 2**20,

@@ -79,13 +79,13 @@ class Worker:
         self.activity = StepActivity()  # the KV cache's commit waits for pauses in the steps
         self.lora_adapters: list[LoraAdapter | None] = []  # by slot: this rank's share of each
 
-    def setup_kv_cache(self, num_blocks: int, block_size: int) -> None:
-        """The same blocks as rank 0's, this rank's KV heads."""
+    def setup_kv_cache(self, num_blocks: int, block_size: int, kv_cache_dtype: torch.dtype) -> None:
+        """The same blocks of the same elements as rank 0's, this rank's KV heads."""
         from corellm.model.native_stack import NativeDecoderStack, supports as native_stack_supports
         from corellm.worker.kv_cache import allocate_kv_caches
 
         m = self.model
-        self.kv_caches = allocate_kv_caches(m.config, num_blocks, block_size, m.dtype, m.device, self.activity)
+        self.kv_caches = allocate_kv_caches(m.config, num_blocks, block_size, kv_cache_dtype, m.device, self.activity)
         self.stack = NativeDecoderStack(m, self.kv_caches) if native_stack_supports(m) else None
 
     def set_lora(self, slot: int, adapter: LoraAdapter) -> None:
@@ -302,9 +302,10 @@ class TensorParallelWorkers:
         WorkerLoop.run returns it, pickled."""
         StepMessage.send_bytes(self.channel, RESULT, pickle.dumps(result))
 
-    def setup(self, num_blocks: int, block_size: int) -> None:
-        """Every worker allocates its KV cache: the same blocks as rank 0's, its own KV heads."""
-        self.collective_rpc("setup_kv_cache", num_blocks, block_size)
+    def setup(self, num_blocks: int, block_size: int, kv_cache_dtype: torch.dtype) -> None:
+        """Every worker allocates its KV cache: the same blocks of the same elements as rank 0's,
+        its own KV heads."""
+        self.collective_rpc("setup_kv_cache", num_blocks, block_size, kv_cache_dtype)
 
     def alive(self) -> bool:
         return all(p.is_alive() for p in self._processes)

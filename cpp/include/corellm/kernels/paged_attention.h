@@ -13,15 +13,29 @@ namespace corellm {
 //   key_cache   [num_blocks, num_kv_heads, head_size, block_size]   (keys transposed per block)
 //   value_cache [num_blocks, num_kv_heads, block_size, head_size]
 // Slot s is token (s % block_size) of block (s / block_size).
+//
+// An element is the model's dtype (bf16 or fp32), or one byte of an 8-bit float (vLLM's
+// kv_cache_dtype "fp8" / "fp8_e4m3", "fp8_e5m2"; per-tensor scale 1, as vLLM's without calibrated
+// scales): half a bf16 cache's bytes, so twice the tokens in the same memory and half the bytes a
+// decode step reads. An fp8 cache keeps the bf16 layout element for element (x = 2 below), so a
+// block widens to bf16 in place of the same shape (fp8_codec.h) and every bf16 fold reads it.
+// Writes round the model's bf16 values to the nearest fp8 (ties to even), saturating at the
+// format's largest finite value (448 for e4m3, 57344 for e5m2) as vLLM's CPU kernels do.
+enum class KVCacheElement : int32_t { kModelDType = 0, kFp8E4M3 = 1, kFp8E5M2 = 2 };
+
 struct KVCacheShape {
   int64_t num_blocks;
   int64_t num_kv_heads;
   int64_t head_size;
   int64_t block_size;
+  KVCacheElement element = KVCacheElement::kModelDType;
 };
 
-// key/value [num_tokens, num_kv_heads, head_size] (token strides given) go to their slots;
-// a negative slot (padding) is skipped.
+inline bool is_fp8(KVCacheElement e) { return e != KVCacheElement::kModelDType; }
+
+// key/value [num_tokens, num_kv_heads, head_size] (token strides given, in `dtype`) go to their
+// slots, converted to the cache's element; a negative slot (padding) is skipped. An fp8 cache
+// needs bf16 keys and values.
 void reshape_and_cache(const void* key, int64_t key_stride, const void* value, int64_t value_stride,
                        void* key_cache, void* value_cache, const int32_t* slot_mapping,
                        int64_t num_tokens, const KVCacheShape& shape, DType dtype);
@@ -33,7 +47,8 @@ void reshape_and_cache(const void* key, int64_t key_stride, const void* value, i
 // hit or an earlier chunk (n < L) and decode (n = 1). GQA: query head h reads KV head
 // h / (num_heads / num_kv_heads); each KV block is read once per KV head and query chunk.
 // q [num_tokens, num_heads, head_size] (token stride given), out [num_tokens, num_heads,
-// head_size] contiguous, block_table [num_seqs, block_table_stride].
+// head_size] contiguous, block_table [num_seqs, block_table_stride]; q and out in `dtype` (bf16
+// where the cache is fp8).
 struct PagedAttentionArgs {
   void* out;
   const void* q;
