@@ -12,6 +12,9 @@
      (--rounds N: N times over, each server's best round per level kept);
   4. prints one table with the ratios and the start-up times (--json writes everything).
 
+--kv-cache-dtype fp8 (or fp8_e5m2) starts both servers with that 8-bit KV cache (vLLM's CPU backend
+has one too), in the same 2 GiB.
+
     .venv/bin/python bench/compare_vllm.py --concurrency 1,4,16,64
 """
 
@@ -87,6 +90,8 @@ def main() -> None:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--rounds", type=int, default=1, help="run every level this many times; each server's best "
                    "round is kept")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
+                   help="both servers' KV cache element type (default: the model's, bf16)")
     p.add_argument("--json", help="write all results here")
     args = p.parse_args()
 
@@ -94,16 +99,16 @@ def main() -> None:
     model = hf_model_dir()
     cores = os.cpu_count() or 1
     max_conc = max(int(c) for c in args.concurrency.split(","))
-    report: dict = {"cores": cores, "model": str(model), "vllm": VLLM}
+    report: dict = {"cores": cores, "model": str(model), "vllm": VLLM, "kv_cache_dtype": args.kv_cache_dtype}
     vllm_port, corellm_port = free_port(), free_port()
     vllm_env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{cores - 1}", VLLM_CPU_KVCACHE_SPACE=str(KV_CACHE_GIB))
     servers = {
         "vllm": [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--dtype",
                  "bfloat16", "--port", str(vllm_port), "--host", "127.0.0.1", "--max-model-len", "2048",
-                 "--max-num-seqs", str(max(64, max_conc))],
+                 "--max-num-seqs", str(max(64, max_conc)), "--kv-cache-dtype", args.kv_cache_dtype],
         "corellm": [sys.executable, "-m", "corellm.cli", "serve", str(model), "--port", str(corellm_port),
                     "--log-level", "warning", "--max-num-seqs", str(max(64, max_conc)),
-                    "--kv-cache-memory", str(KV_CACHE_GIB * 1024**3)],
+                    "--kv-cache-memory", str(KV_CACHE_GIB * 1024**3), "--kv-cache-dtype", args.kv_cache_dtype],
     }
     # Both servers stay up (an idle vLLM CPU server takes ~1 % of a core) and meet each level one
     # after the other, in the VM's same phase.
@@ -112,7 +117,7 @@ def main() -> None:
                         envs={"vllm": vllm_env}, ready_timeout=900, startup_s=startup, rounds=args.rounds)
     report.update({f"{name}_startup_s": s for name, s in startup.items()})
     report.update({f"{name}_serve": results for name, results in served.items()})
-    print(f"\ncorellm vs vLLM CPU ({VLLM}) — {model.name} bf16, {cores} cores, "
+    print(f"\ncorellm vs vLLM CPU ({VLLM}) — {model.name} bf16, KV cache {args.kv_cache_dtype}, {cores} cores, "
           f"{args.num_prompts} requests x ({args.input_len} in, {args.output_len} out)")
     print(f"start-up to /health 200: vLLM {report['vllm_startup_s']:.1f} s, corellm {report['corellm_startup_s']:.1f} s")
     print_serving_table(report["corellm_serve"], report["vllm_serve"], "vLLM")

@@ -11,11 +11,19 @@
 //     last being the smallest normal's code);
 // and the sign bit on top.
 //
-// Widening, code c to bf16 exactly: a half's bits with c's digits, (c & 0x80) << 8 | (c & 0x7f) << 7
-// for e4m3 (the same digits under an exponent bias of 15 instead of 7: the half is c's value times
-// 2^-8, subnormals included), c << 8 for e5m2 (a half's top byte); F16C widens the half to fp32,
-// e4m3's is multiplied by 2^8 (exact), and fp32's top 16 bits are the bf16 (at most 3 significant
-// bits: exact). e4m3's NaN codes (0x7f, 0xff) are never written and widen to +-480.
+// Widening, code c to bf16 exactly (at most 3 significant bits), two ways giving the same bits:
+//   AVX2 + F16C: a half's bits with c's digits, (c & 0x80) << 8 | (c & 0x7f) << 7 for e4m3 (the
+//     same digits under an exponent bias of 15 instead of 7: the half is c's value times 2^-8,
+//     subnormals included), c << 8 for e5m2 (a half's top byte); F16C widens the half to fp32,
+//     e4m3's is multiplied by 2^8 (exact), and fp32's top 16 bits are the bf16;
+//   AVX-512-BW, in 16-bit integers, 32 codes at a time: with v = c & 0x7f (exponent E and mantissa M
+//     bits), a normal code's bf16 is (v << (7 - mantissa bits)) + ((127 - bias) << 7) — E moved
+//     into bf16's exponent and rebiased, M to the top of its mantissa — and a subnormal one's (v
+//     below 2^mantissa bits, zero included) is looked up in a table of those few values; then
+//     the sign, (c & 0x80) << 8. ~2.5x fewer instructions per code than the F16C way: decode
+//     attention on an fp8 cache widens every block it reads.
+// e4m3's NaN codes (0x7f, 0xff) and e5m2's infinities and NaNs are never written (saturation) and
+// widen to finite values or whatever the formula gives: attention never reads a slot it did not write.
 #pragma once
 
 #include <immintrin.h>
@@ -38,11 +46,22 @@ struct Format {
   uint32_t exponent_offset;   // (127 - bias) << mantissa bits
   float widen_factor;         // the half's value times this is the code's
   bool digits_shifted;        // e4m3: the half is (c & 0x80) << 8 | (c & 0x7f) << 7; e5m2: c << 8
+  // the integer widening's: v << widen_shift plus widen_offset where v >= first_normal; below
+  // it the bf16 of subnormal v (filled by format_of from the scalar widening)
+  int widen_shift;
+  uint16_t widen_offset;
+  uint16_t first_normal;
+  uint16_t subnormal_bf16[32];
 };
 
+inline float f32_of_fp8(uint8_t c, const Format& fmt);
+
 inline Format format_of(KVCacheElement e) {
-  if (e == KVCacheElement::kFp8E4M3) return {448.0f, 0x1p-6f, 0x1p9f, 20, 120u << 3, 0x1p8f, true};
-  return {57344.0f, 0x1p-14f, 0x1p16f, 21, 112u << 2, 1.0f, false};
+  Format f = e == KVCacheElement::kFp8E4M3
+                 ? Format{448.0f, 0x1p-6f, 0x1p9f, 20, 120u << 3, 0x1p8f, true, 4, 120u << 7, 8, {}}
+                 : Format{57344.0f, 0x1p-14f, 0x1p16f, 21, 112u << 2, 1.0f, false, 5, 112u << 7, 4, {}};
+  for (uint8_t m = 0; m < f.first_normal; ++m) f.subnormal_bf16[m] = f32_to_bf16(f32_of_fp8(m, f));
+  return f;
 }
 
 // The fp8 code nearest to f (ties to even), saturated (the scalar form of narrow_bf16 below).
@@ -126,5 +145,28 @@ inline void widen_to_bf16(const uint8_t* c, uint16_t* out, int64_t n, const Form
     out[i] = static_cast<uint16_t>(bits >> 16);
   }
 }
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw")
+// n fp8 codes -> n bf16 values (exact), the integer way (AVX-512-BW): the same bits as widen_to_bf16.
+inline void widen_to_bf16_avx512(const uint8_t* c, uint16_t* out, int64_t n, const Format& fmt) {
+  int64_t i = 0;
+  const __m512i subnormals = _mm512_loadu_si512(fmt.subnormal_bf16);
+  const __m512i offset = _mm512_set1_epi16(static_cast<int16_t>(fmt.widen_offset));
+  const __m512i first_normal = _mm512_set1_epi16(static_cast<int16_t>(fmt.first_normal));
+  const __m512i magnitude_bits = _mm512_set1_epi16(0x7f), sign_bit = _mm512_set1_epi16(0x80);
+  const __m128i shift = _mm_cvtsi32_si128(fmt.widen_shift);
+  for (; i + 32 <= n; i += 32) {
+    const __m512i w = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + i)));
+    const __m512i v = _mm512_and_si512(w, magnitude_bits);
+    const __m512i normal = _mm512_add_epi16(_mm512_sll_epi16(v, shift), offset);
+    const __m512i subnormal = _mm512_permutexvar_epi16(v, subnormals);  // (v's low 5 bits)
+    const __m512i magnitude = _mm512_mask_blend_epi16(_mm512_cmplt_epu16_mask(v, first_normal), normal, subnormal);
+    const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(w, sign_bit), 8);
+    _mm512_storeu_si512(out + i, _mm512_or_si512(magnitude, sign));
+  }
+  widen_to_bf16(c + i, out + i, n - i, fmt);
+}
+#pragma GCC pop_options
 
 }  // namespace corellm::fp8

@@ -110,8 +110,9 @@ class CacheBlocks {
     }
     uint16_t* k = sc_.wide_k.data() + slot * block_elements_;
     uint16_t* v = sc_.wide_v.data() + slot * block_elements_;
-    fp8::widen_to_bf16(static_cast<const uint8_t*>(key(block, kv_head)), k, block_elements_, fmt_);
-    fp8::widen_to_bf16(static_cast<const uint8_t*>(value(block, kv_head)), v, block_elements_, fmt_);
+    const auto widen = isa_at_least(a_.isa, CpuIsa::kAvx512) ? fp8::widen_to_bf16_avx512 : fp8::widen_to_bf16;
+    widen(static_cast<const uint8_t*>(key(block, kv_head)), k, block_elements_, fmt_);
+    widen(static_cast<const uint8_t*>(value(block, kv_head)), v, block_elements_, fmt_);
     return {k, v};
   }
 
