@@ -158,13 +158,19 @@ def test_a_path_this_cpu_cannot_run_or_an_unknown_one_is_refused():
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("context", [100, 300, 1000, 2048])
 def test_a_decode_is_the_same_alone_and_in_a_batch(context, isa):
-    """A long decode's KV range is split across threads at fixed points: alone (few work items)
-    or beside others, its row gets the same bits."""
-    kc, vc, table, seq_lens, qsl = make_batch([(context, 1), (50, 1), (700, 1)], 3, 64, 16, torch.bfloat16, seed=1)
-    q = torch.randn(3, 9 * 64, generator=torch.Generator().manual_seed(2)).bfloat16()
-    batch = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, cpu_isa=isa)
+    """A long decode's KV range is split at fixed points: alone or beside two others (few work
+    units: each split an item of its own, on any thread, merged afterwards) or in a batch of many
+    (each sequence's item folds its splits itself), its row gets the same bits."""
+    many = 8 * torch.get_num_threads()
+    seqs = [(context, 1), (50, 1), (700, 1)] + [(40 + 7 * i, 1) for i in range(many)]
+    kc, vc, table, seq_lens, qsl = make_batch(seqs, 3, 64, 16, torch.bfloat16, seed=1)
+    q = torch.randn(len(seqs), 9 * 64, generator=torch.Generator().manual_seed(2)).bfloat16()
+    batch = ops.paged_attention(q[:3], kc, vc, table[:3], seq_lens[:3], qsl[:4], 0.125, cpu_isa=isa)
     alone = ops.paged_attention(q[:1], kc, vc, table[:1], seq_lens[:1], qsl[:2], 0.125, cpu_isa=isa)
+    crowd = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, cpu_isa=isa)
     assert torch.equal(alone[0], batch[0])
+    assert torch.equal(alone[0], crowd[0])
+    assert torch.equal(batch[2], crowd[2])
     want = ref.paged_attention(q[:1], kc, vc, table[:1], seq_lens[:1], qsl[:2], 0.125)
     torch.testing.assert_close(alone.double(), want, **TOL[torch.bfloat16])
 

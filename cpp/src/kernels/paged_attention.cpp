@@ -9,10 +9,12 @@
 //   s = q . K^T (masked to the row's causal / sliding-window range)
 //   m' = max(m, max s);  acc = acc * e^(m - m') + sum_t e^(s_t - m') V_t;  l likewise
 // and writes acc / l (attention_block.h has the per-block fold; attention_tile.h and
-// attention_amx.h fold a span of keys into many rows at once). Every item's KV range is split at
-// fixed points (kSplitKeys), whatever the batch, and the partial (m, l, acc) of the splits are
-// combined at the end: one long decode keeps every thread busy, and a row's arithmetic depends on
-// its own token only, not on the item, chunk or batch it came in.
+// attention_amx.h fold a span of keys into many rows at once). Every row's KV range is split at
+// fixed points (kSplitKeys), whatever the batch, each split folded from a fresh state, and the
+// partial (m, l, acc) of the splits are merged in order (combine): by separate items, so that one
+// long decode keeps every thread busy, or by the chunk's own item where the batch has work enough
+// (paged_attention_impl). A row's arithmetic depends on its own token only, not on the item, chunk
+// or batch it came in.
 #include "corellm/kernels/paged_attention.h"
 
 #include <omp.h>
@@ -46,6 +48,9 @@ constexpr int64_t kQueryChunk = 16;
 // few hundred keys gives the two threads of a small machine work, and a batch of decodes short
 // of that is not split at all. A multiple of the span fold's kSpanKeys.
 constexpr int64_t kSplitKeys = 256;
+// Below this many (sequence, query chunk) units per thread, a unit's splits are items of their own
+// (paged_attention_impl).
+constexpr int64_t kUnitsPerThreadToKeepSplits = 4;
 static_assert(kSplitKeys % attention::kSpanKeys == 0, "a split boundary must be a span boundary");
 // Blocks prefetched ahead, into L2: the L1 has too few miss buffers for a block's 64 lines, and
 // dropped prefetches slow decode from memory; 3-4 ahead measured no faster than 2 (bench/kernels.py,
@@ -82,6 +87,7 @@ struct Scratch {
   std::vector<float> tile_correction;
   AlignedVector<uint32_t> tile_p;
   AlignedVector<uint16_t> wide_k, wide_v;  // an fp8 cache's blocks widened to bf16 (CacheBlocks)
+  std::vector<float> own_partials;         // the splits an item folds itself (run_item)
 };
 
 // Where a thread's folds read the cache's blocks: in place (bf16), or, for an fp8 cache, widened
@@ -295,11 +301,21 @@ inline float output_factor(float m, float l, const float* sink) {
   return kept / (l * kept + std::exp(*sink - top));
 }
 
+// Row r's partial result in slot `slot` of `partials`: [m, l, acc...], for combine.
+inline float* partial_row(float* partials, int64_t slot, int64_t group, int64_t r, int64_t hd) {
+  return partials + (slot * kQueryChunk * group + r) * (hd + 2);
+}
+
+template <class T>
+void combine(const PagedAttentionArgs& a, const WorkItem& first, int64_t num_splits, const float* partials);
+
 // One item; next_item: the one this thread runs after it (null: none), whose first blocks the
-// span fold fetches while it folds this item's last span.
+// span fold fetches while it folds this item's last span. An item with partial slot -1 whose
+// blocks reach over several splits (SplitsFolded::kByTheirItem) folds them one after the other,
+// each from a fresh state into a slot of the thread's own, and merges them as combine does.
 template <class T>
 void run_item(const PagedAttentionArgs& a, const WorkItem& w, const WorkItem* next_item, Scratch& sc,
-              float* partials) {
+              float* partials, int64_t split_blocks) {
   constexpr bool is_bf16 = sizeof(T) == 2;
   const KVCacheShape& c = a.cache;
   const int64_t hd = c.head_size, bs = c.block_size;
@@ -320,9 +336,6 @@ void run_item(const PagedAttentionArgs& a, const WorkItem& w, const WorkItem* ne
   sc.k.resize(static_cast<size_t>(hd * bs));
   sc.v.resize(static_cast<size_t>(bs * hd));
   sc.s.resize(static_cast<size_t>(bs));
-  sc.m.assign(static_cast<size_t>(rows), attention::kNegInf);
-  sc.l.assign(static_cast<size_t>(rows), 0.0f);
-  sc.acc.assign(static_cast<size_t>(padded_rows * hd), 0.0f);
 
   // Gather the rows: row r = (token i, head g of the group).
   for (int64_t i = w.q_begin; i < w.q_end; ++i) {
@@ -338,23 +351,55 @@ void run_item(const PagedAttentionArgs& a, const WorkItem& w, const WorkItem* ne
     }
   }
 
-  if (fold_span != nullptr) {
-    run_spans(a, w, next_item, sc, fold_span);
-  } else {
-    run_blocks<T>(a, w, sc, fold);
+  // Folds blocks [part.block_begin, part.block_end) into the rows from a fresh state.
+  auto fold_part = [&](const WorkItem& part, const WorkItem* after) {
+    sc.m.assign(static_cast<size_t>(rows), attention::kNegInf);
+    sc.l.assign(static_cast<size_t>(rows), 0.0f);
+    sc.acc.assign(static_cast<size_t>(padded_rows * hd), 0.0f);
+    if (fold_span != nullptr) {
+      run_spans(a, part, after, sc, fold_span);
+    } else {
+      run_blocks<T>(a, part, sc, fold);
+    }
+  };
+  auto store_partial = [&](float* slots, int64_t slot) {
+    for (int64_t r = 0; r < rows; ++r) {
+      float* p = partial_row(slots, slot, group, r, hd);
+      p[0] = sc.m[static_cast<size_t>(r)];
+      p[1] = sc.l[static_cast<size_t>(r)];
+      std::copy(&sc.acc[static_cast<size_t>(r * hd)], &sc.acc[static_cast<size_t>((r + 1) * hd)], p + 2);
+    }
+  };
+  const int64_t first_split = w.block_begin / split_blocks, last_split = (w.block_end - 1) / split_blocks;
+  if (w.partial >= 0) {  // one split of several, merged by combine after every item has run
+    fold_part(w, next_item);
+    store_partial(partials, w.partial);
+    return;
   }
-
+  if (last_split > first_split) {  // its splits folded here, one after the other
+    const int64_t splits = last_split - first_split + 1;
+    sc.own_partials.resize(static_cast<size_t>(splits * kQueryChunk * group * (hd + 2)));
+    for (int64_t sp = 0; sp < splits; ++sp) {
+      auto split = [&](int64_t k) {
+        WorkItem part = w;
+        part.block_begin = std::max(w.block_begin, (first_split + k) * split_blocks);
+        part.block_end = std::min(w.block_end, (first_split + k + 1) * split_blocks);
+        part.partial = k;
+        return part;
+      };
+      const WorkItem next_split = split(sp + 1);
+      fold_part(split(sp), sp + 1 < splits ? &next_split : next_item);
+      store_partial(sc.own_partials.data(), sp);
+    }
+    WorkItem first = w;
+    first.partial = 0;
+    combine<T>(a, first, splits, sc.own_partials.data());
+    return;
+  }
+  fold_part(w, next_item);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t i = w.q_begin + r / group, g = r % group;
     const float* acc = &sc.acc[static_cast<size_t>(r * hd)];
-    if (w.partial >= 0) {
-      // Partial result: [m, l, acc...] for the combine step.
-      float* p = partials + (w.partial * kQueryChunk * group + r) * (hd + 2);
-      p[0] = sc.m[static_cast<size_t>(r)];
-      p[1] = sc.l[static_cast<size_t>(r)];
-      std::copy(acc, acc + hd, p + 2);
-      continue;
-    }
     const int64_t head = w.kv_head * group + g;
     const float inv = output_factor(sc.m[static_cast<size_t>(r)], sc.l[static_cast<size_t>(r)],
                                     a.sinks == nullptr ? nullptr : a.sinks + head);
@@ -378,7 +423,7 @@ void combine(const PagedAttentionArgs& a, const WorkItem& first, int64_t num_spl
     std::fill(acc.begin(), acc.end(), 0.0f);
     float l = 0.0f;
     for (int64_t sp = 0; sp < num_splits; ++sp) {
-      const float* p = partials + ((first.partial + sp) * stride + r) * (hd + 2);
+      const float* p = partials + ((first.partial + sp) * stride + r) * (hd + 2);  // partial_row's
       if (p[1] == 0.0f) continue;  // a split with no visible key
       const float weight = fast_exp(p[0] - m);
       l += p[1] * weight;
@@ -405,6 +450,20 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
   // those lines were fetched from memory twice or arrived in the wrong core. Intel Xeon VM, 2
   // threads, 64 decodes x 192 keys x 30 layers with the blocks scattered: 18.0-18.5 -> 14.6-15.7 ms
   // (x 256 keys: 23.4-25.3 -> 20.1-21.1 ms).
+  //
+  // Who folds the splits of a (sequence, query chunk, KV head): with few such units (one long
+  // decode, a handful), an item each, on whichever thread is free, their partial results merged by
+  // combine afterwards; with many (a prefill's chunks, a batch of decodes), which keep the threads
+  // busy as they are, the unit's one item, one split after the other (run_item), merged the same
+  // way. The same arithmetic either way, and so the same bits, alone or in any batch. Split items
+  // for every unit had needed a slot per (chunk, split, head): a chunk of 2048 queries over 16k
+  // keys (32 heads, 8 KV heads of 128) grew the process by 1.9 GiB and took 1.24 s, now nothing
+  // and 0.74 s (Intel Xeon, AMX, 2 threads); SmolLM2-sized prefills and decodes are as fast as before.
+  int64_t units = 0;
+  for (int64_t s = 0; s < a.num_seqs; ++s) {
+    units += (a.query_start_loc[s + 1] - a.query_start_loc[s] + kQueryChunk - 1) / kQueryChunk;
+  }
+  const bool split_items = units < kUnitsPerThreadToKeepSplits * omp_get_max_threads();
   std::vector<WorkItem> items;
   // Per item with more than one split: its first split (whose partial slots follow on) and the
   // number of splits, for the combine step.
@@ -419,6 +478,10 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
       const int64_t block_end = (context + qe - 1) / bs + 1;
       const int64_t first_segment = block_begin / split_blocks, last_segment = (block_end - 1) / split_blocks;
       const int64_t splits = last_segment - first_segment + 1;
+      if (!split_items || splits == 1) {
+        for (int64_t h = 0; h < nkv; ++h) items.push_back(WorkItem{s, h, qb, qe, block_begin, block_end, -1});
+        continue;
+      }
       for (int64_t seg = first_segment; seg <= last_segment; ++seg) {
         for (int64_t h = 0; h < nkv; ++h) {
           WorkItem w{s, h, qb, qe, std::max(block_begin, seg * split_blocks), std::min(block_end, (seg + 1) * split_blocks),
@@ -473,10 +536,15 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
       const int64_t i = next;
       next = (i + 1) % unit != 0 ? i + 1 : next_unit.fetch_add(1, std::memory_order_relaxed) * unit;
       run_item<T>(a, items[static_cast<size_t>(i)], next < n ? &items[static_cast<size_t>(next)] : nullptr, scratch,
-                  partials.get());
+                  partials.get(), split_blocks);
     }
   }
-  for (const auto& [first, splits] : split_groups) combine<T>(a, first, splits, partials.get());
+  const auto groups = static_cast<int64_t>(split_groups.size());
+#pragma omp parallel for schedule(dynamic, 4) if (groups > 1)
+  for (int64_t g = 0; g < groups; ++g) {
+    combine<T>(a, split_groups[static_cast<size_t>(g)].first, split_groups[static_cast<size_t>(g)].second,
+               partials.get());
+  }
 }
 
 }  // namespace
