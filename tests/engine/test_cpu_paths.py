@@ -30,10 +30,8 @@ NUM_PROMPTS, NUM_TOKENS = 6, 16
 # kv_cache_dtype -> the top-2 margin below which a token may go either way: bf16 weights and
 # activations move logits by ~0.1 against fp32; an fp8 KV cache's rounding moves them more (SmolLM2,
 # 16 prompts x 32 tokens against transformers: the greedy token's logprob by up to 0.22 nats with
-# e4m3, 0.64 with e5m2, which also swapped tokens at margins of 0.25-0.5; here e4m3 swapped one at
-# a margin of 0.52 on the amx path, e5m2 one at 1.08). With the margin, the share of the positions
-# that must be clear of it: e5m2 leaves 40 of 96 at 1.5.
-MARGINS = {"auto": (0.5, 1 / 2), "fp8": (0.75, 1 / 2), "fp8_e5m2": (1.5, 1 / 3)}
+# e4m3, 0.64 with e5m2, which also swapped tokens at margins of 0.25-0.5).
+MARGINS = {"auto": 0.5, "fp8": 0.5, "fp8_e5m2": 1.0}
 
 RUN_ON_PATH = """
 import json, logging, sys
@@ -92,8 +90,7 @@ def test_each_path_is_batch_invariant_and_follows_transformers(isa, kv_cache_dty
     compared = 0
     for prompt, (tokens, _) in zip(prompt_ids, got["together"]):
         for step, (mine, theirs, margin) in enumerate(zip(tokens, *reference_next_tokens(hf_model, prompt, tokens))):
-            if margin >= MARGINS[kv_cache_dtype][0]:  # a near-tie may go either way
+            if margin >= MARGINS[kv_cache_dtype]:  # a near-tie may go either way
                 assert mine == theirs, f"{isa}: step {step}: {mine} != {theirs} (margin {margin:.2f})"
                 compared += 1
-    assert compared >= NUM_PROMPTS * NUM_TOKENS * MARGINS[kv_cache_dtype][1], \
-        f"{isa}: only {compared} positions had a clear margin"
+    assert compared >= NUM_PROMPTS * NUM_TOKENS // 2, f"{isa}: only {compared} positions had a clear margin"

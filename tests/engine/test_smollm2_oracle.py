@@ -7,13 +7,10 @@ and as served by default — the Q4_1 / Q8_0 tensors computed as they are, activ
 to int8 per 32 values (quantization "gguf", bf16 activations). The second moves logits: measured
 on this model (16 prompts, 80 positions before the first margin < 0.25), the greedy token's
 logprob differs from transformers' by 0.04 nats on average and 0.20 at most (0.13 with fp32
-activations); lower-ranked tokens move more and may swap ranks. The int8 activations also
-amplify changes at the level of bf16's last bit: a cheaper exp in the attention softmax (its
-relative error 3e-6) left the bf16 model's drift as it was (max 0.05-0.09, mean 0.015) but moved a
-first token's top-2 margin of 0.27 across, and a greedy logprob at a margin of 0.3 by 0.42. So for
-it the margin rule is 0.4 and only the greedy token's logprob is held, to 0.3 (mean 0.08). Third,
-served so with an 8-bit KV cache (kv_cache_dtype "fp8", e4m3): at margins of 0.4 or more 0.04 nats
-on average and 0.17 at most, no token swapped; held to 0.3 (mean 0.09)."""
+activations); lower-ranked tokens move more and may swap ranks. So for it the margin rule is
+0.25 and only the greedy token's logprob is held, to 0.3 (mean 0.08). Third, served so with an
+8-bit KV cache (kv_cache_dtype "fp8", e4m3): measured the same way, 0.05 nats on average and 0.22
+at most, no token swapped where the margin is 0.25 or more; held to 0.35 (mean 0.09)."""
 
 from __future__ import annotations
 
@@ -30,8 +27,8 @@ NUM_PROMPTS, NUM_TOKENS = 16, 32
 # label -> (engine dtype, quantization, kv_cache_dtype, margin below which the comparison stops,
 # top-k logprobs held, logprob tolerance (max, mean), positions that must be compared)
 SETTINGS = {"none": ("float32", "none", "auto", 0.05, 5, (1e-3, 1e-3), NUM_PROMPTS * NUM_TOKENS // 2),
-            "gguf": ("auto", "gguf", "auto", 0.4, 1, (0.3, 0.08), 48),
-            "gguf_fp8_kv": ("auto", "gguf", "fp8", 0.4, 1, (0.3, 0.09), 48)}
+            "gguf": ("auto", "gguf", "auto", 0.25, 1, (0.3, 0.08), 64),
+            "gguf_fp8_kv": ("auto", "gguf", "fp8", 0.25, 1, (0.35, 0.09), 64)}
 
 
 @pytest.fixture(scope="module")

@@ -28,8 +28,12 @@ inline TileConfig uniform_config() {
   return cfg;
 }
 
-// Loads cfg as the calling thread's tile configuration.
-inline void load_amx_config(const TileConfig& cfg) { _tile_loadconfig(&cfg); }
+// Loads cfg as the calling thread's tile configuration. Through asm whose operand is the whole
+// 64-byte object: with _tile_loadconfig(&cfg), GCC did not count the builtin as reading all of cfg,
+// and in one inlining (the attention fold's, in a version that folded a tile of rows at a time,
+// not kept) dropped the stores of colsb, so that LDTILECFG met zero-width tiles and faulted (#GP,
+// a SIGSEGV).
+inline void load_amx_config(const TileConfig& cfg) { asm volatile("ldtilecfg %0" : : "m"(cfg)); }
 
 }  // namespace
 }  // namespace corellm::amx_tiles

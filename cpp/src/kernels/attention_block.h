@@ -85,7 +85,6 @@ inline void fold_block_generic(const RowState& row, const float* kf, const float
 namespace avx512 {
 
 using corellm::avx512::exp16;
-using corellm::avx512::exp2_weights16;
 
 // Visible lanes of the 16 keys starting at t0, for keys [lo, hi).
 inline __mmask16 visible_lanes(int64_t t0, int64_t lo, int64_t hi, int64_t& first, int64_t& last) {

@@ -168,10 +168,6 @@ void tile_softmax_row(const TileRows& rows, const Span& span, int64_t r, ScoreSc
   }
   const float* s = sc.s + r * kSpanKeys;
   const bool all_visible = lo == 0 && hi == V * 16 && vectors == V;  // the common case: no mask
-  // Without a soft cap the max is taken over the raw dot products (the scale, > 0, keeps their
-  // order and scales the max) and each weight e^(scale s - m) is 2^(s (scale log2 e) - m log2 e),
-  // one FMA from the dot product; with one, over the capped scores x, 2^(x log2 e - m log2 e).
-  const bool capped = scaling.softcap > 0.0f;
   __mmask16 visible[V];
   __m512 x[V];
   __m512 row_max = _mm512_set1_ps(kNegInf);
@@ -181,8 +177,7 @@ void tile_softmax_row(const TileRows& rows, const Span& span, int64_t r, ScoreSc
       x[kv] = _mm512_set1_ps(kNegInf);
       continue;
     }
-    x[kv] = _mm512_loadu_ps(s + kv * 16);
-    if (capped) x[kv] = scaled16(x[kv], scaling);
+    x[kv] = scaled16(_mm512_loadu_ps(s + kv * 16), scaling);
     if (!all_visible) {
       int64_t first, last;
       visible[kv] = kv * 16 < hi && kv * 16 + 16 > lo ? visible_lanes(kv * 16, lo, hi, first, last) : 0;
@@ -190,14 +185,11 @@ void tile_softmax_row(const TileRows& rows, const Span& span, int64_t r, ScoreSc
     }
     row_max = _mm512_max_ps(row_max, x[kv]);
   }
-  const float span_max = _mm512_reduce_max_ps(row_max);
-  const float m_new = std::max(rows.m[r], capped ? span_max : span_max * scaling.scale);
+  const float m_new = std::max(rows.m[r], _mm512_reduce_max_ps(row_max));
   const float correction = rescale(rows.m[r], m_new);
-  const __m512 factor = _mm512_set1_ps(capped ? kLog2e : scaling.scale * kLog2e);
-  const __m512 offset = _mm512_set1_ps(-m_new * kLog2e);
   __m512 sum = _mm512_setzero_ps();
   for (int kv = 0; kv < V && kv < vectors; ++kv) {
-    __m512 p = exp2_weights16(_mm512_fmadd_ps(x[kv], factor, offset));
+    __m512 p = exp16(_mm512_sub_ps(x[kv], _mm512_set1_ps(m_new)));
     if (!all_visible) p = _mm512_maskz_mov_ps(visible[kv], p);
     sum = _mm512_add_ps(sum, p);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p_row + kv * 8), (__m256i)_mm512_cvtneps_pbh(p));

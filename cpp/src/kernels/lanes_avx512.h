@@ -49,22 +49,6 @@ inline float reduce_add16(__m512 v) {
   return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
 }
 
-// 2^y on 16 lanes for the y <= 0 of attention weights (rounded to bf16 for P V, summed in fp32 for
-// the denominator): a degree-4 polynomial of y's fraction (relative error 2.7e-6, a thousandth of
-// bf16's rounding; fitted to 2^f on [-1/2, 1/2]) and the exponent applied by VSCALEFPS, which
-// underflows to 0 without a clamp: 8 instructions against exp16's 16. y = -inf gives NaN: callers
-// mask those lanes.
-constexpr float kExp2WeightPoly[5] = {0.00957738421857357f, 0.05592099949717522f, 0.24024586379528046f,
-                                      0.6931213140487671f, 0.9999992847442627f};
-
-inline __m512 exp2_weights16(__m512 y) {
-  const __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(y, n);
-  __m512 p = _mm512_set1_ps(kExp2WeightPoly[0]);
-  for (int i = 1; i < 5; ++i) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2WeightPoly[i]));
-  return _mm512_scalef_ps(p, n);
-}
-
 // e^x on 16 lanes, the polynomial of fast_exp (the same bits lane by lane).
 inline __m512 exp16(__m512 x) {
   x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(kExpLowest)), _mm512_set1_ps(kExpHighest));

@@ -311,8 +311,9 @@ void combine(const PagedAttentionArgs& a, const WorkItem& first, int64_t num_spl
 
 // One item; next_item: the one this thread runs after it (null: none), whose first blocks the
 // span fold fetches while it folds this item's last span. An item with partial slot -1 whose
-// blocks reach over several splits (SplitsFolded::kByTheirItem) folds them one after the other,
-// each from a fresh state into a slot of the thread's own, and merges them as combine does.
+// blocks reach over several splits (a batch with work enough: paged_attention_impl) folds them one
+// after the other, each from a fresh state into a slot of the thread's own, and merges them as
+// combine does.
 template <class T>
 void run_item(const PagedAttentionArgs& a, const WorkItem& w, const WorkItem* next_item, Scratch& sc,
               float* partials, int64_t split_blocks) {
@@ -459,11 +460,11 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
   // for every unit had needed a slot per (chunk, split, head): a chunk of 2048 queries over 16k
   // keys (32 heads, 8 KV heads of 128) grew the process by 1.9 GiB and took 1.24 s, now nothing
   // and 0.74 s (Intel Xeon, AMX, 2 threads); SmolLM2-sized prefills and decodes are as fast as before.
-  int64_t units = 0;
+  int64_t chunk_units = 0;
   for (int64_t s = 0; s < a.num_seqs; ++s) {
-    units += (a.query_start_loc[s + 1] - a.query_start_loc[s] + kQueryChunk - 1) / kQueryChunk;
+    chunk_units += (a.query_start_loc[s + 1] - a.query_start_loc[s] + kQueryChunk - 1) / kQueryChunk;
   }
-  const bool split_items = units < kUnitsPerThreadToKeepSplits * omp_get_max_threads();
+  const bool split_items = chunk_units < kUnitsPerThreadToKeepSplits * omp_get_max_threads();
   std::vector<WorkItem> items;
   // Per item with more than one split: its first split (whose partial slots follow on) and the
   // number of splits, for the combine step.
