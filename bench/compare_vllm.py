@@ -13,7 +13,8 @@
   4. prints one table with the ratios and the start-up times (--json writes everything).
 
 --kv-cache-dtype fp8 (or fp8_e5m2) starts both servers with that 8-bit KV cache (vLLM's CPU backend
-has one too), in the same 2 GiB.
+has one too), in the same 2 GiB; --max-num-batched-tokens N gives both servers that step budget
+(unset: each its own default, vLLM's server 2048 tokens, corellm's 512).
 
     .venv/bin/python bench/compare_vllm.py --concurrency 1,4,16,64
 """
@@ -92,6 +93,8 @@ def main() -> None:
                    "round is kept")
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
                    help="both servers' KV cache element type (default: the model's, bf16)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="both servers' step token budget (default: each server's own)")
     p.add_argument("--json", help="write all results here")
     args = p.parse_args()
 
@@ -99,7 +102,8 @@ def main() -> None:
     model = hf_model_dir()
     cores = os.cpu_count() or 1
     max_conc = max(int(c) for c in args.concurrency.split(","))
-    report: dict = {"cores": cores, "model": str(model), "vllm": VLLM, "kv_cache_dtype": args.kv_cache_dtype}
+    report: dict = {"cores": cores, "model": str(model), "vllm": VLLM, "kv_cache_dtype": args.kv_cache_dtype,
+                    "max_num_batched_tokens": args.max_num_batched_tokens}
     vllm_port, corellm_port = free_port(), free_port()
     vllm_env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=f"0-{cores - 1}", VLLM_CPU_KVCACHE_SPACE=str(KV_CACHE_GIB))
     servers = {
@@ -110,6 +114,9 @@ def main() -> None:
                     "--log-level", "warning", "--max-num-seqs", str(max(64, max_conc)),
                     "--kv-cache-memory", str(KV_CACHE_GIB * 1024**3), "--kv-cache-dtype", args.kv_cache_dtype],
     }
+    if args.max_num_batched_tokens is not None:
+        for command in servers.values():
+            command += ["--max-num-batched-tokens", str(args.max_num_batched_tokens)]
     # Both servers stay up (an idle vLLM CPU server takes ~1 % of a core) and meet each level one
     # after the other, in the VM's same phase.
     startup: dict[str, float] = {}
