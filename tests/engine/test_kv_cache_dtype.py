@@ -1,7 +1,8 @@
 """kv_cache_dtype (vLLM's --kv-cache-dtype): "fp8" / "fp8_e4m3" and "fp8_e5m2" keep the KV cache in
 8-bit floats, so the same kv_cache_memory holds twice the blocks and the start-up log names the
 element type; "auto" and "bfloat16" keep bf16's; what cannot be honoured is refused by name — an
-unknown name, an 8-bit cache on CUDA or for a float32 model, bfloat16 for a float32 model. (The
+unknown name, an 8-bit cache on CUDA or for a float32 model, bfloat16 for a float32 model; greedy
+tokens with an fp8 cache are unchanged by preemption and by speculative decoding. (The
 tokens an 8-bit cache gives: tests/engine/test_smollm2_oracle.py and test_cpu_paths.py; its
 kernels: tests/ops/test_attention_fp8_kv.py; over tensor-parallel ranks:
 tests/distributed/test_tensor_parallel_engine.py.)"""
@@ -59,3 +60,23 @@ def test_the_command_line_flag():
     assert engine_config_of().kv_cache_dtype == "auto"
     with pytest.raises(SystemExit):
         engine_config_of("--kv-cache-dtype", "int4")
+
+
+def test_greedy_outputs_with_an_fp8_cache_survive_preemption_and_speculation(model):
+    """With an fp8 cache as with bf16's: greedy tokens are the same when a tiny cache preempts and
+    recomputes requests, and with n-gram or draft-model speculation (the draft's cache fp8 too)."""
+    from corellm.model.loader import default_model_path
+
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+    want = [o.outputs[0].token_ids
+            for o in LLM(loaded_model=model, kv_cache_dtype="fp8", **ENGINE).generate(prompts, params, use_tqdm=False)]
+    # 6 blocks of 16 tokens (184 KiB each in fp8) for 9 requests of ~30 tokens: preemption
+    tiny = LLM(loaded_model=model, kv_cache_dtype="fp8", max_model_len=64, kv_cache_memory=int(1.2 * 2**20))
+    assert [o.outputs[0].token_ids for o in tiny.generate(prompts * 3, params, use_tqdm=False)] == want * 3
+    assert tiny.get_metrics()["corellm:num_preemptions"] > 0
+    for spec in ({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3},
+                 {"method": "draft_model", "model": str(default_model_path()), "num_speculative_tokens": 3}):
+        llm = LLM(loaded_model=model, kv_cache_dtype="fp8", speculative_config=spec, **ENGINE)
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want, spec["method"]
+    assert llm.engine_core.drafter.kv_caches[0][0].dtype == torch.float8_e4m3fn
