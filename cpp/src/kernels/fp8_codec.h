@@ -23,7 +23,8 @@
 //     the sign, (c & 0x80) << 8. ~2.5x fewer instructions per code than the F16C way: decode
 //     attention on an fp8 cache widens every block it reads.
 // e4m3's NaN codes (0x7f, 0xff) and e5m2's infinities and NaNs are never written (saturation) and
-// widen to finite values or whatever the formula gives: attention never reads a slot it did not write.
+// widen to finite values or whatever the formula gives: attention masks the slots it did not write
+// (and zeroes their values before a product, as for a bf16 cache's stale bits).
 #pragma once
 
 #include <immintrin.h>

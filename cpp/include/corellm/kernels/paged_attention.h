@@ -20,7 +20,7 @@ namespace corellm {
 // decode step reads. An fp8 cache keeps the bf16 layout element for element (x = 2 below), so a
 // block widens to bf16 in place of the same shape (fp8_codec.h) and every bf16 fold reads it.
 // Writes round the model's bf16 values to the nearest fp8 (ties to even), saturating at the
-// format's largest finite value (448 for e4m3, 57344 for e5m2) as vLLM's CPU kernels do.
+// format's largest finite value (448 for e4m3, 57344 for e5m2).
 enum class KVCacheElement : int32_t { kModelDType = 0, kFp8E4M3 = 1, kFp8E5M2 = 2 };
 
 struct KVCacheShape {
