@@ -311,6 +311,12 @@ def run(dtype: torch.dtype, linear_only: bool = False) -> list[dict]:
         add("paged_attention", f"decode {num_seqs} x {seq_len}",
             lambda: ops.paged_attention(q, kc, vc, table, seq_lens, qsl, HEAD_DIM**-0.5),
             lambda: torch_paged_attention(q, kc, vc, table, seq_lens, qsl), nbytes=kv_bytes)
+        if dtype == torch.bfloat16:  # the same over an 8-bit cache (kv_cache_dtype fp8); torch on it widened
+            k8, v8 = kc.to(torch.float8_e4m3fn), vc.to(torch.float8_e4m3fn)
+            kw, vw = k8.to(dtype), v8.to(dtype)
+            add("paged_attention (fp8 e4m3 cache)", f"decode {num_seqs} x {seq_len}",
+                lambda: ops.paged_attention(q, k8, v8, table, seq_lens, qsl, HEAD_DIM**-0.5),
+                lambda: torch_paged_attention(q, kw, vw, table, seq_lens, qsl), nbytes=kv_bytes // 2)
     for num_seqs, seq_len in ((1, 512), (4, 256)):
         q, kc, vc, table, seq_lens, qsl = attention_batch(num_seqs, seq_len, seq_len, dtype)
         flops = 4 * num_seqs * HEADS * HEAD_DIM * seq_len * (seq_len + 1) / 2
