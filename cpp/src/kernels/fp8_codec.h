@@ -57,12 +57,15 @@ struct Format {
 
 inline float f32_of_fp8(uint8_t c, const Format& fmt);
 
-inline Format format_of(KVCacheElement e) {
-  Format f = e == KVCacheElement::kFp8E4M3
-                 ? Format{448.0f, 0x1p-6f, 0x1p9f, 20, 120u << 3, 0x1p8f, true, 4, 120u << 7, 8, {}}
-                 : Format{57344.0f, 0x1p-14f, 0x1p16f, 21, 112u << 2, 1.0f, false, 5, 112u << 7, 4, {}};
-  for (uint8_t m = 0; m < f.first_normal; ++m) f.subnormal_bf16[m] = f32_to_bf16(f32_of_fp8(m, f));
-  return f;
+// The format's constants, made once per process (attention asks for them per work item).
+inline const Format& format_of(KVCacheElement e) {
+  auto make = [](Format f) {
+    for (uint8_t m = 0; m < f.first_normal; ++m) f.subnormal_bf16[m] = f32_to_bf16(f32_of_fp8(m, f));
+    return f;
+  };
+  static const Format e4m3 = make({448.0f, 0x1p-6f, 0x1p9f, 20, 120u << 3, 0x1p8f, true, 4, 120u << 7, 8, {}});
+  static const Format e5m2 = make({57344.0f, 0x1p-14f, 0x1p16f, 21, 112u << 2, 1.0f, false, 5, 112u << 7, 4, {}});
+  return e == KVCacheElement::kFp8E4M3 ? e4m3 : e5m2;
 }
 
 // The fp8 code nearest to f (ties to even), saturated (the scalar form of narrow_bf16 below).

@@ -87,7 +87,7 @@ void reshape_and_cache_fp8(const uint16_t* key, int64_t key_stride, const uint16
                            const KVCacheShape& s) {
   using Word = uint16_t __attribute__((may_alias, aligned(1)));  // an fp8 pair
   const int64_t hd = s.head_size, bs = s.block_size, nkv = s.num_kv_heads;
-  const fp8::Format fmt = fp8::format_of(s.element);
+  const fp8::Format& fmt = fp8::format_of(s.element);
 #pragma omp parallel for schedule(static) if (num_tokens >= 8)
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t slot = slot_mapping[t];

@@ -11,7 +11,7 @@
 // and writes acc / l (attention_block.h has the per-block fold; attention_tile.h and
 // attention_amx.h fold a span of keys into many rows at once). Every row's KV range is split at
 // fixed points (kSplitKeys), whatever the batch, each split folded from a fresh state, and the
-// partial (m, l, acc) of the splits are merged in order (combine): by separate items, so that one
+// partial (m, l, acc) of the splits are merged in order (attention_split_merge.h): by separate items, so that one
 // long decode keeps every thread busy, or by the chunk's own item where the batch has work enough
 // (paged_attention_impl). A row's arithmetic depends on its own token only, not on the item, chunk
 // or batch it came in.
@@ -31,7 +31,9 @@
 
 #include "attention_amx.h"
 #include "attention_block.h"
+#include "attention_split_merge.h"
 #include "attention_tile.h"
+#include "attention_work_plan.h"
 #include "fp8_codec.h"
 #include "kv_cache_layout.h"
 #include "corellm/aligned_vector.h"
@@ -41,40 +43,20 @@ namespace corellm {
 
 namespace {
 
+using attention::first_visible;
+using attention::kQueryChunk;
 using attention::RowState;
-
-constexpr int64_t kQueryChunk = 16;
-// Keys per split of an item's KV range (paged_attention_impl): at 256, a decode alone over a
-// few hundred keys gives the two threads of a small machine work, and a batch of decodes short
-// of that is not split at all. A multiple of the span fold's kSpanKeys.
-constexpr int64_t kSplitKeys = 256;
-// Below this many (sequence, query chunk) units per thread, a unit's splits are items of their own
-// (paged_attention_impl).
-constexpr int64_t kUnitsPerThreadToKeepSplits = 4;
-static_assert(kSplitKeys % attention::kSpanKeys == 0, "a split boundary must be a span boundary");
+using attention::WorkItem;
 // Blocks prefetched ahead, into L2: the L1 has too few miss buffers for a block's 64 lines, and
 // dropped prefetches slow decode from memory; 3-4 ahead measured no faster than 2 (bench/kernels.py,
 // "paged_attention decode").
 constexpr int64_t kPrefetchBlocks = 2;
-
-// The first key position a query at `pos` sees (sliding_window <= 0: no window).
-int64_t first_visible(int64_t pos, int64_t sliding_window) {
-  return sliding_window > 0 ? std::max<int64_t>(0, pos - sliding_window + 1) : 0;
-}
 
 // Asks for `bytes` from p into L2 (locality hint 2): the L1 has too few miss buffers for a block.
 void prefetch_l2(const void* p, int64_t bytes) {
   const char* c = static_cast<const char*>(p);
   for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 2);
 }
-
-struct WorkItem {
-  int64_t seq;
-  int64_t kv_head;
-  int64_t q_begin, q_end;          // query tokens of the sequence, relative to its first
-  int64_t block_begin, block_end;  // KV blocks this item reads
-  int64_t partial;                 // index of its partial-result slot, or -1: write `out`
-};
 
 // Per-thread scratch, reused across items. The span fold's row buffers (qb, acc, tile_s,
 // tile_p) hold attention::tile_padded_rows(rows) rows.
@@ -99,7 +81,8 @@ class CacheBlocks {
   CacheBlocks(const PagedAttentionArgs& a, Scratch& sc, int64_t slots)
       : a_(a), sc_(sc), fp8_(is_fp8(a.cache.element)), element_bytes_(fp8_ ? 1 : a.dtype == DType::F32 ? 4 : 2),
         block_elements_(a.cache.head_size * a.cache.block_size),
-        fmt_(fp8::format_of(fp8_ ? a.cache.element : KVCacheElement::kFp8E4M3)) {
+        fmt_(fp8::format_of(fp8_ ? a.cache.element : KVCacheElement::kFp8E4M3)),
+        widen_(isa_at_least(a.isa, CpuIsa::kAvx512) ? fp8::widen_to_bf16_avx512 : fp8::widen_to_bf16) {
     if (fp8_) {
       sc.wide_k.resize(static_cast<size_t>(slots * block_elements_));
       sc.wide_v.resize(static_cast<size_t>(slots * block_elements_));
@@ -116,9 +99,8 @@ class CacheBlocks {
     }
     uint16_t* k = sc_.wide_k.data() + slot * block_elements_;
     uint16_t* v = sc_.wide_v.data() + slot * block_elements_;
-    const auto widen = isa_at_least(a_.isa, CpuIsa::kAvx512) ? fp8::widen_to_bf16_avx512 : fp8::widen_to_bf16;
-    widen(static_cast<const uint8_t*>(key(block, kv_head)), k, block_elements_, fmt_);
-    widen(static_cast<const uint8_t*>(value(block, kv_head)), v, block_elements_, fmt_);
+    widen_(static_cast<const uint8_t*>(key(block, kv_head)), k, block_elements_, fmt_);
+    widen_(static_cast<const uint8_t*>(value(block, kv_head)), v, block_elements_, fmt_);
     return {k, v};
   }
 
@@ -130,7 +112,8 @@ class CacheBlocks {
   Scratch& sc_;
   bool fp8_;
   int64_t element_bytes_, block_elements_;
-  fp8::Format fmt_;
+  const fp8::Format& fmt_;
+  void (*widen_)(const uint8_t*, uint16_t*, int64_t, const fp8::Format&);
 };
 
 // The end of the item's first span: its first block's span boundary, or its own end.
@@ -289,31 +272,11 @@ void run_blocks(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, att
   }
 }
 
-// What a row's fp32 sums acc are multiplied by to give its output, from its running max m and
-// denominator l (the sum of exp(s - m) over its visible keys): 1 / l, or with a sink (head's logit
-// `sink`, PagedAttentionArgs::sinks) exp(m - M) / (l exp(m - M) + exp(sink - M)), M = max(m, sink),
-// which keeps both exponents at most 0. A row that saw no key gives 0.
-inline float output_factor(float m, float l, const float* sink) {
-  if (l <= 0.0f) return 0.0f;
-  if (sink == nullptr) return 1.0f / l;
-  const float top = std::max(m, *sink);
-  const float kept = std::exp(m - top);
-  return kept / (l * kept + std::exp(*sink - top));
-}
-
-// Row r's partial result in slot `slot` of `partials`: [m, l, acc...], for combine.
-inline float* partial_row(float* partials, int64_t slot, int64_t group, int64_t r, int64_t hd) {
-  return partials + (slot * kQueryChunk * group + r) * (hd + 2);
-}
-
-template <class T>
-void combine(const PagedAttentionArgs& a, const WorkItem& first, int64_t num_splits, const float* partials);
-
 // One item; next_item: the one this thread runs after it (null: none), whose first blocks the
 // span fold fetches while it folds this item's last span. An item with partial slot -1 whose
 // blocks reach over several splits (a batch with work enough: paged_attention_impl) folds them one
-// after the other, each from a fresh state into a slot of the thread's own, and merges them as
-// combine does.
+// after the other, each from a fresh state into a slot of the thread's own, and merges them
+// (merge_splits).
 template <class T>
 void run_item(const PagedAttentionArgs& a, const WorkItem& w, const WorkItem* next_item, Scratch& sc,
               float* partials, int64_t split_blocks) {
@@ -365,14 +328,14 @@ void run_item(const PagedAttentionArgs& a, const WorkItem& w, const WorkItem* ne
   };
   auto store_partial = [&](float* slots, int64_t slot) {
     for (int64_t r = 0; r < rows; ++r) {
-      float* p = partial_row(slots, slot, group, r, hd);
+      float* p = attention::partial_row(slots, slot, group, r, hd);
       p[0] = sc.m[static_cast<size_t>(r)];
       p[1] = sc.l[static_cast<size_t>(r)];
       std::copy(&sc.acc[static_cast<size_t>(r * hd)], &sc.acc[static_cast<size_t>((r + 1) * hd)], p + 2);
     }
   };
   const int64_t first_split = w.block_begin / split_blocks, last_split = (w.block_end - 1) / split_blocks;
-  if (w.partial >= 0) {  // one split of several, merged by combine after every item has run
+  if (w.partial >= 0) {  // one split of several, merged by merge_splits after every item has run
     fold_part(w, next_item);
     store_partial(partials, w.partial);
     return;
@@ -380,21 +343,21 @@ void run_item(const PagedAttentionArgs& a, const WorkItem& w, const WorkItem* ne
   if (last_split > first_split) {  // its splits folded here, one after the other
     const int64_t splits = last_split - first_split + 1;
     sc.own_partials.resize(static_cast<size_t>(splits * kQueryChunk * group * (hd + 2)));
+    auto split = [&](int64_t k) {  // its k-th split, slot k
+      WorkItem part = w;
+      part.block_begin = std::max(w.block_begin, (first_split + k) * split_blocks);
+      part.block_end = std::min(w.block_end, (first_split + k + 1) * split_blocks);
+      part.partial = k;
+      return part;
+    };
     for (int64_t sp = 0; sp < splits; ++sp) {
-      auto split = [&](int64_t k) {
-        WorkItem part = w;
-        part.block_begin = std::max(w.block_begin, (first_split + k) * split_blocks);
-        part.block_end = std::min(w.block_end, (first_split + k + 1) * split_blocks);
-        part.partial = k;
-        return part;
-      };
       const WorkItem next_split = split(sp + 1);
       fold_part(split(sp), sp + 1 < splits ? &next_split : next_item);
       store_partial(sc.own_partials.data(), sp);
     }
     WorkItem first = w;
     first.partial = 0;
-    combine<T>(a, first, splits, sc.own_partials.data());
+    attention::merge_splits<T>(a, first, splits, sc.own_partials.data());
     return;
   }
   fold_part(w, next_item);
@@ -402,124 +365,23 @@ void run_item(const PagedAttentionArgs& a, const WorkItem& w, const WorkItem* ne
     const int64_t i = w.q_begin + r / group, g = r % group;
     const float* acc = &sc.acc[static_cast<size_t>(r * hd)];
     const int64_t head = w.kv_head * group + g;
-    const float inv = output_factor(sc.m[static_cast<size_t>(r)], sc.l[static_cast<size_t>(r)],
-                                    a.sinks == nullptr ? nullptr : a.sinks + head);
+    const float inv = attention::output_factor(sc.m[static_cast<size_t>(r)], sc.l[static_cast<size_t>(r)],
+                                               a.sinks == nullptr ? nullptr : a.sinks + head);
     T* o = static_cast<T*>(a.out) + ((q0 + i) * a.num_heads + head) * hd;
     for (int64_t d = 0; d < hd; ++d) store_f32(o + d, acc[d] * inv);
   }
 }
 
-// Merges the splits of one (sequence, KV head, chunk): rescale every split to the global max.
-template <class T>
-void combine(const PagedAttentionArgs& a, const WorkItem& first, int64_t num_splits, const float* partials) {
-  const int64_t hd = a.cache.head_size;
-  const int64_t group = a.num_heads / a.cache.num_kv_heads;
-  const int64_t rows = (first.q_end - first.q_begin) * group;
-  const int64_t stride = kQueryChunk * group;  // rows per partial slot
-  const int64_t q0 = a.query_start_loc[first.seq];
-  std::vector<float> acc(static_cast<size_t>(hd));
-  for (int64_t r = 0; r < rows; ++r) {
-    float m = attention::kNegInf;
-    for (int64_t sp = 0; sp < num_splits; ++sp) m = std::max(m, partials[((first.partial + sp) * stride + r) * (hd + 2)]);
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    float l = 0.0f;
-    for (int64_t sp = 0; sp < num_splits; ++sp) {
-      const float* p = partials + ((first.partial + sp) * stride + r) * (hd + 2);  // partial_row's
-      if (p[1] == 0.0f) continue;  // a split with no visible key
-      const float weight = fast_exp(p[0] - m);
-      l += p[1] * weight;
-      for (int64_t d = 0; d < hd; ++d) acc[static_cast<size_t>(d)] += p[2 + d] * weight;
-    }
-    const int64_t i = first.q_begin + r / group, head = first.kv_head * group + r % group;
-    T* o = static_cast<T*>(a.out) + ((q0 + i) * a.num_heads + head) * hd;
-    const float inv = output_factor(m, l, a.sinks == nullptr ? nullptr : a.sinks + head);
-    for (int64_t d = 0; d < hd; ++d) store_f32(o + d, acc[static_cast<size_t>(d)] * inv);
-  }
-}
-
 template <class T>
 void paged_attention_impl(const PagedAttentionArgs& a) {
-  const int64_t bs = a.cache.block_size, nkv = a.cache.num_kv_heads;
-  // Every item's KV range is split at fixed points (every kSplitKeys keys, from position 0), so
-  // that one long decode keeps every thread busy; fixed, so that the split, and with it a row's
-  // arithmetic, is the same alone, in any batch, in any chunk and on any number of threads.
-  const int64_t split_blocks = std::max<int64_t>(1, kSplitKeys / bs);
-  // Items in the order (sequence, query chunk, split, KV head), claimed a unit of nkv at a time: a
-  // thread reads every KV head of the blocks it goes through. A block's heads lie side by side
-  // (block_offset), and the hardware prefetcher, which fetches ahead within a page, brings the
-  // neighbouring heads' lines with each head's: with the heads of a block spread over the threads,
-  // those lines were fetched from memory twice or arrived in the wrong core. Intel Xeon VM, 2
-  // threads, 64 decodes x 192 keys x 30 layers with the blocks scattered: 18.0-18.5 -> 14.6-15.7 ms
-  // (x 256 keys: 23.4-25.3 -> 20.1-21.1 ms).
-  //
-  // Who folds the splits of a (sequence, query chunk, KV head): with few such units (one long
-  // decode, a handful), an item each, on whichever thread is free, their partial results merged by
-  // combine afterwards; with many (a prefill's chunks, a batch of decodes), which keep the threads
-  // busy as they are, the unit's one item, one split after the other (run_item), merged the same
-  // way. The same arithmetic either way, and so the same bits, alone or in any batch. Split items
-  // for every unit had needed a slot per (chunk, split, head): a chunk of 2048 queries over 16k
-  // keys (32 heads, 8 KV heads of 128) grew the process by 1.9 GiB and took 1.24 s, now nothing
-  // and 0.74 s (Intel Xeon, AMX, 2 threads); SmolLM2-sized prefills and decodes are as fast as before.
-  int64_t chunk_units = 0;
-  for (int64_t s = 0; s < a.num_seqs; ++s) {
-    chunk_units += (a.query_start_loc[s + 1] - a.query_start_loc[s] + kQueryChunk - 1) / kQueryChunk;
-  }
-  const bool split_items = chunk_units < kUnitsPerThreadToKeepSplits * omp_get_max_threads();
-  std::vector<WorkItem> items;
-  // Per item with more than one split: its first split (whose partial slots follow on) and the
-  // number of splits, for the combine step.
-  std::vector<std::pair<WorkItem, int64_t>> split_groups;
-  int64_t num_partials = 0;
-  for (int64_t s = 0; s < a.num_seqs; ++s) {
-    const int64_t q_len = a.query_start_loc[s + 1] - a.query_start_loc[s];
-    const int64_t context = a.seq_lens[s] - q_len;
-    for (int64_t qb = 0; qb < q_len; qb += kQueryChunk) {
-      const int64_t qe = std::min(q_len, qb + kQueryChunk);
-      const int64_t block_begin = first_visible(context + qb, a.sliding_window) / bs;
-      const int64_t block_end = (context + qe - 1) / bs + 1;
-      const int64_t first_segment = block_begin / split_blocks, last_segment = (block_end - 1) / split_blocks;
-      const int64_t splits = last_segment - first_segment + 1;
-      if (!split_items || splits == 1) {
-        for (int64_t h = 0; h < nkv; ++h) items.push_back(WorkItem{s, h, qb, qe, block_begin, block_end, -1});
-        continue;
-      }
-      for (int64_t seg = first_segment; seg <= last_segment; ++seg) {
-        for (int64_t h = 0; h < nkv; ++h) {
-          WorkItem w{s, h, qb, qe, std::max(block_begin, seg * split_blocks), std::min(block_end, (seg + 1) * split_blocks),
-                     splits > 1 ? num_partials + h * splits + (seg - first_segment) : -1};
-          if (splits > 1 && seg == first_segment) split_groups.emplace_back(w, splits);
-          items.push_back(w);
-        }
-      }
-      if (splits > 1) num_partials += nkv * splits;  // each head's splits in consecutive slots
-    }
-  }
-  // The units with the most work first (keys x query tokens; a prefill's later chunks see more
-  // keys), so that the last ones to finish are small: the one thread still working at the end
-  // waits less (with a unit of three items that wait had grown). Intel Xeon VM, 2 threads, 30
-  // layers, three alternating runs: one prompt of 512 tokens 23.8-24.8 ms in chunk order, 23.2-24.5
-  // largest first; four of 128 7.8-8.1 -> 7.6-7.7 ms. A unit's items keep their order.
-  {
-    const auto units = static_cast<int64_t>(items.size()) / nkv;
-    std::vector<int64_t> order(static_cast<size_t>(units));
-    for (int64_t u = 0; u < units; ++u) order[static_cast<size_t>(u)] = u;
-    auto work = [&](int64_t u) {
-      const WorkItem& w = items[static_cast<size_t>(u * nkv)];
-      return (w.block_end - w.block_begin) * (w.q_end - w.q_begin);
-    };
-    std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return work(x) > work(y); });
-    std::vector<WorkItem> sorted;
-    sorted.reserve(items.size());
-    for (int64_t u : order) {
-      sorted.insert(sorted.end(), items.begin() + u * nkv, items.begin() + (u + 1) * nkv);
-    }
-    items.swap(sorted);
-  }
+  const int64_t nkv = a.cache.num_kv_heads;
+  const attention::WorkPlan plan = attention::plan_work(a);
+  const std::vector<WorkItem>& items = plan.items;
   const int64_t group = a.num_heads / nkv;
-  // Not zeroed (a batch of long decodes has megabytes of slots): combine reads only the rows
+  // Not zeroed (a batch of long decodes has megabytes of slots): merge_splits reads only the rows
   // each split wrote.
   const std::unique_ptr<float[]> partials(
-      new float[static_cast<size_t>(num_partials * kQueryChunk * group * (a.cache.head_size + 2))]);
+      new float[static_cast<size_t>(plan.num_partials * kQueryChunk * group * (a.cache.head_size + 2))]);
   const auto n = static_cast<int64_t>(items.size());
   // Units go to whichever thread is free (uneven lengths balance out), each thread knowing its
   // next item when it starts one, so that it can fetch that item's first blocks meanwhile. With
@@ -537,14 +399,14 @@ void paged_attention_impl(const PagedAttentionArgs& a) {
       const int64_t i = next;
       next = (i + 1) % unit != 0 ? i + 1 : next_unit.fetch_add(1, std::memory_order_relaxed) * unit;
       run_item<T>(a, items[static_cast<size_t>(i)], next < n ? &items[static_cast<size_t>(next)] : nullptr, scratch,
-                  partials.get(), split_blocks);
+                  partials.get(), plan.split_blocks);
     }
   }
-  const auto groups = static_cast<int64_t>(split_groups.size());
+  const auto groups = static_cast<int64_t>(plan.split_groups.size());
 #pragma omp parallel for schedule(dynamic, 4) if (groups > 1)
   for (int64_t g = 0; g < groups; ++g) {
-    combine<T>(a, split_groups[static_cast<size_t>(g)].first, split_groups[static_cast<size_t>(g)].second,
-               partials.get());
+    const auto& [first, splits] = plan.split_groups[static_cast<size_t>(g)];
+    attention::merge_splits<T>(a, first, splits, partials.get());
   }
 }
 
