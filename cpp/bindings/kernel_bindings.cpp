@@ -188,14 +188,14 @@ void bind_kernels(py::module_& m) {
            int64_t num_blocks, int64_t num_kv_heads, int64_t head_size, int64_t block_size,
            uintptr_t block_table, int64_t block_table_stride, uintptr_t seq_lens, uintptr_t query_start_loc,
            int64_t num_seqs, int64_t num_heads, float scale, int64_t sliding_window, int32_t dtype,
-           const std::string& isa, float softcap, uintptr_t sinks, int32_t kv_element) {
+           const std::string& isa, float softcap, uintptr_t sinks, int32_t kv_element, bool causal) {
           PagedAttentionArgs a{ptr<void>(out), ptr<const void>(q), q_stride, ptr<const void>(key_cache),
                                ptr<const void>(value_cache),
                                {num_blocks, num_kv_heads, head_size, block_size, kv_element_of(kv_element)},
                                ptr<const int32_t>(block_table), block_table_stride, ptr<const int32_t>(seq_lens),
                                ptr<const int32_t>(query_start_loc), num_seqs, num_heads, scale, sliding_window,
                                dtype_of(dtype), isa.empty() ? cpu_isa() : cpu_isa_named(isa), softcap,
-                               ptr<const float>(sinks)};
+                               ptr<const float>(sinks), causal};
           paged_attention(a);
         },
         arg("out"), arg("q"), arg("q_stride"), arg("key_cache"), arg("value_cache"), arg("num_blocks"),
@@ -203,7 +203,7 @@ void bind_kernels(py::module_& m) {
         arg("seq_lens"), arg("query_start_loc"), arg("num_seqs"), arg("num_heads"), arg("scale"),
         arg("sliding_window"), arg("dtype"), arg("isa") = std::string(), arg("softcap") = 0.0f,
         arg("sinks") = uintptr_t{0}, arg("kv_element") = static_cast<int32_t>(KVCacheElement::kModelDType),
-        py::call_guard<py::gil_scoped_release>());
+        arg("causal") = true, py::call_guard<py::gil_scoped_release>());
   bind_sampling_batch(k);
   k.def("sample", &sample, arg("batch"), py::call_guard<py::gil_scoped_release>());
   k.def("philox_uniform", &philox_uniform, arg("seed"), arg("counter"));

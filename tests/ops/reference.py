@@ -59,7 +59,7 @@ def gather_kv(key_cache, value_cache, block_ids, seq_len):
 
 
 def paged_attention(q, key_cache, value_cache, block_table, seq_lens, query_start_loc, scale, sliding_window=0,
-                    softcap=0.0, sinks=None):
+                    softcap=0.0, sinks=None, causal=True):
     num_kv_heads, block_size = key_cache.shape[1], key_cache.shape[3]
     head_size = key_cache.shape[2] * key_cache.shape[4]
     num_heads = q.shape[1] // head_size
@@ -79,9 +79,11 @@ def paged_attention(q, key_cache, value_cache, block_table, seq_lens, query_star
             scores = torch.tanh(scores / softcap) * softcap
         qpos = torch.arange(L - n, L)[:, None]
         kpos = torch.arange(L)[None, :]
-        allowed = kpos <= qpos
+        allowed = kpos <= qpos if causal else torch.ones(n, L, dtype=torch.bool)
         if sliding_window > 0:
             allowed &= kpos > qpos - sliding_window
+            if not causal:
+                allowed &= kpos < qpos + sliding_window
         scores = scores.masked_fill(~allowed[None], float("-inf"))
         if sinks is not None:  # one more logit per head, its weight dropped after the softmax (gpt-oss)
             sink = sinks.double()[:, None, None].expand(num_heads, n, 1)

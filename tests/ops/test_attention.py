@@ -85,6 +85,37 @@ def test_paged_attention_sliding_window(window, dtype, isa):
 
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [0, 1, 9, 65])
+def test_bidirectional_attention_matches_the_reference(window, dtype, isa):
+    """causal=False (an encoder's attention): every query sees its whole sequence, or the keys less
+    than `window` positions away on either side; whole inputs of many lengths, chunks and a decode
+    too, head sizes 32 and 64."""
+    for seqs, heads, kv_heads, head_size in (([(37, 37), (1, 1), (300, 300), (16, 16)], 12, 12, 32),
+                                             ([(130, 130), (64, 20), (90, 1)], 9, 3, 64)):
+        kc, vc, table, seq_lens, qsl = make_batch(seqs, kv_heads, head_size, 16, dtype, seed=window)
+        q = torch.randn(int(qsl[-1]), heads * head_size).to(dtype)
+        scale = head_size**-0.5
+        got = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, scale, sliding_window=window, cpu_isa=isa,
+                                  causal=False)
+        want = ref.paged_attention(q, kc, vc, table, seq_lens, qsl, scale, sliding_window=window, causal=False)
+        torch.testing.assert_close(got.double(), want, **TOL[dtype])
+
+
+def test_an_input_is_the_same_alone_and_beside_others_bidirectionally():
+    """An encoder's input gets the same bits whatever else the step holds."""
+    seqs = [(200, 200), (33, 33), (77, 77)]
+    kc, vc, table, seq_lens, qsl = make_batch(seqs, 2, 64, 16, torch.bfloat16, seed=3)
+    q = torch.randn(int(qsl[-1]), 4 * 64).to(torch.bfloat16)
+    together = ops.paged_attention(q, kc, vc, table, seq_lens, qsl, 0.125, causal=False)
+    for i in range(len(seqs)):
+        a, b = int(qsl[i]), int(qsl[i + 1])
+        alone = ops.paged_attention(q[a:b], kc, vc, table[i:i + 1], seq_lens[i:i + 1],
+                                    torch.tensor([0, b - a], dtype=torch.int32), 0.125, causal=False)
+        assert torch.equal(alone.view(torch.int16), together[a:b].view(torch.int16))
+
+
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", [1, 4, 6, 10])
 @pytest.mark.parametrize("softcap", [5.0, 50.0])
 def test_soft_capped_scores_match_the_reference(softcap, case, dtype, isa):

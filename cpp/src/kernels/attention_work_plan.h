@@ -29,6 +29,13 @@ inline int64_t first_visible(int64_t pos, int64_t sliding_window) {
   return sliding_window > 0 ? std::max<int64_t>(0, pos - sliding_window + 1) : 0;
 }
 
+// One past the last key position a query at `pos` of a sequence of `seq_len` keys sees: itself
+// when causal; else its sequence's end, or the window's (sliding_window <= 0: no window).
+inline int64_t visible_end(int64_t pos, int64_t seq_len, int64_t sliding_window, bool causal) {
+  if (causal) return pos + 1;
+  return sliding_window > 0 ? std::min<int64_t>(seq_len, pos + sliding_window) : seq_len;
+}
+
 struct WorkItem {
   int64_t seq;
   int64_t kv_head;
@@ -89,7 +96,7 @@ inline WorkPlan plan_work(const PagedAttentionArgs& a) {
     for (int64_t qb = 0; qb < q_len; qb += kQueryChunk) {
       const int64_t qe = std::min(q_len, qb + kQueryChunk);
       const int64_t block_begin = first_visible(context + qb, a.sliding_window) / bs;
-      const int64_t block_end = (context + qe - 1) / bs + 1;
+      const int64_t block_end = (visible_end(context + qe - 1, a.seq_lens[s], a.sliding_window, a.causal) - 1) / bs + 1;
       const int64_t first_segment = block_begin / split_blocks, last_segment = (block_end - 1) / split_blocks;
       const int64_t splits = last_segment - first_segment + 1;
       if (!split_items || splits == 1) {

@@ -1,12 +1,12 @@
-// Varlen causal paged attention on the CPU (the cache's layout: kv_cache_layout.h; its writes:
-// kv_cache_write.cpp).
+// Varlen causal (or, for encoders, bidirectional) paged attention on the CPU (the cache's layout:
+// kv_cache_layout.h; its writes: kv_cache_write.cpp).
 //
 // Attention algorithm. The work is cut into items: (sequence, KV head, chunk of up to
 // kQueryChunk query tokens[, range of KV blocks]). One item gathers the chunk's queries of every
 // query head sharing the KV head (rows = tokens x group size), then walks the sequence's blocks
 // once, so each block is read once per KV head and chunk. Per row it keeps the online-softmax
 // state (running max m, running sum l, accumulator acc[head_size]):
-//   s = q . K^T (masked to the row's causal / sliding-window range)
+//   s = q . K^T (masked to the row's range: causal or bidirectional, within the sliding window)
 //   m' = max(m, max s);  acc = acc * e^(m - m') + sum_t e^(s_t - m') V_t;  l likewise
 // and writes acc / l (attention_block.h has the per-block fold; attention_tile.h and
 // attention_amx.h fold a span of keys into many rows at once). Every row's KV range is split at
@@ -44,6 +44,7 @@ namespace corellm {
 namespace {
 
 using attention::first_visible;
+using attention::visible_end;
 using attention::kQueryChunk;
 using attention::RowState;
 using attention::WorkItem;
@@ -150,7 +151,7 @@ void run_spans(const PagedAttentionArgs& a, const WorkItem& w, const WorkItem* n
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t pos = context + w.q_begin + r / group;
     sc.lo[static_cast<size_t>(r)] = first_visible(pos, a.sliding_window);
-    sc.hi[static_cast<size_t>(r)] = pos + 1;
+    sc.hi[static_cast<size_t>(r)] = visible_end(pos, seq_len, a.sliding_window, a.causal);
   }
   const int64_t padded_rows = attention::tile_padded_rows(rows);
   sc.tile_s.resize(static_cast<size_t>(padded_rows * kSpanKeys));
@@ -249,7 +250,7 @@ void run_blocks(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, att
     for (int64_t i = w.q_begin; i < w.q_end; ++i) {  // the rows of token i share their visible keys
       const int64_t pos = context + i;
       const int64_t lo = std::max<int64_t>(first_visible(pos, a.sliding_window) - t0, 0);
-      const int64_t hi = std::min<int64_t>(pos + 1 - t0, bs);  // keys [t0 + lo, t0 + hi)
+      const int64_t hi = std::min<int64_t>(visible_end(pos, a.seq_lens[w.seq], a.sliding_window, a.causal) - t0, bs);
       if (hi <= lo) continue;
       for (int64_t g0 = 0; g0 < group; g0 += attention::kMaxRows) {
         const int num_rows = static_cast<int>(std::min<int64_t>(attention::kMaxRows, group - g0));

@@ -16,8 +16,8 @@ GEMM's store where the path fuses it: Linear.gated):
 
 The projections run through corellm's Linear (in bf16 on the CPU its packed GEMM: a row's result
 does not depend on the batch; on the amx path the MLP's GELU is applied in the GEMM's store); the
-attention through torch's scaled_dot_product_attention, one input at a time, so that an input's
-rows are the same whatever else the step holds. No KV cache:
+attention through EncoderAttention (on the CPU corellm's attention kernel, bidirectional, the
+whole step at once), so that an input's rows are the same whatever else the step holds. No KV cache:
 an input is computed in one step (the engine schedules encoders without chunked prefill or prefix
 caching), and nothing of it is kept for a later one.
 
@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from corellm.model.attention_metadata import AttentionMetadata
+from corellm.model.encoder_attention import EncoderAttention
 from corellm.model.encoder_config import ENCODER_ACTIVATIONS, EncoderConfig
 from corellm.model.encoder_model import EncoderModel
 from corellm.model.layers import Linear
@@ -43,26 +44,6 @@ _UNREAD_PREFIXES = ("cls.", "lm_head.")
 _UNREAD_NAMES = ("embeddings.position_ids",)
 # Prefixes transformers' task models put before the encoder's own names (base_model_prefix).
 _ENCODER_PREFIXES = ("bert.", "roberta.")
-
-
-def bidirectional_attention(qkv: torch.Tensor, query_start_loc: list[int], heads: int, head_dim: int,
-                            window: int = 0) -> torch.Tensor:
-    """qkv [tokens, 3 * heads * head_dim] (q, k, v) -> the context [tokens, heads * head_dim]: each
-    input alone (query_start_loc's bounds), every position seeing every other — or, with `window`,
-    those at most `window` positions away (ModernBERT's sliding layers) — by torch's SDPA."""
-    d = heads * head_dim
-    context = torch.empty((qkv.shape[0], d), dtype=qkv.dtype, device=qkv.device)
-    for start, end in zip(query_start_loc[:-1], query_start_loc[1:]):
-        n = end - start
-        # [n, 3d] -> q, k, v [1, heads, n, head_dim]
-        q, k, v = qkv[start:end].view(n, 3, heads, head_dim).permute(1, 2, 0, 3).unsqueeze(1)
-        mask = None
-        if window and n > window + 1:
-            where = torch.arange(n, device=qkv.device)
-            mask = (where[:, None] - where[None, :]).abs() <= window
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        context[start:end] = out[0].transpose(0, 1).reshape(n, d)
-    return context
 
 
 class EncoderLayer:
@@ -83,16 +64,16 @@ class EncoderLayer:
     def linears(self) -> list[Linear]:
         return [self.qkv, self.attn_out, self.mlp_in, self.mlp_out]
 
-    def forward(self, h: torch.Tensor, query_start_loc: list[int], positions: torch.Tensor,
+    def forward(self, h: torch.Tensor, attention: EncoderAttention, positions: torch.Tensor,
                 rotary_cos_sin: torch.Tensor | None) -> torch.Tensor:
-        """rotary_cos_sin: the rotary table (model/rope.py's), which turns q and k at `positions`
-        in place; None: positions are in h already (a position table)."""
+        """attention: the step's (its inputs' bounds); rotary_cos_sin: the rotary table (model/rope.py's),
+        which turns q and k at `positions` in place; None: positions are in h already (a position table)."""
         c = self.config
-        eps, d, heads = c.layer_norm_eps, c.hidden_size, c.num_attention_heads
+        eps, d = c.layer_norm_eps, c.hidden_size
         qkv = self.qkv(h)
         if rotary_cos_sin is not None:
             rotary_embedding(positions, qkv[:, :d], qkv[:, d:2 * d], c.head_dim, rotary_cos_sin, is_neox=True)
-        context = bidirectional_attention(qkv, query_start_loc, heads, c.head_dim)
+        context = attention(qkv)
         h = F.layer_norm(self.attn_out(context) + h, (d,), *self.attn_norm, eps)
         approximate = ENCODER_ACTIVATIONS[c.hidden_act]
         if c.gated_mlp:
@@ -222,9 +203,10 @@ class BertEncoder(EncoderModel):
         if self.position_embeddings is not None:
             h = h + F.embedding(positions + c.position_offset, self.position_embeddings)
         h = F.layer_norm(h, (c.hidden_size,), *self.embedding_norm, c.layer_norm_eps)
-        bounds = attn.query_start_loc.tolist()
+        attention = EncoderAttention(attn.query_start_loc.tolist(), c.num_attention_heads, c.head_dim, h.dtype,
+                                     h.device)
         for layer in self.layers:
-            h = layer.forward(h, bounds, positions, self.rotary_cos_sin)
+            h = layer.forward(h, attention, positions, self.rotary_cos_sin)
         return h
 
     def classify(self, row: torch.Tensor) -> torch.Tensor:

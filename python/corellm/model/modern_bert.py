@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from corellm.model.attention_metadata import AttentionMetadata
-from corellm.model.bert import bidirectional_attention
+from corellm.model.encoder_attention import EncoderAttention
 from corellm.model.encoder_config import EncoderConfig
 from corellm.model.encoder_model import EncoderModel
 from corellm.model.layers import Linear
@@ -61,16 +61,15 @@ class ModernBertLayer:
     def linears(self) -> list[Linear]:
         return [self.qkv, self.attn_out, self.mlp_in, self.mlp_out]
 
-    def forward(self, h: torch.Tensor, query_start_loc: list[int], positions: torch.Tensor,
+    def forward(self, h: torch.Tensor, attention: EncoderAttention, positions: torch.Tensor,
                 rotary_cos_sin: torch.Tensor) -> torch.Tensor:
-        """rotary_cos_sin: this layer's kind's rotary table."""
+        """attention: the step's (its inputs' bounds); rotary_cos_sin: this layer's kind's rotary table."""
         c = self.config
         d, eps = c.hidden_size, c.layer_norm_eps
         x = h if self.attn_norm is None else F.layer_norm(h, (d,), *self.attn_norm, eps)
         qkv = self.qkv(x)
         rotary_embedding(positions, qkv[:, :d], qkv[:, d:2 * d], c.head_dim, rotary_cos_sin, is_neox=True)
-        context = bidirectional_attention(qkv, query_start_loc, c.num_attention_heads, c.head_dim,
-                                          window=c.local_window if self.sliding else 0)
+        context = attention(qkv, window=c.local_window if self.sliding else 0)
         h = h + self.attn_out(context)
         # GeGLU (or SwiGLU), in the GEMM's store where the path fuses it (Linear.gated)
         inner = self.mlp_in.gated(F.layer_norm(h, (d,), *self.mlp_norm, eps), _GATED[c.hidden_act])
@@ -151,9 +150,10 @@ class ModernBertEncoder(EncoderModel):
         c = self.config
         h = F.layer_norm(F.embedding(input_ids, self.word_embeddings), (c.hidden_size,), *self.embedding_norm,
                          c.layer_norm_eps)
-        bounds = attn.query_start_loc.tolist()
+        attention = EncoderAttention(attn.query_start_loc.tolist(), c.num_attention_heads, c.head_dim, h.dtype,
+                                     h.device)
         for layer in self.layers:
-            h = layer.forward(h, bounds, positions, self.rotary_cos_sin["sliding" if layer.sliding else "full"])
+            h = layer.forward(h, attention, positions, self.rotary_cos_sin["sliding" if layer.sliding else "full"])
         return F.layer_norm(h, (c.hidden_size,), *self.final_norm, c.layer_norm_eps)
 
     def classify(self, row: torch.Tensor) -> torch.Tensor:

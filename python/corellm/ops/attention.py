@@ -119,6 +119,7 @@ def paged_attention(
     cpu_isa: str = "",
     softcap: float = 0.0,
     sinks: torch.Tensor | None = None,
+    causal: bool = True,
 ) -> torch.Tensor:
     """Causal attention of each sequence's query tokens (its last ones) over its cached K/V.
     q [num_tokens, num_heads * head_size]; block_table [num_seqs, max_blocks] int32;
@@ -131,12 +132,14 @@ def paged_attention(
     > 0: each scaled score s becomes softcap * tanh(s / softcap) before the softmax (Gemma 2's
     attention logit soft-capping; the CPU kernels only). sinks [num_heads] fp32 (CPU kernels only):
     each head's sink logit, one more term of its rows' softmax denominators with no value
-    (gpt-oss's attention sinks; paged_attention.h)."""
+    (gpt-oss's attention sinks; paged_attention.h). causal=False (CPU kernels only): bidirectional,
+    an encoder's: each query token sees every key of its sequence, or with sliding_window > 0 those
+    less than sliding_window positions away on either side."""
     op = "paged_attention"
     num_blocks, num_kv_heads, head_size, block_size = _check_caches(op, key_cache, value_cache)
     check(op, "q", q, ndim=2, dtype=_compute_dtype(key_cache), device=key_cache.device)
     be = backend(op, q)
-    element = _kv_element(op, key_cache, be)
+    _kv_element(op, key_cache, be)  # refuses an 8-bit cache on CUDA
     if cpu_isa and be.extra:
         raise ValueError(f"{op}: cpu_isa={cpu_isa!r} names a CPU path, but the caches are on {key_cache.device}")
     if not (softcap >= 0 and math.isfinite(softcap)):
@@ -146,6 +149,8 @@ def paged_attention(
                          f"kernels")
     if sinks is not None and be.extra:
         raise ValueError(f"{op}: attention sinks are not implemented in the CUDA kernels")
+    if not causal and be.extra:
+        raise ValueError(f"{op}: bidirectional attention (causal=False) is not implemented in the CUDA kernels")
     if q.shape[1] % head_size or (q.shape[1] // head_size) % num_kv_heads:
         raise ValueError(f"{op}: q width {q.shape[1]} is not a multiple of num_kv_heads ({num_kv_heads}) "
                          f"x head_size ({head_size})")
@@ -179,7 +184,8 @@ def paged_attention(
         workspace = torch.empty(size, dtype=torch.uint8, device=q.device) if size else None
         extra = (int(max_query_len), int(max_seq_len), 0 if workspace is None else workspace.data_ptr(), *be.extra)
     else:
-        extra = (cpu_isa, float(softcap), 0 if sinks is None else sinks.data_ptr(), *element)
+        extra = (cpu_isa, float(softcap), 0 if sinks is None else sinks.data_ptr(), kv_cache_element(key_cache.dtype),
+                 bool(causal))
     be.kernels.paged_attention(out.data_ptr(), q.data_ptr(), row_stride(q), key_cache.data_ptr(),
                                value_cache.data_ptr(), num_blocks, num_kv_heads, head_size, block_size,
                                block_table.data_ptr(), row_stride(block_table), seq_lens.data_ptr(),

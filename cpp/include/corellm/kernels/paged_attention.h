@@ -1,5 +1,5 @@
 // The paged KV cache kernels on the CPU: writing a step's K/V into their slots, and varlen
-// causal attention of the step's query tokens over each sequence's cached K/V.
+// causal (or bidirectional) attention of the step's query tokens over each sequence's cached K/V.
 #pragma once
 
 #include <cstdint>
@@ -71,6 +71,10 @@ struct PagedAttentionArgs {
   // more term of the denominator with no value (gpt-oss's attention sinks): a row's weights are
   // exp(s_t - M) / (sum_t exp(s_t - M) + exp(sink_h - M)), M the larger of the row's max and the sink.
   const float* sinks = nullptr;
+  // false: bidirectional (an encoder's): every query token sees every key of its sequence, or,
+  // with sliding_window > 0, the keys less than sliding_window positions away on either side,
+  // [max(0, pos - sliding_window + 1), min(L, pos + sliding_window)).
+  bool causal = true;
 };
 
 void paged_attention(const PagedAttentionArgs& args);
