@@ -11,7 +11,7 @@
 //
 // Per span [t0, t0 + keys):
 //   S[r, j] = scale * q_r . k_j                       (all rows, all keys of the span)
-//   masked to row r's visible keys [lo_r, hi_r) (causal, sliding window)
+//   masked to row r's visible keys [lo_r, hi_r) (causal or bidirectional, sliding window)
 //   m'_r = max(m_r, max_j S[r, j]);  P[r, j] = e^(S[r, j] - m'_r);  l_r = l_r e^(m_r - m'_r) + sum_j P
 //   acc_r = acc_r e^(m_r - m'_r) + sum_j P[r, j] v_j
 #pragma once

@@ -96,7 +96,8 @@ inline WorkPlan plan_work(const PagedAttentionArgs& a) {
     for (int64_t qb = 0; qb < q_len; qb += kQueryChunk) {
       const int64_t qe = std::min(q_len, qb + kQueryChunk);
       const int64_t block_begin = first_visible(context + qb, a.sliding_window) / bs;
-      const int64_t block_end = (visible_end(context + qe - 1, a.seq_lens[s], a.sliding_window, a.causal) - 1) / bs + 1;
+      const int64_t last_key = visible_end(context + qe - 1, a.seq_lens[s], a.sliding_window, a.causal) - 1;
+      const int64_t block_end = last_key / bs + 1;
       const int64_t first_segment = block_begin / split_blocks, last_segment = (block_end - 1) / split_blocks;
       const int64_t splits = last_segment - first_segment + 1;
       if (!split_items || splits == 1) {

@@ -250,7 +250,8 @@ void run_blocks(const PagedAttentionArgs& a, const WorkItem& w, Scratch& sc, att
     for (int64_t i = w.q_begin; i < w.q_end; ++i) {  // the rows of token i share their visible keys
       const int64_t pos = context + i;
       const int64_t lo = std::max<int64_t>(first_visible(pos, a.sliding_window) - t0, 0);
-      const int64_t hi = std::min<int64_t>(visible_end(pos, a.seq_lens[w.seq], a.sliding_window, a.causal) - t0, bs);
+      const int64_t end = visible_end(pos, a.seq_lens[w.seq], a.sliding_window, a.causal);
+      const int64_t hi = std::min<int64_t>(end - t0, bs);  // keys [t0 + lo, t0 + hi)
       if (hi <= lo) continue;
       for (int64_t g0 = 0; g0 < group; g0 += attention::kMaxRows) {
         const int num_rows = static_cast<int>(std::min<int64_t>(attention::kMaxRows, group - g0));
