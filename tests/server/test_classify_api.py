@@ -28,6 +28,13 @@ def write_tokenizer(directory) -> None:
     t.save(str(directory / "tokenizer.json"))
 
 
+def same_up_to_float32_gemm(got: list, want: list) -> bool:
+    """The server's values against the offline engine's. These models run in float32, whose
+    projections go through torch's GEMM: its sums depend on the step's row count, and the server may
+    put a request's inputs in one step or several (in bf16 they would be bit-identical either way)."""
+    return len(got) == len(want) and all(g == pytest.approx(w, rel=1e-5, abs=1e-7) for g, w in zip(got, want))
+
+
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory):
     """(the server, the same model offline) for a three-label classifier."""
@@ -57,13 +64,14 @@ def test_classify_gives_the_engines_probabilities_and_the_most_probable_label(cl
     for path in ("/classify", "/v1/classify"):
         status, body = post(server, path, {"input": TEXTS})
         assert status == 200, body
-        assert [d["probs"] for d in body["data"]] == want and [d["index"] for d in body["data"]] == [0, 1]
+        assert same_up_to_float32_gemm([d["probs"] for d in body["data"]], want)
+        assert [d["index"] for d in body["data"]] == [0, 1]
         assert [d["num_classes"] for d in body["data"]] == [3, 3]
         assert [d["label"] for d in body["data"]] == [offline.labels[p.index(max(p))] for p in want]
         assert body["object"] == "list" and body["id"].startswith("classify-")
         assert body["usage"]["prompt_tokens"] == sum(len(offline.get_tokenizer().encode(t)) for t in TEXTS)
     status, body = post(server, "/invocations", {"input": TEXTS})  # SageMaker's route: the served model's task
-    assert status == 200 and [d["probs"] for d in body["data"]] == want
+    assert status == 200 and same_up_to_float32_gemm([d["probs"] for d in body["data"]], want)
     ids = offline.get_tokenizer().encode(TEXTS[0])
     status, body = post(server, "/classify", {"input": ids, "use_activation": False})
     assert status == 200 and body["data"][0]["probs"] == offline.classify(
@@ -98,7 +106,7 @@ def test_score_and_rerank_with_a_cross_encoder_are_its_scores_of_each_pair(cross
     query, documents = "w10 w11 w12", ["w10 w11", "w200 w201 w202", "w12"]
     want = [o.outputs.score for o in offline.score(query, documents, use_tqdm=False)]
     status, body = post(server, "/score", {"queries": query, "documents": documents})
-    assert status == 200 and [d["score"] for d in body["data"]] == want
+    assert status == 200 and same_up_to_float32_gemm([d["score"] for d in body["data"]], want)
     pairs = [offline.get_tokenizer().encode_pair(query, d)[0] for d in documents]
     assert body["usage"]["prompt_tokens"] == sum(len(p) for p in pairs)
     status, body = post(server, "/v1/rerank", {"query": query, "documents": documents, "top_n": 2})
