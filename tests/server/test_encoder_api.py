@@ -83,7 +83,9 @@ def test_rerank_with_an_embedding_model_gives_cosine_similarities(embedder):
     assert status == 200, body
     want = [o.outputs.score for o in offline.score(TEXTS[0], TEXTS[1:], use_tqdm=False)]
     got = {r["index"]: r["relevance_score"] for r in body["results"]}
-    assert [got[i] for i in range(len(want))] == pytest.approx(want, abs=1e-12)
+    # float32: torch's GEMM sums depend on the step's rows, which the server and the offline engine
+    # may cut differently (bf16 would be bit-identical)
+    assert [got[i] for i in range(len(want))] == pytest.approx(want, rel=1e-5, abs=1e-7)
 
 
 def test_generation_is_refused_by_name(embedder):
@@ -101,9 +103,9 @@ def test_a_cross_encoders_scores_are_llm_score_with_token_types(cross_encoder):
     status, body = post(server, "/rerank", {"query": query, "documents": documents})
     assert status == 200, body
     got = {r["index"]: r["relevance_score"] for r in body["results"]}
-    assert [got[i] for i in range(3)] == want
+    assert [got[i] for i in range(3)] == pytest.approx(want, rel=1e-5, abs=1e-7)  # float32: as above
     status, body = post(server, "/score", {"text_1": query, "text_2": documents})
-    assert status == 200 and [d["score"] for d in body["data"]] == want, body
+    assert status == 200 and [d["score"] for d in body["data"]] == pytest.approx(want, rel=1e-5, abs=1e-7), body
     # Cut to its last 4 tokens ("w201 w202 w203 [SEP]", all of type 1): the same as those ids with those types.
     status, cut = post(server, "/score", {"text_1": query, "text_2": documents[1], "truncate_prompt_tokens": 4})
     assert status == 200, cut
